@@ -1,0 +1,1 @@
+"""KV cache: the block pool and the prefix index keyed by adapter configuration."""

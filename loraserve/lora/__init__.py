@@ -1,0 +1,1 @@
+"""LoRA adapters: loading (GGUF, PEFT), identity, batched application, merging."""

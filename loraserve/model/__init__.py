@@ -1,0 +1,1 @@
+"""Model formats (GGUF, Hugging Face), tokenizer, config and the generic decoder."""

@@ -1,0 +1,1 @@
+"""The HTTP server: llama-server and OpenAI compatible endpoints."""
