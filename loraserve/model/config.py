@@ -176,7 +176,7 @@ class ModelConfig:
                 pattern = int(cfg.get("sliding_window_pattern", 6))
                 sliding = tuple((i + 1) % pattern != 0 for i in range(n_layers))
             common.update(
-                rope_theta_local=float(cfg.get("rope_local_base_freq", 10000.0)),
+                rope_theta_local=_hf_local_rope_theta(cfg),
                 sliding_window=int(cfg.get("sliding_window") or 512),
                 sliding_layers=sliding,
                 qk_norm=True,
@@ -199,3 +199,10 @@ def _hf_rope_theta(cfg: dict[str, Any]) -> float:
     if "full_attention" in rp:  # gemma3 in newer transformers
         return float(rp["full_attention"].get("rope_theta", 10000.0))
     return float(rp.get("rope_theta", 10000.0))
+
+
+def _hf_local_rope_theta(cfg: dict[str, Any]) -> float:
+    if "rope_local_base_freq" in cfg:
+        return float(cfg["rope_local_base_freq"])
+    rp = cfg.get("rope_parameters") or {}
+    return float(rp.get("sliding_attention", {}).get("rope_theta", 10000.0))

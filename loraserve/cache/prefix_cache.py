@@ -1,0 +1,226 @@
+"""Prefix index over KV blocks, namespaced by the adapter cache key.
+
+A node is a block: its parent (the previous full block of the same sequence, or the
+root of its cache key) and the tokens it holds (``block_size`` of them, or fewer for a
+sequence's tail). Nodes are identified exactly by (parent, tokens), never by a hash,
+so two cache keys can never share a node and a lookup never returns KV computed under
+another adapter configuration — the invariant loraserve exists for.
+
+Invariants (checked by `check`):
+- every indexed block is used in the pool; its parent is a root or an indexed full
+  block; only full blocks have children;
+- an indexed block with refcount 0 is "cached" and counts against the budget; the
+  budget is enforced after every release; only childless cached blocks are evicted,
+  least recently used first;
+- indexed blocks are immutable: sequences write only into blocks they allocated and
+  that are not indexed yet (a partial match is copied, copy-on-write).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from loraserve.cache.block_pool import BlockPool, OutOfBlocks
+
+CacheKey = tuple[tuple[str, float], ...]  # sorted (adapter content id, scale), scale != 0
+Parent = int | tuple[str, Hashable]  # block id, or ("root", cache key)
+
+
+@dataclass
+class Match:
+    """Result of a lookup: full blocks to share, then an optional partial block to copy."""
+
+    blocks: list[int] = field(default_factory=list)
+    partial_block: int | None = None
+    partial_len: int = 0
+    n_tokens: int = 0
+
+
+@dataclass
+class _Node:
+    parent: Parent
+    tokens: tuple[int, ...]
+    children: int = 0
+    last_used: int = 0
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0  # lookups that reused at least one token
+    misses: int = 0
+    hit_tokens: int = 0
+    evictions: int = 0  # blocks evicted
+
+
+class PrefixCache:
+    """Maps (cache key, token prefix) to KV blocks, with an LRU budget for unheld blocks."""
+
+    def __init__(self, pool: BlockPool, budget_blocks: int | None) -> None:
+        self.pool = pool
+        self.bs = pool.block_size
+        self.budget = budget_blocks  # None = unlimited (bounded by the pool)
+        self._nodes: dict[int, _Node] = {}
+        self._children: dict[Parent, dict[tuple[int, ...], int]] = {}
+        self._clock = itertools.count(1)
+        self.stats = CacheStats()
+
+    # -- lookup -------------------------------------------------------------------
+    def match(self, key: CacheKey, tokens: Sequence[int], limit: int) -> Match:
+        """Longest cached prefix of ``tokens[:limit]`` computed under ``key``.
+
+        Matched blocks are not referenced yet: the caller increfs what it keeps.
+        """
+        m = Match()
+        parent: Parent = ("root", key)
+        now = next(self._clock)
+        i = 0
+        while i < limit:
+            kids = self._children.get(parent)
+            if not kids:
+                break
+            chunk = tuple(tokens[i : i + self.bs])
+            if len(chunk) == self.bs and i + self.bs <= limit and chunk in kids:
+                b = kids[chunk]
+                self._nodes[b].last_used = now
+                m.blocks.append(b)
+                parent = b
+                i += self.bs
+                continue
+            best, best_len = None, 0  # longest common prefix with any child
+            for toks, b in kids.items():
+                n = _common_prefix(toks, tokens, i, limit)
+                if n > best_len:
+                    best, best_len = b, n
+            if best is not None:
+                self._nodes[best].last_used = now
+                m.partial_block, m.partial_len = best, best_len
+                i += best_len
+            break
+        m.n_tokens = i
+        if i:
+            self.stats.hits += 1
+            self.stats.hit_tokens += i
+        else:
+            self.stats.misses += 1
+        return m
+
+    # -- insertion ------------------------------------------------------------------
+    def insert(self, key: CacheKey, tokens: Sequence[int], blocks: Sequence[int]) -> None:
+        """Index a sequence's blocks holding KV for ``tokens`` (len <= len(blocks) * bs).
+
+        A block whose (parent, tokens) is already indexed is skipped (the indexed twin
+        stays the chain's node); the sequence keeps its own references either way.
+        """
+        parent: Parent = ("root", key)
+        now = next(self._clock)
+        for j, b in enumerate(blocks):
+            chunk = tuple(tokens[j * self.bs : (j + 1) * self.bs])
+            if not chunk:
+                break
+            kids = self._children.setdefault(parent, {})
+            twin = kids.get(chunk)
+            if twin is None and b not in self._nodes:
+                kids[chunk] = b
+                self._nodes[b] = _Node(parent, chunk, last_used=now)
+                if isinstance(parent, int):
+                    self._nodes[parent].children += 1
+                twin = b
+            elif twin is None:
+                break  # b is indexed elsewhere (cannot happen for a well-formed sequence)
+            if len(chunk) < self.bs:
+                break
+            self._nodes[twin].last_used = now
+            parent = twin
+
+    # -- release and eviction -------------------------------------------------------
+    def release(self, blocks: Sequence[int]) -> None:
+        """Drop a sequence's references; unindexed blocks are freed, then the budget holds."""
+        for b in blocks:
+            if self.pool.decref(b) == 0 and b not in self._nodes:
+                self.pool.free(b)
+        self.enforce_budget()
+
+    def num_cached(self) -> int:
+        """Indexed blocks that no sequence references."""
+        return sum(1 for b in self._nodes if self.pool.refcount[b] == 0)
+
+    def enforce_budget(self) -> None:
+        if self.budget is not None:
+            self.evict(self.num_cached() - self.budget)
+
+    def evict(self, n: int) -> int:
+        """Evict up to ``n`` unreferenced childless blocks, least recently used first."""
+        done = 0
+        while done < n:
+            leaves = [
+                (node.last_used, b) for b, node in self._nodes.items()
+                if node.children == 0 and self.pool.refcount[b] == 0
+            ]
+            if not leaves:
+                break
+            leaves.sort()
+            for _, b in leaves[: n - done]:
+                self._remove(b)
+                done += 1
+        self.stats.evictions += done
+        return done
+
+    def allocate(self) -> int:
+        """A fresh block, evicting cached blocks if the pool is full."""
+        if self.pool.num_free == 0 and not self.evict(1):
+            raise OutOfBlocks("KV pool exhausted: every block is held by a running sequence")
+        return self.pool.allocate()
+
+    def drop_key(self, pred: object) -> None:
+        """Un-index every block whose root cache key satisfies ``pred(key)`` (adapter unload)."""
+        doomed = [b for b in self._nodes if pred(self._root_key(b))]  # type: ignore[operator]
+        for b in sorted(doomed, key=lambda b: -self._depth(b)):
+            self._remove(b)
+
+    def _root_key(self, b: int) -> Hashable:
+        p = self._nodes[b].parent
+        while isinstance(p, int):
+            p = self._nodes[p].parent
+        return p[1]
+
+    def _depth(self, b: int) -> int:
+        d, p = 0, self._nodes[b].parent
+        while isinstance(p, int):
+            d, p = d + 1, self._nodes[p].parent
+        return d
+
+    def _remove(self, b: int) -> None:
+        node = self._nodes.pop(b)
+        kids = self._children[node.parent]
+        del kids[node.tokens]
+        if not kids:
+            del self._children[node.parent]
+        if isinstance(node.parent, int):
+            self._nodes[node.parent].children -= 1
+        self._children.pop(b, None)
+        if self.pool.refcount[b] == 0:
+            self.pool.free(b)
+
+    def check(self) -> None:
+        """Assert the index invariants (used by tests)."""
+        self.pool.check()
+        for b, node in self._nodes.items():
+            assert b in self.pool._used, f"indexed block {b} is free"
+            assert self._children[node.parent][node.tokens] == b
+            if isinstance(node.parent, int):
+                assert node.parent in self._nodes and len(self._nodes[node.parent].tokens) == self.bs
+            n_kids = len(self._children.get(b, {}))
+            assert n_kids == node.children, f"block {b} child count {node.children} != {n_kids}"
+        if self.budget is not None:
+            assert self.num_cached() <= self.budget, "cache budget exceeded"
+
+
+def _common_prefix(toks: tuple[int, ...], tokens: Sequence[int], start: int, limit: int) -> int:
+    n = 0
+    for t in toks:
+        if start + n >= limit or tokens[start + n] != t:
+            break
+        n += 1
+    return n

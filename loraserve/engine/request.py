@@ -1,0 +1,116 @@
+"""A request as the engine sees it, and the events it sends back.
+
+The HTTP layer builds a `Request` (tokens, sampling, limits, the resolved adapter mix
+and its cache key, all fixed at receipt) and reads `Event`s from its queue.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from loraserve.cache.prefix_cache import CacheKey
+from loraserve.engine.sampling import SamplerState
+from loraserve.engine.sampling_params import SamplingParams
+
+_ids = itertools.count(1)
+
+
+class StopType(str, Enum):
+    NONE = "none"
+    EOS = "eos"
+    WORD = "word"
+    LIMIT = "limit"
+
+
+@dataclass
+class Timings:
+    """llama-server's `timings` object, filled by the engine."""
+
+    cache_n: int = 0
+    prompt_n: int = 0
+    prompt_ms: float = 0.0
+    predicted_n: int = 0
+    predicted_ms: float = 0.0
+
+    def as_dict(self) -> dict[str, float | int]:
+        def per(n: int, ms: float) -> tuple[float, float]:
+            return (ms / n if n else 0.0, 1000.0 * n / ms if ms > 0 else 0.0)
+
+        ppt, pps = per(self.prompt_n, self.prompt_ms)
+        dpt, dps = per(self.predicted_n, self.predicted_ms)
+        return {
+            "cache_n": self.cache_n,
+            "prompt_n": self.prompt_n,
+            "prompt_ms": self.prompt_ms,
+            "prompt_per_token_ms": ppt,
+            "prompt_per_second": pps,
+            "predicted_n": self.predicted_n,
+            "predicted_ms": self.predicted_ms,
+            "predicted_per_token_ms": dpt,
+            "predicted_per_second": dps,
+        }
+
+
+@dataclass
+class Event:
+    """One message from the engine to a request's reader.
+
+    Token events carry the new token, the text that became complete, and its
+    probabilities; the final event has ``done=True`` and the finished fields.
+    """
+
+    token: int | None = None
+    text: str = ""
+    probs: list[tuple[int, float]] | None = None
+    done: bool = False
+    stop_type: StopType = StopType.NONE
+    stopping_word: str = ""
+    error: str | None = None  # set when the request failed inside the engine
+    error_type: str = "server_error"
+
+
+@dataclass
+class Request:
+    """Everything the engine needs to run one completion."""
+
+    prompt: list[int]
+    sampling: SamplingParams
+    max_tokens: int  # -1: until the context is full
+    stop: tuple[str, ...] = ()
+    lora: dict[int, float] = field(default_factory=dict)  # adapter id -> scale, non-zero only
+    cache_key: CacheKey = ()
+    cache_prompt: bool = True
+    id_slot: int = -1
+    eog_ids: frozenset[int] = frozenset()
+    id: int = field(default_factory=lambda: next(_ids))
+    events: queue.Queue[Event] = field(default_factory=queue.Queue)
+    arrival: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False  # set by the HTTP layer; the engine frees the slot next step
+
+
+@dataclass
+class Sequence:
+    """A request admitted into a slot: its tokens, KV blocks and progress."""
+
+    req: Request
+    slot: int
+    tokens: list[int]  # prompt + generated
+    blocks: list[int] = field(default_factory=list)
+    n_computed: int = 0  # tokens whose KV is in `blocks`
+    n_cached: int = 0  # prompt tokens reused from the cache
+    n_prompt: int = 0
+    generated: list[int] = field(default_factory=list)
+    sampler: SamplerState | None = None
+    text: str = ""  # detokenized output so far (complete characters only)
+    sent: int = 0  # characters of `text` already sent
+    timings: Timings = field(default_factory=Timings)
+    t_first: float = 0.0
+    t_prompt_start: float = 0.0
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_computed < self.n_prompt

@@ -1,0 +1,158 @@
+"""Slots, admission with prefix reuse, and the per-step batch.
+
+One owner per state: the scheduler owns the waiting queue and the slots (each slot's
+running sequence, or the blocks it retains from its last one); blocks' reference
+counts belong to the pool, the index to the prefix cache.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from loraserve.cache.prefix_cache import CacheKey, PrefixCache
+from loraserve.engine.request import Request, Sequence
+from loraserve.engine.runner import BatchItem
+
+
+@dataclass
+class Slot:
+    """A concurrent sequence position (`-np`), retaining its last sequence when idle."""
+
+    id: int
+    seq: Sequence | None = None
+    key: CacheKey = ()
+    tokens: list[int] = field(default_factory=list)  # tokens whose KV `blocks` hold
+    blocks: list[int] = field(default_factory=list)
+    last_used: float = 0.0
+    last_request: Request | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.seq is not None
+
+
+class Scheduler:
+    """Admits requests into slots and composes each step within the token budget."""
+
+    def __init__(self, n_slots: int, n_ctx_slot: int, token_budget: int, cache: PrefixCache):
+        self.slots = [Slot(i) for i in range(n_slots)]
+        self.n_ctx_slot = n_ctx_slot
+        self.token_budget = token_budget
+        self.cache = cache
+        self.bs = cache.bs
+        self.waiting: deque[Request] = deque()
+        self.copies: list[tuple[int, int, int]] = []  # (src, dst, n) copy-on-write for runner
+
+    @property
+    def running(self) -> list[Sequence]:
+        return [s.seq for s in self.slots if s.seq is not None]
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def _pick_slot(self, req: Request) -> Slot | None:
+        if req.id_slot >= 0:
+            s = self.slots[req.id_slot]
+            return None if s.busy else s
+        idle = [s for s in self.slots if not s.busy]
+        if not idle:
+            return None
+
+        def score(s: Slot) -> tuple[int, float]:
+            n = 0
+            if s.key == req.cache_key:
+                for a, b in zip(s.tokens, req.prompt, strict=False):
+                    if a != b:
+                        break
+                    n += 1
+            return (n, -s.last_used)
+
+        return max(idle, key=score)
+
+    def admit(self) -> list[Sequence]:
+        """Move waiting requests into idle slots (FIFO; a request pinned to a busy slot waits)."""
+        admitted: list[Sequence] = []
+        kept: deque[Request] = deque()
+        while self.waiting:
+            req = self.waiting.popleft()
+            if req.cancelled:
+                continue
+            slot = self._pick_slot(req)
+            if slot is None:
+                kept.append(req)
+                continue
+            admitted.append(self._start(slot, req))
+        self.waiting = kept
+        return admitted
+
+    def _start(self, slot: Slot, req: Request) -> Sequence:
+        seq = Sequence(req=req, slot=slot.id, tokens=list(req.prompt), n_prompt=len(req.prompt))
+        limit = len(req.prompt) - 1 if req.cache_prompt else 0
+        m = self.cache.match(req.cache_key, req.prompt, limit) if limit > 0 else None
+        if m is not None:
+            for b in m.blocks:
+                self.cache.pool.incref(b)
+            seq.blocks = list(m.blocks)
+            if m.partial_block is not None:
+                self.cache.pool.incref(m.partial_block)  # keep it alive across the copy
+                dst = self.cache.allocate()
+                self.copies.append((m.partial_block, dst, m.partial_len))
+                seq.blocks.append(dst)
+            seq.n_computed = seq.n_cached = m.n_tokens
+        self._release_slot(slot)
+        slot.seq, slot.last_request = seq, req
+        seq.timings.cache_n = seq.n_cached
+        seq.t_prompt_start = time.perf_counter()
+        return seq
+
+    def take_copies(self) -> list[tuple[int, int, int]]:
+        """Copy-on-write jobs for the runner; their source blocks are released after."""
+        jobs, self.copies = self.copies, []
+        return jobs
+
+    def release_copy_sources(self, jobs: list[tuple[int, int, int]]) -> None:
+        self.cache.release([src for src, _, _ in jobs])
+
+    def _release_slot(self, slot: Slot) -> None:
+        blocks, slot.blocks, slot.tokens = slot.blocks, [], []
+        self.cache.release(blocks)
+
+    def finish(self, seq: Sequence) -> None:
+        """Index the sequence's KV under its cache key; its slot retains the blocks."""
+        slot = self.slots[seq.slot]
+        n = seq.n_computed
+        self.cache.insert(seq.req.cache_key, seq.tokens[:n], seq.blocks)
+        keep = (n + self.bs - 1) // self.bs
+        extra = seq.blocks[keep:]
+        slot.seq, slot.key = None, seq.req.cache_key
+        slot.tokens, slot.blocks = seq.tokens[:n], seq.blocks[:keep]
+        slot.last_used = time.perf_counter()
+        self.cache.release(extra)
+        self.cache.enforce_budget()
+
+    def schedule(self) -> list[tuple[Sequence, BatchItem]]:
+        """Decode tokens of running sequences, then prefill chunks, within the budget."""
+        budget = self.token_budget
+        out: list[tuple[Sequence, BatchItem]] = []
+        running = self.running
+        for seq in running:
+            if not seq.prefilling and budget > 0:
+                out.append((seq, self._item(seq, seq.n_computed, 1)))
+                budget -= 1
+        for seq in running:
+            if seq.prefilling and budget > 0:
+                n = min(seq.n_prompt - seq.n_computed, budget)
+                out.append((seq, self._item(seq, seq.n_computed, n)))
+                budget -= n
+        return out
+
+    def _item(self, seq: Sequence, start: int, n: int) -> BatchItem:
+        need = (start + n + self.bs - 1) // self.bs
+        while len(seq.blocks) < need:
+            seq.blocks.append(self.cache.allocate())
+        return BatchItem(
+            tokens=seq.tokens, start=start, n=n, blocks=seq.blocks,
+            want_logits=start + n == len(seq.tokens), lora_mix=seq.req.lora,
+        )

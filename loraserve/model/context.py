@@ -1,0 +1,63 @@
+"""The per-step context: attention metadata and LoRA routing for one forward pass.
+
+The decoder's forward takes only ``(input_ids, positions)``; everything else that
+describes the flat batch travels here, built once per step by the runner and read by
+every layer (as nano-vllm does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+class LoraDelta(Protocol):
+    """Adds the LoRA contribution of each token's adapter mix to a projection's output."""
+
+    def apply(self, target: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Return ``y`` plus the delta for base tensor ``target``; x: [T, in], y: [T, out]."""
+        ...
+
+
+@dataclass
+class AttnGroup:
+    """Rows of the flat batch that attend over gathered KV with one padded SDPA call.
+
+    A group is either all decode rows (one query each, several sequences) or one
+    prefill chunk (several queries of one sequence).
+    """
+
+    rows: torch.Tensor | None  # [n] long rows of the flat batch; None = rows start..end
+    start: int
+    end: int
+    kv_index: torch.Tensor  # [B, L] long: flat KV slots to gather per sequence
+    mask_full: torch.Tensor  # [B, 1, Q, L] bool: True = attend (causal, padding)
+    mask_swa: torch.Tensor | None  # same, also restricted to the sliding window
+    n_seqs: int  # B: sequences in the group (Q = queries per sequence)
+
+
+@dataclass
+class StepContext:
+    """Everything a forward pass needs besides ``(input_ids, positions)``."""
+
+    slot_mapping: torch.Tensor  # [T] long: flat KV slot each new token writes to
+    groups: list[AttnGroup]
+    logits_rows: torch.Tensor  # [S] long: rows whose logits are needed
+    lora: LoraDelta | None = None
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+
+_CONTEXT: StepContext | None = None
+
+
+def set_context(ctx: StepContext | None) -> None:
+    global _CONTEXT
+    _CONTEXT = ctx
+
+
+def get_context() -> StepContext:
+    if _CONTEXT is None:
+        raise RuntimeError("no step context: the forward pass must run inside the runner")
+    return _CONTEXT
