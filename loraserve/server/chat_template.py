@@ -1,0 +1,155 @@
+"""Chat prompts from a model's Jinja2 chat template, as llama.cpp's `--jinja` path renders them.
+
+The template runs in jinja2's `ImmutableSandboxedEnvironment` with `trim_blocks` and
+`lstrip_blocks` on (llama.cpp's and transformers' settings) and the helpers chat templates
+expect: `raise_exception`, `strftime_now`, a `tojson` filter writing Python `json.dumps`
+style (no HTML escaping, non-ASCII kept), `bos_token`, `eos_token`, `add_generation_prompt`.
+
+A model without a template (Gemma 3 270M base) gets llama.cpp's fallback: the ChatML
+template of common/chat.cpp (`CHATML_TEMPLATE`, the same text), as llama-server does; the
+name "chatml" selects it too.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from typing import Any, NoReturn
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+CHATML_TEMPLATE = (
+    "{%- for message in messages -%}\n"
+    "  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "  {{- '<|im_start|>assistant\n' -}}\n"
+    "{%- endif -%}"
+)
+
+
+class ChatTemplateError(ValueError):
+    """The template does not compile, or refused the messages (its `raise_exception`)."""
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise ChatTemplateError(f"chat template error: {message}")
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+@lru_cache(maxsize=16)
+def compile_template(source: str) -> jinja2.Template:
+    """Compile (once per source text) a chat template; `ChatTemplateError` if it is invalid."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateError as exc:
+        raise ChatTemplateError(f"chat template does not compile: {exc}") from None
+
+
+def _flatten(parts: list[Any], where: str) -> str:
+    """Text parts joined by newlines, as llama.cpp's `concat_content_parts`."""
+    text = ""
+    for j, part in enumerate(parts):
+        here = f"{where}.content[{j}]"
+        if not isinstance(part, dict):
+            raise ValueError(f"{here}: expected an object like {{'type': 'text', 'text': ...}}")
+        if part.get("type") != "text":
+            raise ValueError(
+                f"{here}: unsupported content part type {part.get('type')!r} (text only)"
+            )
+        if not isinstance(part.get("text"), str):
+            raise ValueError(f"{here}.text: must be a string")
+        text += ("\n" if text else "") + part["text"]
+    return text
+
+
+def normalize_messages(messages: Any) -> list[dict[str, Any]]:
+    """Check chat messages and flatten list-of-parts contents to text.
+
+    Each message needs a string `role`, and a `content` that is a string or a list of
+    `{"type": "text", "text": ...}` parts; an assistant message may have a null or missing
+    content (it becomes ""). Other keys are kept. Raises ValueError naming the message.
+    """
+    if not isinstance(messages, list):
+        raise ValueError("messages: expected a list of messages")
+    out: list[dict[str, Any]] = []
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise ValueError(f"{where}: expected an object with 'role' and 'content'")
+        role = msg.get("role")
+        if role is None:
+            raise ValueError(f"{where}.role: missing")
+        if not isinstance(role, str):
+            raise ValueError(f"{where}.role: must be a string, got {type(role).__name__}")
+        content = msg.get("content")
+        if content is None:
+            if role != "assistant":
+                raise ValueError(f"{where}.content: missing (required for role {role!r})")
+            content = ""
+        elif isinstance(content, list):
+            content = _flatten(content, where)
+        elif not isinstance(content, str):
+            raise ValueError(f"{where}.content: must be a string or a list of content parts")
+        out.append({**msg, "content": content})
+    return out
+
+
+def render_chat(
+    template: str | None,
+    messages: list[dict[str, Any]],
+    bos_token: str,
+    eos_token: str,
+    add_generation_prompt: bool = True,
+    *,
+    add_bos: bool = False,
+    add_eos: bool = False,
+) -> str:
+    """Render `messages` into a prompt string with `template` (ChatML when None or empty).
+
+    `add_bos` / `add_eos`: the tokenizer will add BOS / EOS itself, so a leading BOS / a
+    trailing EOS the template wrote is removed (llama.cpp does the same, so Gemma's
+    `{{ bos_token }}` does not end up twice). Raises ValueError on malformed messages and
+    `ChatTemplateError` (a ValueError) when the template fails or refuses them.
+    """
+    source = CHATML_TEMPLATE if not template or template == "chatml" else template
+    msgs = normalize_messages(messages)
+    try:
+        result = compile_template(source).render(
+            messages=msgs,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            add_generation_prompt=add_generation_prompt,
+        )
+    except ChatTemplateError:
+        raise
+    except (jinja2.TemplateError, TypeError, ValueError, LookupError, AttributeError) as exc:
+        raise ChatTemplateError(f"chat template error: {type(exc).__name__}: {exc}") from None
+    if add_bos and bos_token and result.startswith(bos_token):
+        result = result[len(bos_token) :]
+    if add_eos and eos_token and result.endswith(eos_token):
+        result = result[: -len(eos_token)]
+    return result

@@ -1,0 +1,263 @@
+"""Errors in llama-server's shape, the FastAPI handlers that produce them, and SSE framing.
+
+Every error answer is `{"error": {"code": <status>, "message": ..., "type": ...}}`, plus
+`n_prompt_tokens` and `n_ctx` inside `error` for `exceed_context_size_error`, as llama-server
+sends them. **Ours:** malformed JSON is a 400 `invalid_request_error` (llama-server: 500).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("loraserve.server")
+
+STATUS_OF_TYPE: dict[str, int] = {
+    "invalid_request_error": 400,
+    "exceed_context_size_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "server_error": 500,
+    "not_supported_error": 501,
+    "unavailable_error": 503,
+}
+SSE_DONE = b"data: [DONE]\n\n"
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, contract `type`, message and extra fields of `error`."""
+
+    def __init__(self, status: int, type: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type
+        self.message = message
+        self.extra = extra
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body: `{"error": {"code", "message", "type", ...extra}}`."""
+        return error_body(self.message, self.type, self.status, **self.extra)
+
+    def response(self) -> JSONResponse:
+        """The body as a JSON response with this error's status."""
+        return JsonResponse(self.body(), status_code=self.status)
+
+
+def error_body(
+    message: str, type: str = "invalid_request_error", code: int | None = None, **extra: Any
+) -> dict[str, Any]:
+    """`{"error": {"code", "message", "type", ...}}`; `code` defaults to the type's status."""
+    code = STATUS_OF_TYPE.get(type, 500) if code is None else code
+    return {"error": {"code": code, "message": message, "type": type, **extra}}
+
+
+def invalid_request(message: str) -> ApiError:
+    """400 `invalid_request_error`: the request is wrong (bad field, unknown id, ...)."""
+    return ApiError(400, "invalid_request_error", message)
+
+
+def authentication_error(message: str = "Invalid API Key") -> ApiError:
+    """401 `authentication_error` (llama-server's message by default)."""
+    return ApiError(401, "authentication_error", message)
+
+
+def not_found(message: str = "File Not Found") -> ApiError:
+    """404 `not_found_error` (llama-server's message for unknown routes by default)."""
+    return ApiError(404, "not_found_error", message)
+
+
+def server_error(message: str = "Internal server error") -> ApiError:
+    """500 `server_error`: our fault."""
+    return ApiError(500, "server_error", message)
+
+
+def not_supported(message: str) -> ApiError:
+    """501 `not_supported_error`: valid request for a feature this server lacks."""
+    return ApiError(501, "not_supported_error", message)
+
+
+def unavailable(message: str = "Loading model") -> ApiError:
+    """503 `unavailable_error` (llama-server's message while the model loads by default)."""
+    return ApiError(503, "unavailable_error", message)
+
+
+def exceed_context_size(n_prompt_tokens: int, n_ctx: int, message: str | None = None) -> ApiError:
+    """400 `exceed_context_size_error` carrying `n_prompt_tokens` and `n_ctx`."""
+    if message is None:
+        message = (
+            f"request ({n_prompt_tokens} tokens) exceeds the available context size "
+            f"({n_ctx} tokens), try increasing it"
+        )
+    return ApiError(
+        400, "exceed_context_size_error", message, n_prompt_tokens=n_prompt_tokens, n_ctx=n_ctx
+    )
+
+
+def _loc(loc: Sequence[Any]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not str(part).startswith(("function-", "union[", "list[", "json-or-python")):
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def validation_message(errors: Sequence[Any], *, located: bool = False) -> str:
+    """One line naming each offending field, e.g. `top_p: Input should be <= 1`, from
+    pydantic error dicts; `located`: FastAPI's, whose `loc` starts with body/query/path."""
+    lines: list[str] = []
+    for err in errors:
+        if err.get("type") == "json_invalid":
+            detail = err.get("ctx", {}).get("error", "")
+            return f"Invalid JSON in request body: {detail}".rstrip(": ")
+        loc = err.get("loc", ())
+        where = _loc(loc[1:] if located else loc)
+        if not where and err.get("type") == "missing":
+            return "request body is required (a JSON object)"
+        msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+        if msg.startswith(("[", ".")) and where:
+            line = f"{where}{msg}"
+        else:
+            line = f"{where}: {msg}" if where else msg
+        if line not in lines:
+            lines.append(line)
+    return "; ".join(lines) or "invalid request"
+
+
+def parse_body(model: type[M], body: bytes | str | Any) -> M:
+    """Validate a request body (raw JSON bytes/str, or already-decoded data) into `model`;
+    raises `ApiError` 400 naming the field(s) on malformed JSON or invalid values."""
+    if isinstance(body, bytes | str):
+        try:
+            body = json.loads(body) if body else None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise invalid_request(f"Invalid JSON in request body: {exc}") from None
+    if body is None:
+        raise invalid_request("request body is required (a JSON object)")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise invalid_request(validation_message(exc.errors())) from None
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def json_dumps(obj: Any) -> str:
+    """Compact JSON as llama-server writes it: UTF-8 text, no spaces; NaN/inf become null."""
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(obj), ensure_ascii=False, separators=(",", ":"))
+
+
+class JsonResponse(JSONResponse):
+    """`JSONResponse` writing `json_dumps` (a non-finite float becomes null, not a 500);
+    meant as the app's `default_response_class`."""
+
+    def render(self, content: Any) -> bytes:
+        return json_dumps(content).encode("utf-8", "replace")
+
+
+def sse_event(obj: Any) -> bytes:
+    """One server-sent event: `data: {json}\\n\\n`."""
+    return f"data: {json_dumps(obj)}\n\n".encode("utf-8", "replace")
+
+
+def _http_error_type(status: int) -> str:
+    if status in (400, 405, 413, 415, 422):
+        return "invalid_request_error"
+    for type_, code in STATUS_OF_TYPE.items():
+        if code == status:
+            return type_
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+class _CatchAll:
+    """ASGI middleware: an exception no handler took becomes a logged 500 `server_error`
+    answer (or, once a streamed response has started, a logged, closed stream)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except Exception as exc:
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            if not started:
+                await server_error(f"Internal server error: {type(exc).__name__}").response()(
+                    scope, receive, send
+                )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Make every error `app` answers take the contract's shape: `ApiError` → its body;
+    invalid or malformed request body → 400 naming the field; unknown route → 404;
+    wrong method → 405; anything unexpected → logged 500 `server_error`."""
+
+    async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ApiError)
+        return exc.response()
+
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError | ValidationError)
+        located = isinstance(exc, RequestValidationError)
+        return invalid_request(validation_message(exc.errors(), located=located)).response()
+
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        type_ = _http_error_type(exc.status_code)
+        if exc.status_code == 404:
+            message = "File Not Found"
+        elif exc.status_code == 405:
+            message = f"Method {request.method} not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        resp = JsonResponse(error_body(message, type_, exc.status_code), exc.status_code)
+        for key, value in (exc.headers or {}).items():
+            resp.headers[key] = value
+        return resp
+
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error on %s %s: %r", request.method, request.url.path, exc)
+        return server_error(f"Internal server error: {type(exc).__name__}").response()
+
+    app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(ValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_unexpected)
+    app.add_middleware(_CatchAll)

@@ -1,0 +1,501 @@
+"""Request schemas (defaults, aliases, normalization, errors naming the field) and the
+error handlers, through a tiny FastAPI app."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from loraserve.server.args import parse_server_args
+from loraserve.server.errors import (
+    SSE_DONE,
+    ApiError,
+    JsonResponse,
+    error_body,
+    exceed_context_size,
+    install_error_handlers,
+    parse_body,
+    sse_event,
+    unavailable,
+    validation_message,
+)
+from loraserve.server.schemas import (
+    MAX_LOGIT_BIAS,
+    MAX_STOP,
+    MAX_STOP_LEN,
+    N_PROBS_MAX,
+    SAMPLING_KEYS,
+    ApplyTemplateRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    LoadAdapterRequest,
+    LoraScales,
+    OAIChatRequest,
+    OAICompletionRequest,
+    TokenizeRequest,
+    UnloadAdapterRequest,
+)
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def error_of(model: type, data: Any) -> str:
+    with pytest.raises(ValidationError) as exc:
+        model.model_validate(data)
+    return validation_message(exc.value.errors())
+
+
+def test_completion_defaults_are_the_contracts():
+    r = CompletionRequest.model_validate({"prompt": "hi"})
+    assert r.prompt == ["hi"]
+    assert (r.n_predict, r.temperature, r.top_k, r.top_p, r.min_p) == (-1, 0.8, 40, 0.95, 0.05)
+    assert (r.repeat_penalty, r.repeat_last_n, r.presence_penalty, r.frequency_penalty) == (
+        1.0,
+        64,
+        0.0,
+        0.0,
+    )
+    assert (r.seed, r.stop, r.stream, r.cache_prompt, r.id_slot, r.n_probs) == (
+        -1,
+        [],
+        False,
+        True,
+        -1,
+        0,
+    )
+    assert (r.ignore_eos, r.logit_bias, r.return_tokens, r.lora, r.n) == (False, [], False, None, 1)
+    assert r.lora_scales() is None
+
+
+def test_sampling_kwargs():
+    r = CompletionRequest.model_validate(
+        {"prompt": "x", "temperature": 0, "seed": 7, "logit_bias": [[5, False], [6, 2]]}
+    )
+    kw = r.sampling_kwargs()
+    assert list(kw) == SAMPLING_KEYS
+    assert kw["temperature"] == 0.0 and kw["seed"] == 7
+    assert kw["logit_bias"] == ((5, -math.inf), (6, 2.0))
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"max_tokens": 5}, 5),
+        ({"max_completion_tokens": 6}, 6),
+        ({"max_tokens": 5, "n_predict": 7}, 7),
+        ({"max_tokens": 5, "max_completion_tokens": 6}, 6),
+        ({"n_predict": None, "max_tokens": 5}, 5),
+        ({"max_tokens": None}, -1),
+    ],
+)
+def test_n_predict_aliases(body, expected):
+    assert CompletionRequest.model_validate({"prompt": "x", **body}).n_predict == expected
+    assert OAIChatRequest.model_validate({"messages": USER, **body}).n_predict == expected
+
+
+def test_nulls_mean_default_and_unknown_fields_are_ignored():
+    r = CompletionRequest.model_validate(
+        {"prompt": "x", "temperature": None, "stop": None, "mirostat_tau": 5, "samplers": ["k"]}
+    )
+    assert r.temperature == 0.8 and r.stop == []
+    assert r.model_fields_set == {"prompt"}
+
+
+def test_with_defaults_fills_only_unset_fields():
+    cfg = parse_server_args("-n 16 --temp 0.1 --seed 3 --no-cache-prompt --top-k 7".split())
+    r = CompletionRequest.model_validate({"prompt": "x", "temperature": 0.9, "max_tokens": 4})
+    eff = r.with_defaults(cfg.request_defaults())
+    assert (eff.n_predict, eff.temperature, eff.seed, eff.cache_prompt, eff.top_k) == (
+        4,
+        0.9,
+        3,
+        False,
+        7,
+    )
+    assert r.seed == -1
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [
+        ("hi", ["hi"]),
+        ([1, 2, 3], [[1, 2, 3]]),
+        ([1, "x", 2], [[1, "x", 2]]),
+        (["a", "b"], ["a", "b"]),
+        ([[1, 2], "b", [3, "c"]], [[1, 2], "b", [3, "c"]]),
+        ({"prompt_string": "p"}, ["p"]),
+        ([{"prompt_string": "p"}, "q"], ["p", "q"]),
+        ("", [""]),
+    ],
+)
+def test_prompt_forms(prompt, expected):
+    assert CompletionRequest.model_validate({"prompt": prompt}).prompt == expected
+
+
+def test_stop_and_logit_bias_forms():
+    r = CompletionRequest.model_validate({"prompt": "x", "stop": "\n"})
+    assert r.stop == ["\n"]
+    assert CompletionRequest.model_validate({"prompt": "x", "stop": ["a", "", "b"]}).stop == [
+        "a",
+        "b",
+    ]
+    r = CompletionRequest.model_validate({"prompt": "x", "logit_bias": {"15": -1.5, "3": False}})
+    assert r.logit_bias == [(15, -1.5), (3, -math.inf)]
+
+
+def test_lora_field():
+    r = CompletionRequest.model_validate({"prompt": "x", "lora": [{"id": 1, "scale": 0.5}]})
+    assert r.lora_scales() == {1: 0.5}
+    assert CompletionRequest.model_validate({"prompt": "x", "lora": []}).lora_scales() is None
+    assert [i.id for i in LoraScales.model_validate([{"id": 0, "scale": 1}]).root] == [0]
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "needle"),
+    [
+        (CompletionRequest, {}, "prompt: Field required"),
+        (CompletionRequest, [1, 2], "request body must be a JSON object"),
+        (CompletionRequest, {"prompt": 5}, "prompt: expected a string"),
+        (CompletionRequest, {"prompt": []}, "prompt: must not be empty"),
+        (CompletionRequest, {"prompt": [[]]}, "prompt[0]: must not be empty"),
+        (CompletionRequest, {"prompt": [1, -2]}, "prompt[1]: expected a token id"),
+        (CompletionRequest, {"prompt": [1, True]}, "prompt[1]: expected a token id"),
+        (CompletionRequest, {"prompt": ["a", [1, 2.5]]}, "prompt[1][1]: expected a token id"),
+        (CompletionRequest, {"prompt": ["a", {"x": 1}]}, "prompt[1]: expected a string"),
+        (
+            CompletionRequest,
+            {"prompt": {"prompt_string": "p", "multimodal_data": ["AA=="]}},
+            "prompt: multimodal_data is not supported",
+        ),
+        (
+            CompletionRequest,
+            {"prompt": "x", "n_predict": "5"},
+            "n_predict: Input should be a valid",
+        ),
+        (
+            CompletionRequest,
+            {"prompt": "x", "max_tokens": -2},
+            "max_tokens: Input should be greater",
+        ),
+        (CompletionRequest, {"prompt": "x", "n_predict": 2.5}, "n_predict:"),
+        (CompletionRequest, {"prompt": "x", "temperature": -0.1}, "temperature:"),
+        (CompletionRequest, {"prompt": "x", "temperature": "hot"}, "temperature:"),
+        (CompletionRequest, {"prompt": "x", "top_p": 1.01}, "top_p:"),
+        (CompletionRequest, {"prompt": "x", "min_p": -0.5}, "min_p:"),
+        (CompletionRequest, {"prompt": "x", "repeat_penalty": 0}, "repeat_penalty:"),
+        (CompletionRequest, {"prompt": "x", "repeat_last_n": -1}, "repeat_last_n:"),
+        (CompletionRequest, {"prompt": "x", "seed": -2}, "seed:"),
+        (CompletionRequest, {"prompt": "x", "seed": 2**32}, "seed:"),
+        (CompletionRequest, {"prompt": "x", "id_slot": -5}, "id_slot:"),
+        (CompletionRequest, {"prompt": "x", "n_probs": N_PROBS_MAX + 1}, "n_probs:"),
+        (CompletionRequest, {"prompt": "x", "logprobs": -1}, "logprobs:"),
+        (
+            CompletionRequest,
+            {"prompt": "x", "stream": 1},
+            "stream: Input should be a valid boolean",
+        ),
+        (CompletionRequest, {"prompt": "x", "stream": "true"}, "stream:"),
+        (CompletionRequest, {"prompt": "x", "cache_prompt": "no"}, "cache_prompt:"),
+        (CompletionRequest, {"prompt": "x", "stop": 5}, "stop: must be a string or a list"),
+        (CompletionRequest, {"prompt": "x", "stop": ["a", 1]}, "stop: must be a string or a list"),
+        (CompletionRequest, {"prompt": "x", "stop": ["s"] * (MAX_STOP + 1)}, "stop: at most"),
+        (CompletionRequest, {"prompt": "x", "stop": "s" * (MAX_STOP_LEN + 1)}, "stop: each"),
+        (CompletionRequest, {"prompt": "x", "logit_bias": 3}, "logit_bias: expected"),
+        (CompletionRequest, {"prompt": "x", "logit_bias": [[1]]}, "logit_bias[0]: expected a"),
+        (CompletionRequest, {"prompt": "x", "logit_bias": [[1, True]]}, "logit_bias[0]: bias"),
+        (CompletionRequest, {"prompt": "x", "logit_bias": [[1, "x"]]}, "logit_bias[0]: bias"),
+        (
+            CompletionRequest,
+            {"prompt": "x", "logit_bias": [["Hi", 1]]},
+            "logit_bias[0]: token text",
+        ),
+        (
+            CompletionRequest,
+            {"prompt": "x", "logit_bias": [[-1, 1]]},
+            "logit_bias[0]: expected a tok",
+        ),
+        (
+            CompletionRequest,
+            {"prompt": "x", "logit_bias": {"-1": 1}},
+            "logit_bias['-1']: token text",
+        ),
+        (
+            CompletionRequest,
+            {"prompt": "x", "logit_bias": {"hello": 1}},
+            "logit_bias['hello']: token",
+        ),
+        (
+            CompletionRequest,
+            {"prompt": "x", "logit_bias": [[1, 0]] * (MAX_LOGIT_BIAS + 1)},
+            "logit_bias: at most",
+        ),
+        (
+            CompletionRequest,
+            {"prompt": "x", "lora": {"id": 0}},
+            "lora: Input should be a valid list",
+        ),
+        (CompletionRequest, {"prompt": "x", "lora": [{"id": 0}]}, "lora[0].scale: Field required"),
+        (CompletionRequest, {"prompt": "x", "lora": [{"id": "0", "scale": 1}]}, "lora[0].id:"),
+        (CompletionRequest, {"prompt": "x", "lora": [{"id": 0, "scale": "1"}]}, "lora[0].scale:"),
+        (CompletionRequest, {"prompt": "x", "lora": [{"id": -1, "scale": 1}]}, "lora[0].id:"),
+        (
+            CompletionRequest,
+            {"prompt": "x", "lora": [{"id": 0, "scale": 1}, {"id": 0, "scale": 0}]},
+            "lora[1].id: adapter 0 is listed twice",
+        ),
+        (CompletionRequest, {"prompt": "x", "n": 2}, "n: only n=1"),
+        (CompletionRequest, {"prompt": "x", "grammar": "root ::= x"}, "grammar: constrained"),
+        (CompletionRequest, {"prompt": "x", "json_schema": {"type": "x"}}, "json_schema:"),
+        (OAICompletionRequest, {"prompt": "x", "echo": True}, "echo: echo is not supported"),
+        (OAICompletionRequest, {"prompt": "x", "best_of": 2}, "best_of:"),
+        (OAICompletionRequest, {"prompt": "x", "model": 3}, "model:"),
+        (OAICompletionRequest, {"prompt": "x", "stream_options": 1}, "stream_options:"),
+        (OAIChatRequest, {}, "messages: Field required"),
+        (OAIChatRequest, {"messages": []}, "messages: List should have at least 1 item"),
+        (OAIChatRequest, {"messages": "hi"}, "messages: Input should be a valid list"),
+        (OAIChatRequest, {"messages": [{"role": 1, "content": "x"}]}, "messages[0].role:"),
+        (OAIChatRequest, {"messages": [{"role": "user"}]}, "messages[0].content: missing"),
+        (
+            OAIChatRequest,
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages[0].content[0]: unsupported content part type 'image_url'",
+        ),
+        (OAIChatRequest, {"messages": USER, "n": 3}, "n: only n=1"),
+        (OAIChatRequest, {"messages": USER, "top_logprobs": 2}, "top_logprobs requires logprobs"),
+        (OAIChatRequest, {"messages": USER, "logprobs": 5}, "logprobs: Input should be a valid b"),
+        (
+            OAIChatRequest,
+            {"messages": USER, "tools": [{"type": "function"}]},
+            "tools: tool calling",
+        ),
+        (
+            OAIChatRequest,
+            {"messages": USER, "response_format": {"type": "json_object"}},
+            "response_format:",
+        ),
+        (ApplyTemplateRequest, {"messages": [{"content": "x"}]}, "messages[0].role: missing"),
+        (LoraScales, {"id": 0, "scale": 1}, "request body must be a JSON array of"),
+        (LoraScales, [{"id": 0, "scale": True}], "[0].scale: Input should be a valid number"),
+        (LoraScales, [{"id": 0, "scale": 1}, {"id": 0, "scale": 1}], "[1].id: adapter 0 is listed"),
+        (LoadAdapterRequest, {}, "path: Field required"),
+        (LoadAdapterRequest, {"path": ""}, "path: String should have at least 1 character"),
+        (LoadAdapterRequest, {"path": "a", "scale": "x"}, "scale:"),
+        (LoadAdapterRequest, {"path": "a", "name": 5}, "name:"),
+        (UnloadAdapterRequest, {"id": "1"}, "id: Input should be a valid integer"),
+        (TokenizeRequest, {"content": 5}, "content: expected a string"),
+        (TokenizeRequest, {"content": "x", "add_special": "yes"}, "add_special:"),
+        (DetokenizeRequest, {"tokens": [1, "a"]}, "tokens[1]: expected a token id"),
+        (DetokenizeRequest, {"tokens": "12"}, "tokens: expected a list of token ids"),
+    ],
+)
+def test_every_bad_input_names_its_field(model, body, needle):
+    assert needle in error_of(model, body)
+
+
+def test_chat_request():
+    msgs = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+    ]
+    r = OAIChatRequest.model_validate(
+        {"messages": msgs, "model": "my-adapter", "stream_options": {"include_usage": True}}
+    )
+    assert r.messages[1]["content"] == "a\nb" and r.model == "my-adapter"
+    assert r.stream_options is not None and r.stream_options.include_usage
+    assert r.n_probs == 0 and r.add_generation_prompt
+    assert OAIChatRequest.model_validate({"messages": USER, "logprobs": True}).n_probs == 20
+    lp = OAIChatRequest.model_validate({"messages": USER, "logprobs": True, "top_logprobs": 3})
+    assert lp.n_probs == 3
+    ok = {"messages": USER, "response_format": {"type": "text"}, "tools": []}
+    assert OAIChatRequest.model_validate(ok).n == 1
+
+
+def test_oai_completion_logprobs_is_n_probs():
+    assert OAICompletionRequest.model_validate({"prompt": "x", "logprobs": 5}).n_probs == 5
+    assert CompletionRequest.model_validate({"prompt": "x", "logprobs": 2}).n_probs == 2
+
+
+def test_small_request_defaults():
+    t = TokenizeRequest.model_validate({})
+    assert (t.content, t.add_special, t.parse_special, t.with_pieces) == ("", False, True, False)
+    assert TokenizeRequest.model_validate({"content": [1, "a"]}).content == [1, "a"]
+    assert DetokenizeRequest.model_validate({}).tokens == []
+    load = LoadAdapterRequest.model_validate({"path": "/a"})
+    assert (load.path, load.scale, load.name) == ("/a", 1.0, None)
+    assert UnloadAdapterRequest.model_validate({"id": 2}).id == 2
+    assert ApplyTemplateRequest.model_validate({"messages": USER}).messages == USER
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats() | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+FIELDS = sorted(CompletionRequest.model_fields) + ["max_tokens", "logprobs", "messages"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=6))
+def test_any_json_validates_or_fails_cleanly(body):
+    for model in (CompletionRequest, OAIChatRequest):
+        try:
+            model.model_validate(body)
+        except ValidationError as exc:
+            assert validation_message(exc.errors())
+
+
+# --- error handlers -------------------------------------------------------------------------
+
+
+def make_app() -> FastAPI:
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.post("/completion")
+    async def completion(req: CompletionRequest) -> dict[str, Any]:
+        return {"n_predict": req.n_predict}
+
+    @app.post("/raw")
+    async def raw(request: Request) -> dict[str, Any]:
+        return {"prompt": parse_body(CompletionRequest, await request.body()).prompt}
+
+    @app.post("/slots/{id_slot}")
+    async def slots(id_slot: int, action: str) -> dict[str, Any]:
+        return {"id_slot": id_slot, "action": action}
+
+    @app.post("/lora-adapters")
+    async def set_adapters(request: Request) -> dict[str, Any]:
+        LoraScales.model_validate(await request.json())
+        return {"success": True}
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise RuntimeError("secret detail")
+
+    @app.get("/too-long")
+    async def too_long() -> None:
+        raise exceed_context_size(5000, 4096)
+
+    @app.get("/loading")
+    async def loading() -> None:
+        raise unavailable()
+
+    @app.get("/stream-boom")
+    async def stream_boom() -> StreamingResponse:
+        async def gen():
+            yield sse_event({"content": "a"})
+            raise RuntimeError("mid-stream")
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def client() -> TestClient:
+    return TestClient(make_app())
+
+
+def assert_error(resp, status: int, type_: str) -> str:
+    assert resp.status_code == status
+    body = resp.json()
+    assert set(body) == {"error"}
+    assert body["error"]["code"] == status and body["error"]["type"] == type_
+    return body["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["/completion", "/raw"])
+def test_malformed_json_is_400(client, path):
+    resp = client.post(
+        path, content=b'{"prompt": "x",', headers={"content-type": "application/json"}
+    )
+    assert "Invalid JSON" in assert_error(resp, 400, "invalid_request_error")
+
+
+@pytest.mark.parametrize("path", ["/completion", "/raw"])
+def test_wrong_type_is_400_naming_the_field(client, path):
+    resp = client.post(path, json={"prompt": "x", "top_k": "many"})
+    assert "top_k" in assert_error(resp, 400, "invalid_request_error")
+    resp = client.post(path, json=["x"])
+    assert "JSON object" in assert_error(resp, 400, "invalid_request_error")
+
+
+def test_good_request_and_curl_content_type(client):
+    assert client.post("/completion", json={"prompt": "x", "max_tokens": 3}).json() == {
+        "n_predict": 3
+    }
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    resp = client.post("/raw", content=b'{"prompt": "hi"}', headers=form)
+    assert resp.json() == {"prompt": ["hi"]}
+    for path in ("/raw", "/completion"):
+        message = assert_error(client.post(path), 400, "invalid_request_error")
+        assert message == "request body is required (a JSON object)"
+
+
+def test_path_and_query_errors_name_the_parameter(client):
+    message = assert_error(client.post("/slots/abc"), 400, "invalid_request_error")
+    assert message.startswith("id_slot: Input should be a valid integer")
+    assert "action: Field required" in message
+    assert client.post("/slots/1?action=save").json() == {"id_slot": 1, "action": "save"}
+
+
+def test_stray_validation_error_is_400(client):
+    ok = client.post("/lora-adapters", json=[{"id": 0, "scale": 0.5}])
+    assert ok.json() == {"success": True}
+    resp = client.post("/lora-adapters", json=[{"id": 0, "scale": "big"}])
+    assert assert_error(resp, 400, "invalid_request_error").startswith("[0].scale:")
+
+
+def test_unknown_route_and_method(client):
+    assert assert_error(client.get("/nope"), 404, "not_found_error") == "File Not Found"
+    resp = client.get("/completion")
+    assert_error(resp, 405, "invalid_request_error")
+    assert resp.headers["allow"] == "POST"
+
+
+def test_unexpected_exception_is_500_without_details(client, caplog):
+    resp = client.get("/boom")
+    message = assert_error(resp, 500, "server_error")
+    assert "secret" not in message
+    assert any("unhandled error" in r.message for r in caplog.records)
+    assert client.get("/too-long").status_code == 400
+
+
+def test_error_mid_stream_closes_the_stream(client):
+    resp = client.get("/stream-boom")
+    assert resp.status_code == 200 and resp.content == b'data: {"content":"a"}\n\n'
+
+
+def test_api_error_bodies(client):
+    resp = client.get("/too-long")
+    assert_error(resp, 400, "exceed_context_size_error")
+    assert resp.json()["error"]["n_prompt_tokens"] == 5000 and resp.json()["error"]["n_ctx"] == 4096
+    assert client.get("/loading").json() == {
+        "error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}
+    }
+    assert error_body("m", "not_supported_error") == {
+        "error": {"code": 501, "message": "m", "type": "not_supported_error"}
+    }
+    assert ApiError(401, "authentication_error", "Invalid API Key").body()["error"]["code"] == 401
+
+
+def test_json_response_writes_non_finite_as_null():
+    resp = JsonResponse({"logprob": -math.inf, "text": "é"})
+    assert resp.body == '{"logprob":null,"text":"é"}'.encode()
+
+
+def test_sse_framing():
+    assert (
+        sse_event({"content": "é", "p": -math.inf}) == 'data: {"content":"é","p":null}\n\n'.encode()
+    )
+    assert SSE_DONE == b"data: [DONE]\n\n"
