@@ -72,6 +72,7 @@ def test_completion_defaults_are_the_contracts():
         0,
     )
     assert (r.ignore_eos, r.logit_bias, r.return_tokens, r.lora, r.n) == (False, [], False, None, 1)
+    assert r.post_sampling_probs is False
     assert r.lora_scales() is None
 
 

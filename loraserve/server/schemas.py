@@ -34,7 +34,7 @@ MAX_PROMPTS = 1024  # prompts in one /completion request
 DEFAULT_TOP_LOGPROBS = 20  # llama-server's n_probs for chat `logprobs: true` alone
 SAMPLING_KEYS = (
     "temperature top_k top_p min_p repeat_penalty repeat_last_n presence_penalty"
-    " frequency_penalty seed n_probs logit_bias ignore_eos"
+    " frequency_penalty seed n_probs logit_bias ignore_eos post_sampling_probs"
 ).split()
 # Known fields asking for what this server does not do: a 400 rather than silently ignored.
 UNSUPPORTED = {
@@ -227,6 +227,7 @@ class _GenerationParams(_Body):
         0, ge=0, le=N_PROBS_MAX, validation_alias=AliasChoices("n_probs", "logprobs")
     )
     ignore_eos: bool = False
+    post_sampling_probs: bool = False
     logit_bias: Annotated[list[tuple[int, float]], PlainValidator(_logit_bias)] = Field(
         default_factory=list
     )
