@@ -1,0 +1,318 @@
+"""The GGUF reader and writer agree with gguf-py's GGUFReader/GGUFWriter (the oracle)."""
+
+from __future__ import annotations
+
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFValueType as V
+from gguf import quants
+
+from loraserve.model.dequant import GGML_TYPE, UnsupportedQuantError
+from loraserve.model.gguf import GGUFError, GGUFFile
+from loraserve.model.gguf_write import write_gguf
+
+RNG = np.random.default_rng(0)
+SCALARS = {
+    V.UINT8: 200, V.INT8: -100, V.UINT16: 60000, V.INT16: -30000, V.UINT32: 4_000_000_000,
+    V.INT32: -2_000_000_000, V.FLOAT32: 0.1, V.UINT64: 2**63 + 5, V.INT64: -(2**62),
+    V.FLOAT64: 0.1, V.BOOL: True, V.STRING: "héllo ▁ wörld",
+}  # fmt: skip
+NUMPY = {V.UINT8: np.uint8, V.INT8: np.int8, V.UINT16: np.uint16, V.INT16: np.int16,
+         V.UINT32: np.uint32, V.INT32: np.int32, V.FLOAT32: np.float32, V.UINT64: np.uint64,
+         V.INT64: np.int64, V.FLOAT64: np.float64, V.BOOL: np.bool_}  # fmt: skip
+
+
+def reader_metadata(r: gguf.GGUFReader) -> dict[str, Any]:
+    """The oracle's metadata, without its GGUF.* header pseudo-keys."""
+    return {k: f for k, f in r.fields.items() if not k.startswith("GGUF.")}
+
+
+def assert_same_as_reader(ours: GGUFFile, r: gguf.GGUFReader) -> None:
+    fields = reader_metadata(r)
+    assert list(ours.metadata) == list(fields)
+    for key, field in fields.items():
+        value, expected = ours.metadata[key], field.contents()
+        if field.types[0] == V.ARRAY and field.types[-1] != V.STRING:
+            assert isinstance(value, np.ndarray), key
+            assert value.dtype == field.parts[field.data[0]].dtype if field.data else True, key
+            np.testing.assert_array_equal(value, np.array(expected, dtype=value.dtype), key)
+        else:
+            assert value == expected and type(value) is type(expected), key
+    assert list(ours.tensors) == [t.name for t in r.tensors]
+    for t in r.tensors:
+        info = ours.tensors[t.name]
+        assert info.shape == tuple(int(n) for n in reversed(t.shape))
+        assert (info.ggml_type, info.offset, info.nbytes) == (
+            t.tensor_type,
+            t.data_offset,
+            t.n_bytes,
+        )
+        np.testing.assert_array_equal(ours.raw(t.name), t.data.view(np.uint8).reshape(-1))
+
+
+def assert_dequant_matches(ours: GGUFFile, t: Any) -> None:
+    with np.errstate(all="ignore"):
+        ref = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+    got = ours.tensor(t.name)  # info.shape, float32
+    assert tuple(got.shape) == ours.tensors[t.name].shape
+    np.testing.assert_array_equal(
+        got.numpy().reshape(-1).view(np.uint32), ref.reshape(-1).view(np.uint32)
+    )
+
+
+def write_with_gguf_py(path: Path, alignment: int | None = None) -> None:
+    w = gguf.GGUFWriter(path, "llama")
+    if alignment:
+        w.add_custom_alignment(alignment)
+    for vtype, value in SCALARS.items():
+        w.add_key_value(f"scalar.{vtype.name.lower()}", value, vtype)
+    for vtype, dtype in NUMPY.items():
+        values = [True, False, True] if vtype == V.BOOL else np.arange(1, 4).astype(dtype).tolist()
+        w.add_key_value(f"array.{vtype.name.lower()}", values, V.ARRAY, sub_type=vtype)
+    w.add_array("array.string", ["<pad>", "▁the", "", "\n\n", "é"])
+    w.add_tensor("f32", RNG.standard_normal((3, 5)).astype(np.float32))
+    w.add_tensor("f16", RNG.standard_normal((4, 6)).astype(np.float16))
+    w.add_tensor("norm", RNG.standard_normal(7).astype(np.float32))
+    x = RNG.standard_normal((6, 64)).astype(np.float32)
+    for qtype in (Q.Q8_0, Q.Q4_0, Q.Q5_1, Q.BF16):
+        w.add_tensor(qtype.name.lower(), quants.quantize(x, qtype), raw_dtype=qtype)
+    for qtype, size, halves in ((Q.Q4_K, 144, 0), (Q.Q6_K, 210, 208), (Q.IQ4_NL, 18 * 8, 0)):
+        raw = RNG.integers(0, 256, (2, size), dtype=np.uint8)
+        raw[:, halves : halves + 4 if qtype == Q.Q4_K else halves + 2] = 60  # finite f16 scales
+        w.add_tensor(qtype.name.lower(), raw, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture()
+def oracle_file(tmp_path: Path) -> Path:
+    path = tmp_path / "oracle.gguf"
+    write_with_gguf_py(path)
+    return path
+
+
+@pytest.mark.parametrize("alignment", [None, 64])
+def test_reads_what_gguf_py_writes(tmp_path: Path, alignment: int | None) -> None:
+    path = tmp_path / "m.gguf"
+    write_with_gguf_py(path, alignment)
+    r = gguf.GGUFReader(path)
+    with GGUFFile(path) as ours:
+        assert ours.version == 3
+        assert_same_as_reader(ours, r)
+        assert ours.metadata["scalar.float32"] == float(np.float32(0.1))
+        assert ours.metadata["array.bool"].dtype == np.bool_
+        for t in r.tensors:
+            if t.tensor_type != Q.IQ4_NL:
+                assert_dequant_matches(ours, t)
+        assert all(info.offset % (alignment or 32) == 0 for info in ours.tensors.values())
+
+
+def test_reads_v2(oracle_file: Path) -> None:
+    data = bytearray(oracle_file.read_bytes())
+    data[4:8] = struct.pack("<I", 2)
+    oracle_file.write_bytes(bytes(data))
+    with GGUFFile(oracle_file) as f:
+        assert f.version == 2
+        assert f.tensor("f32").shape == (3, 5)
+
+
+def test_unsupported_tensor_type(oracle_file: Path) -> None:
+    with GGUFFile(oracle_file) as f:
+        assert f.raw("iq4_nl").nbytes == 2 * 18 * 8
+        with pytest.raises(UnsupportedQuantError, match=r"'iq4_nl'.*IQ4_NL"):
+            f.tensor("iq4_nl")
+        with pytest.raises(KeyError, match="no tensor named 'nope'"):
+            f.raw("nope")
+    with pytest.raises(ValueError, match="closed"):
+        f.tensor("f32")
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        (lambda d: b"GGML" + d[4:], "bad magic b'GGML'"),
+        (lambda d: b"", "empty file"),
+        (lambda d: d[:3], "bad magic"),
+        (lambda d: d[:60], r"truncated file: metadata key 'general.architecture' needs"),
+        (lambda d: d[:-100], r"tensor 'iq4_nl' .* extends beyond the end of the file"),
+        (lambda d: d[:4] + struct.pack("<I", 1) + d[8:], "unsupported GGUF version 1"),
+        (lambda d: d[:4] + struct.pack(">I", 3) + d[8:], "big-endian"),
+        (lambda d: d.replace(b"llama", b"llam\xff"), None),
+    ],
+)
+def test_bad_files_give_clear_errors(oracle_file: Path, patch: Any, message: str | None) -> None:
+    oracle_file.write_bytes(patch(oracle_file.read_bytes()))
+    if message is None:  # invalid UTF-8 is kept, escaped, not fatal
+        assert GGUFFile(oracle_file).metadata["general.architecture"] == "llam\udcff"
+        return
+    with pytest.raises(GGUFError, match=message) as e:
+        GGUFFile(oracle_file)
+    assert str(oracle_file) in str(e.value)
+
+
+def test_unknown_value_and_tensor_types(tmp_path: Path) -> None:
+    path = tmp_path / "m.gguf"
+    write_gguf(path, {"k.v": 1}, {"w": torch.zeros(4)})
+    data = path.read_bytes()
+    key_type = data.index(b"k.v") + 3
+    path.write_bytes(data[:key_type] + struct.pack("<I", 99) + data[key_type + 4 :])
+    with pytest.raises(GGUFError, match="unknown metadata value type 99 in metadata key 'k.v'"):
+        GGUFFile(path)
+    tensor_type = data.index(b"w\x01\x00\x00\x00") + 13
+    path.write_bytes(data[:tensor_type] + struct.pack("<I", 77) + data[tensor_type + 4 :])
+    with pytest.raises(GGUFError, match="tensor 'w' has unknown ggml type id 77"):
+        GGUFFile(path)
+
+
+def test_writer_output_reads_back_in_gguf_py(tmp_path: Path) -> None:
+    path = tmp_path / "adapter.gguf"
+    x = torch.randn(8, 64)
+    tensors: dict[str, Any] = {
+        "blk.0.attn_q.weight.lora_a": torch.randn(4, 64),
+        "blk.0.attn_q.weight.lora_b": torch.randn(64, 4).half(),
+        "bf16": torch.randn(3, 32).bfloat16(),
+        "bf16_from_f32": x,
+        "q8": x,
+        "vec": np.arange(5, dtype=np.float32),
+    }
+    metadata = {
+        "general.architecture": "gemma3", "general.type": "adapter", "adapter.type": "lora",
+        "adapter.lora.alpha": 16.0, "general.alignment": 64, "x.small": -7, "x.big": 1 << 40,
+        "x.bool": False, "x.ints": [1, -2, 3], "x.floats": [1, 2.5], "x.strs": ["a", "▁b", ""],
+        "x.u8": np.uint8(3), "x.f64": np.float64(0.1), "x.arr": np.array([1, 2], np.uint16),
+    }  # fmt: skip
+    types = {"q8": GGML_TYPE["Q8_0"], "bf16_from_f32": GGML_TYPE["BF16"]}
+    assert write_gguf(path, metadata, tensors, types) == path
+    assert [p.name for p in tmp_path.iterdir()] == ["adapter.gguf"]
+
+    r = gguf.GGUFReader(path)
+    fields = reader_metadata(r)
+    expected_types = {
+        "adapter.lora.alpha": [V.FLOAT32], "general.alignment": [V.UINT32],
+        "x.small": [V.INT32], "x.big": [V.INT64], "x.bool": [V.BOOL],
+        "x.ints": [V.ARRAY, V.INT32], "x.floats": [V.ARRAY, V.FLOAT32],
+        "x.strs": [V.ARRAY, V.STRING], "x.u8": [V.UINT8], "x.f64": [V.FLOAT64],
+        "x.arr": [V.ARRAY, V.UINT16], "general.type": [V.STRING],
+    }  # fmt: skip
+    for key, vtypes in expected_types.items():
+        assert fields[key].types == vtypes, key
+    for key, value in metadata.items():
+        got = fields[key].contents()
+        assert got == (value.tolist() if hasattr(value, "tolist") else value), key
+    with GGUFFile(path) as ours:
+        assert_same_as_reader(ours, r)
+    by_name = {t.name: t for t in r.tensors}
+    for name in ("blk.0.attn_q.weight.lora_a", "blk.0.attn_q.weight.lora_b", "vec"):
+        np.testing.assert_array_equal(by_name[name].data, np.asarray(tensors[name]))
+    bf16 = tensors["bf16"].view(torch.int16).numpy().view(np.uint8)
+    np.testing.assert_array_equal(by_name["bf16"].data.reshape(-1), bf16.reshape(-1))
+    for name, qtype in (("q8", Q.Q8_0), ("bf16_from_f32", Q.BF16)):
+        assert by_name[name].tensor_type == qtype
+        np.testing.assert_array_equal(by_name[name].data, quants.quantize(x.numpy(), qtype))
+    assert [int(n) for n in by_name["q8"].shape] == [64, 8]
+
+
+def test_q8_0_matches_reference_on_ties_zeros_and_extremes(tmp_path: Path) -> None:
+    ties = np.array([127, 63.5, -63.5, 0.5, -0.5, 1.5, -2.5] + [0] * 25, np.float32)
+    x = np.stack([ties, np.zeros(32, np.float32), np.full(32, -3e38, np.float32)])
+    x = np.concatenate([x, RNG.standard_normal((5, 32)).astype(np.float32) * 1e-3])
+    write_gguf(tmp_path / "q.gguf", {}, {"q": x}, {"q": GGML_TYPE["Q8_0"]})
+    with GGUFFile(tmp_path / "q.gguf") as f:
+        with np.errstate(over="ignore"):
+            expected = quants.quantize(x, Q.Q8_0)
+        np.testing.assert_array_equal(f.raw("q").reshape(8, 34), expected)
+
+
+def test_writer_roundtrip_nested_arrays_and_overwrite(tmp_path: Path) -> None:
+    path = tmp_path / "a.gguf"
+    path.write_bytes(b"old")
+    write_gguf(path, {"n": [[1, 2], ["x"]], "e": np.zeros(0, np.float32)}, {})
+    with GGUFFile(path) as f:
+        assert f.tensors == {}
+        (a, b), e = f.metadata["n"], f.metadata["e"]
+        assert a.tolist() == [1, 2] and b == ["x"] and e.dtype == np.float32 and e.size == 0
+
+
+@pytest.mark.parametrize(
+    ("metadata", "tensors", "types", "message"),
+    [
+        ({"k": []}, {}, None, "'k': empty list"),
+        ({"k": {"a": 1}}, {}, None, "cannot store a dict"),
+        ({"k": [1, "a"]}, {}, None, "one kind"),
+        ({"general.alignment": 48}, {}, None, "power of two"),
+        ({}, {"w": torch.zeros(2, dtype=torch.int32)}, None, "'w': no default GGUF type"),
+        ({}, {"w": torch.zeros(2, 16)}, {"w": 8}, "'w': Q8_0 needs rows of a multiple of 32"),
+        ({}, {"w": torch.zeros(2, 32)}, {"w": 12}, "'w': cannot write type Q4_K"),
+        ({}, {}, {"w": 8}, r"not given: \['w'\]"),
+    ],
+)
+def test_writer_errors_leave_nothing_behind(
+    tmp_path: Path, metadata: Any, tensors: Any, types: Any, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        write_gguf(tmp_path / "x.gguf", metadata, tensors, types)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture()
+def one_thread() -> Any:
+    """One torch thread: on a machine shared with other jobs, torch's thread pool stalls."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def real_reader(real_model_path: Path) -> gguf.GGUFReader:
+    return gguf.GGUFReader(real_model_path)
+
+
+@pytest.mark.real_model
+def test_real_model_metadata_and_table(real_model_path: Path, real_reader: Any) -> None:
+    start = time.perf_counter()
+    with GGUFFile(real_model_path) as f:
+        elapsed = time.perf_counter() - start
+        print(f"\nopen + metadata + tensor table of {real_model_path.name}: {elapsed * 1e3:.0f} ms")
+        assert_same_as_reader(f, real_reader)
+        assert f.tensors["token_embd.weight"].shape == (262144, 640)
+        assert len(f.metadata["tokenizer.ggml.tokens"]) == 262144
+        assert f.metadata["tokenizer.ggml.scores"].dtype == np.float32
+        assert f.metadata["tokenizer.ggml.token_type"].dtype == np.int32
+
+
+@pytest.mark.real_model
+def test_real_model_dequantizes_bit_identically(
+    real_model_path: Path, real_reader: Any, one_thread: None
+) -> None:
+    """Every tensor, checked against the (slow) reference in full for the smallest tensor of
+    each type and on a sample of 128 rows for the rest."""
+    rng = np.random.default_rng(0)
+    smallest: dict[int, Any] = {}
+    for t in real_reader.tensors:
+        if t.tensor_type not in smallest or t.n_bytes < smallest[t.tensor_type].n_bytes:
+            smallest[t.tensor_type] = t
+    seconds = 0.0
+    with GGUFFile(real_model_path) as f:
+        for t in real_reader.tensors:
+            start = time.perf_counter()
+            got = f.tensor(t.name)  # info.shape, float32
+            seconds += time.perf_counter() - start
+            if t in smallest.values() or t.data.ndim == 1:
+                assert_dequant_matches(f, t)
+                continue
+            rows = np.concatenate([np.arange(64), rng.choice(len(t.data), 64, replace=False)])
+            ref = np.asarray(quants.dequantize(t.data[rows], t.tensor_type), dtype=np.float32)
+            sample = got.reshape(len(t.data), -1)[rows].numpy()
+            np.testing.assert_array_equal(sample.view(np.uint32), ref.view(np.uint32), t.name)
+    print(f"\ndequantized {len(real_reader.tensors)} tensors in {seconds:.2f} s")
