@@ -40,17 +40,31 @@ def our_logits(model: LoadedModel, ids: list[int], chunk: int) -> torch.Tensor:
 
 CASES = {
     "llama": ("llama", {}, None),
-    "llama-quant": ("llama", {}, {
-        "blk.0.attn_q.weight": Q.Q4_K, "blk.0.attn_k.weight": Q.Q5_0,
-        "blk.0.ffn_down.weight": Q.Q6_K, "blk.1.attn_v.weight": Q.Q8_0,
-        "blk.1.ffn_gate.weight": Q.Q5_K, "blk.1.attn_output.weight": Q.Q3_K,
-        "output.weight": Q.Q2_K, "token_embd.weight": Q.Q4_0,
-    }),
+    "llama-quant": (
+        "llama",
+        {},
+        {
+            "blk.0.attn_q.weight": Q.Q4_K,
+            "blk.0.attn_k.weight": Q.Q5_0,
+            "blk.0.ffn_down.weight": Q.Q6_K,
+            "blk.1.attn_v.weight": Q.Q8_0,
+            "blk.1.ffn_gate.weight": Q.Q5_K,
+            "blk.1.attn_output.weight": Q.Q3_K,
+            "output.weight": Q.Q2_K,
+            "token_embd.weight": Q.Q4_0,
+        },
+    ),
     "gemma3": ("gemma3", {}, None),
-    "gemma3-quant": ("gemma3", {}, {
-        "token_embd.weight": Q.Q8_0, "blk.0.attn_q.weight": Q.Q5_0,
-        "blk.2.ffn_down.weight": Q.Q6_K, "blk.5.ffn_up.weight": Q.Q4_K,
-    }),
+    "gemma3-quant": (
+        "gemma3",
+        {},
+        {
+            "token_embd.weight": Q.Q8_0,
+            "blk.0.attn_q.weight": Q.Q5_0,
+            "blk.2.ffn_down.weight": Q.Q6_K,
+            "blk.5.ffn_up.weight": Q.Q4_K,
+        },
+    ),
     "qwen2": ("qwen2", {}, None),
     "qwen3": ("qwen3", {}, None),
     "mixtral": ("mixtral", {}, None),

@@ -20,7 +20,9 @@ def tiny_vocab() -> tuple[list[str], list[float], list[int]]:
     """A SentencePiece-style vocabulary: <unk>, <s>, </s>, byte pieces, a few words."""
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [2, 3, 3] + [6] * 256
-    words = [f"▁{w}" for w in "the a of and to in is it that was for on are as with his they".split()]
+    words = [
+        f"▁{w}" for w in "the a of and to in is it that was for on are as with his they".split()
+    ]
     words += list("abcdefghijklmnopqrstuvwxyz") + ["▁"]
     while len(tokens) + len(words) < VOCAB:
         words.append(f"▁w{len(words)}")
@@ -31,19 +33,34 @@ def tiny_vocab() -> tuple[list[str], list[float], list[int]]:
 
 
 def hf_model(arch: str, **over: Any) -> torch.nn.Module:
-    """A random float32 transformers model of the given arch (llama, gemma3, qwen2, qwen3, mixtral)."""
+    """A random float32 transformers model: llama, gemma3, qwen2, qwen3 or mixtral."""
     import transformers as tf
 
     torch.manual_seed(over.pop("seed", 0))
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  rms_norm_eps=1e-6, tie_word_embeddings=False)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
     if arch == "llama":
         cfg = tf.LlamaConfig(**{**common, "rope_theta": 10000.0, **over})
         m = tf.LlamaForCausalLM(cfg)
     elif arch == "mixtral":
-        cfg = tf.MixtralConfig(**{**common, "num_local_experts": 4, "num_experts_per_tok": 2,
-                                  "rope_theta": 10000.0, **over})
+        cfg = tf.MixtralConfig(
+            **{
+                **common,
+                "num_local_experts": 4,
+                "num_experts_per_tok": 2,
+                "rope_theta": 10000.0,
+                **over,
+            }
+        )
         m = tf.MixtralForCausalLM(cfg)
     elif arch == "qwen2":
         cfg = tf.Qwen2Config(**{**common, **over})
@@ -53,14 +70,25 @@ def hf_model(arch: str, **over: Any) -> torch.nn.Module:
         m = tf.Qwen3ForCausalLM(cfg)
     elif arch == "gemma3":
         n_layers = over.pop("num_hidden_layers", 6)
-        cfg = tf.Gemma3TextConfig(**{
-            **common, "num_hidden_layers": n_layers, "head_dim": 32, "query_pre_attn_scalar": 32,
-            "sliding_window": 5, "tie_word_embeddings": True,
-            "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
-                            for i in range(n_layers)],
-            "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                "full_attention": {"rope_type": "default", "rope_theta": 1e6}},
-            **over})
+        cfg = tf.Gemma3TextConfig(
+            **{
+                **common,
+                "num_hidden_layers": n_layers,
+                "head_dim": 32,
+                "query_pre_attn_scalar": 32,
+                "sliding_window": 5,
+                "tie_word_embeddings": True,
+                "layer_types": [
+                    "full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                    for i in range(n_layers)
+                ],
+                "rope_parameters": {
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                    "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                },
+                **over,
+            }
+        )
         m = tf.Gemma3ForCausalLM(cfg)
     else:
         raise ValueError(arch)
@@ -109,8 +137,9 @@ def gguf_tensors(m: torch.nn.Module, arch: str) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_gguf(path: Path, m: torch.nn.Module, arch: str,
-               quant: dict[str, GGMLQuantizationType] | None = None) -> Path:
+def write_gguf(
+    path: Path, m: torch.nn.Module, arch: str, quant: dict[str, GGMLQuantizationType] | None = None
+) -> Path:
     """Write the model as GGUF; tensors named in ``quant`` are quantized (and the HF model's
     weights are replaced by their dequantized values so both sides hold the same numbers)."""
     cfg = m.config
@@ -173,7 +202,7 @@ _SCALE_OFFSETS = {
 
 
 def random_quant(shape: tuple[int, ...], qt: GGMLQuantizationType, seed: int = 0) -> np.ndarray:
-    """Random valid blocks of a K-quant type (small finite f16 scales) -> raw uint8 [rows, bytes]."""
+    """Random valid K-quant blocks (small finite f16 scales) -> raw uint8 [rows, bytes]."""
     from gguf.constants import GGML_QUANT_SIZES
 
     block, tsize = GGML_QUANT_SIZES[qt]

@@ -155,7 +155,8 @@ class PrefixCache:
         done = 0
         while done < n:
             leaves = [
-                (node.last_used, b) for b, node in self._nodes.items()
+                (node.last_used, b)
+                for b, node in self._nodes.items()
                 if node.children == 0 and self.pool.refcount[b] == 0
             ]
             if not leaves:
@@ -210,7 +211,9 @@ class PrefixCache:
             assert b in self.pool._used, f"indexed block {b} is free"
             assert self._children[node.parent][node.tokens] == b
             if isinstance(node.parent, int):
-                assert node.parent in self._nodes and len(self._nodes[node.parent].tokens) == self.bs
+                assert (
+                    node.parent in self._nodes and len(self._nodes[node.parent].tokens) == self.bs
+                )
             n_kids = len(self._children.get(b, {}))
             assert n_kids == node.children, f"block {b} child count {node.children} != {n_kids}"
         if self.budget is not None:

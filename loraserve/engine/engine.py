@@ -62,7 +62,7 @@ class Engine:
         else:
             budget = int(config.cache_ram_mib * 2**20 // block_bytes)
             max_blocks = held + budget
-        self.pool = BlockPool(bs, max_blocks, initial_blocks=held)
+        self.pool = BlockPool(bs, max_blocks, initial_blocks=min(held, 256))
         self.cache = PrefixCache(self.pool, budget)
         self.scheduler = Scheduler(config.n_slots, self.n_ctx_slot, config.ubatch, self.cache)
         self.runner = ModelRunner(model.decoder, bs, kv_dtype)
@@ -210,8 +210,9 @@ class Engine:
         seq.text = out.text if out is not None else ""
         self.scheduler.finish(seq)
         if send:
-            ev = Event(text=tail, done=True, stop_type=stop,
-                       stopping_word=out.stopping_word if out else "")
+            ev = Event(
+                text=tail, done=True, stop_type=stop, stopping_word=out.stopping_word if out else ""
+            )
             self._emit(seq, ev)
 
     def _fail(self, seq: Sequence, message: str) -> None:

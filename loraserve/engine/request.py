@@ -10,7 +10,7 @@ import itertools
 import queue
 import time
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from loraserve.cache.prefix_cache import CacheKey
 from loraserve.engine.sampling import SamplerState
@@ -19,7 +19,7 @@ from loraserve.engine.sampling_params import SamplingParams
 _ids = itertools.count(1)
 
 
-class StopType(str, Enum):
+class StopType(StrEnum):
     NONE = "none"
     EOS = "eos"
     WORD = "word"

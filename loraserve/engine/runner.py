@@ -67,7 +67,9 @@ class ModelRunner:
         table = torch.tensor(list(blocks[: (n_tokens + self.bs - 1) // self.bs]), dtype=torch.long)
         return table[pos // self.bs] * self.bs + pos % self.bs
 
-    def _context(self, items: Sequence[BatchItem]) -> tuple[torch.Tensor, torch.Tensor, StepContext]:
+    def _context(
+        self, items: Sequence[BatchItem]
+    ) -> tuple[torch.Tensor, torch.Tensor, StepContext]:
         ids, pos, slots = [], [], []
         logits_rows: list[int] = []
         decode_rows: list[int] = []
@@ -89,10 +91,17 @@ class ModelRunner:
                 k = torch.arange(total).unsqueeze(0)  # [1, L]
                 full = k <= q
                 swa = full & (q - k < window) if window else None
-                groups.append(AttnGroup(
-                    None, row, row + it.n, kv_index.unsqueeze(0), full[None, None],
-                    None if swa is None else swa[None, None], 1,
-                ))
+                groups.append(
+                    AttnGroup(
+                        None,
+                        row,
+                        row + it.n,
+                        kv_index.unsqueeze(0),
+                        full[None, None],
+                        None if swa is None else swa[None, None],
+                        1,
+                    )
+                )
             row += it.n
             if it.want_logits:
                 logits_rows.append(row - 1)
@@ -106,10 +115,17 @@ class ModelRunner:
             qpos = torch.tensor(lens).unsqueeze(1) - 1  # [B, 1]
             full = k <= qpos
             swa = full & (qpos - k < window) if window else None
-            groups.append(AttnGroup(
-                torch.tensor(decode_rows), 0, 0, kv_index, full[:, None, None, :],
-                None if swa is None else swa[:, None, None, :], len(decode_items),
-            ))
+            groups.append(
+                AttnGroup(
+                    torch.tensor(decode_rows),
+                    0,
+                    0,
+                    kv_index,
+                    full[:, None, None, :],
+                    None if swa is None else swa[:, None, None, :],
+                    len(decode_items),
+                )
+            )
         lora = None
         if self.lora_builder is not None:
             spans, r = [], 0

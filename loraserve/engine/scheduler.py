@@ -153,6 +153,10 @@ class Scheduler:
         while len(seq.blocks) < need:
             seq.blocks.append(self.cache.allocate())
         return BatchItem(
-            tokens=seq.tokens, start=start, n=n, blocks=seq.blocks,
-            want_logits=start + n == len(seq.tokens), lora_mix=seq.req.lora,
+            tokens=seq.tokens,
+            start=start,
+            n=n,
+            blocks=seq.blocks,
+            want_logits=start + n == len(seq.tokens),
+            lora_mix=seq.req.lora,
         )

@@ -20,6 +20,21 @@ class LoraDelta(Protocol):
         """Return ``y`` plus the delta for base tensor ``target``; x: [T, in], y: [T, out]."""
         ...
 
+    def apply_expert(
+        self,
+        target: str,
+        expert: int,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        token_rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """The same for one expert of a stacked target (``blk.N.ffn_up_exps.weight``).
+
+        x: [m, in], y: [m, out] hold the rows routed to ``expert``; token_rows: [m] long,
+        their rows in the flat batch (which select each row's adapter mix).
+        """
+        ...
+
 
 @dataclass
 class AttnGroup:

@@ -1,0 +1,143 @@
+"""Engine behaviour on a tiny float32 model: batching, chunking, prefix reuse, stops."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from loraserve.engine.engine import Engine, EngineConfig
+from loraserve.engine.request import Event, Request, StopType
+from loraserve.engine.sampling_params import SamplingParams
+from loraserve.model.loader import LoadedModel, load_model
+from tests.tiny import hf_logits, hf_model, write_gguf
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[LoadedModel, torch.nn.Module]:
+    m = hf_model("gemma3", num_hidden_layers=6, seed=3)
+    path = write_gguf(tmp_path_factory.mktemp("tiny") / "g.gguf", m, "gemma3")
+    return load_model(path), m
+
+
+def run(engine: Engine, reqs: list[Request]) -> list[list[Event]]:
+    for r in reqs:
+        engine.submit(r)
+    engine.run_until_idle()
+    out = []
+    for r in reqs:
+        evs = []
+        while not r.events.empty():
+            evs.append(r.events.get())
+        assert evs and evs[-1].done
+        out.append(evs)
+    return out
+
+
+def tokens(evs: list[Event]) -> list[int]:
+    return [e.token for e in evs if e.token is not None]
+
+
+def req(prompt: list[int], n: int = 8, **kw) -> Request:
+    return Request(prompt=prompt, sampling=kw.pop("sampling", GREEDY), max_tokens=n, **kw)
+
+
+def prompts(seed: int, k: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(3, 320) for _ in range(rng.randrange(2, 40))] for _ in range(k)]
+
+
+def test_greedy_equals_transformers(tiny) -> None:
+    model, hf = tiny
+    p = prompts(0, 1)[0]
+    got = tokens(run(Engine(model, EngineConfig(n_ctx=256)), [req(p, 10)])[0])
+    ids = list(p)
+    for _ in range(10):
+        ids.append(int(hf_logits(hf, ids)[-1].argmax()))
+    assert got == ids[len(p) :]
+
+
+@pytest.mark.parametrize("ubatch", [512, 7])
+def test_batch_invariance(tiny, ubatch: int) -> None:
+    model, _ = tiny
+    ps = prompts(1, 6)
+    alone = [tokens(run(Engine(model, EngineConfig(n_ctx=512)), [req(p, 12)])[0]) for p in ps]
+    eng = Engine(model, EngineConfig(n_slots=4, n_ctx=1024, ubatch=ubatch))
+    together = [tokens(e) for e in run(eng, [req(p, 12) for p in ps])]
+    assert together == alone
+
+
+def test_prefix_reuse_is_exact(tiny) -> None:
+    model, _ = tiny
+    p = prompts(2, 1)[0] + [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    eng = Engine(model, EngineConfig(n_ctx=512, block_size=4))
+    cold = run(eng, [req(p, 6, cache_prompt=False)])[0]
+    first = run(eng, [req(p, 6)])[0]
+    second = run(eng, [req(p, 6)])[0]
+    assert tokens(first) == tokens(second) == tokens(cold)
+    seq_timings = eng.scheduler.slots[0].last_request
+    assert seq_timings is not None
+    # a prompt that diverges mid-block reuses exactly the common prefix (copy-on-write)
+    q = p[:10] + [300, 301, 302]
+    fresh = Engine(model, EngineConfig(n_ctx=512, block_size=4))
+    assert tokens(run(eng, [req(q, 6)])[0]) == tokens(run(fresh, [req(q, 6)])[0])
+    assert eng.cache.stats.hit_tokens >= (len(p) - 1) + 10
+
+
+def test_cache_keys_do_not_mix(tiny) -> None:
+    model, _ = tiny
+    eng = Engine(model, EngineConfig(n_ctx=512, block_size=4))
+    p = prompts(4, 1)[0]
+    run(eng, [req(p, 4, cache_key=(("x", 1.0),))])
+    hits = eng.cache.stats.hit_tokens
+    run(eng, [req(p, 4)])  # base key: nothing computed under it yet
+    assert eng.cache.stats.hit_tokens == hits
+
+
+def test_stops_and_limits(tiny) -> None:
+    model, _ = tiny
+    eng = Engine(model, EngineConfig(n_ctx=64))
+    p = prompts(5, 1)[0]
+    full = run(eng, [req(p, 12)])[0]
+    assert full[-1].stop_type == StopType.LIMIT and len(tokens(full)) == 12
+    text = "".join(e.text for e in full)
+    if len(text) > 4:
+        stop = text[2:4]
+        evs = run(eng, [req(p, 12, stop=(stop,))])[0]
+        assert evs[-1].stop_type == StopType.WORD and evs[-1].stopping_word == stop
+        assert "".join(e.text for e in evs) == text[: text.find(stop)]
+    eos = tokens(full)[0]
+    evs = run(eng, [req(p, 12, eog_ids=frozenset({eos}))])[0]
+    assert evs[-1].stop_type == StopType.EOS and tokens(evs) == []  # EOG text is not output
+    # the context limit ends generation
+    long = run(Engine(model, EngineConfig(n_ctx=len(p) + 3)), [req(p, -1)])[0]
+    assert long[-1].stop_type == StopType.LIMIT and len(tokens(long)) == 3
+
+
+def test_cancel_frees_slot_and_blocks(tiny) -> None:
+    model, _ = tiny
+    eng = Engine(model, EngineConfig(n_slots=2, n_ctx=256, cache_ram_mib=0))
+    a, b = req(prompts(6, 1)[0], 50), req(prompts(7, 1)[0], 5)
+    eng.submit(a)
+    eng.submit(b)
+    eng.step()
+    eng.cancel(a)
+    eng.run_until_idle()
+    assert not any(s.busy for s in eng.scheduler.slots)
+    held = sum(len(s.blocks) for s in eng.scheduler.slots)
+    assert eng.pool.num_used == held  # nothing leaked beyond what idle slots retain
+    eng.cache.check()
+
+
+def test_seeded_sampling_is_batch_independent(tiny) -> None:
+    model, _ = tiny
+    sp = SamplingParams(temperature=1.0, seed=42, top_k=0, top_p=1.0, min_p=0.0)
+    p = prompts(8, 1)[0]
+    alone = tokens(run(Engine(model, EngineConfig(n_ctx=256)), [req(p, 10, sampling=sp)])[0])
+    others = [req(q, 10, sampling=SamplingParams(temperature=1.0)) for q in prompts(9, 3)]
+    eng = Engine(model, EngineConfig(n_slots=4, n_ctx=1024))
+    together = run(eng, [*others[:2], req(p, 10, sampling=sp), others[2]])
+    assert tokens(together[2]) == alone
