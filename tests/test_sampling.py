@@ -1,0 +1,450 @@
+"""The sampler's spec: llama-server's chain (llama.cpp's common/sampling.cpp and
+src/llama-sampler.cpp), checked against an independent reference, by many draws, and for
+per-request determinism inside batches of any composition."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from loraserve.engine.sampling import (
+    SamplerState,
+    SamplingParams,
+    adjusted_logits,
+    final_probs,
+    sample_batch,
+)
+from loraserve.engine.sampling_ops import fast_argmax, fast_topk
+
+PLAIN = dict(top_k=0, top_p=1.0, min_p=0.0, temperature=1.0)  # no filtering at all
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def state(prompt: tuple[int, ...] = (), eog: tuple[int, ...] = (), **kw: object) -> SamplerState:
+    params = SamplingParams(**kw)  # type: ignore[arg-type]
+    params.validate(1 << 20)
+    return SamplerState(params, list(prompt), set(eog))
+
+
+def randn(*shape: int, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def reference_probs(
+    logits: list[float], p: SamplingParams, history: list[int], eog: set[int]
+) -> tuple[dict[int, float], float]:
+    """llama.cpp's chain, transcribed loop by loop in float64.
+
+    Returns (token -> probability, distance of the closest top_p / min_p decision to its
+    threshold) so callers can skip cases that rounding could flip.
+    """
+    cand = dict(enumerate(logits))
+    bias = [(t, -math.inf if b is False else b) for t, b in p.logit_bias]
+    bias += [(t, -math.inf) for t in eog] if p.ignore_eos else []
+    for t, b in bias:
+        cand[t] += b
+    if p.penalties_enabled:
+        window = history if p.repeat_last_n < 0 else history[-p.repeat_last_n :]
+        for t, c in Counter(window).items():
+            v = cand[t] * p.repeat_penalty if cand[t] <= 0 else cand[t] / p.repeat_penalty
+            cand[t] = v - (c * p.frequency_penalty + p.presence_penalty)
+    items = sorted(cand.items(), key=lambda kv: -kv[1])
+    if p.temperature <= 0:
+        return {items[0][0]: 1.0}, math.inf
+    margin = math.inf
+    if p.top_k > 0:
+        items = items[: p.top_k]
+    if p.top_p < 1.0:
+        mx = items[0][1]
+        mass = [math.exp(v - mx) for _, v in items]
+        target, cum = p.top_p * sum(mass), 0.0
+        for i, m in enumerate(mass):
+            margin = min(margin, abs(cum - target) / max(target, 1e-300))
+            cum += m
+            if cum >= target:
+                items = items[: i + 1]
+                break
+    if p.min_p > 0.0:
+        floor = items[0][1] + math.log(p.min_p)
+        margin = min([margin] + [abs(v - floor) for _, v in items if math.isfinite(v)])
+        items = [(t, v) for t, v in items if v >= floor]
+    scaled = [(t, v / p.temperature) for t, v in items]
+    mx = max(v for _, v in scaled)
+    mass = {t: math.exp(v - mx) for t, v in scaled}
+    total = sum(mass.values())
+    return {t: m / total for t, m in mass.items() if m > 0}, margin
+
+
+def support(probs: torch.Tensor) -> set[int]:
+    return set(torch.nonzero(probs > 0).flatten().tolist())
+
+
+# ---- the fast kernels ------------------------------------------------------------------
+
+
+@FAST
+@given(
+    rows=st.integers(1, 4),
+    vocab=st.integers(1, 3000),
+    k=st.integers(1, 64),
+    seed=st.integers(0, 2**31),
+)
+def test_fast_topk_equals_torch(rows: int, vocab: int, k: int, seed: int) -> None:
+    k = min(k, vocab)
+    x = torch.stack([torch.randperm(vocab, generator=torch.Generator().manual_seed(seed + r))
+                     for r in range(rows)]).float()  # fmt: skip
+    vals, ids = fast_topk(x, k)
+    ref_vals, ref_ids = torch.topk(x, k)
+    assert torch.equal(vals, ref_vals) and torch.equal(ids, ref_ids)
+
+
+@FAST
+@given(vocab=st.integers(1, 3000), levels=st.integers(1, 5), seed=st.integers(0, 2**31))
+def test_fast_argmax_first_occurrence(vocab: int, levels: int, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, levels, (3, vocab), generator=g).float()  # many ties
+    assert torch.equal(fast_argmax(x), x.argmax(-1))
+
+
+# ---- greedy ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0])
+@pytest.mark.parametrize("vocab", [7, 1000, 70_000])
+def test_greedy_is_argmax(temperature: float, vocab: int) -> None:
+    x = randn(5, vocab, seed=vocab)
+    states = [state(temperature=temperature) for _ in range(5)]
+    out = sample_batch(x, states)
+    assert [r.token for r in out] == x.argmax(-1).tolist()
+    assert all(r.probs is None for r in out)
+
+
+def test_greedy_sees_bias_and_penalties_and_ignores_filters() -> None:
+    x = torch.tensor([[5.0, 4.0, 3.0, 1.0]])
+    banned = state(temperature=0, logit_bias=((0, False),), top_k=1)
+    assert sample_batch(x, [banned])[0].token == 1
+    penalized = state(prompt=(0, 1), temperature=0, repeat_penalty=2.0)
+    assert sample_batch(x, [penalized])[0].token == 2
+    assert final_probs(x[0], penalized).tolist() == [0.0, 0.0, 1.0, 0.0]
+
+
+# ---- the chain's support, analytically and by drawing ------------------------------------
+
+
+def test_top_k_keeps_exactly_k() -> None:
+    x = randn(50, seed=1)
+    probs = final_probs(x, state(**{**PLAIN, "top_k": 5}))
+    top = torch.topk(x, 5).indices
+    assert support(probs) == set(top.tolist())
+    assert torch.allclose(probs[top], torch.softmax(x[top].double(), 0))
+
+
+def test_top_p_keeps_smallest_prefix_reaching_p() -> None:
+    # probs 0.5, 0.25, 0.125, 0.0625, ... : cumulative 0.5, 0.75, 0.875
+    x = torch.log(torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.0625]))
+    assert support(final_probs(x, state(**{**PLAIN, "top_p": 0.75}))) == {0, 1}
+    assert support(final_probs(x, state(**{**PLAIN, "top_p": 0.76}))) == {0, 1, 2}
+    assert support(final_probs(x, state(**{**PLAIN, "top_p": 0.0}))) == {0}
+    assert support(final_probs(x, state(**{**PLAIN, "top_p": 1.0}))) == {0, 1, 2, 3, 4}
+
+
+def test_top_p_and_min_p_boundaries_are_inclusive() -> None:
+    # four equal tokens: mass after two is exactly 0.5, so top_p = 0.5 stops there
+    assert len(support(final_probs(torch.zeros(4), state(**{**PLAIN, "top_p": 0.5})))) == 2
+    # a logit exactly at max + log(min_p) stays (llama.cpp keeps logit >= threshold)
+    at_floor = torch.tensor([0.0, math.log(0.1), math.log(0.1) - 1e-3])
+    assert support(final_probs(at_floor, state(**{**PLAIN, "min_p": 0.1}))) == {0, 1}
+
+
+def test_top_p_renormalises_after_top_k() -> None:
+    x = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    # within the top 2 (0.4, 0.3): 0.4 / 0.7 = 0.57 < 0.6, so both stay
+    assert support(final_probs(x, state(**{**PLAIN, "top_k": 2, "top_p": 0.6}))) == {0, 1}
+    assert support(final_probs(x, state(**{**PLAIN, "top_p": 0.4}))) == {0}
+
+
+def test_min_p_is_relative_to_the_top_token_before_temperature() -> None:
+    x = torch.log(torch.tensor([0.5, 0.2, 0.04, 0.26]))
+    st_ = state(**{**PLAIN, "min_p": 0.1, "temperature": 5.0})  # threshold 0.05: drops 0.04
+    probs = final_probs(x, st_)
+    assert support(probs) == {0, 1, 3}
+    expected = torch.softmax(x[[0, 1, 3]].double() / 5.0, 0)
+    assert torch.allclose(probs[[0, 1, 3]], expected)
+
+
+def test_top_p_without_top_k_beyond_the_probe_sorts_the_row() -> None:
+    x = randn(3000, seed=2, scale=0.1)  # flat: the top 1024 tokens hold well under 90%
+    p = SamplingParams(top_k=0, top_p=0.9, min_p=0.0)
+    ref, margin = reference_probs(x.tolist(), p, [], set())
+    assert margin > 1e-9
+    probs = final_probs(x, SamplerState(p, [], set()))
+    assert support(probs) == set(ref) and len(ref) > 1024
+
+
+@FAST
+@given(
+    vocab=st.integers(2, 300),
+    seed=st.integers(0, 2**31),
+    scale=st.sampled_from([0.3, 2.0, 8.0]),
+    temperature=st.sampled_from([0.0, 0.3, 0.8, 1.0, 2.5]),
+    top_k=st.sampled_from([-1, 0, 1, 3, 40, 1000]),
+    top_p=st.sampled_from([0.0, 0.3, 0.9, 0.95, 1.0]),
+    min_p=st.sampled_from([0.0, 0.05, 0.3, 1.0]),
+    repeat_penalty=st.sampled_from([1.0, 0.8, 1.3]),
+    repeat_last_n=st.sampled_from([-1, 0, 4, 64]),
+    frequency_penalty=st.sampled_from([0.0, 0.5, -0.4]),
+    presence_penalty=st.sampled_from([0.0, 1.0]),
+    history=st.lists(st.integers(0, 9), max_size=20),
+    bias=st.lists(
+        st.tuples(st.integers(0, 9), st.sampled_from([-2.0, 1.5, -math.inf])), max_size=3
+    ),
+    ignore_eos=st.booleans(),
+)
+def test_final_probs_match_llama_cpp_reference(
+    vocab: int, seed: int, scale: float, history: list[int], bias: list, **kw: object
+) -> None:
+    bias = [(t % vocab, b) for t, b in bias]
+    history = [t % vocab for t in history]
+    eog = {vocab - 1}
+    assume(
+        len({t for t, b in bias if b == -math.inf} | (eog if kw["ignore_eos"] else set())) < vocab
+    )
+    p = SamplingParams(logit_bias=tuple(bias), **kw)  # type: ignore[arg-type]
+    p.validate(vocab)
+    x = randn(vocab, seed=seed, scale=scale)
+    ref, margin = reference_probs(x.tolist(), p, history, eog)
+    assume(margin > 1e-5)
+    probs = final_probs(x, SamplerState(p, history, eog))
+    assert support(probs) == set(ref)
+    for t, q in ref.items():
+        assert probs[t].item() == pytest.approx(q, rel=1e-4, abs=1e-9)
+
+
+def test_draws_stay_in_support_and_follow_final_probs() -> None:
+    x = randn(30, seed=3, scale=1.5)
+    params = dict(top_k=8, top_p=0.9, min_p=0.05, temperature=0.7)
+    n = 4000
+    states = [state(seed=i, **params) for i in range(n)]
+    tokens = [r.token for r in sample_batch(x.expand(n, -1), states)]
+    probs = final_probs(x, states[0])
+    counts = Counter(tokens)
+    assert set(counts) <= support(probs)
+    for t in support(probs):
+        sd = math.sqrt(n * probs[t].item() * (1 - probs[t].item()))
+        assert abs(counts[t] - n * probs[t].item()) < 5 * sd + 1
+
+
+# ---- penalties, bias, ignore_eos ----------------------------------------------------------
+
+
+def test_penalty_formulas_are_llama_cpps() -> None:
+    x = torch.tensor([[2.0, -1.0, 0.0, 3.0, -2.0, 1.0]])
+    s = state(
+        prompt=(0, 1, 2, 0, 5),
+        repeat_penalty=1.5,
+        frequency_penalty=0.25,
+        presence_penalty=0.5,
+        repeat_last_n=4,  # window (1, 2, 0, 5): the first 0 has left it
+    )
+    expected = torch.tensor([[2.0 / 1.5, -1.0 * 1.5, 0.0, 3.0, -2.0, 1.0 / 1.5]])
+    expected -= torch.tensor([[0.75, 0.75, 0.75, 0.0, 0.0, 0.75]])
+    assert torch.equal(adjusted_logits(x, [s]), expected)
+    s.accept(0)  # window (2, 0, 5, 0): token 0 twice, token 1 gone
+    out = adjusted_logits(x, [s])[0]
+    assert out[0].item() == pytest.approx(2.0 / 1.5 - (2 * 0.25 + 0.5))
+    assert out[1].item() == -1.0
+
+
+@pytest.mark.parametrize(("last_n", "penalized"), [(0, set()), (2, {4, 5}), (-1, {0, 1, 2, 4, 5})])
+def test_repeat_last_n_window(last_n: int, penalized: set[int]) -> None:
+    x = torch.ones(1, 8)
+    s = state(prompt=(0, 1, 2, 4), repeat_penalty=2.0, repeat_last_n=last_n)
+    s.accept(5)
+    out = adjusted_logits(x, [s])[0]
+    assert {t for t in range(8) if out[t] != 1.0} == penalized
+
+
+def test_logit_bias_adds_bans_and_accumulates() -> None:
+    x = torch.zeros(1, 6)
+    s = state(logit_bias=((1, 2.0), (1, 0.5), (2, False), (3, -math.inf), (4, -1.0)))
+    assert adjusted_logits(x, [s])[0].tolist() == [0.0, 2.5, -math.inf, -math.inf, -1.0, 0.0]
+    assert x.abs().sum() == 0  # the input is never modified
+    n = 500
+    states = [state(seed=i, logit_bias=((2, False), (3, -math.inf)), **PLAIN) for i in range(n)]
+    tokens = {r.token for r in sample_batch(torch.zeros(n, 6), states)}
+    assert tokens.isdisjoint({2, 3}) and len(tokens) == 4
+
+
+def test_ignore_eos_never_returns_eog() -> None:
+    n, vocab = 300, 10
+    x = randn(n, vocab, seed=4)
+    x[:, 7] = 10.0
+    x[:, 9] = 9.0
+    for kw in ({"temperature": 0.0}, PLAIN, {}):
+        states = [state(eog=(7, 9), ignore_eos=True, seed=i, **kw) for i in range(n)]
+        assert all(r.token not in (7, 9) for r in sample_batch(x, states))
+    plain = [state(eog=(7, 9), seed=i) for i in range(n)]
+    assert any(r.token == 7 for r in sample_batch(x, plain))
+
+
+# ---- seeds ----------------------------------------------------------------------------------
+
+
+def _run(target: SamplingParams, logits: list[torch.Tensor], batches: list) -> list[int]:
+    """Sample `target` for len(logits) steps, step i inside batches[i] = (the target's row,
+    the other rows' params), accepting every token; returns the target's tokens."""
+    vocab = logits[0].shape[0]
+    me = SamplerState(target, [1 % vocab, 2 % vocab], {0})
+    out = []
+    for step, (row, (pos, other_params)) in enumerate(zip(logits, batches, strict=True)):
+        states = [SamplerState(p, [step % vocab], {0}) for p in other_params]
+        states.insert(pos, me)
+        x = randn(len(states), vocab, seed=1000 + step, scale=2.0)
+        x[pos] = row
+        res = sample_batch(x, states)
+        for s, r in zip(states, res, strict=True):
+            s.accept(r.token)
+        out.append(res[pos].token)
+    return out
+
+
+params_strategy = st.builds(
+    SamplingParams,
+    temperature=st.sampled_from([0.0, 0.5, 1.0, 1.5]),
+    top_k=st.sampled_from([0, 1, 5, 40, 100]),
+    top_p=st.sampled_from([0.5, 0.95, 1.0]),
+    min_p=st.sampled_from([0.0, 0.05]),
+    repeat_penalty=st.sampled_from([1.0, 1.2]),
+    presence_penalty=st.sampled_from([0.0, 0.5]),
+    n_probs=st.sampled_from([0, 3]),
+    post_sampling_probs=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+
+
+@FAST
+@given(
+    target=params_strategy,
+    vocab=st.integers(2, 600),
+    seed=st.integers(0, 2**31),
+    batches=st.lists(
+        st.tuples(st.integers(0, 4), st.lists(params_strategy, max_size=4)), min_size=4, max_size=4
+    ),
+)
+def test_seeded_request_ignores_batch_composition(
+    target: SamplingParams, vocab: int, seed: int, batches: list
+) -> None:
+    logits = [randn(vocab, seed=seed + i, scale=2.0) for i in range(len(batches))]
+    batches = [(min(pos, len(others)), others) for pos, others in batches]
+    alone = _run(target, logits, [(0, [])] * len(batches))
+    assert _run(target, logits, batches) == alone
+
+
+def test_seeds_matter_and_minus_one_is_random() -> None:
+    x = randn(64, 1000, seed=5, scale=0.2)
+    a = [r.token for r in sample_batch(x, [state(seed=1, **PLAIN) for _ in range(64)])]
+    b = [r.token for r in sample_batch(x, [state(seed=2, **PLAIN) for _ in range(64)])]
+    assert a != b
+    assert state(seed=-1).seed != state(seed=-1).seed
+
+
+# ---- n_probs ----------------------------------------------------------------------------------
+
+
+def test_n_probs_default_is_softmax_of_raw_logits() -> None:
+    x = randn(2, 50, seed=6)
+    s = state(n_probs=5, logit_bias=((int(x[0].argmax()), False),), temperature=0.5)
+    res = sample_batch(x[:1], [s])[0]
+    raw = torch.softmax(x[0], 0)
+    assert [t for t, _ in res.probs] == torch.topk(raw, 5).indices.tolist()
+    assert [p for _, p in res.probs] == pytest.approx(torch.topk(raw, 5).values.tolist())
+    assert res.prob == pytest.approx(raw[res.token].item())
+    assert sum(p for _, p in res.probs) <= 1.0
+
+
+@pytest.mark.parametrize("kw", [{"top_k": 3}, {"top_k": 0, "top_p": 1.0, "min_p": 0.0}, {}])
+def test_n_probs_post_sampling_is_the_drawn_distribution(kw: dict) -> None:
+    x = randn(40, seed=7, scale=2.0)
+    s = state(n_probs=5, post_sampling_probs=True, seed=3, **kw)
+    res = sample_batch(x[None], [s])[0]
+    probs = final_probs(x, s)
+    expected = [(t, probs[t].item()) for t in torch.topk(probs, 5).indices.tolist()]
+    expected = [(t, p) for t, p in expected if p > 0]
+    assert [t for t, _ in res.probs] == [t for t, _ in expected]
+    assert [p for _, p in res.probs] == pytest.approx([p for _, p in expected])
+    assert [p for _, p in res.probs] == sorted((p for _, p in res.probs), reverse=True)
+    assert sum(p for _, p in res.probs) <= 1.0 + 1e-9
+    assert res.prob == pytest.approx(probs[res.token].item())
+
+
+def test_n_probs_greedy_and_mixed_batch() -> None:
+    x = randn(3, 100, seed=8)
+    states = [
+        state(temperature=0, n_probs=4, post_sampling_probs=True),
+        state(temperature=0, n_probs=4),
+        state(temperature=0),
+    ]
+    a, b, c = sample_batch(x, states)
+    assert a.probs == [(a.token, 1.0)] and a.prob == 1.0
+    assert len(b.probs) == 4 and b.probs[0][0] == b.token == int(x[1].argmax())
+    assert c.probs is None and c.token == int(x[2].argmax())
+
+
+# ---- validation and inputs ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_p": -0.1}, "top_p"),
+        ({"min_p": 2.0}, "min_p"),
+        ({"temperature": math.nan}, "temperature"),
+        ({"temperature": math.inf}, "temperature"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"repeat_penalty": 0.0}, "repeat_penalty"),
+        ({"repeat_penalty": -1.0}, "repeat_penalty"),
+        ({"repeat_last_n": -2}, "repeat_last_n"),
+        ({"presence_penalty": math.inf}, "presence_penalty"),
+        ({"frequency_penalty": math.nan}, "frequency_penalty"),
+        ({"seed": -2}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"n_probs": -1}, "n_probs"),
+        ({"logit_bias": ((100, 1.0),)}, "logit_bias"),
+        ({"logit_bias": ((-1, 1.0),)}, "logit_bias"),
+        ({"logit_bias": ((1, math.nan),)}, "logit_bias"),
+        ({"logit_bias": ((1, math.inf),)}, "logit_bias"),
+        ({"logit_bias": ((1, True),)}, "logit_bias"),
+        ({"logit_bias": tuple((t, False) for t in range(100))}, "logit_bias"),
+        ({"ignore_eos": 1}, "ignore_eos"),
+    ],
+)
+def test_invalid_params_name_the_field(kw: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=f"^{field}"):
+        SamplingParams(**kw).validate(100)
+
+
+def test_defaults_are_llama_servers_and_valid() -> None:
+    p = SamplingParams()
+    p.validate(10)
+    assert (p.temperature, p.top_k, p.top_p, p.min_p) == (0.8, 40, 0.95, 0.05)
+    assert (p.repeat_penalty, p.repeat_last_n, p.seed, p.n_probs) == (1.0, 64, -1, 0)
+    SamplingParams(top_k=-1, temperature=-1.0, logit_bias=((3, False),)).validate(10)
+
+
+def test_bf16_non_contiguous_and_large_vocab_logits() -> None:
+    big = randn(2, 262_144, seed=9, scale=3.0)
+    res = sample_batch(big, [state(seed=1), state(seed=2, n_probs=2)])
+    for row, r in zip(big, res, strict=True):
+        assert r.token in torch.topk(row, 40).indices.tolist()
+    x = randn(100, 4, seed=10).to(torch.bfloat16).t()  # [4, 100], non-contiguous
+    states = [state(temperature=0), state(seed=3), state(top_k=0, seed=4), state(top_k=0)]
+    out = sample_batch(x, states)
+    assert out[0].token == int(x[0].float().argmax())
+    with pytest.raises(ValueError):
+        sample_batch(x, states[:2])
