@@ -1,0 +1,164 @@
+"""Save, restore and erase a slot's KV (`POST /slots/{id}?action=save|restore|erase`).
+
+A slot file is a safetensors file: `tokens` [n] int64 and per layer `k.{i}`, `v.{i}`
+[n, n_kv_heads, head_dim] in the KV dtype, with metadata naming the format, the model
+(architecture and KV shape) and the **cache key** the KV was computed under. A restore
+indexes the KV in the prefix cache under that saved key, so only a request whose
+effective adapter configuration has the same key can reuse it.
+
+`capture`, `install` and `erase` touch engine state: run them on the engine thread
+(`Engine.call`). They return None when the slot is busy. `write` and `read` are plain
+file I/O for any thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from loraserve.cache.block_pool import OutOfBlocks
+from loraserve.cache.prefix_cache import CacheKey
+from loraserve.engine.engine import Engine
+
+FORMAT = "loraserve-slot-1"
+
+
+class SlotFileError(ValueError):
+    """A slot file that cannot be restored here (corrupt, other model, too long)."""
+
+
+@dataclass
+class SlotImage:
+    """A slot's retained sequence: its tokens, their KV per layer, and its cache key."""
+
+    tokens: list[int]
+    key: CacheKey
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer ([n, kvh, hd], [n, kvh, hd])
+
+
+def fingerprint(engine: Engine) -> dict[str, object]:
+    """What a slot file must match to be restored into this engine."""
+    cfg = engine.model.config
+    return {
+        "model": engine.model.name,
+        "arch": cfg.arch,
+        "n_layers": cfg.n_layers,
+        "n_kv_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "vocab_size": cfg.vocab_size,
+    }
+
+
+def capture(engine: Engine, slot_id: int) -> SlotImage | None:
+    """Engine thread: a copy of what the idle slot retains (None if it is busy)."""
+    slot = engine.scheduler.slots[slot_id]
+    if slot.busy:
+        return None
+    n = len(slot.tokens)
+    idx = engine.runner.block_slots(slot.blocks, n)
+    kv = [(k[idx].clone(), v[idx].clone()) for k, v in engine.runner.kv]
+    return SlotImage(list(slot.tokens), slot.key, kv)
+
+
+def install(engine: Engine, slot_id: int, image: SlotImage) -> int | None:
+    """Engine thread: make the idle slot retain `image` (its previous blocks go to the
+    cache) and index the KV under the image's cache key. Returns the token count, or
+    None if the slot is busy. `OutOfBlocks` if the pool cannot hold it."""
+    slot = engine.scheduler.slots[slot_id]
+    if slot.busy:
+        return None
+    cache, bs = engine.cache, engine.pool.block_size
+    old, slot.blocks, slot.tokens, slot.key = slot.blocks, [], [], ()
+    cache.release(old)
+    n = len(image.tokens)
+    blocks: list[int] = []
+    try:
+        for _ in range((n + bs - 1) // bs):
+            blocks.append(cache.allocate())
+    except OutOfBlocks:
+        cache.release(blocks)
+        raise
+    engine.runner.ensure_capacity(engine.pool.capacity)
+    idx = engine.runner.block_slots(blocks, n)
+    for (k, v), (fk, fv) in zip(engine.runner.kv, image.kv, strict=True):
+        k[idx] = fk.to(k.dtype)
+        v[idx] = fv.to(v.dtype)
+    cache.insert(image.key, image.tokens, blocks)
+    slot.tokens, slot.blocks, slot.key = list(image.tokens), blocks, image.key
+    slot.last_used = time.perf_counter()
+    cache.enforce_budget()
+    return n
+
+
+def erase(engine: Engine, slot_id: int) -> int | None:
+    """Engine thread: the idle slot forgets its sequence (its blocks go to the prefix
+    cache like any finished request's, within `--cache-ram`). Returns the tokens erased,
+    or None if the slot is busy."""
+    slot = engine.scheduler.slots[slot_id]
+    if slot.busy:
+        return None
+    n, blocks = len(slot.tokens), slot.blocks
+    slot.blocks, slot.tokens, slot.key = [], [], ()
+    engine.cache.release(blocks)
+    return n
+
+
+def write(path: Path, image: SlotImage, fp: dict[str, object]) -> int:
+    """Write `image` atomically to `path` (a symlink there is replaced, not followed);
+    returns the bytes written."""
+    tensors = {"tokens": torch.tensor(image.tokens, dtype=torch.int64)}
+    for i, (k, v) in enumerate(image.kv):
+        tensors[f"k.{i}"], tensors[f"v.{i}"] = k.contiguous(), v.contiguous()
+    meta = {
+        "format": FORMAT,
+        "fingerprint": json.dumps(fp, sort_keys=True),
+        "cache_key": json.dumps([[c, s] for c, s in image.key]),
+    }
+    fd, tmp = tempfile.mkstemp(prefix=".slot-", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=meta)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path.stat().st_size
+
+
+def read(path: Path, fp: dict[str, object], max_tokens: int) -> SlotImage:
+    """Read and check a slot file written by `write` for a model with fingerprint `fp`."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != FORMAT:
+                raise SlotFileError(f"{path.name}: not a loraserve slot file")
+            if json.loads(meta.get("fingerprint", "null")) != fp:
+                raise SlotFileError(f"{path.name}: saved from another model")
+            key = tuple((str(c), float(s)) for c, s in json.loads(meta["cache_key"]))
+            n_layers = int(fp["n_layers"])  # type: ignore[call-overload]
+            shape = [int(fp["n_kv_heads"]), int(fp["head_dim"])]  # type: ignore[call-overload]
+            (n,) = f.get_slice("tokens").get_shape()
+            if n > max_tokens:
+                raise SlotFileError(f"{path.name}: {n} tokens do not fit a slot ({max_tokens})")
+            for i in range(n_layers):
+                for part in "kv":
+                    if list(f.get_slice(f"{part}.{i}").get_shape()) != [n, *shape]:
+                        raise SlotFileError(f"{path.name}: tensor {part}.{i} has a wrong shape")
+            tokens = f.get_tensor("tokens").tolist()
+            kv = [(f.get_tensor(f"k.{i}"), f.get_tensor(f"v.{i}")) for i in range(n_layers)]
+    except SlotFileError:
+        raise
+    except Exception as e:  # safetensors raises its own types on corrupt files
+        raise SlotFileError(f"{path.name}: cannot read the slot file: {e}") from None
+    vocab = int(fp["vocab_size"])  # type: ignore[call-overload]
+    if any(not 0 <= t < vocab for t in tokens):
+        raise SlotFileError(f"{path.name}: token ids out of the vocabulary")
+    return SlotImage(tokens, key, kv)

@@ -1,0 +1,235 @@
+"""Service endpoints: `/health`, `/props`, `/slots` (and slot save/restore/erase),
+`/tokenize`, `/detokenize`, `/apply-template`. Adapter endpoints live in `lora_api`."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request as HttpRequest
+from starlette.responses import Response
+
+from loraserve.cache.block_pool import OutOfBlocks
+from loraserve.engine import slot_io
+from loraserve.engine.engine import Engine
+from loraserve.engine.scheduler import Slot
+from loraserve.server.chat_template import CHATML_TEMPLATE
+from loraserve.server.errors import (
+    JsonResponse,
+    invalid_request,
+    not_found,
+    not_supported,
+    parse_body,
+    unavailable,
+)
+from loraserve.server.oai import render
+from loraserve.server.schemas import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest
+from loraserve.server.state import ServerState, get_state
+
+router = APIRouter()
+FILENAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
+
+
+class SlotFileRequest(BaseModel):
+    """Body of a slot save or restore: a file name inside `--slot-save-path`."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    filename: str = Field(min_length=1)
+
+
+@router.get("/health")
+@router.get("/v1/health")
+async def health(request: HttpRequest) -> Response:
+    """`{"status": "ok"}`, or 503 `unavailable_error` while the model loads."""
+    get_state(request).require()
+    return JsonResponse({"status": "ok"})
+
+
+@router.get("/props")
+async def props(request: HttpRequest) -> Response:
+    """Server properties: the command line's, plus what the model decides."""
+    state = get_state(request)
+    engine = state.require()
+    assert state.model is not None
+    tok = engine.tokenizer
+    out = state.cfg.to_props_dict()
+    out["default_generation_settings"]["n_ctx"] = engine.n_ctx_slot
+    out["model_alias"] = state.model_name
+    out["model_path"] = str(state.model.path)
+    out["chat_template"] = tok.chat_template or CHATML_TEMPLATE
+    out["bos_token"] = tok.piece(tok.bos_id) if tok.bos_id is not None else ""
+    out["eos_token"] = tok.piece(tok.eos_id) if tok.eos_id is not None else ""
+    return JsonResponse(out)
+
+
+def _slot_json(engine: Engine, slot: Slot) -> dict[str, Any]:
+    seq = slot.seq
+    req = seq.req if seq is not None else slot.last_request
+    params: dict[str, Any] = {}
+    if req is not None:
+        params = dataclasses.asdict(req.sampling)
+        params["logit_bias"] = [list(x) for x in req.sampling.logit_bias]
+        params.update(
+            n_predict=req.max_tokens,
+            stop=list(req.stop),
+            cache_prompt=req.cache_prompt,
+            lora=[{"id": i, "scale": s} for i, s in sorted(req.lora.items())],
+        )
+    n_decoded = len(seq.generated) if seq is not None else 0
+    return {
+        "id": slot.id,
+        "id_task": req.id if req is not None else -1,
+        "n_ctx": engine.n_ctx_slot,
+        "speculative": False,
+        "is_processing": slot.busy,
+        "params": params,
+        "n_tokens": len(seq.tokens) if seq is not None else len(slot.tokens),
+        "next_token": {
+            "has_next_token": slot.busy,
+            "n_remain": (req.max_tokens - n_decoded) if req and req.max_tokens >= 0 else -1,
+            "n_decoded": n_decoded,
+        },
+    }
+
+
+@router.get("/slots")
+async def slots(request: HttpRequest, fail_on_no_slot: int = 0) -> Response:
+    """Each slot's id, context, whether it is processing, and its last request's params."""
+    state = get_state(request)
+    engine = state.require()
+    infos = await state.call(lambda: [_slot_json(engine, s) for s in engine.scheduler.slots])
+    if fail_on_no_slot and all(s["is_processing"] for s in infos):
+        raise unavailable("no slot available")
+    return JsonResponse(infos)
+
+
+def _slot_path(state: ServerState, filename: str, must_exist: bool) -> Path:
+    if not FILENAME.fullmatch(filename):
+        raise invalid_request(
+            "filename: use 1-255 characters of A-Z a-z 0-9 . _ - (not starting with . or -)"
+        )
+    root = Path(os.path.realpath(state.cfg.slot_save_path or "."))
+    path = root / filename
+    if must_exist:
+        real = Path(os.path.realpath(path))
+        if real.parent != root or not real.is_file():
+            raise not_found(f"filename: no slot file {filename!r}")
+        return real
+    return path
+
+
+@router.post("/slots/{id_slot}")
+async def slot_action(request: HttpRequest, id_slot: int, action: str = "") -> Response:
+    """`?action=save|restore` (body `{"filename"}`) or `?action=erase` on an idle slot."""
+    state = get_state(request)
+    engine = state.require()
+    if state.cfg.slot_save_path is None:
+        raise not_supported(
+            "This server does not support slots action. Start it with `--slot-save-path`"
+        )
+    if not 0 <= id_slot < len(engine.scheduler.slots):
+        raise invalid_request(f"id_slot: no slot {id_slot}")
+    busy = f"slot {id_slot} is processing a request"
+    t0 = time.perf_counter()
+    if action == "erase":
+        n = await state.call_when(lambda: slot_io.erase(engine, id_slot), busy)
+        return JsonResponse({"id_slot": id_slot, "n_erased": n})
+    if action not in ("save", "restore"):
+        raise invalid_request(f"action: expected save, restore or erase, got {action!r}")
+    filename = parse_body(SlotFileRequest, await request.body()).filename
+    fp = slot_io.fingerprint(engine)
+    if action == "save":
+        path = _slot_path(state, filename, must_exist=False)
+        image = await state.call_when(lambda: slot_io.capture(engine, id_slot), busy)
+        n_written = await asyncio.to_thread(slot_io.write, path, image, fp)
+        ms = (time.perf_counter() - t0) * 1000
+        return JsonResponse(
+            {
+                "id_slot": id_slot,
+                "filename": filename,
+                "n_saved": len(image.tokens),
+                "n_written": n_written,
+                "timings": {"save_ms": ms},
+            }
+        )
+    path = _slot_path(state, filename, must_exist=True)
+    try:
+        image = await asyncio.to_thread(slot_io.read, path, fp, engine.n_ctx_slot)
+        n = await state.call_when(lambda: slot_io.install(engine, id_slot, image), busy)
+    except slot_io.SlotFileError as e:
+        raise invalid_request(str(e)) from None
+    except OutOfBlocks:
+        raise unavailable("not enough free KV blocks to restore the slot") from None
+    ms = (time.perf_counter() - t0) * 1000
+    return JsonResponse(
+        {
+            "id_slot": id_slot,
+            "filename": filename,
+            "n_restored": n,
+            "n_read": path.stat().st_size,
+            "timings": {"restore_ms": ms},
+        }
+    )
+
+
+@router.post("/tokenize")
+async def tokenize(request: HttpRequest) -> Response:
+    """`{content, add_special, parse_special, with_pieces}` → `{"tokens": [...]}`; with
+    pieces each token is `{id, piece}` (a string, or its bytes if not valid UTF-8)."""
+    state = get_state(request)
+    tok = state.require().tokenizer
+    body = parse_body(TokenizeRequest, await request.body())
+    content = body.content
+    if isinstance(content, str):
+        ids = tok.encode(content, add_special=body.add_special, parse_special=body.parse_special)
+    else:
+        ids = []
+        for i, part in enumerate(content):
+            if isinstance(part, str):
+                first = body.add_special and i == 0
+                ids += tok.encode(part, add_special=first, parse_special=body.parse_special)
+            elif part >= tok.vocab_size:
+                raise invalid_request(f"content[{i}]: token id {part} is out of the vocabulary")
+            else:
+                ids.append(part)
+    if not body.with_pieces:
+        return JsonResponse({"tokens": ids})
+
+    def piece(t: int) -> str | list[int]:
+        raw = tok.token_bytes(t)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return list(raw)
+
+    return JsonResponse({"tokens": [{"id": t, "piece": piece(t)} for t in ids]})
+
+
+@router.post("/detokenize")
+async def detokenize(request: HttpRequest) -> Response:
+    """`{tokens}` → `{"content": text}` (token bytes joined, as llama-server)."""
+    state = get_state(request)
+    tok = state.require().tokenizer
+    body = parse_body(DetokenizeRequest, await request.body())
+    bad = next((i for i, t in enumerate(body.tokens) if t >= tok.vocab_size), None)
+    if bad is not None:
+        raise invalid_request(
+            f"tokens[{bad}]: token id {body.tokens[bad]} is out of the vocabulary"
+        )
+    return JsonResponse({"content": tok.decode(body.tokens)})
+
+
+@router.post("/apply-template")
+async def apply_template(request: HttpRequest) -> Response:
+    """`{messages}` → `{"prompt": text}`: the chat template rendered, nothing generated."""
+    state = get_state(request)
+    state.require()
+    body = parse_body(ApplyTemplateRequest, await request.body())
+    return JsonResponse({"prompt": render(state, body.messages, body.add_generation_prompt)})

@@ -1,0 +1,157 @@
+"""`POST /completion` (alias `/completions`): llama-server's native completion API.
+
+A prompt may be a string, a token list, a mixed list, or a list of prompts (then the
+answer is an array of results, each with its `index`). Streaming sends `data: {json}`
+events, one per token (`stop: false`), then the full final object with `stop: true`;
+no `[DONE]` on this endpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.requests import Request as HttpRequest
+from starlette.responses import Response, StreamingResponse
+
+from loraserve.engine.request import Event
+from loraserve.model.tokenizer import Tokenizer
+from loraserve.server.errors import JsonResponse, parse_body, server_error, sse_event
+from loraserve.server.generation import (
+    Output,
+    collect,
+    logprob,
+    settings,
+    submit,
+    token_prob,
+    tokenize_prompts,
+)
+from loraserve.server.schemas import CompletionRequest
+from loraserve.server.state import Flight, ServerState, error_of, get_state
+
+router = APIRouter()
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def prob_entry(
+    tok: Tokenizer,
+    token: int,
+    prob: float | None,
+    top: list[tuple[int, float]],
+    post: bool,
+) -> dict[str, Any]:
+    """One element of `completion_probabilities` (llama-server's shape): `logprob` and
+    `top_logprobs`, or with `post_sampling_probs` `prob` and `top_probs`."""
+
+    def one(t: int, p: float | None) -> dict[str, Any]:
+        d: dict[str, Any] = {"id": t, "token": tok.piece(t), "bytes": list(tok.token_bytes(t))}
+        if post:
+            d["prob"] = p
+        else:
+            d["logprob"] = logprob(p)
+        return d
+
+    entry = one(token, prob)
+    entry["top_probs" if post else "top_logprobs"] = [one(t, p) for t, p in top]
+    return entry
+
+
+def final_result(
+    state: ServerState,
+    out: Output,
+    params: CompletionRequest,
+    mix: dict[int, float],
+    index: int,
+    content: str,
+) -> dict[str, Any]:
+    """The final /completion object of one prompt."""
+    ev = out.final
+    assert ev is not None
+    tok = state.require().tokenizer
+    res: dict[str, Any] = {
+        "index": index,
+        "content": content,
+        "tokens": out.tokens if params.return_tokens and not params.stream else [],
+        "id_slot": ev.id_slot,
+        "stop": True,
+        "model": state.model_name,
+        "tokens_predicted": out.n_generated,
+        "tokens_evaluated": out.n_prompt,
+        "generation_settings": settings(state, params, mix),
+        "prompt": tok.decode(out.prompt),
+        "has_new_line": "\n" in out.text,
+        "truncated": False,
+        "stop_type": str(ev.stop_type),
+        "stopping_word": ev.stopping_word,
+        "tokens_cached": ev.n_cached,
+        "timings": out.timings(),
+    }
+    if params.n_probs and not params.stream:
+        post = params.post_sampling_probs
+        res["completion_probabilities"] = [
+            prob_entry(tok, t, p, top, post) for t, p, top in out.probs
+        ]
+    return res
+
+
+def partial_result(
+    state: ServerState, out: Output, params: CompletionRequest, index: int, ev: Event
+) -> dict[str, Any]:
+    """One streamed token event of /completion."""
+    res: dict[str, Any] = {
+        "index": index,
+        "content": ev.text,
+        "tokens": [ev.token],
+        "stop": False,
+        "id_slot": -1,
+        "tokens_predicted": len(out.tokens),
+        "tokens_evaluated": len(out.prompt),
+    }
+    if params.n_probs and ev.probs is not None and ev.token is not None:
+        tok = state.require().tokenizer
+        res["completion_probabilities"] = [
+            prob_entry(tok, ev.token, token_prob(ev), ev.probs, params.post_sampling_probs)
+        ]
+    return res
+
+
+async def _stream(
+    state: ServerState, flight: Flight, params: CompletionRequest
+) -> AsyncIterator[bytes]:
+    outs = [Output(prompt=r.prompt) for r in flight.reqs]
+    try:
+        async for i, ev in flight.events():
+            outs[i].add(ev)
+            if ev.error:
+                yield sse_event(error_of(ev).body())
+            elif ev.done:
+                yield sse_event(final_result(state, outs[i], params, flight.mix, i, ev.text))
+            elif ev.token is not None:
+                yield sse_event(partial_result(state, outs[i], params, i, ev))
+    finally:
+        flight.close()
+
+
+@router.post("/completion")
+@router.post("/completions")
+async def completion(request: HttpRequest) -> Response:
+    """llama-server's completion endpoint (see the module docstring)."""
+    state = get_state(request)
+    state.require()
+    params = parse_body(CompletionRequest, await request.body())
+    params = params.with_defaults(state.cfg.request_defaults())
+    prompts = await tokenize_prompts(state, params.prompt)
+    flight = await submit(state, prompts, params)
+    if params.stream:
+        return StreamingResponse(
+            _stream(state, flight, params), media_type="text/event-stream", headers=SSE_HEADERS
+        )
+    outs = await collect(flight, request)
+    for out in outs:
+        if out.final is None:
+            raise server_error("request cancelled")
+        if out.final.error:
+            raise error_of(out.final)
+    results = [final_result(state, o, params, flight.mix, i, o.text) for i, o in enumerate(outs)]
+    return JsonResponse(results[0] if len(results) == 1 else results)

@@ -1,0 +1,227 @@
+"""From a validated request body to engine requests and back: tokenization, limits, the
+effective adapter configuration fixed at receipt, and each request's collected output.
+
+Shared by the llama-server (`completion`) and OpenAI (`oai`) endpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request as HttpRequest
+
+from loraserve.engine.request import Event, Request, Timings
+from loraserve.engine.sampling_params import SamplingParams
+from loraserve.model.tokenizer import Tokenizer
+from loraserve.server.errors import exceed_context_size, invalid_request
+from loraserve.server.schemas import Prompt, _GenerationParams
+from loraserve.server.state import Flight, ServerState
+
+BIG_PROMPT_CHARS = 20_000  # longer prompts are tokenized off the event loop
+
+
+def tokenize_prompt(tok: Tokenizer, prompt: Prompt) -> list[int]:
+    """llama-server's tokenization of a prompt: a string gets BOS (as the vocabulary asks)
+    and special tokens parsed; in a mixed list only a leading string gets BOS."""
+    if isinstance(prompt, str):
+        return tok.encode(prompt, add_special=True, parse_special=True)
+    out: list[int] = []
+    for i, part in enumerate(prompt):
+        if isinstance(part, str):
+            out += tok.encode(part, add_special=i == 0, parse_special=True)
+        else:
+            out.append(part)
+    return out
+
+
+async def tokenize_prompts(state: ServerState, prompts: list[Prompt]) -> list[list[int]]:
+    """Tokenize and check every prompt: token ids in the vocabulary, not empty, and
+    shorter than a slot's context (else 400 `exceed_context_size_error`)."""
+    engine = state.require()
+    tok = engine.tokenizer
+
+    def run() -> list[list[int]]:
+        return [tokenize_prompt(tok, p) for p in prompts]
+
+    size = sum(len(p) if isinstance(p, str) else len(p) * 8 for p in prompts)
+    out = await asyncio.to_thread(run) if size > BIG_PROMPT_CHARS else run()
+    where = (lambda i: f"prompt[{i}]") if len(out) > 1 else (lambda i: "prompt")
+    for i, ids in enumerate(out):
+        check_tokens(state, ids, where(i))
+    return out
+
+
+def check_tokens(state: ServerState, ids: list[int], where: str) -> None:
+    """A prompt the engine can run: non-empty, ids < vocab, fits a slot's context."""
+    engine = state.require()
+    vocab = engine.tokenizer.vocab_size
+    if not ids:
+        raise invalid_request(f"{where}: the prompt is empty (no tokens)")
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise invalid_request(f"{where}: token id {bad} is out of the vocabulary [0, {vocab})")
+    if len(ids) >= engine.n_ctx_slot:
+        raise exceed_context_size(len(ids), engine.n_ctx_slot)
+
+
+def sampling_params(state: ServerState, params: _GenerationParams) -> SamplingParams:
+    """The engine's sampling settings; a 400 naming the field if they do not fit the model."""
+    sp = SamplingParams(**params.sampling_kwargs())
+    try:
+        sp.validate(state.require().tokenizer.vocab_size)
+    except ValueError as e:
+        raise invalid_request(str(e)) from None
+    return sp
+
+
+def check_limits(state: ServerState, params: _GenerationParams) -> None:
+    """`n_predict` within a slot's context, `id_slot` an existing slot."""
+    engine = state.require()
+    n_ctx = engine.n_ctx_slot
+    if params.n_predict > n_ctx:
+        raise invalid_request(
+            f"n_predict: {params.n_predict} exceeds the context size of a slot ({n_ctx} tokens)"
+        )
+    n_slots = len(engine.scheduler.slots)
+    if params.id_slot >= n_slots:
+        raise invalid_request(f"id_slot: no slot {params.id_slot} (slots are 0..{n_slots - 1})")
+
+
+def _resolve(state: ServerState, items: list[tuple[int, float]] | None, name: str | None):
+    """Engine thread: the effective mix (id -> non-zero scale) and its cache key."""
+    adapters = state.adapters
+    if adapters is None:
+        if items:
+            raise ValueError(f"no LoRA adapter with id {items[0][0]}")
+        return {}, ()
+    if name is not None:
+        named = [a for a in adapters.list() if a.name == name]
+        if named and all(i != named[-1].id for i, _ in items or ()):
+            items = [*(items or ()), (named[-1].id, 1.0)]
+    mix = adapters.resolve(items)
+    return mix, adapters.cache_key(mix)
+
+
+async def submit(
+    state: ServerState,
+    prompts: list[list[int]],
+    params: _GenerationParams,
+    adapter_name: str | None = None,
+) -> Flight:
+    """Queue one engine request per prompt under one effective adapter configuration.
+
+    The configuration is the request's `lora` list when present and non-empty (plus the
+    adapter `adapter_name` names, at scale 1, unless listed), else a snapshot of the
+    global scales; it is resolved on the engine thread, in arrival order, and the requests
+    enter the scheduler in the same call, so no global change or unload slips in between.
+    """
+    check_limits(state, params)
+    sp = sampling_params(state, params)
+    engine = state.require()
+    eog = frozenset(engine.tokenizer.eot_ids)
+    reqs = [
+        Request(
+            prompt=p,
+            sampling=sp,
+            max_tokens=params.n_predict,
+            stop=tuple(params.stop),
+            cache_prompt=params.cache_prompt,
+            id_slot=params.id_slot,
+            eog_ids=eog,
+        )
+        for p in prompts
+    ]
+    items = [(x.id, x.scale) for x in params.lora] if params.lora else None
+    flight = Flight(state, reqs)
+
+    def enqueue() -> dict[int, float]:
+        mix, key = _resolve(state, items, adapter_name)
+        for r in reqs:
+            r.lora, r.cache_key = dict(mix), key
+            engine.scheduler.add(r)
+        return mix
+
+    try:
+        flight.mix = await state.call(enqueue)
+    except ValueError as e:
+        flight.close()
+        raise invalid_request(f"lora: {e}") from None
+    except BaseException:
+        flight.close()
+        raise
+    return flight
+
+
+@dataclass
+class Output:
+    """What one engine request produced, gathered from its events."""
+
+    prompt: list[int]
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    probs: list[tuple[int, float | None, list[tuple[int, float]]]] = field(default_factory=list)
+    final: Event | None = None
+
+    def add(self, ev: Event) -> None:
+        self.text += ev.text
+        if ev.token is not None:
+            self.tokens.append(ev.token)
+            if ev.probs is not None:
+                self.probs.append((ev.token, token_prob(ev), ev.probs))
+        if ev.done:
+            self.final = ev
+
+    @property
+    def n_prompt(self) -> int:
+        return (self.final.n_prompt if self.final else 0) or len(self.prompt)
+
+    @property
+    def n_generated(self) -> int:
+        return (self.final.n_generated if self.final else 0) or len(self.tokens)
+
+    def timings(self) -> dict[str, float | int]:
+        """llama-server's `timings` object of the finished request."""
+        if self.final is not None and self.final.timings is not None:
+            return self.final.timings.as_dict()
+        return Timings(prompt_n=len(self.prompt), predicted_n=len(self.tokens)).as_dict()
+
+
+def token_prob(ev: Event) -> float | None:
+    """Probability of the sampled token in the distribution `ev.probs` was taken from."""
+    prob = getattr(ev, "prob", None)
+    if prob is None and ev.probs:
+        prob = next((p for t, p in ev.probs if t == ev.token), None)
+    return prob
+
+
+def logprob(p: float | None) -> float:
+    """log(p); -inf for 0 or unknown (serialized as null)."""
+    return math.log(p) if p else -math.inf
+
+
+async def collect(flight: Flight, http: HttpRequest | None = None) -> list[Output]:
+    """Wait for every request of `flight`; with `http`, a disconnect cancels them."""
+    outs = [Output(prompt=r.prompt) for r in flight.reqs]
+    async for i, ev in flight.events(http):
+        outs[i].add(ev)
+    return outs
+
+
+def settings(state: ServerState, params: _GenerationParams, mix: dict[int, float]) -> dict:
+    """`generation_settings`: the request's parameters, with the effective `lora` mix."""
+    out: dict[str, Any] = {
+        k: getattr(params, k)
+        for k in (
+            "n_predict seed temperature top_k top_p min_p repeat_last_n repeat_penalty"
+            " presence_penalty frequency_penalty stop ignore_eos stream n_probs"
+            " post_sampling_probs cache_prompt id_slot return_tokens"
+        ).split()
+    }
+    out["max_tokens"] = params.n_predict
+    out["logit_bias"] = [[t, b] for t, b in params.logit_bias]
+    out["n_ctx"] = state.require().n_ctx_slot
+    out["lora"] = [{"id": i, "scale": s} for i, s in sorted(mix.items())]
+    return out

@@ -1,0 +1,189 @@
+"""What the route modules share: the model and engine once loaded, and the bridge between
+asyncio handlers and the engine thread (engine calls, per-request event streams)."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from starlette.requests import Request as HttpRequest
+
+from loraserve.engine.engine import Engine
+from loraserve.engine.request import Event, Request, Sequence
+from loraserve.model.loader import LoadedModel
+from loraserve.server.args import ServerConfig
+from loraserve.server.errors import STATUS_OF_TYPE, ApiError, unavailable
+
+if TYPE_CHECKING:
+    from loraserve.lora.registry import AdapterRegistry
+
+T = TypeVar("T")
+POLL_S = 0.5  # safety net: a flight re-checks its queues at least this often
+BUSY_WAIT_S = 30.0  # how long an admin action waits for a slot or an adapter to be free
+
+
+class ServerState:
+    """The server's one shared object (`app.state.server`).
+
+    `engine` is None until the model is loaded (every endpoint but /health answers 503
+    meanwhile). Engine state is only touched through `call`, on the engine thread.
+    """
+
+    def __init__(self, cfg: ServerConfig) -> None:
+        self.cfg = cfg
+        self.model: LoadedModel | None = None
+        self.engine: Engine | None = None
+        self.load_error: str | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.started = time.time()
+        self._wakers: dict[int, asyncio.Event] = {}
+        self.flights: set[Flight] = set()
+        self.listeners: list[Callable[[Sequence, Event], None]] = []  # added at `attach`
+
+    def attach(self, model: LoadedModel, engine: Engine) -> None:
+        """Make a started engine serve requests (called once, from the loading thread);
+        `listeners` become engine listeners."""
+        engine.listeners.extend([*self.listeners, self._on_event])
+        self.model = model
+        self.engine = engine
+
+    def require(self) -> Engine:
+        """The engine, or a 503 while the model is loading (or failed to)."""
+        if self.engine is None:
+            if self.load_error:
+                raise unavailable(f"Model failed to load: {self.load_error}")
+            raise unavailable()
+        return self.engine
+
+    @property
+    def adapters(self) -> AdapterRegistry | None:
+        """The engine's adapter registry (None before it is attached)."""
+        return getattr(self.engine, "adapters", None)
+
+    @property
+    def model_name(self) -> str:
+        """The name clients see in `model`: the first `--alias`, else the model's file name."""
+        if self.cfg.alias:
+            return self.cfg.alias[0]
+        if self.model is not None:
+            return self.model.path.name
+        return self.cfg.model or ""
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the engine thread between steps and await its result."""
+        return await asyncio.wrap_future(self.require().call(fn))
+
+    async def call_when(self, fn: Callable[[], T | None], busy: str) -> T:
+        """`call(fn)` until it returns something other than None (a slot or adapter still
+        in use), for at most `BUSY_WAIT_S`; then a 503 with message `busy`."""
+        deadline = time.monotonic() + BUSY_WAIT_S
+        while True:
+            result = await self.call(fn)
+            if result is not None:
+                return result
+            if time.monotonic() > deadline:
+                raise unavailable(busy)
+            await asyncio.sleep(0.02)
+
+    def _on_event(self, seq: Sequence, ev: Event) -> None:
+        waker = self._wakers.get(seq.req.id)
+        if waker is not None and self.loop is not None:
+            self.loop.call_soon_threadsafe(waker.set)
+
+    def shutdown(self) -> None:
+        """Cancel every request still in flight and stop the engine thread."""
+        for flight in list(self.flights):
+            flight.close()
+        if self.engine is not None:
+            self.engine.shutdown()
+
+
+class Flight:
+    """The engine requests of one HTTP request, from submission to their final events.
+
+    Create it before the requests reach the engine (it registers their wake-ups), and
+    `close` it when done: requests without a final event are cancelled then.
+    """
+
+    def __init__(self, state: ServerState, reqs: list[Request]) -> None:
+        self.state = state
+        self.reqs = reqs
+        self.mix: dict[int, float] = {}
+        self.finished: set[int] = set()
+        self.gone = False
+        self._wake = asyncio.Event()
+        for r in reqs:
+            state._wakers[r.id] = self._wake
+        state.flights.add(self)
+
+    async def events(self, http: HttpRequest | None = None) -> AsyncIterator[tuple[int, Event]]:
+        """(index, event) pairs as the engine sends them, until every request is done.
+
+        With `http`, a client that disconnects cancels the requests and ends the stream.
+        """
+        watcher = asyncio.create_task(self._watch(http)) if http is not None else None
+        try:
+            while len(self.finished) < len(self.reqs):
+                got = False
+                for i, r in enumerate(self.reqs):
+                    while i not in self.finished:
+                        try:
+                            ev = r.events.get_nowait()
+                        except queue.Empty:
+                            break
+                        got = True
+                        if ev.done:
+                            self.finished.add(i)
+                        yield i, ev
+                if got or len(self.finished) == len(self.reqs):
+                    continue
+                if self.gone:
+                    return
+                self._wake.clear()
+                if any(not r.events.empty() for r in self.reqs):
+                    continue
+                try:
+                    await asyncio.wait_for(self._wake.wait(), POLL_S)
+                except TimeoutError:
+                    pass
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            self.close()
+
+    async def _watch(self, http: HttpRequest) -> None:
+        while (await http.receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        self._cancel()
+        self._wake.set()
+
+    def _cancel(self) -> None:
+        engine = self.state.engine
+        for i, r in enumerate(self.reqs):
+            if i not in self.finished and not r.cancelled:
+                if engine is not None:
+                    engine.cancel(r)
+                else:
+                    r.cancelled = True
+
+    def close(self) -> None:
+        """Cancel what has not finished and forget the wake-ups (idempotent)."""
+        self._cancel()
+        for r in self.reqs:
+            self.state._wakers.pop(r.id, None)
+        self.state.flights.discard(self)
+
+
+def get_state(request: HttpRequest) -> ServerState:
+    """The `ServerState` of the app serving `request`."""
+    return request.app.state.server
+
+
+def error_of(ev: Event) -> ApiError:
+    """The error answer for a request that failed inside the engine."""
+    status = STATUS_OF_TYPE.get(ev.error_type, 500)
+    return ApiError(status, ev.error_type, ev.error or "request failed")

@@ -1,0 +1,111 @@
+"""Helpers for the HTTP tests: a tiny model written once per session, and a real uvicorn
+server on 127.0.0.1 (random free port) in a thread of the test process."""
+
+from __future__ import annotations
+
+import functools
+import json
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+import uvicorn
+from fastapi import FastAPI
+
+from loraserve.model.loader import LoadedModel, load_model
+from loraserve.server.app import create_app
+from loraserve.server.args import parse_server_args
+
+
+@functools.cache
+def tiny_model_path() -> Path:
+    """A tiny random llama (vocab 320, 2 layers, context 256) as a GGUF file."""
+    from tests.tiny import hf_model, write_gguf
+
+    folder = Path(tempfile.mkdtemp(prefix="loraserve-srv-"))
+    return write_gguf(folder / "tiny.gguf", hf_model("llama", seed=7), "llama")
+
+
+@functools.cache
+def tiny_model() -> LoadedModel:
+    """The tiny model, loaded once and shared by every test server (read-only weights)."""
+    return load_model(tiny_model_path())
+
+
+@dataclass
+class Served:
+    """A running test server: its base URL, app, and an httpx client bound to it."""
+
+    url: str
+    app: FastAPI
+    client: httpx.Client
+
+    def sse(self, path: str, body: dict[str, Any], **kw: Any) -> list[str]:
+        """POST a streaming request; the `data:` payloads in order (raw strings)."""
+        with self.client.stream("POST", path, json=body, **kw) as r:
+            assert r.status_code == 200, r.read()
+            assert r.headers["content-type"].startswith("text/event-stream")
+            text = r.read().decode()
+        events = text.split("\n\n")
+        assert events[-1] == "", f"stream must end with a blank line: {text[-50:]!r}"
+        assert all(e.startswith("data: ") for e in events[:-1]), text
+        return [e.removeprefix("data: ") for e in events[:-1]]
+
+    def sse_json(self, path: str, body: dict[str, Any], **kw: Any) -> list[dict[str, Any]]:
+        return [json.loads(e) for e in self.sse(path, body, **kw) if e != "[DONE]"]
+
+
+def free_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@contextmanager
+def serve_in_thread(
+    args: list[str],
+    model: LoadedModel | None = None,
+    loader: Callable[[], LoadedModel] | None = None,
+    wait_ready: bool = True,
+) -> Iterator[Served]:
+    """Run `create_app` under uvicorn with llama-server flags `args` (`-m` is the tiny
+    model unless given); stops it on exit."""
+    torch.set_num_threads(1)
+    if "-m" not in args:
+        args = ["-m", str(tiny_model_path()), *args]
+    cfg = parse_server_args(args)
+    if model is None and loader is None:
+        model = tiny_model()
+    app = create_app(cfg, model, loader=loader)
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    client = httpx.Client(base_url=url, timeout=60)
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
+            time.sleep(0.01)
+        while wait_ready and client.get("/health").status_code != 200:
+            assert time.monotonic() < deadline, "model did not load"
+            time.sleep(0.02)
+        yield Served(url, app, client)
+    finally:
+        client.close()
+        server.should_exit = True
+        thread.join(15)
+        sock.close()

@@ -1,0 +1,129 @@
+"""The OpenAI API: the official `openai` client against /v1, SSE framing, usage, logprobs."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from tests.server_util import serve_in_thread
+
+MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the cat"}]
+
+
+@pytest.fixture(scope="module")
+def srv():
+    with serve_in_thread(["-np", "2", "-c", "512", "--temp", "0"]) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
+
+
+def native(srv, prompt: str, n: int) -> dict:
+    body = {"prompt": prompt, "n_predict": n, "ignore_eos": True}
+    return srv.client.post("/completion", json=body).json()
+
+
+def test_openai_completions(srv, client) -> None:
+    res = client.completions.create(
+        model="anything", prompt="the cat and", max_tokens=5, extra_body={"ignore_eos": True}
+    )
+    assert res.object == "text_completion" and res.model == "anything"
+    (choice,) = res.choices
+    assert choice.text == native(srv, "the cat and", 5)["content"]
+    assert choice.finish_reason == "length" and choice.index == 0
+    assert res.usage.completion_tokens == 5 and res.usage.total_tokens > 5
+
+
+def test_openai_completions_stream(srv, client) -> None:
+    chunks = list(
+        client.completions.create(
+            model="m",
+            prompt="the cat and",
+            max_tokens=5,
+            stream=True,
+            extra_body={"ignore_eos": True},
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == native(srv, "the cat and", 5)["content"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+
+
+def test_openai_chat(srv, client) -> None:
+    res = client.chat.completions.create(model="m", messages=MSGS, max_tokens=4)
+    assert res.object == "chat.completion"
+    msg = res.choices[0].message
+    assert msg.role == "assistant" and isinstance(msg.content, str)
+    prompt = srv.client.post("/apply-template", json={"messages": MSGS}).json()["prompt"]
+    assert (
+        msg.content
+        == srv.client.post("/completion", json={"prompt": prompt, "n_predict": 4}).json()["content"]
+    )
+    assert res.usage.prompt_tokens == res.timings["prompt_n"] + res.timings["cache_n"]  # type: ignore[attr-defined]
+
+
+def test_openai_chat_stream(client) -> None:
+    plain = client.chat.completions.create(model="m", messages=MSGS, max_tokens=6)
+    chunks = list(
+        client.chat.completions.create(model="m", messages=MSGS, max_tokens=6, stream=True)
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text == plain.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == plain.choices[0].finish_reason
+
+
+def test_openai_models(srv, client) -> None:
+    ids = [m.id for m in client.models.list().data]
+    assert ids[0] == "tiny.gguf"
+
+
+def test_openai_errors_raise_typed_exceptions(client) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="m", prompt="a", max_tokens=10**7)
+    assert e.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+
+
+def test_sse_framing_ends_with_done(srv) -> None:
+    for path, body in (
+        ("/v1/completions", {"prompt": "the", "max_tokens": 3}),
+        ("/v1/chat/completions", {"messages": MSGS, "max_tokens": 3}),
+    ):
+        events = srv.sse(path, {**body, "stream": True})
+        assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+        parsed = [json.loads(e) for e in events[:-1]]
+        assert all(
+            p["object"].endswith("chunk") or p["object"] == "text_completion" for p in parsed
+        )
+        assert len({p["id"] for p in parsed}) == 1
+        assert parsed[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_logprobs(srv) -> None:
+    res = srv.client.post(
+        "/v1/completions", json={"prompt": "the", "max_tokens": 3, "logprobs": 2}
+    ).json()
+    lp = res["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 3
+    chat = srv.client.post(
+        "/v1/chat/completions",
+        json={"messages": MSGS, "max_tokens": 2, "logprobs": True, "top_logprobs": 3},
+    ).json()
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert len(content) == 2 and len(content[0]["top_logprobs"]) == 3
+    assert {"token", "logprob", "bytes"} <= content[0].keys()
+
+
+def test_multiple_prompts_give_one_choice_each(srv) -> None:
+    res = srv.client.post(
+        "/v1/completions", json={"prompt": ["the", "a cat"], "max_tokens": 3, "ignore_eos": True}
+    ).json()
+    assert [c["index"] for c in res["choices"]] == [0, 1]
+    assert res["choices"][1]["text"] == native(srv, "a cat", 3)["content"]
