@@ -211,7 +211,15 @@ class Engine:
         self.scheduler.finish(seq)
         if send:
             ev = Event(
-                text=tail, done=True, stop_type=stop, stopping_word=out.stopping_word if out else ""
+                text=tail,
+                done=True,
+                stop_type=stop,
+                stopping_word=out.stopping_word if out else "",
+                timings=seq.timings,
+                id_slot=seq.slot,
+                n_prompt=seq.n_prompt,
+                n_cached=seq.n_cached,
+                n_generated=len(seq.generated),
             )
             self._emit(seq, ev)
 
@@ -219,7 +227,7 @@ class Engine:
         self._outputs.pop(seq.req.id, None)
         seq.n_computed = min(seq.n_computed, seq.n_cached)  # never index suspect KV
         self.scheduler.finish(seq)
-        self._emit(seq, Event(done=True, error=message))
+        self._emit(seq, Event(done=True, error=message, id_slot=seq.slot))
 
     def _drain_inbox(self) -> None:
         while True:

@@ -71,6 +71,12 @@ class Event:
     stopping_word: str = ""
     error: str | None = None  # set when the request failed inside the engine
     error_type: str = "server_error"
+    # final event only: what llama-server reports about the finished request
+    timings: Timings | None = None
+    id_slot: int = -1
+    n_prompt: int = 0  # tokens_evaluated
+    n_cached: int = 0  # tokens_cached (prompt tokens reused)
+    n_generated: int = 0
 
 
 @dataclass

@@ -99,7 +99,7 @@ class Decoder(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i, w, dtype, int8) for i in range(cfg.n_layers))
         self.norm = _req(w, "output_norm.weight").float()
         out_w = self.embed if cfg.tied_output else _req(w, "output.weight")
-        self.output = Linear("output.weight", out_w, None, dtype, int8)
+        self.output = Linear("output.weight", out_w, None, dtype, int8, keep_float=not int8)
         n = min(cfg.context_length, 8192)
         self.rope_global = Rope(cfg.head_dim, cfg.rope_theta, n)
         self.rope_local = (

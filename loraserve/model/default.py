@@ -58,3 +58,13 @@ def default_model_path() -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return target
+
+
+def resolve_model_path(model: str | None) -> Path:
+    """The ``-m`` argument as a path, or the default model when it is absent."""
+    if model is None:
+        return default_model_path()
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise SystemExit(f"model not found: {path}")
+    return path

@@ -1,0 +1,108 @@
+"""Command line: ``loraserve [serve] [llama-server flags]``, ``loraserve generate``, ``loraserve merge``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+import torch
+
+COMMANDS = ("serve", "generate", "merge")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``loraserve`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    cmd = argv[0] if argv and argv[0] in COMMANDS else "serve"
+    if argv and argv[0] == cmd:
+        argv = argv[1:]
+    if cmd == "generate":
+        generate(argv)
+    elif cmd == "merge":
+        from loraserve.lora.merge_cli import main as merge_main
+
+        merge_main(argv)
+    else:
+        from loraserve.server.app import serve
+        from loraserve.server.args import parse_server_args
+
+        serve(parse_server_args(argv))
+
+
+def generate(argv: list[str]) -> None:
+    """``loraserve generate -m MODEL -p PROMPT -n N``: a quick check from the shell."""
+    from loraserve.engine.engine import Engine, EngineConfig
+    from loraserve.engine.request import Request
+    from loraserve.engine.sampling_params import SamplingParams
+    from loraserve.model.default import resolve_model_path
+    from loraserve.model.loader import load_model
+
+    ap = argparse.ArgumentParser(prog="loraserve generate", description=generate.__doc__)
+    ap.add_argument("-m", "--model", default=None, help="GGUF file or HF folder (default model)")
+    ap.add_argument("-p", "--prompt", required=True)
+    ap.add_argument("-n", "--n-predict", type=int, default=64)
+    ap.add_argument("--temp", type=float, default=0.0)
+    ap.add_argument("--top-k", type=int, default=40)
+    ap.add_argument("--top-p", type=float, default=0.95)
+    ap.add_argument("--min-p", type=float, default=0.05)
+    ap.add_argument("--seed", type=int, default=-1)
+    ap.add_argument("-t", "--threads", type=int, default=0)
+    ap.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "int8"),
+        default="auto",
+        help="weights: float32 (exact) or int8 weight-only (fast); auto = int8",
+    )
+    ap.add_argument("--lora", action="append", default=[], metavar="PATH[:SCALE]")
+    args = ap.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    model = load_model(resolve_model_path(args.model), int8=args.dtype in ("auto", "int8"))
+    engine = Engine(model, EngineConfig(n_ctx=min(model.config.context_length, 8192)))
+    mix: dict[int, float] = {}
+    for spec in args.lora:
+        path, _, scale = spec.rpartition(":") if ":" in spec else (spec, "", "1")
+        adapter = engine.adapters.load(path or spec)
+        mix[adapter.id] = float(scale or 1.0)
+    sp = SamplingParams(
+        temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed
+    )
+    sp.validate(model.config.vocab_size)
+    tok = model.tokenizer
+    req = Request(
+        prompt=tok.encode(args.prompt),
+        sampling=sp,
+        max_tokens=args.n_predict,
+        lora=mix,
+        cache_key=engine.adapters.cache_key(mix) if mix else (),
+        eog_ids=frozenset(tok.eot_ids),
+    )
+    t0 = time.perf_counter()
+    engine.submit(req)
+    sys.stdout.write(args.prompt)
+    while True:
+        engine.step()
+        while not req.events.empty():
+            ev = req.events.get()
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+            if ev.done:
+                t = ev.timings
+                sys.stdout.write("\n")
+                if t is not None:
+                    print(
+                        f"[prompt {t.prompt_n} tok, {t.prompt_ms:.0f} ms; generated "
+                        f"{t.predicted_n} tok, {t.predicted_ms:.0f} ms; total "
+                        f"{time.perf_counter() - t0:.2f} s]",
+                        file=sys.stderr,
+                    )
+                return
+
+
+if __name__ == "__main__":
+    main()
