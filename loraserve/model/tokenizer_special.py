@@ -88,13 +88,8 @@ class SpecialSplitter:
     ):
         self._ids = specials
         self._lstrip, self._rstrip = frozenset(lstrip), frozenset(rstrip)
-        self._pattern: re.Pattern[str] | None = None
+        self._pattern = re.compile("(?=(" + _trie_pattern(specials) + "))") if specials else None
         self._prefixes: dict[str, str | None] = {}
-
-    def _compiled(self) -> re.Pattern[str]:
-        if self._pattern is None:
-            self._pattern = re.compile("(?=(" + _trie_pattern(self._ids) + "))")
-        return self._pattern
 
     def _shorter(self, word: str) -> str | None:
         """The longest special text that is a proper prefix of `word`."""
@@ -107,12 +102,12 @@ class SpecialSplitter:
 
     def split(self, text: str) -> list[str | int]:
         """The fragments of `text`: raw strings and special-token ids, in order."""
-        if not self._ids or not text:
+        if self._pattern is None or not text:
             return [text] if text else []
         ids = self._ids
         # (-length, id, position): llama.cpp's token order, then left to right
         heap = []
-        for m in self._compiled().finditer(text):
+        for m in self._pattern.finditer(text):
             word = m.group(1)
             heap.append((-len(word), ids[word], m.start(), word))
         if not heap:
@@ -172,7 +167,7 @@ def mark_special_tokens(
             found[kind] = next((by_text[t] for t in candidates if t in by_text), None)
             if found[kind] is not None:
                 types[found[kind]] = CONTROL
-    eog = {found["fim_pad"], found["fim_rep"], found["fim_sep"]}
+    eog: set[int | None] = {found["fim_pad"], found["fim_rep"], found["fim_sep"]}
     for text in EOG_TEXTS.intersection(by_text):
         eog.add(by_text[text])
         types[by_text[text]] = CONTROL
@@ -180,20 +175,17 @@ def mark_special_tokens(
         if text in by_text:
             types[by_text[text]] = USER_DEFINED
     eog |= {eos, found["eot"], found["eom"]}
-    eog.discard(None)
-    eog_texts = {texts[i]: i for i in eog}
+    eog_texts = {texts[i]: i for i in eog if i is not None}
     has_call = "<|call|>" in eog_texts or "<|calls|>" in eog_texts
     if (
         "<|end|>" in eog_texts
         and has_call
         and ("<|return|>" in eog_texts or "<|flush|>" in eog_texts)
     ):
-        eog.discard(eog_texts["<|end|>"])
-        types[eog_texts["<|end|>"]] = USER_DEFINED
+        types[eog_texts.pop("<|end|>")] = USER_DEFINED
     if "</s>" in eog_texts and ("<|tool_response>" in eog_texts or "<|plamo:eos|>" in eog_texts):
-        eog.discard(eog_texts["</s>"])
-        types[eog_texts["</s>"]] = NORMAL
-    return eog  # type: ignore[return-value]
+        types[eog_texts.pop("</s>")] = NORMAL
+    return set(eog_texts.values())
 
 
 def strip_ids(
