@@ -101,6 +101,8 @@ def serve_in_thread(
             assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
             time.sleep(0.01)
         while wait_ready and client.get("/health").status_code != 200:
+            if app.state.server.load_error:
+                raise RuntimeError(f"cannot start: {app.state.server.load_error}")
             assert time.monotonic() < deadline, "model did not load"
             time.sleep(0.02)
         yield Served(url, app, client)
