@@ -4,6 +4,7 @@ cache accounting, streaming framing, probabilities, stops, and the service endpo
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 import pytest
@@ -154,6 +155,25 @@ def test_disconnect_cancels_and_frees_the_slot(srv) -> None:
         assert time.monotonic() < deadline, "the cancelled request still holds its slot"
         time.sleep(0.05)
     assert complete(srv, prompt="the", n_predict=2)["tokens_predicted"] == 2
+
+
+def test_non_streaming_disconnect_cancels(srv) -> None:
+    body = json.dumps({"prompt": "the", "n_predict": 240, "ignore_eos": True, "id_slot": 1})
+    host, port = srv.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(
+            b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+        )
+        deadline = time.monotonic() + 10
+        while not srv.client.get("/slots").json()[1]["is_processing"]:
+            assert time.monotonic() < deadline
+    deadline = time.monotonic() + 10
+    while (slot := srv.client.get("/slots").json()[1])["is_processing"]:
+        assert time.monotonic() < deadline, "the request went on after its client left"
+        time.sleep(0.02)
+    n_prompt = len(tokenize(srv, "the"))
+    assert slot["n_tokens"] < n_prompt + 239  # stopped early: cancelled, not completed
 
 
 def test_id_slot_is_honoured(srv) -> None:

@@ -31,7 +31,7 @@ from loraserve.server.errors import (
 )
 from loraserve.server.oai import render
 from loraserve.server.schemas import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest
-from loraserve.server.state import ServerState, get_state
+from loraserve.server.state import ServerState, body_doc, get_state
 
 router = APIRouter()
 FILENAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
@@ -125,7 +125,7 @@ def _slot_path(state: ServerState, filename: str, must_exist: bool) -> Path:
     return path
 
 
-@router.post("/slots/{id_slot}")
+@router.post("/slots/{id_slot}", openapi_extra=body_doc(SlotFileRequest, required=False))
 async def slot_action(request: HttpRequest, id_slot: int, action: str = "") -> Response:
     """`?action=save|restore` (body `{"filename"}`) or `?action=erase` on an idle slot."""
     state = get_state(request)
@@ -179,7 +179,7 @@ async def slot_action(request: HttpRequest, id_slot: int, action: str = "") -> R
     )
 
 
-@router.post("/tokenize")
+@router.post("/tokenize", openapi_extra=body_doc(TokenizeRequest))
 async def tokenize(request: HttpRequest) -> Response:
     """`{content, add_special, parse_special, with_pieces}` → `{"tokens": [...]}`; with
     pieces each token is `{id, piece}` (a string, or its bytes if not valid UTF-8)."""
@@ -212,7 +212,7 @@ async def tokenize(request: HttpRequest) -> Response:
     return JsonResponse({"tokens": [{"id": t, "piece": piece(t)} for t in ids]})
 
 
-@router.post("/detokenize")
+@router.post("/detokenize", openapi_extra=body_doc(DetokenizeRequest))
 async def detokenize(request: HttpRequest) -> Response:
     """`{tokens}` → `{"content": text}` (token bytes joined, as llama-server)."""
     state = get_state(request)
@@ -226,7 +226,7 @@ async def detokenize(request: HttpRequest) -> Response:
     return JsonResponse({"content": tok.decode(body.tokens)})
 
 
-@router.post("/apply-template")
+@router.post("/apply-template", openapi_extra=body_doc(ApplyTemplateRequest))
 async def apply_template(request: HttpRequest) -> Response:
     """`{messages}` → `{"prompt": text}`: the chat template rendered, nothing generated."""
     state = get_state(request)

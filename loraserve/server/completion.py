@@ -28,7 +28,7 @@ from loraserve.server.generation import (
     tokenize_prompts,
 )
 from loraserve.server.schemas import CompletionRequest
-from loraserve.server.state import Flight, ServerState, error_of, get_state
+from loraserve.server.state import Flight, ServerState, body_doc, error_of, get_state
 
 router = APIRouter()
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -133,8 +133,8 @@ async def _stream(
         flight.close()
 
 
-@router.post("/completion")
-@router.post("/completions")
+@router.post("/completion", openapi_extra=body_doc(CompletionRequest))
+@router.post("/completions", openapi_extra=body_doc(CompletionRequest))
 async def completion(request: HttpRequest) -> Response:
     """llama-server's completion endpoint (see the module docstring)."""
     state = get_state(request)

@@ -26,7 +26,7 @@ from loraserve.server.errors import (
     parse_body,
 )
 from loraserve.server.schemas import LoadAdapterRequest, LoraScales, UnloadAdapterRequest
-from loraserve.server.state import ServerState, get_state
+from loraserve.server.state import ServerState, body_doc, get_state
 
 router = APIRouter()
 MAX_ADAPTER_BYTES = 2 << 30
@@ -105,7 +105,7 @@ async def list_adapters(request: HttpRequest) -> Response:
     return JsonResponse(await state.call(snapshot))
 
 
-@router.post("/lora-adapters")
+@router.post("/lora-adapters", openapi_extra=body_doc(LoraScales))
 async def set_scales(request: HttpRequest) -> Response:
     """Set the global scales: `[{id, scale}]`, unlisted adapters to 0. **Ours:** an unknown
     id, a non-number scale or a non-array body is a 400 that changes nothing."""
@@ -131,7 +131,7 @@ def _registry(state: ServerState) -> Any:
     return state.adapters
 
 
-@router.post("/lora-adapters/load")
+@router.post("/lora-adapters/load", openapi_extra=body_doc(LoadAdapterRequest))
 async def load_adapter(request: HttpRequest) -> Response:
     """**Ours:** load `{path, [scale], [name]}` from a `--lora-dir` directory."""
     state = get_state(request)
@@ -147,7 +147,7 @@ async def load_adapter(request: HttpRequest) -> Response:
     return JsonResponse(_adapter_json(adapter, body.scale))
 
 
-@router.post("/lora-adapters/unload")
+@router.post("/lora-adapters/unload", openapi_extra=body_doc(UnloadAdapterRequest))
 async def unload_adapter(request: HttpRequest) -> Response:
     """**Ours:** unload `{id}` once no queued or running request uses it; KV computed with
     it leaves the prefix cache (unless another loaded adapter has the same content)."""

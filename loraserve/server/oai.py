@@ -39,7 +39,7 @@ from loraserve.server.generation import (
     tokenize_prompts,
 )
 from loraserve.server.schemas import OAIChatRequest, OAICompletionRequest
-from loraserve.server.state import Flight, ServerState, error_of, get_state
+from loraserve.server.state import Flight, ServerState, body_doc, error_of, get_state
 
 router = APIRouter()
 FINISH = {"eos": "stop", "word": "stop", "limit": "length", "none": "stop"}
@@ -153,7 +153,7 @@ def _stream(gen: AsyncIterator[bytes]) -> StreamingResponse:
     return StreamingResponse(gen, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=body_doc(OAICompletionRequest))
 async def completions(request: HttpRequest) -> Response:
     """OpenAI text completions (one choice per prompt)."""
     state = get_state(request)
@@ -205,8 +205,8 @@ async def completions(request: HttpRequest) -> Response:
     return JsonResponse(body)
 
 
-@router.post("/v1/chat/completions")
-@router.post("/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=body_doc(OAIChatRequest))
+@router.post("/chat/completions", openapi_extra=body_doc(OAIChatRequest))
 async def chat_completions(request: HttpRequest) -> Response:
     """OpenAI chat completions: messages rendered with the model's chat template."""
     state = get_state(request)

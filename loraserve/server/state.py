@@ -7,8 +7,9 @@ import asyncio
 import queue
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from pydantic import BaseModel
 from starlette.requests import Request as HttpRequest
 
 from loraserve.engine.engine import Engine
@@ -176,6 +177,28 @@ class Flight:
         for r in self.reqs:
             self.state._wakers.pop(r.id, None)
         self.state.flights.discard(self)
+
+
+def body_doc(model: type[BaseModel], required: bool = True) -> dict[str, Any]:
+    """`openapi_extra` documenting a JSON request body of `model` (references inlined).
+
+    Handlers still read and validate the body themselves (`errors.parse_body`), so that
+    every bad body gets the contract's error answer.
+    """
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(x: Any) -> Any:
+        if isinstance(x, dict):
+            if "$ref" in x:
+                return inline(defs[x["$ref"].rsplit("/", 1)[-1]])
+            return {k: inline(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [inline(v) for v in x]
+        return x
+
+    content = {"application/json": {"schema": inline(schema)}}
+    return {"requestBody": {"required": required, "content": content}}
 
 
 def get_state(request: HttpRequest) -> ServerState:
