@@ -26,12 +26,11 @@ from loraserve.server.errors import (
     invalid_request,
     not_found,
     not_supported,
-    parse_body,
     unavailable,
 )
 from loraserve.server.oai import render
 from loraserve.server.schemas import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest
-from loraserve.server.state import ServerState, body_doc, get_state
+from loraserve.server.state import ServerState, body_doc, get_state, read_body
 
 router = APIRouter()
 FILENAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
@@ -143,7 +142,7 @@ async def slot_action(request: HttpRequest, id_slot: int, action: str = "") -> R
         return JsonResponse({"id_slot": id_slot, "n_erased": n})
     if action not in ("save", "restore"):
         raise invalid_request(f"action: expected save, restore or erase, got {action!r}")
-    filename = parse_body(SlotFileRequest, await request.body()).filename
+    filename = (await read_body(request, SlotFileRequest)).filename
     fp = slot_io.fingerprint(engine)
     if action == "save":
         path = _slot_path(state, filename, must_exist=False)
@@ -185,7 +184,7 @@ async def tokenize(request: HttpRequest) -> Response:
     pieces each token is `{id, piece}` (a string, or its bytes if not valid UTF-8)."""
     state = get_state(request)
     tok = state.require().tokenizer
-    body = parse_body(TokenizeRequest, await request.body())
+    body = await read_body(request, TokenizeRequest)
     content = body.content
     if isinstance(content, str):
         ids = tok.encode(content, add_special=body.add_special, parse_special=body.parse_special)
@@ -217,7 +216,7 @@ async def detokenize(request: HttpRequest) -> Response:
     """`{tokens}` → `{"content": text}` (token bytes joined, as llama-server)."""
     state = get_state(request)
     tok = state.require().tokenizer
-    body = parse_body(DetokenizeRequest, await request.body())
+    body = await read_body(request, DetokenizeRequest)
     bad = next((i for i, t in enumerate(body.tokens) if t >= tok.vocab_size), None)
     if bad is not None:
         raise invalid_request(
@@ -231,5 +230,5 @@ async def apply_template(request: HttpRequest) -> Response:
     """`{messages}` → `{"prompt": text}`: the chat template rendered, nothing generated."""
     state = get_state(request)
     state.require()
-    body = parse_body(ApplyTemplateRequest, await request.body())
+    body = await read_body(request, ApplyTemplateRequest)
     return JsonResponse({"prompt": render(state, body.messages, body.add_generation_prompt)})

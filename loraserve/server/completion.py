@@ -17,7 +17,7 @@ from starlette.responses import Response, StreamingResponse
 
 from loraserve.engine.request import Event
 from loraserve.model.tokenizer import Tokenizer
-from loraserve.server.errors import JsonResponse, parse_body, server_error, sse_event
+from loraserve.server.errors import JsonResponse, server_error, sse_event
 from loraserve.server.generation import (
     Output,
     collect,
@@ -28,7 +28,7 @@ from loraserve.server.generation import (
     tokenize_prompts,
 )
 from loraserve.server.schemas import CompletionRequest
-from loraserve.server.state import Flight, ServerState, body_doc, error_of, get_state
+from loraserve.server.state import Flight, ServerState, body_doc, error_of, get_state, read_body
 
 router = APIRouter()
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -139,7 +139,7 @@ async def completion(request: HttpRequest) -> Response:
     """llama-server's completion endpoint (see the module docstring)."""
     state = get_state(request)
     state.require()
-    params = parse_body(CompletionRequest, await request.body())
+    params = await read_body(request, CompletionRequest)
     params = params.with_defaults(state.cfg.request_defaults())
     prompts = await tokenize_prompts(state, params.prompt)
     flight = await submit(state, prompts, params)

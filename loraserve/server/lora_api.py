@@ -23,10 +23,9 @@ from loraserve.server.errors import (
     invalid_request,
     not_found,
     not_supported,
-    parse_body,
 )
 from loraserve.server.schemas import LoadAdapterRequest, LoraScales, UnloadAdapterRequest
-from loraserve.server.state import ServerState, body_doc, get_state
+from loraserve.server.state import ServerState, body_doc, get_state, read_body
 
 router = APIRouter()
 MAX_ADAPTER_BYTES = 2 << 30
@@ -111,7 +110,7 @@ async def set_scales(request: HttpRequest) -> Response:
     id, a non-number scale or a non-array body is a 400 that changes nothing."""
     state = get_state(request)
     state.require()
-    items = [(x.id, x.scale) for x in parse_body(LoraScales, await request.body()).root]
+    items = [(x.id, x.scale) for x in (await read_body(request, LoraScales)).root]
     adapters = state.adapters
     if adapters is None:
         if items:
@@ -136,7 +135,7 @@ async def load_adapter(request: HttpRequest) -> Response:
     """**Ours:** load `{path, [scale], [name]}` from a `--lora-dir` directory."""
     state = get_state(request)
     adapters = _registry(state)
-    body = parse_body(LoadAdapterRequest, await request.body())
+    body = await read_body(request, LoadAdapterRequest)
     if not state.cfg.lora_dirs:
         raise not_supported("loading adapters at run time is off: start with --lora-dir DIR")
     real = resolve_adapter_path(state.cfg.lora_dirs, body.path)
@@ -154,7 +153,7 @@ async def unload_adapter(request: HttpRequest) -> Response:
     state = get_state(request)
     adapters = _registry(state)
     engine = state.require()
-    adapter_id = parse_body(UnloadAdapterRequest, await request.body()).id
+    adapter_id = (await read_body(request, UnloadAdapterRequest)).id
 
     def unload() -> bool | None:
         cid = adapters.get(adapter_id).content_id

@@ -26,7 +26,6 @@ from loraserve.server.errors import (
     SSE_DONE,
     JsonResponse,
     invalid_request,
-    parse_body,
     server_error,
     sse_event,
 )
@@ -39,7 +38,7 @@ from loraserve.server.generation import (
     tokenize_prompts,
 )
 from loraserve.server.schemas import OAIChatRequest, OAICompletionRequest
-from loraserve.server.state import Flight, ServerState, body_doc, error_of, get_state
+from loraserve.server.state import Flight, ServerState, body_doc, error_of, get_state, read_body
 
 router = APIRouter()
 FINISH = {"eos": "stop", "word": "stop", "limit": "length", "none": "stop"}
@@ -158,7 +157,7 @@ async def completions(request: HttpRequest) -> Response:
     """OpenAI text completions (one choice per prompt)."""
     state = get_state(request)
     tok = state.require().tokenizer
-    params = parse_body(OAICompletionRequest, await request.body())
+    params = await read_body(request, OAICompletionRequest)
     params = params.with_defaults(state.cfg.request_defaults())
     prompts = await tokenize_prompts(state, params.prompt)
     flight = await submit(state, prompts, params, adapter_name=params.model)
@@ -211,7 +210,7 @@ async def chat_completions(request: HttpRequest) -> Response:
     """OpenAI chat completions: messages rendered with the model's chat template."""
     state = get_state(request)
     tok = state.require().tokenizer
-    params = parse_body(OAIChatRequest, await request.body())
+    params = await read_body(request, OAIChatRequest)
     params = params.with_defaults(state.cfg.request_defaults())
     prompts = await tokenize_prompts(
         state, [render(state, params.messages, params.add_generation_prompt)]

@@ -16,12 +16,19 @@ from loraserve.engine.engine import Engine
 from loraserve.engine.request import Event, Request, Sequence
 from loraserve.model.loader import LoadedModel
 from loraserve.server.args import ServerConfig
-from loraserve.server.errors import STATUS_OF_TYPE, ApiError, unavailable
+from loraserve.server.errors import (
+    STATUS_OF_TYPE,
+    ApiError,
+    invalid_request,
+    parse_body,
+    unavailable,
+)
 
 if TYPE_CHECKING:
     from loraserve.lora.registry import AdapterRegistry
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 POLL_S = 0.5  # safety net: a flight re-checks its queues at least this often
 BUSY_WAIT_S = 30.0  # how long an admin action waits for a slot or an adapter to be free
 
@@ -199,6 +206,16 @@ def body_doc(model: type[BaseModel], required: bool = True) -> dict[str, Any]:
 
     content = {"application/json": {"schema": inline(schema)}}
     return {"requestBody": {"required": required, "content": content}}
+
+
+async def read_body(request: HttpRequest, model: type[M]) -> M:
+    """The request body validated into `model` (`errors.parse_body`); a body nested too
+    deeply for the JSON parser is a 400 too."""
+    raw = await request.body()
+    try:
+        return parse_body(model, raw)
+    except RecursionError:
+        raise invalid_request("Invalid JSON in request body: nested too deeply") from None
 
 
 def get_state(request: HttpRequest) -> ServerState:
