@@ -1,4 +1,4 @@
-"""Command line: ``loraserve [serve] [llama-server flags]``, ``loraserve generate``, ``loraserve merge``."""
+"""Command line: `loraserve [serve] [flags]`, `loraserve generate`, `loraserve merge`."""
 
 from __future__ import annotations
 
