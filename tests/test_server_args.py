@@ -68,14 +68,14 @@ def test_short_and_long_forms(short: str, long: str, field: str, value: object):
 def test_server_flags():
     cfg = parse(
         "--host 0.0.0.0 --port 9000 --metrics --no-cache-prompt --api-key k1,k2 --api-key k3"
-        " --alias a,b -cram -1 --dtype bfloat16 --top-k 5 --top-p 0.5 --min-p 0.1"
+        " --alias a,b -cram -1 --dtype int8 --top-k 5 --top-p 0.5 --min-p 0.1"
         " --repeat-penalty 1.1 --repeat-last-n 32 --presence-penalty 0.5 --frequency-penalty 0.25"
     )
     assert (cfg.host, cfg.port, cfg.metrics, cfg.cache_prompt) == ("0.0.0.0", 9000, True, False)
     assert cfg.api_keys == ("k1", "k2", "k3") and cfg.alias == ("a", "b")
     assert (cfg.cache_ram_mib, cfg.dtype, cfg.top_k, cfg.top_p, cfg.min_p) == (
         -1,
-        "bfloat16",
+        "int8",
         5,
         0.5,
         0.1,

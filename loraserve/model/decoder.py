@@ -15,7 +15,7 @@ from torch import nn
 from loraserve.model.attention import paged_attention
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
-from loraserve.model.layers import Linear, Rope, gated_act, rms_norm
+from loraserve.model.layers import Linear, Rope, RowEmbedding, gated_act, rms_norm
 from loraserve.model.moe import MoE
 
 WeightFn = Callable[[str], torch.Tensor | None]  # GGUF name -> float tensor, None if absent
@@ -25,16 +25,22 @@ class Block(nn.Module):
     """One transformer layer: attention and (dense or MoE) feed-forward, pre/post norms."""
 
     def __init__(
-        self, cfg: ModelConfig, i: int, w: WeightFn, dtype: torch.dtype, int8: bool
+        self,
+        cfg: ModelConfig,
+        i: int,
+        w: WeightFn,
+        dtype: torch.dtype,
+        int8: bool,
+        prepared: dict[str, tuple[torch.Tensor, torch.Tensor]],
     ) -> None:
         super().__init__()
         self.cfg, self.i = cfg, i
         p = f"blk.{i}."
 
         def lin(n: str) -> Linear:
-            return Linear(
-                p + n + ".weight", _req(w, p + n + ".weight"), w(p + n + ".bias"), dtype, int8
-            )
+            name = p + n + ".weight"
+            prep = prepared.get(name) if int8 else None
+            return Linear(name, _req(w, name), w(p + n + ".bias"), dtype, int8, prepared=prep)
 
         self.q, self.k, self.v, self.o = (
             lin("attn_q"),
@@ -92,14 +98,30 @@ class Decoder(nn.Module):
         w: WeightFn,
         dtype: torch.dtype = torch.float32,
         int8: bool = False,
+        prepared: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+        embedding: RowEmbedding | None = None,
     ) -> None:
         super().__init__()
         self.cfg, self.dtype = cfg, dtype
-        self.embed = _req(w, "token_embd.weight")  # [V, hidden] float32 or raw rows source
-        self.blocks = nn.ModuleList(Block(cfg, i, w, dtype, int8) for i in range(cfg.n_layers))
+        prepared = prepared or {}
+        self.embed: torch.Tensor | RowEmbedding = (
+            embedding if embedding is not None else _req(w, "token_embd.weight")
+        )  # [V, hidden] float32 table, or rows dequantized on lookup
+        self.blocks = nn.ModuleList(
+            Block(cfg, i, w, dtype, int8, prepared) for i in range(cfg.n_layers)
+        )
         self.norm = _req(w, "output_norm.weight").float()
-        out_w = self.embed if cfg.tied_output else _req(w, "output.weight")
-        self.output = Linear("output.weight", out_w, None, dtype, int8, keep_float=not int8)
+        out_name = "token_embd.weight" if cfg.tied_output else "output.weight"
+        out_prep = prepared.get("output.weight") if int8 else None
+        if out_prep is not None:
+            out_w = None
+        elif isinstance(self.embed, torch.Tensor) and cfg.tied_output:
+            out_w = self.embed
+        else:
+            out_w = _req(w, out_name)
+        self.output = Linear(
+            "output.weight", out_w, None, dtype, int8, keep_float=not int8, prepared=out_prep
+        )
         n = min(cfg.context_length, 8192)
         self.rope_global = Rope(cfg.head_dim, cfg.rope_theta, n)
         self.rope_local = (
@@ -112,7 +134,10 @@ class Decoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions: [T] long -> logits [S, V] float32 for ctx.logits_rows."""
         ctx = get_context()
-        x = self.embed[input_ids].to(self.dtype)  # [T, hidden]
+        if isinstance(self.embed, torch.Tensor):
+            x = self.embed[input_ids].to(self.dtype)  # [T, hidden]
+        else:
+            x = self.embed(input_ids).to(self.dtype)
         if self.cfg.embed_scale != 1.0:
             x = x * torch.tensor(self.cfg.embed_scale, dtype=self.dtype)
         for blk in self.blocks:

@@ -25,22 +25,20 @@ class Linear(nn.Module):
     def __init__(
         self,
         name: str,
-        weight: torch.Tensor,
+        weight: torch.Tensor | None,
         bias: torch.Tensor | None,
         dtype: torch.dtype,
         int8: bool = False,
         keep_float: bool = True,
+        prepared: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
         self.name = name
-        self.out_features, self.in_features = weight.shape
-        self.w8: torch.Tensor | None = None
-        self.s8: torch.Tensor | None = None
+        self.w8: torch.Tensor | None = None  # [out, in] int8
+        self.s8: torch.Tensor | None = None  # [out] bf16
         if int8:
-            w = weight.float()
-            scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # [out]
-            self.w8 = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)  # [out, in]
-            self.s8 = scale.to(torch.bfloat16)
+            self.w8, self.s8 = prepared if prepared is not None else quantize_int8(weight)
+        self.out_features, self.in_features = (weight if weight is not None else self.w8).shape
         self.weight = weight.to(dtype).contiguous() if (keep_float or not int8) else None
         self.bias = None if bias is None else bias.to(dtype)
 
@@ -61,6 +59,34 @@ class Linear(nn.Module):
         if lora is not None:
             y = lora.apply(self.name, x, y)
         return y
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8: weight [out, in] -> (int8 [out, in], bf16 scales [out])."""
+    w = weight.float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # [out]
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale.to(torch.bfloat16)
+
+
+class RowEmbedding(nn.Module):
+    """Embedding lookup straight from a GGUF tensor's raw (possibly quantized) rows.
+
+    ggml stores each row as whole blocks, so dequantizing only the looked-up rows gives
+    exactly the values of the full table, without a 671 MB float32 copy for Gemma's
+    262,144 x 640 vocabulary.
+    """
+
+    def __init__(self, raw: torch.Tensor, ggml_type: int, dim: int) -> None:
+        super().__init__()
+        self.raw = raw  # [V, row_bytes] uint8
+        self.ggml_type, self.dim = ggml_type, dim
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        from loraserve.model.dequant import dequantize
+
+        rows = self.raw.index_select(0, ids)  # [T, row_bytes]
+        return dequantize(rows, self.ggml_type, (ids.shape[0], self.dim))  # [T, dim] float32
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,8 @@ import torch
 
 from loraserve.model.config import ModelConfig
 from loraserve.model.decoder import Decoder
+from loraserve.model.layers import RowEmbedding
+from loraserve.model.prepared import load_prepared, prepared_cache_file, save_prepared
 from loraserve.model.tokenizer import Tokenizer
 
 log = logging.getLogger("loraserve.model")
@@ -87,7 +90,23 @@ def load_model(
             return t
 
     t1 = time.perf_counter()
-    decoder = Decoder(cfg, weight_fn, dtype=dtype, int8=int8)
+    prepared: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    embedding = None
+    cache_file = None
+    if int8 and not path.is_dir():
+        info = gg.tensors.get("token_embd.weight")
+        if info is not None:
+            with warnings.catch_warnings():  # read-only mmap; the rows are only read
+                warnings.simplefilter("ignore", UserWarning)
+                raw = torch.from_numpy(gg.raw("token_embd.weight").reshape(info.shape[0], -1))
+            embedding = RowEmbedding(raw, info.ggml_type, info.shape[1])
+        cache_file = prepared_cache_file(path)
+        prepared = load_prepared(cache_file)
+    decoder = Decoder(
+        cfg, weight_fn, dtype=dtype, int8=int8, prepared=prepared, embedding=embedding
+    )
+    if cache_file is not None and not prepared:
+        save_prepared(cache_file, decoder)
     log.info(
         "loaded %s (%s, %d layers, %s%s) in %.2f s (metadata+tokenizer %.2f s)",
         name,

@@ -34,7 +34,6 @@ from loraserve.server.state import ServerState
 log = logging.getLogger("loraserve.server")
 MAX_BODY_BYTES = 32 << 20
 SHUTDOWN_GRACE_S = 10.0
-DTYPES = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class BodyLimitMiddleware:
@@ -89,7 +88,9 @@ def load_from_config(cfg: ServerConfig) -> LoadedModel:
     from loraserve.model.default import resolve_model_path
     from loraserve.model.loader import load_model
 
-    return load_model(resolve_model_path(cfg.model), dtype=DTYPES[cfg.dtype])
+    path = resolve_model_path(cfg.model)
+    int8 = cfg.dtype == "int8" or (cfg.dtype == "auto" and not path.is_dir())
+    return load_model(path, int8=int8)
 
 
 def _start(

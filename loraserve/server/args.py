@@ -15,7 +15,7 @@ from typing import Any
 from loraserve import __version__
 
 AUTO_PARALLEL = 4  # llama-server resolves `-np -1` (its default, "auto") to 4 slots
-DTYPES = ("auto", "float32", "bfloat16")
+DTYPES = ("auto", "int8", "float32")
 
 # Accepted and ignored, as words; "|" joins the spellings of one flag.
 IGNORED_SWITCHES = """
@@ -276,7 +276,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="directory POST /lora-adapters/load may read from (repeatable)",
     )
-    o.add_argument("--dtype", choices=DTYPES, help=f"compute dtype {d}")
+    o.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="weights: int8 (weight-only int8 for decode, float32 for prefill; faithful where "
+        "the top-2 logit gap >= 0.5) or float32 (exact); auto = int8 for GGUF files " + d,
+    )
     i = p.add_argument_group("accepted for compatibility with llama-server and ignored")
     for words, kwargs in (
         (IGNORED_SWITCHES, {"nargs": 0}),
