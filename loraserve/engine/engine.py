@@ -173,9 +173,15 @@ class Engine:
                 seq.t_first = now
                 seq.timings.prompt_n = seq.n_prompt - seq.n_cached
                 seq.timings.prompt_ms = (now - seq.t_prompt_start) * 1000
-            self._accept(seq, res.token, res.probs)
+            self._accept(seq, res.token, res.probs, res.prob)
 
-    def _accept(self, seq: Sequence, tok: int, probs: list[tuple[int, float]] | None) -> None:
+    def _accept(
+        self,
+        seq: Sequence,
+        tok: int,
+        probs: list[tuple[int, float]] | None,
+        prob: float | None = None,
+    ) -> None:
         req = seq.req
         seq.generated.append(tok)
         seq.tokens.append(tok)
@@ -186,7 +192,7 @@ class Engine:
             return
         out = self._outputs[req.id]
         text = out.push(tok)
-        self._emit(seq, Event(token=tok, text=text, probs=probs))
+        self._emit(seq, Event(token=tok, text=text, probs=probs, prob=prob))
         if out.stopping_word:
             self._finish(seq, StopType.WORD)
         elif req.max_tokens >= 0 and len(seq.generated) >= req.max_tokens:

@@ -66,6 +66,7 @@ class Event:
     token: int | None = None
     text: str = ""
     probs: list[tuple[int, float]] | None = None
+    prob: float | None = None  # the sampled token's probability (with n_probs)
     done: bool = False
     stop_type: StopType = StopType.NONE
     stopping_word: str = ""
