@@ -72,3 +72,13 @@ def test_int8_default_is_faithful_where_the_gap_is_clear(fast) -> None:
     assert all(prefill[i] == REF["top1"][i] for i in clear)
     assert all(decode[i] == REF["top1"][i] for i in clear if i < 120)
     assert greedy(fast, REF["prompt_ids"], 20) == REF["greedy_ids"]
+
+
+def test_prepared_weights_cache_gives_the_same_model(fast, real_model_path) -> None:
+    """The second load reads the int8 cache written by the first: same tokens."""
+    from loraserve.model.prepared import prepared_cache_file
+
+    assert prepared_cache_file(real_model_path).is_file()
+    again = load_model(real_model_path, int8=True)
+    ids = REF["prompt_ids"]
+    assert greedy(again, ids, 8) == greedy(fast, ids, 8)

@@ -66,6 +66,10 @@ class Engine:
         self.cache = PrefixCache(self.pool, budget)
         self.scheduler = Scheduler(config.n_slots, self.n_ctx_slot, config.ubatch, self.cache)
         self.runner = ModelRunner(model.decoder, bs, kv_dtype)
+        from loraserve.lora.registry import AdapterRegistry
+
+        self.adapters = AdapterRegistry(model)  # engine-thread only, like the scheduler
+        self.runner.lora_builder = self.adapters.build_delta
         self.runner.ensure_capacity(self.pool.capacity)
         self.tokenizer = model.tokenizer
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()

@@ -41,8 +41,10 @@ def load_prepared(path: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     except Exception as e:  # a broken cache is rebuilt, never fatal
         log.warning("ignoring unreadable prepared-weights cache %s: %s", path, e)
         return {}
+    # clone: tensors sliced from the file buffer may be misaligned, and torch's int8
+    # matmul kernel crashes (SIGSEGV) on misaligned weights
     return {
-        k.removesuffix(".q8"): (v, flat[k.removesuffix(".q8") + ".s8"])
+        k.removesuffix(".q8"): (v.clone(), flat[k.removesuffix(".q8") + ".s8"].clone())
         for k, v in flat.items()
         if k.endswith(".q8")
     }
