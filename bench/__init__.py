@@ -1,0 +1,1 @@
+"""Side-by-side benchmark of loraserve against llama.cpp's llama-server (see README.md)."""
