@@ -7,6 +7,7 @@ every layer (as nano-vllm does).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -64,15 +65,19 @@ class StepContext:
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
-_CONTEXT: StepContext | None = None
+# Thread-local: each engine thread runs its own forward passes (tests and tools may run
+# several engines, even over one shared decoder, in different threads).
+_LOCAL = threading.local()
 
 
 def set_context(ctx: StepContext | None) -> None:
-    global _CONTEXT
-    _CONTEXT = ctx
+    """Install the context for forward passes on this thread (None clears it)."""
+    _LOCAL.ctx = ctx
 
 
 def get_context() -> StepContext:
-    if _CONTEXT is None:
+    """The context of the forward pass running on this thread."""
+    ctx = getattr(_LOCAL, "ctx", None)
+    if ctx is None:
         raise RuntimeError("no step context: the forward pass must run inside the runner")
-    return _CONTEXT
+    return ctx

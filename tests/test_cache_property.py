@@ -1,0 +1,254 @@
+"""Property test of the cache-key invariant over random operation sequences (HTTP).
+
+Operations: set the global mix; completions with and without `lora` (empty lists, zero
+scales, repeated ids); shared and diverging prefixes; cache_prompt on and off; `id_slot`;
+concurrent requests across slots; adapter load, unload and reload of changed weights under
+the same name; slot save and restore. Every greedy completion must equal the same request
+run alone with the cache off, and `cache_n` must equal the longest prefix computed under the
+same cache key that is still retained (the budget is unlimited, so retained = computed,
+minus what unloading an adapter dropped).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from loraserve.engine.engine import Engine, EngineConfig
+from loraserve.engine.request import Request
+from loraserve.engine.sampling_params import SamplingParams
+from tests.server_util import serve_in_thread, tiny_model
+from tests.test_server_adapters import peft_folder
+
+FILES = ("a", "b", "a2")  # a2: the same name as a, changed weights
+PREFIXES = ([1, 40, 41, 42, 43, 44, 45, 46], [1, 40, 41, 42, 50, 51], [1, 60, 61, 62, 63, 64, 65])
+N_PREDICT = 4
+
+
+@functools.cache
+def adapter_dir() -> Path:
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="loraserve-prop-"))
+    for name, seed in (("a", 21), ("b", 22), ("a2", 23)):
+        peft_folder(d / name, seed)
+    return d
+
+
+@functools.cache
+def reference_engine() -> tuple[Engine, dict[str, int]]:
+    eng = Engine(tiny_model(), EngineConfig(n_ctx=256, cache_ram_mib=0))
+    ids = {f: eng.adapters.load(adapter_dir() / f).id for f in FILES}
+    return eng, ids
+
+
+@functools.cache
+def reference(prompt: tuple[int, ...], mix: tuple[tuple[str, float], ...]) -> tuple[int, ...]:
+    """Greedy tokens of the request alone, cache off."""
+    eng, ids = reference_engine()
+    lora = {ids[f]: s for f, s in mix}
+    req = Request(
+        prompt=list(prompt),
+        sampling=SamplingParams(temperature=0.0),
+        max_tokens=N_PREDICT,
+        lora=lora,
+        cache_key=eng.adapters.cache_key(lora),
+        cache_prompt=False,
+    )
+    eng.submit(req)
+    eng.run_until_idle()
+    out = []
+    while not req.events.empty():
+        ev = req.events.get()
+        if ev.token is not None:
+            out.append(ev.token)
+    return tuple(out)
+
+
+scales = st.sampled_from([0.0, 0.5, 1.0, -1.0])
+completion = st.fixed_dictionaries(
+    {
+        "prefix": st.integers(0, len(PREFIXES) - 1),
+        "cut": st.integers(2, 8),
+        "suffix": st.lists(st.integers(3, 319), max_size=5),
+        "lora": st.one_of(
+            st.none(),
+            st.just([]),
+            st.lists(st.tuples(st.integers(0, 3), scales), min_size=1, max_size=3),
+        ),
+        "cache_prompt": st.booleans(),
+        "id_slot": st.sampled_from([-1, -1, 0, 1]),
+    }
+)
+op = st.one_of(
+    st.tuples(st.just("complete"), completion),
+    st.tuples(st.just("concurrent"), st.tuples(completion, completion)),
+    st.tuples(st.just("global"), st.lists(st.tuples(st.integers(0, 3), scales), max_size=3)),
+    st.tuples(st.just("unload"), st.integers(0, 3)),
+    st.tuples(st.just("load"), st.sampled_from(FILES)),
+    st.tuples(st.just("save"), st.integers(0, 1)),
+    st.tuples(st.just("restore"), st.integers(0, 1)),
+)
+
+
+class Model:
+    """What the server should hold: adapters by id, global scales, retained KV by key."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[int, str] = {}
+        self.next_id = 0
+        self.glob: dict[int, float] = {}
+        self.retained: list[tuple[tuple, tuple[int, ...]]] = []
+        self.slot_last: dict[int, tuple[tuple, tuple[int, ...]]] = {}
+        self.saved: dict[int, tuple[tuple, tuple[int, ...]]] = {}
+
+    def mix(self, lora: list[tuple[int, float]] | None) -> tuple[tuple[str, float], ...]:
+        chosen = dict(lora) if lora else dict(self.glob)
+        total: dict[str, float] = {}
+        for i, s in chosen.items():
+            if s:
+                total[self.loaded[i]] = total.get(self.loaded[i], 0.0) + s
+        return tuple(sorted((f, s) for f, s in total.items() if s))
+
+    def expected_cache_n(self, key: tuple, prompt: list[int]) -> int:
+        best = 0
+        for k, toks in self.retained:
+            if k != key:
+                continue
+            n = 0
+            while n < min(len(prompt) - 1, len(toks)) and toks[n] == prompt[n]:
+                n += 1
+            best = max(best, n)
+        return best
+
+
+def run_completion(srv, m: Model, c: dict, check_cache: bool) -> None:
+    prompt = PREFIXES[c["prefix"]][: c["cut"]] + c["suffix"]
+    lora = c["lora"]
+    if lora and (
+        any(i not in m.loaded for i, _ in lora) or len({i for i, _ in lora}) < len(lora)
+    ):  # unknown or repeated ids: a clear 400 naming the id
+        body = {"prompt": prompt, "lora": [{"id": i, "scale": s} for i, s in lora]}
+        assert srv.client.post("/completion", json=body).status_code == 400
+        return
+    key = m.mix(lora)
+    expect_n = m.expected_cache_n(key, prompt) if c["cache_prompt"] else 0
+    body = {
+        "prompt": prompt,
+        "n_predict": N_PREDICT,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_tokens": True,
+        "cache_prompt": c["cache_prompt"],
+        "id_slot": c["id_slot"],
+    }
+    if lora is not None:
+        body["lora"] = [{"id": i, "scale": s} for i, s in lora]
+    r = srv.client.post("/completion", json=body)
+    assert r.status_code == 200, r.text
+    res = r.json()
+    assert res["tokens_evaluated"] == len(prompt)
+    assert tuple(res["tokens"]) == reference(tuple(prompt), key), "output differs from cache-off"
+    if check_cache:
+        assert res["timings"]["cache_n"] == expect_n
+        assert res["timings"]["prompt_n"] == len(prompt) - expect_n
+    computed = (key, tuple(prompt + res["tokens"][:-1]))
+    m.retained.append(computed)
+    m.slot_last[res["id_slot"]] = computed
+
+
+def _collect(srv, m: Model, c: dict, errors: list[BaseException]) -> None:
+    try:
+        run_completion(srv, m, c, check_cache=False)
+    except BaseException as e:  # re-raised in the test thread
+        errors.append(e)
+
+
+@pytest.mark.filterwarnings("ignore")
+@settings(
+    max_examples=int(os.environ.get("LORASERVE_PROP_EXAMPLES", 20)),
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(st.lists(op, min_size=1, max_size=10))
+def test_every_answer_equals_cache_off_and_cache_n_is_exact(tmp_path_factory, ops) -> None:
+    d = adapter_dir()
+    slots = tmp_path_factory.mktemp("slots")
+    args = [
+        "-np",
+        "2",
+        "-c",
+        "512",
+        "--cache-ram",
+        "-1",
+        "--lora-dir",
+        str(d),
+        "--slot-save-path",
+        str(slots),
+        "--lora",
+        str(d / "a"),
+        "--lora",
+        str(d / "b"),
+    ]
+    m = Model()
+    m.loaded, m.next_id, m.glob = {0: "a", 1: "b"}, 2, {0: 1.0, 1: 1.0}
+    with serve_in_thread(args) as srv:
+        for kind, arg in ops:
+            if kind == "complete":
+                run_completion(srv, m, arg, check_cache=True)
+            elif kind == "concurrent":
+                errors: list[BaseException] = []
+                threads = [threading.Thread(target=_collect, args=(srv, m, c, errors)) for c in arg]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(60)
+                if errors:
+                    raise errors[0]
+            elif kind == "global":
+                body = [{"id": i, "scale": s} for i, s in arg]
+                r = srv.client.post("/lora-adapters", json=body)
+                ids = [i for i, _ in arg]
+                if all(i in m.loaded for i in ids) and len(set(ids)) == len(ids):
+                    assert r.status_code == 200
+                    m.glob = {i: 0.0 for i in m.loaded} | dict(arg)
+                else:
+                    assert r.status_code == 400
+            elif kind == "unload":
+                r = srv.client.post("/lora-adapters/unload", json={"id": arg})
+                if arg not in m.loaded:
+                    assert r.status_code in (400, 404)
+                    continue
+                assert r.status_code == 200, r.text
+                f = m.loaded.pop(arg)
+                m.glob.pop(arg, None)
+                if f not in m.loaded.values():
+                    m.retained = [(k, t) for k, t in m.retained if f not in dict(k)]
+            elif kind == "load":
+                name = "a" if arg == "a2" else arg
+                r = srv.client.post(
+                    "/lora-adapters/load", json={"path": str(d / arg), "name": name, "scale": 0.0}
+                )
+                assert r.status_code == 200, r.text
+                assert r.json()["id"] == m.next_id
+                m.loaded[m.next_id] = arg
+                m.glob[m.next_id] = 0.0
+                m.next_id += 1
+            elif kind == "save":
+                r = srv.client.post(f"/slots/{arg}?action=save", json={"filename": f"s{arg}.bin"})
+                assert r.status_code == 200, r.text
+                if arg in m.slot_last:
+                    m.saved[arg] = m.slot_last[arg]
+            elif kind == "restore" and arg in m.saved:
+                r = srv.client.post(
+                    f"/slots/{1 - arg}?action=restore", json={"filename": f"s{arg}.bin"}
+                )
+                assert r.status_code == 200, r.text
+                m.retained.append(m.saved[arg])
+                m.slot_last[1 - arg] = m.saved[arg]
