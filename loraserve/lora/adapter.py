@@ -1,0 +1,241 @@
+"""Load LoRA adapters (llama.cpp GGUF LoRA files and PEFT folders) into one in-memory form.
+
+Every target is addressed by its GGUF base tensor name and holds float32 ``A`` [r, in] and
+``B`` [out, r] in Hugging Face layout (the layout the decoder runs in), or [E, r, in] /
+[E, out, r] for stacked MoE experts, plus the factor that turns a user scale into the
+weight of ``(x Aᵀ) Bᵀ``: ``alpha / r`` (``alpha / sqrt(r)`` for rsLoRA; 1 when a GGUF file
+has no alpha). Loading either fully succeeds or raises `AdapterError`. LoRA on
+``token_embd.weight`` (llama.cpp adds it to the embedding lookup) is refused: the decoder
+has no embedding hook.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from loraserve.model.config import ModelConfig
+from loraserve.model.gguf import GGUFFile
+from loraserve.model.hf import hf_to_gguf_name
+from loraserve.model.loader import unpermute_qk
+
+_EMBED = "token_embd.weight"
+_PEFT_KEY = re.compile(r"^(.+)\.(lora_A|lora_B|lora_embedding_A|lora_embedding_B)(?:\.weight)?$")
+
+
+class AdapterError(ValueError):
+    """An adapter file that cannot be used with the loaded model; the message names why."""
+
+
+@dataclass(frozen=True)
+class LoraWeight:
+    """One target's low-rank pair; ``factor`` multiplies the user scale."""
+
+    a: torch.Tensor  # [r, in] or [E, r, in] float32
+    b: torch.Tensor  # [out, r] or [E, out, r] float32
+    factor: float
+
+    @property
+    def rank(self) -> int:
+        return self.a.shape[-2]
+
+
+@dataclass
+class Adapter:
+    """A loaded adapter. ``id`` is assigned by the registry (-1 until registered)."""
+
+    name: str
+    path: Path
+    content_id: str  # sha256 hex of the targets' names, shapes, factors and weights
+    weights: dict[str, LoraWeight]  # GGUF base tensor name -> pair
+    id: int = -1
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def load_adapter(
+    path: str | Path, model_config: ModelConfig, base_shapes: dict[str, tuple[int, ...]]
+) -> Adapter:
+    """Read a GGUF LoRA file or a PEFT folder and check it against the model.
+
+    ``base_shapes`` maps each adaptable base tensor name to its shape: (out, in) for
+    projections, (E, out, in) for stacked experts. Raises `AdapterError` for anything that
+    does not fit (architecture, target names, shapes, unsupported features, corrupt files).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise AdapterError(f"{path}: no such adapter file or folder")
+    if path.is_dir():
+        name, meta, pairs = _read_peft(path, model_config)
+    else:
+        name, meta, pairs = _read_gguf(path, model_config)
+    weights = {t: _check(path, t, a, b, f, base_shapes) for t, (a, b, f) in pairs.items()}
+    if not weights:
+        raise AdapterError(f"{path}: the adapter has no LoRA tensors")
+    return Adapter(name, path, _content_id(weights), weights, metadata=meta)
+
+
+Pairs = dict[str, tuple[torch.Tensor, torch.Tensor, float]]
+
+
+def _read_gguf(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs]:
+    try:
+        gg = GGUFFile(path)
+    except (ValueError, OSError) as e:
+        raise AdapterError(f"cannot read GGUF LoRA {path}: {e}") from None
+    with gg:
+        meta = gg.metadata
+        if meta.get("general.type") != "adapter" or meta.get("adapter.type") != "lora":
+            raise AdapterError(
+                f"{path}: not a LoRA adapter (general.type={meta.get('general.type')!r}, "
+                f"adapter.type={meta.get('adapter.type')!r})"
+            )
+        arch = meta.get("general.architecture")
+        if arch != cfg.arch:
+            raise AdapterError(
+                f"{path}: adapter architecture {arch!r} does not match the model's {cfg.arch!r}"
+            )
+        alpha = float(meta.get("adapter.lora.alpha", 0.0))
+        halves: dict[str, dict[str, torch.Tensor]] = {}
+        for tname in gg.tensors:
+            base, dot, part = tname.rpartition(".")
+            if part not in ("lora_a", "lora_b"):
+                if tname.endswith("_norm.weight"):
+                    continue  # llama.cpp ignores norm vectors in adapters too
+                raise AdapterError(f"{path}: tensor {tname!r} is neither .lora_a nor .lora_b")
+            try:
+                halves.setdefault(base, {})[part] = gg.tensor(tname)
+            except ValueError as e:
+                raise AdapterError(f"{path}: tensor {tname!r}: {e}") from None
+        pairs: Pairs = {}
+        for base, ab in halves.items():
+            if len(ab) != 2:
+                missing = "lora_b" if "lora_a" in ab else "lora_a"
+                raise AdapterError(f"{path}: {base}.{missing} is missing (its pair is present)")
+            a, b = ab["lora_a"], ab["lora_b"]
+            if cfg.arch == "llama" and base.endswith((".attn_q.weight", ".attn_k.weight")):
+                heads = cfg.n_heads if ".attn_q." in base else cfg.n_kv_heads
+                if b.dim() == 2 and b.shape[0] % (2 * heads) == 0:
+                    b = unpermute_qk(b, heads)  # the converter permuted B's rows as the base's
+            rank = b.shape[-1]
+            pairs[base] = (a, b, alpha / rank if alpha else 1.0)
+        return str(meta.get("general.name") or path.stem), dict(meta), pairs
+
+
+def _read_peft(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs]:
+    from safetensors import safe_open
+
+    cfg_file, st_file = path / "adapter_config.json", path / "adapter_model.safetensors"
+    if not cfg_file.is_file():
+        raise AdapterError(f"{path}: a PEFT adapter folder needs adapter_config.json")
+    if not st_file.is_file():
+        raise AdapterError(f"{path}: adapter_model.safetensors is missing")
+    try:
+        conf = json.loads(cfg_file.read_text())
+    except (OSError, ValueError) as e:
+        raise AdapterError(f"{cfg_file}: unreadable JSON: {e}") from None
+    if not isinstance(conf, dict) or conf.get("peft_type", "LORA") != "LORA":
+        raise AdapterError(f"{cfg_file}: not a LoRA adapter (peft_type must be 'LORA')")
+    for flag in ("use_dora", "lora_bias", "fan_in_fan_out"):
+        if conf.get(flag):
+            raise AdapterError(f"{cfg_file}: {flag}=true is not supported")
+    halves: dict[str, dict[str, torch.Tensor]] = {}
+    try:
+        with safe_open(str(st_file), "pt") as st:
+            for key in st.keys():
+                if key.endswith(".base_layer.weight"):
+                    continue  # PEFT's copy of a base weight; llama.cpp's converter skips it too
+                m = _PEFT_KEY.match(key)
+                if m is None:
+                    raise AdapterError(f"{st_file}: unexpected tensor {key!r} (not lora_A/lora_B)")
+                module, part = m.groups()
+                if part.startswith("lora_embedding"):
+                    raise AdapterError(
+                        f"{st_file}: {key!r} is a LoRA on {_EMBED!r}, which is not supported"
+                    )
+                halves.setdefault(module, {})[part] = st.get_tensor(key).float()
+    except AdapterError:
+        raise
+    except Exception as e:  # safetensors raises its own error types on corrupt files
+        raise AdapterError(f"{st_file}: cannot read safetensors: {e}") from None
+    pairs: Pairs = {}
+    for module, ab in halves.items():
+        if len(ab) != 2:
+            missing = "lora_B" if "lora_A" in ab else "lora_A"
+            raise AdapterError(f"{st_file}: {module}.{missing} is missing (its pair is present)")
+        key = _module_key(module)
+        target = hf_to_gguf_name(key + ".weight", cfg.arch)
+        if target is None:
+            raise AdapterError(f"{st_file}: {module!r} is not a known base tensor")
+        a, b = ab["lora_A"], ab["lora_B"]
+        r = int(_lookup(conf, "rank_pattern", key, conf.get("r", 8)))
+        if a.dim() != 2 or a.shape[0] != r:
+            raise AdapterError(
+                f"{st_file}: {module}.lora_A has shape {tuple(a.shape)}, expected rank {r}"
+            )
+        alpha = float(_lookup(conf, "alpha_pattern", key, conf.get("lora_alpha", 8)))
+        factor = alpha / math.sqrt(r) if conf.get("use_rslora") else alpha / r
+        pairs[target] = (a, b, factor)
+    return path.name, {"adapter_config": conf}, pairs
+
+
+def _module_key(module: str) -> str:
+    """``base_model.model.model.layers.0.self_attn.q_proj`` -> ``model.layers.0...q_proj``."""
+    key = module.removeprefix("base_model.model.")
+    return re.sub(r"^model\.language_model\.", "model.", key)
+
+
+def _lookup(conf: dict[str, Any], field_name: str, key: str, default: Any) -> Any:
+    """PEFT's rank/alpha pattern value for module ``key``: the first matching pattern wins."""
+    patterns = conf.get(field_name) or {}
+    for pat, value in patterns.items():
+        if re.match(rf"(.*\.)?({pat})$", key):
+            return value
+    return default
+
+
+def _check(
+    path: Path,
+    target: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    factor: float,
+    base_shapes: dict[str, tuple[int, ...]],
+) -> LoraWeight:
+    if target == _EMBED:
+        raise AdapterError(f"{path}: a LoRA on {target!r} (token embeddings) is not supported")
+    if target not in base_shapes:
+        raise AdapterError(f"{path}: LoRA target {target!r} does not exist in the base model")
+    base = base_shapes[target]
+    lead, (out, inp) = base[:-2], base[-2:]
+    ok = (
+        a.dim() == b.dim() == len(base)
+        and tuple(a.shape[:-2]) == tuple(b.shape[:-2]) == lead
+        and a.shape[-1] == inp
+        and b.shape[-2] == out
+        and a.shape[-2] == b.shape[-1]
+    )
+    if not ok:
+        raise AdapterError(
+            f"{path}: LoRA for {target!r} has A {tuple(a.shape)} and B {tuple(b.shape)}, "
+            f"which do not fit the base tensor {tuple(base)} (A [r, in], B [out, r])"
+        )
+    if not (math.isfinite(factor) and torch.isfinite(a).all() and torch.isfinite(b).all()):
+        raise AdapterError(f"{path}: LoRA for {target!r} holds non-finite values")
+    return LoraWeight(a.float().contiguous(), b.float().contiguous(), factor)
+
+
+def _content_id(weights: dict[str, LoraWeight]) -> str:
+    h = hashlib.sha256()
+    for t in sorted(weights):
+        w = weights[t]
+        h.update(f"{t}|{tuple(w.a.shape)}|{tuple(w.b.shape)}|{w.factor!r}\n".encode())
+        h.update(w.a.numpy().tobytes())
+        h.update(w.b.numpy().tobytes())
+    return h.hexdigest()

@@ -1,0 +1,131 @@
+"""The loaded adapters, the global scale map and the canonical cache key of a mix.
+
+Every method is meant for the engine thread only (the thread that runs the model): loads,
+unloads and global-scale changes are posted to it like requests, so a request's snapshot
+of the global map is taken in the order the server received them. Nothing here locks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from torch import nn
+
+from loraserve.cache.prefix_cache import CacheKey
+from loraserve.lora.adapter import Adapter, load_adapter
+from loraserve.lora.delta import ConcatCache, LoraBatch, Span
+from loraserve.model.layers import Linear
+from loraserve.model.loader import LoadedModel
+from loraserve.model.moe import MoE
+
+
+def base_shapes(decoder: nn.Module) -> dict[str, tuple[int, ...]]:
+    """Adaptable base tensors of a decoder: projections (out, in), stacked experts (E, out, in)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for m in decoder.modules():
+        if isinstance(m, Linear):
+            shapes[m.name] = (m.out_features, m.in_features)
+        elif isinstance(m, MoE):
+            for stem, w in (("gate", m.gate), ("up", m.up), ("down", m.down)):
+                shapes[f"{m.prefix}ffn_{stem}_exps.weight"] = tuple(w.shape)
+    return shapes
+
+
+def _scale(adapter_id: int, s: float) -> float:
+    s = float(s)
+    if not math.isfinite(s):
+        raise ValueError(f"LoRA adapter {adapter_id}: scale must be finite, got {s}")
+    return s
+
+
+class AdapterRegistry:
+    """Adapters by id (load order; ids are never reused) and the global id -> scale map."""
+
+    def __init__(self, model: LoadedModel, max_cached_sets: int = 8) -> None:
+        self.model = model
+        self.shapes = base_shapes(model.decoder)
+        self._adapters: dict[int, Adapter] = {}
+        self._global: dict[int, float] = {}
+        self._next_id = 0
+        self._cache = ConcatCache(max_cached_sets)
+
+    def load(self, path: str | Path, scale: float = 1.0, name: str | None = None) -> Adapter:
+        """Load and register an adapter with global ``scale``; raises `AdapterError` and
+        leaves the registry unchanged if the file does not fit the model."""
+        scale = _scale(self._next_id, scale)
+        adapter = load_adapter(path, self.model.config, self.shapes)
+        adapter.id = self._next_id
+        if name is not None:
+            adapter.name = name
+        self._next_id += 1
+        self._adapters[adapter.id] = adapter
+        self._global[adapter.id] = scale
+        return adapter
+
+    def unload(self, adapter_id: int) -> None:
+        """Forget an adapter. The engine must not unload one that a running request uses."""
+        self.get(adapter_id)
+        del self._adapters[adapter_id], self._global[adapter_id]
+        self._cache.drop(adapter_id)
+
+    def get(self, adapter_id: int) -> Adapter:
+        """The adapter with this id; ValueError naming it if there is none."""
+        try:
+            return self._adapters[adapter_id]
+        except (KeyError, TypeError):
+            raise ValueError(f"no LoRA adapter with id {adapter_id!r}") from None
+
+    def list(self) -> list[Adapter]:
+        """Loaded adapters in id order."""
+        return [self._adapters[i] for i in sorted(self._adapters)]
+
+    @property
+    def global_scales(self) -> dict[int, float]:
+        """A copy of the global map, every loaded id included (0 for off)."""
+        return dict(self._global)
+
+    def set_global(self, items: Iterable[tuple[int, float]]) -> None:
+        """Replace the global map: listed ids get their scale, unlisted ones 0.
+
+        Validates everything first (unknown id or non-finite scale: ValueError naming it),
+        so a bad list changes nothing. Duplicate ids: the last one wins.
+        """
+        new = dict.fromkeys(self._adapters, 0.0)
+        for i, s in items:
+            self.get(i)
+            new[i] = _scale(i, s)
+        self._global = new
+
+    def resolve(self, request_lora: Sequence[tuple[int, float]] | None) -> dict[int, float]:
+        """A request's effective mix (id -> non-zero scale).
+
+        Its own list when present and non-empty (unlisted ids -> 0; duplicate ids: the last
+        one wins; unknown id: ValueError), else a snapshot of the global map.
+        """
+        if request_lora:
+            mix: dict[int, float] = {}
+            for i, s in request_lora:
+                self.get(i)
+                mix[i] = _scale(i, s)
+        else:
+            mix = self._global
+        return {i: s for i, s in mix.items() if s != 0.0}
+
+    def cache_key(self, mix: dict[int, float]) -> CacheKey:
+        """Canonical prefix-cache key of a mix: sorted (content id, scale), zeros dropped.
+
+        Adapters with equal content add up (their deltas are linear in the scale), so
+        ids loaded from one file share KV, and +s/-s of the same content is the base ().
+        """
+        total: dict[str, float] = {}
+        for i, s in mix.items():
+            if s != 0.0:
+                cid = self.get(i).content_id
+                total[cid] = total.get(cid, 0.0) + float(s)
+        return tuple(sorted((c, s) for c, s in total.items() if s != 0.0))
+
+    def build_delta(self, spans: list[Span]) -> LoraBatch | None:
+        """The runner's ``lora_builder``: one step's `LoraBatch` (None without spans)."""
+        return LoraBatch(spans, self._adapters, self._cache) if spans else None

@@ -1,0 +1,379 @@
+"""LoRA maths: batched adapters in loraserve's decoder equal PEFT and hand-merged weights.
+
+Tiny float32 transformers models are the oracle; adapters are written in the test as PEFT
+folders (random non-zero A and B) and as llama.cpp GGUF LoRA files (q/k rows of ``lora_b``
+permuted as llama.cpp's ``convert_lora_to_gguf.py`` does for llama).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter
+from peft import LoraConfig, get_peft_model
+from safetensors.torch import load_file
+from torch import nn
+
+from loraserve.engine.runner import BatchItem, ModelRunner
+from loraserve.lora.adapter import Adapter, LoraWeight
+from loraserve.lora.delta import ConcatCache, LoraBatch
+from loraserve.lora.registry import AdapterRegistry
+from loraserve.model.context import StepContext, set_context
+from loraserve.model.hf import hf_to_gguf_name
+from loraserve.model.loader import LoadedModel, load_model, permute_qk
+from tests.tiny import hf_logits, hf_model, write_gguf
+
+IDS = [1, 5, 77, 300, 12, 9, 260, 261, 200, 150, 33, 7]
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+TOL = 1e-4
+Tiny = tuple[nn.Module, LoadedModel]
+
+
+def tiny(tmp_path_factory: pytest.TempPathFactory, arch: str) -> Tiny:
+    m = hf_model(arch)
+    return m, load_model(write_gguf(tmp_path_factory.mktemp(arch) / "m.gguf", m, arch))
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
+    return tiny(tmp_path_factory, "llama")
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
+    return tiny(tmp_path_factory, "gemma3")
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
+    return tiny(tmp_path_factory, "mixtral")
+
+
+def peft_adapter(
+    path: Path, m: nn.Module, *, seed: int = 1, r: int = 4, alpha: float = 8.0, **kw
+) -> tuple[Path, nn.Module]:
+    """Save a PEFT LoRA with random non-zero A and B; returns (folder, the PEFT model)."""
+    kw.setdefault("target_modules", TARGETS)
+    pm = get_peft_model(copy.deepcopy(m), LoraConfig(r=r, lora_alpha=alpha, **kw))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    pm.save_pretrained(path)
+    return path, pm.eval()
+
+
+def peft_pairs(folder: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """HF module parameter name (``model.layers.0.self_attn.q_proj.weight``) -> (A, B)."""
+    sd = load_file(folder / "adapter_model.safetensors")
+    return {
+        k.removeprefix("base_model.model.").replace(".lora_A.weight", ".weight"): (
+            a,
+            sd[k.replace("lora_A", "lora_B")],
+        )
+        for k, a in sd.items()
+        if ".lora_A." in k
+    }
+
+
+def gguf_from_peft(path: Path, folder: Path, m: nn.Module, arch: str) -> Path:
+    """The llama.cpp converter's output for a PEFT folder (uniform alpha, F32)."""
+    conf = json.loads((folder / "adapter_config.json").read_text())
+    cfg = m.config
+    tensors = {}
+    for hf_name, (a, b) in peft_pairs(folder).items():
+        name = hf_to_gguf_name(hf_name, arch)
+        if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
+            heads = cfg.num_attention_heads if "attn_q" in name else cfg.num_key_value_heads
+            b = permute_qk(b, heads)
+        tensors[name + ".lora_a"], tensors[name + ".lora_b"] = a, b
+    return gguf_adapter(path, arch, tensors, alpha=conf["lora_alpha"])
+
+
+def gguf_adapter(
+    path: Path,
+    arch: str,
+    tensors: Mapping[str, torch.Tensor | np.ndarray],
+    alpha: float | None = 8.0,
+    types: Mapping[str, GGMLQuantizationType] | None = None,
+) -> Path:
+    """Write a llama.cpp GGUF LoRA; ``types`` quantizes/converts the named tensors."""
+    from gguf.quants import quantize
+
+    w = GGUFWriter(str(path), arch)
+    w.add_type("adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_name(path.stem)
+    if alpha is not None:
+        w.add_float32("adapter.lora.alpha", alpha)
+    for name, t in tensors.items():
+        arr = t.numpy() if isinstance(t, torch.Tensor) else t
+        qt = (types or {}).get(name)
+        if qt is None:
+            w.add_tensor(name, arr.astype(np.float32))
+        else:
+            w.add_tensor(name, quantize(arr.astype(np.float32), qt), raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def merged(m: nn.Module, adapters: list[tuple[Path, float]]) -> nn.Module:
+    """A copy of ``m`` with W += s · (alpha/r) · B A for every (PEFT folder, scale)."""
+    out = copy.deepcopy(m)
+    params = dict(out.named_parameters())
+    for folder, s in adapters:
+        conf = json.loads((folder / "adapter_config.json").read_text())
+        factor = conf["lora_alpha"] / conf["r"]
+        for name, (a, b) in peft_pairs(folder).items():
+            params[name].data += s * factor * (b @ a)
+    return out
+
+
+def lora_logits(
+    model: LoadedModel, reg: AdapterRegistry, ids: list[int], mix: dict[int, float], chunk: int = 5
+) -> torch.Tensor:
+    """Logits [T, V] under ``mix``: a prefill chunk, then one-token decodes, via the runner."""
+    runner = ModelRunner(model.decoder, block_size=4, kv_dtype=torch.float32)
+    runner.lora_builder = reg.build_delta
+    n_blocks = (len(ids) + 3) // 4
+    runner.ensure_capacity(n_blocks + 1)
+    blocks = list(range(1, 1 + n_blocks))[::-1]
+    rows, pos = [], 0
+    while pos < len(ids):
+        n = min(chunk if pos == 0 else 1, len(ids) - pos)
+        _, _, ctx = runner._context([BatchItem(ids, pos, n, blocks, True, mix)])
+        ctx.logits_rows = torch.arange(n)
+        set_context(ctx)
+        try:
+            rows.append(model.decoder(torch.tensor(ids[pos : pos + n]), torch.arange(pos, pos + n)))
+        finally:
+            set_context(None)
+        pos += n
+    return torch.cat(rows)
+
+
+def close(ours: torch.Tensor, ref: torch.Tensor, base: torch.Tensor | None = None) -> None:
+    diff = (ours - ref).abs().max().item()
+    assert diff <= TOL, f"max abs logit diff {diff}"
+    if base is not None:  # the adapter visibly changes the logits: the test is not vacuous
+        assert (ref - base).abs().max().item() > 0.05
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_single_adapter_equals_peft(request, tmp_path, arch: str) -> None:
+    m, model = request.getfixturevalue(arch)
+    targets = TARGETS + (["lm_head"] if arch == "llama" else [])
+    folder, pm = peft_adapter(tmp_path / "a", m, target_modules=targets)
+    reg = AdapterRegistry(model)
+    reg.load(folder)
+    with torch.no_grad():
+        ref = pm(torch.tensor([IDS])).logits[0]
+    close(lora_logits(model, reg, IDS, {0: 1.0}), ref, hf_logits(m, IDS))
+
+
+def test_rslora_and_patterns_equal_peft(llama, tmp_path) -> None:
+    m, model = llama
+    folder, pm = peft_adapter(
+        tmp_path / "a", m, r=4, alpha=6.0, use_rslora=True,
+        rank_pattern={"q_proj": 8}, alpha_pattern={r"layers\.1\.mlp\.down_proj": 3.0},
+    )  # fmt: skip
+    reg = AdapterRegistry(model)
+    ad = reg.load(folder)
+    assert ad.weights["blk.0.attn_q.weight"].rank == 8
+    assert ad.weights["blk.1.ffn_down.weight"].factor == pytest.approx(3.0 / 2.0)
+    with torch.no_grad():
+        ref = pm(torch.tensor([IDS])).logits[0]
+    close(lora_logits(model, reg, IDS, {0: 1.0}), ref, hf_logits(m, IDS))
+
+
+def test_weighted_mix_equals_merged_weights(llama, tmp_path) -> None:
+    m, model = llama
+    reg = AdapterRegistry(model)
+    folders = [peft_adapter(tmp_path / f"a{i}", m, seed=i, r=2 + 2 * i)[0] for i in range(3)]
+    for f in folders:
+        reg.load(f)
+    mix = {0: 0.7, 1: -1.3, 2: 0.4}
+    ref = hf_logits(merged(m, [(folders[i], s) for i, s in mix.items()]), IDS)
+    close(lora_logits(model, reg, IDS, mix), ref, hf_logits(m, IDS))
+    ref = hf_logits(merged(m, [(folders[1], -2.0)]), IDS)
+    close(lora_logits(model, reg, IDS, {1: -2.0}), ref)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_gguf_form_equals_peft_form(request, tmp_path, arch: str) -> None:
+    m, model = request.getfixturevalue(arch)
+    folder, _ = peft_adapter(tmp_path / "a", m, alpha=12.0)
+    reg = AdapterRegistry(model)
+    peft_ad = reg.load(folder)
+    gguf_ad = reg.load(gguf_from_peft(tmp_path / "a.gguf", folder, m, arch))
+    assert gguf_ad.name == "a" and gguf_ad.id == 1
+    for t, w in peft_ad.weights.items():
+        assert torch.equal(gguf_ad.weights[t].b, w.b), t  # llama q/k un-permuted
+    assert gguf_ad.content_id == peft_ad.content_id  # same maths, same prefix cache
+    ours = lora_logits(model, reg, IDS, {1: 0.9})
+    close(ours, lora_logits(model, reg, IDS, {0: 0.9}))
+    close(ours, hf_logits(merged(m, [(folder, 0.9)]), IDS), hf_logits(m, IDS))
+
+
+def moe_adapter(path: Path, m: nn.Module, seed: int, r: int = 4) -> tuple[Path, dict]:
+    """A GGUF LoRA on the tiny Mixtral: stacked experts, attn_q (permuted B) and output.
+
+    Returns the file and the HF-layout pairs {gguf name: (A, B)}.
+    """
+    cfg, g = m.config, torch.Generator().manual_seed(seed)
+    e, h, f = cfg.num_local_experts, cfg.hidden_size, cfg.intermediate_size
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=g) * 0.1
+
+    pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for i in range(cfg.num_hidden_layers):
+        pairs[f"blk.{i}.ffn_gate_exps.weight"] = (rnd(e, r, h), rnd(e, f, r))
+        pairs[f"blk.{i}.ffn_up_exps.weight"] = (rnd(e, r, h), rnd(e, f, r))
+        pairs[f"blk.{i}.ffn_down_exps.weight"] = (rnd(e, r, f), rnd(e, h, r))
+        pairs[f"blk.{i}.attn_q.weight"] = (rnd(r, h), rnd(h, r))
+    pairs["output.weight"] = (rnd(r, h), rnd(cfg.vocab_size, r))
+    tensors = {}
+    for name, (a, b) in pairs.items():
+        if name.endswith("attn_q.weight"):
+            b = permute_qk(b, cfg.num_attention_heads)
+        tensors[name + ".lora_a"], tensors[name + ".lora_b"] = a, b
+    return gguf_adapter(path, "llama", tensors, alpha=2.0 * r), pairs
+
+
+def merged_moe(m: nn.Module, adapters: list[tuple[dict, float]]) -> nn.Module:
+    """A copy of the HF Mixtral with every adapter's s · (alpha/r) · B A added (alpha = 2r)."""
+    out = copy.deepcopy(m)
+    p = dict(out.named_parameters())
+    f = m.config.intermediate_size
+    for pairs, s in adapters:
+        for name, (a, b) in pairs.items():
+            d = 2.0 * s * (b @ a)  # [E, out, in] or [out, in]
+            blk = name.split(".")[1]
+            if name == "output.weight":
+                p["lm_head.weight"].data += d
+            elif "attn_q" in name:
+                p[f"model.layers.{blk}.self_attn.q_proj.weight"].data += d
+            elif "down_exps" in name:
+                p[f"model.layers.{blk}.mlp.experts.down_proj"].data += d
+            else:
+                rows = slice(0, f) if "gate_exps" in name else slice(f, 2 * f)
+                p[f"model.layers.{blk}.mlp.experts.gate_up_proj"].data[:, rows] += d
+    return out
+
+
+def test_moe_expert_lora_equals_merged_weights(mixtral, tmp_path) -> None:
+    m, model = mixtral
+    reg = AdapterRegistry(model)
+    (p0, pairs0), (p1, pairs1) = (moe_adapter(tmp_path / f"{i}.gguf", m, i) for i in (0, 1))
+    assert reg.load(p0).weights["blk.0.ffn_up_exps.weight"].a.shape == (4, 4, 64)
+    reg.load(p1)
+    ref = hf_logits(merged_moe(m, [(pairs0, 0.8), (pairs1, -0.5)]), IDS)
+    close(lora_logits(model, reg, IDS, {0: 0.8, 1: -0.5}), ref, hf_logits(m, IDS))
+
+
+MIXES: list[dict[int, float]] = [{}, {0: 1.0}, {0: -0.8, 1: 0.5}, {}, {1: 1.5}, {0: 1.0}]
+
+
+@pytest.mark.parametrize("arch", ["llama", "mixtral"])
+def test_mixed_batch_rows_equal_each_sequence_alone(request, tmp_path, arch: str) -> None:
+    m, model = request.getfixturevalue(arch)
+    reg = AdapterRegistry(model)
+    for i in range(2):
+        if arch == "mixtral":
+            reg.load(moe_adapter(tmp_path / f"{i}.gguf", m, i)[0])
+        else:
+            targets = TARGETS + ["lm_head"]
+            reg.load(peft_adapter(tmp_path / f"a{i}", m, seed=i, target_modules=targets)[0])
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(3, 320, size=int(n)).tolist() for n in rng.integers(3, 9, len(MIXES))]
+
+    def run(seqs: list[list[int]], mixes: list[dict[int, float]]) -> list[torch.Tensor]:
+        """Prefill every sequence but its last token in one step, then decode it in another."""
+        runner = ModelRunner(model.decoder, block_size=4, kv_dtype=torch.float32)
+        runner.lora_builder = reg.build_delta
+        runner.ensure_capacity(3 * len(seqs))
+        prefill, decode = [], []
+        for j, (s, mix) in enumerate(zip(seqs, mixes, strict=True)):
+            table = [3 * j + 2, 3 * j, 3 * j + 1]
+            prefill.append(BatchItem(s, 0, len(s) - 1, table, True, mix))
+            decode.append(BatchItem(s, len(s) - 1, 1, table, True, mix))
+        return [runner.forward(prefill), runner.forward(decode)]
+
+    together = run(seqs, MIXES)
+    for j, (s, mix) in enumerate(zip(seqs, MIXES, strict=True)):
+        alone = run([s], [mix])
+        for step in range(2):
+            close(together[step][j], alone[step][0])
+    base = run([seqs[2]], [{}])
+    assert (together[1][2] - base[1][0]).abs().max() > 0.05  # the mixes matter
+
+
+def _adapter(i: int, weights: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]) -> Adapter:
+    g = torch.Generator().manual_seed(i)
+    ws = {
+        t: LoraWeight(torch.randn(sa, generator=g), torch.randn(sb, generator=g), 0.5 * (i + 1))
+        for t, (sa, sb) in weights.items()
+    }
+    return Adapter(f"a{i}", Path(f"a{i}"), f"c{i}", ws, id=i)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("contiguous", [False, True])
+def test_lora_batch_rows(dtype: torch.dtype, contiguous: bool) -> None:
+    """Each row gets Σₐ sₐ·fₐ·Bₐ Aₐ x for its own mix; rows outside the spans stay bit-equal."""
+    adapters = {
+        0: _adapter(0, {"t": ((2, 16), (24, 2)), "output.weight": ((2, 16), (24, 2))}),
+        1: _adapter(1, {"t": ((3, 16), (24, 3)), "e": ((3, 5, 16), (3, 24, 5))}),
+        2: _adapter(2, {"e": ((3, 4, 16), (3, 24, 4)), "output.weight": ((4, 16), (24, 4))}),
+    }
+    mixes = [{0: 1.0}, {0: -0.5, 1: 2.0}, {2: 1.0}, {1: -1.0, 2: 0.25}]
+    starts = [0, 2, 4, 5] if contiguous else [1, 4, 6, 8]
+    spans = [
+        (s, s + (2 if j != 2 else 1), m) for j, (s, m) in enumerate(zip(starts, mixes, strict=True))
+    ]
+    batch = LoraBatch(spans, adapters, ConcatCache())
+    mix_of = {r: m for s, e, m in spans for r in range(s, e)}
+    x, y = torch.randn(10, 16), torch.randn(10, 24)  # apply adds to its y in place: copies
+
+    def want(target: str, rows: list[int], expert: int | None = None) -> torch.Tensor:
+        out = y[rows].clone()
+        for k, r in enumerate(rows):
+            for i, s in mix_of.get(r, {}).items():
+                if (w := adapters[i].weights.get(target)) is not None:
+                    a, b = (w.a, w.b) if expert is None else (w.a[expert], w.b[expert])
+                    out[k] += s * w.factor * (b @ (a @ x[r]))
+        return out
+
+    def check(got: torch.Tensor, ref: torch.Tensor) -> None:
+        rel = 1e-5 if dtype == torch.float32 else 2e-2
+        assert (got.float() - ref).abs().max() <= rel * ref.abs().max()
+
+    got = batch.apply("t", x.to(dtype), y.to(dtype, copy=True)).float()
+    check(got, want("t", list(range(10))))
+    base = [r for r in range(10) if r not in mix_of]
+    assert torch.equal(got[base], y.to(dtype, copy=True)[base].float())
+    rows = [9, 2, 6, 3, 5]
+    got = batch.apply_expert(
+        "e", 1, x[rows].to(dtype), y[rows].to(dtype, copy=True), torch.tensor(rows)
+    )
+    check(got, want("e", rows, expert=1))
+    logits_rows = [1, 3, 6, 9]
+    set_context(StepContext(torch.zeros(0, dtype=torch.long), [], torch.tensor(logits_rows)))
+    try:
+        got = batch.apply(
+            "output.weight", x[logits_rows].to(dtype), y[logits_rows].to(dtype, copy=True)
+        )
+    finally:
+        set_context(None)
+    check(got, want("output.weight", logits_rows))
