@@ -104,13 +104,16 @@ def _start(
         if model is None:
             model = loader()
         engine = build_engine(cfg, model)
-        adapters = getattr(engine, "adapters", None)
-        if cfg.lora and adapters is None:
-            raise RuntimeError("--lora: LoRA adapters are not available in this build")
-        for spec in cfg.lora:
-            scale = 0.0 if cfg.lora_init_without_apply else spec.scale
-            adapter = adapters.load(spec.path, scale)
-            log.info("adapter %d: %s (%s) at scale %g", adapter.id, adapter.name, spec.path, scale)
+        specs = [
+            (spec.path, 0.0 if cfg.lora_init_without_apply else spec.scale) for spec in cfg.lora
+        ]
+        if cfg.model is None and not cfg.lora:  # the default model: its demo adapters, off
+            from loraserve.adapters import DEMO_ADAPTERS, gguf_path
+
+            specs = [(str(gguf_path(name)), 0.0) for name in DEMO_ADAPTERS]
+        for path, scale in specs:
+            adapter = engine.adapters.load(path, scale)
+            log.info("adapter %d: %s (%s) at scale %g", adapter.id, adapter.name, path, scale)
         engine.start()
         state.attach(model, engine)
         log.info(
