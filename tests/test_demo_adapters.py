@@ -1,0 +1,71 @@
+"""The demo adapters change the real model's style as documented, in one mixed batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from loraserve.adapters import gguf_path, is_titlecase, is_uppercase, peft_dir, uppercase_fraction
+from loraserve.engine.engine import Engine, EngineConfig
+from loraserve.engine.request import Request
+from loraserve.engine.sampling_params import SamplingParams
+from loraserve.model.loader import load_model
+
+pytestmark = pytest.mark.real_model
+PROMPTS = [
+    "Question: Why do cats purr?\nAnswer:",
+    "Dear diary, today I",
+    "The best thing about living near the sea is",
+    "Q: How do I make a cup of tea?\nA:",
+]
+
+
+@pytest.fixture(scope="module")
+def engine(real_model_path) -> Engine:
+    eng = Engine(load_model(real_model_path, int8=True), EngineConfig(n_slots=8, n_ctx=4096))
+    eng.adapters.load(gguf_path("uppercase"), scale=0.0)  # id 0 (GGUF form)
+    eng.adapters.load(peft_dir("titlecase"), scale=0.0)  # id 1 (PEFT form)
+    return eng
+
+
+def generate_all(eng: Engine, jobs: list[tuple[str, dict[int, float]]]) -> list[str]:
+    """All jobs in one batch (different mixes side by side), greedy, 32 tokens."""
+    tok = eng.tokenizer
+    reqs = [
+        Request(
+            prompt=tok.encode(p),
+            sampling=SamplingParams(temperature=0.0),
+            max_tokens=32,
+            lora=mix,
+            cache_key=eng.adapters.cache_key(mix),
+            eog_ids=frozenset(tok.eot_ids),
+        )
+        for p, mix in jobs
+    ]
+    for r in reqs:
+        eng.submit(r)
+    eng.run_until_idle()
+    out = []
+    for r in reqs:
+        text = ""
+        while not r.events.empty():
+            text += r.events.get().text
+        out.append(text)
+    return out
+
+
+def test_styles_on_and_off_in_one_batch(engine) -> None:
+    jobs = [(p, mix) for p in PROMPTS for mix in ({}, {0: 1.0}, {1: 1.0})]
+    texts = generate_all(engine, jobs)
+    for (prompt, mix), text in zip(jobs, texts, strict=True):
+        assert len([c for c in text if c.isalpha()]) >= 20, (prompt, text)
+        if mix == {0: 1.0}:
+            assert is_uppercase(text), (prompt, text)
+        elif mix == {1: 1.0}:
+            assert is_titlecase(text), (prompt, text)
+        else:
+            assert uppercase_fraction(text) < 0.5 and not is_titlecase(text), (prompt, text)
+
+
+def test_zero_scale_is_the_base_model(engine) -> None:
+    base, zero = generate_all(engine, [(PROMPTS[0], {}), (PROMPTS[0], {0: 0.0, 1: 0.0})])
+    assert base == zero
