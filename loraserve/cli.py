@@ -67,12 +67,18 @@ def generate(argv: list[str]) -> None:
     mix: dict[int, float] = {}
     for spec in args.lora:
         path, _, scale = spec.rpartition(":") if ":" in spec else (spec, "", "1")
-        adapter = engine.adapters.load(path or spec)
-        mix[adapter.id] = float(scale or 1.0)
+        try:
+            adapter = engine.adapters.load(path or spec)
+            mix[adapter.id] = float(scale or 1.0)
+        except ValueError as e:  # AdapterError, or a scale that is not a number
+            ap.error(f"--lora {spec}: {e}")
     sp = SamplingParams(
         temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed
     )
-    sp.validate(model.config.vocab_size)
+    try:
+        sp.validate(model.config.vocab_size)
+    except ValueError as e:
+        ap.error(str(e))
     tok = model.tokenizer
     req = Request(
         prompt=tok.encode(args.prompt),
