@@ -15,7 +15,7 @@ from torch import nn
 from loraserve.model.attention import paged_attention
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
-from loraserve.model.layers import Linear, Rope, RowEmbedding, gated_act, rms_norm
+from loraserve.model.layers import Linear, Rope, RowEmbedding, apply_rope, gated_act, rms_norm
 from loraserve.model.moe import MoE
 
 WeightFn = Callable[[str], torch.Tensor | None]  # GGUF name -> float tensor, None if absent
@@ -61,7 +61,8 @@ class Block(nn.Module):
             self.moe = None
             self.gate, self.up, self.down = lin("ffn_gate"), lin("ffn_up"), lin("ffn_down")
 
-    def forward(self, x: torch.Tensor, rope: Rope, positions: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x: [T, hidden]; rope: this layer's (cos, sin) tables for the step's positions."""
         cfg, ctx = self.cfg, get_context()
         eps = cfg.rms_eps
         h = rms_norm(x, self.attn_norm, eps)
@@ -72,7 +73,7 @@ class Block(nn.Module):
         if self.q_norm is not None:
             q = rms_norm(q, self.q_norm, eps)
             k = rms_norm(k, self.k_norm, eps)
-        q, k = rope(q, positions), rope(k, positions)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         k_cache, v_cache = ctx.kv_caches[self.i]
         a = paged_attention(q, k, v, k_cache, v_cache, ctx, cfg.attn_scale, self.sliding)
         a = self.o(a.reshape(t, cfg.n_heads * cfg.head_dim))
@@ -134,15 +135,19 @@ class Decoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions: [T] long -> logits [S, V] float32 for ctx.logits_rows."""
         ctx = get_context()
+        max_pos = int(positions.max())
+        self.rope_global.ensure(max_pos)
+        self.rope_local.ensure(max_pos)
         if isinstance(self.embed, torch.Tensor):
             x = self.embed[input_ids].to(self.dtype)  # [T, hidden]
         else:
             x = self.embed(input_ids).to(self.dtype)
         if self.cfg.embed_scale != 1.0:
             x = x * torch.tensor(self.cfg.embed_scale, dtype=self.dtype)
+        rope_global = self.rope_global.tables(positions)
+        rope_local = self.rope_local.tables(positions)
         for blk in self.blocks:
-            rope = self.rope_local if blk.sliding else self.rope_global
-            x = blk(x, rope, positions)
+            x = blk(x, rope_local if blk.sliding else rope_global)
         x = x.index_select(0, ctx.logits_rows)
         x = rms_norm(x, self.norm, self.cfg.rms_eps)
         return self.output(x).float()

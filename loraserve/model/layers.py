@@ -108,21 +108,27 @@ class Rope(nn.Module):
         self._sin = torch.empty(0)
         self._grow(max_pos)
 
+    def ensure(self, max_pos: int) -> None:
+        """Make the tables cover positions 0..max_pos (called once per step)."""
+        if max_pos >= self._cos.shape[0]:
+            self._grow(max(max_pos + 1, 2 * self._cos.shape[0]))
+
     def _grow(self, n: int) -> None:
         t = torch.arange(n, dtype=torch.float32)
         freqs = torch.outer(t, self.inv_freq)  # [n, D/2]
         self._cos, self._sin = freqs.cos(), freqs.sin()
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [T, H, D], positions: [T] -> rotated x (same dtype)."""
-        if int(positions.max()) >= self._cos.shape[0]:
-            self._grow(max(int(positions.max()) + 1, 2 * self._cos.shape[0]))
-        cos = self._cos[positions].unsqueeze(1)  # [T, 1, D/2]
-        sin = self._sin[positions].unsqueeze(1)
-        xf = x.float()
-        x1, x2 = xf[..., : self.head_dim // 2], xf[..., self.head_dim // 2 :]
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-        return out.to(x.dtype)
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for ``positions`` [T] -> ([T, 1, D/2], [T, 1, D/2]), once per step."""
+        return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate halves of x [T, H, D] by the step's tables (float32 maths, x's dtype out)."""
+    half = x.shape[-1] // 2
+    xf = x.float()
+    x1, x2 = xf[..., :half], xf[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
 def gated_act(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
