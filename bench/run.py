@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -210,6 +211,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--build-peer", action="store_true", help="build llama-server if missing")
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
                     help="first wait up to S seconds for load1 < 1.0")  # fmt: skip
+    ap.add_argument(
+        "--loraserve-args", default="", help="extra loraserve flags, e.g. '--dtype float32'"
+    )
+    ap.add_argument("--peer-args", default="", help="extra llama-server flags")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     t0 = time.monotonic()
@@ -240,13 +245,13 @@ def main(argv: list[str] | None = None) -> None:
     kinds = []
     for name in args.servers.split(","):
         if name == "loraserve":
-            kinds.append(loraserve_kind())
+            kinds.append(loraserve_kind(shlex.split(args.loraserve_args)))
         elif name == "llama-server":
             binary = obtain_peer(build=args.build_peer)
             if binary is None:
                 results["peer_missing"] = "llama-server not found or not buildable: skipped"
             else:
-                kinds.append(peer_kind(binary))
+                kinds.append(peer_kind(binary, shlex.split(args.peer_args)))
                 results["peer_binary"] = str(binary)
     for i, kind in enumerate(kinds):
         now = time.monotonic()

@@ -27,20 +27,22 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 @dataclass(frozen=True)
 class ServerKind:
-    """How to start one of the servers: `name` is `loraserve` or `llama-server`."""
+    """How to start one of the servers: `name` is `loraserve` or `llama-server`; `extra`
+    flags go after the common command line."""
 
     name: str
     argv0: tuple[str, ...]
+    extra: tuple[str, ...] = ()
 
 
-def loraserve_kind() -> ServerKind:
+def loraserve_kind(extra: Sequence[str] = ()) -> ServerKind:
     """loraserve, run by this Python interpreter."""
-    return ServerKind("loraserve", (sys.executable, "-m", "loraserve.cli"))
+    return ServerKind("loraserve", (sys.executable, "-m", "loraserve.cli"), tuple(extra))
 
 
-def peer_kind(binary: Path) -> ServerKind:
+def peer_kind(binary: Path, extra: Sequence[str] = ()) -> ServerKind:
     """llama.cpp's llama-server at `binary`."""
-    return ServerKind("llama-server", (str(binary),))
+    return ServerKind("llama-server", (str(binary),), tuple(extra))
 
 
 def free_port() -> int:
@@ -68,7 +70,7 @@ def server_argv(
         argv += ["--lora", str(path)]
     if adapters:
         argv.append("--lora-init-without-apply")
-    return argv
+    return argv + list(kind.extra)
 
 
 @dataclass
@@ -115,7 +117,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def launch(kind: str, argv: list[str], port: int, timeout: float = 120.0) -> Iterator[Running]:
+def launch(kind: str, argv: list[str], port: int, timeout: float = 180.0) -> Iterator[Running]:
     """Start `argv`, wait until `/health` answers 200, yield, then stop the process."""
     log = Path(tempfile.mkstemp(prefix=f"bench-{kind}-", suffix=".log")[1])
     url = f"http://{HOST}:{port}"
