@@ -21,10 +21,11 @@ import torch
 
 from loraserve.cache.block_pool import BlockPool
 from loraserve.cache.prefix_cache import PrefixCache
+from loraserve.engine.isolation import forward_isolated, sample_isolated, scrub_kv
 from loraserve.engine.output import TextOutput
 from loraserve.engine.request import Event, Request, Sequence, StopType
 from loraserve.engine.runner import ModelRunner
-from loraserve.engine.sampling import SamplerState, sample_batch
+from loraserve.engine.sampling import SamplerState
 from loraserve.engine.scheduler import Scheduler
 from loraserve.model.loader import LoadedModel
 
@@ -117,7 +118,14 @@ class Engine:
     # -- the loop -------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop:
-            if not self.step():
+            try:
+                ran = self.step()
+            except Exception as e:  # last resort: the running requests fail, the thread lives
+                log.exception("engine step failed")
+                for seq in self.scheduler.running:
+                    self._fail(seq, f"internal error in the engine: {e}")
+                ran = True
+            if not ran:
                 self._wake.wait(0.05)
                 self._wake.clear()
 
@@ -145,34 +153,25 @@ class Engine:
         for src, dst, n in copies:
             self.runner.copy_block(src, dst, n)
         sched.release_copy_sources(copies)
-        try:
-            logits = self.runner.forward([item for _, item in work])
-        except Exception as e:  # a broken step fails its requests, never the engine
-            log.exception("forward pass failed")
-            for seq, _ in work:
-                self._fail(seq, f"internal error in the forward pass: {e}")
-            return True
+        step = forward_isolated(self.runner, work)  # a failing sequence fails alone
+        for seq, message in step.failed:
+            self._fail(seq, message)
         sampling: list[Sequence] = []
-        for seq, item in work:
+        for seq, item in step.done:
             seq.n_computed += item.n
             if seq.n_computed >= seq.n_prompt and item.want_logits:
                 sampling.append(seq)
         if sampling:
-            self._sample(sampling, logits)
+            self._sample(sampling, step.logits)
         return True
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        bad = ~torch.isfinite(logits).all(dim=1)
-        ok = [i for i, s in enumerate(seqs) if not bad[i]]
-        for i, s in enumerate(seqs):
-            if bad[i]:
-                self._fail(s, "the model produced non-finite logits for this request")
-        if not ok:
-            return
-        results = sample_batch(logits[ok], [seqs[i].sampler for i in ok])  # type: ignore[misc]
+        results = sample_isolated(logits, [s.sampler for s in seqs])  # type: ignore[misc]
         now = time.perf_counter()
-        for i, res in zip(ok, results, strict=True):
-            seq = seqs[i]
+        for seq, res in zip(seqs, results, strict=True):
+            if isinstance(res, str):
+                self._fail(seq, res)
+                continue
             if not seq.generated:
                 seq.t_first = now
                 seq.timings.prompt_n = seq.n_prompt - seq.n_cached
@@ -236,6 +235,7 @@ class Engine:
     def _fail(self, seq: Sequence, message: str) -> None:
         self._outputs.pop(seq.req.id, None)
         seq.n_computed = min(seq.n_computed, seq.n_cached)  # never index suspect KV
+        scrub_kv(self.runner, seq.blocks, seq.n_cached)  # nor let padded reads see it
         self.scheduler.finish(seq)
         self._emit(seq, Event(done=True, error=message, id_slot=seq.slot))
 

@@ -20,6 +20,7 @@ from loraserve.cache.block_pool import OutOfBlocks
 from loraserve.engine import slot_io
 from loraserve.engine.engine import Engine
 from loraserve.engine.scheduler import Slot
+from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.chat_template import CHATML_TEMPLATE
 from loraserve.server.errors import (
     JsonResponse,
@@ -185,6 +186,10 @@ async def tokenize(request: HttpRequest) -> Response:
     state = get_state(request)
     tok = state.require().tokenizer
     body = await read_body(request, TokenizeRequest)
+    return await asyncio.to_thread(_tokenize, tok, body)  # off the event loop: may be large
+
+
+def _tokenize(tok: Tokenizer, body: TokenizeRequest) -> Response:
     content = body.content
     if isinstance(content, str):
         ids = tok.encode(content, add_special=body.add_special, parse_special=body.parse_special)
@@ -217,12 +222,16 @@ async def detokenize(request: HttpRequest) -> Response:
     state = get_state(request)
     tok = state.require().tokenizer
     body = await read_body(request, DetokenizeRequest)
-    bad = next((i for i, t in enumerate(body.tokens) if t >= tok.vocab_size), None)
-    if bad is not None:
-        raise invalid_request(
-            f"tokens[{bad}]: token id {body.tokens[bad]} is out of the vocabulary"
-        )
-    return JsonResponse({"content": tok.decode(body.tokens)})
+
+    def run() -> Response:  # off the event loop: may be large
+        bad = next((i for i, t in enumerate(body.tokens) if t >= tok.vocab_size), None)
+        if bad is not None:
+            raise invalid_request(
+                f"tokens[{bad}]: token id {body.tokens[bad]} is out of the vocabulary"
+            )
+        return JsonResponse({"content": tok.decode(body.tokens)})
+
+    return await asyncio.to_thread(run)
 
 
 @router.post("/apply-template", openapi_extra=body_doc(ApplyTemplateRequest))
@@ -231,4 +240,5 @@ async def apply_template(request: HttpRequest) -> Response:
     state = get_state(request)
     state.require()
     body = await read_body(request, ApplyTemplateRequest)
-    return JsonResponse({"prompt": render(state, body.messages, body.add_generation_prompt)})
+    prompt = await asyncio.to_thread(render, state, body.messages, body.add_generation_prompt)
+    return JsonResponse({"prompt": prompt})

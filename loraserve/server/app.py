@@ -175,11 +175,16 @@ def create_app(
 
 class _Server(uvicorn.Server):
     """uvicorn, minus re-raising the caught SIGTERM/SIGINT after a graceful shutdown (so the
-    process exits 0, not killed by the signal)."""
+    process exits 0, not killed by the signal). On the first signal it calls `on_exit`."""
+
+    on_exit: Callable[[], None] | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        first = not self.should_exit
         super().handle_exit(sig, frame)
         self._captured_signals.clear()
+        if first and self.on_exit is not None:
+            self.on_exit()
 
 
 def serve(cfg: ServerConfig) -> None:
@@ -200,10 +205,19 @@ def serve(cfg: ServerConfig) -> None:
         host=cfg.host,
         port=cfg.port,
         log_level="info",
-        timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
+        timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S) + 2,  # after our own abort below
         access_log=False,
     )
     server = _Server(config)
+    state: ServerState = app.state.server
+
+    def abort_at_grace_end() -> None:  # requests still running then answer 503, not a 500
+        if state.loop is not None:
+            state.loop.call_soon_threadsafe(
+                state.loop.call_later, SHUTDOWN_GRACE_S, state.abort_flights
+            )
+
+    server.on_exit = abort_at_grace_end
     log.info("loraserve %s listening on http://%s:%d", __version__, cfg.host, cfg.port)
     server.run()
     if app.state.server.load_error is not None:

@@ -44,14 +44,14 @@ async def tokenize_prompts(state: ServerState, prompts: list[Prompt]) -> list[li
     tok = engine.tokenizer
 
     def run() -> list[list[int]]:
-        return [tokenize_prompt(tok, p) for p in prompts]
+        out = [tokenize_prompt(tok, p) for p in prompts]
+        where = (lambda i: f"prompt[{i}]") if len(out) > 1 else (lambda i: "prompt")
+        for i, ids in enumerate(out):
+            check_tokens(state, ids, where(i))
+        return out
 
     size = sum(len(p) if isinstance(p, str) else len(p) * 8 for p in prompts)
-    out = await asyncio.to_thread(run) if size > BIG_PROMPT_CHARS else run()
-    where = (lambda i: f"prompt[{i}]") if len(out) > 1 else (lambda i: "prompt")
-    for i, ids in enumerate(out):
-        check_tokens(state, ids, where(i))
-    return out
+    return await asyncio.to_thread(run) if size > BIG_PROMPT_CHARS else run()
 
 
 def check_tokens(state: ServerState, ids: list[int], where: str) -> None:

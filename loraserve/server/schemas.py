@@ -31,6 +31,7 @@ MAX_STOP_LEN = 1024  # characters per stop string
 MAX_LOGIT_BIAS = 1024  # logit_bias entries per request
 N_PROBS_MAX = 100  # n_probs / logprobs / top_logprobs upper bound
 MAX_PROMPTS = 1024  # prompts in one /completion request
+MAX_LORA_SCALE = 1e4  # |scale| of an adapter: far beyond any use, far below overflow
 DEFAULT_TOP_LOGPROBS = 20  # llama-server's n_probs for chat `logprobs: true` alone
 SAMPLING_KEYS = (
     "temperature top_k top_p min_p repeat_penalty repeat_last_n presence_penalty"
@@ -166,10 +167,11 @@ Messages = Annotated[list[dict[str, Any]], AfterValidator(_messages)]
 
 
 class LoraScaleItem(_Strict):
-    """One adapter of a `lora` list: its `id` (position in GET /lora-adapters) and scale."""
+    """One adapter of a `lora` list: its `id` (position in GET /lora-adapters) and scale
+    (**ours:** at most `MAX_LORA_SCALE` in size; larger ones only overflow to inf/NaN)."""
 
     id: int = Field(ge=0, le=INT32_MAX)
-    scale: float
+    scale: float = Field(ge=-MAX_LORA_SCALE, le=MAX_LORA_SCALE)
 
 
 def _check_unique_ids(items: list[LoraScaleItem]) -> list[LoraScaleItem]:
@@ -326,7 +328,7 @@ class LoadAdapterRequest(_Body):
     (checked by the server); `name` defaults to the file or folder name."""
 
     path: str = Field(min_length=1)
-    scale: float = 1.0
+    scale: float = Field(1.0, ge=-MAX_LORA_SCALE, le=MAX_LORA_SCALE)
     name: str | None = Field(None, min_length=1)
 
 

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 
 from loraserve.engine.engine import Engine
@@ -31,6 +32,7 @@ T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 POLL_S = 0.5  # safety net: a flight re-checks its queues at least this often
 BUSY_WAIT_S = 30.0  # how long an admin action waits for a slot or an adapter to be free
+BIG_BODY_BYTES = 1 << 16  # larger bodies are parsed off the event loop
 
 
 class ServerState:
@@ -101,6 +103,12 @@ class ServerState:
         if waker is not None and self.loop is not None:
             self.loop.call_soon_threadsafe(waker.set)
 
+    def abort_flights(self, message: str = "the server is shutting down") -> None:
+        """Event loop: end every flight now; its unfinished requests are cancelled and
+        answer 503 `unavailable_error` (the end of the shutdown grace period)."""
+        for flight in list(self.flights):
+            flight.abort(message)
+
     def shutdown(self) -> None:
         """Cancel every request still in flight and stop the engine thread."""
         for flight in list(self.flights):
@@ -122,6 +130,7 @@ class Flight:
         self.mix: dict[int, float] = {}
         self.finished: set[int] = set()
         self.gone = False
+        self.aborted: str | None = None  # set by `abort`: the unfinished requests' error
         self._wake = asyncio.Event()
         for r in reqs:
             state._wakers[r.id] = self._wake
@@ -150,6 +159,12 @@ class Flight:
                     continue
                 if self.gone:
                     return
+                if self.aborted is not None:
+                    end = Event(done=True, error=self.aborted, error_type="unavailable_error")
+                    for i in sorted(set(range(len(self.reqs))) - self.finished):
+                        self.finished.add(i)
+                        yield i, end
+                    return
                 self._wake.clear()
                 if any(not r.events.empty() for r in self.reqs):
                     continue
@@ -166,6 +181,12 @@ class Flight:
         while (await http.receive())["type"] != "http.disconnect":
             pass
         self.gone = True
+        self._cancel()
+        self._wake.set()
+
+    def abort(self, message: str) -> None:
+        """End the flight: cancel its unfinished requests, which then fail with `message`."""
+        self.aborted = message
         self._cancel()
         self._wake.set()
 
@@ -210,12 +231,21 @@ def body_doc(model: type[BaseModel], required: bool = True) -> dict[str, Any]:
 
 async def read_body(request: HttpRequest, model: type[M]) -> M:
     """The request body validated into `model` (`errors.parse_body`); a body nested too
-    deeply for the JSON parser is a 400 too."""
-    raw = await request.body()
+    deeply for the JSON parser is a 400 too, and so is a client leaving mid-body."""
     try:
-        return parse_body(model, raw)
-    except RecursionError:
-        raise invalid_request("Invalid JSON in request body: nested too deeply") from None
+        raw = await request.body()
+    except ClientDisconnect:
+        raise invalid_request("the client closed the connection before sending the body") from None
+
+    def parse() -> M:
+        try:
+            return parse_body(model, raw)
+        except RecursionError:
+            raise invalid_request("Invalid JSON in request body: nested too deeply") from None
+
+    if len(raw) > BIG_BODY_BYTES:  # parsing a large body would stall the event loop
+        return await asyncio.to_thread(parse)
+    return parse()
 
 
 def get_state(request: HttpRequest) -> ServerState:

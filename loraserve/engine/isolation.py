@@ -1,0 +1,119 @@
+"""Failure isolation for one engine step: a request that breaks the step fails alone.
+
+A batched forward pass can fail because of one sequence: an exception (a broken adapter,
+a shape that hits a bug) or non-finite logits (an adapter with huge weights or scale).
+Rows of a batch are not independent once values are non-finite: padded decode attention
+reads other sequences' KV slots under a mask (0 · NaN = NaN), and the batched LoRA delta
+multiplies every LoRA row's projection on every active adapter by a scale that may be 0
+(0 · inf = NaN). So when a step fails, every sequence of the batch runs again alone, at the
+same positions (the KV slots the failed step wrote are simply overwritten), and only those
+that still fail are failed. The engine zeroes the KV a failed sequence wrote (`scrub_kv`) so
+that no later padded read sees it.
+
+Invariants: a failed sequence's ``n_computed`` never advances (the engine resets it to its
+cached prefix); the fast path (nothing failed) costs one finiteness check of the logits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+import torch
+
+from loraserve.engine.request import Sequence
+from loraserve.engine.runner import BatchItem, ModelRunner
+from loraserve.engine.sampling import SampleResult, SamplerState, sample_batch
+
+log = logging.getLogger("loraserve.engine")
+NON_FINITE = "the model produced non-finite logits for this request"
+Work = list[tuple[Sequence, BatchItem]]
+
+
+@dataclass
+class StepOutcome:
+    """What survived a step: ``done`` in batch order, ``logits`` [S, V] for those of them
+    that want logits (same order), and the failed sequences with their error message."""
+
+    done: Work
+    logits: torch.Tensor
+    failed: list[tuple[Sequence, str]] = field(default_factory=list)
+
+
+def _bad_rows(logits: torch.Tensor) -> torch.Tensor:
+    return ~torch.isfinite(logits).all(dim=1)  # [S] bool
+
+
+def forward_isolated(runner: ModelRunner, work: Work) -> StepOutcome:
+    """One forward over ``work``; if it raises or yields non-finite logits, each sequence
+    again alone, failing only those that still raise or yield non-finite logits."""
+    try:
+        logits = runner.forward([item for _, item in work])
+    except Exception as e:  # a broken step fails its culprit, never the engine
+        if len(work) == 1:
+            return _failed(work[0][0], e)
+        reason = f"{type(e).__name__}: {e}"
+    else:
+        if not bool(_bad_rows(logits).any()):
+            return StepOutcome(work, logits)
+        if len(work) == 1:
+            return StepOutcome([], logits[:0], [(work[0][0], NON_FINITE)])
+        reason = "non-finite logits"
+    log.warning("batched step failed (%s): running its %d sequences alone", reason, len(work))
+    return _one_by_one(runner, work)
+
+
+def _failed(seq: Sequence, e: Exception) -> StepOutcome:
+    log.error("forward pass failed for request %d", seq.req.id, exc_info=e)
+    return StepOutcome([], torch.empty(0, 0), [(seq, f"internal error in the forward pass: {e}")])
+
+
+def _one_by_one(runner: ModelRunner, work: Work) -> StepOutcome:
+    done: Work = []
+    rows: list[torch.Tensor] = []
+    failed: list[tuple[Sequence, str]] = []
+    for seq, item in work:
+        try:
+            logits = runner.forward([item])  # [1 or 0, V]
+        except Exception as e:
+            failed += _failed(seq, e).failed
+            continue
+        if logits.shape[0] and bool(_bad_rows(logits).any()):
+            failed.append((seq, NON_FINITE))
+            continue
+        done.append((seq, item))
+        rows.append(logits)
+    vocab = rows[0].shape[1] if rows else 0
+    return StepOutcome(done, torch.cat(rows) if rows else torch.empty(0, vocab), failed)
+
+
+def sample_isolated(logits: torch.Tensor, states: Seq[SamplerState]) -> list[SampleResult | str]:
+    """`sample_batch`, or, if it raises, each row alone: a row that still raises gets its
+    error message instead of a result."""
+    try:
+        return list(sample_batch(logits, states))
+    except Exception:
+        log.exception("sampling failed: sampling each request alone")
+    out: list[SampleResult | str] = []
+    for i, state in enumerate(states):
+        try:
+            out.append(sample_batch(logits[i : i + 1], [state])[0])
+        except Exception as e:
+            out.append(f"internal error in sampling: {e}")
+    return out
+
+
+def scrub_kv(runner: ModelRunner, blocks: Seq[int], start: int) -> None:
+    """Zero the KV of positions ``start..`` of a sequence's block table (every layer).
+
+    Positions from a sequence's cached prefix on lie in blocks it owns (new or copied on
+    write), so this never touches KV another sequence or the prefix index holds.
+    """
+    n = len(blocks) * runner.bs
+    if start >= n or not runner.kv:
+        return
+    slots = runner.block_slots(blocks, n)[start:]  # [n - start] flat KV slots
+    for k, v in runner.kv:
+        k.index_fill_(0, slots, 0)
+        v.index_fill_(0, slots, 0)
