@@ -110,7 +110,11 @@ class ModelRunner:
             max_len = max(lens)
             kv_index = torch.zeros(len(decode_items), max_len, dtype=torch.long)
             for j, it in enumerate(decode_items):
-                kv_index[j, : lens[j]] = self.block_slots(it.blocks, lens[j])
+                own = self.block_slots(it.blocks, lens[j])
+                # padding repeats the sequence's own newest slot: masked keys still enter
+                # SDPA's weighted sum (0 * x), so they must never be another request's KV
+                kv_index[j] = own[-1]
+                kv_index[j, : lens[j]] = own
             k = torch.arange(max_len).unsqueeze(0)  # [1, L]
             qpos = torch.tensor(lens).unsqueeze(1) - 1  # [B, 1]
             full = k <= qpos
