@@ -1,0 +1,473 @@
+"""`loraserve merge`: the maths against dense references, the files against both servers.
+
+Inputs are written in the test: PEFT folders (json + safetensors by hand) and GGUF LoRA
+files (gguf-py, llama q/k rows permuted as llama.cpp's converter does), on tiny float32
+models from `tests/tiny.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from loraserve.engine.engine import Engine, EngineConfig
+from loraserve.engine.request import Request
+from loraserve.engine.sampling_params import SamplingParams
+from loraserve.lora.merge import Term, energy_rank, merge_target
+from loraserve.lora.merge_cli import main
+from loraserve.lora.registry import AdapterRegistry
+from loraserve.model.gguf import GGUFFile
+from loraserve.model.hf import hf_to_gguf_name
+from loraserve.model.loader import LoadedModel, load_model, permute_qk
+from tests.test_lora import gguf_adapter, lora_logits
+from tests.tiny import hf_model, write_gguf
+
+IDS = [1, 5, 77, 300, 12, 9, 260, 261, 200, 150, 33, 7]
+MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # fmt: skip
+DEMO = Path(__file__).resolve().parents[1] / "loraserve" / "adapters"
+Tiny = tuple[nn.Module, LoadedModel, Path]
+
+
+def _terms(shape: tuple[int, ...], ranks: list[int], coefs: list[float], seed: int) -> list[Term]:
+    g = torch.Generator().manual_seed(seed)
+    *lead, out, inp = shape
+    return [
+        Term(torch.randn(*lead, r, inp, generator=g), torch.randn(*lead, out, r, generator=g), c)
+        for r, c in zip(ranks, coefs, strict=True)
+    ]
+
+
+def _dense(terms: list[Term]) -> torch.Tensor:
+    return sum(t.coef * (t.b.double() @ t.a.double()) for t in terms)  # type: ignore[return-value]
+
+
+def _optimum(delta: torch.Tensor, rank: int) -> float:
+    """Eckart-Young: the least relative error of a rank-``rank`` approximation (dense SVD)."""
+    s = torch.linalg.svdvals(delta.double())
+    return math.sqrt(s[..., rank:].pow(2).sum().item() / s.pow(2).sum().item())
+
+
+def _rel(merged_b: torch.Tensor, merged_a: torch.Tensor, delta: torch.Tensor) -> float:
+    return ((merged_b.double() @ merged_a.double() - delta).norm() / delta.norm()).item()
+
+
+@pytest.mark.parametrize("shape", [(24, 40), (3, 16, 12)])
+def test_cat_is_exact(shape: tuple[int, ...]) -> None:
+    terms = _terms(shape, [3, 5, 2], [0.7, -1.3, 0.25], seed=0)
+    m = merge_target(terms, "cat")
+    assert m.rank == 10 and m.rel_error < 1e-6
+    assert _rel(m.b, m.a, _dense(terms)) < 1e-6
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    out=st.integers(4, 20),
+    inp=st.integers(4, 20),
+    ranks=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+    rank=st.integers(1, 8),
+    seed=st.integers(0, 1000),
+    experts=st.sampled_from([0, 2]),
+)
+def test_ortho_svd_is_the_eckart_young_optimum(out, inp, ranks, rank, seed, experts) -> None:
+    shape = (experts, out, inp) if experts else (out, inp)
+    coefs = [(-1) ** i * (0.5 + i) for i in range(len(ranks))]
+    terms = _terms(shape, ranks, coefs, seed)
+    delta = _dense(terms)
+    m = merge_target(terms, "ortho-svd", rank=rank)
+    if rank >= sum(ranks):  # full rank: the same delta as cat
+        assert _rel(m.b, m.a, delta) < 1e-5 and m.rel_error < 1e-5
+        cat = merge_target(terms, "cat")
+        assert torch.allclose(m.b.double() @ m.a.double(), cat.b.double() @ cat.a.double(),
+                              atol=1e-5 * delta.abs().max().item())  # fmt: skip
+        return
+    best = _optimum(delta, m.rank)
+    assume(best > 1e-3)
+    assert abs(_rel(m.b, m.a, delta) - best) <= 1e-5 * best
+    assert abs(m.rel_error - best) <= 1e-5 * best
+
+
+def test_rank_auto_keeps_the_energy() -> None:
+    terms = _terms((40, 30), [6, 6], [1.0, 0.4], seed=3)
+    s = torch.linalg.svdvals(_dense(terms))
+    kept = (s**2).cumsum(0) / (s**2).sum()
+    for energy in (0.5, 0.9, 0.99, 1.0):
+        r = energy_rank(s, energy)
+        assert kept[r - 1] >= energy - 1e-12 and (r == 1 or kept[r - 2] < energy)
+        assert merge_target(terms, "ortho-svd", None, energy).rank == r
+
+
+def test_linear_is_peft_add_weighted_adapter() -> None:
+    from peft import LoraConfig, get_peft_model
+
+    pm = get_peft_model(hf_model("llama"), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))
+    pm.add_adapter("b", LoraConfig(r=4, lora_alpha=6, target_modules=["q_proj"]))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_" in n:
+                p.copy_(torch.randn(p.shape, generator=g))
+    pm.add_weighted_adapter(["default", "b"], [0.7, -0.4], "lin", combination_type="linear")
+    layer = pm.base_model.model.model.layers[0].self_attn.q_proj
+    terms = [Term(layer.lora_A[n].weight, layer.lora_B[n].weight, w * layer.scaling[n])
+             for n, w in (("default", 0.7), ("b", -0.4))]  # fmt: skip
+    m = merge_target(terms, "linear")
+    assert torch.allclose(m.a, layer.lora_A["lin"].weight, atol=1e-6)
+    assert torch.allclose(m.b, layer.lora_B["lin"].weight, atol=1e-6)
+    assert layer.scaling["lin"] == 1.0 and m.rel_error > 0.1  # approximate, as documented
+
+
+# --- files ----------------------------------------------------------------------------------
+
+
+def _pairs(m: nn.Module, r: int, seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """HF module name -> random (A [r, in], B [out, r]) for every targeted projection."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, p in m.state_dict().items():
+        module = name.removesuffix(".weight")
+        if module.endswith(MODULES):
+            o, i = p.shape
+            out[module] = (
+                torch.randn(r, i, generator=g) * 0.3,
+                torch.randn(o, r, generator=g) * 0.3,
+            )
+    return out
+
+
+def peft_input(folder: Path, pairs: dict, r: int, alpha: float) -> Path:
+    folder.mkdir()
+    shorts = sorted({m.split(".")[-1] for m in MODULES})
+    conf = {"peft_type": "LORA", "r": r, "lora_alpha": alpha, "target_modules": shorts}
+    (folder / "adapter_config.json").write_text(json.dumps(conf))
+    tensors = {}
+    for module, (a, b) in pairs.items():
+        tensors[f"base_model.model.{module}.lora_A.weight"] = a.contiguous()
+        tensors[f"base_model.model.{module}.lora_B.weight"] = b.contiguous()
+    save_file(tensors, folder / "adapter_model.safetensors")
+    return folder
+
+
+def gguf_input(path: Path, m: nn.Module, arch: str, pairs: dict, alpha: float) -> Path:
+    cfg, tensors = m.config, {}
+    for module, (a, b) in pairs.items():
+        name = hf_to_gguf_name(module + ".weight", arch)
+        if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
+            b = permute_qk(
+                b, cfg.num_attention_heads if "attn_q" in name else cfg.num_key_value_heads
+            )
+        tensors[f"{name}.lora_a"], tensors[f"{name}.lora_b"] = a, b
+    return gguf_adapter(path, arch, tensors, alpha=alpha)
+
+
+@pytest.fixture(scope="module", params=["gemma3", "llama"])
+def tiny(request, tmp_path_factory) -> Tiny:
+    arch = request.param
+    m = hf_model(arch, **({"num_hidden_layers": 2} if arch == "gemma3" else {}))
+    path = write_gguf(tmp_path_factory.mktemp(arch) / "m.gguf", m, arch)
+    return m, load_model(path), path
+
+
+def _inputs(tmp: Path, tiny: Tiny, kinds: tuple[str, str]) -> list[Path]:
+    m, model, _ = tiny
+    arch, paths = model.config.arch, []
+    for i, (kind, r) in enumerate(zip(kinds, (4, 6), strict=True)):
+        pairs = _pairs(m, r, seed=10 + i)
+        if kind == "peft":
+            paths.append(peft_input(tmp / f"in{i}", pairs, r, alpha=2.0 * r))
+        else:
+            paths.append(gguf_input(tmp / f"in{i}.gguf", m, arch, pairs, alpha=1.5 * r))
+    return paths
+
+
+def greedy(engine: Engine, mix: dict[int, float], prompt: list[int], n: int = 8) -> list[int]:
+    req = Request(prompt=prompt, sampling=SamplingParams(temperature=0.0), max_tokens=n,
+                  lora=mix, cache_key=engine.adapters.cache_key(mix))  # fmt: skip
+    engine.submit(req)
+    engine.run_until_idle()
+    out = []
+    while not req.events.empty():
+        if (tok := req.events.get().token) is not None:
+            out.append(tok)
+    return out
+
+
+WEIGHTS = (0.7, -0.45)
+CASES = [  # (input formats, output, mode, rank, pass --model)
+    (("peft", "gguf"), "m.gguf", "ortho-svd", "10", True),
+    (("gguf", "gguf"), "m.gguf", "cat", None, False),
+    (("peft", "peft"), "m_peft", "ortho-svd", "10", False),
+    (("gguf", "peft"), "m_peft", "cat", None, True),
+]
+
+
+def merge(ins: list[Path], out: Path, *flags: str) -> Path:
+    main([f"{p}:{w}" for p, w in zip(ins, WEIGHTS, strict=True)] + ["-o", str(out), *flags])
+    return out
+
+
+@pytest.mark.parametrize("kinds,out,mode,rank,with_model", CASES)
+def test_merged_adapter_serves_like_the_mix(tiny, tmp_path, kinds, out, mode, rank, with_model):
+    """Exact merges (cat; ortho-svd at rank = sum of input ranks) at scale 1 give the mix's
+    logits and greedy tokens; llama q/k rows round-trip with and without --model."""
+    _, model, model_path = tiny
+    ins = _inputs(tmp_path, tiny, kinds)
+    flags = ["--mode", mode] + (["--rank", rank] if rank else [])
+    flags += ["--model", str(model_path)] if with_model else []
+    merged_path = merge(ins, tmp_path / out, *flags)
+    engine = Engine(model, EngineConfig(n_ctx=256))
+    for p in [*ins, merged_path]:
+        engine.adapters.load(p)
+    mix, merged = dict(enumerate(WEIGHTS)), {2: 1.0}
+    base = lora_logits(model, engine.adapters, IDS, {})
+    want = lora_logits(model, engine.adapters, IDS, mix)
+    got = lora_logits(model, engine.adapters, IDS, merged)
+    assert (want - base).abs().max() > 0.1
+    assert (got - want).abs().max() <= 1e-4
+    for prompt in ([1, 40, 41, 42], IDS):
+        assert greedy(engine, merged, prompt) == greedy(engine, mix, prompt)
+
+
+def test_per_tensor_ranks_load_in_peft_and_loraserve(tmp_path) -> None:
+    """rank auto gives per-tensor ranks: PEFT (rank/alpha patterns) and loraserve agree."""
+    from peft import PeftModel
+
+    m = hf_model("llama")
+    model = load_model(write_gguf(tmp_path / "m.gguf", m, "llama"))
+    ins = _inputs(tmp_path, (m, model, tmp_path / "m.gguf"), ("peft", "peft"))
+    out = merge(ins, tmp_path / "merged", "--rank", "auto", "--energy", "0.9", "--arch", "llama")
+    conf = json.loads((out / "adapter_config.json").read_text())
+    assert conf["rank_pattern"] and conf["rank_pattern"] == conf["alpha_pattern"]
+    with safe_open(str(out / "adapter_model.safetensors"), "pt") as f:
+        record = json.loads(f.metadata()["loraserve.merge"])
+        assert f.metadata()["loraserve.base_architecture"] == "llama"
+    assert record["weights"] == list(WEIGHTS) and record["rank"] == "auto"
+    reg = AdapterRegistry(model)
+    ranks = {w.rank for w in reg.load(out).weights.values()}
+    assert len(ranks) > 1
+    with torch.no_grad():
+        ref = PeftModel.from_pretrained(m, out).eval()(torch.tensor([IDS])).logits[0]
+    assert (lora_logits(model, reg, IDS, {0: 1.0}) - ref).abs().max() <= 1e-4
+
+
+def test_gguf_output_records_its_inputs(tmp_path) -> None:
+    m = hf_model("gemma3", num_hidden_layers=2)
+    tiny = (m, load_model(write_gguf(tmp_path / "m.gguf", m, "gemma3")), tmp_path / "m.gguf")
+    ins = _inputs(tmp_path, tiny, ("gguf", "peft"))
+    out = merge(ins, tmp_path / "m.gguf", "--rank", "3", "--outtype", "f16")
+    with GGUFFile(out) as gg:
+        meta, types = gg.metadata, {i.ggml_type for i in gg.tensors.values()}
+        shapes = {n: i.shape for n, i in gg.tensors.items()}
+    assert meta["general.architecture"] == "gemma3" and meta["general.type"] == "adapter"
+    assert meta["adapter.type"] == "lora" and meta["adapter.lora.alpha"] == 0.0
+    assert meta["loraserve.merge.inputs"] == [str(p) for p in ins]
+    assert list(meta["loraserve.merge.weights"]) == list(WEIGHTS)
+    assert meta["loraserve.merge.mode"] == "ortho-svd" and meta["loraserve.merge.rank"] == "3"
+    assert types == {1}  # F16
+    assert shapes["blk.0.attn_q.weight.lora_a"] == (3, 64)
+    assert shapes["blk.0.attn_q.weight.lora_b"] == (128, 3)
+
+
+def test_stacked_experts_merge(tmp_path) -> None:
+    """MoE expert LoRAs ([E, r, in] / [E, out, r]) merge per expert; exact at full rank."""
+    from tests.test_lora import moe_adapter
+
+    m = hf_model("mixtral")
+    model = load_model(write_gguf(tmp_path / "moe.gguf", m, "mixtral"))
+    ins = [moe_adapter(tmp_path / f"e{i}.gguf", m, seed=i)[0] for i in range(2)]
+    out = merge(ins, tmp_path / "m.gguf", "--rank", "8", "--model", str(tmp_path / "moe.gguf"))
+    reg = AdapterRegistry(model)
+    for p in [*ins, out]:
+        reg.load(p)
+    assert reg.get(2).weights["blk.0.ffn_up_exps.weight"].a.shape == (4, 8, 64)
+    want = lora_logits(model, reg, IDS, dict(enumerate(WEIGHTS)))
+    assert (lora_logits(model, reg, IDS, {2: 1.0}) - want).abs().max() <= 1e-4
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """Inputs for the error cases: llama (GGUF r4, r6; PEFT), gemma3, another llama shape."""
+    d = tmp_path_factory.mktemp("bad")
+    llama, gemma, other = (
+        hf_model("llama"),
+        hf_model("gemma3", num_hidden_layers=2),
+        hf_model("llama", hidden_size=32, seed=1),
+    )
+    zero = {k: (a, torch.zeros_like(b)) for k, (a, b) in _pairs(llama, 4, 0).items()}
+    peft_input(d / "lp", _pairs(llama, 4, 3), 4, 8.0)
+    main([str(d / "lp"), "--mode", "cat", "-o", str(d / "lpa"), "--arch", "llama"])
+    (d / "notes.txt").write_text("not an adapter")
+    return {
+        "lpa": d / "lpa",
+        "l4": gguf_input(d / "l4.gguf", llama, "llama", _pairs(llama, 4, 1), 8.0),
+        "l6": gguf_input(d / "l6.gguf", llama, "llama", _pairs(llama, 6, 2), 8.0),
+        "lp": d / "lp",
+        "g4": gguf_input(d / "g4.gguf", gemma, "gemma3", _pairs(gemma, 4, 4), 8.0),
+        "o4": gguf_input(d / "o4.gguf", other, "llama", _pairs(other, 4, 5), 8.0),
+        "zero": gguf_input(d / "zero.gguf", llama, "llama", zero, 8.0),
+        "model": write_gguf(d / "model.gguf", llama, "llama"),
+        "txt": d / "notes.txt",
+        "dir": d,
+    }
+
+
+BAD = [  # (arguments, with {name} for the paths in `files`, exit status, message)
+    ("{dir}/missing.gguf:0.5 {l4}", 1, "no such adapter file or folder"),
+    ("{txt}:1 {l4}", 1, "not a GGUF LoRA file or PEFT folder"),
+    ("{model} {l4}", 1, "not a LoRA adapter"),
+    ("{l4}:0.5 {g4}:0.5", 1, "different base architectures"),
+    ("{lpa} {g4}", 1, "different base architectures (" + "{lpa}: llama, {g4}: gemma3)"),
+    ("{l4}:0.5 {o4}:0.5", 1, "the adapters are for different base models"),
+    ("{l4} {l6} --rank 11", 1, "--rank 11 is larger than possible: every merged delta has rank at "
+     "most 10"),
+    ("{l4}:0 {l6}:0.0", 1, "all weights are zero"),
+    ("{zero}:1 {l4}:0", 1, "the weighted sum is zero for every target"),
+    ("{l4}:0.5 {l6}:half", 1, "the weight after ':' must be a number"),
+    ("{l4} {l6} --mode linear", 1, ": linear mode needs equal ranks, got [4, 6]"),
+    ("{l4} {lp}", 1, "needs the head counts: pass --model"),
+    ("{lp}", 1, "the base architecture is unknown"),
+    ("{l4} {l6} --mode cat --rank 4", 2, "--rank applies to --mode ortho-svd only"),
+    ("{l4} {l6} --rank 0", 2, "argument --rank: must be a positive integer or 'auto', got '0'"),
+    ("{l4} {l6} --rank auto --energy 1.5", 2, "argument --energy: must be a number in (0, 1]"),
+    ("{l4} {l6} --model {model} --format peft -o {dir}", 1, "is not a PEFT adapter folder"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args,status,message", BAD)
+def test_bad_input_is_a_clear_error_and_writes_nothing(
+    files, tmp_path, capsys, args, status, message
+):
+    argv, message = args.format(**files).split(), message.format(**files)
+    if "-o" not in argv:
+        argv += ["-o", str(tmp_path / "out.gguf")]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == status
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("loraserve merge: error: ") and message in last, err
+    assert status == 2 or err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+    assert not [p for p in files["dir"].iterdir() if p.name.startswith(".")]
+
+
+def test_gguf_output_loads_in_llama_server(tmp_path) -> None:
+    """llama.cpp loads the merged file as a LoRA; at scale 1 it answers as with the mix of its
+    inputs, and as loraserve does."""
+    from bench.peer import find_peer
+    from bench.servers import free_port, launch
+
+    binary = find_peer()
+    if binary is None:
+        pytest.skip(
+            "llama-server not found (LORASERVE_PEER_BIN, ~/.cache/loraserve/peer, /opt/peer)"
+        )
+    m = hf_model("llama", seed=7)
+    model_path = write_gguf(tmp_path / "tiny.gguf", m, "llama")
+    tiny = (m, load_model(model_path), model_path)
+    ins = _inputs(tmp_path, tiny, ("gguf", "gguf"))
+    out = merge(ins, tmp_path / "merged.gguf", "--rank", "10", "--model", str(model_path))
+    engine = Engine(tiny[1], EngineConfig(n_ctx=256))
+    for p in [*ins, out]:
+        engine.adapters.load(p)
+    ours = greedy(engine, {2: 1.0}, IDS)
+    port = free_port()
+    argv = [
+        str(binary),
+        "-m",
+        str(model_path),
+        "-t",
+        "1",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-c",
+        "256",
+        "-np",
+        "1",
+        "--lora-init-without-apply",
+        "-lv",
+        "4",
+    ]
+    argv += ["--lora", ",".join(str(p) for p in [*ins, out])]
+    with launch("llama-server", argv, port, timeout=60) as srv, httpx.Client(timeout=60) as c:
+        listed = c.get(f"{srv.url}/lora-adapters").json()
+        assert [Path(a["path"]).name for a in listed] == ["in0.gguf", "in1.gguf", "merged.gguf"]
+
+        def complete(lora: dict[int, float]) -> list[int]:
+            body = {"prompt": IDS, "n_predict": 8, "temperature": 0, "cache_prompt": False,
+                    "lora": [{"id": i, "scale": s} for i, s in lora.items()],
+                    "return_tokens": True}  # fmt: skip
+            r = c.post(f"{srv.url}/completion", json=body)
+            assert r.status_code == 200, r.text
+            return r.json()["tokens"]
+
+        merged, mix, base = complete({2: 1.0}), complete(dict(enumerate(WEIGHTS))), complete({})
+        log = srv.log_path.read_text(errors="replace")
+    srv.log_path.unlink()
+    said = [line for line in log.splitlines() if "llama_adapter_lora" in line]
+    print("llama-server:", *said, sep="\n  ")
+    print("tokens: merged", merged, "mix", mix, "base", base, "loraserve", ours)
+    assert merged == mix == ours != base
+    assert f"loading lora adapter from '{out}'" in log and "loaded 28 tensors from lora file" in log
+
+
+DEMO_PAIRS = [
+    (DEMO / "uppercase.gguf", DEMO / "titlecase.gguf"),
+    (DEMO / "uppercase", DEMO / "titlecase"),
+]
+
+
+@pytest.mark.parametrize("inputs", DEMO_PAIRS, ids=["gguf", "peft"])
+def test_merging_the_demo_adapters_takes_seconds(tmp_path, inputs) -> None:
+    if not all(p.exists() for p in inputs):
+        pytest.skip(f"demo adapters missing under {DEMO}")
+    t0 = time.perf_counter()
+    out = merge(list(inputs), tmp_path / "merged.gguf", "--rank", "8", "--arch", "gemma3")
+    print(f"\nmerged two rank-8 Gemma 3 270M adapters in {time.perf_counter() - t0:.2f} s")
+    with GGUFFile(out) as gg:
+        assert gg.metadata["general.architecture"] == "gemma3"
+        assert len(gg.tensors) == 2 * 18 * 7
+
+
+@pytest.mark.real_model
+def test_merged_demo_adapters_on_the_real_model(real_model_path, tmp_path) -> None:
+    """Gemma 3 270M, float32: the merged adapter's logits against the mix's (teacher-forced)."""
+    inputs = DEMO_PAIRS[0]
+    if not all(p.exists() for p in inputs):
+        pytest.skip(f"demo adapters missing under {DEMO}")
+    model = load_model(real_model_path)
+    reg = AdapterRegistry(model)
+    for p in inputs:
+        reg.load(p)
+    ids = model.tokenizer.encode("Question: How do airplanes fly?\nAnswer: The wings of a plane")
+    mix = {0: WEIGHTS[0], 1: 1.0 - WEIGHTS[0]}
+    want = lora_logits(model, reg, ids, mix, chunk=len(ids))
+    worst = {}
+    for flags in (["--mode", "cat"], ["--rank", "16"], ["--rank", "8"], ["--rank", "auto"]):
+        main(
+            [
+                f"{inputs[0]}:{mix[0]}",
+                f"{inputs[1]}:{mix[1]}",
+                "-o",
+                str(tmp_path / "m.gguf"),
+                *flags,
+            ]
+        )
+        ad = reg.load(tmp_path / "m.gguf")
+        got = lora_logits(model, reg, ids, {ad.id: 1.0}, chunk=len(ids))
+        worst[" ".join(flags)] = (got - want).abs().max().item()
+    print("\nlargest logit difference, merged vs mix:", worst)
+    assert worst["--mode cat"] < 1e-2 and worst["--rank 16"] < 1e-2
