@@ -69,7 +69,7 @@ def rows(sweep_plan: list[tuple[int, int]]) -> list[tuple[str, Getter]]:
              _path("s5", mode, "prompt_tokens_evaluated")),
             (f"S5 {mode}: TTFT p50 s (lower better)", _path("s5", mode, "ttft_p50_s")),
             (f"S5 {mode}: TTFT p95 s (lower better)", _path("s5", mode, "ttft_p95_s")),
-            (f"S5 {mode}: stale answers", _stale(mode)),
+            (f"S5 {mode}: stale answers (differ from cache-off after KV reuse)", _stale(mode)),
         ]  # fmt: skip
     for n in (16, 64):
         out += [
