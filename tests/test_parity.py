@@ -24,7 +24,7 @@ def our_logits(model: LoadedModel, ids: list[int], chunk: int) -> torch.Tensor:
     while pos < len(ids):
         n = chunk if pos == 0 else 1
         n = min(n, len(ids) - pos)
-        item = BatchItem(ids, pos, n, blocks, want_logits=True, lora_mix={})
+        item = BatchItem(ids, pos, n, blocks, want_logits=True, lora_mix={}, generated=pos > 0)
         _, _, ctx = runner._context([item])
         ctx.logits_rows = torch.arange(n)
         from loraserve.model.context import set_context

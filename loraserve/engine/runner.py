@@ -21,6 +21,7 @@ class BatchItem:
     blocks: Sequence[int]
     want_logits: bool
     lora_mix: dict[int, float]
+    generated: bool = False  # a generated token (decode), not a prompt token
 
 
 LoraBuilder = Callable[[list[tuple[int, int, dict[int, float]]]], LoraDelta | None]
@@ -77,7 +78,10 @@ class ModelRunner:
         groups: list[AttnGroup] = []
         window = self.cfg.sliding_window
         row = 0
+        int8_rows: list[int] = []
         for it in items:
+            if it.generated:
+                int8_rows.extend(range(row, row + it.n))
             ids.extend(it.tokens[it.start : it.start + it.n])
             pos.extend(range(it.start, it.start + it.n))
             total = it.start + it.n
@@ -144,6 +148,7 @@ class ModelRunner:
             logits_rows=torch.tensor(logits_rows, dtype=torch.long),
             lora=lora,
             kv_caches=self.kv,
+            int8_rows=torch.tensor(int8_rows, dtype=torch.long) if int8_rows else None,
         )
         return torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.long), ctx
 

@@ -14,13 +14,11 @@ class Linear(nn.Module):
 
     ``name`` is the GGUF base tensor name (``blk.3.attn_q.weight``), which is how
     adapters address their targets. With ``int8`` the weight is also kept as int8 with
-    one scale per output row, used for small batches (decode): torch's CPU
-    ``_weight_int8pack_mm`` is ~2x faster than a float32 matmul there, but only with
-    bf16 activations, and it is slower than float32 from ~32 rows on (measured on
-    Gemma-270M shapes), so prefill keeps the exact float weights.
+    one scale per output row, used for generated tokens (decode): torch's CPU
+    ``_weight_int8pack_mm`` is ~2x faster than a float32 matmul for a few rows, but only
+    with bf16 activations, and slower than float32 from ~32 rows on (measured on
+    Gemma-270M shapes), so prompt rows keep the exact float weights.
     """
-
-    INT8_MAX_ROWS = 16
 
     def __init__(
         self,
@@ -43,15 +41,34 @@ class Linear(nn.Module):
         self.bias = None if bias is None else bias.to(dtype)
 
     def base(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, in] -> [T, out] without LoRA."""
-        if self.w8 is not None and (self.weight is None or x.shape[0] <= self.INT8_MAX_ROWS):
-            y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.w8, self.s8)
-            y = y.to(x.dtype)
-        else:
+        """x: [T, in] -> [T, out] without LoRA.
+
+        Which weights a row uses depends only on the row, never on the batch: prompt
+        rows use the float weights, generated-token rows the int8 ones (`StepContext.
+        int8_rows`). So a prompt computes the same KV whether it is prefilled in one
+        chunk, in several, or resumed from the prefix cache, and cache-on answers equal
+        cache-off answers.
+        """
+        if self.w8 is None:
             y = F.linear(x, self.weight)
+        elif self.weight is None:
+            y = self._int8(x)
+        else:
+            rows = get_context().int8_rows
+            if rows is None:
+                y = F.linear(x, self.weight)
+            elif rows.shape[0] == x.shape[0]:
+                y = self._int8(x)
+            else:
+                y = F.linear(x, self.weight)
+                y[rows] = self._int8(x[rows])
         if self.bias is not None:
             y = y + self.bias
         return y
+
+    def _int8(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.w8, self.s8)
+        return y.to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
