@@ -27,7 +27,7 @@ from loraserve.lora.registry import AdapterRegistry
 from loraserve.model.context import StepContext, set_context
 from loraserve.model.hf import hf_to_gguf_name
 from loraserve.model.loader import LoadedModel, load_model, permute_qk
-from tests.tiny import hf_logits, hf_model, write_gguf
+from tests.tiny import hf_logits, hf_model, our_logits, write_gguf
 
 IDS = [1, 5, 77, 300, 12, 9, 260, 261, 200, 150, 33, 7]
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -143,23 +143,7 @@ def lora_logits(
     model: LoadedModel, reg: AdapterRegistry, ids: list[int], mix: dict[int, float], chunk: int = 5
 ) -> torch.Tensor:
     """Logits [T, V] under ``mix``: a prefill chunk, then one-token decodes, via the runner."""
-    runner = ModelRunner(model.decoder, block_size=4, kv_dtype=torch.float32)
-    runner.lora_builder = reg.build_delta
-    n_blocks = (len(ids) + 3) // 4
-    runner.ensure_capacity(n_blocks + 1)
-    blocks = list(range(1, 1 + n_blocks))[::-1]
-    rows, pos = [], 0
-    while pos < len(ids):
-        n = min(chunk if pos == 0 else 1, len(ids) - pos)
-        _, _, ctx = runner._context([BatchItem(ids, pos, n, blocks, True, mix)])
-        ctx.logits_rows = torch.arange(n)
-        set_context(ctx)
-        try:
-            rows.append(model.decoder(torch.tensor(ids[pos : pos + n]), torch.arange(pos, pos + n)))
-        finally:
-            set_context(None)
-        pos += n
-    return torch.cat(rows)
+    return our_logits(model, ids, chunk, mix, reg.build_delta)
 
 
 def close(ours: torch.Tensor, ref: torch.Tensor, base: torch.Tensor | None = None) -> None:

@@ -3,39 +3,12 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from gguf import GGMLQuantizationType as Q
 
-from loraserve.engine.runner import BatchItem, ModelRunner
-from loraserve.model.loader import LoadedModel, load_model
-from tests.tiny import hf_logits, hf_model, write_gguf
+from loraserve.model.loader import load_model
+from tests.tiny import hf_logits, hf_model, our_logits, write_gguf
 
 IDS = [1, 5, 77, 300, 12, 9, 260, 261, 262, 200, 150, 33, 7, 8, 99, 100, 101, 310, 4]
-
-
-def our_logits(model: LoadedModel, ids: list[int], chunk: int) -> torch.Tensor:
-    """Logits [T, V] computed by prefill chunks of ``chunk`` tokens then one-token decodes."""
-    runner = ModelRunner(model.decoder, block_size=4, kv_dtype=torch.float32)
-    n_blocks = (len(ids) + 3) // 4
-    runner.ensure_capacity(n_blocks + 2)
-    blocks = list(range(2, 2 + n_blocks))[::-1]  # non-trivial block table
-    rows = []
-    pos = 0
-    while pos < len(ids):
-        n = chunk if pos == 0 else 1
-        n = min(n, len(ids) - pos)
-        item = BatchItem(ids, pos, n, blocks, want_logits=True, lora_mix={}, generated=pos > 0)
-        _, _, ctx = runner._context([item])
-        ctx.logits_rows = torch.arange(n)
-        from loraserve.model.context import set_context
-
-        set_context(ctx)
-        try:
-            rows.append(model.decoder(torch.tensor(ids[pos : pos + n]), torch.arange(pos, pos + n)))
-        finally:
-            set_context(None)
-        pos += n
-    return torch.cat(rows)
 
 
 CASES = {

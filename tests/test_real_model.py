@@ -12,7 +12,7 @@ from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.engine.request import Request
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.model.loader import LoadedModel, load_model
-from tests.test_parity import our_logits
+from tests.tiny import our_logits
 
 pytestmark = pytest.mark.real_model
 REF = json.loads((Path(__file__).parent / "data/gemma3_hf_reference.json").read_text())

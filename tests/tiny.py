@@ -236,3 +236,36 @@ def hf_logits(m: torch.nn.Module, ids: list[int]) -> torch.Tensor:
     """Full-sequence float32 logits [T, V] from transformers."""
     with torch.no_grad():
         return m(torch.tensor([ids])).logits[0].float()
+
+
+def our_logits(
+    model: Any,
+    ids: list[int],
+    chunk: int,
+    mix: dict[int, float] | None = None,
+    lora_builder: Any = None,
+) -> torch.Tensor:
+    """loraserve's logits [T, V] for every position: a prefill chunk of ``chunk`` tokens,
+    then one-token decode steps (generated rows, the int8 path where weights have one),
+    through the runner over a non-trivial block table, under an optional adapter ``mix``."""
+    from loraserve.engine.runner import BatchItem, ModelRunner
+    from loraserve.model.context import set_context
+
+    runner = ModelRunner(model.decoder, block_size=4, kv_dtype=torch.float32)
+    runner.lora_builder = lora_builder
+    n_blocks = (len(ids) + 3) // 4
+    runner.ensure_capacity(n_blocks + 2)
+    blocks = list(range(2, 2 + n_blocks))[::-1]
+    rows, pos = [], 0
+    while pos < len(ids):
+        n = min(chunk if pos == 0 else 1, len(ids) - pos)
+        item = BatchItem(ids, pos, n, blocks, True, mix or {}, generated=pos > 0)
+        _, _, ctx = runner._context([item])
+        ctx.logits_rows = torch.arange(n)
+        set_context(ctx)
+        try:
+            rows.append(model.decoder(torch.tensor(ids[pos : pos + n]), torch.arange(pos, pos + n)))
+        finally:
+            set_context(None)
+        pos += n
+    return torch.cat(rows)
