@@ -10,12 +10,14 @@ import pytest
 
 from loraserve.server.args import (
     AUTO_PARALLEL,
-    IGNORED_OPTIONAL_VALUE,
-    IGNORED_SWITCHES,
-    IGNORED_WITH_VALUE,
     LoraSpec,
     ServerConfig,
     parse_server_args,
+)
+from loraserve.server.args_compat import (
+    IGNORED_OPTIONAL_VALUE,
+    IGNORED_SWITCHES,
+    IGNORED_WITH_VALUE,
 )
 
 

@@ -13,40 +13,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from loraserve import __version__
+from loraserve.server.args_compat import add_compat_flags
 
 AUTO_PARALLEL = 4  # llama-server resolves `-np -1` (its default, "auto") to 4 slots
 DTYPES = ("auto", "int8", "float32")
-
-# Accepted and ignored, as words; "|" joins the spellings of one flag.
-IGNORED_SWITCHES = """
-    --jinja --no-jinja --webui|--ui --no-webui|--no-ui --mlock --mmap --no-mmap
-    -v|--verbose|--log-verbose --log-disable --log-timestamps --log-prefix
-    -cb|--cont-batching -nocb|--no-cont-batching -kvu|--kv-unified -no-kvu|--no-kv-unified
-    --warmup --no-warmup --swa-full --context-shift --no-context-shift --cache-idle-slots
-    --no-cache-idle-slots --slots --no-slots --props --no-perf --check-tensors --reuse-port
-    --offline --op-offload --no-op-offload
-""".split()
-IGNORED_OPTIONAL_VALUE = "-fa|--flash-attn -fit|--fit --log-colors -rea|--reasoning".split()
-IGNORED_WITH_VALUE = """
-    -ngl|--gpu-layers|--n-gpu-layers -ctk|--cache-type-k -ctv|--cache-type-v
-    -ctxcp|--ctx-checkpoints|--swa-checkpoints --chat-template --chat-template-file
-    --chat-template-kwargs --reasoning-format --reasoning-budget -tb|--threads-batch
-    --threads-http -to|--timeout -sps|--slot-prompt-similarity --cache-reuse --keep
-    -sm|--split-mode -ts|--tensor-split -mg|--main-gpu -dev|--device -ot|--override-tensor
-    -ncmoe|--n-cpu-moe -fitt|--fit-target -fitc|--fit-ctx --numa --prio --poll
-    -dt|--defrag-thold -lv|--verbosity|--log-verbosity --log-file --sleep-idle-seconds
-    --sse-ping-interval --path
-""".split()
-
-# Flags llama-server has and loraserve refuses, with why (an error beats a silent difference).
-UNSUPPORTED_FLAGS = {
-    "-hf|-hfr|--hf-repo|-hff|--hf-file|-mu|--model-url": "downloading models; pass -m PATH",
-    "--embedding|--embeddings|--reranking|--rerank": "embeddings and reranking",
-    "-mm|--mmproj|-mmu|--mmproj-url": "multimodal models",
-    "-md|--model-draft|--spec-draft-model": "speculative decoding",
-    "--grammar|--grammar-file|-j|--json-schema|-jf|--json-schema-file": "grammars",
-    "--api-prefix": "an API prefix",
-}
 
 
 @dataclass(frozen=True)
@@ -200,16 +170,6 @@ class _CsvAppend(argparse.Action):
         setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), *_csv(values)])
 
 
-class _Refused(argparse.Action):
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None):
-        parser.error(f"argument {option_string}: not supported by loraserve ({self.const})")
-
-
-class _Ignored(argparse.Action):
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None):
-        namespace.ignored = [*namespace.ignored, option_string]
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser behind `parse_server_args` (exposed for `--help` rendering)."""
     p = argparse.ArgumentParser(
@@ -282,18 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="weights: int8 (weight-only int8 for decode, float32 for prefill; faithful where "
         "the top-2 logit gap >= 0.5) or float32 (exact); auto = int8 for GGUF files " + d,
     )
-    i = p.add_argument_group("accepted for compatibility with llama-server and ignored")
-    for words, kwargs in (
-        (IGNORED_SWITCHES, {"nargs": 0}),
-        (IGNORED_OPTIONAL_VALUE, {"nargs": "?", "metavar": "X"}),
-        (IGNORED_WITH_VALUE, {"metavar": "X"}),
-    ):
-        for word in words:
-            i.add_argument(*word.split("|"), dest="ignored_flag", action=_Ignored, **kwargs)
-    for spellings, what in UNSUPPORTED_FLAGS.items():
-        p.add_argument(
-            *spellings.split("|"), nargs="?", const=what, action=_Refused, help=argparse.SUPPRESS
-        )
+    add_compat_flags(p)
     defaults = {f.name: f.default for f in fields(ServerConfig)}
     p.set_defaults(**{**defaults, "n_parallel": -1, "lora_dirs": []})
     return p

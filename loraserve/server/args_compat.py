@@ -1,0 +1,67 @@
+"""llama-server flags loraserve accepts and ignores, and those it refuses with a reason.
+
+Kept apart from `args.py`: these lists follow llama-server's releases, the rest follows
+loraserve's own configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+# Accepted and ignored, as words; "|" joins the spellings of one flag.
+IGNORED_SWITCHES = """
+    --jinja --no-jinja --webui|--ui --no-webui|--no-ui --mlock --mmap --no-mmap
+    -v|--verbose|--log-verbose --log-disable --log-timestamps --log-prefix
+    -cb|--cont-batching -nocb|--no-cont-batching -kvu|--kv-unified -no-kvu|--no-kv-unified
+    --warmup --no-warmup --swa-full --context-shift --no-context-shift --cache-idle-slots
+    --no-cache-idle-slots --slots --no-slots --props --no-perf --check-tensors --reuse-port
+    --offline --op-offload --no-op-offload
+""".split()
+IGNORED_OPTIONAL_VALUE = "-fa|--flash-attn -fit|--fit --log-colors -rea|--reasoning".split()
+IGNORED_WITH_VALUE = """
+    -ngl|--gpu-layers|--n-gpu-layers -ctk|--cache-type-k -ctv|--cache-type-v
+    -ctxcp|--ctx-checkpoints|--swa-checkpoints --chat-template --chat-template-file
+    --chat-template-kwargs --reasoning-format --reasoning-budget -tb|--threads-batch
+    --threads-http -to|--timeout -sps|--slot-prompt-similarity --cache-reuse --keep
+    -sm|--split-mode -ts|--tensor-split -mg|--main-gpu -dev|--device -ot|--override-tensor
+    -ncmoe|--n-cpu-moe -fitt|--fit-target -fitc|--fit-ctx --numa --prio --poll
+    -dt|--defrag-thold -lv|--verbosity|--log-verbosity --log-file --sleep-idle-seconds
+    --sse-ping-interval --path
+""".split()
+
+# Flags llama-server has and loraserve refuses, with why (an error beats a silent difference).
+UNSUPPORTED_FLAGS = {
+    "-hf|-hfr|--hf-repo|-hff|--hf-file|-mu|--model-url": "downloading models; pass -m PATH",
+    "--embedding|--embeddings|--reranking|--rerank": "embeddings and reranking",
+    "-mm|--mmproj|-mmu|--mmproj-url": "multimodal models",
+    "-md|--model-draft|--spec-draft-model": "speculative decoding",
+    "--grammar|--grammar-file|-j|--json-schema|-jf|--json-schema-file": "grammars",
+    "--api-prefix": "an API prefix",
+}
+
+
+class _Refused(argparse.Action):
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None):
+        parser.error(f"argument {option_string}: not supported by loraserve ({self.const})")
+
+
+class _Ignored(argparse.Action):
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None):
+        namespace.ignored = [*namespace.ignored, option_string]
+
+
+def add_compat_flags(p: argparse.ArgumentParser) -> None:
+    """Register the ignored flags (listed in `--help`) and the refused ones (hidden)."""
+    i = p.add_argument_group("accepted for compatibility with llama-server and ignored")
+    for words, kwargs in (
+        (IGNORED_SWITCHES, {"nargs": 0}),
+        (IGNORED_OPTIONAL_VALUE, {"nargs": "?", "metavar": "X"}),
+        (IGNORED_WITH_VALUE, {"metavar": "X"}),
+    ):
+        for word in words:
+            i.add_argument(*word.split("|"), dest="ignored_flag", action=_Ignored, **kwargs)
+    for spellings, what in UNSUPPORTED_FLAGS.items():
+        p.add_argument(
+            *spellings.split("|"), nargs="?", const=what, action=_Refused, help=argparse.SUPPRESS
+        )
