@@ -14,13 +14,10 @@ from pathlib import Path
 import pytest
 
 from loraserve.server.app import MAX_BODY_BYTES
+from loraserve.server.fields import MAX_LOGIT_BIAS, MAX_PROMPTS, MAX_STOP, MAX_STOP_LEN
 from loraserve.server.lora_api import MAX_ADAPTER_BYTES
 from loraserve.server.schemas import (
-    MAX_LOGIT_BIAS,
     MAX_LORA_SCALE,
-    MAX_PROMPTS,
-    MAX_STOP,
-    MAX_STOP_LEN,
     N_PROBS_MAX,
 )
 from tests.server_util import serve_in_thread

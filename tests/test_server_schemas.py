@@ -27,10 +27,8 @@ from loraserve.server.errors import (
     unavailable,
     validation_message,
 )
+from loraserve.server.fields import MAX_LOGIT_BIAS, MAX_STOP, MAX_STOP_LEN
 from loraserve.server.schemas import (
-    MAX_LOGIT_BIAS,
-    MAX_STOP,
-    MAX_STOP_LEN,
     N_PROBS_MAX,
     SAMPLING_KEYS,
     ApplyTemplateRequest,

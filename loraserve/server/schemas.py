@@ -8,7 +8,6 @@ clamp silently are errors here, except a negative `top_k`, which llama.cpp docum
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Self
 
 from pydantic import (
@@ -22,15 +21,20 @@ from pydantic import (
     model_validator,
 )
 
-from loraserve.server.chat_template import normalize_messages
+from loraserve.server.fields import (
+    INT32_MAX,
+    Messages,
+    Prompt,
+    check_token,
+    only_one,
+    parse_logit_bias,
+    parse_mixed,
+    parse_prompts,
+    parse_stop,
+)
 
-INT32_MAX = 2**31 - 1
 SEED_MAX = 2**32 - 1  # llama.cpp's LLAMA_DEFAULT_SEED: like -1, a random seed
-MAX_STOP = 16  # stop strings per request
-MAX_STOP_LEN = 1024  # characters per stop string
-MAX_LOGIT_BIAS = 1024  # logit_bias entries per request
 N_PROBS_MAX = 100  # n_probs / logprobs / top_logprobs upper bound
-MAX_PROMPTS = 1024  # prompts in one /completion request
 MAX_LORA_SCALE = 1e4  # |scale| of an adapter: far beyond any use, far below overflow
 DEFAULT_TOP_LOGPROBS = 20  # llama-server's n_probs for chat `logprobs: true` alone
 SAMPLING_KEYS = (
@@ -48,8 +52,6 @@ UNSUPPORTED = {
     "suffix": "suffix",
 }
 
-Prompt = str | list[int | str]
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
@@ -64,106 +66,6 @@ class _Body(_Strict):
         if not isinstance(data, BaseModel):
             raise ValueError("request body must be a JSON object")
         return data
-
-
-def _is_token(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _err(where: str, msg: str) -> ValueError:
-    return ValueError(f"{where}: {msg}" if where else msg)
-
-
-def _check_token(x: Any, where: str) -> int:
-    if not _is_token(x) or not 0 <= x <= INT32_MAX:
-        raise _err(where, f"expected a token id (integer >= 0), got {x!r}")
-    return x
-
-
-def _mixed(p: Any, where: str) -> Prompt:
-    """A string, or a non-empty list of token ids and strings (llama.cpp's mixed prompt)."""
-    if isinstance(p, str):
-        return p
-    if isinstance(p, dict) and isinstance(p.get("prompt_string"), str):
-        if p.get("multimodal_data"):
-            raise _err(where, "multimodal_data is not supported (text-only server)")
-        return p["prompt_string"]
-    if not isinstance(p, list):
-        raise _err(where, "expected a string or a list of token ids and strings")
-    if not p:
-        raise _err(where, "must not be empty")
-    return [x if isinstance(x, str) else _check_token(x, f"{where}[{i}]") for i, x in enumerate(p)]
-
-
-def _stop(v: Any) -> list[str]:
-    words = [v] if isinstance(v, str) else v
-    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
-        raise ValueError("must be a string or a list of strings")
-    words = [w for w in words if w]
-    if len(words) > MAX_STOP:
-        raise ValueError(f"at most {MAX_STOP} stop strings, got {len(words)}")
-    if any(len(w) > MAX_STOP_LEN for w in words):
-        raise ValueError(f"each stop string must be at most {MAX_STOP_LEN} characters")
-    return words
-
-
-def _logit_bias(v: Any) -> list[tuple[int, float]]:
-    """llama.cpp's two forms: [[id, bias], ...] and {"id": bias}; bias false bans (-inf)."""
-    if isinstance(v, dict):
-        pairs = [(k, b, f"[{k!r}]") for k, b in v.items()]
-    elif isinstance(v, list):
-        if bad := [i for i, el in enumerate(v) if not isinstance(el, list) or len(el) != 2]:
-            raise ValueError(f"[{bad[0]}]: expected a [token_id, bias] pair")
-        pairs = [(el[0], el[1], f"[{i}]") for i, el in enumerate(v)]
-    else:
-        raise ValueError('expected [[token_id, bias], ...] or {"token_id": bias}')
-    if len(pairs) > MAX_LOGIT_BIAS:
-        raise ValueError(f"at most {MAX_LOGIT_BIAS} entries, got {len(pairs)}")
-    out: list[tuple[int, float]] = []
-    for tok, bias, where in pairs:
-        if isinstance(tok, str):
-            if not (tok.isascii() and tok.isdigit()):
-                raise ValueError(f"{where}: token text is not supported, use token ids")
-            tok = int(tok)
-        _check_token(tok, where)
-        if bias is False:
-            bias = -math.inf
-        elif isinstance(bias, bool) or not isinstance(bias, int | float):
-            raise ValueError(f"{where}: bias must be a number or false, got {bias!r}")
-        elif not math.isfinite(bias):
-            raise ValueError(f"{where}: bias must be finite (use false to ban a token)")
-        out.append((tok, float(bias)))
-    return out
-
-
-def _prompts(v: Any) -> list[Prompt]:
-    if isinstance(v, str | dict):
-        return [_mixed(v, "")]
-    if not isinstance(v, list):
-        raise ValueError("expected a string, a list of token ids, or a list of prompts")
-    if not v:
-        raise ValueError("must not be empty")
-    if any(_is_token(x) for x in v):
-        return [_mixed(v, "")]
-    if len(v) > MAX_PROMPTS:
-        raise ValueError(f"at most {MAX_PROMPTS} prompts, got {len(v)}")
-    return [_mixed(p, f"[{i}]") for i, p in enumerate(v)]
-
-
-def _only_one(v: int) -> int:
-    if v != 1:
-        raise ValueError(f"only n=1 (one completion per request) is supported, got {v}")
-    return v
-
-
-def _messages(v: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    try:
-        return normalize_messages(v)
-    except ValueError as exc:
-        raise ValueError(str(exc).removeprefix("messages")) from None
-
-
-Messages = Annotated[list[dict[str, Any]], AfterValidator(_messages)]
 
 
 class LoraScaleItem(_Strict):
@@ -221,7 +123,7 @@ class _GenerationParams(_Body):
     seed: Annotated[int, AfterValidator(lambda v: -1 if v == SEED_MAX else v)] = Field(
         -1, ge=-1, le=SEED_MAX
     )
-    stop: Annotated[list[str], PlainValidator(_stop)] = Field(default_factory=list)
+    stop: Annotated[list[str], PlainValidator(parse_stop)] = Field(default_factory=list)
     stream: bool = False
     cache_prompt: bool = True
     id_slot: int = Field(-1, ge=-1, le=INT32_MAX)
@@ -230,12 +132,12 @@ class _GenerationParams(_Body):
     )
     ignore_eos: bool = False
     post_sampling_probs: bool = False
-    logit_bias: Annotated[list[tuple[int, float]], PlainValidator(_logit_bias)] = Field(
+    logit_bias: Annotated[list[tuple[int, float]], PlainValidator(parse_logit_bias)] = Field(
         default_factory=list
     )
     return_tokens: bool = False
     lora: Annotated[list[LoraScaleItem], AfterValidator(_check_unique_ids)] | None = None
-    n: Annotated[int, AfterValidator(_only_one)] = Field(
+    n: Annotated[int, AfterValidator(only_one)] = Field(
         1, validation_alias=AliasChoices("n", "n_cmpl")
     )
 
@@ -276,7 +178,7 @@ class CompletionRequest(_GenerationParams):
     list mixing token ids and strings (llama.cpp's rules: a top-level list holding any
     integer is one prompt, any other list is a list of prompts)."""
 
-    prompt: Annotated[list[Prompt], PlainValidator(_prompts)]
+    prompt: Annotated[list[Prompt], PlainValidator(parse_prompts)]
 
 
 class StreamOptions(_Strict):
@@ -341,13 +243,13 @@ class UnloadAdapterRequest(_Body):
 def _tokens(v: Any) -> list[int]:
     if not isinstance(v, list):
         raise ValueError("expected a list of token ids")
-    return [_check_token(t, f"[{i}]") for i, t in enumerate(v)]
+    return [check_token(t, f"[{i}]") for i, t in enumerate(v)]
 
 
 class TokenizeRequest(_Body):
     """POST /tokenize. `content` is a string or a mixed list of strings and token ids."""
 
-    content: Annotated[Prompt, PlainValidator(lambda v: v if v == [] else _mixed(v, ""))] = ""
+    content: Annotated[Prompt, PlainValidator(lambda v: v if v == [] else parse_mixed(v, ""))] = ""
     add_special: bool = False
     parse_special: bool = True
     with_pieces: bool = False

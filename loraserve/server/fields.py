@@ -1,0 +1,123 @@
+"""Parsers of the free-form request fields (prompts, stop strings, logit_bias, messages)
+and their limits, shared by every request body in `schemas.py`.
+
+Each parser accepts llama-server's forms and raises `ValueError` naming the offending
+element (`[2]: expected a token id ...`); the handlers turn that into a 400.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
+
+from loraserve.server.chat_template import normalize_messages
+
+INT32_MAX = 2**31 - 1
+MAX_STOP = 16  # stop strings per request
+MAX_STOP_LEN = 1024  # characters per stop string
+MAX_LOGIT_BIAS = 1024  # logit_bias entries per request
+MAX_PROMPTS = 1024  # prompts in one /completion request
+
+Prompt = str | list[int | str]
+
+
+def is_token(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _err(where: str, msg: str) -> ValueError:
+    return ValueError(f"{where}: {msg}" if where else msg)
+
+
+def check_token(x: Any, where: str) -> int:
+    if not is_token(x) or not 0 <= x <= INT32_MAX:
+        raise _err(where, f"expected a token id (integer >= 0), got {x!r}")
+    return x
+
+
+def parse_mixed(p: Any, where: str) -> Prompt:
+    """A string, or a non-empty list of token ids and strings (llama.cpp's mixed prompt)."""
+    if isinstance(p, str):
+        return p
+    if isinstance(p, dict) and isinstance(p.get("prompt_string"), str):
+        if p.get("multimodal_data"):
+            raise _err(where, "multimodal_data is not supported (text-only server)")
+        return p["prompt_string"]
+    if not isinstance(p, list):
+        raise _err(where, "expected a string or a list of token ids and strings")
+    if not p:
+        raise _err(where, "must not be empty")
+    return [x if isinstance(x, str) else check_token(x, f"{where}[{i}]") for i, x in enumerate(p)]
+
+
+def parse_stop(v: Any) -> list[str]:
+    words = [v] if isinstance(v, str) else v
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise ValueError("must be a string or a list of strings")
+    words = [w for w in words if w]
+    if len(words) > MAX_STOP:
+        raise ValueError(f"at most {MAX_STOP} stop strings, got {len(words)}")
+    if any(len(w) > MAX_STOP_LEN for w in words):
+        raise ValueError(f"each stop string must be at most {MAX_STOP_LEN} characters")
+    return words
+
+
+def parse_logit_bias(v: Any) -> list[tuple[int, float]]:
+    """llama.cpp's two forms: [[id, bias], ...] and {"id": bias}; bias false bans (-inf)."""
+    if isinstance(v, dict):
+        pairs = [(k, b, f"[{k!r}]") for k, b in v.items()]
+    elif isinstance(v, list):
+        if bad := [i for i, el in enumerate(v) if not isinstance(el, list) or len(el) != 2]:
+            raise ValueError(f"[{bad[0]}]: expected a [token_id, bias] pair")
+        pairs = [(el[0], el[1], f"[{i}]") for i, el in enumerate(v)]
+    else:
+        raise ValueError('expected [[token_id, bias], ...] or {"token_id": bias}')
+    if len(pairs) > MAX_LOGIT_BIAS:
+        raise ValueError(f"at most {MAX_LOGIT_BIAS} entries, got {len(pairs)}")
+    out: list[tuple[int, float]] = []
+    for tok, bias, where in pairs:
+        if isinstance(tok, str):
+            if not (tok.isascii() and tok.isdigit()):
+                raise ValueError(f"{where}: token text is not supported, use token ids")
+            tok = int(tok)
+        check_token(tok, where)
+        if bias is False:
+            bias = -math.inf
+        elif isinstance(bias, bool) or not isinstance(bias, int | float):
+            raise ValueError(f"{where}: bias must be a number or false, got {bias!r}")
+        elif not math.isfinite(bias):
+            raise ValueError(f"{where}: bias must be finite (use false to ban a token)")
+        out.append((tok, float(bias)))
+    return out
+
+
+def parse_prompts(v: Any) -> list[Prompt]:
+    if isinstance(v, str | dict):
+        return [parse_mixed(v, "")]
+    if not isinstance(v, list):
+        raise ValueError("expected a string, a list of token ids, or a list of prompts")
+    if not v:
+        raise ValueError("must not be empty")
+    if any(is_token(x) for x in v):
+        return [parse_mixed(v, "")]
+    if len(v) > MAX_PROMPTS:
+        raise ValueError(f"at most {MAX_PROMPTS} prompts, got {len(v)}")
+    return [parse_mixed(p, f"[{i}]") for i, p in enumerate(v)]
+
+
+def only_one(v: int) -> int:
+    if v != 1:
+        raise ValueError(f"only n=1 (one completion per request) is supported, got {v}")
+    return v
+
+
+def parse_messages(v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    try:
+        return normalize_messages(v)
+    except ValueError as exc:
+        raise ValueError(str(exc).removeprefix("messages")) from None
+
+
+Messages = Annotated[list[dict[str, Any]], AfterValidator(parse_messages)]
