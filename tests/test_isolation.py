@@ -289,3 +289,17 @@ def test_a_failing_step_outside_the_forward_pass_leaves_the_thread_alive() -> No
     finally:
         eng.shutdown()
     check_pool(eng)
+
+
+def test_bad_rows_flags_inf_and_nan_but_not_huge_finite_logits() -> None:
+    """The fast row-sum check must not call a row whose finite logits overflow the sum
+    bad, and must flag every row with an inf (either sign), a NaN, or inf - inf."""
+    from loraserve.engine.isolation import _bad_rows
+
+    x = torch.randn(6, 1000)
+    x[0, :2] = 3e38  # finite, but the row sum overflows
+    x[1, 5] = float("inf")
+    x[2, 7] = -float("inf")
+    x[3, 9] = float("nan")
+    x[4, 1], x[4, 2] = float("inf"), -float("inf")
+    assert _bad_rows(x).tolist() == [False, True, True, True, True, False]

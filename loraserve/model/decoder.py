@@ -123,6 +123,8 @@ class Decoder(nn.Module):
         self.output = Linear(
             "output.weight", out_w, None, dtype, int8, keep_float=not int8, prepared=out_prep
         )
+        if int8:  # the vocabulary projection dominates a decode step: fastest kernel
+            self.output.use_int8_matmul()
         n = min(cfg.context_length, 8192)
         self.rope_global = Rope(cfg.head_dim, cfg.rope_theta, n)
         self.rope_local = (

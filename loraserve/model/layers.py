@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from loraserve.model.context import get_context
+from loraserve.model.int8mm import Int8Matmul, int8_matmul
 
 
 class Linear(nn.Module):
@@ -34,6 +35,7 @@ class Linear(nn.Module):
         self.name = name
         self.w8: torch.Tensor | None = None  # [out, in] int8
         self.s8: torch.Tensor | None = None  # [out] bf16
+        self.mm: Int8Matmul | None = None  # int8 x int8 kernel over w8, where enabled
         if int8:
             self.w8, self.s8 = prepared if prepared is not None else quantize_int8(weight)
         self.out_features, self.in_features = (weight if weight is not None else self.w8).shape
@@ -66,7 +68,16 @@ class Linear(nn.Module):
             y = y + self.bias
         return y
 
+    def use_int8_matmul(self) -> bool:
+        """Run the int8 rows through oneDNN's int8 x int8 kernel (`int8mm`) instead of
+        the weight-only one; False where that kernel is unavailable on this CPU."""
+        if self.w8 is not None and self.s8 is not None and self.mm is None:
+            self.mm = int8_matmul(self.w8, self.s8)
+        return self.mm is not None
+
     def _int8(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mm is not None:
+            return self.mm(x).to(x.dtype)
         y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.w8, self.s8)
         return y.to(x.dtype)
 
