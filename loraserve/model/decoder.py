@@ -15,7 +15,15 @@ from torch import nn
 from loraserve.model.attention import paged_attention
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
-from loraserve.model.layers import Linear, Rope, RowEmbedding, apply_rope, gated_act, rms_norm
+from loraserve.model.layers import (
+    FusedLinear,
+    Linear,
+    Rope,
+    RowEmbedding,
+    apply_rope,
+    gated_act,
+    rms_norm,
+)
 from loraserve.model.moe import MoE
 
 WeightFn = Callable[[str], torch.Tensor | None]  # GGUF name -> float tensor, None if absent
@@ -42,15 +50,34 @@ class Block(nn.Module):
             prep = prepared.get(name) if int8 else None
             return Linear(name, _req(w, name), w(p + n + ".bias"), dtype, int8, prepared=prep)
 
-        self.q, self.k, self.v, self.o = (
-            lin("attn_q"),
-            lin("attn_k"),
-            lin("attn_v"),
-            lin("attn_output"),
-        )
+        def fused(stems: tuple[str, ...], fused_stem: str) -> FusedLinear:
+            ws = [_req(w, p + n + ".weight") for n in stems]
+            bs = [w(p + n + ".bias") for n in stems]
+            bias = None
+            if any(b is not None for b in bs):
+                pieces = zip(bs, ws, strict=True)
+                bias = torch.cat([b if b is not None else torch.zeros(len(t)) for b, t in pieces])
+            name = p + fused_stem + ".weight"
+            return FusedLinear(
+                name,
+                [(p + n + ".weight", t.shape[0]) for n, t in zip(stems, ws, strict=True)],
+                torch.cat(ws),
+                bias,
+                dtype,
+                int8,
+                prepared=prepared.get(name) if int8 else None,
+            )
+
+        # q|k|v and gate|up each run as one projection (`FusedLinear`)
+        self.qkv = fused(("attn_q", "attn_k", "attn_v"), "attn_qkv")
+        self.o = lin("attn_output")
         self.attn_norm = _req(w, p + "attn_norm.weight").float()
-        self.q_norm = w(p + "attn_q_norm.weight") if cfg.qk_norm else None
-        self.k_norm = w(p + "attn_k_norm.weight") if cfg.qk_norm else None
+        self.qk_norm = None  # [n_heads + n_kv_heads, head_dim]: q's norm, then k's, per head
+        if cfg.qk_norm:
+            qn, kn = _req(w, p + "attn_q_norm.weight"), _req(w, p + "attn_k_norm.weight")
+            self.qk_norm = torch.cat(
+                (qn.expand(cfg.n_heads, -1), kn.expand(cfg.n_kv_heads, -1))
+            ).contiguous()
         self.post_attn_norm = _req(w, p + "post_attention_norm.weight") if cfg.post_norms else None
         self.ffn_norm = _req(w, p + "ffn_norm.weight").float()
         self.post_ffn_norm = _req(w, p + "post_ffw_norm.weight") if cfg.post_norms else None
@@ -59,21 +86,21 @@ class Block(nn.Module):
             self.moe: MoE | None = MoE(cfg, p, w, dtype)
         else:
             self.moe = None
-            self.gate, self.up, self.down = lin("ffn_gate"), lin("ffn_up"), lin("ffn_down")
+            self.gate_up, self.down = fused(("ffn_gate", "ffn_up"), "ffn_gate_up"), lin("ffn_down")
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """x: [T, hidden]; rope: this layer's (cos, sin) tables for the step's positions."""
         cfg, ctx = self.cfg, get_context()
         eps = cfg.rms_eps
         h = rms_norm(x, self.attn_norm, eps)
-        t = h.shape[0]
-        q = self.q(h).view(t, cfg.n_heads, cfg.head_dim)
-        k = self.k(h).view(t, cfg.n_kv_heads, cfg.head_dim)
-        v = self.v(h).view(t, cfg.n_kv_heads, cfg.head_dim)
-        if self.q_norm is not None:
-            q = rms_norm(q, self.q_norm, eps)
-            k = rms_norm(k, self.k_norm, eps)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        t, nq, nkv, d = h.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        qkv = self.qkv(h)  # [T, (nq + 2 nkv) d]
+        qk = qkv[:, : (nq + nkv) * d].view(t, nq + nkv, d)  # q and k heads, normed and
+        v = qkv[:, (nq + nkv) * d :].view(t, nkv, d)  # rotated together below
+        if self.qk_norm is not None:
+            qk = rms_norm(qk, self.qk_norm, eps)
+        qk = apply_rope(qk, *rope)
+        q, k = qk[:, :nq], qk[:, nq:]
         k_cache, v_cache = ctx.kv_caches[self.i]
         a = paged_attention(q, k, v, k_cache, v_cache, ctx, cfg.attn_scale, self.sliding)
         a = self.o(a.reshape(t, cfg.n_heads * cfg.head_dim))
@@ -84,7 +111,8 @@ class Block(nn.Module):
         if self.moe is not None:
             f = self.moe(h)
         else:
-            f = self.down(gated_act(self.gate(h), self.up(h), cfg.act))
+            gate, up = self.gate_up(h).chunk(2, dim=-1)
+            f = self.down(gated_act(gate, up, cfg.act))
         if self.post_ffn_norm is not None:
             f = rms_norm(f, self.post_ffn_norm, eps)
         return x + f

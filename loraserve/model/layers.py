@@ -36,10 +36,14 @@ class Linear(nn.Module):
         self.w8: torch.Tensor | None = None  # [out, in] int8
         self.s8: torch.Tensor | None = None  # [out] bf16
         self.mm: Int8Matmul | None = None  # int8 x int8 kernel over w8, where enabled
+        in_features = (weight if weight is not None else prepared[0]).shape[1]  # type: ignore[index]
+        # torch's int8 kernel needs in % 16 == 0 (it crashes otherwise); GGUF rows are
+        # whole 32-value blocks, so only odd HF shapes stay on float weights
+        int8 = int8 and in_features % 16 == 0
         if int8:
             self.w8, self.s8 = prepared if prepared is not None else quantize_int8(weight)
         self.out_features, self.in_features = (weight if weight is not None else self.w8).shape
-        self.weight = weight.to(dtype).contiguous() if (keep_float or not int8) else None
+        self.weight = weight.to(dtype).contiguous() if (keep_float or self.w8 is None) else None
         self.bias = None if bias is None else bias.to(dtype)
 
     def base(self, x: torch.Tensor) -> torch.Tensor:
@@ -86,6 +90,46 @@ class Linear(nn.Module):
         lora = get_context().lora
         if lora is not None:
             y = lora.apply(self.name, x, y)
+        return y
+
+
+class FusedLinear(Linear):
+    """Projections of one input as one matmul (q|k|v, gate|up): a decode step is mostly
+    per-call overhead at one or a few rows, and one call reads the same bytes as three.
+
+    ``parts`` are the GGUF names and output sizes of the pieces, in column order; each
+    keeps its own LoRA target, added onto its columns of the fused output.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        parts: list[tuple[str, int]],
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+        int8: bool = False,
+        prepared: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
+        super().__init__(name, weight, bias, dtype, int8, prepared=prepared)
+        self.parts = parts
+        bounds, lo = [], 0
+        for _, n in parts:
+            bounds.append((lo, lo + n))
+            lo += n
+        if lo != self.out_features:
+            raise ValueError(f"{name}: parts cover {lo} of {self.out_features} outputs")
+        self.bounds = bounds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)  # [T, sum of parts]
+        lora = get_context().lora
+        if lora is not None:
+            for (target, _), (lo, hi) in zip(self.parts, self.bounds, strict=True):
+                part = y[:, lo:hi]
+                out = lora.apply(target, x, part)
+                if out is not part:  # deltas may come back as a new tensor
+                    part.copy_(out)
         return y
 
 

@@ -19,7 +19,7 @@ from loraserve.model.decoder import Decoder
 from loraserve.model.default import cache_dir
 
 log = logging.getLogger("loraserve.model")
-FORMAT = "int8rows-v1"
+FORMAT = "int8rows-v2"  # v2: q|k|v and gate|up stored fused
 
 
 def prepared_cache_file(model_path: Path) -> Path:
