@@ -95,6 +95,7 @@ class ModelRunner:
                 k = torch.arange(total).unsqueeze(0)  # [1, L]
                 full = k <= q
                 swa = full & (q - k < window) if window else None
+                lo = max(0, it.start - window + 1) if window else 0  # first key in a window
                 groups.append(
                     AttnGroup(
                         None,
@@ -102,8 +103,9 @@ class ModelRunner:
                         row + it.n,
                         kv_index.unsqueeze(0),
                         full[None, None],
-                        None if swa is None else swa[None, None],
+                        None if swa is None else swa[None, None, :, lo:],
                         1,
+                        kv_index_swa=kv_index[lo:].unsqueeze(0) if lo else None,
                     )
                 )
             row += it.n
@@ -123,6 +125,9 @@ class ModelRunner:
             qpos = torch.tensor(lens).unsqueeze(1) - 1  # [B, 1]
             full = k <= qpos
             swa = full & (qpos - k < window) if window else None
+            kv_swa = None
+            if window and max_len > window:  # gather only each sequence's last `window`
+                kv_swa, swa = _window(kv_index, torch.tensor(lens), window)
             groups.append(
                 AttnGroup(
                     torch.tensor(decode_rows),
@@ -132,6 +137,7 @@ class ModelRunner:
                     full[:, None, None, :],
                     None if swa is None else swa[:, None, None, :],
                     len(decode_items),
+                    kv_index_swa=kv_swa,
                 )
             )
         lora = None
@@ -160,3 +166,15 @@ class ModelRunner:
             return self.decoder(input_ids, positions)
         finally:
             set_context(None)
+
+
+def _window(
+    kv_index: torch.Tensor, lens: torch.Tensor, window: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode rows' last ``window`` KV slots: kv_index [B, L], lens [B] -> ([B, W] slots,
+    [B, W] keep mask); a shorter sequence is padded with its own newest slot, masked."""
+    start = (lens - window).clamp(min=0)  # [B] first key inside the window
+    cols = start[:, None] + torch.arange(window)[None, :]  # [B, W]
+    keep = cols < lens[:, None]
+    cols = torch.minimum(cols, (lens - 1)[:, None])
+    return kv_index.gather(1, cols), keep

@@ -52,6 +52,11 @@ class AttnGroup:
     mask_full: torch.Tensor  # [B, 1, Q, L] bool: True = attend (causal, padding)
     mask_swa: torch.Tensor | None  # same, also restricted to the sliding window
     n_seqs: int  # B: sequences in the group (Q = queries per sequence)
+    # sliding-window layers gather only the window: its KV slots [B, W'] (mask_swa is
+    # then [B, 1, Q, W']); None = kv_index with mask_swa
+    kv_index_swa: torch.Tensor | None = None
+    # additive float masks (0 / -inf) of mask_full / mask_swa, built on first use
+    bias: dict[bool, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
