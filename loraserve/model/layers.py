@@ -119,13 +119,13 @@ class FusedLinear(Linear):
             lo += n
         if lo != self.out_features:
             raise ValueError(f"{name}: parts cover {lo} of {self.out_features} outputs")
-        self.bounds = bounds
+        self.spans = [(t, lo, hi) for (t, _), (lo, hi) in zip(parts, bounds, strict=True)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)  # [T, sum of parts]
         lora = get_context().lora
         if lora is not None:
-            for (target, _), (lo, hi) in zip(self.parts, self.bounds, strict=True):
+            for target, lo, hi in self.spans:
                 part = y[:, lo:hi]
                 out = lora.apply(target, x, part)
                 if out is not part:  # deltas may come back as a new tensor
