@@ -141,3 +141,25 @@ def test_seeded_sampling_is_batch_independent(tiny) -> None:
     eng = Engine(model, EngineConfig(n_slots=4, n_ctx=1024))
     together = run(eng, [*others[:2], req(p, 10, sampling=sp), others[2]])
     assert tokens(together[2]) == alone
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_next_turn_reuses_generated_kv_only_when_decode_equals_prefill(
+    tiny, tmp_path, int8: bool
+) -> None:
+    """A chat's next turn (prompt + answer + more) reuses the answer's KV only when decode
+    computes what prefill does: int8 decode weights give other rounding, so with them the
+    answer is recomputed as prompt, and the turn equals its cache-off run either way."""
+    model, hf = tiny
+    if int8:
+        model = load_model(model.path, int8=True)
+        assert model.decoder.blocks[0].qkv.w8 is not None  # the int8 path is really on
+    eng = Engine(model, EngineConfig(n_ctx=512, block_size=4))
+    p = prompts(7, 1)[0]
+    answer = tokens(run(eng, [req(p, 8)])[0])
+    turn = p + answer + [40, 41, 42]
+    evs = run(eng, [req(turn, 6)])[0]
+    cold = run(Engine(model, EngineConfig(n_ctx=512, block_size=4)), [req(turn, 6)])[0]
+    assert tokens(evs) == tokens(cold)
+    reused = evs[-1].n_cached
+    assert reused == (len(p) if int8 else len(p) + len(answer) - 1)

@@ -65,7 +65,13 @@ class Engine:
             max_blocks = held + budget
         self.pool = BlockPool(bs, max_blocks, initial_blocks=min(held, 256))
         self.cache = PrefixCache(self.pool, budget)
-        self.scheduler = Scheduler(config.n_slots, self.n_ctx_slot, config.ubatch, self.cache)
+        self.scheduler = Scheduler(
+            config.n_slots,
+            self.n_ctx_slot,
+            config.ubatch,
+            self.cache,
+            share_generated=model.decoder.decode_matches_prefill,
+        )
         self.runner = ModelRunner(model.decoder, bs, kv_dtype)
         from loraserve.lora.registry import AdapterRegistry
 

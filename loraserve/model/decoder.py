@@ -132,6 +132,9 @@ class Decoder(nn.Module):
     ) -> None:
         super().__init__()
         self.cfg, self.dtype = cfg, dtype
+        # generated rows use the prompt rows' weights: their KV is what a prefill of the
+        # same tokens computes, so a later request may reuse it (False with int8 decode)
+        self.decode_matches_prefill = not int8
         prepared = prepared or {}
         self.embed: torch.Tensor | RowEmbedding = (
             embedding if embedding is not None else _req(w, "token_embd.weight")

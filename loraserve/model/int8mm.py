@@ -11,6 +11,10 @@ split into its rounded part and 254 x the remainder, both fed as rows of one mat
 the activation error is ~2^-15 of the row's range (below the int8 weights' own error;
 bf16 activations are 2^-9). Every row's result depends on that row alone (integer
 accumulation, per-row scales), so a token's logits do not depend on the batch.
+
+Measured on Gemma 3 270M (final hidden states of 64 passage tokens, logits against
+float64 over the same int8 weights): two passes 0.003 max / 0.0003 mean abs error;
+one pass 0.77 / 0.08; the weight-only kernel with bf16 activations 0.10 / 0.010.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Building blocks of the decoder: projections (float or int8 weight-only), norms, rope."""
+"""Decoder building blocks: projections (float or int8; fused q|k|v, gate|up), norms, rope."""
 
 from __future__ import annotations
 

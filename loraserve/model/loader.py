@@ -101,12 +101,12 @@ def load_model(
                 raw = torch.from_numpy(gg.raw("token_embd.weight").reshape(info.shape[0], -1))
             embedding = RowEmbedding(raw, info.ggml_type, info.shape[1])
         cache_file = prepared_cache_file(path)
-        prepared = load_prepared(cache_file)
+        prepared = load_prepared(cache_file) if cache_file is not None else {}
     decoder = Decoder(
         cfg, weight_fn, dtype=dtype, int8=int8, prepared=prepared, embedding=embedding
     )
     if cache_file is not None and not prepared:
-        save_prepared(cache_file, decoder)
+        save_prepared(cache_file, decoder, str(path.resolve()))
     log.info(
         "loaded %s (%s, %d layers, %s%s) in %.2f s (metadata+tokenizer %.2f s)",
         name,

@@ -20,11 +20,17 @@ from loraserve.model.default import cache_dir
 
 log = logging.getLogger("loraserve.model")
 FORMAT = "int8rows-v2"  # v2: q|k|v and gate|up stored fused
+# smaller models requantize in well under a second: no cache file for them (and none
+# for the tiny models tests write by the hundred)
+MIN_MODEL_BYTES = 32 << 20
 
 
-def prepared_cache_file(model_path: Path) -> Path:
-    """Cache file name derived from the model file's identity (path, size, mtime)."""
+def prepared_cache_file(model_path: Path) -> Path | None:
+    """Cache file name derived from the model file's identity (path, size, mtime); None
+    for models too small to need one."""
     st = model_path.stat()
+    if st.st_size < MIN_MODEL_BYTES:
+        return None
     tag = f"{model_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{FORMAT}"
     import hashlib
 
@@ -50,8 +56,9 @@ def load_prepared(path: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     }
 
 
-def save_prepared(path: Path, decoder: Decoder) -> None:
-    """Store every int8 projection of ``decoder`` (atomically; failures only log)."""
+def save_prepared(path: Path, decoder: Decoder, source: str) -> None:
+    """Store every int8 projection of ``decoder`` (atomically; failures only log), and
+    drop older caches of the same ``source`` model file."""
     flat: dict[str, torch.Tensor] = {}
     for mod in decoder.modules():
         w8, s8 = getattr(mod, "w8", None), getattr(mod, "s8", None)
@@ -61,7 +68,26 @@ def save_prepared(path: Path, decoder: Decoder) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        save_file(flat, str(tmp))
+        save_file(flat, str(tmp), metadata={"source": source, "format": FORMAT})
         os.replace(tmp, path)
     except OSError as e:
         log.warning("could not write prepared-weights cache %s: %s", path, e)
+        return
+    _drop_stale(path, source)
+
+
+def _drop_stale(current: Path, source: str) -> None:
+    """Delete older cache files of the same model file (an earlier format or mtime)."""
+    from safetensors import safe_open
+
+    for other in current.parent.glob("*.safetensors"):
+        if other == current:
+            continue
+        try:
+            with safe_open(str(other), "pt") as f:
+                stale = (f.metadata() or {}).get("source") == source
+            if stale:
+                other.unlink()
+                log.info("removed stale prepared-weights cache %s", other)
+        except Exception:  # unreadable or foreign files are left alone
+            continue
