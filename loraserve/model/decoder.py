@@ -132,9 +132,6 @@ class Decoder(nn.Module):
     ) -> None:
         super().__init__()
         self.cfg, self.dtype = cfg, dtype
-        # generated rows use the prompt rows' weights: their KV is what a prefill of the
-        # same tokens computes, so a later request may reuse it (False with int8 decode)
-        self.decode_matches_prefill = not int8
         prepared = prepared or {}
         self.embed: torch.Tensor | RowEmbedding = (
             embedding if embedding is not None else _req(w, "token_embd.weight")
@@ -156,6 +153,13 @@ class Decoder(nn.Module):
         )
         if int8:  # the vocabulary projection dominates a decode step: fastest kernel
             self.output.use_int8_matmul()
+        # generated rows use the prompt rows' weights in every layer: their KV is what a
+        # prefill of the same tokens computes, so a later request may reuse it (not so
+        # with int8 decode weights; the output projection does not touch the KV)
+        self.decode_matches_prefill = not any(
+            isinstance(m, Linear) and m.w8 is not None and m.weight is not None
+            for m in self.blocks.modules()
+        )
         n = min(cfg.context_length, 8192)
         self.rope_global = Rope(cfg.head_dim, cfg.rope_theta, n)
         self.rope_local = (
