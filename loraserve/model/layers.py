@@ -55,10 +55,10 @@ class Linear(nn.Module):
         chunk, in several, or resumed from the prefix cache, and cache-on answers equal
         cache-off answers.
         """
-        if self.w8 is None:
-            y = F.linear(x, self.weight)
-        elif self.weight is None:
+        if self.weight is None:  # int8 only (the output projection)
             y = self._int8(x)
+        elif self.w8 is None:
+            y = F.linear(x, self.weight)
         else:
             rows = get_context().int8_rows
             if rows is None:
@@ -78,6 +78,12 @@ class Linear(nn.Module):
         if self.w8 is not None and self.s8 is not None and self.mm is None:
             self.mm = int8_matmul(self.w8, self.s8)
         return self.mm is not None
+
+    def drop_int8_source(self) -> None:
+        """Free ``w8`` once the int8 kernel holds its own packed copy and no float weights
+        are kept (168 MB for Gemma's output); call after the prepared cache is written."""
+        if self.mm is not None and self.weight is None:
+            self.w8 = None
 
     def _int8(self, x: torch.Tensor) -> torch.Tensor:
         if self.mm is not None:

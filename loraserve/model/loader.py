@@ -107,6 +107,7 @@ def load_model(
     )
     if cache_file is not None and not prepared:
         save_prepared(cache_file, decoder, str(path.resolve()))
+    decoder.output.drop_int8_source()
     log.info(
         "loaded %s (%s, %d layers, %s%s) in %.2f s (metadata+tokenizer %.2f s)",
         name,
