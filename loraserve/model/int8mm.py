@@ -3,8 +3,8 @@
 Why not `_weight_int8pack_mm` (weight-only int8, bf16 activations) there: on this
 machine's 2 threads the 262,144 x 640 output takes 16.7 ms per decode row with it and
 grows linearly with rows (38 ms for 8 rows), while oneDNN's u8 x s8 kernel reads the
-same int8 weights in 6.5-7.4 ms for 1-4 rows and 9.9 ms for 8 (measured, see
-bench/README.md): the output projection is most of a decode step.
+same int8 weights in 6.5-7.4 ms for 1-4 rows and 9.9 ms for 8 (microbenchmark, 2
+threads): the output projection is most of a decode step.
 
 Activations are quantized here, per row and in two passes: ``x * 127 / max|x|`` is
 split into its rounded part and 254 x the remainder, both fed as rows of one matmul, so
