@@ -17,9 +17,7 @@ from fastapi import APIRouter
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response, StreamingResponse
 
-from loraserve import __version__
 from loraserve.engine.request import Event
-from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.chat_template import render_chat
 from loraserve.server.completion import SSE_HEADERS
 from loraserve.server.errors import (
@@ -32,17 +30,21 @@ from loraserve.server.errors import (
 from loraserve.server.generation import (
     Output,
     collect,
-    logprob,
     submit,
     token_prob,
     tokenize_prompts,
+)
+from loraserve.server.oai_format import (
+    chat_logprobs,
+    finish_reason,
+    object_head,
+    text_logprobs,
+    usage,
 )
 from loraserve.server.schemas import OAIChatRequest, OAICompletionRequest
 from loraserve.server.state import Flight, ServerState, body_doc, error_of, get_state, read_body
 
 router = APIRouter()
-FINISH = {"eos": "stop", "word": "stop", "limit": "length", "none": "stop"}
-FINGERPRINT = f"loraserve-{__version__}"
 
 
 def render(state: ServerState, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
@@ -62,57 +64,6 @@ def render(state: ServerState, messages: list[dict[str, Any]], add_generation_pr
         )
     except ValueError as e:
         raise invalid_request(str(e)) from None
-
-
-def usage(outs: list[Output]) -> dict[str, Any]:
-    """OpenAI `usage`, with the reused prompt tokens as `prompt_tokens_details.cached_tokens`."""
-    prompt = sum(o.n_prompt for o in outs)
-    completion = sum(o.n_generated for o in outs)
-    cached = sum(o.final.n_cached for o in outs if o.final is not None)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-
-
-def _head(kind: str, cid: str, created: int, model: str) -> dict[str, Any]:
-    return {
-        "id": cid,
-        "object": kind,
-        "created": created,
-        "model": model,
-        "system_fingerprint": FINGERPRINT,
-    }
-
-
-def _text_logprobs(tok: Tokenizer, out: Output) -> dict[str, Any]:
-    tokens, lps, tops, offsets, pos = [], [], [], [], 0
-    for t, p, top in out.probs:
-        piece = tok.piece(t)
-        tokens.append(piece)
-        lps.append(logprob(p))
-        tops.append({tok.piece(c): logprob(q) for c, q in top})
-        offsets.append(pos)
-        pos += len(piece)
-    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
-
-
-def _chat_logprobs(tok: Tokenizer, probs: list[tuple[int, float | None, list]]) -> dict:
-    def one(t: int, p: float | None) -> dict[str, Any]:
-        return {"token": tok.piece(t), "logprob": logprob(p), "bytes": list(tok.token_bytes(t))}
-
-    return {
-        "content": [
-            {**one(t, p), "top_logprobs": [one(c, q) for c, q in top]} for t, p, top in probs
-        ]
-    }
-
-
-def _finish(out: Output) -> str:
-    assert out.final is not None
-    return FINISH.get(str(out.final.stop_type), "stop")
 
 
 async def _run(flight: Flight, request: HttpRequest) -> list[Output]:
@@ -161,7 +112,7 @@ async def completions(request: HttpRequest) -> Response:
     params = params.with_defaults(state.cfg.request_defaults())
     prompts = await tokenize_prompts(state, params.prompt)
     flight = await submit(state, prompts, params, adapter_name=params.model)
-    head = _head(
+    head = object_head(
         "text_completion",
         f"cmpl-{uuid.uuid4().hex}",
         int(time.time()),
@@ -177,11 +128,11 @@ async def completions(request: HttpRequest) -> Response:
                 "text": ev.text,
                 "index": i,
                 "logprobs": None,
-                "finish_reason": _finish(out) if ev.done else None,
+                "finish_reason": finish_reason(out) if ev.done else None,
             }
             if params.n_probs and ev.probs is not None and ev.token is not None:
                 one = Output(prompt=[], probs=[(ev.token, token_prob(ev), ev.probs)])
-                choice["logprobs"] = _text_logprobs(tok, one)
+                choice["logprobs"] = text_logprobs(tok, one)
             return {**head, "choices": [choice]}
 
         def tail(outs: list[Output]) -> list[dict[str, Any]]:
@@ -193,8 +144,8 @@ async def completions(request: HttpRequest) -> Response:
         {
             "text": o.text,
             "index": i,
-            "logprobs": _text_logprobs(tok, o) if params.n_probs else None,
-            "finish_reason": _finish(o),
+            "logprobs": text_logprobs(tok, o) if params.n_probs else None,
+            "finish_reason": finish_reason(o),
         }
         for i, o in enumerate(outs)
     ]
@@ -216,7 +167,7 @@ async def chat_completions(request: HttpRequest) -> Response:
         state, [render(state, params.messages, params.add_generation_prompt)]
     )
     flight = await submit(state, prompts, params, adapter_name=params.model)
-    head = _head(
+    head = object_head(
         "chat.completion.chunk" if params.stream else "chat.completion",
         f"chatcmpl-{uuid.uuid4().hex}",
         int(time.time()),
@@ -239,10 +190,10 @@ async def chat_completions(request: HttpRequest) -> Response:
                 "index": 0,
                 "delta": delta,
                 "logprobs": None,
-                "finish_reason": _finish(out) if ev.done else None,
+                "finish_reason": finish_reason(out) if ev.done else None,
             }
             if params.n_probs and ev.probs is not None and ev.token is not None:
-                choice["logprobs"] = _chat_logprobs(tok, [(ev.token, token_prob(ev), ev.probs)])
+                choice["logprobs"] = chat_logprobs(tok, [(ev.token, token_prob(ev), ev.probs)])
             return {**head, "choices": [choice]}
 
         def tail(outs: list[Output]) -> list[dict[str, Any]]:
@@ -253,8 +204,8 @@ async def chat_completions(request: HttpRequest) -> Response:
     choice = {
         "index": 0,
         "message": {"role": "assistant", "content": out.text},
-        "logprobs": _chat_logprobs(tok, out.probs) if params.n_probs else None,
-        "finish_reason": _finish(out),
+        "logprobs": chat_logprobs(tok, out.probs) if params.n_probs else None,
+        "finish_reason": finish_reason(out),
     }
     return JsonResponse(
         {**head, "choices": [choice], "usage": usage([out]), "timings": out.timings()}
