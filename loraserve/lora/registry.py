@@ -16,7 +16,7 @@ from torch import nn
 from loraserve.cache.prefix_cache import CacheKey
 from loraserve.lora.adapter import Adapter, load_adapter
 from loraserve.lora.delta import ConcatCache, LoraBatch, Span
-from loraserve.model.layers import FusedLinear, Linear
+from loraserve.model.layers import Linear
 from loraserve.model.loader import LoadedModel
 from loraserve.model.moe import MoE
 
@@ -25,11 +25,9 @@ def base_shapes(decoder: nn.Module) -> dict[str, tuple[int, ...]]:
     """Adaptable base tensors of a decoder: projections (out, in), stacked experts (E, out, in)."""
     shapes: dict[str, tuple[int, ...]] = {}
     for m in decoder.modules():
-        if isinstance(m, FusedLinear):
-            for name, n in m.parts:
-                shapes[name] = (n, m.in_features)
-        elif isinstance(m, Linear):
-            shapes[m.name] = (m.out_features, m.in_features)
+        if isinstance(m, Linear):  # a fused projection adapts as its parts
+            for name, lo, hi in m.spans:
+                shapes[name] = (hi - lo, m.in_features)
         elif isinstance(m, MoE):
             for stem, w in (("gate", m.gate), ("up", m.up), ("down", m.down)):
                 shapes[f"{m.prefix}ffn_{stem}_exps.weight"] = tuple(w.shape)

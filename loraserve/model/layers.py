@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -45,6 +47,8 @@ class Linear(nn.Module):
         self.out_features, self.in_features = (weight if weight is not None else self.w8).shape
         self.weight = weight.to(dtype).contiguous() if (keep_float or self.w8 is None) else None
         self.bias = None if bias is None else bias.to(dtype)
+        # LoRA targets and their output columns: one for a plain projection
+        self.spans = [(name, 0, self.out_features)]
 
     def base(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, in] -> [T, out] without LoRA.
@@ -92,10 +96,17 @@ class Linear(nn.Module):
         return y.to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)
+        y = self.base(x)  # [T, out]
         lora = get_context().lora
-        if lora is not None:
-            y = lora.apply(self.name, x, y)
+        if lora is None:
+            return y
+        if len(self.spans) == 1:
+            return lora.apply(self.name, x, y)
+        for target, lo, hi in self.spans:
+            part = y[:, lo:hi]
+            out = lora.apply(target, x, part)
+            if out is not part:  # deltas may come back as a new tensor
+                part.copy_(out)
         return y
 
 
@@ -118,25 +129,10 @@ class FusedLinear(Linear):
         prepared: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         super().__init__(name, weight, bias, dtype, int8, prepared=prepared)
-        self.parts = parts
-        bounds, lo = [], 0
-        for _, n in parts:
-            bounds.append((lo, lo + n))
-            lo += n
-        if lo != self.out_features:
-            raise ValueError(f"{name}: parts cover {lo} of {self.out_features} outputs")
-        self.spans = [(t, lo, hi) for (t, _), (lo, hi) in zip(parts, bounds, strict=True)]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)  # [T, sum of parts]
-        lora = get_context().lora
-        if lora is not None:
-            for target, lo, hi in self.spans:
-                part = y[:, lo:hi]
-                out = lora.apply(target, x, part)
-                if out is not part:  # deltas may come back as a new tensor
-                    part.copy_(out)
-        return y
+        ends = list(accumulate(n for _, n in parts))
+        if ends[-1] != self.out_features:
+            raise ValueError(f"{name}: parts cover {ends[-1]} of {self.out_features} outputs")
+        self.spans = [(t, end - n, end) for (t, n), end in zip(parts, ends, strict=True)]
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
