@@ -85,6 +85,42 @@ def rows(sweep_plan: list[tuple[int, int]]) -> list[tuple[str, Getter]]:
     return out
 
 
+def s8_rows(models: dict[str, dict[str, Any]]) -> list[tuple[str, Getter]]:
+    """(metric, getter) for S8's lines: five per model in `models` (name -> {"label": ...})."""
+    out: list[tuple[str, Getter]] = []
+    for name, info in models.items():
+        tag = f"S8 {info.get('label', name)}"
+        out += [
+            (f"{tag} peak RSS MiB (lower better)", _path("s8", name, "peak_rss_mib")),
+            (f"{tag} cold start s, empty caches (lower better)",
+             _path("s8", name, "cold_start_s")),
+            (f"{tag} warm start s (lower better)", _path("s8", name, "warm_start_s")),
+            (f"{tag} prefill tok/s (512-token prompt)", _path("s8", name, "prefill_tok_s")),
+            (f"{tag} decode tok/s (1 stream, 64 tokens)", _path("s8", name, "decode_tok_s")),
+        ]  # fmt: skip
+    return out
+
+
+def _s8_lines(results: dict[str, Any]) -> list[str]:
+    s8 = results["s8"]
+    files = ", ".join(
+        f"{m['label']} `{m['file']}` ({m['file_mib']:.0f} MiB)" for m in s8["models"].values()
+    )
+    other = [r.get("other_cores") or 0.0 for s in results["servers"].values()
+             for r in (s.get("s8") or {}).values()]  # fmt: skip
+    lines = [
+        "",
+        f"S8 ({s8['timestamp']}, load1 {s8['load_before']['load1']:.2f} before, "
+        f"{s8['load_after']['load1']:.2f} after; other processes kept up to "
+        f"{max(other, default=0.0):.2f} cores busy): one slot, `-c 2048`, "
+        f"{s8['plan']['threads']} threads; models {files or 'none'}; 1B and 4B have random "
+        "weights of the real shapes (`bench/synth.py`).",
+    ]
+    if s8["load_before"]["load1"] > 1.0 or max(other, default=0.0) > 0.3:
+        lines += ["", "**The machine was busy during S8: its figures are not reliable.**"]
+    return lines
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
@@ -98,12 +134,18 @@ def markdown(results: dict[str, Any]) -> str:
     servers = results["servers"]
     ls, peer = servers.get(LS, {}), servers.get(PEER, {})
     m = results["machine"]
+    s8 = results.get("s8")
+    what = (
+        "S8 only."
+        if results.get("s8_only")
+        else f"Model `{results['model']}`, {results['config']['threads']} threads for both "
+        "servers, rank-8 adapters on all seven projections."
+    )
     lines = [
         f"# Benchmark {results['timestamp']}{' (quick caps)' if results['quick'] else ''}",
         "",
         f"Machine: {m['cpu']}, {m['nproc']} cores, torch {m['torch']}, Python {m['python']}. "
-        f"Model `{results['model']}`, {results['config']['threads']} threads for both servers, "
-        f"rank-8 adapters on all seven projections.",
+        + what,
         "",
         f"Load average (1/5/15 min) before: {_load(m['load_before'])}; "
         f"after: {_load(m['load_after'])}.",
@@ -115,10 +157,14 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{s['load_after']['load1']:.2f} after; other processes kept "
                 f"{s.get('other_cores', 0):.2f} cores busy on average while it ran."
             )
-    if m["load_before"]["load1"] > 1.0:
+    if results.get("s1_s7_timestamp"):
+        lines += ["", f"S1-S7 and the load above are from the run of {results['s1_s7_timestamp']}."]
+    if m["load_before"]["load1"] > 1.0 and not results.get("s8_only"):
         lines += ["", "**The machine was busy (load1 > 1.0): these figures are not reliable.**"]
+    lines += _s8_lines(results) if s8 else []
     lines += ["", f"| metric | {LS} | {PEER} | ratio |", "|---|---|---|---|"]
-    for metric, get in rows(results["config"]["sweep_plan"]):
+    table = [] if results.get("s8_only") else rows(results["config"]["sweep_plan"])
+    for metric, get in table + s8_rows(s8["models"] if s8 else {}):
         a, b = get(ls), get(peer)
         ratio = a / b if isinstance(a, int | float) and isinstance(b, int | float) and b else None
         lines.append(f"| {metric} | {_fmt(a)} | {_fmt(b)} | {_fmt(ratio)} |")
@@ -139,7 +185,10 @@ def _load(d: dict[str, float]) -> str:
 
 
 def plot(results: dict[str, Any], path: Path) -> Path | None:
-    """Aggregate tok/s against the number of distinct adapter mixes, both servers."""
+    """Aggregate tok/s against the number of distinct adapter mixes, both servers (None when
+    there is no such data or no matplotlib)."""
+    if not any(s.get("sweep") for s in results["servers"].values()):
+        return None
     try:
         import matplotlib
 

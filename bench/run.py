@@ -1,27 +1,27 @@
-"""The benchmark runner: `python -m bench.run [--quick]`.
+"""The benchmark runner: `python -m bench.run [--quick] [--s8 | --s8-only]`.
 
 Runs scenarios S1-S7 (issue 5) against loraserve and then llama-server, never both at once,
 on 127.0.0.1, with the same GGUF, the same adapters and the same thread count, and writes
 `bench/results/<timestamp>.json`, `latest.md` (the table) and `latest.png` (the plot).
+S8 (scaling with model size, `bench/scaling.py`) runs after them with `--s8`, or alone with
+`--s8-only`, whose rows are then merged into the run behind the current `latest.md`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from bench import report
 from bench.chat import MODES, s5_chat
 from bench.peer import obtain_peer
+from bench.scaling import S8Plan, base_results, merge, parse_models, run_s8
 from bench.scenarios import Target, guarded, s1_prefill, s2_decode, s6_zipf, s34_sweep, warm_up
 from bench.servers import (
     CpuMeter,
@@ -30,9 +30,11 @@ from bench.servers import (
     free_port,
     launch,
     loraserve_kind,
+    machine,
     machine_load,
     peer_kind,
     server_argv,
+    wait_quiet,
 )
 from bench.workloads import write_adapters
 
@@ -183,24 +185,6 @@ def _setup(model: Path, plan: Plan) -> Setup:
     )
 
 
-def _machine() -> dict[str, Any]:
-    cpu = platform.processor() or "unknown CPU"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    return {"cpu": cpu, "python": platform.python_version(), "torch": torch.__version__}
-
-
-def wait_quiet(limit: float, max_wait: float) -> float:
-    """Wait (up to `max_wait` s) for the 1-minute load average to drop below `limit`."""
-    t_end = time.monotonic() + max_wait
-    while (load := machine_load()["load1"]) >= limit and time.monotonic() < t_end:
-        print(f"bench: load1 {load:.2f} >= {limit}, waiting", file=sys.stderr)
-        time.sleep(min(30.0, max(t_end - time.monotonic(), 0.1)))
-    return load
-
-
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line, run the benchmark and write the results."""
     ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
@@ -216,6 +200,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--peer-args", default="", help="extra llama-server flags")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--s8", action="store_true", help="also run S8 (model sizes) at the end")
+    ap.add_argument("--s8-only", action="store_true", help="only S8, merged into latest.md")
+    ap.add_argument("--s8-models", type=parse_models, default=S8Plan().models, metavar="LIST",
+                    help="S8 models, e.g. 270m,1b (default: 270m,1b,4b)")  # fmt: skip
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     deadline = t0 + args.budget
@@ -227,12 +215,14 @@ def main(argv: list[str] | None = None) -> None:
 
         args.model = default_model_path()
     plan = Plan.quick() if args.quick else Plan()
+    if args.s8_only:
+        plan.n_adapters, plan.sweep_plan = 0, []
     setup = _setup(args.model, plan)
     results: dict[str, Any] = {
         "timestamp": time.strftime("%Y-%m-%d %H:%M:%S"),
         "quick": args.quick,
         "model": args.model.name,
-        "machine": {**_machine(), "nproc": machine_load()["nproc"], "load_before": machine_load()},
+        "machine": {**machine(), "nproc": machine_load()["nproc"], "load_before": machine_load()},
         "config": {
             "threads": plan.threads,
             "adapters": plan.n_adapters,
@@ -253,12 +243,24 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 kinds.append(peer_kind(binary, shlex.split(args.peer_args)))
                 results["peer_binary"] = str(binary)
-    for i, kind in enumerate(kinds):
+    for i, kind in enumerate(kinds if not args.s8_only else []):
         now = time.monotonic()
         share = now + (deadline - now) / (len(kinds) - i)
         results["servers"][kind.name] = bench_server(kind, setup, share)
     results["machine"]["load_after"] = machine_load()
     results["wall_s"] = time.monotonic() - t0
+    if args.s8 or args.s8_only:
+        s8_plan = S8Plan(models=args.s8_models, threads=plan.threads)
+        if args.quick:
+            s8_plan = replace(s8_plan, prefill_reps=1, n_predict=16, cap=60.0)
+        s8 = run_s8(kinds, s8_plan, setup.encode, setup.bos)
+        base = base_results(args.out) if args.s8_only else None
+        if base is not None:
+            base["s1_s7_timestamp"] = base.get("s1_s7_timestamp", base["timestamp"])
+            base["timestamp"] = s8["meta"]["timestamp"]
+        else:
+            results["s8_only"] = args.s8_only
+        results = merge(base or results, s8)
     write(results, args.out)
 
 
@@ -269,13 +271,13 @@ def write(results: dict[str, Any], out: Path) -> None:
     stamp += "-quick" if results["quick"] else ""
     (out / f"{stamp}.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     table = report.markdown(results)
-    report.plot(results, out / "latest.png")
-    tail = f"\nRaw results: `{stamp}.json`.\n\n![plot](latest.png)\n"
-    (out / "latest.md").write_text(table + tail)
+    png = report.plot(results, out / "latest.png")
+    plot = "\n![plot]({}latest.png)\n" if png else ""
+    (out / "latest.md").write_text(f"{table}\nRaw results: `{stamp}.json`.\n{plot.format('')}")
     print(table)
     if out.resolve() == RESULTS.resolve():
         block = table.replace("# Benchmark", "### Benchmark", 1)
-        block += f"\nRaw results: `results/{stamp}.json`.\n\n![plot](results/latest.png)\n"
+        block += f"\nRaw results: `results/{stamp}.json`.\n{plot.format('results/')}"
         _update_readme(Path(__file__).parent / "README.md", block)
 
 

@@ -8,13 +8,14 @@ how many CPU cores other processes kept busy meanwhile, from `/proc`.
 from __future__ import annotations
 
 import os
+import platform
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,14 +118,27 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def launch(kind: str, argv: list[str], port: int, timeout: float = 180.0) -> Iterator[Running]:
-    """Start `argv`, wait until `/health` answers 200, yield, then stop the process."""
+def launch(
+    kind: str,
+    argv: list[str],
+    port: int,
+    timeout: float = 180.0,
+    *,
+    env: Mapping[str, str | None] | None = None,
+    on_spawn: Callable[[subprocess.Popen[bytes]], None] | None = None,
+) -> Iterator[Running]:
+    """Start `argv`, wait until `/health` answers 200, yield, then stop the process.
+
+    `env` overrides this process's environment (None removes a variable); `on_spawn` is
+    called with the process right after it starts (before the wait for health)."""
     log = Path(tempfile.mkstemp(prefix=f"bench-{kind}-", suffix=".log")[1])
     url = f"http://{HOST}:{port}"
     t0 = time.perf_counter()
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=_env(kind))
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=_env(env))
     try:
+        if on_spawn is not None:
+            on_spawn(proc)
         with httpx.Client(timeout=2.0) as client:
             while True:
                 if proc.poll() is not None:
@@ -142,9 +156,14 @@ def launch(kind: str, argv: list[str], port: int, timeout: float = 180.0) -> Ite
         _stop(proc)
 
 
-def _env(kind: str) -> dict[str, str]:
+def _env(overrides: Mapping[str, str | None] | None) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    for key, value in (overrides or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     return env
 
 
@@ -188,3 +207,24 @@ def machine_load() -> dict[str, float]:
     """The load averages and core count, for the results."""
     one, five, fifteen = os.getloadavg()
     return {"load1": one, "load5": five, "load15": fifteen, "nproc": os.cpu_count() or 0}
+
+
+def machine() -> dict[str, str]:
+    """The CPU model, Python and torch versions, for the results."""
+    import torch
+
+    cpu = platform.processor() or "unknown CPU"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    return {"cpu": cpu, "python": platform.python_version(), "torch": torch.__version__}
+
+
+def wait_quiet(limit: float, max_wait: float) -> float:
+    """Wait (up to `max_wait` s) for the 1-minute load average to drop below `limit`."""
+    t_end = time.monotonic() + max_wait
+    while (load := machine_load()["load1"]) >= limit and time.monotonic() < t_end:
+        print(f"bench: load1 {load:.2f} >= {limit}, waiting", file=sys.stderr)
+        time.sleep(min(30.0, max(t_end - time.monotonic(), 0.1)))
+    return load
