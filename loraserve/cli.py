@@ -54,15 +54,17 @@ def generate(argv: list[str]) -> None:
     ap.add_argument("-t", "--threads", type=int, default=0)
     ap.add_argument(
         "--dtype",
-        choices=("auto", "float32", "int8"),
+        choices=("auto", "native", "float32", "int8"),
         default="auto",
-        help="weights: float32 (exact) or int8 weight-only (fast); auto = int8",
+        help="weights: native (the file's own formats; auto and int8 mean this) or float32",
     )
     ap.add_argument("--lora", action="append", default=[], metavar="PATH[:SCALE]")
     args = ap.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    model = load_model(resolve_model_path(args.model), int8=args.dtype in ("auto", "int8"))
+    model = load_model(
+        resolve_model_path(args.model), "float32" if args.dtype == "float32" else "native"
+    )
     engine = Engine(model, EngineConfig(n_ctx=min(model.config.context_length, 8192)))
     mix: dict[int, float] = {}
     for spec in args.lora:

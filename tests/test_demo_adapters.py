@@ -21,7 +21,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def engine(real_model_path) -> Engine:
-    eng = Engine(load_model(real_model_path, int8=True), EngineConfig(n_slots=8, n_ctx=4096))
+    eng = Engine(load_model(real_model_path), EngineConfig(n_slots=8, n_ctx=4096))
     eng.adapters.load(gguf_path("uppercase"), scale=0.0)  # id 0 (GGUF form)
     eng.adapters.load(peft_dir("titlecase"), scale=0.0)  # id 1 (PEFT form)
     return eng

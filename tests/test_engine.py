@@ -1,4 +1,4 @@
-"""Engine behaviour on a tiny float32 model: batching, chunking, prefix reuse, stops."""
+"""Engine behaviour on a tiny model: batching, chunking, prefix reuse, stops."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ import random
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType
 
 from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.engine.request import Event, Request, StopType
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.model.loader import LoadedModel, load_model
-from tests.tiny import hf_logits, hf_model, write_gguf
+from tests.tiny import gguf_tensors, hf_logits, hf_model, write_gguf
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -143,17 +144,22 @@ def test_seeded_sampling_is_batch_independent(tiny) -> None:
     assert tokens(together[2]) == alone
 
 
-@pytest.mark.parametrize("int8", [False, True])
-def test_next_turn_reuses_generated_kv_only_when_decode_equals_prefill(
-    tiny, tmp_path, int8: bool
+@pytest.mark.parametrize("quantized", [False, True])
+def test_next_turn_reuses_the_answers_kv_and_equals_cache_off(
+    tiny, tmp_path, quantized: bool
 ) -> None:
-    """A chat's next turn (prompt + answer + more) reuses the answer's KV only when decode
-    computes what prefill does: int8 decode weights give other rounding, so with them the
-    answer is recomputed as prompt, and the turn equals its cache-off run either way."""
+    """A chat's next turn (prompt + answer + more) reuses the answer's KV: decode computes
+    bitwise what a prefill of the same tokens does, on float and on quantized weights, so
+    the turn equals its cache-off run."""
     model, hf = tiny
-    if int8:
-        model = load_model(model.path, int8=True)
-        assert model.decoder.blocks[0].qkv.w8 is not None  # the int8 path is really on
+    if quantized:
+        q = {n: GGMLQuantizationType.Q5_0 for n in gguf_tensors(hf, "gemma3") if "norm" not in n}
+        model = load_model(
+            write_gguf(
+                tmp_path / "q.gguf", hf_model("gemma3", num_hidden_layers=6, seed=3), "gemma3", q
+            )
+        )
+        assert model.decoder.blocks[0].qkv.parts[0].quantized  # the quantized kernels run
     eng = Engine(model, EngineConfig(n_ctx=512, block_size=4))
     p = prompts(7, 1)[0]
     answer = tokens(run(eng, [req(p, 8)])[0])
@@ -161,5 +167,4 @@ def test_next_turn_reuses_generated_kv_only_when_decode_equals_prefill(
     evs = run(eng, [req(turn, 6)])[0]
     cold = run(Engine(model, EngineConfig(n_ctx=512, block_size=4)), [req(turn, 6)])[0]
     assert tokens(evs) == tokens(cold)
-    reused = evs[-1].n_cached
-    assert reused == (len(p) if int8 else len(p) + len(answer) - 1)
+    assert evs[-1].n_cached == len(p) + len(answer) - 1

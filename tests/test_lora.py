@@ -22,9 +22,9 @@ from torch import nn
 
 from loraserve.engine.runner import BatchItem, ModelRunner
 from loraserve.lora.adapter import Adapter, LoraWeight
-from loraserve.lora.delta import ConcatCache, LoraBatch
+from loraserve.lora.delta import LoraBatch
 from loraserve.lora.registry import AdapterRegistry
-from loraserve.model.context import StepContext, set_context
+from loraserve.model.context import AttnMeta, StepContext, set_context
 from loraserve.model.hf import hf_to_gguf_name
 from loraserve.model.loader import LoadedModel, load_model, permute_qk
 from tests.tiny import hf_logits, hf_model, our_logits, write_gguf
@@ -312,9 +312,8 @@ def _adapter(i: int, weights: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]
     return Adapter(f"a{i}", Path(f"a{i}"), f"c{i}", ws, id=i)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("contiguous", [False, True])
-def test_lora_batch_rows(dtype: torch.dtype, contiguous: bool) -> None:
+def test_lora_batch_rows(contiguous: bool) -> None:
     """Each row gets Σₐ sₐ·fₐ·Bₐ Aₐ x for its own mix; rows outside the spans stay bit-equal."""
     adapters = {
         0: _adapter(0, {"t": ((2, 16), (24, 2)), "output.weight": ((2, 16), (24, 2))}),
@@ -326,7 +325,7 @@ def test_lora_batch_rows(dtype: torch.dtype, contiguous: bool) -> None:
     spans = [
         (s, s + (2 if j != 2 else 1), m) for j, (s, m) in enumerate(zip(starts, mixes, strict=True))
     ]
-    batch = LoraBatch(spans, adapters, ConcatCache())
+    batch = LoraBatch(spans, adapters)
     mix_of = {r: m for s, e, m in spans for r in range(s, e)}
     x, y = torch.randn(10, 16), torch.randn(10, 24)  # apply adds to its y in place: copies
 
@@ -339,9 +338,10 @@ def test_lora_batch_rows(dtype: torch.dtype, contiguous: bool) -> None:
                     out[k] += s * w.factor * (b @ (a @ x[r]))
         return out
 
+    dtype = torch.float32
+
     def check(got: torch.Tensor, ref: torch.Tensor) -> None:
-        rel = 1e-5 if dtype == torch.float32 else 2e-2
-        assert (got.float() - ref).abs().max() <= rel * ref.abs().max()
+        assert (got.float() - ref).abs().max() <= 1e-5 * ref.abs().max()
 
     got = batch.apply("t", x.to(dtype), y.to(dtype, copy=True)).float()
     check(got, want("t", list(range(10))))
@@ -353,7 +353,9 @@ def test_lora_batch_rows(dtype: torch.dtype, contiguous: bool) -> None:
     )
     check(got, want("e", rows, expert=1))
     logits_rows = [1, 3, 6, 9]
-    set_context(StepContext(torch.zeros(0, dtype=torch.long), [], torch.tensor(logits_rows)))
+    z = torch.zeros(0, dtype=torch.int32)
+    attn = AttnMeta(torch.zeros(0, dtype=torch.long), torch.zeros(1, dtype=torch.long), z, z)
+    set_context(StepContext(torch.zeros(0, dtype=torch.long), attn, torch.tensor(logits_rows)))
     try:
         got = batch.apply(
             "output.weight", x[logits_rows].to(dtype), y[logits_rows].to(dtype, copy=True)

@@ -95,7 +95,7 @@ def test_seed_sequence_real_model(real_model_path) -> None:
 
     demo = Path(__file__).resolve().parent.parent / "loraserve" / "adapters"
     adapters = [demo / "uppercase.gguf", demo / "titlecase"]
-    model = load_model(real_model_path, int8=True)
+    model = load_model(real_model_path)
     for args in _servers(["-m", str(real_model_path)], adapters, "2048"):
         with serve_in_thread(args, model=model) as srv:
             check_seed_sequence(srv, PROMPT_REAL)

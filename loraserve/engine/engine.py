@@ -42,7 +42,7 @@ class EngineConfig:
     ubatch: int = 512  # tokens per forward step (prefill chunking)
     block_size: int = 16
     cache_ram_mib: float = 8192  # budget for cached blocks no slot holds; -1 = unlimited
-    kv_dtype: torch.dtype | None = None  # default: the model's compute dtype
+    kv_dtype: torch.dtype = torch.float32
 
 
 class Engine:
@@ -52,7 +52,7 @@ class Engine:
         self.model, self.config = model, config
         cfg = model.config
         bs = config.block_size
-        kv_dtype = config.kv_dtype or model.dtype
+        kv_dtype = config.kv_dtype
         self.n_ctx_slot = max(config.n_ctx // config.n_slots, 1)
         per_slot = (self.n_ctx_slot + bs - 1) // bs + 1
         block_bytes = 2 * cfg.n_layers * bs * cfg.n_kv_heads * cfg.head_dim * kv_dtype.itemsize
@@ -70,7 +70,6 @@ class Engine:
             self.n_ctx_slot,
             config.ubatch,
             self.cache,
-            share_generated=model.decoder.decode_matches_prefill,
         )
         self.runner = ModelRunner(model.decoder, bs, kv_dtype)
         from loraserve.lora.registry import AdapterRegistry

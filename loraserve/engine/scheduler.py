@@ -42,12 +42,8 @@ class Scheduler:
         n_ctx_slot: int,
         token_budget: int,
         cache: PrefixCache,
-        share_generated: bool = True,
     ):
         self.slots = [Slot(i) for i in range(n_slots)]
-        # whether generated tokens' KV may be reused by later requests: only when decode
-        # computes what a prefill of the same tokens would (not with int8 decode weights)
-        self.share_generated = share_generated
         self.n_ctx_slot = n_ctx_slot
         self.token_budget = token_budget
         self.cache = cache
@@ -132,7 +128,9 @@ class Scheduler:
     def finish(self, seq: Sequence) -> None:
         """Index the sequence's KV under its cache key; its slot retains the blocks."""
         slot = self.slots[seq.slot]
-        n = seq.n_computed if self.share_generated else min(seq.n_computed, seq.n_prompt)
+        # generated tokens' KV is shared too: decode computes exactly what a prefill of the
+        # same tokens does (row-independent kernels), so a later request may reuse it
+        n = seq.n_computed
         self.cache.insert(seq.req.cache_key, seq.tokens[:n], seq.blocks)
         keep = (n + self.bs - 1) // self.bs
         extra = seq.blocks[keep:]

@@ -15,22 +15,22 @@ from torch import nn
 
 from loraserve.cache.prefix_cache import CacheKey
 from loraserve.lora.adapter import Adapter, load_adapter
-from loraserve.lora.delta import ConcatCache, LoraBatch, Span
-from loraserve.model.layers import Linear
+from loraserve.lora.delta import LoraBatch, Span
 from loraserve.model.loader import LoadedModel
 from loraserve.model.moe import MoE
+from loraserve.model.projection import Projection
 
 
 def base_shapes(decoder: nn.Module) -> dict[str, tuple[int, ...]]:
     """Adaptable base tensors of a decoder: projections (out, in), stacked experts (E, out, in)."""
     shapes: dict[str, tuple[int, ...]] = {}
     for m in decoder.modules():
-        if isinstance(m, Linear):  # a fused projection adapts as its parts
+        if isinstance(m, Projection):  # a fused projection adapts as its parts
             for name, lo, hi in m.spans:
                 shapes[name] = (hi - lo, m.in_features)
         elif isinstance(m, MoE):
             for stem, w in (("gate", m.gate), ("up", m.up), ("down", m.down)):
-                shapes[f"{m.prefix}ffn_{stem}_exps.weight"] = tuple(w.shape)
+                shapes[f"{m.prefix}ffn_{stem}_exps.weight"] = (len(w), *w[0].shape)
     return shapes
 
 
@@ -44,13 +44,12 @@ def _scale(adapter_id: int, s: float) -> float:
 class AdapterRegistry:
     """Adapters by id (load order; ids are never reused) and the global id -> scale map."""
 
-    def __init__(self, model: LoadedModel, max_cached_sets: int = 8) -> None:
+    def __init__(self, model: LoadedModel) -> None:
         self.model = model
         self.shapes = base_shapes(model.decoder)
         self._adapters: dict[int, Adapter] = {}
         self._global: dict[int, float] = {}
         self._next_id = 0
-        self._cache = ConcatCache(max_cached_sets)
 
     def load(self, path: str | Path, scale: float = 1.0, name: str | None = None) -> Adapter:
         """Load and register an adapter with global ``scale``; raises `AdapterError` and
@@ -69,7 +68,6 @@ class AdapterRegistry:
         """Forget an adapter. The engine must not unload one that a running request uses."""
         self.get(adapter_id)
         del self._adapters[adapter_id], self._global[adapter_id]
-        self._cache.drop(adapter_id)
 
     def get(self, adapter_id: int) -> Adapter:
         """The adapter with this id; ValueError naming it if there is none."""
@@ -129,4 +127,4 @@ class AdapterRegistry:
 
     def build_delta(self, spans: list[Span]) -> LoraBatch | None:
         """The runner's ``lora_builder``: one step's `LoraBatch` (None without spans)."""
-        return LoraBatch(spans, self._adapters, self._cache) if spans else None
+        return LoraBatch(spans, self._adapters) if spans else None

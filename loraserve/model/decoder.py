@@ -1,13 +1,11 @@
 """The generic decoder: one class for llama (dense and MoE), gemma3, qwen2 and qwen3.
 
-Weights come as a mapping from GGUF tensor names to float tensors in Hugging Face
-layout (llama's q/k rows already un-permuted by the loader). Architecture differences
-are flags of `ModelConfig`.
+Weights come from a `WeightSource` under GGUF names (llama's q/k rows already un-permuted
+to Hugging Face layout), matrices in the precision declared at load. Architecture
+differences are flags of `ModelConfig`.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -15,62 +13,34 @@ from torch import nn
 from loraserve.model.attention import paged_attention
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
-from loraserve.model.layers import (
-    FusedLinear,
-    Linear,
-    Rope,
-    RowEmbedding,
-    apply_rope,
-    gated_act,
-    rms_norm,
-)
+from loraserve.model.layers import Rope, RowEmbedding, apply_rope, gated_act, rms_norm
 from loraserve.model.moe import MoE
-
-WeightFn = Callable[[str], torch.Tensor | None]  # GGUF name -> float tensor, None if absent
+from loraserve.model.projection import Matrix, Projection
+from loraserve.model.weights import WeightSource
 
 
 class Block(nn.Module):
     """One transformer layer: attention and (dense or MoE) feed-forward, pre/post norms."""
 
-    def __init__(
-        self,
-        cfg: ModelConfig,
-        i: int,
-        w: WeightFn,
-        dtype: torch.dtype,
-        int8: bool,
-        prepared: dict[str, tuple[torch.Tensor, torch.Tensor]],
-    ) -> None:
+    def __init__(self, cfg: ModelConfig, i: int, w: WeightSource) -> None:
         super().__init__()
         self.cfg, self.i = cfg, i
         p = f"blk.{i}."
 
-        def lin(n: str) -> Linear:
-            name = p + n + ".weight"
-            prep = prepared.get(name) if int8 else None
-            return Linear(name, _req(w, name), w(p + n + ".bias"), dtype, int8, prepared=prep)
-
-        def fused(stems: tuple[str, ...], fused_stem: str) -> FusedLinear:
-            ws = [_req(w, p + n + ".weight") for n in stems]
-            bs = [w(p + n + ".bias") for n in stems]
+        def proj(stems: tuple[str, ...], name: str) -> Projection:
+            parts = [_matrix(w, p + n + ".weight") for n in stems]
+            bs = [w.float(p + n + ".bias") for n in stems]
             bias = None
             if any(b is not None for b in bs):
-                pieces = zip(bs, ws, strict=True)
-                bias = torch.cat([b if b is not None else torch.zeros(len(t)) for b, t in pieces])
-            name = p + fused_stem + ".weight"
-            return FusedLinear(
-                name,
-                [(p + n + ".weight", t.shape[0]) for n, t in zip(stems, ws, strict=True)],
-                torch.cat(ws),
-                bias,
-                dtype,
-                int8,
-                prepared=prepared.get(name) if int8 else None,
-            )
+                pieces = zip(bs, parts, strict=True)
+                bias = torch.cat(
+                    [b if b is not None else torch.zeros(m.shape[0]) for b, m in pieces]
+                )
+            return Projection(p + name + ".weight", parts, bias)
 
-        # q|k|v and gate|up each run as one projection (`FusedLinear`)
-        self.qkv = fused(("attn_q", "attn_k", "attn_v"), "attn_qkv")
-        self.o = lin("attn_output")
+        # q|k|v and gate|up each run as one projection of one input
+        self.qkv = proj(("attn_q", "attn_k", "attn_v"), "attn_qkv")
+        self.o = proj(("attn_output",), "attn_output")
         self.attn_norm = _req(w, p + "attn_norm.weight").float()
         self.qk_norm = None  # [n_heads + n_kv_heads, head_dim]: q's norm, then k's, per head
         if cfg.qk_norm:
@@ -83,10 +53,11 @@ class Block(nn.Module):
         self.post_ffn_norm = _req(w, p + "post_ffw_norm.weight") if cfg.post_norms else None
         self.sliding = cfg.sliding_window > 0 and cfg.sliding_layers[i]
         if cfg.is_moe:
-            self.moe: MoE | None = MoE(cfg, p, w, dtype)
+            self.moe: MoE | None = MoE(cfg, p, w)
         else:
             self.moe = None
-            self.gate_up, self.down = fused(("ffn_gate", "ffn_up"), "ffn_gate_up"), lin("ffn_down")
+            self.gate_up = proj(("ffn_gate", "ffn_up"), "ffn_gate_up")
+            self.down = proj(("ffn_down",), "ffn_down")
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """x: [T, hidden]; rope: this layer's (cos, sin) tables for the step's positions."""
@@ -121,45 +92,25 @@ class Block(nn.Module):
 class Decoder(nn.Module):
     """Token ids and positions of a flat batch -> logits of the rows the step asks for."""
 
-    def __init__(
-        self,
-        cfg: ModelConfig,
-        w: WeightFn,
-        dtype: torch.dtype = torch.float32,
-        int8: bool = False,
-        prepared: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
-        embedding: RowEmbedding | None = None,
-    ) -> None:
+    def __init__(self, cfg: ModelConfig, w: WeightSource) -> None:
         super().__init__()
-        self.cfg, self.dtype = cfg, dtype
-        prepared = prepared or {}
-        self.embed: torch.Tensor | RowEmbedding = (
-            embedding if embedding is not None else _req(w, "token_embd.weight")
-        )  # [V, hidden] float32 table, or rows dequantized on lookup
-        self.blocks = nn.ModuleList(
-            Block(cfg, i, w, dtype, int8, prepared) for i in range(cfg.n_layers)
-        )
-        self.norm = _req(w, "output_norm.weight").float()
-        out_name = "token_embd.weight" if cfg.tied_output else "output.weight"
-        out_prep = prepared.get("output.weight") if int8 else None
-        if out_prep is not None:
-            out_w = None
-        elif isinstance(self.embed, torch.Tensor) and cfg.tied_output:
-            out_w = self.embed
+        self.cfg = cfg
+        rows = w.embedding_rows()
+        if rows is not None:  # rows dequantized on lookup: no float copy of the vocabulary
+            self.embed: torch.Tensor | RowEmbedding = RowEmbedding(
+                rows[0], rows[1], cfg.hidden_size
+            )
         else:
-            out_w = _req(w, out_name)
-        self.output = Linear(
-            "output.weight", out_w, None, dtype, int8, keep_float=not int8, prepared=out_prep
-        )
-        if int8:  # the vocabulary projection dominates a decode step: fastest kernel
-            self.output.use_int8_matmul()
-        # generated rows use the prompt rows' weights in every layer: their KV is what a
-        # prefill of the same tokens computes, so a later request may reuse it (not so
-        # with int8 decode weights; the output projection does not touch the KV)
-        self.decode_matches_prefill = not any(
-            isinstance(m, Linear) and m.w8 is not None and m.weight is not None
-            for m in self.blocks.modules()
-        )
+            self.embed = _req(w, "token_embd.weight")  # [V, hidden] float32
+        self.blocks = nn.ModuleList(Block(cfg, i, w) for i in range(cfg.n_layers))
+        self.norm = _req(w, "output_norm.weight").float()
+        if not cfg.tied_output:
+            out = _matrix(w, "output.weight")
+        elif isinstance(self.embed, torch.Tensor):
+            out = Matrix.from_float("output.weight", self.embed)
+        else:
+            out = _matrix(w, "token_embd.weight", "output.weight")
+        self.output = Projection("output.weight", [out])
         n = min(cfg.context_length, 8192)
         self.rope_global = Rope(cfg.head_dim, cfg.rope_theta, n)
         self.rope_local = (
@@ -176,22 +127,29 @@ class Decoder(nn.Module):
         self.rope_global.ensure(max_pos)
         self.rope_local.ensure(max_pos)
         if isinstance(self.embed, torch.Tensor):
-            x = self.embed[input_ids].to(self.dtype)  # [T, hidden]
+            x = self.embed[input_ids]  # [T, hidden]
         else:
-            x = self.embed(input_ids).to(self.dtype)
+            x = self.embed(input_ids)
         if self.cfg.embed_scale != 1.0:
-            x = x * torch.tensor(self.cfg.embed_scale, dtype=self.dtype)
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=torch.float32)
         rope_global = self.rope_global.tables(positions)
         rope_local = self.rope_local.tables(positions)
         for blk in self.blocks:
             x = blk(x, rope_local if blk.sliding else rope_global)
         x = x.index_select(0, ctx.logits_rows)
         x = rms_norm(x, self.norm, self.cfg.rms_eps)
-        return self.output(x).float()
+        return self.output(x)
 
 
-def _req(w: WeightFn, name: str) -> torch.Tensor:
-    t = w(name)
+def _req(w: WeightSource, name: str) -> torch.Tensor:
+    t = w.float(name)
     if t is None:
         raise ValueError(f"model file lacks tensor {name!r}")
     return t
+
+
+def _matrix(w: WeightSource, name: str, label: str | None = None) -> Matrix:
+    m = w.matrix(name, label)
+    if m is None:
+        raise ValueError(f"model file lacks tensor {name!r}")
+    return m

@@ -84,13 +84,12 @@ def build_engine(cfg: ServerConfig, model: LoadedModel) -> Engine:
 
 
 def load_from_config(cfg: ServerConfig) -> LoadedModel:
-    """Load `-m` (or the default model) with the compute dtype of `--dtype`."""
+    """Load `-m` (or the default model) in the precision of `--dtype`."""
     from loraserve.model.default import resolve_model_path
     from loraserve.model.loader import load_model
 
     path = resolve_model_path(cfg.model)
-    int8 = cfg.dtype == "int8" or (cfg.dtype == "auto" and not path.is_dir())
-    return load_model(path, int8=int8)
+    return load_model(path, "float32" if cfg.dtype == "float32" else "native")
 
 
 def _start(

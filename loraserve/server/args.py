@@ -16,7 +16,7 @@ from loraserve import __version__
 from loraserve.server.args_compat import add_compat_flags
 
 AUTO_PARALLEL = 4  # llama-server resolves `-np -1` (its default, "auto") to 4 slots
-DTYPES = ("auto", "int8", "float32")
+DTYPES = ("auto", "native", "int8", "float32")
 
 
 @dataclass(frozen=True)
@@ -239,8 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument(
         "--dtype",
         choices=DTYPES,
-        help="weights: int8 (weight-only int8 for decode, float32 for prefill; faithful where "
-        "the top-2 logit gap >= 0.5) or float32 (exact); auto = int8 for GGUF files " + d,
+        help="weights: native (the file's own formats, quantized kernels; auto and int8 mean "
+        "this) or float32 (every matrix dequantized: the exact reference) " + d,
     )
     add_compat_flags(p)
     defaults = {f.name: f.default for f in fields(ServerConfig)}

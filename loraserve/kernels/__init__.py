@@ -1,0 +1,193 @@
+"""Row-independent matmul kernels on GGUF weights in their own format (C, with torch fallbacks).
+
+`quantize_rows` turns float32 activations into int8 blocks of 32 (one scale per block, as
+llama.cpp's Q8_0); `qmatmul` multiplies them by quantized weight rows straight from the file's
+bytes; `fmatmul` multiplies float32 activations by F32/F16/BF16 rows. Each output row depends
+on its own input row only (the sum over k has one fixed order, threads split output
+columns), so a token's numbers never depend on its batch, its chunk or the cache state.
+
+Without a C compiler the same functions run in torch: one single-row product per row over a
+float32 copy of the weights made on first use (row-independent too, slower, more memory);
+`backend()` says which is in use.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
+
+from loraserve.kernels.build import library
+
+log = logging.getLogger("loraserve.kernels")
+
+FLOAT_TYPES = frozenset({0, 1, 30})  # F32, F16, BF16
+QUANT_TYPES = frozenset({2, 3, 6, 7, 8, 10, 11, 12, 13, 14})  # Q4_0 .. Q6_K
+_TORCH_OF = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+_lib: ctypes.CDLL | None = None
+_loaded = False
+
+
+def _c() -> ctypes.CDLL | None:
+    global _lib, _loaded
+    if not _loaded:
+        _lib = library("qmatmul")
+        if _lib is not None:
+            _lib.ls_quantize_rows.argtypes = [_P, _I, _I, _I, _P, _P, _P, ctypes.c_int]
+            _lib.ls_quantize_rows.restype = None
+            _lib.ls_qmatmul.argtypes = [ctypes.c_int, _P, _I, _I, _I, _P, _P, _P, _I, _P, _I,
+                                        ctypes.c_int]  # fmt: skip
+            _lib.ls_qmatmul.restype = ctypes.c_int
+            _lib.ls_fmatmul.argtypes = [ctypes.c_int, _P, _I, _I, _I, _P, _I, _I, _P, _I,
+                                        ctypes.c_int]  # fmt: skip
+            _lib.ls_fmatmul.restype = ctypes.c_int
+        else:
+            log.warning("C kernels unavailable: matmuls run on the pure-torch fallback")
+        _loaded = True
+    return _lib
+
+
+def backend() -> str:
+    """'c' when the compiled kernels are in use, 'torch' for the fallback."""
+    return "c" if _c() is not None else "torch"
+
+
+class QuantizedRows(NamedTuple):
+    """Activations quantized per row in blocks of 32: x ≈ q * d (per block)."""
+
+    q: torch.Tensor  # [M, K] int8
+    d: torch.Tensor  # [M, K/32] float32 block scales
+    ms: torch.Tensor  # [M, K/16] float32: d * sum(q) over each 16 values
+    x: torch.Tensor  # [M, K] the float32 input (for float-weight parts of the same input)
+
+
+def quantize_rows(x: torch.Tensor) -> QuantizedRows:
+    """x: [M, K] float32, K a multiple of 32 -> its `QuantizedRows`."""
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] % 32:
+        raise ValueError(f"quantize_rows needs float32 [M, K*32], got {x.dtype} {tuple(x.shape)}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    m, k = x.shape
+    q = torch.empty(m, k, dtype=torch.int8)
+    d = torch.empty(m, k // 32)
+    ms = torch.empty(m, k // 16)
+    lib = _c()
+    if lib is None:
+        return _quantize_torch(x, q, d, ms)
+    lib.ls_quantize_rows(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), d.data_ptr(),
+                         ms.data_ptr(), torch.get_num_threads())  # fmt: skip
+    return QuantizedRows(q, d, ms, x)
+
+
+def _quantize_torch(
+    x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, ms: torch.Tensor
+) -> QuantizedRows:
+    m, k = x.shape
+    xb = x.reshape(m, k // 32, 32)
+    amax = xb.abs().amax(-1)  # [M, K/32]
+    dd = amax / 127.0
+    inv = torch.where(dd != 0, 1.0 / dd, torch.zeros_like(dd))
+    v = xb * inv.unsqueeze(-1)
+    qi = (torch.sign(v) * torch.floor(v.abs() + 0.5)).nan_to_num(0.0)  # C's roundf
+    q.copy_(qi.reshape(m, k))
+    bad = ~torch.isfinite(xb).all(-1)
+    d.copy_(torch.where(bad, torch.full_like(dd, float("nan")), dd))
+    sums = qi.reshape(m, k // 16, 16).sum(-1)  # exact small integers
+    ms.copy_(d.repeat_interleave(2, dim=1) * sums)
+    return QuantizedRows(q, d, ms, x)
+
+
+def qmatmul(
+    xa: QuantizedRows, raw: torch.Tensor, ggml_type: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Quantized activations [M, K] x weight rows ``raw`` [N, row_bytes] (uint8, ggml
+    ``ggml_type``) -> out [M, N] float32 (``out`` may be a column slice of a wider tensor)."""
+    m, k = xa.q.shape
+    n = raw.shape[0]
+    if out is None:
+        out = torch.empty(m, n)
+    if m == 0 or n == 0:
+        return out
+    lib = _c()
+    if lib is None:
+        return _rowwise_torch(_dequantize_rows(xa), _float_weight(raw, ggml_type, k), out)
+    if out.stride(1) != 1 or raw.stride(1) != 1:
+        raise ValueError("qmatmul needs unit column strides")
+    rc = lib.ls_qmatmul(ggml_type, raw.data_ptr(), n, k, raw.stride(0), xa.q.data_ptr(),
+                        xa.d.data_ptr(), xa.ms.data_ptr(), m, out.data_ptr(), out.stride(0),
+                        torch.get_num_threads())  # fmt: skip
+    if rc != 0:
+        raise ValueError(f"no quantized kernel for ggml type {ggml_type}")
+    return out
+
+
+def fmatmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] float32 x w [N, K] (float32, float16 or bfloat16) -> out [M, N] float32,
+    each output row a fixed-order function of its input row."""
+    if x.dtype != torch.float32:
+        raise ValueError(f"fmatmul needs float32 activations, got {x.dtype}")
+    m, k = x.shape
+    n = w.shape[0]
+    if w.shape[1] != k:
+        raise ValueError(f"fmatmul: x has {k} columns, w has {w.shape[1]}")
+    if out is None:
+        out = torch.empty(m, n)
+    if m == 0 or n == 0:
+        return out
+    lib = _c()
+    if lib is None:
+        return _rowwise_torch(x, w.float(), out)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if w.stride(1) != 1:
+        w = w.contiguous()
+    if out.stride(1) != 1:
+        raise ValueError("fmatmul needs a unit column stride for out")
+    gtype = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 30}[w.dtype]
+    lib.ls_fmatmul(gtype, w.data_ptr(), n, k, w.stride(0) * w.element_size(), x.data_ptr(),
+                   x.stride(0), m, out.data_ptr(), out.stride(0),
+                   torch.get_num_threads())  # fmt: skip
+    return out
+
+
+# ---- the pure-torch fallback ------------------------------------------------------------
+
+# the fallback's float32 copies, alive as long as the weight tensor they copy
+_FLOAT_COPIES = WeakIdKeyDictionary()  # tensor -> its float32 copy
+
+
+def _float_weight(raw: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:
+    """A float32 copy of quantized rows, made once per tensor (fallback only)."""
+    w = _FLOAT_COPIES.get(raw)
+    if w is None:
+        from loraserve.model.dequant import dequantize
+
+        w = _FLOAT_COPIES[raw] = dequantize(raw.contiguous(), ggml_type, (raw.shape[0], k))
+    return w
+
+
+def _dequantize_rows(xa: QuantizedRows) -> torch.Tensor:
+    m, k = xa.q.shape
+    return (xa.q.reshape(m, k // 32, 32).float() * xa.d.unsqueeze(-1)).reshape(m, k)
+
+
+def _rowwise_torch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    # one product per row: the same single-row call whatever the batch, so row-independent
+    for i in range(x.shape[0]):
+        out[i] = F.linear(x[i : i + 1], w)[0]
+    return out
+
+
+def float_weight_type(dtype: torch.dtype) -> int:
+    """The ggml type id of a float weight dtype (F32, F16, BF16)."""
+    for t, d in _TORCH_OF.items():
+        if d == dtype:
+            return t
+    raise ValueError(f"no float kernel for weights of dtype {dtype}")

@@ -1,0 +1,144 @@
+"""The matmul kernels on GGUF weights: each equals the float64 product of gguf-py's dequantized
+weights (the oracle) within the error of its activation quantization, and every output row
+is bitwise the same whatever else is in the batch (C kernels and the torch fallback)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as RefType
+from gguf import quants
+
+import loraserve.kernels as K
+from loraserve.model.dequant import GGML_QUANT_SIZES, GGML_TYPE
+from loraserve.model.projection import Matrix
+
+QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+# f16 scale fields (offsets in the block) set to small finite halves in random blocks
+HALVES = {
+    "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+    "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+}  # fmt: skip
+
+
+def random_rows(rng: np.random.Generator, name: str, n: int, k: int) -> np.ndarray:
+    """n rows of k values of type ``name`` as uint8 [n, row_bytes]: random quants, and
+    scales of either sign around 0.02 (every field a valid block)."""
+    block, size = GGML_QUANT_SIZES[GGML_TYPE[name]]
+    raw = rng.integers(0, 256, size=(n, k // block, size), dtype=np.uint8)
+    for off in HALVES[name]:
+        h = (rng.standard_normal((n, k // block)) * 0.02).astype(np.float16)
+        raw[..., off : off + 2] = h.view(np.uint8).reshape(n, k // block, 2)
+    return raw.reshape(n, -1)
+
+
+def dequantized(raw: np.ndarray, name: str, n: int, k: int) -> np.ndarray:
+    return np.asarray(quants.dequantize(raw, RefType[name]), dtype=np.float64).reshape(n, k)
+
+
+def activations_as_used(xa: K.QuantizedRows) -> np.ndarray:
+    m, k = xa.q.shape
+    q = xa.q.reshape(m, k // 32, 32).double()
+    return (q * xa.d.double().unsqueeze(-1)).reshape(m, k).numpy()
+
+
+@pytest.fixture(params=["c", "torch"])
+def backend(request, monkeypatch):
+    if request.param == "c" and K.backend() != "c":
+        pytest.skip("no C compiler on this machine")
+    if request.param == "torch":
+        monkeypatch.setattr(K, "_c", lambda: None)
+    return request.param
+
+
+@pytest.mark.parametrize("name", QUANT)
+def test_quantized_kernel_equals_dequantized_reference(name: str, backend: str) -> None:
+    rng = np.random.default_rng(GGML_TYPE[name])
+    n, k, m = 40, 512, 6
+    raw = random_rows(rng, name, n, k)
+    w = dequantized(raw, name, n, k)  # [n, k] float64: the oracle's weights
+    x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
+    xa = K.quantize_rows(x)
+    y = K.qmatmul(xa, torch.from_numpy(raw), GGML_TYPE[name]).double().numpy()
+    scale = np.abs(w).sum(1).max() * np.abs(activations_as_used(xa)).max()
+    # the same quantized activations: only float32 rounding remains
+    np.testing.assert_allclose(y, activations_as_used(xa) @ w.T, rtol=0, atol=2e-6 * scale)
+    # against the float activations: within the int8 rounding of the activations
+    # (half a step of each block's scale per value)
+    step = xa.d.double().repeat_interleave(32, dim=1).numpy() / 2  # [m, k]
+    bound = step @ np.abs(w).T
+    err = np.abs(y - x.double().numpy() @ w.T)
+    assert (err <= bound * (1 + 1e-5) + 1e-6 * scale).all()
+
+
+@pytest.mark.parametrize("name", QUANT)
+def test_quantized_rows_are_independent_of_the_batch(name: str, backend: str) -> None:
+    rng = np.random.default_rng(7)
+    n, k = 24, 256
+    raw = torch.from_numpy(random_rows(rng, name, n, k))
+    x = torch.from_numpy(rng.standard_normal((64, k)).astype(np.float32))
+    alone = torch.cat([K.qmatmul(K.quantize_rows(x[i : i + 1]), raw, GGML_TYPE[name])
+                       for i in range(64)])  # fmt: skip
+    for size in (2, 3, 8, 17, 64):
+        lo = int(rng.integers(0, 64 - size + 1))
+        batch = K.qmatmul(K.quantize_rows(x[lo : lo + size]), raw, GGML_TYPE[name])
+        assert torch.equal(batch, alone[lo : lo + size]), f"{name}: batch of {size} differs"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_float_kernel_is_exact_in_float64_terms_and_row_independent(dtype, backend) -> None:
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(50, 77, generator=g).to(dtype)  # 77: not a multiple of the vector width
+    x = torch.randn(33, 77, generator=g)
+    y = K.fmatmul(x, w)
+    ref = x.double() @ w.double().T
+    assert (y.double() - ref).abs().max() < 1e-5
+    alone = torch.cat([K.fmatmul(x[i : i + 1], w) for i in range(33)])
+    assert torch.equal(y, alone)
+    out = torch.zeros(33, 60)
+    K.fmatmul(x, w, out[:, 5:55])  # a column slice of a wider output
+    assert torch.equal(out[:, 5:55], y) and not out[:, :5].any() and not out[:, 55:].any()
+
+
+def test_activation_quantization_matches_llama_cpp_q8_0() -> None:
+    """Per-32 blocks quantized as ggml's reference Q8_0 does (d = amax/127, round half away
+    from zero): the same integers as gguf-py's quantizer."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((5, 128)) * rng.uniform(0.01, 10, (5, 1))).astype(np.float32)
+    x[0, :32] = 0.0
+    xa = K.quantize_rows(torch.from_numpy(x))
+    ref = np.asarray(quants.quantize(x, RefType.Q8_0)).view(np.uint8).reshape(5, 4, 34)
+    assert np.array_equal(xa.q.numpy().reshape(5, 4, 32), ref[..., 2:].view(np.int8))
+    sums = xa.q.reshape(5, 8, 16).sum(-1).float()
+    assert torch.equal(xa.ms, xa.d.repeat_interleave(2, dim=1) * sums)
+
+
+def test_non_finite_inputs_give_non_finite_outputs(backend: str) -> None:
+    rng = np.random.default_rng(2)
+    raw = torch.from_numpy(random_rows(rng, "Q4_K", 8, 256))
+    x = torch.from_numpy(rng.standard_normal((3, 256)).astype(np.float32))
+    x[1, 100] = float("nan")
+    x[2, 7] = float("inf")
+    y = K.qmatmul(K.quantize_rows(x), raw, GGML_TYPE["Q4_K"])
+    assert torch.isfinite(y[0]).all()
+    assert not torch.isfinite(y[1]).any() and not torch.isfinite(y[2]).any()
+
+
+def test_unsupported_type_is_refused_naming_tensor_and_type() -> None:
+    with pytest.raises(ValueError, match=r"'blk.0.ffn_up.weight'.*IQ2_XXS"):
+        Matrix.from_raw("blk.0.ffn_up.weight", torch.zeros(66, dtype=torch.uint8), 16, (1, 256))
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K"])
+def test_in_place_decoding_equals_the_unpacked_rows_bitwise(name: str, monkeypatch) -> None:
+    """The SIMD decoders that read the common types straight from their blocks give bitwise
+    the numbers of the scalar unpackers (which the reference test checks against gguf-py)."""
+    if K.backend() != "c":
+        pytest.skip("no C compiler on this machine")
+    rng = np.random.default_rng(11)
+    raw = torch.from_numpy(random_rows(rng, name, 33, 512))
+    xa = K.quantize_rows(torch.from_numpy(rng.standard_normal((9, 512)).astype(np.float32)))
+    direct = K.qmatmul(xa, raw, GGML_TYPE[name])
+    monkeypatch.setenv("LORASERVE_KERNEL_UNPACK", "1")
+    assert torch.equal(K.qmatmul(xa, raw, GGML_TYPE[name]), direct)
