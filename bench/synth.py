@@ -162,7 +162,9 @@ def _tensors(
         yield name, _random(rng, shp)
 
 
-def write_f16(path: Path, shape: Shape, template: dict[str, tuple[Any, Any, Any]], seed: int = 8):
+def write_f16(
+    path: Path, shape: Shape, template: dict[str, tuple[Any, Any, Any]], seed: int = 8
+) -> Path:
     """Write a random-weights F16 GGUF of `shape` (1-D tensors F32), one tensor in memory at a
     time; the vocabulary size is the template's token count."""
     import gguf
