@@ -354,7 +354,7 @@ def test_merged_demo_adapters_on_the_real_model(real_model_path, tmp_path) -> No
     inputs = DEMO_PAIRS[0]
     if not all(p.exists() for p in inputs):
         pytest.skip(f"demo adapters missing under {DEMO}")
-    model = load_model(real_model_path)
+    model = load_model(real_model_path, "float32")  # the exact path: only the merge differs
     reg = AdapterRegistry(model)
     for p in inputs:
         reg.load(p)

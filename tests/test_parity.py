@@ -52,12 +52,31 @@ def test_logits_equal_transformers(tmp_path, case: str, chunk: int) -> None:
         over = {"hidden_size": 256, "intermediate_size": 256, **over}
     m = hf_model(arch, **over)
     path = write_gguf(tmp_path / "m.gguf", m, arch, quant)
-    ours = our_logits(load_model(path), IDS, chunk)
+    ours = our_logits(load_model(path, "float32"), IDS, chunk)
     ref = hf_logits(m, IDS)
     assert ours.shape == ref.shape
     diff = (ours - ref).abs().max().item()
     assert diff <= 1e-4, f"{case}: max abs logit diff {diff}"
     assert ref.std() > 0.1  # the comparison is not between near-constant logits
+
+
+@pytest.mark.parametrize("case", ["llama-quant", "gemma3-quant"])
+def test_native_logits_follow_transformers(tmp_path, case: str) -> None:
+    """The default precision on quantized files: transformers' float32 forward over the same
+    dequantized weights, up to the int8 rounding of activations (llama.cpp's Q8_0 scheme):
+    the same top-1 wherever transformers' top-1/top-2 gap is clear, and close logits."""
+    arch, over, quant = CASES[case]
+    m = hf_model(arch, **{"hidden_size": 256, "intermediate_size": 256, **over})
+    path = write_gguf(tmp_path / "m.gguf", m, arch, quant)
+    model = load_model(path)
+    assert any(p.quantized for b in model.decoder.blocks for p in b.qkv.parts)
+    ours = our_logits(model, IDS, 7)
+    ref = hf_logits(m, IDS)
+    top2 = ref.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) >= 0.5
+    assert clear.sum() >= 3
+    assert (ours.argmax(-1) == ref.argmax(-1))[clear].all()
+    assert (ours - ref).abs().max() <= 0.05 * (ref.max() - ref.min())
 
 
 def test_hf_folder_equals_transformers(tmp_path) -> None:

@@ -45,6 +45,9 @@ def _c() -> ctypes.CDLL | None:
             _lib.ls_qmatmul.argtypes = [ctypes.c_int, _P, _I, _I, _I, _P, _P, _P, _I, _P, _I,
                                         ctypes.c_int]  # fmt: skip
             _lib.ls_qmatmul.restype = ctypes.c_int
+            _lib.ls_qmatmul_multi.argtypes = [ctypes.c_int, _P, _P, _P, _P, _P, _I, _P, _P, _P,
+                                              _I, _P, _I, ctypes.c_int]  # fmt: skip
+            _lib.ls_qmatmul_multi.restype = ctypes.c_int
             _lib.ls_fmatmul.argtypes = [ctypes.c_int, _P, _I, _I, _I, _P, _I, _I, _P, _I,
                                         ctypes.c_int]  # fmt: skip
             _lib.ls_fmatmul.restype = ctypes.c_int
@@ -126,6 +129,49 @@ def qmatmul(
     if rc != 0:
         raise ValueError(f"no quantized kernel for ggml type {ggml_type}")
     return out
+
+
+class QuantizedParts:
+    """Quantized matrices of one input side by side on the output columns (q|k|v, gate|up),
+    multiplied in one kernel call (one thread fork per projection, not one per part).
+
+    ``parts``: (rows [N_i, row_bytes] uint8, ggml type, first output column) each.
+    """
+
+    def __init__(self, parts: list[tuple[torch.Tensor, int, int]]) -> None:
+        if not 1 <= len(parts) <= 8:
+            raise ValueError(f"QuantizedParts takes 1 to 8 parts, got {len(parts)}")
+        for raw, t, _ in parts:
+            if t not in QUANT_TYPES:
+                raise ValueError(f"no quantized kernel for ggml type {t}")
+            if raw.stride(1) != 1:
+                raise ValueError("weight rows must be contiguous")
+        self.parts = parts
+        n = len(parts)
+        self._n = n
+        self._types = (ctypes.c_int * n)(*[t for _, t, _ in parts])
+        self._ws = (ctypes.c_void_p * n)(*[raw.data_ptr() for raw, _, _ in parts])
+        self._ns = (ctypes.c_int64 * n)(*[raw.shape[0] for raw, _, _ in parts])
+        self._rb = (ctypes.c_int64 * n)(*[raw.stride(0) for raw, _, _ in parts])
+        self._cols = (ctypes.c_int64 * n)(*[c for _, _, c in parts])
+
+    def __call__(self, xa: QuantizedRows, out: torch.Tensor) -> torch.Tensor:
+        """out [M, *] float32 (unit column stride): each part's columns written."""
+        m, k = xa.q.shape
+        lib = _c()
+        if lib is None or m == 0:
+            for raw, t, c in self.parts:
+                qmatmul(xa, raw, t, out[:, c : c + raw.shape[0]])
+            return out
+        if out.stride(1) != 1:
+            raise ValueError("QuantizedParts needs a unit column stride for out")
+        rc = lib.ls_qmatmul_multi(self._n, self._types, self._ws, self._ns, self._rb,
+                                  self._cols, k, xa.q.data_ptr(), xa.d.data_ptr(),
+                                  xa.ms.data_ptr(), m, out.data_ptr(), out.stride(0),
+                                  torch.get_num_threads())  # fmt: skip
+        if rc != 0:
+            raise ValueError("qmatmul_multi refused its parts")
+        return out
 
 
 def fmatmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

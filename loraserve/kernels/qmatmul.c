@@ -463,50 +463,103 @@ static int use_direct(int type) {
 #endif
 }
 
+// How one weight matrix is read: its unpacker or in-place decoder, chosen once per call.
+typedef struct {
+    int type, has_min, in_place;
+    unpack_fn unpack;
+    dot_fn one, four;
+    const uint8_t *w;
+    int64_t n, row_bytes, col;  // rows, bytes per row, first output column
+} part_t;
+
+static int part_init(part_t *p, int type, const uint8_t *w, int64_t n, int64_t row_bytes,
+                     int64_t col) {
+    p->unpack = unpacker(type, &p->has_min);
+    if (p->unpack == NULL) return -1;
+    p->type = type;
+    p->in_place = use_direct(type);
+    dot_fns(p->in_place ? type : T_BUF, &p->one, &p->four);
+    p->w = w;
+    p->n = n;
+    p->row_bytes = row_bytes;
+    p->col = col;
+    return 0;
+}
+
+typedef struct {
+    int8_t *qbuf;
+    float *s, *mn, *sv;
+} scratch_t;
+
+// Output column (p->col + n) of all M rows: one weight row against every activation row.
+static void part_row(const part_t *p, int64_t n, int64_t K, const int8_t *xq, const float *xd,
+                     const float *xms, int64_t M, float *y, int64_t ldy, scratch_t *t) {
+    const int64_t nc = K / 32;
+    const uint8_t *row = p->w + n * p->row_bytes;
+    if (p->in_place) row_scales(p->type, row, K, t->s, t->mn);
+    else p->unpack(row, K, t->qbuf, t->s, t->mn);
+    if (M >= 4)
+        for (int64_t c = 0; c < nc; c++)
+            for (int l = 0; l < 4; l++) {
+                t->sv[8 * c + l] = t->s[2 * c];
+                t->sv[8 * c + 4 + l] = t->s[2 * c + 1];
+            }
+    float *out = y + p->col + n;
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4)
+        p->four(row, t->qbuf, t->s, t->sv, t->mn, p->has_min, xq + m * K, xd + m * nc,
+                xms + m * (K / 16), K, out + m * ldy, ldy);
+    for (; m < M; m++)
+        p->one(row, t->qbuf, t->s, t->sv, t->mn, p->has_min, xq + m * K, xd + m * nc,
+               xms + m * (K / 16), K, out + m * ldy, ldy);
+}
+
+// Several matrices of one input side by side on the output columns (q|k|v, gate|up), in
+// one parallel region: y[:, cols[i] : cols[i] + ns[i]] = x W_i^T. The rows of all parts
+// form one range that the threads split. Returns 0, or -1 for a type without a kernel.
+int ls_qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws, const int64_t *ns,
+                     const int64_t *row_bytes, const int64_t *cols, int64_t K, const int8_t *xq,
+                     const float *xd, const float *xms, int64_t M, float *y, int64_t ldy,
+                     int nthreads) {
+    part_t parts[8];
+    int64_t total = 0;
+    if (nparts < 1 || nparts > 8) return -1;
+    for (int i = 0; i < nparts; i++) {
+        if (part_init(&parts[i], types[i], ws[i], ns[i], row_bytes[i], cols[i]) != 0) return -1;
+        total += ns[i];
+    }
+    const int64_t nc = K / 32;
+#pragma omp parallel num_threads(nthreads)
+    {
+        scratch_t t;
+        t.qbuf = aligned_alloc(64, (size_t)((K + 63) / 64 * 64));
+        t.s = malloc(sizeof(float) * (size_t)(K / 16));
+        t.mn = calloc((size_t)(K / 16), sizeof(float));
+        t.sv = malloc(sizeof(float) * (size_t)(8 * nc));
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < total; g++) {
+            int i = 0;
+            int64_t n = g;
+            while (n >= parts[i].n) n -= parts[i++].n;
+            part_row(&parts[i], n, K, xq, xd, xms, M, y, ldy, &t);
+        }
+        free(t.qbuf);
+        free(t.s);
+        free(t.mn);
+        free(t.sv);
+    }
+    return 0;
+}
+
 // y [M, N] (row stride ldy) = quantized activations (ls_quantize_rows) x weight rows w
 // [N, row_bytes] of ggml `type`. Returns 0, or -1 for a type without a kernel.
 int ls_qmatmul(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_bytes,
                const int8_t *xq, const float *xd, const float *xms, int64_t M, float *y,
                int64_t ldy, int nthreads) {
-    int has_min;
-    unpack_fn unpack = unpacker(type, &has_min);
-    if (unpack == NULL) return -1;
-    const int in_place = use_direct(type);
-    dot_fn one, four;
-    if (in_place) dot_fns(type, &one, &four);
-    else dot_fns(T_BUF, &one, &four);
-    const int64_t nc = K / 32;
-#pragma omp parallel num_threads(nthreads)
-    {
-        int8_t *qbuf = aligned_alloc(64, (size_t)((K + 63) / 64 * 64));
-        float *s = malloc(sizeof(float) * (size_t)(K / 16));
-        float *mn = calloc((size_t)(K / 16), sizeof(float));
-        float *sv = malloc(sizeof(float) * (size_t)(8 * nc));
-#pragma omp for schedule(static)
-        for (int64_t n = 0; n < N; n++) {
-            const uint8_t *row = w + n * row_bytes;
-            if (in_place) row_scales(type, row, K, s, mn);
-            else unpack(row, K, qbuf, s, mn);
-            if (M >= 4)
-                for (int64_t c = 0; c < nc; c++)
-                    for (int l = 0; l < 4; l++) {
-                        sv[8 * c + l] = s[2 * c];
-                        sv[8 * c + 4 + l] = s[2 * c + 1];
-                    }
-            int64_t m = 0;
-            for (; m + 4 <= M; m += 4)
-                four(row, qbuf, s, sv, mn, has_min, xq + m * K, xd + m * nc, xms + m * (K / 16), K,
-                     y + m * ldy + n, ldy);
-            for (; m < M; m++)
-                one(row, qbuf, s, sv, mn, has_min, xq + m * K, xd + m * nc, xms + m * (K / 16), K,
-                    y + m * ldy + n, ldy);
-        }
-        free(qbuf);
-        free(s);
-        free(mn);
-        free(sv);
-    }
-    return 0;
+    const uint8_t *ws[1] = {w};
+    const int64_t zero = 0;
+    return ls_qmatmul_multi(1, &type, ws, &N, &row_bytes, &zero, K, xq, xd, xms, M, y, ldy,
+                            nthreads);
 }
 
 // ---- float weights ---------------------------------------------------------------------

@@ -17,7 +17,14 @@ from itertools import accumulate
 import torch
 from torch import nn
 
-from loraserve.kernels import FLOAT_TYPES, QUANT_TYPES, fmatmul, qmatmul, quantize_rows
+from loraserve.kernels import (
+    FLOAT_TYPES,
+    QUANT_TYPES,
+    QuantizedParts,
+    fmatmul,
+    qmatmul,
+    quantize_rows,
+)
 from loraserve.model.context import get_context
 from loraserve.model.dequant import GGML_QUANT_SIZES, dequantize, type_name
 
@@ -110,22 +117,25 @@ class Projection(nn.Module):
         self.spans = [(p.name, e - p.shape[0], e) for p, e in zip(parts, ends, strict=True)]
         self.bias = None if bias is None else bias.float()  # [out]
         self._quantized = any(p.quantized for p in parts)
-        if self._quantized:
-            for p in parts:
-                block = GGML_QUANT_SIZES[p.ggml_type][0]
-                if p.quantized and self.in_features % block:
-                    raise ValueError(f"{p.name}: {self.in_features} inputs is not whole blocks")
+        for p in parts:
+            if p.quantized and self.in_features % GGML_QUANT_SIZES[p.ggml_type][0]:
+                raise ValueError(f"{p.name}: {self.in_features} inputs is not whole blocks")
+        # the quantized parts run as one kernel call; float parts one call each
+        quant = [
+            (p.data, p.ggml_type, lo)
+            for p, (_, lo, _) in zip(parts, self.spans, strict=True)
+            if p.quantized
+        ]
+        self._qparts = QuantizedParts(quant) if quant else None
 
     def base(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, in] float32 -> [T, out] float32 without LoRA."""
         y = torch.empty(x.shape[0], self.out_features)  # [T, out]
-        xa = quantize_rows(x) if self._quantized else None
+        if self._qparts is not None:
+            self._qparts(quantize_rows(x), y)
         for p, (_, lo, hi) in zip(self.parts, self.spans, strict=True):
-            out = y if len(self.parts) == 1 else y[:, lo:hi]
-            if p.quantized:
-                qmatmul(xa, p.data, p.ggml_type, out)  # type: ignore[arg-type]
-            else:
-                fmatmul(x, p.data, out)
+            if not p.quantized:
+                fmatmul(x, p.data, y if len(self.parts) == 1 else y[:, lo:hi])
         if self.bias is not None:
             y += self.bias
         return y
