@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from loraserve.model.context import AttnGroup, LoraDelta, StepContext, set_context
+from loraserve.model.context import AttnMeta, LoraDelta, StepContext, set_context
 from loraserve.model.decoder import Decoder
 
 
@@ -71,75 +71,39 @@ class ModelRunner:
     def _context(
         self, items: Sequence[BatchItem]
     ) -> tuple[torch.Tensor, torch.Tensor, StepContext]:
-        ids, pos, slots = [], [], []
+        """The step's input ids [T], positions [T] and context. Every item, decode row or
+        prefill chunk, attends its own sequence's keys 0..position through its slot list
+        (``AttnMeta``), so one attention call per layer serves the whole batch."""
+        ids: list[int] = []
+        pos: list[int] = []
+        row_seq: list[int] = []
+        seq_slots: list[torch.Tensor] = []  # per item: [start + n] slots of positions 0..
+        new_slots: list[torch.Tensor] = []  # per item: [n] slots the new tokens write to
+        seq_off = [0]
         logits_rows: list[int] = []
-        decode_rows: list[int] = []
-        decode_items: list[BatchItem] = []
-        groups: list[AttnGroup] = []
-        window = self.cfg.sliding_window
-        row = 0
         int8_rows: list[int] = []
-        for it in items:
+        row = 0
+        for b, it in enumerate(items):
             if it.generated:
                 int8_rows.extend(range(row, row + it.n))
             ids.extend(it.tokens[it.start : it.start + it.n])
-            pos.extend(range(it.start, it.start + it.n))
             total = it.start + it.n
-            kv_index = self.block_slots(it.blocks, total)
-            slots.append(kv_index[it.start :])
-            if it.n == 1:
-                decode_rows.append(row)
-                decode_items.append(it)
-            else:
-                q = torch.arange(it.start, total).unsqueeze(1)  # [Q, 1]
-                k = torch.arange(total).unsqueeze(0)  # [1, L]
-                full = k <= q
-                swa = full & (q - k < window) if window else None
-                lo = max(0, it.start - window + 1) if window else 0  # first key in a window
-                groups.append(
-                    AttnGroup(
-                        None,
-                        row,
-                        row + it.n,
-                        kv_index.unsqueeze(0),
-                        full[None, None],
-                        None if swa is None else swa[None, None, :, lo:],
-                        1,
-                        kv_index_swa=kv_index[lo:].unsqueeze(0) if lo else None,
-                    )
-                )
+            pos.extend(range(it.start, total))
+            row_seq.extend([b] * it.n)
+            seq_slots.append(self.block_slots(it.blocks, total))
+            new_slots.append(seq_slots[-1][it.start :])
+            seq_off.append(seq_off[-1] + total)
             row += it.n
             if it.want_logits:
                 logits_rows.append(row - 1)
-        if decode_items:
-            lens = [it.start + 1 for it in decode_items]
-            max_len = max(lens)
-            kv_index = torch.zeros(len(decode_items), max_len, dtype=torch.long)
-            for j, it in enumerate(decode_items):
-                own = self.block_slots(it.blocks, lens[j])
-                # padding repeats the sequence's own newest slot: masked keys still enter
-                # SDPA's weighted sum (0 * x), so they must never be another request's KV
-                kv_index[j] = own[-1]
-                kv_index[j, : lens[j]] = own
-            k = torch.arange(max_len).unsqueeze(0)  # [1, L]
-            qpos = torch.tensor(lens).unsqueeze(1) - 1  # [B, 1]
-            full = k <= qpos
-            swa = full & (qpos - k < window) if window else None
-            kv_swa = None
-            if window and max_len > window:  # gather only each sequence's last `window`
-                kv_swa, swa = _window(kv_index, torch.tensor(lens), window)
-            groups.append(
-                AttnGroup(
-                    torch.tensor(decode_rows),
-                    0,
-                    0,
-                    kv_index,
-                    full[:, None, None, :],
-                    None if swa is None else swa[:, None, None, :],
-                    len(decode_items),
-                    kv_index_swa=kv_swa,
-                )
-            )
+        positions = torch.tensor(pos, dtype=torch.long)  # [T]
+        attn = AttnMeta(
+            slots=torch.cat(seq_slots),
+            seq_off=torch.tensor(seq_off, dtype=torch.long),
+            row_seq=torch.tensor(row_seq, dtype=torch.int32),
+            row_nkeys=(positions + 1).to(torch.int32),
+            window=self.cfg.sliding_window,
+        )
         lora = None
         if self.lora_builder is not None:
             spans, r = [], 0
@@ -149,14 +113,14 @@ class ModelRunner:
                 r += it.n
             lora = self.lora_builder(spans) if spans else None
         ctx = StepContext(
-            slot_mapping=torch.cat(slots),
-            groups=groups,
+            slot_mapping=torch.cat(new_slots),
+            attn=attn,
             logits_rows=torch.tensor(logits_rows, dtype=torch.long),
             lora=lora,
             kv_caches=self.kv,
             int8_rows=torch.tensor(int8_rows, dtype=torch.long) if int8_rows else None,
         )
-        return torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.long), ctx
+        return torch.tensor(ids, dtype=torch.long), positions, ctx
 
     def forward(self, items: Sequence[BatchItem]) -> torch.Tensor:
         """Run one step; returns logits [S, V] float32 for items with ``want_logits``."""
@@ -166,15 +130,3 @@ class ModelRunner:
             return self.decoder(input_ids, positions)
         finally:
             set_context(None)
-
-
-def _window(
-    kv_index: torch.Tensor, lens: torch.Tensor, window: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode rows' last ``window`` KV slots: kv_index [B, L], lens [B] -> ([B, W] slots,
-    [B, W] keep mask); a shorter sequence is padded with its own newest slot, masked."""
-    start = (lens - window).clamp(min=0)  # [B] first key inside the window
-    cols = start[:, None] + torch.arange(window)[None, :]  # [B, W]
-    keep = cols < lens[:, None]
-    cols = torch.minimum(cols, (lens - 1)[:, None])
-    return kv_index.gather(1, cols), keep

@@ -38,25 +38,19 @@ class LoraDelta(Protocol):
 
 
 @dataclass
-class AttnGroup:
-    """Rows of the flat batch that attend over gathered KV with one padded SDPA call.
+class AttnMeta:
+    """Which keys each query row of the step attends, as the attention kernel reads them.
 
-    A group is either all decode rows (one query each, several sequences) or one
-    prefill chunk (several queries of one sequence).
+    Decode rows and prefill chunks alike: row t attends positions 0..row_nkeys[t]-1 of
+    sequence row_seq[t] (sliding-window layers only the last ``window`` of them),
+    whose KV slots are ``slots[seq_off[b]:seq_off[b + 1]]`` in position order.
     """
 
-    rows: torch.Tensor | None  # [n] long rows of the flat batch; None = rows start..end
-    start: int
-    end: int
-    kv_index: torch.Tensor  # [B, L] long: flat KV slots to gather per sequence
-    mask_full: torch.Tensor  # [B, 1, Q, L] bool: True = attend (causal, padding)
-    mask_swa: torch.Tensor | None  # same, also restricted to the sliding window
-    n_seqs: int  # B: sequences in the group (Q = queries per sequence)
-    # sliding-window layers gather only the window: its KV slots [B, W'] (mask_swa is
-    # then [B, 1, Q, W']); None = kv_index with mask_swa
-    kv_index_swa: torch.Tensor | None = None
-    # additive float masks (0 / -inf) of mask_full / mask_swa, built on first use
-    bias: dict[bool, torch.Tensor] = field(default_factory=dict)
+    slots: torch.Tensor  # [N] long: every sequence's KV slots for positions 0, 1, ...
+    seq_off: torch.Tensor  # [B + 1] long: offsets of each sequence's slots in ``slots``
+    row_seq: torch.Tensor  # [T] int32: the sequence of each query row
+    row_nkeys: torch.Tensor  # [T] int32: keys each row attends (its position + 1)
+    window: int = 0  # sliding-window layers' window (cfg.sliding_window; 0 = none)
 
 
 @dataclass
@@ -64,7 +58,7 @@ class StepContext:
     """Everything a forward pass needs besides ``(input_ids, positions)``."""
 
     slot_mapping: torch.Tensor  # [T] long: flat KV slot each new token writes to
-    groups: list[AttnGroup]
+    attn: AttnMeta
     logits_rows: torch.Tensor  # [S] long: rows whose logits are needed
     lora: LoraDelta | None = None
     # rows of generated tokens, which use int8 weights where a layer has them (None: no

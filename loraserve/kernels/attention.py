@@ -1,0 +1,170 @@
+"""Batch-invariant softmax attention over the paged KV pool: ``attention.c`` and its fallback.
+
+Every query row attends the keys 0..n-1 of its own sequence (n = the row's position + 1;
+with a sliding window only the last ``window`` of them), read from the pool through the
+sequence's KV slot list. A row's result depends on that row's query and those keys/values
+alone: not on the batch, on how its prompt was chunked, or on which keys came from the
+prefix cache, so one-token decode and many-token prefill give the same bits for the same
+position. torch's SDPA and matmuls are not (their summation order follows the shapes), hence
+the C kernel; the fallback keeps the property by running one query row at a time with
+elementwise ops and reductions whose shapes depend only on that row.
+
+The kernel, or the fallback when it cannot be built, is chosen once (``backend()``) with one
+log line.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+
+import torch
+
+from loraserve.kernels.build import library
+
+log = logging.getLogger("loraserve.kernels")
+
+_LOCK = threading.Lock()
+_CHOSEN: list[ctypes.CDLL | None] = []  # [] until chosen; then [library or None]
+
+
+def _lib() -> ctypes.CDLL | None:
+    if _CHOSEN:
+        return _CHOSEN[0]
+    with _LOCK:
+        if not _CHOSEN:
+            lib = library("attention")
+            if lib is not None:
+                p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
+                lib.ls_attention.restype = ctypes.c_int
+                lib.ls_attention.argtypes = [p, i64, p, p, i64, p, p, i64, p, p, i32,
+                                             ctypes.c_float, p, i64, i64, i64, i64,
+                                             ctypes.c_int]  # fmt: skip
+                log.info("attention: C kernel (batch-invariant, fixed reduction order)")
+            else:
+                log.warning("attention: no C kernel here, using the slower pure-torch path")
+            _CHOSEN.append(lib)
+        return _CHOSEN[0]
+
+
+def backend() -> str:
+    """``"c"`` or ``"torch"``: which implementation ``attention`` runs (chosen on first call)."""
+    return "c" if _lib() is not None else "torch"
+
+
+def attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    seq_off: torch.Tensor,
+    row_seq: torch.Tensor,
+    row_nkeys: torch.Tensor,
+    scale: float,
+    window: int = 0,
+) -> torch.Tensor:
+    """Softmax attention of each query row over its sequence's keys -> out [T, H, D] float32.
+
+    q: [T, H, D]; k_cache, v_cache: [S, Hkv, D] flat KV slots (H a multiple of Hkv; query
+    head h reads KV head h // (H // Hkv)). slots: [N] long, every sequence's KV slots for
+    positions 0, 1, ... in order, concatenated; seq_off: [B + 1] long, sequence b's slots
+    are ``slots[seq_off[b]:seq_off[b + 1]]``. row_seq: [T] int32, each row's sequence;
+    row_nkeys: [T] int32, the keys it attends (positions 0..n-1). window > 0: only keys
+    with ``q_pos - k_pos < window`` (q_pos = n - 1). Raises ValueError on inconsistent
+    metadata (a key count past its sequence's slots, a slot outside the pool).
+    """
+    f32 = torch.float32
+    if _lib() is None or k_cache.dtype != f32 or v_cache.dtype != f32:
+        return attention_torch(
+            q, k_cache, v_cache, slots, seq_off, row_seq, row_nkeys, scale, window
+        )
+    return attention_c(q, k_cache, v_cache, slots, seq_off, row_seq, row_nkeys, scale, window)
+
+
+def attention_c(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    seq_off: torch.Tensor,
+    row_seq: torch.Tensor,
+    row_nkeys: torch.Tensor,
+    scale: float,
+    window: int = 0,
+) -> torch.Tensor:
+    """``attention`` by the C kernel (float32 KV pool); raises RuntimeError without one."""
+    lib = _lib()
+    if lib is None:
+        raise RuntimeError("the attention C kernel is not available here")
+    t, h, d = q.shape
+    q = q.float()  # [T, H, D]: any row stride, heads contiguous
+    if q.stride(2) != 1 or (h > 1 and q.stride(1) != d) or t == 0:
+        q = q.contiguous()
+    kc, vc = k_cache.contiguous(), v_cache.contiguous()  # [S, Hkv, D] float32
+    if kc.dtype != torch.float32 or vc.dtype != torch.float32 or kc.shape != vc.shape:
+        raise ValueError("the KV pool must be two float32 tensors of one shape [S, Hkv, D]")
+    if kc.shape[2] != d:
+        raise ValueError(f"head_dim {d} of q differs from the pool's {kc.shape[2]}")
+    slots, seq_off = slots.long().contiguous(), seq_off.long().contiguous()  # [N], [B + 1]
+    row_seq = row_seq.to(torch.int32).contiguous()  # [T]
+    row_nkeys = row_nkeys.to(torch.int32).contiguous()  # [T]
+    if row_seq.numel() != t or row_nkeys.numel() != t or seq_off.numel() < 1:
+        raise ValueError("row_seq and row_nkeys need one entry per query row")
+    out = torch.empty(t, h, d, dtype=torch.float32)  # [T, H, D]
+    rc = lib.ls_attention(
+        q.data_ptr(), q.stride(0), kc.data_ptr(), vc.data_ptr(), kc.shape[0],
+        slots.data_ptr(), seq_off.data_ptr(), seq_off.numel() - 1, row_seq.data_ptr(),
+        row_nkeys.data_ptr(), int(window), float(scale), out.data_ptr(), t, h, kc.shape[1], d,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if rc == -2:
+        raise MemoryError("attention: out of memory for the score buffers")
+    if rc != 0:
+        raise ValueError("attention: inconsistent metadata (key counts, slots or head counts)")
+    return out
+
+
+def attention_torch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    seq_off: torch.Tensor,
+    row_seq: torch.Tensor,
+    row_nkeys: torch.Tensor,
+    scale: float,
+    window: int = 0,
+) -> torch.Tensor:
+    """``attention`` in pure torch, one query row at a time (slow, row-independent too).
+
+    Every op of a row sees tensors shaped by that row's key count alone (its keys are
+    gathered anew), and reductions run over the last, contiguous dim only, so the row's
+    bits cannot depend on the other rows.
+    """
+    t, h, d = q.shape
+    s, hkv = k_cache.shape[0], k_cache.shape[1]
+    if hkv < 1 or h % hkv != 0 or k_cache.shape[2] != d or v_cache.shape != k_cache.shape:
+        raise ValueError("attention: inconsistent head counts or shapes")
+    offs, seqs, counts = seq_off.tolist(), row_seq.tolist(), row_nkeys.tolist()
+    if len(seqs) != t or len(counts) != t:
+        raise ValueError("row_seq and row_nkeys need one entry per query row")
+    if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= s):
+        raise ValueError("attention: a KV slot lies outside the pool")
+    group = h // hkv
+    out = torch.empty(t, h, d, dtype=torch.float32)  # [T, H, D]
+    for r in range(t):
+        b, n = seqs[r], counts[r]
+        if not (0 <= b < len(offs) - 1 and 1 <= n <= offs[b + 1] - offs[b]):
+            raise ValueError("attention: inconsistent metadata (key counts or sequences)")
+        lo = n - window if 0 < window < n else 0
+        keys = slots[offs[b] + lo : offs[b] + n]  # [m] this row's KV slots, in order
+        k = k_cache.index_select(0, keys).float().repeat_interleave(group, 1)  # [m, H, D]
+        v = v_cache.index_select(0, keys).float().repeat_interleave(group, 1)  # [m, H, D]
+        v = v.permute(1, 2, 0).contiguous()  # [H, D, m]
+        sc = (q[r].float().unsqueeze(0) * k).sum(-1).t().contiguous() * scale  # [H, m]
+        p = (sc - sc.amax(-1, keepdim=True)).exp()  # [H, m]
+        den = p.sum(-1, keepdim=True)  # [H, 1]
+        o = (p.unsqueeze(1) * v).sum(-1)  # [H, D, m] -> [H, D]
+        out[r] = o / den
+    return out
