@@ -138,9 +138,9 @@ def attention_torch(
 ) -> torch.Tensor:
     """``attention`` in pure torch, one query row at a time (slow, row-independent too).
 
-    Every op of a row sees tensors shaped by that row's key count alone (its keys are
-    gathered anew), and reductions run over the last, contiguous dim only, so the row's
-    bits cannot depend on the other rows.
+    Every op of a row sees contiguous tensors shaped by that row's key count alone (a
+    contiguous copy of its keys out of its sequence's gathered ones), and reductions run
+    over the last dim only, so the row's bits cannot depend on the other rows.
     """
     t, h, d = q.shape
     s, hkv = k_cache.shape[0], k_cache.shape[1]
@@ -153,18 +153,24 @@ def attention_torch(
         raise ValueError("attention: a KV slot lies outside the pool")
     group = h // hkv
     out = torch.empty(t, h, d, dtype=torch.float32)  # [T, H, D]
+    gathered: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for r in range(t):
         b, n = seqs[r], counts[r]
         if not (0 <= b < len(offs) - 1 and 1 <= n <= offs[b + 1] - offs[b]):
             raise ValueError("attention: inconsistent metadata (key counts or sequences)")
+        if b not in gathered:
+            keys = slots[offs[b] : offs[b + 1]]  # [L] the sequence's KV slots, in order
+            kb = k_cache.index_select(0, keys).float()  # [L, Hkv, D]
+            vb = v_cache.index_select(0, keys).float().permute(1, 2, 0)  # [Hkv, D, L]
+            gathered[b] = kb, vb
+        kb, vb = gathered[b]
         lo = n - window if 0 < window < n else 0
-        keys = slots[offs[b] + lo : offs[b] + n]  # [m] this row's KV slots, in order
-        k = k_cache.index_select(0, keys).float().repeat_interleave(group, 1)  # [m, H, D]
-        v = v_cache.index_select(0, keys).float().repeat_interleave(group, 1)  # [m, H, D]
-        v = v.permute(1, 2, 0).contiguous()  # [H, D, m]
-        sc = (q[r].float().unsqueeze(0) * k).sum(-1).t().contiguous() * scale  # [H, m]
+        k = kb[lo:n].unsqueeze(2).contiguous()  # [m, Hkv, 1, D]
+        v = vb[:, :, lo:n].unsqueeze(1).contiguous()  # [Hkv, 1, D, m]
+        qr = q[r].float().reshape(1, hkv, group, d)  # [1, Hkv, G, D]
+        sc = (qr * k).sum(-1).reshape(-1, h).t().contiguous() * scale  # [H, m]
         p = (sc - sc.amax(-1, keepdim=True)).exp()  # [H, m]
         den = p.sum(-1, keepdim=True)  # [H, 1]
-        o = (p.unsqueeze(1) * v).sum(-1)  # [H, D, m] -> [H, D]
-        out[r] = o / den
+        o = (p.view(hkv, group, 1, -1) * v).sum(-1)  # [Hkv, G, D, m] -> [Hkv, G, D]
+        out[r] = o.reshape(h, d) / den
     return out
