@@ -75,7 +75,7 @@ def test_quantized_kernel_equals_dequantized_reference(name: str, backend: str) 
 @pytest.mark.parametrize("name", QUANT)
 def test_quantized_rows_are_independent_of_the_batch(name: str, backend: str) -> None:
     rng = np.random.default_rng(7)
-    n, k = 24, 256
+    n, k = 26, 256  # not a multiple of the 4-row tiles
     raw = torch.from_numpy(random_rows(rng, name, n, k))
     x = torch.from_numpy(rng.standard_normal((64, k)).astype(np.float32))
     alone = torch.cat([K.qmatmul(K.quantize_rows(x[i : i + 1]), raw, GGML_TYPE[name])
@@ -142,3 +142,17 @@ def test_in_place_decoding_equals_the_unpacked_rows_bitwise(name: str, monkeypat
     direct = K.qmatmul(xa, raw, GGML_TYPE[name])
     monkeypatch.setenv("LORASERVE_KERNEL_UNPACK", "1")
     assert torch.equal(K.qmatmul(xa, raw, GGML_TYPE[name]), direct)
+
+
+def test_rms_norm_equals_float64_and_is_row_independent() -> None:
+    from loraserve.kernels.rowops import rms_norm
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(40, 6 * 48, generator=g) * 3
+    heads = x.view(40, 6, 48)[:, :5]  # a view into wider rows, as q|k heads are
+    for xs, w in ((x, torch.randn(6 * 48, generator=g)), (heads, torch.randn(5, 48, generator=g))):
+        xd = xs.double()
+        ref = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+        y = rms_norm(xs, w, 1e-6)
+        assert (y.double() - ref).abs().max() < 1e-5 * ref.abs().max()
+        assert torch.equal(torch.cat([rms_norm(xs[i : i + 1], w, 1e-6) for i in range(40)]), y)

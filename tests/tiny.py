@@ -246,7 +246,7 @@ def our_logits(
     lora_builder: Any = None,
 ) -> torch.Tensor:
     """loraserve's logits [T, V] for every position: a prefill chunk of ``chunk`` tokens,
-    then one-token decode steps (generated rows, the int8 path where weights have one),
+    then one-token decode steps,
     through the runner over a non-trivial block table, under an optional adapter ``mix``."""
     from loraserve.engine.runner import BatchItem, ModelRunner
     from loraserve.model.context import set_context
@@ -259,7 +259,7 @@ def our_logits(
     rows, pos = [], 0
     while pos < len(ids):
         n = min(chunk if pos == 0 else 1, len(ids) - pos)
-        item = BatchItem(ids, pos, n, blocks, True, mix or {}, generated=pos > 0)
+        item = BatchItem(ids, pos, n, blocks, True, mix or {})
         _, _, ctx = runner._context([item])
         ctx.logits_rows = torch.arange(n)
         set_context(ctx)

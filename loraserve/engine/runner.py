@@ -21,7 +21,6 @@ class BatchItem:
     blocks: Sequence[int]
     want_logits: bool
     lora_mix: dict[int, float]
-    generated: bool = False  # a generated token (decode), not a prompt token
 
 
 LoraBuilder = Callable[[list[tuple[int, int, dict[int, float]]]], LoraDelta | None]
@@ -81,11 +80,8 @@ class ModelRunner:
         new_slots: list[torch.Tensor] = []  # per item: [n] slots the new tokens write to
         seq_off = [0]
         logits_rows: list[int] = []
-        int8_rows: list[int] = []
         row = 0
         for b, it in enumerate(items):
-            if it.generated:
-                int8_rows.extend(range(row, row + it.n))
             ids.extend(it.tokens[it.start : it.start + it.n])
             total = it.start + it.n
             pos.extend(range(it.start, total))
@@ -118,7 +114,6 @@ class ModelRunner:
             logits_rows=torch.tensor(logits_rows, dtype=torch.long),
             lora=lora,
             kv_caches=self.kv,
-            int8_rows=torch.tensor(int8_rows, dtype=torch.long) if int8_rows else None,
         )
         return torch.tensor(ids, dtype=torch.long), positions, ctx
 

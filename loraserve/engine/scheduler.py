@@ -166,6 +166,5 @@ class Scheduler:
             n=n,
             blocks=seq.blocks,
             want_logits=start + n == len(seq.tokens),
-            generated=start >= seq.n_prompt,
             lora_mix=seq.req.lora,
         )

@@ -49,6 +49,7 @@ static inline float half_to_float(const uint8_t *p) {
 // is non-finite too (never silently finite).
 void ls_quantize_rows(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *q, float *d,
                       float *ms, int nthreads) {
+    if (M * K < (1 << 16)) nthreads = 1;  // a few rows: waking a thread costs more
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t m = 0; m < M; m++) {
         const float *xr = x + m * ldx;
@@ -417,6 +418,46 @@ static inline __attribute__((always_inline)) void dot_rows(
         }
 }
 
+// NR weight rows (a compile-time constant: 4) against one activation row: for decode,
+// where one row's chain of dependent multiply-adds would leave the core waiting. Each
+// output gets exactly the operations dot_rows gives it, so tiling changes no bit.
+static inline __attribute__((always_inline)) void dot_cols(
+    int type, const uint8_t *const *rows, int8_t *const *qb, float *const *s, float *const *mn,
+    int has_min, const int8_t *x, const float *xd, const float *xms, int64_t K, int NR,
+    float *out) {
+    const int64_t nc = K / 32;
+#if defined(__AVX2__)
+    __m256 acc[4];
+    for (int j = 0; j < NR; j++) acc[j] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < nc; c++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 32 * c));
+        __m256 bxd = _mm256_broadcast_ss(xd + c);
+        for (int j = 0; j < NR; j++) {
+            __m256i w = chunk_values(type, rows[j], qb[j], c);
+            __m256i aw = _mm256_sign_epi8(w, w), sx = _mm256_sign_epi8(xv, w);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+            __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
+#else
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+#endif
+            __m256 sc = _mm256_mul_ps(
+                _mm256_set_m128(_mm_set1_ps(s[j][2 * c + 1]), _mm_set1_ps(s[j][2 * c])), bxd);
+            acc[j] = madd8(_mm256_cvtepi32_ps(p), sc, acc[j]);
+        }
+    }
+    for (int j = 0; j < NR; j++) out[j] = hsum8(acc[j]);
+    if (has_min)
+        for (int j = 0; j < NR; j++) {
+            float t = 0.0f;
+            for (int64_t i = 0; i < K / 16; i++) t += mn[j][i] * xms[i];
+            out[j] += t;
+        }
+#else
+    for (int j = 0; j < NR; j++)
+        dot_rows(type, rows[j], qb[j], s[j], NULL, mn[j], has_min, x, xd, xms, K, 1, out + j, 1);
+#endif
+}
+
 #define DOT_FNS(T, NAME)                                                                      \
     static void NAME##_1(const uint8_t *row, const int8_t *qb, const float *s, const float *sv, \
                          const float *mn, int hm, const int8_t *x, const float *xd,             \
@@ -427,7 +468,14 @@ static inline __attribute__((always_inline)) void dot_rows(
                          const float *mn, int hm, const int8_t *x, const float *xd,             \
                          const float *xms, int64_t K, float *out, int64_t ldy) {                \
         dot_rows(T, row, qb, s, sv, mn, hm, x, xd, xms, K, 4, out, ldy);                       \
+    }                                                                                         \
+    static void NAME##_c4(const uint8_t *const *rows, int8_t *const *qb, float *const *s,        \
+                          float *const *mn, int hm, const int8_t *x, const float *xd,           \
+                          const float *xms, int64_t K, float *out) {                            \
+        dot_cols(T, rows, qb, s, mn, hm, x, xd, xms, K, 4, out);                               \
     }
+typedef void (*cols_fn)(const uint8_t *const *, int8_t *const *, float *const *, float *const *,
+                        int, const int8_t *, const float *, const float *, int64_t, float *);
 typedef void (*dot_fn)(const uint8_t *, const int8_t *, const float *, const float *,
                        const float *, int, const int8_t *, const float *, const float *, int64_t,
                        float *, int64_t);
@@ -440,16 +488,17 @@ DOT_FNS(T_Q4_K, dot_q4_k)
 DOT_FNS(T_Q6_K, dot_q6_k)
 #endif
 
-static void dot_fns(int type, dot_fn *one, dot_fn *four) {
+static void dot_fns(int type, dot_fn *one, dot_fn *four, cols_fn *c4) {
     *one = dot_buf_1;
     *four = dot_buf_4;
+    *c4 = dot_buf_c4;
 #if defined(__AVX2__)
     switch (type) {
-    case T_Q8_0: *one = dot_q8_0_1; *four = dot_q8_0_4; break;
-    case T_Q4_0: *one = dot_q4_0_1; *four = dot_q4_0_4; break;
-    case T_Q5_0: *one = dot_q5_0_1; *four = dot_q5_0_4; break;
-    case T_Q4_K: *one = dot_q4_k_1; *four = dot_q4_k_4; break;
-    case T_Q6_K: *one = dot_q6_k_1; *four = dot_q6_k_4; break;
+    case T_Q8_0: *one = dot_q8_0_1; *four = dot_q8_0_4; *c4 = dot_q8_0_c4; break;
+    case T_Q4_0: *one = dot_q4_0_1; *four = dot_q4_0_4; *c4 = dot_q4_0_c4; break;
+    case T_Q5_0: *one = dot_q5_0_1; *four = dot_q5_0_4; *c4 = dot_q5_0_c4; break;
+    case T_Q4_K: *one = dot_q4_k_1; *four = dot_q4_k_4; *c4 = dot_q4_k_c4; break;
+    case T_Q6_K: *one = dot_q6_k_1; *four = dot_q6_k_4; *c4 = dot_q6_k_c4; break;
     }
 #endif
 }
@@ -468,6 +517,7 @@ typedef struct {
     int type, has_min, in_place;
     unpack_fn unpack;
     dot_fn one, four;
+    cols_fn c4;
     const uint8_t *w;
     int64_t n, row_bytes, col;  // rows, bytes per row, first output column
 } part_t;
@@ -478,7 +528,7 @@ static int part_init(part_t *p, int type, const uint8_t *w, int64_t n, int64_t r
     if (p->unpack == NULL) return -1;
     p->type = type;
     p->in_place = use_direct(type);
-    dot_fns(p->in_place ? type : T_BUF, &p->one, &p->four);
+    dot_fns(p->in_place ? type : T_BUF, &p->one, &p->four, &p->c4);
     p->w = w;
     p->n = n;
     p->row_bytes = row_bytes;
@@ -489,7 +539,53 @@ static int part_init(part_t *p, int type, const uint8_t *w, int64_t n, int64_t r
 typedef struct {
     int8_t *qbuf;
     float *s, *mn, *sv;
+    int8_t *qb4[4];  // four rows' buffers and scales, for dot_cols
+    float *s4[4], *mn4[4];
 } scratch_t;
+
+static void scratch_init(scratch_t *t, int64_t K) {
+    const size_t qn = (size_t)((K + 63) / 64 * 64), sn = (size_t)(K / 16);
+    t->qbuf = aligned_alloc(64, qn);
+    t->s = malloc(sizeof(float) * sn);
+    t->mn = calloc(sn, sizeof(float));
+    t->sv = malloc(sizeof(float) * (size_t)(8 * (K / 32)));
+    for (int j = 0; j < 4; j++) {
+        t->qb4[j] = aligned_alloc(64, qn);
+        t->s4[j] = malloc(sizeof(float) * sn);
+        t->mn4[j] = calloc(sn, sizeof(float));
+    }
+}
+
+static void scratch_free(scratch_t *t) {
+    free(t->qbuf);
+    free(t->s);
+    free(t->mn);
+    free(t->sv);
+    for (int j = 0; j < 4; j++) {
+        free(t->qb4[j]);
+        free(t->s4[j]);
+        free(t->mn4[j]);
+    }
+}
+
+// Output columns p->col + n0 .. + 3 of rows m < M (M < 4): four weight rows at a time.
+static void part_cols4(const part_t *p, int64_t n0, int64_t K, const int8_t *xq,
+                       const float *xd, const float *xms, int64_t M, float *y, int64_t ldy,
+                       scratch_t *t) {
+    const int64_t nc = K / 32;
+    const uint8_t *rows[4];
+    for (int j = 0; j < 4; j++) {
+        rows[j] = p->w + (n0 + j) * p->row_bytes;
+        if (p->in_place) row_scales(p->type, rows[j], K, t->s4[j], t->mn4[j]);
+        else p->unpack(rows[j], K, t->qb4[j], t->s4[j], t->mn4[j]);
+    }
+    for (int64_t m = 0; m < M; m++) {
+        float out[4];
+        p->c4(rows, t->qb4, t->s4, t->mn4, p->has_min, xq + m * K, xd + m * nc,
+              xms + m * (K / 16), K, out);
+        for (int j = 0; j < 4; j++) y[m * ldy + p->col + n0 + j] = out[j];
+    }
+}
 
 // Output column (p->col + n) of all M rows: one weight row against every activation row.
 static void part_row(const part_t *p, int64_t n, int64_t K, const int8_t *xq, const float *xd,
@@ -528,25 +624,29 @@ int ls_qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws, con
         if (part_init(&parts[i], types[i], ws[i], ns[i], row_bytes[i], cols[i]) != 0) return -1;
         total += ns[i];
     }
-    const int64_t nc = K / 32;
+    if (total * K * M < (1 << 17)) nthreads = 1;  // tiny products: no thread wake-up
+    // tasks: blocks of 4 rows of one part (the last block of a part may be shorter)
+    int64_t first[9];
+    first[0] = 0;
+    for (int i = 0; i < nparts; i++) first[i + 1] = first[i] + (parts[i].n + 3) / 4;
+    const int64_t n_tasks = first[nparts];
 #pragma omp parallel num_threads(nthreads)
     {
         scratch_t t;
-        t.qbuf = aligned_alloc(64, (size_t)((K + 63) / 64 * 64));
-        t.s = malloc(sizeof(float) * (size_t)(K / 16));
-        t.mn = calloc((size_t)(K / 16), sizeof(float));
-        t.sv = malloc(sizeof(float) * (size_t)(8 * nc));
+        scratch_init(&t, K);
 #pragma omp for schedule(static)
-        for (int64_t g = 0; g < total; g++) {
+        for (int64_t g = 0; g < n_tasks; g++) {
             int i = 0;
-            int64_t n = g;
-            while (n >= parts[i].n) n -= parts[i++].n;
-            part_row(&parts[i], n, K, xq, xd, xms, M, y, ldy, &t);
+            while (g >= first[i + 1]) i++;
+            const part_t *p = &parts[i];
+            const int64_t n0 = 4 * (g - first[i]), n1 = n0 + 4 < p->n ? n0 + 4 : p->n;
+            if (M < 4 && n1 - n0 == 4) {
+                part_cols4(p, n0, K, xq, xd, xms, M, y, ldy, &t);
+            } else {
+                for (int64_t n = n0; n < n1; n++) part_row(p, n, K, xq, xd, xms, M, y, ldy, &t);
+            }
         }
-        free(t.qbuf);
-        free(t.s);
-        free(t.mn);
-        free(t.sv);
+        scratch_free(&t);
     }
     return 0;
 }
@@ -594,6 +694,7 @@ static inline float dot_f(const float *w, const float *x, int64_t K) {
 int ls_fmatmul(int type, const uint8_t *w, int64_t N, int64_t K, int64_t ldw_bytes,
                const float *x, int64_t ldx, int64_t M, float *y, int64_t ldy, int nthreads) {
     if (type != T_F32 && type != T_F16 && type != T_BF16) return -1;
+    if (N * K * M < (1 << 16)) nthreads = 1;  // LoRA's small products: no thread wake-up
 #pragma omp parallel num_threads(nthreads)
     {
         float *buf = type == T_F32 ? NULL : malloc(sizeof(float) * (size_t)(K > 0 ? K : 1));

@@ -61,9 +61,6 @@ class StepContext:
     attn: AttnMeta
     logits_rows: torch.Tensor  # [S] long: rows whose logits are needed
     lora: LoraDelta | None = None
-    # rows of generated tokens, which use int8 weights where a layer has them (None: no
-    # such row); prompt rows always use float weights, whatever the batch holds
-    int8_rows: torch.Tensor | None = None
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
