@@ -106,18 +106,19 @@ def _s8_lines(results: dict[str, Any]) -> list[str]:
     files = ", ".join(
         f"{m['label']} `{m['file']}` ({m['file_mib']:.0f} MiB)" for m in s8["models"].values()
     )
-    other = [r.get("other_cores") or 0.0 for s in results["servers"].values()
-             for r in (s.get("s8") or {}).values()]  # fmt: skip
+    busy = [f"{s8['models'].get(m, {}).get('label', m)} on {name}: {r['other_cores']:.2f} cores"
+            for name, s in results["servers"].items() for m, r in (s.get("s8") or {}).items()
+            if (r.get("other_cores") or 0.0) > 0.3]  # fmt: skip
     lines = [
         "",
         f"S8 ({s8['timestamp']}, load1 {s8['load_before']['load1']:.2f} before, "
-        f"{s8['load_after']['load1']:.2f} after; other processes kept up to "
-        f"{max(other, default=0.0):.2f} cores busy): one slot, `-c 2048`, "
+        f"{s8['load_after']['load1']:.2f} after): one slot, `-c 2048`, "
         f"{s8['plan']['threads']} threads; models {files or 'none'}; 1B and 4B have random "
         "weights of the real shapes (`bench/synth.py`).",
     ]
-    if s8["load_before"]["load1"] > 1.0 or max(other, default=0.0) > 0.3:
-        lines += ["", "**The machine was busy during S8: its figures are not reliable.**"]
+    if busy:
+        lines += ["", "**Other processes kept cores busy during S8 "
+                  f"({', '.join(busy)}): those figures are not reliable.**"]  # fmt: skip
     return lines
 
 

@@ -185,7 +185,7 @@ def test_s8_rows_render_from_partial_results(tmp_path: Path) -> None:
     assert "not reliable" not in md
     busy = s8_run()
     busy["servers"]["llama-server"]["s8"]["270m"]["other_cores"] = 0.8
-    assert "busy during S8" in report.markdown(scaling.merge(skeleton(), busy))
+    assert "(270M on llama-server: 0.80 cores)" in report.markdown(scaling.merge(skeleton(), busy))
 
 
 def test_s8_merges_into_an_earlier_full_run(tmp_path: Path) -> None:
