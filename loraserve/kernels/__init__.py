@@ -48,6 +48,9 @@ def _c() -> ctypes.CDLL | None:
             _lib.ls_qmatmul_multi.argtypes = [ctypes.c_int, _P, _P, _P, _P, _P, _I, _P, _P, _P,
                                               _I, _P, _I, ctypes.c_int]  # fmt: skip
             _lib.ls_qmatmul_multi.restype = ctypes.c_int
+            _lib.ls_qmatmul_multi_f32.argtypes = [ctypes.c_int, _P, _P, _P, _P, _P, _I, _P, _I,
+                                                  _I, _P, _I, ctypes.c_int]  # fmt: skip
+            _lib.ls_qmatmul_multi_f32.restype = ctypes.c_int
             _lib.ls_fmatmul.argtypes = [ctypes.c_int, _P, _I, _I, _I, _P, _I, _I, _P, _I,
                                         ctypes.c_int]  # fmt: skip
             _lib.ls_fmatmul.restype = ctypes.c_int
@@ -155,22 +158,30 @@ class QuantizedParts:
         self._rb = (ctypes.c_int64 * n)(*[raw.stride(0) for raw, _, _ in parts])
         self._cols = (ctypes.c_int64 * n)(*[c for _, _, c in parts])
 
-    def __call__(self, xa: QuantizedRows, out: torch.Tensor) -> torch.Tensor:
-        """out [M, *] float32 (unit column stride): each part's columns written."""
-        m, k = xa.q.shape
+    def __call__(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """x [M, K] float32 (quantized inside the call) -> each part's columns of out [M, *]
+        float32 (unit column stride)."""
+        m, k = x.shape
         lib = _c()
         if lib is None or m == 0:
+            xa = quantize_rows(x)
             for raw, t, c in self.parts:
                 qmatmul(xa, raw, t, out[:, c : c + raw.shape[0]])
             return out
         if out.stride(1) != 1:
             raise ValueError("QuantizedParts needs a unit column stride for out")
-        rc = lib.ls_qmatmul_multi(self._n, self._types, self._ws, self._ns, self._rb,
-                                  self._cols, k, xa.q.data_ptr(), xa.d.data_ptr(),
-                                  xa.ms.data_ptr(), m, out.data_ptr(), out.stride(0),
-                                  torch.get_num_threads())  # fmt: skip
+        if x.dtype != torch.float32 or k % 32:
+            raise ValueError(
+                f"QuantizedParts needs float32 [M, K*32], got {x.dtype} {tuple(x.shape)}"
+            )
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        rc = lib.ls_qmatmul_multi_f32(self._n, self._types, self._ws, self._ns, self._rb,
+                                      self._cols, k, x.data_ptr(), x.stride(0), m,
+                                      out.data_ptr(), out.stride(0),
+                                      torch.get_num_threads())  # fmt: skip
         if rc != 0:
-            raise ValueError("qmatmul_multi refused its parts")
+            raise ValueError(f"quantized matmul failed ({rc}): a refused type or no memory")
         return out
 
 

@@ -362,6 +362,21 @@ static inline __attribute__((always_inline)) __m256i chunk_values(int type, cons
 }
 #endif
 
+// sum_j mn[j] * xms[j]: the offsets' contribution (types with a min), in one fixed order
+// (8 lanes, then the lanes' sum, then the tail), the same for every caller.
+static inline float min_term(const float *mn, const float *xms, int64_t n) {
+    int64_t j = 0;
+    float t = 0.0f;
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; j + 8 <= n; j += 8)
+        acc = madd8(_mm256_loadu_ps(mn + j), _mm256_loadu_ps(xms + j), acc);
+    t = hsum8(acc);
+#endif
+    for (; j < n; j++) t += mn[j] * xms[j];
+    return t;
+}
+
 // One weight row against R activation rows (R a compile-time constant: 1 or 4). Every
 // output gets exactly the same operations in the same order whatever R is and whether the
 // values are decoded in place or read from the unpack buffer, so no bit depends on the
@@ -411,11 +426,7 @@ static inline __attribute__((always_inline)) void dot_rows(
     }
 #endif
     if (has_min)
-        for (int r = 0; r < R; r++) {
-            float t = 0.0f;
-            for (int64_t j = 0; j < K / 16; j++) t += mn[j] * xms[r * (K / 16) + j];
-            out[r * ldy] += t;
-        }
+        for (int r = 0; r < R; r++) out[r * ldy] += min_term(mn, xms + r * (K / 16), K / 16);
 }
 
 // NR weight rows (a compile-time constant: 4) against one activation row: for decode,
@@ -447,11 +458,7 @@ static inline __attribute__((always_inline)) void dot_cols(
     }
     for (int j = 0; j < NR; j++) out[j] = hsum8(acc[j]);
     if (has_min)
-        for (int j = 0; j < NR; j++) {
-            float t = 0.0f;
-            for (int64_t i = 0; i < K / 16; i++) t += mn[j][i] * xms[i];
-            out[j] += t;
-        }
+        for (int j = 0; j < NR; j++) out[j] += min_term(mn[j], xms, K / 16);
 #else
     for (int j = 0; j < NR; j++)
         dot_rows(type, rows[j], qb[j], s[j], NULL, mn[j], has_min, x, xd, xms, K, 1, out + j, 1);
@@ -649,6 +656,27 @@ int ls_qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws, con
         scratch_free(&t);
     }
     return 0;
+}
+
+// ls_qmatmul_multi from float32 activations x [M, K] (row stride ldx): quantized here, in
+// one call (a decode step makes ~70 of these; each saved round trip is ~15 us).
+int ls_qmatmul_multi_f32(int nparts, const int *types, const uint8_t *const *ws,
+                         const int64_t *ns, const int64_t *row_bytes, const int64_t *cols,
+                         int64_t K, const float *x, int64_t ldx, int64_t M, float *y,
+                         int64_t ldy, int nthreads) {
+    int8_t *q = malloc((size_t)(M * K));
+    float *d = malloc(sizeof(float) * (size_t)(M * (K / 32)));
+    float *ms = malloc(sizeof(float) * (size_t)(M * (K / 16)));
+    int rc = -2;
+    if (q != NULL && d != NULL && ms != NULL) {
+        ls_quantize_rows(x, M, K, ldx, q, d, ms, nthreads);
+        rc = ls_qmatmul_multi(nparts, types, ws, ns, row_bytes, cols, K, q, d, ms, M, y, ldy,
+                              nthreads);
+    }
+    free(q);
+    free(d);
+    free(ms);
+    return rc;
 }
 
 // y [M, N] (row stride ldy) = quantized activations (ls_quantize_rows) x weight rows w

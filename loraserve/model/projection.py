@@ -132,7 +132,7 @@ class Projection(nn.Module):
         """x: [T, in] float32 -> [T, out] float32 without LoRA."""
         y = torch.empty(x.shape[0], self.out_features)  # [T, out]
         if self._qparts is not None:
-            self._qparts(quantize_rows(x), y)
+            self._qparts(x, y)
         for p, (_, lo, hi) in zip(self.parts, self.spans, strict=True):
             if not p.quantized:
                 fmatmul(x, p.data, y if len(self.parts) == 1 else y[:, lo:hi])
