@@ -156,3 +156,28 @@ def test_rms_norm_equals_float64_and_is_row_independent() -> None:
         y = rms_norm(xs, w, 1e-6)
         assert (y.double() - ref).abs().max() < 1e-5 * ref.abs().max()
         assert torch.equal(torch.cat([rms_norm(xs[i : i + 1], w, 1e-6) for i in range(40)]), y)
+
+
+def test_norm_rope_equals_float64_reference() -> None:
+    from loraserve.kernels.rowops import norm_rope
+
+    g = torch.Generator().manual_seed(6)
+    t, h, d = 7, 5, 32
+    wide = torch.randn(t, (h + 2) * d, generator=g)
+    x = wide[:, : h * d].view(t, h, d)  # q|k heads inside a fused projection's rows
+    pos = torch.arange(t, dtype=torch.float64)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    ang = torch.outer(pos, inv)  # [T, D/2]
+    cos, sin = ang.cos().float(), ang.sin().float()
+    for w in (None, torch.randn(h, d, generator=g)):
+        xd = x.double()
+        if w is not None:
+            xd = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+        c, s = cos.double().unsqueeze(1), sin.double().unsqueeze(1)
+        a, b = xd[..., : d // 2], xd[..., d // 2 :]
+        ref = torch.cat((a * c - b * s, b * c + a * s), dim=-1)
+        y = norm_rope(x, w, 1e-6, cos, sin)
+        assert (y.double() - ref).abs().max() < 1e-5
+        alone = torch.cat([norm_rope(x[i : i + 1], w, 1e-6, cos[i : i + 1], sin[i : i + 1])
+                           for i in range(t)])  # fmt: skip
+        assert torch.equal(alone, y)

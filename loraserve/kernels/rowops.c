@@ -41,3 +41,35 @@ void ls_rms_norm(const float *x, int64_t T, int64_t H, int64_t K, int64_t ldt, c
         for (int64_t k = 0; k < K; k++) yr[k] = (xr[k] * inv) * wr[k];
     }
 }
+
+// Rotary embedding (halves rotated, as Hugging Face layouts expect), after an optional
+// per-head RMSNorm: y[t, h] = rope(norm(x[t, h]) or x[t, h]) with cos/sin [T, K/2] of the
+// token's position. x[t, h, k] at x + t * ldt + h * K; y contiguous [T, H, K]; w (HW rows
+// of K) may be NULL for no norm.
+void ls_norm_rope(const float *x, int64_t T, int64_t H, int64_t K, int64_t ldt, const float *w,
+                  int64_t HW, float eps, const float *cos, const float *sin, float *y,
+                  int nthreads) {
+    const int64_t half = K / 2;
+    if (T * H * K < (1 << 16)) nthreads = 1;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t r = 0; r < T * H; r++) {
+        const int64_t t = r / H, h = r % H;
+        const float *xr = x + t * ldt + h * K, *c = cos + t * half, *s = sin + t * half;
+        float *yr = y + r * K;
+        float inv = 1.0f;
+        const float *wr = NULL;
+        if (w != NULL) {
+            inv = 1.0f / sqrtf(sum_squares(xr, K) / (float)K + eps);
+            wr = w + (h % HW) * K;
+        }
+        for (int64_t k = 0; k < half; k++) {
+            float a = xr[k], b = xr[k + half];
+            if (wr != NULL) {
+                a = (a * inv) * wr[k];
+                b = (b * inv) * wr[k + half];
+            }
+            yr[k] = a * c[k] - b * s[k];
+            yr[k + half] = b * c[k] + a * s[k];
+        }
+    }
+}

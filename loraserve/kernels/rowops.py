@@ -1,4 +1,4 @@
-"""Row-wise decoder operations in C (`rowops.c`), with torch fallbacks: RMSNorm."""
+"""Row-wise decoder operations in C (`rowops.c`), with torch fallbacks: RMSNorm, rope."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ def _c() -> ctypes.CDLL | None:
             p, i = ctypes.c_void_p, ctypes.c_int64
             _lib.ls_rms_norm.argtypes = [p, i, i, i, i, p, i, ctypes.c_float, p, ctypes.c_int]
             _lib.ls_rms_norm.restype = None
+            _lib.ls_norm_rope.argtypes = [p, i, i, i, i, p, i, ctypes.c_float, p, p, p,
+                                          ctypes.c_int]  # fmt: skip
+            _lib.ls_norm_rope.restype = None
         _loaded = True
     return _lib
 
@@ -27,27 +30,63 @@ def _c() -> ctypes.CDLL | None:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim in float32: x [T, K] or [T, H, K] (rows of a token may be a
     view into a wider row, as q|k heads in a fused projection's output), weight [K] or
-    [H, K] -> a new contiguous float32 tensor of x's shape. Each row's result depends on that
-    row alone."""
+    [H, K] (float32, contiguous) -> a new contiguous float32 tensor of x's shape. Each row's
+    result depends on that row alone."""
     lib = _c()
-    three = x.dim() == 3
-    ok = (
-        lib is not None
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-        and weight.is_contiguous()
-        and x.dim() in (2, 3)
-        and x.stride(-1) == 1
-        and (not three or x.stride(1) == x.shape[2])
-    )
-    if not ok:
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight
-        return y.to(x.dtype) if x.dtype != torch.float32 else y
-    t, k = x.shape[0], x.shape[-1]
-    h = x.shape[1] if three else 1
-    y = torch.empty(x.shape)
-    hw = 1 if weight.dim() == 1 else weight.shape[0]
-    lib.ls_rms_norm(x.data_ptr(), t, h, k, x.stride(0), weight.data_ptr(), hw, eps,
-                    y.data_ptr(), torch.get_num_threads())  # fmt: skip
+    # cheap checks only: this runs ~90 times a decode step
+    if lib is not None and x.dtype == torch.float32 and x.stride(-1) == 1:
+        if x.dim() == 2:
+            y = torch.empty_like(x, memory_format=torch.contiguous_format)
+            lib.ls_rms_norm(
+                x.data_ptr(),
+                x.shape[0],
+                1,
+                x.shape[1],
+                x.stride(0),
+                weight.data_ptr(),
+                1,
+                eps,
+                y.data_ptr(),
+                torch.get_num_threads(),
+            )
+            return y
+        if x.dim() == 3 and x.stride(1) == x.shape[2]:
+            y = torch.empty_like(x, memory_format=torch.contiguous_format)
+            hw = 1 if weight.dim() == 1 else weight.shape[0]
+            lib.ls_rms_norm(
+                x.data_ptr(),
+                x.shape[0],
+                x.shape[1],
+                x.shape[2],
+                x.stride(0),
+                weight.data_ptr(),
+                hw,
+                eps,
+                y.data_ptr(),
+                torch.get_num_threads(),
+            )
+            return y
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight
+    return y.to(x.dtype) if x.dtype != torch.float32 else y
+
+
+def norm_rope(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    """Rotary embedding (halves rotated) after an optional per-head RMSNorm, in one call:
+    x [T, H, D] float32 (token rows may be views into wider rows), weight [H, D] or [D] or
+    None, cos/sin [T, D/2] contiguous -> a new contiguous [T, H, D]."""
+    lib = _c()
+    t, h, d = x.shape
+    if lib is None or x.dtype != torch.float32 or x.stride(2) != 1 or x.stride(1) != d:
+        y = x.float() if weight is None else rms_norm(x, weight, eps)
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        y1, y2 = y[..., : d // 2], y[..., d // 2 :]
+        return torch.cat((y1 * c - y2 * s, y2 * c + y1 * s), dim=-1)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    hw = 0 if weight is None else (1 if weight.dim() == 1 else weight.shape[0])
+    wp = None if weight is None else weight.data_ptr()
+    lib.ls_norm_rope(x.data_ptr(), t, h, d, x.stride(0), wp, max(hw, 1), eps, cos.data_ptr(),
+                     sin.data_ptr(), y.data_ptr(), torch.get_num_threads())  # fmt: skip
     return y

@@ -68,9 +68,7 @@ class Block(nn.Module):
         qkv = self.qkv(h)  # [T, (nq + 2 nkv) d]
         qk = qkv[:, : (nq + nkv) * d].view(t, nq + nkv, d)  # q and k heads, normed and
         v = qkv[:, (nq + nkv) * d :].view(t, nkv, d)  # rotated together below
-        if self.qk_norm is not None:
-            qk = rms_norm(qk, self.qk_norm, eps)
-        qk = apply_rope(qk, *rope)
+        qk = apply_rope(qk, *rope, norm=self.qk_norm, eps=eps)  # qk norm (if any) and rope
         q, k = qk[:, :nq], qk[:, nq:]
         k_cache, v_cache = ctx.kv_caches[self.i]
         a = paged_attention(q, k, v, k_cache, v_cache, ctx, cfg.attn_scale, self.sliding)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loraserve.kernels.rowops import norm_rope as _norm_rope
 from loraserve.kernels.rowops import rms_norm as _rms_norm
 
 
@@ -58,18 +59,20 @@ class Rope(nn.Module):
         self._cos, self._sin = freqs.cos(), freqs.sin()
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for ``positions`` [T] -> ([T, 1, D/2], [T, 1, D/2]), once per step."""
-        return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)
+        """cos, sin for ``positions`` [T] -> ([T, D/2], [T, D/2]), once per step."""
+        return self._cos[positions], self._sin[positions]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate halves of x [T, H, D] by the step's tables (float32 maths, x's dtype out)."""
-    half = x.shape[-1] // 2
-    f32 = x.dtype == torch.float32
-    xf = x if f32 else x.float()
-    x1, x2 = xf[..., :half], xf[..., half:]
-    y = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return y if f32 else y.to(x.dtype)
+def apply_rope(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norm: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Rotate halves of x [T, H, D] float32 by the step's tables cos/sin [T, D/2], after a
+    per-head RMSNorm by ``norm`` [H, D] when given; one C call (`kernels.rowops`)."""
+    return _norm_rope(x, norm, eps, cos, sin)
 
 
 def gated_act(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
