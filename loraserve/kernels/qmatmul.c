@@ -306,6 +306,12 @@ static void row_scales(int type, const uint8_t *r, int64_t K, float *s, float *m
     }
 }
 
+#if defined(__AVX2__)
+#define HAVE_DIRECT 1
+#else
+#define HAVE_DIRECT 0
+#endif
+
 static int direct(int type) {
     return type == T_Q8_0 || type == T_Q4_0 || type == T_Q5_0 || type == T_Q4_K || type == T_Q6_K;
 }
@@ -388,27 +394,39 @@ static inline __attribute__((always_inline)) void dot_rows(
     int64_t K, int R, float *out, int64_t ldy) {
     const int64_t nc = K / 32;
 #if defined(__AVX2__)
-    __m256 acc[4];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    // four named accumulators (an array of them was spilled to the stack every chunk)
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define LS_DOT(aw, sx) _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx)
+#else
+#define LS_DOT(aw, sx) _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1))
+#endif
+    // exact: |w| <= 128 and |x| <= 127, so no int16 pair sum saturates
+#define LS_ROW(r, acc)                                                                        \
+    do {                                                                                      \
+        __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x + (r) * K + 32 * c)), w); \
+        __m256 sc = _mm256_mul_ps(scw, _mm256_broadcast_ss(xd + (r) * nc + c));               \
+        acc = madd8(_mm256_cvtepi32_ps(LS_DOT(aw, sx)), sc, acc);                             \
+    } while (0)
     for (int64_t c = 0; c < nc; c++) {
         __m256i w = chunk_values(type, row, qbuf, c);
         __m256i aw = _mm256_sign_epi8(w, w);
         __m256 scw = R == 1 ? _mm256_set_m128(_mm_set1_ps(s[2 * c + 1]), _mm_set1_ps(s[2 * c]))
                             : _mm256_loadu_ps(sv + 8 * c);
-        for (int r = 0; r < R; r++) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(x + r * K + 32 * c));
-            __m256i sx = _mm256_sign_epi8(xv, w);
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-            __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
-#else
-            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
-#endif
-            // exact: |w| <= 128 and |x| <= 127, so no int16 pair sum saturates
-            __m256 sc = _mm256_mul_ps(scw, _mm256_broadcast_ss(xd + r * nc + c));
-            acc[r] = madd8(_mm256_cvtepi32_ps(p), sc, acc[r]);
+        LS_ROW(0, a0);
+        if (R == 4) {
+            LS_ROW(1, a1);
+            LS_ROW(2, a2);
+            LS_ROW(3, a3);
         }
     }
-    for (int r = 0; r < R; r++) out[r * ldy] = hsum8(acc[r]);
+#undef LS_ROW
+    out[0] = hsum8(a0);
+    if (R == 4) {
+        out[ldy] = hsum8(a1);
+        out[2 * ldy] = hsum8(a2);
+        out[3 * ldy] = hsum8(a3);
+    }
 #else
     (void)type;
     (void)row;
@@ -436,27 +454,31 @@ static inline __attribute__((always_inline)) void dot_cols(
     int type, const uint8_t *const *rows, int8_t *const *qb, float *const *s, float *const *mn,
     int has_min, const int8_t *x, const float *xd, const float *xms, int64_t K, int NR,
     float *out) {
-    const int64_t nc = K / 32;
 #if defined(__AVX2__)
-    __m256 acc[4];
-    for (int j = 0; j < NR; j++) acc[j] = _mm256_setzero_ps();
+    const int64_t nc = K / 32;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+#define LS_COL(j, acc)                                                                        \
+    do {                                                                                      \
+        __m256i w = chunk_values(type, rows[j], qb[j], c);                                    \
+        __m256i aw = _mm256_sign_epi8(w, w), sx = _mm256_sign_epi8(xv, w);                    \
+        __m256 sc = _mm256_mul_ps(                                                            \
+            _mm256_set_m128(_mm_set1_ps(s[j][2 * c + 1]), _mm_set1_ps(s[j][2 * c])), bxd);   \
+        acc = madd8(_mm256_cvtepi32_ps(LS_DOT(aw, sx)), sc, acc);                             \
+    } while (0)
     for (int64_t c = 0; c < nc; c++) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 32 * c));
         __m256 bxd = _mm256_broadcast_ss(xd + c);
-        for (int j = 0; j < NR; j++) {
-            __m256i w = chunk_values(type, rows[j], qb[j], c);
-            __m256i aw = _mm256_sign_epi8(w, w), sx = _mm256_sign_epi8(xv, w);
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-            __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx);
-#else
-            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
-#endif
-            __m256 sc = _mm256_mul_ps(
-                _mm256_set_m128(_mm_set1_ps(s[j][2 * c + 1]), _mm_set1_ps(s[j][2 * c])), bxd);
-            acc[j] = madd8(_mm256_cvtepi32_ps(p), sc, acc[j]);
-        }
+        LS_COL(0, a0);
+        LS_COL(1, a1);
+        LS_COL(2, a2);
+        LS_COL(3, a3);
     }
-    for (int j = 0; j < NR; j++) out[j] = hsum8(acc[j]);
+#undef LS_COL
+    (void)NR;  // always 4
+    out[0] = hsum8(a0);
+    out[1] = hsum8(a1);
+    out[2] = hsum8(a2);
+    out[3] = hsum8(a3);
     if (has_min)
         for (int j = 0; j < NR; j++) out[j] += min_term(mn[j], xms, K / 16);
 #else
@@ -511,12 +533,8 @@ static void dot_fns(int type, dot_fn *one, dot_fn *four, cols_fn *c4) {
 }
 
 static int use_direct(int type) {
-#if defined(__AVX2__)
-    return direct(type) && getenv("LORASERVE_KERNEL_UNPACK") == NULL;
-#else
-    (void)type;
-    return 0;
-#endif
+    // LORASERVE_KERNEL_UNPACK=1: the scalar unpackers for every type (tests compare both)
+    return HAVE_DIRECT && direct(type) && getenv("LORASERVE_KERNEL_UNPACK") == NULL;
 }
 
 // How one weight matrix is read: its unpacker or in-place decoder, chosen once per call.
