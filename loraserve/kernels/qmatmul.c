@@ -175,17 +175,16 @@ static void unpack_q3_k(const uint8_t *r, int64_t K, int8_t *q, float *s, float 
 
 // Q4_K / Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins packed in 12 bytes
 static void k_scales(const uint8_t *sb, float d, float dmin, float *s, float *mn) {
+    int sc[8], m[8];
+    for (int j = 0; j < 4; j++) {  // branch-free: this runs once per 256 values of a row
+        sc[j] = sb[j] & 63;
+        m[j] = sb[4 + j] & 63;
+        sc[4 + j] = (sb[8 + j] & 15) | ((sb[j] >> 2) & 0x30);
+        m[4 + j] = (sb[8 + j] >> 4) | ((sb[4 + j] >> 2) & 0x30);
+    }
     for (int j = 0; j < 8; j++) {
-        int sc, m;
-        if (j < 4) {
-            sc = sb[j] & 63;
-            m = sb[4 + j] & 63;
-        } else {
-            sc = (sb[8 + j - 4] & 15) | ((sb[j - 4] >> 2) & 0x30);
-            m = (sb[8 + j - 4] >> 4) | ((sb[4 + j - 4] >> 2) & 0x30);
-        }
-        s[2 * j] = s[2 * j + 1] = d * (float)sc;
-        mn[2 * j] = mn[2 * j + 1] = -(dmin * (float)m);
+        s[2 * j] = s[2 * j + 1] = d * (float)sc[j];
+        mn[2 * j] = mn[2 * j + 1] = -(dmin * (float)m[j]);
     }
 }
 
