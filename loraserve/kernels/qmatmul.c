@@ -175,17 +175,36 @@ static void unpack_q3_k(const uint8_t *r, int64_t K, int8_t *q, float *s, float 
 
 // Q4_K / Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins packed in 12 bytes
 static void k_scales(const uint8_t *sb, float d, float dmin, float *s, float *mn) {
-    int sc[8], m[8];
-    for (int j = 0; j < 4; j++) {  // branch-free: this runs once per 256 values of a row
-        sc[j] = sb[j] & 63;
-        m[j] = sb[4 + j] & 63;
-        sc[4 + j] = (sb[8 + j] & 15) | ((sb[j] >> 2) & 0x30);
-        m[4 + j] = (sb[8 + j] >> 4) | ((sb[4 + j] >> 2) & 0x30);
-    }
+    // the 12 bytes as ggml packs them: bytes of u[0..1] become the 8 scales, of u[2..3] the
+    // 8 mins (6 bits each); this runs once per 256 values of a row, so it is kept short
+    uint32_t u[4];
+    memcpy(u, sb, 12);
+    const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & m2) | (((u[1] >> 6) & m3) << 4);
+    const uint32_t mins_lo = u[1] & m1;
+    u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
+    u[2] = mins_lo;
+    u[0] &= m1;
+#if defined(__AVX2__)
+    __m256 vs = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                 _mm_set_epi32(0, 0, (int)u[1], (int)u[0]))));
+    __m256 vm = _mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                 _mm_set_epi32(0, 0, (int)u[3], (int)u[2]))));
+    vm = _mm256_xor_ps(vm, _mm256_set1_ps(-0.0f));  // -(dmin * m), exactly
+    __m256 lo = _mm256_unpacklo_ps(vs, vs), hi = _mm256_unpackhi_ps(vs, vs);
+    _mm256_storeu_ps(s, _mm256_permute2f128_ps(lo, hi, 0x20));  // s0 s0 s1 s1 .. s3 s3
+    _mm256_storeu_ps(s + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+    lo = _mm256_unpacklo_ps(vm, vm);
+    hi = _mm256_unpackhi_ps(vm, vm);
+    _mm256_storeu_ps(mn, _mm256_permute2f128_ps(lo, hi, 0x20));
+    _mm256_storeu_ps(mn + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+#else
+    const uint8_t *b = (const uint8_t *)u;
     for (int j = 0; j < 8; j++) {
-        s[2 * j] = s[2 * j + 1] = d * (float)sc[j];
-        mn[2 * j] = mn[2 * j + 1] = -(dmin * (float)m[j]);
+        s[2 * j] = s[2 * j + 1] = d * (float)b[j];
+        mn[2 * j] = mn[2 * j + 1] = -(dmin * (float)b[8 + j]);
     }
+#endif
 }
 
 static void unpack_q4_k(const uint8_t *r, int64_t K, int8_t *q, float *s, float *mn) {
