@@ -37,7 +37,6 @@ def main(argv: list[str] | None = None) -> None:
 def generate(argv: list[str]) -> None:
     """``loraserve generate -m MODEL -p PROMPT -n N``: a quick check from the shell."""
     from loraserve.engine.engine import Engine, EngineConfig
-    from loraserve.engine.request import Request
     from loraserve.engine.sampling_params import SamplingParams
     from loraserve.model.default import resolve_model_path
     from loraserve.model.loader import load_model
@@ -66,12 +65,10 @@ def generate(argv: list[str]) -> None:
         resolve_model_path(args.model), "float32" if args.dtype == "float32" else "native"
     )
     engine = Engine(model, EngineConfig(n_ctx=min(model.config.context_length, 8192)))
-    mix: dict[int, float] = {}
-    for spec in args.lora:
+    for spec in args.lora:  # each at its global scale: the request runs under the global map
         path, _, scale = spec.rpartition(":") if ":" in spec else (spec, "", "1")
         try:
-            adapter = engine.adapters.load(path or spec)
-            mix[adapter.id] = float(scale or 1.0)
+            engine.load_adapter(path or spec, float(scale or 1.0)).result()
         except ValueError as e:  # AdapterError, or a scale that is not a number
             ap.error(f"--lora {spec}: {e}")
     sp = SamplingParams(
@@ -82,16 +79,8 @@ def generate(argv: list[str]) -> None:
     except ValueError as e:
         ap.error(str(e))
     tok = model.tokenizer
-    req = Request(
-        prompt=tok.encode(args.prompt),
-        sampling=sp,
-        max_tokens=args.n_predict,
-        lora=mix,
-        cache_key=engine.adapters.cache_key(mix) if mix else (),
-        eog_ids=frozenset(tok.eot_ids),
-    )
     t0 = time.perf_counter()
-    engine.submit(req)
+    (req,) = engine.submit([tok.encode(args.prompt)], sp, max_tokens=args.n_predict).requests
     sys.stdout.write(args.prompt)
     while True:
         engine.step()

@@ -80,8 +80,7 @@ def test_logits_bitwise_equal_alone_batched_chunked_and_resumed(setup, data) -> 
     if share:
         seqs[1].mix = seqs[0].mix
         seqs[1].tokens = seqs[0].tokens[: BS * share] + seqs[1].tokens
-    runner = ModelRunner(model.decoder, BS, torch.float32)
-    runner.lora_builder = reg.build_delta
+    runner = ModelRunner(model.decoder, BS, torch.float32, lora=reg.build_delta)
     next_block = 0
     for s in seqs:
         need = -(-len(s.tokens) // BS)

@@ -21,7 +21,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loraserve.engine.engine import Engine, EngineConfig
-from loraserve.engine.request import Request
 from loraserve.engine.sampling_params import SamplingParams
 from tests.server_util import serve_in_thread, tiny_model
 from tests.test_server_adapters import peft_folder
@@ -44,7 +43,7 @@ def adapter_dir() -> Path:
 @functools.cache
 def reference_engine() -> tuple[Engine, dict[str, int]]:
     eng = Engine(tiny_model(), EngineConfig(n_ctx=256, cache_ram_mib=0))
-    ids = {f: eng.adapters.load(adapter_dir() / f).id for f in FILES}
+    ids = {f: eng.load_adapter(adapter_dir() / f, 0.0).result().id for f in FILES}
     return eng, ids
 
 
@@ -52,16 +51,14 @@ def reference_engine() -> tuple[Engine, dict[str, int]]:
 def reference(prompt: tuple[int, ...], mix: tuple[tuple[str, float], ...]) -> tuple[int, ...]:
     """Greedy tokens of the request alone, cache off."""
     eng, ids = reference_engine()
-    lora = {ids[f]: s for f, s in mix}
-    req = Request(
-        prompt=list(prompt),
-        sampling=SamplingParams(temperature=0.0),
+    lora = [(ids[f], s) for f, s in mix]
+    (req,) = eng.submit(
+        [list(prompt)],
+        SamplingParams(temperature=0.0),
         max_tokens=N_PREDICT,
-        lora=lora,
-        cache_key=eng.adapters.cache_key(lora),
+        lora=lora or None,
         cache_prompt=False,
-    )
-    eng.submit(req)
+    ).requests
     eng.run_until_idle()
     out = []
     while not req.events.empty():

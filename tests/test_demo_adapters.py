@@ -6,7 +6,6 @@ import pytest
 
 from loraserve.adapters import gguf_path, is_titlecase, is_uppercase, peft_dir, uppercase_fraction
 from loraserve.engine.engine import Engine, EngineConfig
-from loraserve.engine.request import Request
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.model.loader import load_model
 
@@ -22,27 +21,19 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def engine(real_model_path) -> Engine:
     eng = Engine(load_model(real_model_path), EngineConfig(n_slots=8, n_ctx=4096))
-    eng.adapters.load(gguf_path("uppercase"), scale=0.0)  # id 0 (GGUF form)
-    eng.adapters.load(peft_dir("titlecase"), scale=0.0)  # id 1 (PEFT form)
+    eng.load_adapter(gguf_path("uppercase"), scale=0.0).result()  # id 0 (GGUF form)
+    eng.load_adapter(peft_dir("titlecase"), scale=0.0).result()  # id 1 (PEFT form)
     return eng
 
 
 def generate_all(eng: Engine, jobs: list[tuple[str, dict[int, float]]]) -> list[str]:
     """All jobs in one batch (different mixes side by side), greedy, 32 tokens."""
     tok = eng.tokenizer
-    reqs = [
-        Request(
-            prompt=tok.encode(p),
-            sampling=SamplingParams(temperature=0.0),
-            max_tokens=32,
-            lora=mix,
-            cache_key=eng.adapters.cache_key(mix),
-            eog_ids=frozenset(tok.eot_ids),
-        )
-        for p, mix in jobs
-    ]
-    for r in reqs:
-        eng.submit(r)
+    greedy = SamplingParams(temperature=0.0)
+    reqs = []
+    for p, mix in jobs:
+        sub = eng.submit([tok.encode(p)], greedy, max_tokens=32, lora=list(mix.items()) or None)
+        reqs += sub.requests
     eng.run_until_idle()
     out = []
     for r in reqs:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.engine.request import Event, Request, StopType
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.model.loader import LoadedModel, load_model
+from tests.test_lora import peft_adapter
 from tests.tiny import gguf_tensors, hf_logits, hf_model, write_gguf
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -24,9 +26,13 @@ def tiny(tmp_path_factory) -> tuple[LoadedModel, torch.nn.Module]:
     return load_model(path), m
 
 
-def run(engine: Engine, reqs: list[Request]) -> list[list[Event]]:
-    for r in reqs:
-        engine.submit(r)
+def submit(engine: Engine, ask: dict[str, Any]) -> Request:
+    """Submit one request asked for by `req`."""
+    return engine.submit(**ask).requests[0]
+
+
+def run(engine: Engine, asks: list[dict[str, Any]]) -> list[list[Event]]:
+    reqs = [submit(engine, a) for a in asks]
     engine.run_until_idle()
     out = []
     for r in reqs:
@@ -42,8 +48,9 @@ def tokens(evs: list[Event]) -> list[int]:
     return [e.token for e in evs if e.token is not None]
 
 
-def req(prompt: list[int], n: int = 8, **kw) -> Request:
-    return Request(prompt=prompt, sampling=kw.pop("sampling", GREEDY), max_tokens=n, **kw)
+def req(prompt: list[int], n: int = 8, **kw: Any) -> dict[str, Any]:
+    """What a request asks `Engine.submit` for."""
+    return dict(prompts=[prompt], sampling=kw.pop("sampling", GREEDY), max_tokens=n, **kw)
 
 
 def prompts(seed: int, k: int) -> list[list[int]]:
@@ -79,23 +86,25 @@ def test_prefix_reuse_is_exact(tiny) -> None:
     first = run(eng, [req(p, 6)])[0]
     second = run(eng, [req(p, 6)])[0]
     assert tokens(first) == tokens(second) == tokens(cold)
-    seq_timings = eng.scheduler.slots[0].last_request
+    seq_timings = eng.core.scheduler.slots[0].last_request
     assert seq_timings is not None
     # a prompt that diverges mid-block reuses exactly the common prefix (copy-on-write)
     q = p[:10] + [300, 301, 302]
     fresh = Engine(model, EngineConfig(n_ctx=512, block_size=4))
     assert tokens(run(eng, [req(q, 6)])[0]) == tokens(run(fresh, [req(q, 6)])[0])
-    assert eng.cache.stats.hit_tokens >= (len(p) - 1) + 10
+    assert eng.core.cache.stats.hit_tokens >= (len(p) - 1) + 10
 
 
-def test_cache_keys_do_not_mix(tiny) -> None:
-    model, _ = tiny
+def test_cache_keys_do_not_mix(tiny, tmp_path) -> None:
+    model, hf = tiny
     eng = Engine(model, EngineConfig(n_ctx=512, block_size=4))
+    folder, _ = peft_adapter(tmp_path / "x", hf, target_modules=["q_proj", "v_proj"])
+    x = eng.load_adapter(folder, 0.0).result()
     p = prompts(4, 1)[0]
-    run(eng, [req(p, 4, cache_key=(("x", 1.0),))])
-    hits = eng.cache.stats.hit_tokens
+    run(eng, [req(p, 4, lora=[(x.id, 1.0)])])
+    hits = eng.core.cache.stats.hit_tokens
     run(eng, [req(p, 4)])  # base key: nothing computed under it yet
-    assert eng.cache.stats.hit_tokens == hits
+    assert eng.core.cache.stats.hit_tokens == hits
 
 
 def test_stops_and_limits(tiny) -> None:
@@ -111,7 +120,8 @@ def test_stops_and_limits(tiny) -> None:
         assert evs[-1].stop_type == StopType.WORD and evs[-1].stopping_word == stop
         assert "".join(e.text for e in evs) == text[: text.find(stop)]
     eos = tokens(full)[0]
-    evs = run(eng, [req(p, 12, eog_ids=frozenset({eos}))])[0]
+    eng.eog_ids = frozenset({eos})  # requests submitted from now on end at that token
+    evs = run(eng, [req(p, 12)])[0]
     assert evs[-1].stop_type == StopType.EOS and tokens(evs) == []  # EOG text is not output
     # the context limit ends generation
     long = run(Engine(model, EngineConfig(n_ctx=len(p) + 3)), [req(p, -1)])[0]
@@ -121,16 +131,16 @@ def test_stops_and_limits(tiny) -> None:
 def test_cancel_frees_slot_and_blocks(tiny) -> None:
     model, _ = tiny
     eng = Engine(model, EngineConfig(n_slots=2, n_ctx=256, cache_ram_mib=0))
-    a, b = req(prompts(6, 1)[0], 50), req(prompts(7, 1)[0], 5)
-    eng.submit(a)
-    eng.submit(b)
+    a = submit(eng, req(prompts(6, 1)[0], 50))
+    submit(eng, req(prompts(7, 1)[0], 5))
     eng.step()
     eng.cancel(a)
     eng.run_until_idle()
-    assert not any(s.busy for s in eng.scheduler.slots)
-    held = sum(len(s.blocks) for s in eng.scheduler.slots)
-    assert eng.pool.num_used == held  # nothing leaked beyond what idle slots retain
-    eng.cache.check()
+    core = eng.core
+    assert not any(s.busy for s in core.scheduler.slots)
+    held = sum(len(s.blocks) for s in core.scheduler.slots)
+    assert core.pool.num_used == held  # nothing leaked beyond what idle slots retain
+    core.cache.check()
 
 
 def test_seeded_sampling_is_batch_independent(tiny) -> None:

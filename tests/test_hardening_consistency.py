@@ -41,7 +41,7 @@ def srv(lora_dir):
 
 
 def slow_engine(srv: Served) -> None:
-    runner = srv.app.state.server.engine.runner
+    runner = srv.app.state.server.engine.core.runner
     forward = runner.forward
 
     def slowed(items):

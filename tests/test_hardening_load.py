@@ -22,7 +22,6 @@ import httpx
 import pytest
 
 from loraserve.engine.engine import Engine, EngineConfig
-from loraserve.engine.request import Request
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.server.generation import tokenize_prompt
 from tests.server_util import Served, serve_in_thread, tiny_model
@@ -154,21 +153,18 @@ def references(answers: list[Answer], paths: list[Path]) -> dict[tuple, str]:
     model = tiny_model()
     eng = Engine(model, EngineConfig(n_slots=SLOTS, n_ctx=256 * SLOTS, cache_ram_mib=0))
     for p in paths:
-        eng.adapters.load(p, 0.0)  # same order, same ids as the server's --lora flags
+        eng.load_adapter(p, 0.0).result()  # same order, same ids as the server's --lora flags
     greedy = SamplingParams(temperature=0.0, ignore_eos=True)
     reqs = {}
     for key in {(a.prompt, a.mix, a.n_predict) for a in answers}:
         prompt, mix, n = key
-        reqs[key] = Request(
-            prompt=tokenize_prompt(model.tokenizer, prompt),
-            sampling=greedy,
+        (reqs[key],) = eng.submit(
+            [tokenize_prompt(model.tokenizer, prompt)],
+            greedy,
             max_tokens=n,
-            lora=dict(mix),
-            cache_key=eng.adapters.cache_key(dict(mix)),
+            lora=list(mix) or None,
             cache_prompt=False,
-            eog_ids=frozenset(model.tokenizer.eot_ids),
-        )
-        eng.submit(reqs[key])
+        ).requests
     eng.run_until_idle()
     out = {}
     for key, r in reqs.items():
@@ -192,16 +188,17 @@ def kv_accounting(srv: Served) -> dict[str, int]:
     eng = srv.app.state.server.engine
 
     def check() -> dict[str, int]:
-        eng.cache.check()
-        held = {b for s in eng.scheduler.slots for b in s.blocks}
+        core = eng.core
+        core.cache.check()
+        held = {b for s in core.scheduler.slots for b in s.blocks}
         for b in held:
-            assert eng.pool.refcount[b] == sum(b in s.blocks for s in eng.scheduler.slots)
+            assert core.pool.refcount[b] == sum(b in s.blocks for s in core.scheduler.slots)
         return {
-            "used": eng.pool.num_used,
+            "used": core.pool.num_used,
             "held": len(held),
-            "cached": eng.cache.num_cached(),
-            "running": len(eng.scheduler.running),
-            "waiting": len(eng.scheduler.waiting),
+            "cached": core.cache.num_cached(),
+            "running": len(core.scheduler.running),
+            "waiting": len(core.scheduler.waiting),
         }
 
     return eng.call(check).result(30)

@@ -58,19 +58,20 @@ def adapters(tmp_path_factory) -> dict[str, Path]:
 def engine(adapters: dict[str, Path] | None = None, n_slots: int = 4) -> Engine:
     eng = Engine(tiny_model(), EngineConfig(n_slots=n_slots, n_ctx=256 * n_slots, block_size=4))
     for path in (adapters or {}).values():
-        eng.adapters.load(path, 0.0)  # ids 0, 1, ... in the fixture's order
+        eng.load_adapter(path, 0.0).result()  # ids 0, 1, ... in the fixture's order
     return eng
 
 
-def request(eng: Engine, prompt: list[int], mix: dict[int, float] | None = None, n: int = 12):
-    mix = mix or {}
-    return Request(
-        prompt=prompt,
-        sampling=GREEDY,
-        max_tokens=n,
-        lora=mix,
-        cache_key=eng.adapters.cache_key(mix),
-    )
+def request(
+    eng: Engine,
+    prompt: list[int],
+    mix: dict[int, float] | None = None,
+    n: int = 12,
+    sampling: SamplingParams = GREEDY,
+) -> Request:
+    """Submit one request (every adapter's global scale is 0: no mix is the base model)."""
+    lora = list(mix.items()) if mix else None
+    return eng.submit([prompt], sampling, max_tokens=n, lora=lora).requests[0]
 
 
 def drain(req: Request) -> list[Event]:
@@ -89,7 +90,6 @@ def alone(prompt: list[int], mix: dict[int, float], ads: dict[str, Path], n: int
     """Reference: the request on a fresh engine of its own (nothing cached, no batch)."""
     eng = engine(ads, n_slots=1)
     r = request(eng, prompt, mix, n)
-    eng.submit(r)
     eng.run_until_idle()
     evs = drain(r)
     assert evs[-1].error is None, evs[-1].error
@@ -98,18 +98,19 @@ def alone(prompt: list[int], mix: dict[int, float], ads: dict[str, Path], n: int
 
 def check_pool(eng: Engine) -> None:
     """Idle engine: every used block is held by a slot or cached in the index."""
-    eng.cache.check()
-    held = {b for s in eng.scheduler.slots for b in s.blocks}
-    assert not eng.scheduler.running
-    assert eng.pool.num_used == len(held) + eng.cache.num_cached()
+    core = eng.core
+    core.cache.check()
+    held = {b for s in core.scheduler.slots for b in s.blocks}
+    assert not core.scheduler.running
+    assert core.pool.num_used == len(held) + core.cache.num_cached()
     for b in held:
-        assert eng.pool.refcount[b] == sum(b in s.blocks for s in eng.scheduler.slots)
+        assert core.pool.refcount[b] == sum(b in s.blocks for s in core.scheduler.slots)
 
 
 def failing_runner(eng: Engine, when: Callable[[BatchItem], bool]) -> list[int]:
     """Make the runner raise for every forward that holds an item matching ``when``;
     returns a list of the sizes of the batches that raised."""
-    forward, raised = eng.runner.forward, []
+    forward, raised = eng.core.runner.forward, []
 
     def patched(items):
         if any(when(it) for it in items):
@@ -117,7 +118,7 @@ def failing_runner(eng: Engine, when: Callable[[BatchItem], bool]) -> list[int]:
             raise RuntimeError("injected failure")
         return forward(items)
 
-    eng.runner.forward = patched  # type: ignore[method-assign]
+    eng.core.runner.forward = patched  # type: ignore[method-assign]
     return raised
 
 
@@ -131,10 +132,8 @@ def test_forward_exception_fails_only_its_request(at: str) -> None:
         return it.tokens[1] == MARK and (at == "prefill" or it.start >= decode_at)
 
     raised = failing_runner(eng, culprit)
-    reqs = [request(eng, p) for p in PROMPTS]
     bad = request(eng, bad_prompt)
-    for r in [bad, *reqs]:
-        eng.submit(r)
+    reqs = [request(eng, p) for p in PROMPTS]
     eng.run_until_idle()
     assert max(raised) == 4, "the faulty request never shared a batch"
     evs = drain(bad)
@@ -145,7 +144,6 @@ def test_forward_exception_fails_only_its_request(at: str) -> None:
         assert out[-1].error is None and tokens(out) == alone(p, {}, {})
     check_pool(eng)
     again = request(eng, PROMPTS[0])  # cache hits on what the batch computed stay exact
-    eng.submit(again)
     eng.run_until_idle()
     assert tokens(drain(again)) == alone(PROMPTS[0], {}, {})
     check_pool(eng)
@@ -158,8 +156,6 @@ def test_huge_adapter_fails_only_its_request(adapters, caplog) -> None:
     jobs = [(PROMPTS[0], {}), (PROMPTS[1], {good: 1.0}), (PROMPTS[2], {good: 0.5})]
     reqs = [request(eng, p, m) for p, m in jobs]
     with caplog.at_level(logging.WARNING, logger="loraserve.engine"):
-        for r in [bad, *reqs]:
-            eng.submit(r)
         eng.run_until_idle()
     evs = drain(bad)
     assert evs[-1].error == "the model produced non-finite logits for this request"
@@ -180,8 +176,6 @@ def test_engine_thread_survives_and_serves(adapters) -> None:
     try:
         bad = request(eng, [1, MARK, 5])
         good = request(eng, PROMPTS[2], {0: 1.0})
-        for r in (bad, good):
-            eng.submit(r)
         assert bad.events.get(timeout=30).error
         evs = [good.events.get(timeout=30)]
         while not evs[-1].done:
@@ -189,7 +183,6 @@ def test_engine_thread_survives_and_serves(adapters) -> None:
         assert tokens(evs) == alone(PROMPTS[2], {0: 1.0}, adapters)
         assert raised and eng._thread is not None and eng._thread.is_alive()
         later = request(eng, PROMPTS[0])
-        eng.submit(later)
         evs = [later.events.get(timeout=30)]
         while not evs[-1].done:
             evs.append(later.events.get(timeout=30))
@@ -251,11 +244,8 @@ def test_sampling_failure_fails_only_its_request(monkeypatch) -> None:
         return real(logits, states)
 
     monkeypatch.setattr(isolation, "sample_batch", sample_batch)
-    bad = request(eng, [1, 5, 6])
-    bad.sampling = SamplingParams(temperature=0.0, seed=seed)
+    bad = request(eng, [1, 5, 6], sampling=SamplingParams(temperature=0.0, seed=seed))
     reqs = [request(eng, p) for p in PROMPTS]
-    for r in [bad, *reqs]:
-        eng.submit(r)
     eng.run_until_idle()
     assert "injected sampling failure" in (drain(bad)[-1].error or "")
     for p, r in zip(PROMPTS, reqs, strict=True):
@@ -265,23 +255,21 @@ def test_sampling_failure_fails_only_its_request(monkeypatch) -> None:
 
 def test_a_failing_step_outside_the_forward_pass_leaves_the_thread_alive() -> None:
     eng = engine()
-    schedule, failed = eng.scheduler.schedule, []
+    schedule, failed = eng.core.scheduler.schedule, []
 
     def once():
-        if not failed and eng.scheduler.running:
+        if not failed and eng.core.scheduler.running:
             failed.append(True)
             raise RuntimeError("injected scheduler failure")
         return schedule()
 
-    eng.scheduler.schedule = once  # type: ignore[method-assign]
+    eng.core.scheduler.schedule = once  # type: ignore[method-assign]
     eng.start()
     try:
         first = request(eng, PROMPTS[0])
-        eng.submit(first)
         ev = first.events.get(timeout=30)
         assert ev.done and "injected scheduler failure" in (ev.error or "")
         later = request(eng, PROMPTS[1])
-        eng.submit(later)
         evs = [later.events.get(timeout=30)]
         while not evs[-1].done:
             evs.append(later.events.get(timeout=30))

@@ -284,8 +284,9 @@ def test_mixed_batch_rows_equal_each_sequence_alone(request, tmp_path, arch: str
 
     def run(seqs: list[list[int]], mixes: list[dict[int, float]]) -> list[torch.Tensor]:
         """Prefill every sequence but its last token in one step, then decode it in another."""
-        runner = ModelRunner(model.decoder, block_size=4, kv_dtype=torch.float32)
-        runner.lora_builder = reg.build_delta
+        runner = ModelRunner(
+            model.decoder, block_size=4, kv_dtype=torch.float32, lora=reg.build_delta
+        )
         runner.ensure_capacity(3 * len(seqs))
         prefill, decode = [], []
         for j, (s, mix) in enumerate(zip(seqs, mixes, strict=True)):

@@ -20,7 +20,6 @@ from safetensors.torch import save_file
 from torch import nn
 
 from loraserve.engine.engine import Engine, EngineConfig
-from loraserve.engine.request import Request
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.lora.merge_cli import main
 from loraserve.lora.registry import AdapterRegistry
@@ -98,9 +97,9 @@ def _inputs(tmp: Path, tiny: Tiny, kinds: tuple[str, str]) -> list[Path]:
 
 
 def greedy(engine: Engine, mix: dict[int, float], prompt: list[int], n: int = 8) -> list[int]:
-    req = Request(prompt=prompt, sampling=SamplingParams(temperature=0.0), max_tokens=n,
-                  lora=mix, cache_key=engine.adapters.cache_key(mix))  # fmt: skip
-    engine.submit(req)
+    sampling = SamplingParams(temperature=0.0)
+    lora = list(mix.items()) or None
+    (req,) = engine.submit([prompt], sampling, max_tokens=n, lora=lora).requests
     engine.run_until_idle()
     out = []
     while not req.events.empty():
@@ -134,11 +133,11 @@ def test_merged_adapter_serves_like_the_mix(tiny, tmp_path, kinds, out, mode, ra
     merged_path = merge(ins, tmp_path / out, *flags)
     engine = Engine(model, EngineConfig(n_ctx=256))
     for p in [*ins, merged_path]:
-        engine.adapters.load(p)
+        engine.core.adapters.load(p)
     mix, merged = dict(enumerate(WEIGHTS)), {2: 1.0}
-    base = lora_logits(model, engine.adapters, IDS, {})
-    want = lora_logits(model, engine.adapters, IDS, mix)
-    got = lora_logits(model, engine.adapters, IDS, merged)
+    base = lora_logits(model, engine.core.adapters, IDS, {})
+    want = lora_logits(model, engine.core.adapters, IDS, mix)
+    got = lora_logits(model, engine.core.adapters, IDS, merged)
     assert (want - base).abs().max() > 0.1
     assert (got - want).abs().max() <= 1e-4
     for prompt in ([1, 40, 41, 42], IDS):
@@ -286,7 +285,7 @@ def test_gguf_output_loads_in_llama_server(tmp_path) -> None:
     out = merge(ins, tmp_path / "merged.gguf", "--rank", "10", "--model", str(model_path))
     engine = Engine(tiny[1], EngineConfig(n_ctx=256))
     for p in [*ins, out]:
-        engine.adapters.load(p)
+        engine.core.adapters.load(p)
     ours = greedy(engine, {2: 1.0}, IDS)
     port = free_port()
     argv = [

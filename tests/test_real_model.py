@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from loraserve.engine.engine import Engine, EngineConfig
-from loraserve.engine.request import Request
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.model.loader import LoadedModel, load_model
 from tests.tiny import our_logits
@@ -34,8 +33,7 @@ def native(real_model_path) -> LoadedModel:
 
 def greedy(model: LoadedModel, ids: list[int], n: int) -> list[int]:
     eng = Engine(model, EngineConfig(n_ctx=1024))
-    req = Request(prompt=ids, sampling=SamplingParams(temperature=0.0), max_tokens=n)
-    eng.submit(req)
+    (req,) = eng.submit([ids], SamplingParams(temperature=0.0), max_tokens=n).requests
     eng.run_until_idle()
     out = []
     while not req.events.empty():
@@ -96,13 +94,10 @@ def test_native_cache_on_equals_cache_off(native) -> None:
     eng = Engine(native, EngineConfig(n_ctx=2048, n_slots=2))
 
     def run(prompt: str, cache: bool) -> tuple[list[int], list, int]:
-        req = Request(
-            prompt=tok.encode(prompt),
-            sampling=SamplingParams(temperature=0.0, n_probs=5),
-            max_tokens=24,
-            cache_prompt=cache,
-        )
-        eng.submit(req)
+        sampling = SamplingParams(temperature=0.0, n_probs=5)
+        (req,) = eng.submit(
+            [tok.encode(prompt)], sampling, max_tokens=24, cache_prompt=cache
+        ).requests
         eng.run_until_idle()
         toks, probs, cached = [], [], 0
         while not req.events.empty():

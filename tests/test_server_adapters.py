@@ -1,7 +1,5 @@
 """Adapter endpoints: load/unload from `--lora-dir` only, global scales, `lora` on requests,
 `model` naming an adapter, unload waiting for the requests that use it, `--lora` flags.
-
-The HTTP cases need the engine's adapter registry (`engine.adapters`); they skip without.
 """
 
 from __future__ import annotations
@@ -82,8 +80,6 @@ def test_adapter_paths_stay_inside_the_allowed_directories(lora_dir, tmp_path) -
 def srv(lora_dir):
     args = ["-np", "1", "-c", "256", "--temp", "0", "--lora-dir", str(lora_dir)]
     with serve_in_thread(args) as s:
-        if getattr(s.app.state.server.engine, "adapters", None) is None:
-            pytest.skip("the engine has no adapter registry yet")
         yield s
 
 

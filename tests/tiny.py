@@ -251,8 +251,7 @@ def our_logits(
     from loraserve.engine.runner import BatchItem, ModelRunner
     from loraserve.model.context import set_context
 
-    runner = ModelRunner(model.decoder, block_size=4, kv_dtype=torch.float32)
-    runner.lora_builder = lora_builder
+    runner = ModelRunner(model.decoder, block_size=4, kv_dtype=torch.float32, lora=lora_builder)
     n_blocks = (len(ids) + 3) // 4
     runner.ensure_capacity(n_blocks + 2)
     blocks = list(range(2, 2 + n_blocks))[::-1]

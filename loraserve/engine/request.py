@@ -1,7 +1,8 @@
 """A request as the engine sees it, and the events it sends back.
 
-The HTTP layer builds a `Request` (tokens, sampling, limits, the resolved adapter mix
-and its cache key, all fixed at receipt) and reads `Event`s from its queue.
+`Engine.submit` builds the `Request`s (tokens, sampling, limits) and, at receipt on the
+engine thread, fixes each one's `Mix` (the effective adapter mix and its cache key); the
+caller reads `Event`s from each request's queue.
 """
 
 from __future__ import annotations
@@ -9,12 +10,14 @@ from __future__ import annotations
 import itertools
 import queue
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from loraserve.cache.prefix_cache import CacheKey
 from loraserve.engine.sampling import SamplerState
 from loraserve.engine.sampling_params import SamplingParams
+from loraserve.lora.registry import BASE, Mix
 
 _ids = itertools.count(1)
 
@@ -82,21 +85,39 @@ class Event:
 
 @dataclass
 class Request:
-    """Everything the engine needs to run one completion."""
+    """Everything the engine needs to run one completion (made by `Engine.submit`).
+
+    ``mix`` is set once, by the engine at receipt; the cache key is the mix's, so the two
+    can never disagree.
+    """
 
     prompt: list[int]
     sampling: SamplingParams
     max_tokens: int  # -1: until the context is full
     stop: tuple[str, ...] = ()
-    lora: dict[int, float] = field(default_factory=dict)  # adapter id -> scale, non-zero only
-    cache_key: CacheKey = ()
     cache_prompt: bool = True
     id_slot: int = -1
     eog_ids: frozenset[int] = frozenset()
     id: int = field(default_factory=lambda: next(_ids))
     events: queue.Queue[Event] = field(default_factory=queue.Queue)
     arrival: float = field(default_factory=time.perf_counter)
-    cancelled: bool = False  # set by the HTTP layer; the engine frees the slot next step
+    cancelled: bool = False  # set by `Engine.cancel`; the engine frees the slot next step
+    mix: Mix = field(default=BASE, init=False)
+
+    @property
+    def cache_key(self) -> CacheKey:
+        """The prefix-cache key of the request's mix."""
+        return self.mix.key
+
+
+@dataclass
+class Submission:
+    """What `Engine.submit` returns: the requests (one per prompt, events on each one's
+    queue) and ``received``, resolved to their common `Mix` once the engine received them
+    (or to the ValueError that refused them: an unknown adapter id, a bad scale)."""
+
+    requests: list[Request]
+    received: Future[Mix]
 
 
 @dataclass

@@ -27,16 +27,26 @@ LoraBuilder = Callable[[list[tuple[int, int, dict[int, float]]]], LoraDelta | No
 
 
 class ModelRunner:
-    """KV pool tensors per layer ``[capacity * block_size, n_kv_heads, head_dim]``."""
+    """KV pool tensors per layer ``[capacity * block_size, n_kv_heads, head_dim]``.
 
-    def __init__(self, decoder: Decoder, block_size: int, kv_dtype: torch.dtype) -> None:
+    ``lora`` builds a step's LoRA delta from its row spans (``(start, end, mix)`` for the
+    rows whose mix is not empty); without it every row runs the base model.
+    """
+
+    def __init__(
+        self,
+        decoder: Decoder,
+        block_size: int,
+        kv_dtype: torch.dtype,
+        lora: LoraBuilder | None = None,
+    ) -> None:
         self.decoder = decoder
         self.cfg = decoder.cfg
         self.bs = block_size
         self.kv_dtype = kv_dtype
         self.capacity = 0
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.lora_builder: LoraBuilder | None = None
+        self.lora = lora
 
     def ensure_capacity(self, n_blocks: int) -> None:
         """Grow the KV tensors to ``n_blocks`` blocks, keeping their contents."""
@@ -101,13 +111,13 @@ class ModelRunner:
             window=self.cfg.sliding_window,
         )
         lora = None
-        if self.lora_builder is not None:
+        if self.lora is not None:
             spans, r = [], 0
             for it in items:
                 if it.lora_mix:
                     spans.append((r, r + it.n, it.lora_mix))
                 r += it.n
-            lora = self.lora_builder(spans) if spans else None
+            lora = self.lora(spans) if spans else None
         ctx = StepContext(
             slot_mapping=torch.cat(new_slots),
             attn=attn,

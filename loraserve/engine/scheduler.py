@@ -166,5 +166,5 @@ class Scheduler:
             n=n,
             blocks=seq.blocks,
             want_logits=start + n == len(seq.tokens),
-            lora_mix=seq.req.lora,
+            lora_mix=dict(seq.req.mix.scales),
         )

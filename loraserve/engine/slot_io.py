@@ -6,9 +6,9 @@ A slot file is a safetensors file: `tokens` [n] int64 and per layer `k.{i}`, `v.
 indexes the KV in the prefix cache under that saved key, so only a request whose
 effective adapter configuration has the same key can reuse it.
 
-`capture`, `install` and `erase` touch engine state: run them on the engine thread
-(`Engine.call`). They return None when the slot is busy. `write` and `read` are plain
-file I/O for any thread.
+`capture`, `install` and `erase` touch engine state: the engine runs them on its thread
+(`Engine.save_slot`, `restore_slot`, `erase_slot`). They return None when the slot is
+busy. `write` and `read` are plain file I/O for any thread.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from safetensors.torch import save_file
 
 from loraserve.cache.block_pool import OutOfBlocks
 from loraserve.cache.prefix_cache import CacheKey
-from loraserve.engine.engine import Engine
+from loraserve.engine.runner import ModelRunner
+from loraserve.engine.scheduler import Scheduler
+from loraserve.model.loader import LoadedModel
 
 FORMAT = "loraserve-slot-1"
 
@@ -44,11 +46,11 @@ class SlotImage:
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer ([n, kvh, hd], [n, kvh, hd])
 
 
-def fingerprint(engine: Engine) -> dict[str, object]:
-    """What a slot file must match to be restored into this engine."""
-    cfg = engine.model.config
+def fingerprint(model: LoadedModel) -> dict[str, object]:
+    """What a slot file must match to be restored into an engine serving `model`."""
+    cfg = model.config
     return {
-        "model": engine.model.name,
+        "model": model.name,
         "arch": cfg.arch,
         "n_layers": cfg.n_layers,
         "n_kv_heads": cfg.n_kv_heads,
@@ -57,25 +59,26 @@ def fingerprint(engine: Engine) -> dict[str, object]:
     }
 
 
-def capture(engine: Engine, slot_id: int) -> SlotImage | None:
+def capture(sched: Scheduler, runner: ModelRunner, slot_id: int) -> SlotImage | None:
     """Engine thread: a copy of what the idle slot retains (None if it is busy)."""
-    slot = engine.scheduler.slots[slot_id]
+    slot = sched.slots[slot_id]
     if slot.busy:
         return None
     n = len(slot.tokens)
-    idx = engine.runner.block_slots(slot.blocks, n)
-    kv = [(k[idx].clone(), v[idx].clone()) for k, v in engine.runner.kv]
+    idx = runner.block_slots(slot.blocks, n)
+    kv = [(k[idx].clone(), v[idx].clone()) for k, v in runner.kv]
     return SlotImage(list(slot.tokens), slot.key, kv)
 
 
-def install(engine: Engine, slot_id: int, image: SlotImage) -> int | None:
+def install(sched: Scheduler, runner: ModelRunner, slot_id: int, image: SlotImage) -> int | None:
     """Engine thread: make the idle slot retain `image` (its previous blocks go to the
     cache) and index the KV under the image's cache key. Returns the token count, or
     None if the slot is busy. `OutOfBlocks` if the pool cannot hold it."""
-    slot = engine.scheduler.slots[slot_id]
+    slot = sched.slots[slot_id]
     if slot.busy:
         return None
-    cache, bs = engine.cache, engine.pool.block_size
+    cache = sched.cache
+    bs = cache.bs
     old, slot.blocks, slot.tokens, slot.key = slot.blocks, [], [], ()
     cache.release(old)
     n = len(image.tokens)
@@ -86,9 +89,9 @@ def install(engine: Engine, slot_id: int, image: SlotImage) -> int | None:
     except OutOfBlocks:
         cache.release(blocks)
         raise
-    engine.runner.ensure_capacity(engine.pool.capacity)
-    idx = engine.runner.block_slots(blocks, n)
-    for (k, v), (fk, fv) in zip(engine.runner.kv, image.kv, strict=True):
+    runner.ensure_capacity(cache.pool.capacity)
+    idx = runner.block_slots(blocks, n)
+    for (k, v), (fk, fv) in zip(runner.kv, image.kv, strict=True):
         k[idx] = fk.to(k.dtype)
         v[idx] = fv.to(v.dtype)
     cache.insert(image.key, image.tokens, blocks)
@@ -98,16 +101,16 @@ def install(engine: Engine, slot_id: int, image: SlotImage) -> int | None:
     return n
 
 
-def erase(engine: Engine, slot_id: int) -> int | None:
+def erase(sched: Scheduler, slot_id: int) -> int | None:
     """Engine thread: the idle slot forgets its sequence (its blocks go to the prefix
     cache like any finished request's, within `--cache-ram`). Returns the tokens erased,
     or None if the slot is busy."""
-    slot = engine.scheduler.slots[slot_id]
+    slot = sched.slots[slot_id]
     if slot.busy:
         return None
     n, blocks = len(slot.tokens), slot.blocks
     slot.blocks, slot.tokens, slot.key = [], [], ()
-    engine.cache.release(blocks)
+    sched.cache.release(blocks)
     return n
 
 

@@ -1,4 +1,4 @@
-"""The loaded adapters, the global scale map and the canonical cache key of a mix.
+"""The loaded adapters, the global scale map, and a request's `Mix` with its cache key.
 
 Every method is meant for the engine thread only (the thread that runs the model): loads,
 unloads and global-scale changes are posted to it like requests, so a request's snapshot
@@ -8,7 +8,8 @@ of the global map is taken in the order the server received them. Nothing here l
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch import nn
@@ -32,6 +33,21 @@ def base_shapes(decoder: nn.Module) -> dict[str, tuple[int, ...]]:
             for stem, w in (("gate", m.gate), ("up", m.up), ("down", m.down)):
                 shapes[f"{m.prefix}ffn_{stem}_exps.weight"] = (len(w), *w[0].shape)
     return shapes
+
+
+@dataclass(frozen=True)
+class Mix:
+    """A request's effective adapter mix, fixed at receipt: ``scales`` (adapter id ->
+    non-zero scale) and ``key``, their canonical prefix-cache key.
+
+    Made by `AdapterRegistry.mix` only, so the key always matches the scales.
+    """
+
+    scales: Mapping[int, float] = field(default_factory=dict)
+    key: CacheKey = ()
+
+
+BASE = Mix()  # the base model: no adapter
 
 
 def _scale(adapter_id: int, s: float) -> float:
@@ -112,7 +128,24 @@ class AdapterRegistry:
             mix = self._global
         return {i: s for i, s in mix.items() if s != 0.0}
 
-    def cache_key(self, mix: dict[int, float]) -> CacheKey:
+    def mix(
+        self, request_lora: Sequence[tuple[int, float]] | None, adapter_name: str | None = None
+    ) -> Mix:
+        """A request's effective `Mix`: `resolve` of its own list (plus the adapter that
+        ``adapter_name`` names, at scale 1, unless listed) and the mix's `cache_key`.
+        ValueError naming an unknown id or a non-finite scale."""
+        if adapter_name is not None:
+            named = [a for a in self.list() if a.name == adapter_name]
+            if named and all(i != named[-1].id for i, _ in request_lora or ()):
+                request_lora = [*(request_lora or ()), (named[-1].id, 1.0)]
+        scales = self.resolve(request_lora)
+        return Mix(scales, self.cache_key(scales)) if scales else BASE
+
+    def uses_content(self, content_id: str) -> bool:
+        """Whether a loaded adapter has this content identity."""
+        return any(a.content_id == content_id for a in self._adapters.values())
+
+    def cache_key(self, mix: Mapping[int, float]) -> CacheKey:
         """Canonical prefix-cache key of a mix: sorted (content id, scale), zeros dropped.
 
         Adapters with equal content add up (their deltas are linear in the scale), so

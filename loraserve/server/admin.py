@@ -18,8 +18,7 @@ from starlette.responses import Response
 
 from loraserve.cache.block_pool import OutOfBlocks
 from loraserve.engine import slot_io
-from loraserve.engine.engine import Engine
-from loraserve.engine.scheduler import Slot
+from loraserve.engine.views import SlotView
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.chat_template import CHATML_TEMPLATE
 from loraserve.server.errors import (
@@ -31,7 +30,7 @@ from loraserve.server.errors import (
 )
 from loraserve.server.oai import render
 from loraserve.server.schemas import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest
-from loraserve.server.state import ServerState, body_doc, get_state, read_body
+from loraserve.server.state import ServerState, body_doc, get_state, read_body, wait
 
 router = APIRouter()
 FILENAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
@@ -69,9 +68,8 @@ async def props(request: HttpRequest) -> Response:
     return JsonResponse(out)
 
 
-def _slot_json(engine: Engine, slot: Slot) -> dict[str, Any]:
-    seq = slot.seq
-    req = seq.req if seq is not None else slot.last_request
+def _slot_json(n_ctx: int, slot: SlotView) -> dict[str, Any]:
+    req = slot.request
     params: dict[str, Any] = {}
     if req is not None:
         params = dataclasses.asdict(req.sampling)
@@ -80,21 +78,20 @@ def _slot_json(engine: Engine, slot: Slot) -> dict[str, Any]:
             n_predict=req.max_tokens,
             stop=list(req.stop),
             cache_prompt=req.cache_prompt,
-            lora=[{"id": i, "scale": s} for i, s in sorted(req.lora.items())],
+            lora=[{"id": i, "scale": s} for i, s in sorted(req.mix.scales.items())],
         )
-    n_decoded = len(seq.generated) if seq is not None else 0
     return {
         "id": slot.id,
         "id_task": req.id if req is not None else -1,
-        "n_ctx": engine.n_ctx_slot,
+        "n_ctx": n_ctx,
         "speculative": False,
         "is_processing": slot.busy,
         "params": params,
-        "n_tokens": len(seq.tokens) if seq is not None else len(slot.tokens),
+        "n_tokens": slot.n_tokens,
         "next_token": {
             "has_next_token": slot.busy,
-            "n_remain": (req.max_tokens - n_decoded) if req and req.max_tokens >= 0 else -1,
-            "n_decoded": n_decoded,
+            "n_remain": (req.max_tokens - slot.n_decoded) if req and req.max_tokens >= 0 else -1,
+            "n_decoded": slot.n_decoded,
         },
     }
 
@@ -102,9 +99,8 @@ def _slot_json(engine: Engine, slot: Slot) -> dict[str, Any]:
 @router.get("/slots")
 async def slots(request: HttpRequest, fail_on_no_slot: int = 0) -> Response:
     """Each slot's id, context, whether it is processing, and its last request's params."""
-    state = get_state(request)
-    engine = state.require()
-    infos = await state.call(lambda: [_slot_json(engine, s) for s in engine.scheduler.slots])
+    engine = get_state(request).require()
+    infos = [_slot_json(engine.n_ctx_slot, s) for s in await wait(engine.slots())]
     if fail_on_no_slot and all(s["is_processing"] for s in infos):
         raise unavailable("no slot available")
     return JsonResponse(infos)
@@ -134,20 +130,19 @@ async def slot_action(request: HttpRequest, id_slot: int, action: str = "") -> R
         raise not_supported(
             "This server does not support slots action. Start it with `--slot-save-path`"
         )
-    if not 0 <= id_slot < len(engine.scheduler.slots):
+    if not 0 <= id_slot < engine.n_slots:
         raise invalid_request(f"id_slot: no slot {id_slot}")
-    busy = f"slot {id_slot} is processing a request"
     t0 = time.perf_counter()
     if action == "erase":
-        n = await state.call_when(lambda: slot_io.erase(engine, id_slot), busy)
+        n = await wait(engine.erase_slot(id_slot))
         return JsonResponse({"id_slot": id_slot, "n_erased": n})
     if action not in ("save", "restore"):
         raise invalid_request(f"action: expected save, restore or erase, got {action!r}")
     filename = (await read_body(request, SlotFileRequest)).filename
-    fp = slot_io.fingerprint(engine)
+    fp = engine.slot_fingerprint()
     if action == "save":
         path = _slot_path(state, filename, must_exist=False)
-        image = await state.call_when(lambda: slot_io.capture(engine, id_slot), busy)
+        image = await wait(engine.save_slot(id_slot))
         n_written = await asyncio.to_thread(slot_io.write, path, image, fp)
         ms = (time.perf_counter() - t0) * 1000
         return JsonResponse(
@@ -162,7 +157,7 @@ async def slot_action(request: HttpRequest, id_slot: int, action: str = "") -> R
     path = _slot_path(state, filename, must_exist=True)
     try:
         image = await asyncio.to_thread(slot_io.read, path, fp, engine.n_ctx_slot)
-        n = await state.call_when(lambda: slot_io.install(engine, id_slot, image), busy)
+        n = await wait(engine.restore_slot(id_slot, image))
     except slot_io.SlotFileError as e:
         raise invalid_request(str(e)) from None
     except OutOfBlocks:

@@ -111,7 +111,7 @@ def _start(
 
             specs = [(str(gguf_path(name)), 0.0) for name in DEMO_ADAPTERS]
         for path, scale in specs:
-            adapter = engine.adapters.load(path, scale)
+            adapter = engine.load_adapter(path, scale).result()
             log.info("adapter %d: %s (%s) at scale %g", adapter.id, adapter.name, path, scale)
         engine.start()
         state.attach(model, engine)

@@ -13,12 +13,12 @@ from typing import Any
 
 from starlette.requests import Request as HttpRequest
 
-from loraserve.engine.request import Event, Request, Timings
+from loraserve.engine.request import Event, Timings
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.errors import exceed_context_size, invalid_request
 from loraserve.server.schemas import Prompt, _GenerationParams
-from loraserve.server.state import Flight, ServerState
+from loraserve.server.state import Flight, ServerState, wait
 
 BIG_PROMPT_CHARS = 20_000  # longer prompts are tokenized off the event loop
 
@@ -85,24 +85,9 @@ def check_limits(state: ServerState, params: _GenerationParams) -> None:
         raise invalid_request(
             f"n_predict: {params.n_predict} exceeds the context size of a slot ({n_ctx} tokens)"
         )
-    n_slots = len(engine.scheduler.slots)
+    n_slots = engine.n_slots
     if params.id_slot >= n_slots:
         raise invalid_request(f"id_slot: no slot {params.id_slot} (slots are 0..{n_slots - 1})")
-
-
-def _resolve(state: ServerState, items: list[tuple[int, float]] | None, name: str | None):
-    """Engine thread: the effective mix (id -> non-zero scale) and its cache key."""
-    adapters = state.adapters
-    if adapters is None:
-        if items:
-            raise ValueError(f"no LoRA adapter with id {items[0][0]}")
-        return {}, ()
-    if name is not None:
-        named = [a for a in adapters.list() if a.name == name]
-        if named and all(i != named[-1].id for i, _ in items or ()):
-            items = [*(items or ()), (named[-1].id, 1.0)]
-    mix = adapters.resolve(items)
-    return mix, adapters.cache_key(mix)
 
 
 async def submit(
@@ -111,41 +96,23 @@ async def submit(
     params: _GenerationParams,
     adapter_name: str | None = None,
 ) -> Flight:
-    """Queue one engine request per prompt under one effective adapter configuration.
-
-    The configuration is the request's `lora` list when present and non-empty (plus the
-    adapter `adapter_name` names, at scale 1, unless listed), else a snapshot of the
-    global scales; it is resolved on the engine thread, in arrival order, and the requests
-    enter the scheduler in the same call, so no global change or unload slips in between.
-    """
+    """Submit one engine request per prompt under one effective adapter mix (the engine
+    resolves it at receipt: `Engine.submit`); a 400 naming `lora` if it refuses it."""
     check_limits(state, params)
     sp = sampling_params(state, params)
-    engine = state.require()
-    eog = frozenset(engine.tokenizer.eot_ids)
-    reqs = [
-        Request(
-            prompt=p,
-            sampling=sp,
-            max_tokens=params.n_predict,
-            stop=tuple(params.stop),
-            cache_prompt=params.cache_prompt,
-            id_slot=params.id_slot,
-            eog_ids=eog,
-        )
-        for p in prompts
-    ]
-    items = [(x.id, x.scale) for x in params.lora] if params.lora else None
-    flight = Flight(state, reqs)
-
-    def enqueue() -> dict[int, float]:
-        mix, key = _resolve(state, items, adapter_name)
-        for r in reqs:
-            r.lora, r.cache_key = dict(mix), key
-            engine.scheduler.add(r)
-        return mix
-
+    sub = state.require().submit(
+        prompts,
+        sp,
+        max_tokens=params.n_predict,
+        stop=params.stop,
+        lora=[(x.id, x.scale) for x in params.lora] if params.lora else None,
+        adapter_name=adapter_name,
+        cache_prompt=params.cache_prompt,
+        id_slot=params.id_slot,
+    )
+    flight = Flight(state, sub.requests)
     try:
-        flight.mix = await state.call(enqueue)
+        flight.mix = dict((await wait(sub.received)).scales)
     except ValueError as e:
         flight.close()
         raise invalid_request(f"lora: {e}") from None

@@ -4,7 +4,7 @@
 Loads read only from the `--lora-dir` directories: the path is resolved (symlinks
 included) and must stay inside one of them, and it must be a regular file or a PEFT
 folder of regular files (whose own links must stay inside too) of bounded size.
-Everything that touches the registry runs on the engine thread, in arrival order.
+Every adapter action is an engine method: it runs on the engine thread, in arrival order.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from fastapi import APIRouter
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
+from loraserve.lora.adapter import Adapter
 from loraserve.server.errors import (
     ApiError,
     JsonResponse,
@@ -25,7 +26,7 @@ from loraserve.server.errors import (
     not_supported,
 )
 from loraserve.server.schemas import LoadAdapterRequest, LoraScales, UnloadAdapterRequest
-from loraserve.server.state import ServerState, body_doc, get_state, read_body
+from loraserve.server.state import body_doc, get_state, read_body, wait
 
 router = APIRouter()
 MAX_ADAPTER_BYTES = 2 << 30
@@ -84,63 +85,42 @@ def resolve_adapter_path(lora_dirs: tuple[str, ...], path: str) -> str:
     raise not_found(f"path: no adapter file or folder at {path}")
 
 
-def _adapter_json(a: Any, scale: float) -> dict[str, Any]:
+def _adapter_json(a: Adapter, scale: float) -> dict[str, Any]:
     return {"id": a.id, "name": a.name, "path": str(a.path), "scale": scale}
 
 
 @router.get("/lora-adapters")
 async def list_adapters(request: HttpRequest) -> Response:
     """`[{id, path, scale, name}]`: every loaded adapter and its global scale."""
-    state = get_state(request)
-    state.require()
-    adapters = state.adapters
-    if adapters is None:
-        return JsonResponse([])
-
-    def snapshot() -> list[dict[str, Any]]:
-        scales = adapters.global_scales
-        return [_adapter_json(a, scales.get(a.id, 0.0)) for a in adapters.list()]
-
-    return JsonResponse(await state.call(snapshot))
+    engine = get_state(request).require()
+    listed = await wait(engine.list_adapters())
+    return JsonResponse([_adapter_json(a, scale) for a, scale in listed])
 
 
 @router.post("/lora-adapters", openapi_extra=body_doc(LoraScales))
 async def set_scales(request: HttpRequest) -> Response:
     """Set the global scales: `[{id, scale}]`, unlisted adapters to 0. **Ours:** an unknown
     id, a non-number scale or a non-array body is a 400 that changes nothing."""
-    state = get_state(request)
-    state.require()
+    engine = get_state(request).require()
     items = [(x.id, x.scale) for x in (await read_body(request, LoraScales)).root]
-    adapters = state.adapters
-    if adapters is None:
-        if items:
-            raise invalid_request(f"lora: no LoRA adapter with id {items[0][0]}")
-        return JsonResponse({"success": True})
     try:
-        await state.call(lambda: adapters.set_global(items))
+        await wait(engine.set_global_scales(items))
     except ValueError as e:
         raise invalid_request(f"lora: {e}") from None
     return JsonResponse({"success": True})
-
-
-def _registry(state: ServerState) -> Any:
-    state.require()
-    if state.adapters is None:
-        raise not_supported("LoRA adapters are not available on this server")
-    return state.adapters
 
 
 @router.post("/lora-adapters/load", openapi_extra=body_doc(LoadAdapterRequest))
 async def load_adapter(request: HttpRequest) -> Response:
     """**Ours:** load `{path, [scale], [name]}` from a `--lora-dir` directory."""
     state = get_state(request)
-    adapters = _registry(state)
+    engine = state.require()
     body = await read_body(request, LoadAdapterRequest)
     if not state.cfg.lora_dirs:
         raise not_supported("loading adapters at run time is off: start with --lora-dir DIR")
     real = resolve_adapter_path(state.cfg.lora_dirs, body.path)
     try:
-        adapter = await state.call(lambda: adapters.load(real, body.scale, body.name))
+        adapter = await wait(engine.load_adapter(real, body.scale, body.name))
     except ValueError as e:
         raise invalid_request(str(e)) from None
     return JsonResponse(_adapter_json(adapter, body.scale))
@@ -150,25 +130,10 @@ async def load_adapter(request: HttpRequest) -> Response:
 async def unload_adapter(request: HttpRequest) -> Response:
     """**Ours:** unload `{id}` once no queued or running request uses it; KV computed with
     it leaves the prefix cache (unless another loaded adapter has the same content)."""
-    state = get_state(request)
-    adapters = _registry(state)
-    engine = state.require()
+    engine = get_state(request).require()
     adapter_id = (await read_body(request, UnloadAdapterRequest)).id
-
-    def unload() -> bool | None:
-        cid = adapters.get(adapter_id).content_id
-        sched = engine.scheduler
-        if any(adapter_id in r.lora for r in [*sched.waiting, *(s.req for s in sched.running)]):
-            return None
-        adapters.unload(adapter_id)
-        if all(a.content_id != cid for a in adapters.list()):
-            engine.cache.drop_key(lambda key: any(c == cid for c, _ in key))
-        return True
-
     try:
-        await state.call_when(
-            unload, f"adapter {adapter_id} is in use by queued or running requests"
-        )
+        await wait(engine.unload_adapter(adapter_id))
     except ValueError as e:
         raise invalid_request(f"id: {e}") from None
     return JsonResponse({"success": True})

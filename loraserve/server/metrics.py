@@ -3,7 +3,7 @@ plus **ours**: per-adapter request and token counters, prefix-cache hit/miss/evi
 counters and KV block gauges (`loraserve:` names).
 
 Counters are fed by an engine listener (on the engine thread, one lock); gauges and the
-cache statistics are read on the engine thread at scrape time.
+cache statistics are the engine's snapshot at scrape time (`Engine.stats`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import Any
 
 from fastapi import APIRouter
 from prometheus_client import CollectorRegistry, generate_latest
@@ -22,8 +21,9 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from loraserve.engine.request import Event, Sequence
+from loraserve.engine.views import EngineStats
 from loraserve.server.errors import not_supported
-from loraserve.server.state import ServerState, get_state
+from loraserve.server.state import get_state, wait
 
 router = APIRouter()
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -41,7 +41,7 @@ class Metrics:
         with self._lock:
             if ev.token is not None:
                 self.totals["tokens_predicted"] += 1
-                for i in seq.req.lora:
+                for i in seq.req.mix.scales:
                     self.adapters[i]["tokens_predicted"] += 1
             if not ev.done:
                 return
@@ -52,7 +52,7 @@ class Metrics:
             self.totals["prompt_seconds"] += t.prompt_ms / 1000
             self.totals["predicted_seconds"] += t.predicted_ms / 1000
             self.totals["cached_prompt_tokens"] += seq.n_cached
-            for i in seq.req.lora:
+            for i in seq.req.mix.scales:
                 self.adapters[i]["requests"] += 1
                 self.adapters[i]["prompt_tokens"] += prompt_n
 
@@ -69,34 +69,15 @@ class _Families:
         return iter(self.families)
 
 
-def _engine_view(state: ServerState) -> dict[str, Any]:
-    engine = state.require()
-    sched, pool, cache = engine.scheduler, engine.pool, engine.cache
-    adapters = state.adapters
-    return {
-        "processing": len(sched.running),
-        "deferred": len(sched.waiting),
-        "blocks_used": pool.num_used,
-        "blocks_max": pool.max_blocks,
-        "blocks_cached": cache.num_cached(),
-        "blocks_free": pool.num_free,
-        "block_size": pool.block_size,
-        "stats": (
-            cache.stats.hits,
-            cache.stats.misses,
-            cache.stats.hit_tokens,
-            cache.stats.evictions,
-        ),
-        "names": {a.id: a.name for a in adapters.list()} if adapters is not None else {},
-    }
-
-
-def _families(totals: dict[str, float], per: dict[int, dict[str, float]], view: dict) -> list:
+def _families(
+    totals: dict[str, float], per: dict[int, dict[str, float]], view: EngineStats
+) -> list[Metric]:
     def rate(n: str, s: str) -> float:
         return totals.get(n, 0) / totals[s] if totals.get(s, 0) > 0 else 0.0
 
-    hits, misses, hit_tokens, evictions = view["stats"]
-    used = view["blocks_used"]
+    c = view.cache
+    hits, misses, hit_tokens, evictions = c.hits, c.misses, c.hit_tokens, c.evictions
+    used = view.blocks_used
     table: list[tuple[type, str, str, float]] = [
         (C, "llamacpp:prompt_tokens", "Prompt tokens processed.", totals.get("prompt_tokens", 0)),
         (C, "llamacpp:prompt_seconds", "Prompt process time.", totals.get("prompt_seconds", 0)),
@@ -119,15 +100,15 @@ def _families(totals: dict[str, float], per: dict[int, dict[str, float]], view: 
             "Average generation tokens/s.",
             rate("tokens_predicted", "predicted_seconds"),
         ),
-        (G, "llamacpp:requests_processing", "Requests processing.", view["processing"]),
-        (G, "llamacpp:requests_deferred", "Requests deferred.", view["deferred"]),
+        (G, "llamacpp:requests_processing", "Requests processing.", view.processing),
+        (G, "llamacpp:requests_deferred", "Requests deferred.", view.deferred),
         (
             G,
             "llamacpp:kv_cache_usage_ratio",
             "KV-cache usage, 1 = full.",
-            used / max(view["blocks_max"], 1),
+            used / max(view.blocks_max, 1),
         ),
-        (G, "llamacpp:kv_cache_tokens", "KV-cache tokens.", used * view["block_size"]),
+        (G, "llamacpp:kv_cache_tokens", "KV-cache tokens.", used * view.block_size),
         (C, "loraserve:requests_finished", "Requests finished.", totals.get("requests_ok", 0)),
         (
             C,
@@ -150,9 +131,9 @@ def _families(totals: dict[str, float], per: dict[int, dict[str, float]], view: 
             G,
             "loraserve:kv_blocks_cached",
             "KV blocks held only by the cache.",
-            view["blocks_cached"],
+            view.blocks_cached,
         ),
-        (G, "loraserve:kv_blocks_free", "KV blocks free.", view["blocks_free"]),
+        (G, "loraserve:kv_blocks_free", "KV blocks free.", view.blocks_free),
     ]
     out: list[Metric] = [kind(name, doc, value=value) for kind, name, doc, value in table]
     labels = ["id", "name"]
@@ -165,7 +146,7 @@ def _families(totals: dict[str, float], per: dict[int, dict[str, float]], view: 
         )
     }
     for i, values in sorted(per.items()):
-        name = view["names"].get(i, "")
+        name = view.adapter_names.get(i, "")
         for key, fam in per_adapter.items():
             fam.add_metric([str(i), name], values.get(key, 0))
     return out + list(per_adapter.values())
@@ -179,8 +160,7 @@ async def metrics(request: HttpRequest) -> Response:
         raise not_supported(
             "This server does not support metrics endpoint. Start it with `--metrics`"
         )
-    state.require()
-    view = await state.call(lambda: _engine_view(state))
+    view = await wait(state.require().stats())
     totals, per = request.app.state.metrics.snapshot()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families(_families(totals, per, view)))  # type: ignore[arg-type]

@@ -42,7 +42,15 @@ from loraserve.server.oai_format import (
     usage,
 )
 from loraserve.server.schemas import OAIChatRequest, OAICompletionRequest
-from loraserve.server.state import Flight, ServerState, body_doc, error_of, get_state, read_body
+from loraserve.server.state import (
+    Flight,
+    ServerState,
+    body_doc,
+    error_of,
+    get_state,
+    read_body,
+    wait,
+)
 
 router = APIRouter()
 
@@ -235,18 +243,16 @@ async def models(request: HttpRequest) -> Response:
             },
         }
     ]
-    adapters = state.adapters
-    if adapters is not None:
-        listed = await state.call(adapters.list)
-        data += [
-            {
-                "id": a.name,
-                "object": "model",
-                "created": created,
-                "owned_by": "loraserve",
-                "parent": name,
-                "meta": {"lora_id": a.id},
-            }
-            for a in listed
-        ]
+    listed = [a for a, _ in await wait(state.require().list_adapters())]
+    data += [
+        {
+            "id": a.name,
+            "object": "model",
+            "created": created,
+            "owned_by": "loraserve",
+            "parent": name,
+            "meta": {"lora_id": a.id},
+        }
+        for a in listed
+    ]
     return JsonResponse({"object": "list", "data": data})

@@ -7,13 +7,15 @@ import asyncio
 import queue
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 
 from loraserve.engine.engine import Engine
+from loraserve.engine.inbox import EngineBusy
 from loraserve.engine.request import Event, Request, Sequence
 from loraserve.model.loader import LoadedModel
 from loraserve.server.args import ServerConfig
@@ -25,13 +27,9 @@ from loraserve.server.errors import (
     unavailable,
 )
 
-if TYPE_CHECKING:
-    from loraserve.lora.registry import AdapterRegistry
-
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 POLL_S = 0.5  # safety net: a flight re-checks its queues at least this often
-BUSY_WAIT_S = 30.0  # how long an admin action waits for a slot or an adapter to be free
 BIG_BODY_BYTES = 1 << 16  # larger bodies are parsed off the event loop
 
 
@@ -39,7 +37,7 @@ class ServerState:
     """The server's one shared object (`app.state.server`).
 
     `engine` is None until the model is loaded (every endpoint but /health answers 503
-    meanwhile). Engine state is only touched through `call`, on the engine thread.
+    meanwhile). Engine state is only touched through the engine's public methods.
     """
 
     def __init__(self, cfg: ServerConfig) -> None:
@@ -69,11 +67,6 @@ class ServerState:
         return self.engine
 
     @property
-    def adapters(self) -> AdapterRegistry | None:
-        """The engine's adapter registry (None before it is attached)."""
-        return getattr(self.engine, "adapters", None)
-
-    @property
     def model_name(self) -> str:
         """The name clients see in `model`: the first `--alias`, else the model's file name."""
         if self.cfg.alias:
@@ -81,22 +74,6 @@ class ServerState:
         if self.model is not None:
             return self.model.path.name
         return self.cfg.model or ""
-
-    async def call(self, fn: Callable[[], T]) -> T:
-        """Run `fn` on the engine thread between steps and await its result."""
-        return await asyncio.wrap_future(self.require().call(fn))
-
-    async def call_when(self, fn: Callable[[], T | None], busy: str) -> T:
-        """`call(fn)` until it returns something other than None (a slot or adapter still
-        in use), for at most `BUSY_WAIT_S`; then a 503 with message `busy`."""
-        deadline = time.monotonic() + BUSY_WAIT_S
-        while True:
-            result = await self.call(fn)
-            if result is not None:
-                return result
-            if time.monotonic() > deadline:
-                raise unavailable(busy)
-            await asyncio.sleep(0.02)
 
     def _on_event(self, seq: Sequence, ev: Event) -> None:
         waker = self._wakers.get(seq.req.id)
@@ -205,6 +182,14 @@ class Flight:
         for r in self.reqs:
             self.state._wakers.pop(r.id, None)
         self.state.flights.discard(self)
+
+
+async def wait(fut: Future[T]) -> T:
+    """The result of an engine method's future; a 503 if the engine stayed busy."""
+    try:
+        return await asyncio.wrap_future(fut)
+    except EngineBusy as e:
+        raise unavailable(str(e)) from None
 
 
 def body_doc(model: type[BaseModel], required: bool = True) -> dict[str, Any]:

@@ -1,0 +1,72 @@
+"""What the engine shows outside, as plain snapshots taken on the engine thread: each
+slot (`/slots`) and the engine's counters and gauges (`/metrics`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loraserve.cache.prefix_cache import CacheStats
+from loraserve.engine.core import EngineCore
+from loraserve.engine.request import Request
+from loraserve.engine.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """One slot: its running request (else the last one it ran, or None), the tokens it
+    holds or retains, and how many it has generated for the running request."""
+
+    id: int
+    busy: bool
+    request: Request | None
+    n_tokens: int
+    n_decoded: int
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Requests running and waiting, KV blocks, prefix-cache statistics, adapter names."""
+
+    processing: int
+    deferred: int
+    blocks_used: int
+    blocks_max: int
+    blocks_cached: int
+    blocks_free: int
+    block_size: int
+    cache: CacheStats
+    adapter_names: dict[int, str]
+
+
+def slot_views(scheduler: Scheduler) -> list[SlotView]:
+    """Engine thread: every slot, in id order."""
+    out = []
+    for slot in scheduler.slots:
+        seq = slot.seq
+        out.append(
+            SlotView(
+                id=slot.id,
+                busy=seq is not None,
+                request=seq.req if seq is not None else slot.last_request,
+                n_tokens=len(seq.tokens) if seq is not None else len(slot.tokens),
+                n_decoded=len(seq.generated) if seq is not None else 0,
+            )
+        )
+    return out
+
+
+def engine_stats(core: EngineCore) -> EngineStats:
+    """Engine thread: the counters and gauges of `EngineStats`."""
+    scheduler, pool, cache = core.scheduler, core.pool, core.cache
+    s = cache.stats
+    return EngineStats(
+        processing=len(scheduler.running),
+        deferred=len(scheduler.waiting),
+        blocks_used=pool.num_used,
+        blocks_max=pool.max_blocks,
+        blocks_cached=cache.num_cached(),
+        blocks_free=pool.num_free,
+        block_size=pool.block_size,
+        cache=CacheStats(s.hits, s.misses, s.hit_tokens, s.evictions),
+        adapter_names={a.id: a.name for a in core.adapters.list()},
+    )
