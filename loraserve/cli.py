@@ -45,11 +45,11 @@ def generate(argv: list[str]) -> None:
     ap.add_argument("-m", "--model", default=None, help="GGUF file or HF folder (default model)")
     ap.add_argument("-p", "--prompt", required=True)
     ap.add_argument("-n", "--n-predict", type=int, default=64)
-    ap.add_argument("--temp", type=float, default=0.0)
-    ap.add_argument("--top-k", type=int, default=40)
-    ap.add_argument("--top-p", type=float, default=0.95)
-    ap.add_argument("--min-p", type=float, default=0.05)
-    ap.add_argument("--seed", type=int, default=-1)
+    ap.add_argument("--temp", type=float, default=0.0, help="default 0: greedy")
+    ap.add_argument("--top-k", type=int, default=SamplingParams.top_k)
+    ap.add_argument("--top-p", type=float, default=SamplingParams.top_p)
+    ap.add_argument("--min-p", type=float, default=SamplingParams.min_p)
+    ap.add_argument("--seed", type=int, default=SamplingParams.seed)
     ap.add_argument("-t", "--threads", type=int, default=0)
     ap.add_argument(
         "--dtype",

@@ -22,7 +22,7 @@ from loraserve.cache.block_pool import BlockPool
 from loraserve.cache.prefix_cache import PrefixCache
 from loraserve.engine.isolation import forward_isolated, sample_isolated, scrub_kv
 from loraserve.engine.output import TextOutput
-from loraserve.engine.request import Event, Sequence, StopType
+from loraserve.engine.request import Event, Run, StopType
 from loraserve.engine.runner import ModelRunner
 from loraserve.engine.sampling import SamplerState
 from loraserve.engine.scheduler import Scheduler
@@ -75,7 +75,7 @@ class EngineCore:
         self.runner.ensure_capacity(self.pool.capacity)
         self.tokenizer = model.tokenizer
         self._outputs: dict[int, TextOutput] = {}
-        self.listeners: list[Callable[[Sequence, Event], None]] = []  # metrics hooks
+        self.listeners: list[Callable[[Run, Event], None]] = []  # metrics hooks
 
     @property
     def busy(self) -> bool:
@@ -86,11 +86,11 @@ class EngineCore:
         """One scheduling round; returns whether a forward pass ran."""
         sched = self.scheduler
         for slot in sched.slots:
-            if slot.seq is not None and slot.seq.req.cancelled:
-                self._finish(slot.seq, StopType.NONE, send=False)
-        for seq in sched.admit():
-            seq.sampler = SamplerState(seq.req.sampling, seq.req.prompt, set(seq.req.eog_ids))
-            self._outputs[seq.req.id] = TextOutput(self.tokenizer, seq.req.stop)
+            if slot.run is not None and slot.run.req.cancelled:
+                self._finish(slot.run, StopType.NONE, send=False)
+        for run in sched.admit():
+            run.sampler = SamplerState(run.req.sampling, run.req.prompt, set(run.req.eog_ids))
+            self._outputs[run.req.id] = TextOutput(self.tokenizer, run.req.stop)
         work = sched.schedule()
         if not work:
             return False
@@ -100,88 +100,88 @@ class EngineCore:
             self.runner.copy_block(src, dst, n)
         sched.release_copy_sources(copies)
         step = forward_isolated(self.runner, work)  # a failing sequence fails alone
-        for seq, message in step.failed:
-            self.fail(seq, message)
-        sampling: list[Sequence] = []
-        for seq, item in step.done:
-            seq.n_computed += item.n
-            if seq.n_computed >= seq.n_prompt and item.want_logits:
-                sampling.append(seq)
+        for run, message in step.failed:
+            self.fail(run, message)
+        sampling: list[Run] = []
+        for run, item in step.done:
+            run.n_computed += item.n
+            if run.n_computed >= run.n_prompt and item.want_logits:
+                sampling.append(run)
         if sampling:
             self._sample(sampling, step.logits)
         return True
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        results = sample_isolated(logits, [s.sampler for s in seqs])  # type: ignore[misc]
+    def _sample(self, runs: list[Run], logits: torch.Tensor) -> None:
+        results = sample_isolated(logits, [s.sampler for s in runs])  # type: ignore[misc]
         now = time.perf_counter()
-        for seq, res in zip(seqs, results, strict=True):
+        for run, res in zip(runs, results, strict=True):
             if isinstance(res, str):
-                self.fail(seq, res)
+                self.fail(run, res)
                 continue
-            if not seq.generated:
-                seq.t_first = now
-                seq.timings.prompt_n = seq.n_prompt - seq.n_cached
-                seq.timings.prompt_ms = (now - seq.t_prompt_start) * 1000
-            self._accept(seq, res.token, res.probs, res.prob)
+            if not run.generated:
+                run.t_first = now
+                run.timings.prompt_n = run.n_prompt - run.n_cached
+                run.timings.prompt_ms = (now - run.t_prompt_start) * 1000
+            self._accept(run, res.token, res.probs, res.prob)
 
     def _accept(
         self,
-        seq: Sequence,
+        run: Run,
         tok: int,
         probs: list[tuple[int, float]] | None,
         prob: float | None = None,
     ) -> None:
-        req = seq.req
-        seq.generated.append(tok)
-        seq.tokens.append(tok)
-        assert seq.sampler is not None
-        seq.sampler.accept(tok)
+        req = run.req
+        run.generated.append(tok)
+        run.tokens.append(tok)
+        assert run.sampler is not None
+        run.sampler.accept(tok)
         if tok in req.eog_ids and not req.sampling.ignore_eos:
-            self._finish(seq, StopType.EOS)
+            self._finish(run, StopType.EOS)
             return
         out = self._outputs[req.id]
         text = out.push(tok)
-        self._emit(seq, Event(token=tok, text=text, probs=probs, prob=prob))
+        self._emit(run, Event(token=tok, text=text, probs=probs, prob=prob))
         if out.stopping_word:
-            self._finish(seq, StopType.WORD)
-        elif req.max_tokens >= 0 and len(seq.generated) >= req.max_tokens:
-            self._finish(seq, StopType.LIMIT)
-        elif len(seq.tokens) >= self.n_ctx_slot:
-            self._finish(seq, StopType.LIMIT)
+            self._finish(run, StopType.WORD)
+        elif req.max_tokens >= 0 and len(run.generated) >= req.max_tokens:
+            self._finish(run, StopType.LIMIT)
+        elif len(run.tokens) >= self.n_ctx_slot:
+            self._finish(run, StopType.LIMIT)
 
-    def _emit(self, seq: Sequence, ev: Event) -> None:
-        seq.req.events.put(ev)
+    def _emit(self, run: Run, ev: Event) -> None:
+        run.req.events.put(ev)
         for fn in self.listeners:
-            fn(seq, ev)
+            fn(run, ev)
 
-    def _finish(self, seq: Sequence, stop: StopType, send: bool = True) -> None:
-        out = self._outputs.pop(seq.req.id, None)
+    def _finish(self, run: Run, stop: StopType, send: bool = True) -> None:
+        out = self._outputs.pop(run.req.id, None)
         tail = out.flush() if out is not None else ""
-        seq.timings.predicted_n = len(seq.generated)
-        if seq.t_first:
-            seq.timings.predicted_ms = (time.perf_counter() - seq.t_first) * 1000
+        run.timings.predicted_n = len(run.generated)
+        if run.t_first:
+            run.timings.predicted_ms = (time.perf_counter() - run.t_first) * 1000
         if out is not None and out.stopping_word:
             stop = StopType.WORD
-        seq.text = out.text if out is not None else ""
-        self.scheduler.finish(seq)
+        run.text = out.text if out is not None else ""
+        self.scheduler.finish(run)
         if send:
             ev = Event(
                 text=tail,
                 done=True,
                 stop_type=stop,
                 stopping_word=out.stopping_word if out else "",
-                timings=seq.timings,
-                id_slot=seq.slot,
-                n_prompt=seq.n_prompt,
-                n_cached=seq.n_cached,
-                n_generated=len(seq.generated),
+                timings=run.timings,
+                id_slot=run.slot,
+                n_prompt=run.n_prompt,
+                n_cached=run.n_cached,
+                n_generated=len(run.generated),
             )
-            self._emit(seq, ev)
+            self._emit(run, ev)
 
-    def fail(self, seq: Sequence, message: str) -> None:
+    def fail(self, run: Run, message: str) -> None:
         """End a running sequence with an error event; its suspect KV is never reused."""
-        self._outputs.pop(seq.req.id, None)
-        seq.n_computed = min(seq.n_computed, seq.n_cached)  # never index suspect KV
-        scrub_kv(self.runner, seq.blocks, seq.n_cached)  # nor let padded reads see it
-        self.scheduler.finish(seq)
-        self._emit(seq, Event(done=True, error=message, id_slot=seq.slot))
+        self._outputs.pop(run.req.id, None)
+        run.n_computed = min(run.n_computed, run.n_cached)  # never index suspect KV
+        scrub_kv(self.runner, run.blocks, run.n_cached)  # nor let padded reads see it
+        self.scheduler.finish(run)
+        self._emit(run, Event(done=True, error=message, id_slot=run.slot))

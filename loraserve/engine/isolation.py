@@ -17,18 +17,18 @@ cached prefix); the fast path (nothing failed) costs one finiteness check of the
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence as Seq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from loraserve.engine.request import Sequence
+from loraserve.engine.request import Run
 from loraserve.engine.runner import BatchItem, ModelRunner
 from loraserve.engine.sampling import SampleResult, SamplerState, sample_batch
 
 log = logging.getLogger("loraserve.engine")
 NON_FINITE = "the model produced non-finite logits for this request"
-Work = list[tuple[Sequence, BatchItem]]
+Work = list[tuple[Run, BatchItem]]
 
 
 @dataclass
@@ -38,7 +38,7 @@ class StepOutcome:
 
     done: Work
     logits: torch.Tensor
-    failed: list[tuple[Sequence, str]] = field(default_factory=list)
+    failed: list[tuple[Run, str]] = field(default_factory=list)
 
 
 def _bad_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -71,31 +71,33 @@ def forward_isolated(runner: ModelRunner, work: Work) -> StepOutcome:
     return _one_by_one(runner, work)
 
 
-def _failed(seq: Sequence, e: Exception) -> StepOutcome:
-    log.error("forward pass failed for request %d", seq.req.id, exc_info=e)
-    return StepOutcome([], torch.empty(0, 0), [(seq, f"internal error in the forward pass: {e}")])
+def _failed(run: Run, e: Exception) -> StepOutcome:
+    log.error("forward pass failed for request %d", run.req.id, exc_info=e)
+    return StepOutcome([], torch.empty(0, 0), [(run, f"internal error in the forward pass: {e}")])
 
 
 def _one_by_one(runner: ModelRunner, work: Work) -> StepOutcome:
     done: Work = []
     rows: list[torch.Tensor] = []
-    failed: list[tuple[Sequence, str]] = []
-    for seq, item in work:
+    failed: list[tuple[Run, str]] = []
+    for run, item in work:
         try:
             logits = runner.forward([item])  # [1 or 0, V]
         except Exception as e:
-            failed += _failed(seq, e).failed
+            failed += _failed(run, e).failed
             continue
         if logits.shape[0] and bool(_bad_rows(logits).any()):
-            failed.append((seq, NON_FINITE))
+            failed.append((run, NON_FINITE))
             continue
-        done.append((seq, item))
+        done.append((run, item))
         rows.append(logits)
     vocab = rows[0].shape[1] if rows else 0
     return StepOutcome(done, torch.cat(rows) if rows else torch.empty(0, vocab), failed)
 
 
-def sample_isolated(logits: torch.Tensor, states: Seq[SamplerState]) -> list[SampleResult | str]:
+def sample_isolated(
+    logits: torch.Tensor, states: Sequence[SamplerState]
+) -> list[SampleResult | str]:
     """`sample_batch`, or, if it raises, each row alone: a row that still raises gets its
     error message instead of a result."""
     try:
@@ -111,7 +113,7 @@ def sample_isolated(logits: torch.Tensor, states: Seq[SamplerState]) -> list[Sam
     return out
 
 
-def scrub_kv(runner: ModelRunner, blocks: Seq[int], start: int) -> None:
+def scrub_kv(runner: ModelRunner, blocks: Sequence[int], start: int) -> None:
     """Zero the KV of positions ``start..`` of a sequence's block table (every layer).
 
     Positions from a sequence's cached prefix on lie in blocks it owns (new or copied on

@@ -107,7 +107,7 @@ class Request:
     @property
     def cache_key(self) -> CacheKey:
         """The prefix-cache key of the request's mix."""
-        return self.mix.key
+        return self.mix.cache_key
 
 
 @dataclass
@@ -121,8 +121,8 @@ class Submission:
 
 
 @dataclass
-class Sequence:
-    """A request admitted into a slot: its tokens, KV blocks and progress."""
+class Run:
+    """A request admitted into a slot, until it finishes: its tokens, KV blocks and progress."""
 
     req: Request
     slot: int

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,10 +20,10 @@ class BatchItem:
     n: int
     blocks: Sequence[int]
     want_logits: bool
-    lora_mix: dict[int, float]
+    mix: Mapping[int, float]  # adapter id -> non-zero scale; empty: the base model
 
 
-LoraBuilder = Callable[[list[tuple[int, int, dict[int, float]]]], LoraDelta | None]
+LoraBuilder = Callable[[list[tuple[int, int, Mapping[int, float]]]], LoraDelta | None]
 
 
 class ModelRunner:
@@ -114,8 +114,8 @@ class ModelRunner:
         if self.lora is not None:
             spans, r = [], 0
             for it in items:
-                if it.lora_mix:
-                    spans.append((r, r + it.n, it.lora_mix))
+                if it.mix:
+                    spans.append((r, r + it.n, it.mix))
                 r += it.n
             lora = self.lora(spans) if spans else None
         ctx = StepContext(

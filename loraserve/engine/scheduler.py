@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from loraserve.cache.prefix_cache import CacheKey, PrefixCache
-from loraserve.engine.request import Request, Sequence
+from loraserve.engine.request import Request, Run
 from loraserve.engine.runner import BatchItem
 
 
@@ -21,8 +21,8 @@ class Slot:
     """A concurrent sequence position (`-np`), retaining its last sequence when idle."""
 
     id: int
-    seq: Sequence | None = None
-    key: CacheKey = ()
+    run: Run | None = None
+    cache_key: CacheKey = ()
     tokens: list[int] = field(default_factory=list)  # tokens whose KV `blocks` hold
     blocks: list[int] = field(default_factory=list)
     last_used: float = 0.0
@@ -30,7 +30,7 @@ class Slot:
 
     @property
     def busy(self) -> bool:
-        return self.seq is not None
+        return self.run is not None
 
 
 class Scheduler:
@@ -52,8 +52,8 @@ class Scheduler:
         self.copies: list[tuple[int, int, int]] = []  # (src, dst, n) copy-on-write for runner
 
     @property
-    def running(self) -> list[Sequence]:
-        return [s.seq for s in self.slots if s.seq is not None]
+    def running(self) -> list[Run]:
+        return [s.run for s in self.slots if s.run is not None]
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -68,7 +68,7 @@ class Scheduler:
 
         def score(s: Slot) -> tuple[int, float]:
             n = 0
-            if s.key == req.cache_key:
+            if s.cache_key == req.cache_key:
                 for a, b in zip(s.tokens, req.prompt, strict=False):
                     if a != b:
                         break
@@ -77,9 +77,9 @@ class Scheduler:
 
         return max(idle, key=score)
 
-    def admit(self) -> list[Sequence]:
+    def admit(self) -> list[Run]:
         """Move waiting requests into idle slots (FIFO; a request pinned to a busy slot waits)."""
-        admitted: list[Sequence] = []
+        admitted: list[Run] = []
         kept: deque[Request] = deque()
         while self.waiting:
             req = self.waiting.popleft()
@@ -93,25 +93,25 @@ class Scheduler:
         self.waiting = kept
         return admitted
 
-    def _start(self, slot: Slot, req: Request) -> Sequence:
-        seq = Sequence(req=req, slot=slot.id, tokens=list(req.prompt), n_prompt=len(req.prompt))
+    def _start(self, slot: Slot, req: Request) -> Run:
+        run = Run(req=req, slot=slot.id, tokens=list(req.prompt), n_prompt=len(req.prompt))
         limit = len(req.prompt) - 1 if req.cache_prompt else 0
         m = self.cache.match(req.cache_key, req.prompt, limit) if limit > 0 else None
         if m is not None:
             for b in m.blocks:
                 self.cache.pool.incref(b)
-            seq.blocks = list(m.blocks)
+            run.blocks = list(m.blocks)
             if m.partial_block is not None:
                 self.cache.pool.incref(m.partial_block)  # keep it alive across the copy
                 dst = self.cache.allocate()
                 self.copies.append((m.partial_block, dst, m.partial_len))
-                seq.blocks.append(dst)
-            seq.n_computed = seq.n_cached = m.n_tokens
+                run.blocks.append(dst)
+            run.n_computed = run.n_cached = m.n_tokens
         self._release_slot(slot)
-        slot.seq, slot.last_request = seq, req
-        seq.timings.cache_n = seq.n_cached
-        seq.t_prompt_start = time.perf_counter()
-        return seq
+        slot.run, slot.last_request = run, req
+        run.timings.cache_n = run.n_cached
+        run.t_prompt_start = time.perf_counter()
+        return run
 
     def take_copies(self) -> list[tuple[int, int, int]]:
         """Copy-on-write jobs for the runner; their source blocks are released after."""
@@ -125,46 +125,46 @@ class Scheduler:
         blocks, slot.blocks, slot.tokens = slot.blocks, [], []
         self.cache.release(blocks)
 
-    def finish(self, seq: Sequence) -> None:
+    def finish(self, run: Run) -> None:
         """Index the sequence's KV under its cache key; its slot retains the blocks."""
-        slot = self.slots[seq.slot]
+        slot = self.slots[run.slot]
         # generated tokens' KV is shared too: decode computes exactly what a prefill of the
         # same tokens does (row-independent kernels), so a later request may reuse it
-        n = seq.n_computed
-        self.cache.insert(seq.req.cache_key, seq.tokens[:n], seq.blocks)
+        n = run.n_computed
+        self.cache.insert(run.req.cache_key, run.tokens[:n], run.blocks)
         keep = (n + self.bs - 1) // self.bs
-        extra = seq.blocks[keep:]
-        slot.seq, slot.key = None, seq.req.cache_key
-        slot.tokens, slot.blocks = seq.tokens[:n], seq.blocks[:keep]
+        extra = run.blocks[keep:]
+        slot.run, slot.cache_key = None, run.req.cache_key
+        slot.tokens, slot.blocks = run.tokens[:n], run.blocks[:keep]
         slot.last_used = time.perf_counter()
         self.cache.release(extra)
         self.cache.enforce_budget()
 
-    def schedule(self) -> list[tuple[Sequence, BatchItem]]:
+    def schedule(self) -> list[tuple[Run, BatchItem]]:
         """Decode tokens of running sequences, then prefill chunks, within the budget."""
         budget = self.token_budget
-        out: list[tuple[Sequence, BatchItem]] = []
+        out: list[tuple[Run, BatchItem]] = []
         running = self.running
-        for seq in running:
-            if not seq.prefilling and budget > 0:
-                out.append((seq, self._item(seq, seq.n_computed, 1)))
+        for run in running:
+            if not run.prefilling and budget > 0:
+                out.append((run, self._item(run, run.n_computed, 1)))
                 budget -= 1
-        for seq in running:
-            if seq.prefilling and budget > 0:
-                n = min(seq.n_prompt - seq.n_computed, budget)
-                out.append((seq, self._item(seq, seq.n_computed, n)))
+        for run in running:
+            if run.prefilling and budget > 0:
+                n = min(run.n_prompt - run.n_computed, budget)
+                out.append((run, self._item(run, run.n_computed, n)))
                 budget -= n
         return out
 
-    def _item(self, seq: Sequence, start: int, n: int) -> BatchItem:
+    def _item(self, run: Run, start: int, n: int) -> BatchItem:
         need = (start + n + self.bs - 1) // self.bs
-        while len(seq.blocks) < need:
-            seq.blocks.append(self.cache.allocate())
+        while len(run.blocks) < need:
+            run.blocks.append(self.cache.allocate())
         return BatchItem(
-            tokens=seq.tokens,
+            tokens=run.tokens,
             start=start,
             n=n,
-            blocks=seq.blocks,
-            want_logits=start + n == len(seq.tokens),
-            lora_mix=dict(seq.req.mix.scales),
+            blocks=run.blocks,
+            want_logits=start + n == len(run.tokens),
+            mix=run.req.mix.scales,
         )

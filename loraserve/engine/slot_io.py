@@ -42,7 +42,7 @@ class SlotImage:
     """A slot's retained sequence: its tokens, their KV per layer, and its cache key."""
 
     tokens: list[int]
-    key: CacheKey
+    cache_key: CacheKey
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer ([n, kvh, hd], [n, kvh, hd])
 
 
@@ -67,7 +67,7 @@ def capture(sched: Scheduler, runner: ModelRunner, slot_id: int) -> SlotImage | 
     n = len(slot.tokens)
     idx = runner.block_slots(slot.blocks, n)
     kv = [(k[idx].clone(), v[idx].clone()) for k, v in runner.kv]
-    return SlotImage(list(slot.tokens), slot.key, kv)
+    return SlotImage(list(slot.tokens), slot.cache_key, kv)
 
 
 def install(sched: Scheduler, runner: ModelRunner, slot_id: int, image: SlotImage) -> int | None:
@@ -79,7 +79,7 @@ def install(sched: Scheduler, runner: ModelRunner, slot_id: int, image: SlotImag
         return None
     cache = sched.cache
     bs = cache.bs
-    old, slot.blocks, slot.tokens, slot.key = slot.blocks, [], [], ()
+    old, slot.blocks, slot.tokens, slot.cache_key = slot.blocks, [], [], ()
     cache.release(old)
     n = len(image.tokens)
     blocks: list[int] = []
@@ -94,8 +94,8 @@ def install(sched: Scheduler, runner: ModelRunner, slot_id: int, image: SlotImag
     for (k, v), (fk, fv) in zip(runner.kv, image.kv, strict=True):
         k[idx] = fk.to(k.dtype)
         v[idx] = fv.to(v.dtype)
-    cache.insert(image.key, image.tokens, blocks)
-    slot.tokens, slot.blocks, slot.key = list(image.tokens), blocks, image.key
+    cache.insert(image.cache_key, image.tokens, blocks)
+    slot.tokens, slot.blocks, slot.cache_key = list(image.tokens), blocks, image.cache_key
     slot.last_used = time.perf_counter()
     cache.enforce_budget()
     return n
@@ -109,7 +109,7 @@ def erase(sched: Scheduler, slot_id: int) -> int | None:
     if slot.busy:
         return None
     n, blocks = len(slot.tokens), slot.blocks
-    slot.blocks, slot.tokens, slot.key = [], [], ()
+    slot.blocks, slot.tokens, slot.cache_key = [], [], ()
     sched.cache.release(blocks)
     return n
 
@@ -123,7 +123,7 @@ def write(path: Path, image: SlotImage, fp: dict[str, object]) -> int:
     meta = {
         "format": FORMAT,
         "fingerprint": json.dumps(fp, sort_keys=True),
-        "cache_key": json.dumps([[c, s] for c, s in image.key]),
+        "cache_key": json.dumps([[c, s] for c, s in image.cache_key]),
     }
     fd, tmp = tempfile.mkstemp(prefix=".slot-", dir=path.parent)
     os.close(fd)
@@ -145,7 +145,7 @@ def read(path: Path, fp: dict[str, object], max_tokens: int) -> SlotImage:
                 raise SlotFileError(f"{path.name}: not a loraserve slot file")
             if json.loads(meta.get("fingerprint", "null")) != fp:
                 raise SlotFileError(f"{path.name}: saved from another model")
-            key = tuple((str(c), float(s)) for c, s in json.loads(meta["cache_key"]))
+            cache_key = tuple((str(c), float(s)) for c, s in json.loads(meta["cache_key"]))
             n_layers = int(fp["n_layers"])  # type: ignore[call-overload]
             shape = [int(fp["n_kv_heads"]), int(fp["head_dim"])]  # type: ignore[call-overload]
             (n,) = f.get_slice("tokens").get_shape()
@@ -164,4 +164,4 @@ def read(path: Path, fp: dict[str, object], max_tokens: int) -> SlotImage:
     vocab = int(fp["vocab_size"])  # type: ignore[call-overload]
     if any(not 0 <= t < vocab for t in tokens):
         raise SlotFileError(f"{path.name}: token ids out of the vocabulary")
-    return SlotImage(tokens, key, kv)
+    return SlotImage(tokens, cache_key, kv)

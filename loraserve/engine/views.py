@@ -42,14 +42,14 @@ def slot_views(scheduler: Scheduler) -> list[SlotView]:
     """Engine thread: every slot, in id order."""
     out = []
     for slot in scheduler.slots:
-        seq = slot.seq
+        run = slot.run
         out.append(
             SlotView(
                 id=slot.id,
-                busy=seq is not None,
-                request=seq.req if seq is not None else slot.last_request,
-                n_tokens=len(seq.tokens) if seq is not None else len(slot.tokens),
-                n_decoded=len(seq.generated) if seq is not None else 0,
+                busy=run is not None,
+                request=run.req if run is not None else slot.last_request,
+                n_tokens=len(run.tokens) if run is not None else len(slot.tokens),
+                n_decoded=len(run.generated) if run is not None else 0,
             )
         )
     return out

@@ -38,13 +38,13 @@ def base_shapes(decoder: nn.Module) -> dict[str, tuple[int, ...]]:
 @dataclass(frozen=True)
 class Mix:
     """A request's effective adapter mix, fixed at receipt: ``scales`` (adapter id ->
-    non-zero scale) and ``key``, their canonical prefix-cache key.
+    non-zero scale) and ``cache_key``, their canonical prefix-cache key.
 
     Made by `AdapterRegistry.mix` only, so the key always matches the scales.
     """
 
     scales: Mapping[int, float] = field(default_factory=dict)
-    key: CacheKey = ()
+    cache_key: CacheKey = ()
 
 
 BASE = Mix()  # the base model: no adapter

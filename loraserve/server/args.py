@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from loraserve import __version__
+from loraserve.engine.sampling_params import SamplingParams
 from loraserve.server.args_compat import add_compat_flags
 
 AUTO_PARALLEL = 4  # llama-server resolves `-np -1` (its default, "auto") to 4 slots
@@ -55,15 +56,15 @@ class ServerConfig:
     metrics: bool = False
     n_threads: int = -1
     n_predict: int = -1
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int = -1
+    temperature: float = SamplingParams.temperature  # sampling defaults: `SamplingParams`
+    top_k: int = SamplingParams.top_k
+    top_p: float = SamplingParams.top_p
+    min_p: float = SamplingParams.min_p
+    repeat_penalty: float = SamplingParams.repeat_penalty
+    repeat_last_n: int = SamplingParams.repeat_last_n
+    presence_penalty: float = SamplingParams.presence_penalty
+    frequency_penalty: float = SamplingParams.frequency_penalty
+    seed: int = SamplingParams.seed
     alias: tuple[str, ...] = ()
     dtype: str = "auto"
     ignored: tuple[str, ...] = field(default=(), compare=False)

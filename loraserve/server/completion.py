@@ -16,6 +16,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response, StreamingResponse
 
 from loraserve.engine.request import Event
+from loraserve.lora.registry import Mix
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.errors import JsonResponse, server_error, sse_event
 from loraserve.server.generation import (
@@ -61,7 +62,7 @@ def final_result(
     state: ServerState,
     out: Output,
     params: CompletionRequest,
-    mix: dict[int, float],
+    mix: Mix,
     index: int,
     content: str,
 ) -> dict[str, Any]:

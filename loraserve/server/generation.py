@@ -15,6 +15,7 @@ from starlette.requests import Request as HttpRequest
 
 from loraserve.engine.request import Event, Timings
 from loraserve.engine.sampling_params import SamplingParams
+from loraserve.lora.registry import Mix
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.errors import exceed_context_size, invalid_request
 from loraserve.server.schemas import Prompt, _GenerationParams
@@ -112,7 +113,7 @@ async def submit(
     )
     flight = Flight(state, sub.requests)
     try:
-        flight.mix = dict((await wait(sub.received)).scales)
+        flight.mix = await wait(sub.received)
     except ValueError as e:
         flight.close()
         raise invalid_request(f"lora: {e}") from None
@@ -177,7 +178,7 @@ async def collect(flight: Flight, http: HttpRequest | None = None) -> list[Outpu
     return outs
 
 
-def settings(state: ServerState, params: _GenerationParams, mix: dict[int, float]) -> dict:
+def settings(state: ServerState, params: _GenerationParams, mix: Mix) -> dict:
     """`generation_settings`: the request's parameters, with the effective `lora` mix."""
     out: dict[str, Any] = {
         k: getattr(params, k)
@@ -190,5 +191,5 @@ def settings(state: ServerState, params: _GenerationParams, mix: dict[int, float
     out["max_tokens"] = params.n_predict
     out["logit_bias"] = [[t, b] for t, b in params.logit_bias]
     out["n_ctx"] = state.require().n_ctx_slot
-    out["lora"] = [{"id": i, "scale": s} for i, s in sorted(mix.items())]
+    out["lora"] = [{"id": i, "scale": s} for i, s in sorted(mix.scales.items())]
     return out

@@ -20,7 +20,7 @@ from prometheus_client.core import Metric
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from loraserve.engine.request import Event, Sequence
+from loraserve.engine.request import Event, Run
 from loraserve.engine.views import EngineStats
 from loraserve.server.errors import not_supported
 from loraserve.server.state import get_state, wait
@@ -37,22 +37,22 @@ class Metrics:
         self.totals: dict[str, float] = defaultdict(float)
         self.adapters: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
-    def listener(self, seq: Sequence, ev: Event) -> None:
+    def listener(self, run: Run, ev: Event) -> None:
         with self._lock:
             if ev.token is not None:
                 self.totals["tokens_predicted"] += 1
-                for i in seq.req.mix.scales:
+                for i in run.req.mix.scales:
                     self.adapters[i]["tokens_predicted"] += 1
             if not ev.done:
                 return
-            t = seq.timings
-            prompt_n = seq.n_prompt - seq.n_cached
+            t = run.timings
+            prompt_n = run.n_prompt - run.n_cached
             self.totals["requests_error" if ev.error else "requests_ok"] += 1
             self.totals["prompt_tokens"] += prompt_n
             self.totals["prompt_seconds"] += t.prompt_ms / 1000
             self.totals["predicted_seconds"] += t.predicted_ms / 1000
-            self.totals["cached_prompt_tokens"] += seq.n_cached
-            for i in seq.req.mix.scales:
+            self.totals["cached_prompt_tokens"] += run.n_cached
+            for i in run.req.mix.scales:
                 self.adapters[i]["requests"] += 1
                 self.adapters[i]["prompt_tokens"] += prompt_n
 

@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from loraserve.engine.sampling_params import SamplingParams
 from loraserve.server.fields import (
     INT32_MAX,
     Messages,
@@ -33,6 +34,7 @@ from loraserve.server.fields import (
     parse_stop,
 )
 
+_SP = SamplingParams  # the sampling defaults
 SEED_MAX = 2**32 - 1  # llama.cpp's LLAMA_DEFAULT_SEED: like -1, a random seed
 N_PROBS_MAX = 100  # n_probs / logprobs / top_logprobs upper bound
 MAX_LORA_SCALE = 1e4  # |scale| of an adapter: far beyond any use, far below overflow
@@ -112,16 +114,16 @@ class _GenerationParams(_Body):
         le=INT32_MAX,
         validation_alias=AliasChoices("n_predict", "max_completion_tokens", "max_tokens"),
     )
-    temperature: float = Field(0.8, ge=0)
-    top_k: Annotated[int, AfterValidator(lambda v: max(v, 0))] = Field(40, le=INT32_MAX)
-    top_p: float = Field(0.95, ge=0, le=1)
-    min_p: float = Field(0.05, ge=0, le=1)
-    repeat_penalty: float = Field(1.0, gt=0)
-    repeat_last_n: int = Field(64, ge=0, le=INT32_MAX)
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    temperature: float = Field(_SP.temperature, ge=0)
+    top_k: Annotated[int, AfterValidator(lambda v: max(v, 0))] = Field(_SP.top_k, le=INT32_MAX)
+    top_p: float = Field(_SP.top_p, ge=0, le=1)
+    min_p: float = Field(_SP.min_p, ge=0, le=1)
+    repeat_penalty: float = Field(_SP.repeat_penalty, gt=0)
+    repeat_last_n: int = Field(_SP.repeat_last_n, ge=0, le=INT32_MAX)
+    presence_penalty: float = _SP.presence_penalty
+    frequency_penalty: float = _SP.frequency_penalty
     seed: Annotated[int, AfterValidator(lambda v: -1 if v == SEED_MAX else v)] = Field(
-        -1, ge=-1, le=SEED_MAX
+        _SP.seed, ge=-1, le=SEED_MAX
     )
     stop: Annotated[list[str], PlainValidator(parse_stop)] = Field(default_factory=list)
     stream: bool = False
@@ -130,8 +132,8 @@ class _GenerationParams(_Body):
     n_probs: int = Field(
         0, ge=0, le=N_PROBS_MAX, validation_alias=AliasChoices("n_probs", "logprobs")
     )
-    ignore_eos: bool = False
-    post_sampling_probs: bool = False
+    ignore_eos: bool = _SP.ignore_eos
+    post_sampling_probs: bool = _SP.post_sampling_probs
     logit_bias: Annotated[list[tuple[int, float]], PlainValidator(parse_logit_bias)] = Field(
         default_factory=list
     )

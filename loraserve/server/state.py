@@ -16,7 +16,8 @@ from starlette.requests import Request as HttpRequest
 
 from loraserve.engine.engine import Engine
 from loraserve.engine.inbox import EngineBusy
-from loraserve.engine.request import Event, Request, Sequence
+from loraserve.engine.request import Event, Request, Run
+from loraserve.lora.registry import BASE
 from loraserve.model.loader import LoadedModel
 from loraserve.server.args import ServerConfig
 from loraserve.server.errors import (
@@ -49,7 +50,7 @@ class ServerState:
         self.started = time.time()
         self._wakers: dict[int, asyncio.Event] = {}
         self.flights: set[Flight] = set()
-        self.listeners: list[Callable[[Sequence, Event], None]] = []  # added at `attach`
+        self.listeners: list[Callable[[Run, Event], None]] = []  # added at `attach`
 
     def attach(self, model: LoadedModel, engine: Engine) -> None:
         """Make a started engine serve requests (called once, from the loading thread);
@@ -75,8 +76,8 @@ class ServerState:
             return self.model.path.name
         return self.cfg.model or ""
 
-    def _on_event(self, seq: Sequence, ev: Event) -> None:
-        waker = self._wakers.get(seq.req.id)
+    def _on_event(self, run: Run, ev: Event) -> None:
+        waker = self._wakers.get(run.req.id)
         if waker is not None and self.loop is not None:
             self.loop.call_soon_threadsafe(waker.set)
 
@@ -104,7 +105,7 @@ class Flight:
     def __init__(self, state: ServerState, reqs: list[Request]) -> None:
         self.state = state
         self.reqs = reqs
-        self.mix: dict[int, float] = {}
+        self.mix = BASE  # the requests' effective mix, once the engine received them
         self.finished: set[int] = set()
         self.gone = False
         self.aborted: str | None = None  # set by `abort`: the unfinished requests' error
