@@ -1,6 +1,6 @@
 """Compile the C kernels of this folder once per machine and load them with ctypes.
 
-Each ``NAME.c`` becomes its own shared library, built with the system C compiler for this
+Each ``NAME.c`` (with the folder's ``*.h``) becomes its own shared library, built with the system C compiler for this
 CPU (``-march=native``) and cached under ``~/.cache/loraserve/kernels`` by a hash of the
 source, the compiler and the CPU's flags, so a later start only loads it. Plain C with
 ctypes, not a torch extension: gcc compiles one file in about a second, where torch's
@@ -60,6 +60,8 @@ def _cpu_flags() -> str:
 
 def _key(src: Path, cc: str) -> str:
     h = hashlib.sha256(src.read_bytes())
+    for header in sorted(src.parent.glob("*.h")):  # the headers the sources include
+        h.update(header.read_bytes())
     ver = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     for part in (ver, _cpu_flags(), " ".join(CFLAGS), torch.__version__):
         h.update(part.encode())

@@ -1,0 +1,243 @@
+// The kernels' inner loops: one weight row against 1 or 4 activation rows (dot_rows) and 4
+// weight rows against one activation row (dot_cols), on int8 blocks with float scaling in
+// one fixed order per output, whatever the tiling.
+
+#pragma once
+
+#include "quant_blocks.h"
+
+// ---- dot products ----------------------------------------------------------------------
+
+#if defined(__AVX2__)
+static inline float hsum8(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+static inline __m256 madd8(__m256 a, __m256 b, __m256 c) {
+#if defined(__FMA__)
+    return _mm256_fmadd_ps(a, b, c);
+#else
+    return _mm256_add_ps(_mm256_mul_ps(a, b), c);
+#endif
+}
+
+#endif
+
+#define T_BUF (-1)  // values from the unpack buffer
+
+#if defined(__AVX2__)
+// The 32 int8 values of chunk c of a row (the same numbers the unpack functions write).
+static inline __attribute__((always_inline)) __m256i chunk_values(int type, const uint8_t *r,
+                                                                   const int8_t *qbuf, int64_t c) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    switch (type) {
+    case T_Q8_0:
+        return _mm256_loadu_si256((const __m256i *)(r + 34 * c + 2));
+    case T_Q4_0: {
+        __m128i t = _mm_loadu_si128((const __m128i *)(r + 18 * c + 2));
+        __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), lo4);
+        return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+    }
+    case T_Q5_0: {
+        const uint8_t *b = r + 22 * c;
+        __m128i t = _mm_loadu_si128((const __m128i *)(b + 6));
+        __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), lo4);
+        uint32_t qh;
+        memcpy(&qh, b + 2, 4);
+        // byte i = 0xFF where bit i of qh is set
+        __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+            _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+        bits = _mm256_cmpeq_epi8(_mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
+                                 _mm256_set1_epi64x(-1));
+        // (nibble | bit << 4) - 16: the nibble where the bit is set, nibble - 16 elsewhere
+        return _mm256_or_si256(v, _mm256_andnot_si256(bits, _mm256_set1_epi8((char)0xF0)));
+    }
+    case T_Q4_K: {
+        const int64_t j = c % 8;
+        __m256i v = _mm256_loadu_si256((const __m256i *)(r + 144 * (c / 8) + 16 + (j / 2) * 32));
+        if (j & 1) v = _mm256_srli_epi16(v, 4);
+        return _mm256_and_si256(v, lo4);
+    }
+    case T_Q6_K: {
+        const int64_t j = c % 8, h = j / 4, jj = j % 4;
+        const uint8_t *b = r + 210 * (c / 8);
+        __m256i l = _mm256_loadu_si256((const __m256i *)(b + h * 64 + (jj & 1) * 32));
+        if (jj >> 1) l = _mm256_srli_epi16(l, 4);
+        __m256i hi = _mm256_loadu_si256((const __m256i *)(b + 128 + h * 32));
+        hi = _mm256_and_si256(_mm256_srl_epi16(hi, _mm_cvtsi32_si128((int)(2 * jj))),
+                              _mm256_set1_epi8(3));
+        __m256i v = _mm256_or_si256(_mm256_and_si256(l, lo4), _mm256_slli_epi16(hi, 4));
+        return _mm256_sub_epi8(v, _mm256_set1_epi8(32));
+    }
+    default:
+        return _mm256_loadu_si256((const __m256i *)(qbuf + 32 * c));
+    }
+}
+#endif
+
+// sum_j mn[j] * xms[j]: the offsets' contribution (types with a min), in one fixed order
+// (8 lanes, then the lanes' sum, then the tail), the same for every caller.
+static inline float min_term(const float *mn, const float *xms, int64_t n) {
+    int64_t j = 0;
+    float t = 0.0f;
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; j + 8 <= n; j += 8)
+        acc = madd8(_mm256_loadu_ps(mn + j), _mm256_loadu_ps(xms + j), acc);
+    t = hsum8(acc);
+#endif
+    for (; j < n; j++) t += mn[j] * xms[j];
+    return t;
+}
+
+// One weight row against R activation rows (R a compile-time constant: 1 or 4). Every
+// output gets exactly the same operations in the same order whatever R is and whether the
+// values are decoded in place or read from the unpack buffer, so no bit depends on the
+// batch. s/mn: scales and offsets per 16 values (mn with has_min); sv: the scales as one
+// 8-lane vector per chunk (R = 4 only).
+static inline __attribute__((always_inline)) void dot_rows(
+    int type, const uint8_t *row, const int8_t *qbuf, const float *s, const float *sv,
+    const float *mn, int has_min, const int8_t *x, const float *xd, const float *xms,
+    int64_t K, int R, float *out, int64_t ldy) {
+    const int64_t nc = K / 32;
+#if defined(__AVX2__)
+    // four named accumulators (an array of them was spilled to the stack every chunk)
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define LS_DOT(aw, sx) _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx)
+#else
+#define LS_DOT(aw, sx) _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1))
+#endif
+    // exact: |w| <= 128 and |x| <= 127, so no int16 pair sum saturates
+#define LS_ROW(r, acc)                                                                        \
+    do {                                                                                      \
+        __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x + (r) * K + 32 * c)), w); \
+        __m256 sc = _mm256_mul_ps(scw, _mm256_broadcast_ss(xd + (r) * nc + c));               \
+        acc = madd8(_mm256_cvtepi32_ps(LS_DOT(aw, sx)), sc, acc);                             \
+    } while (0)
+    for (int64_t c = 0; c < nc; c++) {
+        __m256i w = chunk_values(type, row, qbuf, c);
+        __m256i aw = _mm256_sign_epi8(w, w);
+        __m256 scw = R == 1 ? _mm256_set_m128(_mm_set1_ps(s[2 * c + 1]), _mm_set1_ps(s[2 * c]))
+                            : _mm256_loadu_ps(sv + 8 * c);
+        LS_ROW(0, a0);
+        if (R == 4) {
+            LS_ROW(1, a1);
+            LS_ROW(2, a2);
+            LS_ROW(3, a3);
+        }
+    }
+#undef LS_ROW
+    out[0] = hsum8(a0);
+    if (R == 4) {
+        out[ldy] = hsum8(a1);
+        out[2 * ldy] = hsum8(a2);
+        out[3 * ldy] = hsum8(a3);
+    }
+#else
+    (void)type;
+    (void)row;
+    (void)sv;
+    for (int r = 0; r < R; r++) {
+        float t = 0.0f;
+        for (int64_t c = 0; c < nc; c++)
+            for (int h = 0; h < 2; h++) {
+                int32_t i = 0;
+                for (int l = 0; l < 16; l++)
+                    i += (int32_t)qbuf[32 * c + 16 * h + l] * (int32_t)x[r * K + 32 * c + 16 * h + l];
+                t += (float)i * (s[2 * c + h] * xd[r * nc + c]);
+            }
+        out[r * ldy] = t;
+    }
+#endif
+    if (has_min)
+        for (int r = 0; r < R; r++) out[r * ldy] += min_term(mn, xms + r * (K / 16), K / 16);
+}
+
+// NR weight rows (a compile-time constant: 4) against one activation row: for decode,
+// where one row's chain of dependent multiply-adds would leave the core waiting. Each
+// output gets exactly the operations dot_rows gives it, so tiling changes no bit.
+static inline __attribute__((always_inline)) void dot_cols(
+    int type, const uint8_t *const *rows, int8_t *const *qb, float *const *s, float *const *mn,
+    int has_min, const int8_t *x, const float *xd, const float *xms, int64_t K, int NR,
+    float *out) {
+#if defined(__AVX2__)
+    const int64_t nc = K / 32;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+#define LS_COL(j, acc)                                                                        \
+    do {                                                                                      \
+        __m256i w = chunk_values(type, rows[j], qb[j], c);                                    \
+        __m256i aw = _mm256_sign_epi8(w, w), sx = _mm256_sign_epi8(xv, w);                    \
+        __m256 sc = _mm256_mul_ps(                                                            \
+            _mm256_set_m128(_mm_set1_ps(s[j][2 * c + 1]), _mm_set1_ps(s[j][2 * c])), bxd);   \
+        acc = madd8(_mm256_cvtepi32_ps(LS_DOT(aw, sx)), sc, acc);                             \
+    } while (0)
+    for (int64_t c = 0; c < nc; c++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 32 * c));
+        __m256 bxd = _mm256_broadcast_ss(xd + c);
+        LS_COL(0, a0);
+        LS_COL(1, a1);
+        LS_COL(2, a2);
+        LS_COL(3, a3);
+    }
+#undef LS_COL
+    (void)NR;  // always 4
+    out[0] = hsum8(a0);
+    out[1] = hsum8(a1);
+    out[2] = hsum8(a2);
+    out[3] = hsum8(a3);
+    if (has_min)
+        for (int j = 0; j < NR; j++) out[j] += min_term(mn[j], xms, K / 16);
+#else
+    for (int j = 0; j < NR; j++)
+        dot_rows(type, rows[j], qb[j], s[j], NULL, mn[j], has_min, x, xd, xms, K, 1, out + j, 1);
+#endif
+}
+
+#define DOT_FNS(T, NAME)                                                                      \
+    static void NAME##_1(const uint8_t *row, const int8_t *qb, const float *s, const float *sv, \
+                         const float *mn, int hm, const int8_t *x, const float *xd,             \
+                         const float *xms, int64_t K, float *out, int64_t ldy) {                \
+        dot_rows(T, row, qb, s, sv, mn, hm, x, xd, xms, K, 1, out, ldy);                       \
+    }                                                                                         \
+    static void NAME##_4(const uint8_t *row, const int8_t *qb, const float *s, const float *sv, \
+                         const float *mn, int hm, const int8_t *x, const float *xd,             \
+                         const float *xms, int64_t K, float *out, int64_t ldy) {                \
+        dot_rows(T, row, qb, s, sv, mn, hm, x, xd, xms, K, 4, out, ldy);                       \
+    }                                                                                         \
+    static void NAME##_c4(const uint8_t *const *rows, int8_t *const *qb, float *const *s,        \
+                          float *const *mn, int hm, const int8_t *x, const float *xd,           \
+                          const float *xms, int64_t K, float *out) {                            \
+        dot_cols(T, rows, qb, s, mn, hm, x, xd, xms, K, 4, out);                               \
+    }
+typedef void (*cols_fn)(const uint8_t *const *, int8_t *const *, float *const *, float *const *,
+                        int, const int8_t *, const float *, const float *, int64_t, float *);
+typedef void (*dot_fn)(const uint8_t *, const int8_t *, const float *, const float *,
+                       const float *, int, const int8_t *, const float *, const float *, int64_t,
+                       float *, int64_t);
+DOT_FNS(T_BUF, dot_buf)
+#if defined(__AVX2__)
+DOT_FNS(T_Q8_0, dot_q8_0)
+DOT_FNS(T_Q4_0, dot_q4_0)
+DOT_FNS(T_Q5_0, dot_q5_0)
+DOT_FNS(T_Q4_K, dot_q4_k)
+DOT_FNS(T_Q6_K, dot_q6_k)
+#endif
+
+static void dot_fns(int type, dot_fn *one, dot_fn *four, cols_fn *c4) {
+    *one = dot_buf_1;
+    *four = dot_buf_4;
+    *c4 = dot_buf_c4;
+#if defined(__AVX2__)
+    switch (type) {
+    case T_Q8_0: *one = dot_q8_0_1; *four = dot_q8_0_4; *c4 = dot_q8_0_c4; break;
+    case T_Q4_0: *one = dot_q4_0_1; *four = dot_q4_0_4; *c4 = dot_q4_0_c4; break;
+    case T_Q5_0: *one = dot_q5_0_1; *four = dot_q5_0_4; *c4 = dot_q5_0_c4; break;
+    case T_Q4_K: *one = dot_q4_k_1; *four = dot_q4_k_4; *c4 = dot_q4_k_c4; break;
+    case T_Q6_K: *one = dot_q6_k_1; *four = dot_q6_k_4; *c4 = dot_q6_k_c4; break;
+    }
+#endif
+}
