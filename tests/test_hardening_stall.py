@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 import loraserve.server.admin as admin
-import loraserve.server.state as state_mod
+import loraserve.server.body as body_mod
 from tests.server_util import Served, serve_in_thread
 
 TEXT = "the cat sat " * (2**20 // 12)  # 1 MiB
@@ -59,8 +59,8 @@ def spied(srv, monkeypatch) -> list[tuple[str, bool]]:
     tok = srv.app.state.server.engine.tokenizer
     for name in ("encode", "decode"):
         monkeypatch.setattr(tok, name, spy(name, getattr(tok, name)))
-    monkeypatch.setattr(state_mod, "parse_body", spy("parse", state_mod.parse_body))
-    monkeypatch.setattr(admin, "render", spy("render", admin.render))
+    monkeypatch.setattr(body_mod, "parse_body", spy("parse", body_mod.parse_body))
+    monkeypatch.setattr(admin, "render_prompt", spy("render", admin.render_prompt))
     return calls
 
 

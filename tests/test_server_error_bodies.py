@@ -13,17 +13,16 @@ from fastapi.responses import StreamingResponse
 from fastapi.testclient import TestClient
 
 from loraserve.server.errors import (
-    SSE_DONE,
     ApiError,
     JsonResponse,
     error_body,
     exceed_context_size,
     install_error_handlers,
     parse_body,
-    sse_event,
     unavailable,
 )
 from loraserve.server.schemas import CompletionRequest, LoraScales
+from loraserve.server.sse import SSE_DONE, sse_event
 
 
 def make_app() -> FastAPI:

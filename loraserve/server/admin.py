@@ -20,7 +20,8 @@ from loraserve.cache.block_pool import OutOfBlocks
 from loraserve.engine import slot_io
 from loraserve.engine.views import SlotView
 from loraserve.model.tokenizer import Tokenizer
-from loraserve.server.chat_template import CHATML_TEMPLATE
+from loraserve.server.body import body_doc, read_body
+from loraserve.server.chat_template import CHATML_TEMPLATE, render_prompt
 from loraserve.server.errors import (
     JsonResponse,
     invalid_request,
@@ -28,9 +29,9 @@ from loraserve.server.errors import (
     not_supported,
     unavailable,
 )
-from loraserve.server.oai import render
+from loraserve.server.flight import wait
 from loraserve.server.schemas import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest
-from loraserve.server.state import ServerState, body_doc, get_state, read_body, wait
+from loraserve.server.state import ServerState, get_state
 
 router = APIRouter()
 FILENAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
@@ -235,5 +236,6 @@ async def apply_template(request: HttpRequest) -> Response:
     state = get_state(request)
     state.require()
     body = await read_body(request, ApplyTemplateRequest)
-    prompt = await asyncio.to_thread(render, state, body.messages, body.add_generation_prompt)
+    tok = state.require().tokenizer
+    prompt = await asyncio.to_thread(render_prompt, tok, body.messages, body.add_generation_prompt)
     return JsonResponse({"prompt": prompt})

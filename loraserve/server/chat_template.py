@@ -20,6 +20,9 @@ from typing import Any, NoReturn
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from loraserve.model.tokenizer import Tokenizer
+from loraserve.server.errors import invalid_request
+
 CHATML_TEMPLATE = (
     "{%- for message in messages -%}\n"
     "  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n"
@@ -153,3 +156,24 @@ def render_chat(
     if add_eos and eos_token and result.endswith(eos_token):
         result = result[: -len(eos_token)]
     return result
+
+
+def render_prompt(
+    tok: Tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool
+) -> str:
+    """The chat prompt from `tok`'s template (ChatML when it has none), with the model's
+    BOS and EOS; a 400 naming the problem when the messages or the template fail."""
+    bos = tok.piece(tok.bos_id) if tok.bos_id is not None else ""
+    eos = tok.piece(tok.eos_id) if tok.eos_id is not None else ""
+    try:
+        return render_chat(
+            tok.chat_template,
+            messages,
+            bos,
+            eos,
+            add_generation_prompt,
+            add_bos=tok.add_bos,
+            add_eos=tok.add_eos,
+        )
+    except ValueError as e:
+        raise invalid_request(str(e)) from None

@@ -8,31 +8,23 @@ no `[DONE]` on this endpoint.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request as HttpRequest
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from loraserve.engine.request import Event
 from loraserve.lora.registry import Mix
 from loraserve.model.tokenizer import Tokenizer
-from loraserve.server.errors import JsonResponse, server_error, sse_event
-from loraserve.server.generation import (
-    Output,
-    collect,
-    logprob,
-    settings,
-    submit,
-    token_prob,
-    tokenize_prompts,
-)
+from loraserve.server.body import body_doc, read_body
+from loraserve.server.errors import JsonResponse
+from loraserve.server.generation import settings, submit, tokenize_prompts
+from loraserve.server.output import Output, collect, logprob, stream, token_prob
 from loraserve.server.schemas import CompletionRequest
-from loraserve.server.state import Flight, ServerState, body_doc, error_of, get_state, read_body
+from loraserve.server.state import ServerState, get_state
 
 router = APIRouter()
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def prob_entry(
@@ -117,23 +109,6 @@ def partial_result(
     return res
 
 
-async def _stream(
-    state: ServerState, flight: Flight, params: CompletionRequest
-) -> AsyncIterator[bytes]:
-    outs = [Output(prompt=r.prompt) for r in flight.reqs]
-    try:
-        async for i, ev in flight.events():
-            outs[i].add(ev)
-            if ev.error:
-                yield sse_event(error_of(ev).body())
-            elif ev.done:
-                yield sse_event(final_result(state, outs[i], params, flight.mix, i, ev.text))
-            elif ev.token is not None:
-                yield sse_event(partial_result(state, outs[i], params, i, ev))
-    finally:
-        flight.close()
-
-
 @router.post("/completion", openapi_extra=body_doc(CompletionRequest))
 @router.post("/completions", openapi_extra=body_doc(CompletionRequest))
 async def completion(request: HttpRequest) -> Response:
@@ -145,14 +120,13 @@ async def completion(request: HttpRequest) -> Response:
     prompts = await tokenize_prompts(state, params.prompt)
     flight = await submit(state, prompts, params)
     if params.stream:
-        return StreamingResponse(
-            _stream(state, flight, params), media_type="text/event-stream", headers=SSE_HEADERS
-        )
+
+        def chunk(i: int, out: Output, ev: Event) -> dict[str, Any] | None:
+            if ev.done:
+                return final_result(state, out, params, flight.mix, i, ev.text)
+            return partial_result(state, out, params, i, ev) if ev.token is not None else None
+
+        return stream(flight, chunk)
     outs = await collect(flight, request)
-    for out in outs:
-        if out.final is None:
-            raise server_error("request cancelled")
-        if out.final.error:
-            raise error_of(out.final)
     results = [final_result(state, o, params, flight.mix, i, o.text) for i, o in enumerate(outs)]
     return JsonResponse(results[0] if len(results) == 1 else results)

@@ -1,4 +1,4 @@
-"""Errors in llama-server's shape, the FastAPI handlers that produce them, and SSE framing.
+"""Errors in llama-server's shape, the FastAPI handlers that produce them, and JSON output.
 
 Every error answer is `{"error": {"code": <status>, "message": ..., "type": ...}}`, plus
 `n_prompt_tokens` and `n_ctx` inside `error` for `exceed_context_size_error`, as llama-server
@@ -32,7 +32,6 @@ STATUS_OF_TYPE: dict[str, int] = {
     "not_supported_error": 501,
     "unavailable_error": 503,
 }
-SSE_DONE = b"data: [DONE]\n\n"
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -178,11 +177,6 @@ class JsonResponse(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return json_dumps(content).encode("utf-8", "replace")
-
-
-def sse_event(obj: Any) -> bytes:
-    """One server-sent event: `data: {json}\\n\\n`."""
-    return f"data: {json_dumps(obj)}\n\n".encode("utf-8", "replace")
 
 
 def _http_error_type(status: int) -> str:

@@ -1,25 +1,23 @@
-"""From a validated request body to engine requests and back: tokenization, limits, the
-effective adapter configuration fixed at receipt, and each request's collected output.
+"""From a validated request body to a `Flight` of engine requests: tokenization, limits,
+sampling settings and the submission (the engine fixes the adapter mix at receipt), and
+the `generation_settings` the answer reports.
 
-Shared by the llama-server (`completion`) and OpenAI (`oai`) endpoints.
+Shared by the llama-server (`completion`) and OpenAI (`oai`) endpoints; their output goes
+through `output`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
-from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.requests import Request as HttpRequest
-
-from loraserve.engine.request import Event, Timings
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.lora.registry import Mix
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.errors import exceed_context_size, invalid_request
+from loraserve.server.flight import Flight, wait
 from loraserve.server.schemas import Prompt, _GenerationParams
-from loraserve.server.state import Flight, ServerState, wait
+from loraserve.server.state import ServerState
 
 BIG_PROMPT_CHARS = 20_000  # longer prompts are tokenized off the event loop
 
@@ -111,7 +109,7 @@ async def submit(
         cache_prompt=params.cache_prompt,
         id_slot=params.id_slot,
     )
-    flight = Flight(state, sub.requests)
+    flight = state.flights.start(state.require(), sub.requests)
     try:
         flight.mix = await wait(sub.received)
     except ValueError as e:
@@ -121,61 +119,6 @@ async def submit(
         flight.close()
         raise
     return flight
-
-
-@dataclass
-class Output:
-    """What one engine request produced, gathered from its events."""
-
-    prompt: list[int]
-    text: str = ""
-    tokens: list[int] = field(default_factory=list)
-    probs: list[tuple[int, float | None, list[tuple[int, float]]]] = field(default_factory=list)
-    final: Event | None = None
-
-    def add(self, ev: Event) -> None:
-        self.text += ev.text
-        if ev.token is not None:
-            self.tokens.append(ev.token)
-            if ev.probs is not None:
-                self.probs.append((ev.token, token_prob(ev), ev.probs))
-        if ev.done:
-            self.final = ev
-
-    @property
-    def n_prompt(self) -> int:
-        return (self.final.n_prompt if self.final else 0) or len(self.prompt)
-
-    @property
-    def n_generated(self) -> int:
-        return (self.final.n_generated if self.final else 0) or len(self.tokens)
-
-    def timings(self) -> dict[str, float | int]:
-        """llama-server's `timings` object of the finished request."""
-        if self.final is not None and self.final.timings is not None:
-            return self.final.timings.as_dict()
-        return Timings(prompt_n=len(self.prompt), predicted_n=len(self.tokens)).as_dict()
-
-
-def token_prob(ev: Event) -> float | None:
-    """Probability of the sampled token in the distribution `ev.probs` was taken from."""
-    prob = getattr(ev, "prob", None)
-    if prob is None and ev.probs:
-        prob = next((p for t, p in ev.probs if t == ev.token), None)
-    return prob
-
-
-def logprob(p: float | None) -> float:
-    """log(p); -inf for 0 or unknown (serialized as null)."""
-    return math.log(p) if p else -math.inf
-
-
-async def collect(flight: Flight, http: HttpRequest | None = None) -> list[Output]:
-    """Wait for every request of `flight`; with `http`, a disconnect cancels them."""
-    outs = [Output(prompt=r.prompt) for r in flight.reqs]
-    async for i, ev in flight.events(http):
-        outs[i].add(ev)
-    return outs
 
 
 def settings(state: ServerState, params: _GenerationParams, mix: Mix) -> dict:

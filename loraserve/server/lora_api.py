@@ -18,6 +18,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from loraserve.lora.adapter import Adapter
+from loraserve.server.body import body_doc, read_body
 from loraserve.server.errors import (
     ApiError,
     JsonResponse,
@@ -25,8 +26,9 @@ from loraserve.server.errors import (
     not_found,
     not_supported,
 )
+from loraserve.server.flight import wait
 from loraserve.server.schemas import LoadAdapterRequest, LoraScales, UnloadAdapterRequest
-from loraserve.server.state import body_doc, get_state, read_body, wait
+from loraserve.server.state import get_state
 
 router = APIRouter()
 MAX_ADAPTER_BYTES = 2 << 30

@@ -23,7 +23,8 @@ from starlette.responses import Response
 from loraserve.engine.request import Event, Run
 from loraserve.engine.views import EngineStats
 from loraserve.server.errors import not_supported
-from loraserve.server.state import get_state, wait
+from loraserve.server.flight import wait
+from loraserve.server.state import get_state
 
 router = APIRouter()
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

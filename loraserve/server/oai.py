@@ -3,112 +3,91 @@
 They take /completion's fields too (`lora`, `cache_prompt`, `n_probs`...). **Ours:**
 `model` may name a loaded adapter, which then runs at scale 1 (as vLLM and LoRAX do);
 any other `model` is echoed and ignored, as llama-server does. Streams end with
-`data: [DONE]`.
+`data: [DONE]`. The response pieces (object heads, usage, logprobs, finish reasons) are
+built here; submission and output go the same way as /completion's.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request as HttpRequest
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
+from loraserve import __version__
 from loraserve.engine.request import Event
-from loraserve.server.chat_template import render_chat
-from loraserve.server.completion import SSE_HEADERS
-from loraserve.server.errors import (
-    SSE_DONE,
-    JsonResponse,
-    invalid_request,
-    server_error,
-    sse_event,
-)
-from loraserve.server.generation import (
-    Output,
-    collect,
-    submit,
-    token_prob,
-    tokenize_prompts,
-)
-from loraserve.server.oai_format import (
-    chat_logprobs,
-    finish_reason,
-    object_head,
-    text_logprobs,
-    usage,
-)
+from loraserve.model.tokenizer import Tokenizer
+from loraserve.server.body import body_doc, read_body
+from loraserve.server.chat_template import render_prompt
+from loraserve.server.errors import JsonResponse
+from loraserve.server.flight import wait
+from loraserve.server.generation import submit, tokenize_prompts
+from loraserve.server.output import Output, collect, logprob, stream, token_prob
 from loraserve.server.schemas import OAIChatRequest, OAICompletionRequest
-from loraserve.server.state import (
-    Flight,
-    ServerState,
-    body_doc,
-    error_of,
-    get_state,
-    read_body,
-    wait,
-)
+from loraserve.server.state import get_state
 
 router = APIRouter()
+FINISH = {"eos": "stop", "word": "stop", "limit": "length", "none": "stop"}
+FINGERPRINT = f"loraserve-{__version__}"
 
 
-def render(state: ServerState, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-    """The chat prompt from the model's template (ChatML when it has none); 400 on failure."""
-    tok = state.require().tokenizer
-    bos = tok.piece(tok.bos_id) if tok.bos_id is not None else ""
-    eos = tok.piece(tok.eos_id) if tok.eos_id is not None else ""
-    try:
-        return render_chat(
-            tok.chat_template,
-            messages,
-            bos,
-            eos,
-            add_generation_prompt,
-            add_bos=tok.add_bos,
-            add_eos=tok.add_eos,
-        )
-    except ValueError as e:
-        raise invalid_request(str(e)) from None
+def usage(outs: list[Output]) -> dict[str, Any]:
+    """OpenAI `usage`, with the reused prompt tokens as `prompt_tokens_details.cached_tokens`."""
+    prompt = sum(o.n_prompt for o in outs)
+    completion = sum(o.n_generated for o in outs)
+    cached = sum(o.final.n_cached for o in outs if o.final is not None)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
-async def _run(flight: Flight, request: HttpRequest) -> list[Output]:
-    outs = await collect(flight, request)
-    for out in outs:
-        if out.final is None:
-            raise server_error("request cancelled")
-        if out.final.error:
-            raise error_of(out.final)
-    return outs
+def object_head(kind: str, cid: str, created: int, model: str) -> dict[str, Any]:
+    """The fields every OpenAI response object and chunk starts with."""
+    return {
+        "id": cid,
+        "object": kind,
+        "created": created,
+        "model": model,
+        "system_fingerprint": FINGERPRINT,
+    }
 
 
-async def _sse(
-    flight: Flight,
-    chunk: Callable[[int, Output, Event], dict[str, Any] | None],
-    tail: Callable[[list[Output]], list[dict[str, Any]]],
-) -> AsyncIterator[bytes]:
-    outs = [Output(prompt=r.prompt) for r in flight.reqs]
-    try:
-        async for i, ev in flight.events():
-            outs[i].add(ev)
-            if ev.error:
-                yield sse_event(error_of(ev).body())
-                continue
-            body = chunk(i, outs[i], ev)
-            if body is not None:
-                yield sse_event(body)
-        if all(o.final is not None and not o.final.error for o in outs):
-            for body in tail(outs):
-                yield sse_event(body)
-        yield SSE_DONE
-    finally:
-        flight.close()
+def text_logprobs(tok: Tokenizer, out: Output) -> dict[str, Any]:
+    """`/v1/completions` logprobs: tokens, their logprobs, top alternatives, text offsets."""
+    tokens, lps, tops, offsets, pos = [], [], [], [], 0
+    for t, p, top in out.probs:
+        piece = tok.piece(t)
+        tokens.append(piece)
+        lps.append(logprob(p))
+        tops.append({tok.piece(c): logprob(q) for c, q in top})
+        offsets.append(pos)
+        pos += len(piece)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
-def _stream(gen: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(gen, media_type="text/event-stream", headers=SSE_HEADERS)
+def chat_logprobs(tok: Tokenizer, probs: list[tuple[int, float | None, list]]) -> dict:
+    """`/v1/chat/completions` logprobs: per token its piece, logprob, bytes, alternatives."""
+
+    def one(t: int, p: float | None) -> dict[str, Any]:
+        return {"token": tok.piece(t), "logprob": logprob(p), "bytes": list(tok.token_bytes(t))}
+
+    return {
+        "content": [
+            {**one(t, p), "top_logprobs": [one(c, q) for c, q in top]} for t, p, top in probs
+        ]
+    }
+
+
+def finish_reason(out: Output) -> str:
+    """OpenAI `finish_reason` of a finished output."""
+    assert out.final is not None
+    return FINISH.get(str(out.final.stop_type), "stop")
 
 
 @router.post("/v1/completions", openapi_extra=body_doc(OAICompletionRequest))
@@ -146,8 +125,8 @@ async def completions(request: HttpRequest) -> Response:
         def tail(outs: list[Output]) -> list[dict[str, Any]]:
             return [{**head, "choices": [], "usage": usage(outs)}] if want_usage else []
 
-        return _stream(_sse(flight, chunk, tail))
-    outs = await _run(flight, request)
+        return stream(flight, chunk, tail, done_marker=True)
+    outs = await collect(flight, request)
     choices = [
         {
             "text": o.text,
@@ -172,7 +151,7 @@ async def chat_completions(request: HttpRequest) -> Response:
     params = await read_body(request, OAIChatRequest)
     params = params.with_defaults(state.cfg.request_defaults())
     prompts = await tokenize_prompts(
-        state, [render(state, params.messages, params.add_generation_prompt)]
+        state, [render_prompt(tok, params.messages, params.add_generation_prompt)]
     )
     flight = await submit(state, prompts, params, adapter_name=params.model)
     head = object_head(
@@ -207,8 +186,8 @@ async def chat_completions(request: HttpRequest) -> Response:
         def tail(outs: list[Output]) -> list[dict[str, Any]]:
             return [{**head, "choices": [], "usage": usage(outs)}] if want_usage else []
 
-        return _stream(_sse(flight, chunk, tail))
-    (out,) = await _run(flight, request)
+        return stream(flight, chunk, tail, done_marker=True)
+    (out,) = await collect(flight, request)
     choice = {
         "index": 0,
         "message": {"role": "assistant", "content": out.text},
