@@ -1,10 +1,11 @@
 """Compile the C kernels of this folder once per machine and load them with ctypes.
 
-Each ``NAME.c`` (with the folder's ``*.h``) becomes its own shared library, built with the system C compiler for this
-CPU (``-march=native``) and cached under ``~/.cache/loraserve/kernels`` by a hash of the
-source, the compiler and the CPU's flags, so a later start only loads it. Plain C with
-ctypes, not a torch extension: gcc compiles one file in about a second, where torch's
-extension headers take 30-60 s, and a cold first start must stay within a few seconds.
+Each ``NAME.c`` (with the folder's ``*.h``) becomes its own shared library, built with the
+system C compiler for this CPU (``-march=native``) and cached under
+``~/.cache/loraserve/kernels`` by a hash of the sources, the compiler and the CPU's flags,
+so a later start only loads it. Plain C with ctypes, not a torch extension: gcc compiles
+one file in about a second, where torch's extension headers take 30-60 s, and a cold first
+start must stay within a few seconds.
 
 OpenMP: the libraries link the ``libgomp.so.1`` that torch ships and has already loaded,
 so kernels and torch share one thread pool (two pools on 2 cores slow both down).
