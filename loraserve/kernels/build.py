@@ -79,7 +79,11 @@ def _build(name: str) -> ctypes.CDLL | None:
         return None
     out = cache_dir() / f"{name}-{_key(src, cc)}.so"
     if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError:  # an unwritable home: build into the temporary directory instead
+            out = Path(tempfile.gettempdir()) / f"loraserve-kernels-{os.getuid()}" / out.name
+            out.parent.mkdir(parents=True, exist_ok=True)
         torch_lib = Path(torch.__file__).parent / "lib"
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             tmp_out = Path(tmp) / out.name
