@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
 def generate(argv: list[str]) -> None:
     """``loraserve generate -m MODEL -p PROMPT -n N``: a quick check from the shell."""
     from loraserve.engine.engine import Engine, EngineConfig
-    from loraserve.engine.sampling_params import SamplingParams
+    from loraserve.engine.sampling.params import SamplingParams
     from loraserve.model.default import resolve_model_path
     from loraserve.model.loader import load_model
 

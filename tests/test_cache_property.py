@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loraserve.engine.engine import Engine, EngineConfig
-from loraserve.engine.sampling_params import SamplingParams
+from loraserve.engine.sampling.params import SamplingParams
 from tests.server_util import serve_in_thread, tiny_model
 from tests.test_server_adapters import peft_folder
 

@@ -6,7 +6,7 @@ import pytest
 
 from loraserve.adapters import gguf_path, is_titlecase, is_uppercase, peft_dir, uppercase_fraction
 from loraserve.engine.engine import Engine, EngineConfig
-from loraserve.engine.sampling_params import SamplingParams
+from loraserve.engine.sampling.params import SamplingParams
 from loraserve.model.loader import load_model
 
 pytestmark = pytest.mark.real_model

@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType
 
 from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.engine.request import Event, Request, StopType
-from loraserve.engine.sampling_params import SamplingParams
+from loraserve.engine.sampling.params import SamplingParams
 from loraserve.model.loader import LoadedModel, load_model
 from tests.test_lora import peft_adapter
 from tests.tiny import gguf_tensors, hf_logits, hf_model, write_gguf

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from loraserve.engine.engine import Engine, EngineConfig
-from loraserve.engine.sampling_params import SamplingParams
+from loraserve.engine.sampling.params import SamplingParams
 from loraserve.server.generation import tokenize_prompt
 from tests.server_util import Served, serve_in_thread, tiny_model
 from tests.test_server_adapters import peft_folder

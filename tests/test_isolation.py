@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.engine.request import Event, Request
 from loraserve.engine.runner import BatchItem
-from loraserve.engine.sampling_params import SamplingParams
+from loraserve.engine.sampling.params import SamplingParams
 from tests.server_util import serve_in_thread, tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from loraserve.engine.engine import Engine, EngineConfig
-from loraserve.engine.sampling_params import SamplingParams
+from loraserve.engine.sampling.params import SamplingParams
 from loraserve.lora.merge_cli import main
 from loraserve.lora.registry import AdapterRegistry
 from loraserve.model.gguf import GGUFFile

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from loraserve.engine.engine import Engine, EngineConfig
-from loraserve.engine.sampling_params import SamplingParams
+from loraserve.engine.sampling.params import SamplingParams
 from loraserve.model.loader import LoadedModel, load_model
 from tests.tiny import our_logits
 

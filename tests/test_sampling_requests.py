@@ -10,13 +10,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loraserve.engine.sampling import (
-    SamplerState,
-    SamplingParams,
-    final_probs,
-    sample_batch,
-)
-from tests.test_sampling import FAST, PLAIN, randn, state
+from loraserve.engine.sampling.chain import sample_batch
+from loraserve.engine.sampling.params import SamplingParams
+from loraserve.engine.sampling.state import SamplerState
+from tests.test_sampling import FAST, PLAIN, final_probs, randn, state
 
 # ---- seeds ----------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from loraserve.engine.isolation import forward_isolated, sample_isolated, scrub_
 from loraserve.engine.output import TextOutput
 from loraserve.engine.request import Event, Run, StopType
 from loraserve.engine.runner import ModelRunner
-from loraserve.engine.sampling import SamplerState
+from loraserve.engine.sampling.state import SamplerState
 from loraserve.engine.scheduler import Scheduler
 from loraserve.lora.registry import AdapterRegistry
 from loraserve.model.loader import LoadedModel

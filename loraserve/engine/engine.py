@@ -21,7 +21,7 @@ from loraserve.engine import slot_io
 from loraserve.engine.core import EngineConfig, EngineCore
 from loraserve.engine.inbox import Inbox
 from loraserve.engine.request import Request, Submission
-from loraserve.engine.sampling_params import SamplingParams
+from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.views import EngineStats, SlotView, engine_stats, slot_views
 from loraserve.lora.adapter import Adapter
 from loraserve.lora.registry import Mix

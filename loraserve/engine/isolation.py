@@ -24,7 +24,8 @@ import torch
 
 from loraserve.engine.request import Run
 from loraserve.engine.runner import BatchItem, ModelRunner
-from loraserve.engine.sampling import SampleResult, SamplerState, sample_batch
+from loraserve.engine.sampling.chain import SampleResult, sample_batch
+from loraserve.engine.sampling.state import SamplerState
 
 log = logging.getLogger("loraserve.engine")
 NON_FINITE = "the model produced non-finite logits for this request"

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from loraserve.cache.prefix_cache import CacheKey
-from loraserve.engine.sampling import SamplerState
-from loraserve.engine.sampling_params import SamplingParams
+from loraserve.engine.sampling.params import SamplingParams
+from loraserve.engine.sampling.state import SamplerState
 from loraserve.lora.registry import BASE, Mix
 
 _ids = itertools.count(1)

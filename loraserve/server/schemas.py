@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from loraserve.engine.sampling_params import SamplingParams
+from loraserve.engine.sampling.params import SamplingParams
 from loraserve.server.fields import (
     INT32_MAX,
     Messages,

@@ -19,19 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from loraserve.engine.sampling_logits import adjusted_logits
-from loraserve.engine.sampling_ops import fast_argmax, fast_topk
-from loraserve.engine.sampling_params import SamplingParams
-from loraserve.engine.sampling_state import SamplerState
-
-__all__ = [
-    "SampleResult",
-    "SamplerState",
-    "SamplingParams",
-    "adjusted_logits",
-    "final_probs",
-    "sample_batch",
-]
+from loraserve.engine.sampling.ops import fast_argmax, fast_topk
+from loraserve.engine.sampling.params import SamplingParams
+from loraserve.engine.sampling.state import SamplerState
 
 _TOP_P_PROBE = 1024  # candidates tried before a full sort when top_k is off and top_p is on
 _F32_MAX = torch.finfo(torch.float32).max
@@ -53,6 +43,46 @@ class SampleResult:
     token: int
     probs: list[tuple[int, float]] | None = None
     prob: float | None = None
+
+
+def adjusted_logits(logits: torch.Tensor, states: Sequence[SamplerState]) -> torch.Tensor:
+    """The chain's first links, logit_bias (with ignore_eos) then penalties, as llama.cpp.
+
+    logits [B, V] -> [B, V] float32 (the input itself when nothing changes; never modified).
+    Penalties (llama.cpp's ``llama_sampler_penalties_apply``), for each distinct token of
+    the window with count c: divide a positive logit by repeat_penalty, multiply a
+    non-positive one, then subtract c * frequency_penalty + presence_penalty.
+    """
+    x = logits.to(torch.float32).contiguous()
+    if not any(s.modifies_logits for s in states):
+        return x
+    if x.data_ptr() == logits.data_ptr():
+        x = x.clone()
+    dev = x.device
+    biased = [(r, s) for r, s in enumerate(states) if s.bias_ids.numel()]
+    if biased:
+        rows = torch.cat([torch.full_like(s.bias_ids, r) for r, s in biased]).to(dev)  # [m]
+        ids = torch.cat([s.bias_ids for _, s in biased]).to(dev)  # [m]
+        values = torch.cat([s.bias_values for _, s in biased]).to(dev)  # [m]
+        x.index_put_((rows, ids), values, accumulate=True)
+
+    pen = [(r, s.params, *s.penalty_counts()) for r, s in enumerate(states) if s.penalized]
+    if pen:
+        lens = torch.tensor([len(t) for _, _, t, _ in pen])  # [P] distinct tokens per row
+
+        def per_entry(values: list, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).repeat_interleave(lens).to(dev)  # [n]
+
+        rows = per_entry([r for r, *_ in pen], torch.int64)
+        ids = torch.cat([t for *_, t, _ in pen]).to(dev)  # [n], unique within a row
+        counts = torch.cat([c for *_, c in pen]).to(dev)  # [n]
+        repeat = per_entry([p.repeat_penalty for _, p, *_ in pen])
+        freq = per_entry([p.frequency_penalty for _, p, *_ in pen])
+        presence = per_entry([p.presence_penalty for _, p, *_ in pen])
+        cur = x[rows, ids]  # [n]
+        cur = torch.where(cur <= 0, cur * repeat, cur / repeat)
+        x[rows, ids] = cur - (counts * freq + presence)
+    return x
 
 
 @dataclass
@@ -249,19 +279,3 @@ def _add_raw_probs(
         k = states[r].params.n_probs
         results[r].probs = list(zip(ids_l[i][:k], probs[i][:k], strict=True))
         results[r].prob = chosen[i]
-
-
-def final_probs(logits_row: torch.Tensor, state: SamplerState) -> torch.Tensor:
-    """The distribution `sample_batch` draws from for one row: logits [V] -> probs [V] float64.
-
-    Greedy rows give a one-hot vector. Does not touch the state's generator.
-    """
-    x = adjusted_logits(logits_row[None, :], [state])  # [1, V]
-    out = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)  # [V]
-    if state.params.greedy:
-        out[int(fast_argmax(x)[0])] = 1.0
-        return out
-    (g,) = _sampled_groups(x, [state], [0])
-    if g.ids is None:
-        return g.probs[0]
-    return out.index_put_((g.ids[0],), g.probs[0], accumulate=True)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from loraserve.engine.sampling_params import SamplingParams
+from loraserve.engine.sampling.params import SamplingParams
 
 
 class SamplerState:
