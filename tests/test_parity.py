@@ -96,6 +96,25 @@ def test_hf_folder_mixtral(tmp_path) -> None:
     assert (ours - hf_logits(m, IDS)).abs().max().item() <= 1e-4
 
 
+def test_hf_folder_in_bfloat16_stays_bfloat16(tmp_path) -> None:
+    """A bfloat16 checkpoint runs on its own bfloat16 weights (no float32 copy) and equals
+    transformers' float32 forward over the same (bfloat16-rounded) weights."""
+    import copy
+
+    import torch
+
+    m = hf_model("gemma3")
+    with torch.no_grad():  # the reference: float32 buffers (rope), bfloat16-rounded weights
+        for p in m.parameters():
+            p.copy_(p.bfloat16().float())
+    copy.deepcopy(m).to(torch.bfloat16).save_pretrained(tmp_path)
+    _write_hf_tokenizer(tmp_path)
+    model = load_model(tmp_path)
+    assert all(p.data.dtype == torch.bfloat16 for b in model.decoder.blocks for p in b.qkv.parts)
+    ours = our_logits(model, IDS, 7)
+    assert (ours - hf_logits(m, IDS)).abs().max().item() <= 1e-4
+
+
 def _write_hf_tokenizer(path) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
 

@@ -102,18 +102,21 @@ class HFCheckpoint:
     def names(self) -> set[str]:
         return set(self._where) | set(self._experts)
 
-    def _read(self, f: Path, key: str) -> torch.Tensor:
+    def _read(self, f: Path, key: str, stored: bool) -> torch.Tensor:
         with safe_open(str(f), "pt") as st:
-            return st.get_tensor(key).float()
+            t = st.get_tensor(key)
+        keep = stored and t.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        return t if keep else t.float()
 
-    def tensor(self, name: str) -> torch.Tensor | None:
-        """Float32 tensor under its GGUF name, or None."""
+    def tensor(self, name: str, stored: bool = False) -> torch.Tensor | None:
+        """The tensor under its GGUF name (float32, or with ``stored`` in its file's float16
+        or bfloat16 when it is a matrix), or None."""
         if name in self._experts:
             parts = sorted(self._experts[name])
-            return torch.stack([self._read(f, k) for _, f, k in parts])
+            return torch.stack([self._read(f, k, stored) for _, f, k in parts])
         if name not in self._where:
             return None
-        t = self._read(*self._where[name])
+        t = self._read(*self._where[name], stored)
         if self.config.arch == "gemma3" and name.endswith("norm.weight"):
             t = t + 1.0  # GGUF stores Gemma's norms as (1 + w)
         return t

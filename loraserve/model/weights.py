@@ -65,6 +65,10 @@ class WeightSource:
         if not self.has(name):
             return None
         label = label or name
+        if self._hf is not None and self.precision == "native":  # the folder's own dtype
+            t = self._hf.tensor(name, stored=True)
+            assert t is not None
+            return Matrix.from_float(label, t.reshape(t.shape[0], -1))
         if self._gg is None or self.precision == "float32":
             t = self.float(name)
             assert t is not None
