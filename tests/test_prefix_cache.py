@@ -36,7 +36,7 @@ class Sim:
         n = 0
         if m is not None:
             for b in m.blocks:
-                self.pool.incref(b)
+                self.cache.acquire(b)
             blocks = list(m.blocks)
             if m.partial_block is not None:
                 dst = self.cache.allocate()

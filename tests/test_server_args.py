@@ -14,7 +14,7 @@ from loraserve.server.args import (
     ServerConfig,
     parse_server_args,
 )
-from loraserve.server.args_compat import (
+from loraserve.server.llama_flags import (
     IGNORED_OPTIONAL_VALUE,
     IGNORED_SWITCHES,
     IGNORED_WITH_VALUE,
@@ -142,7 +142,7 @@ def test_bad_values_exit_2_naming_the_flag(line: str, needle: str, capsys):
 
 
 def test_ignored_flags_are_accepted_and_consume_their_values():
-    cfg = parse("-ngl 99 -c 128 -fa -cb --jinja -fa on -kvu -ctk q8_0 --no-webui -fit off -np 2")
+    cfg = parse("-ngl 99 -c 128 -fa -cb --jinja -fa on -kvu -ctk q8_0 --no-mmap -fit off -np 2")
     assert (cfg.n_ctx, cfg.n_parallel) == (128, 2)
     assert cfg.ignored == (
         "-ngl",
@@ -152,7 +152,7 @@ def test_ignored_flags_are_accepted_and_consume_their_values():
         "-fa",
         "-kvu",
         "-ctk",
-        "--no-webui",
+        "--no-mmap",
         "-fit",
     )
     assert cfg == dataclasses.replace(parse("-c 128 -np 2"), ignored=cfg.ignored)

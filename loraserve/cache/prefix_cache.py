@@ -10,8 +10,9 @@ Invariants (checked by `check`):
 - every indexed block is used in the pool; its parent is a root or an indexed full
   block; only full blocks have children;
 - an indexed block with refcount 0 is "cached" and counts against the budget; the
-  budget is enforced after every release; only childless cached blocks are evicted,
-  least recently used first;
+  budget is enforced after every release; only childless cached blocks ("evictable")
+  are evicted, least recently used first; both sets are kept incrementally at every
+  reference, child and index change (so references go through `acquire`/`release`);
 - indexed blocks are immutable: sequences write only into blocks they allocated and
   that are not indexed yet (a partial match is copied, copy-on-write).
 """
@@ -64,13 +65,15 @@ class PrefixCache:
         self._nodes: dict[int, _Node] = {}
         self._children: dict[Parent, dict[tuple[int, ...], int]] = {}
         self._clock = itertools.count(1)
+        self._n_cached = 0  # indexed blocks with refcount 0
+        self._evictable: set[int] = set()  # ...of them, those without children
         self.stats = CacheStats()
 
     # -- lookup -------------------------------------------------------------------
     def match(self, key: CacheKey, tokens: Sequence[int], limit: int) -> Match:
         """Longest cached prefix of ``tokens[:limit]`` computed under ``key``.
 
-        Matched blocks are not referenced yet: the caller increfs what it keeps.
+        Matched blocks are not referenced yet: the caller `acquire`s what it keeps.
         """
         m = Match()
         parent: Parent = ("root", key)
@@ -124,8 +127,12 @@ class PrefixCache:
             if twin is None and b not in self._nodes:
                 kids[chunk] = b
                 self._nodes[b] = _Node(parent, chunk, last_used=now)
+                if self.pool.refcount[b] == 0:
+                    self._n_cached += 1
+                    self._evictable.add(b)
                 if isinstance(parent, int):
                     self._nodes[parent].children += 1
+                    self._evictable.discard(parent)
                 twin = b
             elif twin is None:
                 break  # b is indexed elsewhere (cannot happen for a well-formed sequence)
@@ -134,35 +141,42 @@ class PrefixCache:
             self._nodes[twin].last_used = now
             parent = twin
 
-    # -- release and eviction -------------------------------------------------------
+    # -- references, release and eviction -------------------------------------------
+    def acquire(self, b: int) -> None:
+        """Take a reference on block ``b`` (a matched block a sequence keeps)."""
+        if self.pool.refcount[b] == 0 and b in self._nodes:
+            self._n_cached -= 1
+            self._evictable.discard(b)
+        self.pool.incref(b)
+
     def release(self, blocks: Sequence[int]) -> None:
         """Drop a sequence's references; unindexed blocks are freed, then the budget holds."""
         for b in blocks:
-            if self.pool.decref(b) == 0 and b not in self._nodes:
-                self.pool.free(b)
+            if self.pool.decref(b) == 0:
+                if b not in self._nodes:
+                    self.pool.free(b)
+                    continue
+                self._n_cached += 1
+                if self._nodes[b].children == 0:
+                    self._evictable.add(b)
         self.enforce_budget()
 
     def num_cached(self) -> int:
         """Indexed blocks that no sequence references."""
-        return sum(1 for b in self._nodes if self.pool.refcount[b] == 0)
+        return self._n_cached
 
     def enforce_budget(self) -> None:
+        """Evict until the cached blocks fit the budget."""
         if self.budget is not None:
-            self.evict(self.num_cached() - self.budget)
+            self.evict(self._n_cached - self.budget)
 
     def evict(self, n: int) -> int:
-        """Evict up to ``n`` unreferenced childless blocks, least recently used first."""
+        """Evict up to ``n`` unreferenced childless blocks, least recently used first
+        (evicting a leaf may make its parent evictable in turn)."""
         done = 0
-        while done < n:
-            leaves = [
-                (node.last_used, b)
-                for b, node in self._nodes.items()
-                if node.children == 0 and self.pool.refcount[b] == 0
-            ]
-            if not leaves:
-                break
-            leaves.sort()
-            for _, b in leaves[: n - done]:
+        while done < n and self._evictable:
+            leaves = sorted(self._evictable, key=lambda b: self._nodes[b].last_used)
+            for b in leaves[: n - done]:
                 self._remove(b)
                 done += 1
         self.stats.evictions += done
@@ -194,14 +208,19 @@ class PrefixCache:
 
     def _remove(self, b: int) -> None:
         node = self._nodes.pop(b)
+        self._evictable.discard(b)
         kids = self._children[node.parent]
         del kids[node.tokens]
         if not kids:
             del self._children[node.parent]
         if isinstance(node.parent, int):
-            self._nodes[node.parent].children -= 1
+            parent = self._nodes[node.parent]
+            parent.children -= 1
+            if parent.children == 0 and self.pool.refcount[node.parent] == 0:
+                self._evictable.add(node.parent)
         self._children.pop(b, None)
         if self.pool.refcount[b] == 0:
+            self._n_cached -= 1
             self.pool.free(b)
 
     def check(self) -> None:
@@ -216,6 +235,9 @@ class PrefixCache:
                 )
             n_kids = len(self._children.get(b, {}))
             assert n_kids == node.children, f"block {b} child count {node.children} != {n_kids}"
+        cached = {b for b in self._nodes if self.pool.refcount[b] == 0}
+        assert self._n_cached == len(cached), "cached count out of step"
+        assert self._evictable == {b for b in cached if self._nodes[b].children == 0}
         if self.budget is not None:
             assert self.num_cached() <= self.budget, "cache budget exceeded"
 

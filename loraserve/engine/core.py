@@ -162,7 +162,6 @@ class EngineCore:
             run.timings.predicted_ms = (time.perf_counter() - run.t_first) * 1000
         if out is not None and out.stopping_word:
             stop = StopType.WORD
-        run.text = out.text if out is not None else ""
         self.scheduler.finish(run)
         if send:
             ev = Event(
@@ -182,6 +181,6 @@ class EngineCore:
         """End a running sequence with an error event; its suspect KV is never reused."""
         self._outputs.pop(run.req.id, None)
         run.n_computed = min(run.n_computed, run.n_cached)  # never index suspect KV
-        scrub_kv(self.runner, run.blocks, run.n_cached)  # nor let padded reads see it
+        scrub_kv(self.runner, run.blocks, run.n_cached)  # nor keep non-finite values in it
         self.scheduler.finish(run)
         self._emit(run, Event(done=True, error=message, id_slot=run.slot))

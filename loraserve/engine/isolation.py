@@ -1,14 +1,13 @@
 """Failure isolation for one engine step: a request that breaks the step fails alone.
 
 A batched forward pass can fail because of one sequence: an exception (a broken adapter,
-a shape that hits a bug) or non-finite logits (an adapter with huge weights or scale).
-Rows of a batch are not independent once values are non-finite: padded decode attention
-reads other sequences' KV slots under a mask (0 · NaN = NaN), and the batched LoRA delta
-multiplies every LoRA row's projection on every active adapter by a scale that may be 0
-(0 · inf = NaN). So when a step fails, every sequence of the batch runs again alone, at the
-same positions (the KV slots the failed step wrote are simply overwritten), and only those
-that still fail are failed. The engine zeroes the KV a failed sequence wrote (`scrub_kv`) so
-that no later padded read sees it.
+a shape that hits a bug) or non-finite logits (an adapter with huge weights or scale). An
+exception names no culprit, so when a step fails every sequence of the batch runs again
+alone, at the same positions (the KV slots the failed step wrote are simply overwritten),
+and only those that still fail are failed; every row's result depends on that row alone
+(batch-invariant kernels), so the survivors' results are those of the batched step. The
+engine zeroes the KV a failed sequence wrote (`scrub_kv`), so that the pool never holds
+non-finite values, whoever gets those blocks next.
 
 Invariants: a failed sequence's ``n_computed`` never advances (the engine resets it to its
 cached prefix); the fast path (nothing failed) costs one finiteness check of the logits.

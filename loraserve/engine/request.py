@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import queue
-import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -100,7 +99,6 @@ class Request:
     eog_ids: frozenset[int] = frozenset()
     id: int = field(default_factory=lambda: next(_ids))
     events: queue.Queue[Event] = field(default_factory=queue.Queue)
-    arrival: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # set by `Engine.cancel`; the engine frees the slot next step
     mix: Mix = field(default=BASE, init=False)
 
@@ -133,8 +131,6 @@ class Run:
     n_prompt: int = 0
     generated: list[int] = field(default_factory=list)
     sampler: SamplerState | None = None
-    text: str = ""  # detokenized output so far (complete characters only)
-    sent: int = 0  # characters of `text` already sent
     timings: Timings = field(default_factory=Timings)
     t_first: float = 0.0
     t_prompt_start: float = 0.0

@@ -99,10 +99,10 @@ class Scheduler:
         m = self.cache.match(req.cache_key, req.prompt, limit) if limit > 0 else None
         if m is not None:
             for b in m.blocks:
-                self.cache.pool.incref(b)
+                self.cache.acquire(b)
             run.blocks = list(m.blocks)
             if m.partial_block is not None:
-                self.cache.pool.incref(m.partial_block)  # keep it alive across the copy
+                self.cache.acquire(m.partial_block)  # keep it alive across the copy
                 dst = self.cache.allocate()
                 self.copies.append((m.partial_block, dst, m.partial_len))
                 run.blocks.append(dst)
@@ -137,8 +137,7 @@ class Scheduler:
         slot.run, slot.cache_key = None, run.req.cache_key
         slot.tokens, slot.blocks = run.tokens[:n], run.blocks[:keep]
         slot.last_used = time.perf_counter()
-        self.cache.release(extra)
-        self.cache.enforce_budget()
+        self.cache.release(extra)  # then the cache budget holds again
 
     def schedule(self) -> list[tuple[Run, BatchItem]]:
         """Decode tokens of running sequences, then prefill chunks, within the budget."""

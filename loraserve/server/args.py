@@ -14,7 +14,7 @@ from typing import Any
 
 from loraserve import __version__
 from loraserve.engine.sampling.params import SamplingParams
-from loraserve.server.args_compat import add_compat_flags
+from loraserve.server.llama_flags import add_llama_flags
 
 AUTO_PARALLEL = 4  # llama-server resolves `-np -1` (its default, "auto") to 4 slots
 DTYPES = ("auto", "native", "int8", "float32")
@@ -67,6 +67,7 @@ class ServerConfig:
     seed: int = SamplingParams.seed
     alias: tuple[str, ...] = ()
     dtype: str = "auto"
+    webui: bool = True
     ignored: tuple[str, ...] = field(default=(), compare=False)
 
     def request_defaults(self) -> dict[str, Any]:
@@ -217,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--api-key", dest="api_keys", action=_CsvAppend, metavar="KEY[,KEY]", help="API keys")
     a("--api-key-file", metavar="FILE", help="API keys, one per line, # starts a comment")
     a("--metrics", action="store_true", help="enable GET /metrics")
+    a("--webui", "--ui", action=argparse.BooleanOptionalAction, help=f"the web UI at / {d}")
     a("-t", "--threads", dest="n_threads", type=int, help=f"CPU threads, -1 = auto {d}")
     a("-n", "--n-predict", "--predict", dest="n_predict", type=_int_in(-1), help=d)
     a("--temp", "--temperature", dest="temperature", type=_float_in(), help=f"<= 0: greedy {d}")
@@ -243,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="weights: native (the file's own formats, quantized kernels; auto and int8 mean "
         "this) or float32 (every matrix dequantized: the exact reference) " + d,
     )
-    add_compat_flags(p)
+    add_llama_flags(p)
     defaults = {f.name: f.default for f in fields(ServerConfig)}
     p.set_defaults(**{**defaults, "n_parallel": -1, "lora_dirs": []})
     return p

@@ -99,12 +99,13 @@ async def submit(
     resolves it at receipt: `Engine.submit`); a 400 naming `lora` if it refuses it."""
     check_limits(state, params)
     sp = sampling_params(state, params)
+    scales = params.lora_scales()  # None: the global scales
     sub = state.require().submit(
         prompts,
         sp,
         max_tokens=params.n_predict,
         stop=params.stop,
-        lora=[(x.id, x.scale) for x in params.lora] if params.lora else None,
+        lora=list(scales.items()) if scales is not None else None,
         adapter_name=adapter_name,
         cache_prompt=params.cache_prompt,
         id_slot=params.id_slot,

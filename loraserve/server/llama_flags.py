@@ -1,7 +1,7 @@
-"""llama-server flags loraserve accepts and ignores, and those it refuses with a reason.
+"""The llama-server flags loraserve does not implement: those it accepts and ignores, and
+those it refuses with a reason.
 
-Kept apart from `args.py`: these lists follow llama-server's releases, the rest follows
-loraserve's own configuration.
+These lists follow llama-server's releases; `args.py` follows loraserve's configuration.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 # Accepted and ignored, as words; "|" joins the spellings of one flag.
 IGNORED_SWITCHES = """
-    --jinja --no-jinja --webui|--ui --no-webui|--no-ui --mlock --mmap --no-mmap
+    --jinja --no-jinja --mlock --mmap --no-mmap
     -v|--verbose|--log-verbose --log-disable --log-timestamps --log-prefix
     -cb|--cont-batching -nocb|--no-cont-batching -kvu|--kv-unified -no-kvu|--no-kv-unified
     --warmup --no-warmup --swa-full --context-shift --no-context-shift --cache-idle-slots
@@ -51,7 +51,7 @@ class _Ignored(argparse.Action):
         namespace.ignored = [*namespace.ignored, option_string]
 
 
-def add_compat_flags(p: argparse.ArgumentParser) -> None:
+def add_llama_flags(p: argparse.ArgumentParser) -> None:
     """Register the ignored flags (listed in `--help`) and the refused ones (hidden)."""
     i = p.add_argument_group("accepted for compatibility with llama-server and ignored")
     for words, kwargs in (
