@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
-from loraserve.kernels.build import library
+from loraserve.kernels.build import bind
 
 log = logging.getLogger("loraserve.kernels")
 
@@ -44,26 +44,21 @@ _lib: ctypes.CDLL | None = None
 _loaded = False
 
 
+_CI = ctypes.c_int
+_SIGNATURES = {
+    "ls_quantize_rows": ([_P, _I, _I, _I, _P, _P, _P, _CI], None),
+    "ls_qmatmul": ([_CI, _P, _I, _I, _I, _P, _P, _P, _I, _P, _I, _CI], _CI),
+    "ls_qmatmul_multi": ([_CI, _P, _P, _P, _P, _P, _I, _P, _P, _P, _I, _P, _I, _CI], _CI),
+    "ls_qmatmul_multi_f32": ([_CI, _P, _P, _P, _P, _P, _I, _P, _I, _I, _P, _I, _CI], _CI),
+    "ls_fmatmul": ([_CI, _P, _I, _I, _I, _P, _I, _I, _P, _I, _CI], _CI),
+}
+
+
 def _c() -> ctypes.CDLL | None:
     global _lib, _loaded
     if not _loaded:
-        _lib = library("qmatmul")
-        if _lib is not None:
-            _lib.ls_quantize_rows.argtypes = [_P, _I, _I, _I, _P, _P, _P, ctypes.c_int]
-            _lib.ls_quantize_rows.restype = None
-            _lib.ls_qmatmul.argtypes = [ctypes.c_int, _P, _I, _I, _I, _P, _P, _P, _I, _P, _I,
-                                        ctypes.c_int]  # fmt: skip
-            _lib.ls_qmatmul.restype = ctypes.c_int
-            _lib.ls_qmatmul_multi.argtypes = [ctypes.c_int, _P, _P, _P, _P, _P, _I, _P, _P, _P,
-                                              _I, _P, _I, ctypes.c_int]  # fmt: skip
-            _lib.ls_qmatmul_multi.restype = ctypes.c_int
-            _lib.ls_qmatmul_multi_f32.argtypes = [ctypes.c_int, _P, _P, _P, _P, _P, _I, _P, _I,
-                                                  _I, _P, _I, ctypes.c_int]  # fmt: skip
-            _lib.ls_qmatmul_multi_f32.restype = ctypes.c_int
-            _lib.ls_fmatmul.argtypes = [ctypes.c_int, _P, _I, _I, _I, _P, _I, _I, _P, _I,
-                                        ctypes.c_int]  # fmt: skip
-            _lib.ls_fmatmul.restype = ctypes.c_int
-        else:
+        _lib = bind("qmatmul", _SIGNATURES)
+        if _lib is None:
             log.warning("C kernels unavailable: matmuls run on the pure-torch fallback")
         _loaded = True
     return _lib

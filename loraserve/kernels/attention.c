@@ -27,24 +27,11 @@
 #include <immintrin.h>
 #endif
 
+#include "simd.h"
+
 enum { QV = 16 };  // query vectors per work item, at most
 
 #if defined(__AVX2__)
-static inline float hsum8(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
-
-static inline __m256 madd8(__m256 a, __m256 b, __m256 c) {
-#if defined(__FMA__)
-    return _mm256_fmadd_ps(a, b, c);
-#else
-    return _mm256_add_ps(_mm256_mul_ps(a, b), c);
-#endif
-}
-
 // exp of 8 lanes for x <= 88 (Cephes' expf polynomial, about 1 ulp): x < -87 gives 0, NaN
 // stays NaN. Lane-wise arithmetic only, so a value's result never depends on its lane.
 static inline __m256 exp8(__m256 x) {

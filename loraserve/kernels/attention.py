@@ -21,7 +21,7 @@ import threading
 
 import torch
 
-from loraserve.kernels.build import library
+from loraserve.kernels.build import bind
 
 log = logging.getLogger("loraserve.kernels")
 
@@ -34,13 +34,11 @@ def _lib() -> ctypes.CDLL | None:
         return _CHOSEN[0]
     with _LOCK:
         if not _CHOSEN:
-            lib = library("attention")
+            p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
+            args = [p, i64, p, p, i64, p, p, i64, p, p, i32, ctypes.c_float, p, i64, i64,
+                    i64, i64, ctypes.c_int]  # fmt: skip
+            lib = bind("attention", {"ls_attention": (args, ctypes.c_int)})
             if lib is not None:
-                p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
-                lib.ls_attention.restype = ctypes.c_int
-                lib.ls_attention.argtypes = [p, i64, p, p, i64, p, p, i64, p, p, i32,
-                                             ctypes.c_float, p, i64, i64, i64, i64,
-                                             ctypes.c_int]  # fmt: skip
                 log.info("attention: C kernel (batch-invariant, fixed reduction order)")
             else:
                 log.warning("attention: no C kernel here, using the slower pure-torch path")

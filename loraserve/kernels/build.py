@@ -109,3 +109,17 @@ def library(name: str) -> ctypes.CDLL | None:
         if name not in _LIBS:
             _LIBS[name] = _build(name)
         return _LIBS[name]
+
+
+Signature = tuple[list[type], type | None]  # (argtypes, restype) of one C function
+
+
+def bind(name: str, signatures: dict[str, Signature]) -> ctypes.CDLL | None:
+    """`library(name)` with each listed function's argument and result types set (once;
+    later calls return the same library), or None when it cannot be built here."""
+    lib = library(name)
+    if lib is not None:
+        for fn, (args, res) in signatures.items():
+            f = getattr(lib, fn)
+            f.argtypes, f.restype = args, res
+    return lib

@@ -5,26 +5,9 @@
 #pragma once
 
 #include "quant_blocks.h"
+#include "simd.h"
 
 // ---- dot products ----------------------------------------------------------------------
-
-#if defined(__AVX2__)
-static inline float hsum8(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
-
-static inline __m256 madd8(__m256 a, __m256 b, __m256 c) {
-#if defined(__FMA__)
-    return _mm256_fmadd_ps(a, b, c);
-#else
-    return _mm256_add_ps(_mm256_mul_ps(a, b), c);
-#endif
-}
-
-#endif
 
 #define T_BUF (-1)  // values from the unpack buffer
 

@@ -4,10 +4,9 @@
 // one. Each output row depends on its own input row only, with a fixed summation order.
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 static inline float sum_squares(const float *x, int64_t K) {
     int64_t k = 0;
@@ -18,10 +17,7 @@ static inline float sum_squares(const float *x, int64_t K) {
         __m256 v = _mm256_loadu_ps(x + k);
         acc = _mm256_add_ps(_mm256_mul_ps(v, v), acc);
     }
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    r = _mm_cvtss_f32(h);
+    r = hsum8(acc);
 #endif
     for (; k < K; k++) r += x[k] * x[k];
     return r;

@@ -6,24 +6,23 @@ import ctypes
 
 import torch
 
-from loraserve.kernels.build import library
+from loraserve.kernels.build import bind
 
 _lib: ctypes.CDLL | None = None
 _loaded = False
 
 
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_SIGNATURES = {
+    "ls_rms_norm": ([_P, _I, _I, _I, _I, _P, _I, _F, _P, ctypes.c_int], None),
+    "ls_norm_rope": ([_P, _I, _I, _I, _I, _P, _I, _F, _P, _P, _P, ctypes.c_int], None),
+}
+
+
 def _c() -> ctypes.CDLL | None:
     global _lib, _loaded
     if not _loaded:
-        _lib = library("rowops")
-        if _lib is not None:
-            p, i = ctypes.c_void_p, ctypes.c_int64
-            _lib.ls_rms_norm.argtypes = [p, i, i, i, i, p, i, ctypes.c_float, p, ctypes.c_int]
-            _lib.ls_rms_norm.restype = None
-            _lib.ls_norm_rope.argtypes = [p, i, i, i, i, p, i, ctypes.c_float, p, p, p,
-                                          ctypes.c_int]  # fmt: skip
-            _lib.ls_norm_rope.restype = None
-        _loaded = True
+        _lib, _loaded = bind("rowops", _SIGNATURES), True
     return _lib
 
 
