@@ -247,3 +247,19 @@ def test_resolve_and_cache_key_properties(registry, req, global_items) -> None:
     assert reg.cache_key(swapped) == key  # ids 0 and 1 hold the same content
     same = mix.get(0, 0.0) + mix.get(1, 0.0)
     assert (key == ()) == (same == 0.0 and mix.get(2, 0.0) == 0.0)
+
+
+def test_mix_is_the_resolved_scales_and_their_cache_key(registry) -> None:
+    """`AdapterRegistry.mix`, the one door to a request's mix: its scales are `resolve`'s,
+    its key their `cache_key`; a name adds that adapter at scale 1 unless listed."""
+    reg = registry
+    reg.set_global([(2, 0.5)])
+    assert reg.mix(None).scales == {2: 0.5} and reg.mix(None).cache_key == reg.cache_key({2: 0.5})
+    assert reg.mix([(0, 0.0)]).cache_key == () and not reg.mix([(0, 0.0)]).scales
+    name = reg.get(2).name
+    named = [a for a in reg.list() if a.name == name][-1].id
+    assert reg.mix([(0, 1.0)], adapter_name=name).scales == {0: 1.0, named: 1.0}
+    assert reg.mix([(named, 0.25)], adapter_name=name).scales == {named: 0.25}
+    assert reg.mix(None, adapter_name="no such adapter").scales == {2: 0.5}
+    with pytest.raises(ValueError, match="id 9"):
+        reg.mix([(9, 1.0)])
