@@ -9,9 +9,11 @@ ROOT = Path(__file__).resolve().parent.parent
 HEADER = """# Code map
 
 One line per module (from its docstring; regenerate with `python scripts/structure_md.py`).
-Data flow: `server/` parses and validates HTTP, resolves the adapter mix and cache key at
-receipt, and submits to `engine/`; the engine thread schedules slots over `cache/`, runs
-`model/` with `lora/` deltas in one forward per step, samples, and streams events back.
+Data flow: `server/` parses and validates HTTP and calls the `Engine`'s public methods only;
+`Engine.submit` fixes each request's adapter mix and cache key at receipt, and the engine
+thread schedules slots over `cache/`, runs `model/` with `lora/` deltas in one forward per
+step, samples, and streams events back. The request path, owners and invariants:
+`docs/architecture.md`.
 """
 
 
