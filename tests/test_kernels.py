@@ -181,3 +181,22 @@ def test_norm_rope_equals_float64_reference() -> None:
         alone = torch.cat([norm_rope(x[i : i + 1], w, 1e-6, cos[i : i + 1], sin[i : i + 1])
                            for i in range(t)])  # fmt: skip
         assert torch.equal(alone, y)
+
+
+def test_lora_delta_equals_per_adapter_products_bitwise(backend: str) -> None:
+    """All of a target's adapters in one call: bitwise the per-adapter fmatmul products,
+    added in order, rows with scale 0 untouched, into a column slice of a wider output."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(6, 40, generator=g)
+    pairs = [(torch.randn(r, 40, generator=g), torch.randn(24, r, generator=g)) for r in (4, 8, 3)]
+    scales = torch.randn(3, 6, generator=g)
+    scales[0, 2] = scales[1, :3] = scales[2, 5] = 0.0
+    wide = torch.randn(6, 30, generator=g)
+    want = wide.clone()
+    for (a, b), s in zip(pairs, scales, strict=True):
+        rows = torch.nonzero(s).squeeze(1)
+        h = K.fmatmul(x.index_select(0, rows), a).mul_(s[rows].unsqueeze(1))
+        want[:, 3:27].index_add_(0, rows, K.fmatmul(h, b))
+    got = wide.clone()
+    K.lora_delta(x, got[:, 3:27], pairs, scales)
+    assert torch.equal(got, want)

@@ -50,8 +50,13 @@ _SIGNATURES = {
     "ls_qmatmul": ([_CI, _P, _I, _I, _I, _P, _P, _P, _I, _P, _I, _CI], _CI),
     "ls_qmatmul_multi": ([_CI, _P, _P, _P, _P, _P, _I, _P, _P, _P, _I, _P, _I, _CI], _CI),
     "ls_qmatmul_multi_f32": ([_CI, _P, _P, _P, _P, _P, _I, _P, _I, _I, _P, _I, _CI], _CI),
-    "ls_fmatmul": ([_CI, _P, _I, _I, _I, _P, _I, _I, _P, _I, _CI], _CI),
 }
+_FLOAT_SIGNATURES = {
+    "ls_fmatmul": ([_CI, _P, _I, _I, _I, _P, _I, _I, _P, _I, _CI], _CI),
+    "ls_lora": ([_CI, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _I, _CI], _CI),
+}
+_flib: ctypes.CDLL | None = None
+_floaded = False
 
 
 def _c() -> ctypes.CDLL | None:
@@ -62,6 +67,13 @@ def _c() -> ctypes.CDLL | None:
             log.warning("C kernels unavailable: matmuls run on the pure-torch fallback")
         _loaded = True
     return _lib
+
+
+def _cf() -> ctypes.CDLL | None:
+    global _flib, _floaded
+    if not _floaded:
+        _flib, _floaded = bind("floatmm", _FLOAT_SIGNATURES), True
+    return _flib
 
 
 def backend() -> str:
@@ -202,7 +214,7 @@ def fmatmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -
         out = torch.empty(m, n)
     if m == 0 or n == 0:
         return out
-    lib = _c()
+    lib = _cf()
     if lib is None:
         return _rowwise_torch(x, w.float(), out)
     if x.stride(1) != 1:
@@ -216,6 +228,42 @@ def fmatmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -
                    x.stride(0), m, out.data_ptr(), out.stride(0),
                    torch.get_num_threads())  # fmt: skip
     return out
+
+
+def lora_delta(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    scales: torch.Tensor,
+) -> torch.Tensor:
+    """y [T, out] += each adapter's ``B (s * (A x))`` in the order of ``pairs`` (A [r, in],
+    B [out, r], float32 contiguous); scales [n, T] float32, 0 where a row lacks the adapter.
+    One call for all of a target's adapters, bitwise equal to the per-adapter fmatmul
+    products; y may be a column slice of a wider tensor."""
+    t = x.shape[0]
+    lib = _cf()
+    if lib is None or t == 0:
+        for (a, b), s in zip(pairs, scales, strict=True):
+            rows = torch.nonzero(s).squeeze(1)
+            if rows.numel():
+                h = fmatmul(x.index_select(0, rows), a).mul_(s[rows].unsqueeze(1))
+                y.index_add_(0, rows, fmatmul(h, b))
+        return y
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if y.stride(1) != 1:
+        raise ValueError("lora_delta needs a unit column stride for y")
+    n = len(pairs)
+    as_ = (ctypes.c_void_p * n)(*[a.data_ptr() for a, _ in pairs])
+    bs_ = (ctypes.c_void_p * n)(*[b.data_ptr() for _, b in pairs])
+    ranks = (ctypes.c_int64 * n)(*[a.shape[0] for a, _ in pairs])
+    scales = scales.contiguous()
+    rc = lib.ls_lora(n, as_, bs_, ranks, scales.data_ptr(), x.data_ptr(), x.stride(0), t,
+                     x.shape[1], y.data_ptr(), y.stride(0), y.shape[1],
+                     torch.get_num_threads())  # fmt: skip
+    if rc != 0:
+        raise MemoryError("lora_delta: out of memory")
+    return y
 
 
 # ---- the pure-torch fallback ------------------------------------------------------------

@@ -208,7 +208,7 @@ static void unpack_q6_k(const uint8_t *r, int64_t K, int8_t *q, float *s, float 
     }
 }
 
-static unpack_fn unpacker(int type, int *has_min) {
+static inline unpack_fn unpacker(int type, int *has_min) {
     *has_min = type == T_Q4_1 || type == T_Q5_1 || type == T_Q2_K || type == T_Q4_K ||
                type == T_Q5_K;
     switch (type) {
@@ -229,7 +229,7 @@ static unpack_fn unpacker(int type, int *has_min) {
 // ---- direct decoding: the common types are read from the file's blocks in SIMD -----------
 
 // Scales (per 16 values) and offsets of one row of a directly decoded type.
-static void row_scales(int type, const uint8_t *r, int64_t K, float *s, float *mn) {
+static inline void row_scales(int type, const uint8_t *r, int64_t K, float *s, float *mn) {
     const int64_t nc = K / 32;
     switch (type) {
     case T_Q8_0: case T_Q4_0: case T_Q5_0: {
@@ -257,7 +257,7 @@ static void row_scales(int type, const uint8_t *r, int64_t K, float *s, float *m
 #define HAVE_DIRECT 0
 #endif
 
-static int direct(int type) {
+static inline int direct(int type) {
     return type == T_Q8_0 || type == T_Q4_0 || type == T_Q5_0 || type == T_Q4_K || type == T_Q6_K;
 }
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from loraserve.kernels import fmatmul
+from loraserve.kernels import lora_delta
 from loraserve.lora.adapter import Adapter
 from loraserve.model.context import get_context
 
@@ -32,26 +32,43 @@ class LoraBatch:
 
     def __init__(self, spans: Sequence[Span], adapters: Mapping[int, Adapter]) -> None:
         self._adapters = adapters
-        self.active = tuple(sorted({i for _, _, mix in spans for i in mix}))
-        if missing := [i for i in self.active if i not in adapters]:
+        active = sorted({i for _, _, mix in spans for i in mix})
+        if missing := [i for i in active if i not in adapters]:
             raise KeyError(f"LoRA adapter id(s) {missing} are not loaded")
-        top = max(end for _, end, _ in spans)
-        # per adapter: its scale on every flat-batch row (0 where the row's mix lacks it)
-        self._row_scale = {i: torch.zeros(top + 1) for i in self.active}  # [top + 1] each
+        self._top = top = max(end for _, end, _ in spans)
+        # each adapter's scale on every flat-batch row (0 where the row's mix lacks it);
+        # column ``top`` stays 0 for rows beyond the spans
+        table = torch.zeros(len(active), top + 1)  # [n_active, top + 1]
         for start, end, mix in spans:
-            for i, s in mix.items():
-                self._row_scale[i][start:end] = float(s)
-        # rows of each adapter within the step's rows, and their scales (index form and,
-        # when they are one run, slice form)
-        self._rows: dict[int, tuple[torch.Tensor, torch.Tensor, slice | None]] = {}
-        for i in self.active:
-            rows = torch.nonzero(self._row_scale[i][:top]).squeeze(1)  # [n_i]
-            if rows.numel() == 0:  # scale 0 on every row: the adapter adds nothing
-                continue
-            lo, hi = int(rows[0]), int(rows[-1]) + 1
-            run = slice(lo, hi) if hi - lo == rows.numel() else None
-            self._rows[i] = (rows, self._row_scale[i][rows], run)
-        self.active = tuple(i for i in self.active if i in self._rows)
+            for i, sc in mix.items():
+                table[active.index(i), start:end] = float(sc)
+        keep = [j for j in range(len(active)) if table[j].any()]  # scale 0 everywhere: none
+        self.active = tuple(active[j] for j in keep)
+        self._table = table[keep]
+        self._targets: dict[str, tuple[list, torch.Tensor, torch.Tensor, tuple] | None] = {}
+        self._full: dict[tuple, torch.Tensor] = {}
+
+    def _target(
+        self, target: str, expert: int | None = None
+    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, torch.Tensor, tuple] | None:
+        """(A, B) per active adapter targeting ``target`` (ascending ids), their rows in the
+        scale table, their factors [n, 1] and a key of both; None if none targets it."""
+        key = target if expert is None else f"{target}#{expert}"
+        if key not in self._targets:
+            sel, pairs, factors = [], [], []
+            for j, i in enumerate(self.active):
+                w = self._adapters[i].weights.get(target)
+                if w is None:
+                    continue
+                a, b = (w.a, w.b) if expert is None else (w.a[expert], w.b[expert])
+                sel.append(j)
+                pairs.append((a.contiguous(), b.contiguous()))
+                factors.append(w.factor)
+            self._targets[key] = None
+            if sel:
+                f = torch.tensor(factors, dtype=torch.float32).unsqueeze(1)  # [n, 1]
+                self._targets[key] = (pairs, torch.tensor(sel), f, (*sel, *factors))
+        return self._targets[key]
 
     def apply(self, target: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """``y`` plus the delta of each row's mix, in place; x: [T, in], y: [T, out].
@@ -60,19 +77,17 @@ class LoraBatch:
         """
         if target == OUTPUT:
             return self._on_rows(target, None, x, y, get_context().logits_rows)
-        for i in self.active:
-            w = self._adapters[i].weights.get(target)
-            if w is None:
-                continue
-            rows, scale, run = self._rows[i]
-            s = (scale * w.factor).unsqueeze(1)  # [n_i, 1]
-            if run is not None:
-                h = fmatmul(x[run], w.a).mul_(s)  # [n_i, r]
-                y[run] += fmatmul(h, w.b)
-            else:
-                h = fmatmul(x.index_select(0, rows), w.a).mul_(s)
-                y.index_add_(0, rows, fmatmul(h, w.b))
-        return y
+        ent = self._target(target)
+        if ent is None:
+            return y
+        pairs, sel, factors, sig = ent
+        t = x.shape[0]
+        key = (t, sig)
+        scales = self._full.get(key)
+        if scales is None:  # the same for most targets of a step: computed once
+            cols = torch.arange(t).clamp(max=self._top)
+            scales = self._full[key] = self._table[sel][:, cols] * factors  # [n, T]
+        return lora_delta(x, y, pairs, scales)
 
     def apply_expert(
         self,
@@ -95,16 +110,9 @@ class LoraBatch:
         token_rows: torch.Tensor,
     ) -> torch.Tensor:
         """Delta for rows x [m, in] / y [m, out] that are flat-batch rows token_rows [m]."""
-        for i in self.active:
-            w = self._adapters[i].weights.get(target)
-            if w is None:
-                continue
-            table = self._row_scale[i]
-            scale = table[token_rows.clamp(max=table.numel() - 1)]  # [m]; beyond: 0
-            keep = torch.nonzero(scale).squeeze(1)  # [k]
-            if keep.numel() == 0:
-                continue
-            a, b = (w.a, w.b) if expert is None else (w.a[expert], w.b[expert])
-            h = fmatmul(x.index_select(0, keep), a).mul_((scale[keep] * w.factor).unsqueeze(1))
-            y.index_add_(0, keep, fmatmul(h, b))
-        return y
+        ent = self._target(target, expert)
+        if ent is None:
+            return y
+        pairs, sel, factors, _ = ent
+        cols = token_rows.clamp(max=self._top)
+        return lora_delta(x, y, pairs, self._table[sel][:, cols] * factors)  # scales [n, m]

@@ -1,0 +1,94 @@
+// Float matmuls with one fixed summation order per output: F32/F16/BF16 weights, and the
+// LoRA deltas of a step's adapters (each adapter reduced over its own rank only, adapters
+// added in the order given), so every output row depends on its own input row alone.
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant_blocks.h"  // half_to_float, the type ids
+#include "simd.h"
+
+static void to_float_row(int type, const uint8_t *r, int64_t K, float *out) {
+    if (type == T_F16) {
+        for (int64_t k = 0; k < K; k++) out[k] = half_to_float(r + 2 * k);
+    } else {  // BF16
+        for (int64_t k = 0; k < K; k++) {
+            uint16_t h;
+            memcpy(&h, r + 2 * k, 2);
+            uint32_t bits = (uint32_t)h << 16;
+            memcpy(out + k, &bits, 4);
+        }
+    }
+}
+
+static inline float dot_f(const float *w, const float *x, int64_t K) {
+    int64_t k = 0;
+    float r = 0.0f;
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; k + 8 <= K; k += 8) acc = madd8(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), acc);
+    r = hsum8(acc);
+#endif
+    for (; k < K; k++) r += w[k] * x[k];
+    return r;
+}
+
+// y [M, N] (row stride ldy) = x [M, K] (row stride ldx) x weight rows w [N, K] of type F32,
+// F16 or BF16 (row stride ldw_bytes). Returns 0, or -1 for another type.
+int ls_fmatmul(int type, const uint8_t *w, int64_t N, int64_t K, int64_t ldw_bytes,
+               const float *x, int64_t ldx, int64_t M, float *y, int64_t ldy, int nthreads) {
+    if (type != T_F32 && type != T_F16 && type != T_BF16) return -1;
+    if (N * K * M < (1 << 16)) nthreads = 1;  // LoRA's small products: no thread wake-up
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *buf = type == T_F32 ? NULL : malloc(sizeof(float) * (size_t)(K > 0 ? K : 1));
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            const float *wr = (const float *)(w + n * ldw_bytes);
+            if (buf != NULL) {
+                to_float_row(type, w + n * ldw_bytes, K, buf);
+                wr = buf;
+            }
+            for (int64_t m = 0; m < M; m++) y[m * ldy + n] = dot_f(wr, x + m * ldx, K);
+        }
+        free(buf);
+    }
+    return 0;
+}
+
+// y[t] += sum over adapters a (in order) of B_a (s[a, t] * (A_a x[t])), skipping rows whose
+// scale for a is 0. x [T, K] (row stride ldx), y [T, N] (row stride ldy); A_a [r_a, K] and
+// B_a [N, r_a] contiguous float32; s [n_ad, T]. h = A_a x[t] is scaled then multiplied by
+// B_a exactly as fmatmul would (the same dot_f), so this equals the per-adapter products.
+int ls_lora(int n_ad, const float *const *as, const float *const *bs, const int64_t *ranks,
+            const float *s, const float *x, int64_t ldx, int64_t T, int64_t K, float *y,
+            int64_t ldy, int64_t N, int nthreads) {
+    int64_t rmax = 1;
+    for (int a = 0; a < n_ad; a++) rmax = ranks[a] > rmax ? ranks[a] : rmax;
+    int64_t work = 0;
+    for (int a = 0; a < n_ad; a++) work += ranks[a] * (K + N);
+    if (work * T < (1 << 17)) nthreads = 1;
+    int rc = 0;
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *h = malloc(sizeof(float) * (size_t)rmax);
+        if (h == NULL) rc = -2;
+#pragma omp for schedule(static) collapse(2)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t part = 0; part < 4; part++) {  // output columns split in 4 ranges
+                if (h == NULL) continue;
+                const int64_t lo = N * part / 4, hi = N * (part + 1) / 4;
+                for (int a = 0; a < n_ad; a++) {
+                    const float sc = s[a * T + t];
+                    if (sc == 0.0f) continue;
+                    for (int64_t r = 0; r < ranks[a]; r++)
+                        h[r] = dot_f(as[a] + r * K, x + t * ldx, K) * sc;
+                    for (int64_t o = lo; o < hi; o++)
+                        y[t * ldy + o] += dot_f(bs[a] + o * ranks[a], h, ranks[a]);
+                }
+            }
+        free(h);
+    }
+    return rc;
+}
