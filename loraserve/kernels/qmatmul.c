@@ -138,7 +138,7 @@ static void part_row(const part_t *p, int64_t n, int64_t K, const int8_t *xq, co
     const uint8_t *row = p->w + n * p->row_bytes;
     if (p->in_place) row_scales(p->type, row, K, t->s, t->mn);
     else p->unpack(row, K, t->qbuf, t->s, t->mn);
-    if (M >= 4)
+    if (M >= 4 && !(p->in_place && UNIFORM(p->type)))
         for (int64_t c = 0; c < nc; c++)
             for (int l = 0; l < 4; l++) {
                 t->sv[8 * c + l] = t->s[2 * c];

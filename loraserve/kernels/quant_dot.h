@@ -10,6 +10,9 @@
 // ---- dot products ----------------------------------------------------------------------
 
 #define T_BUF (-1)  // values from the unpack buffer
+// types whose scale is one per 32 values (both halves of a chunk equal): the scale vector
+// is one broadcast (the same numbers as the two-half form, fewer instructions)
+#define UNIFORM(t) ((t) == T_Q8_0 || (t) == T_Q4_0 || (t) == T_Q5_0 || (t) == T_Q4_K)
 
 #if defined(__AVX2__)
 // The 32 int8 values of chunk c of a row (the same numbers the unpack functions write).
@@ -104,8 +107,9 @@ static inline __attribute__((always_inline)) void dot_rows(
     for (int64_t c = 0; c < nc; c++) {
         __m256i w = chunk_values(type, row, qbuf, c);
         __m256i aw = _mm256_sign_epi8(w, w);
-        __m256 scw = R == 1 ? _mm256_set_m128(_mm_set1_ps(s[2 * c + 1]), _mm_set1_ps(s[2 * c]))
-                            : _mm256_loadu_ps(sv + 8 * c);
+        __m256 scw = UNIFORM(type) ? _mm256_broadcast_ss(s + 2 * c)
+                     : R == 1   ? _mm256_set_m128(_mm_set1_ps(s[2 * c + 1]), _mm_set1_ps(s[2 * c]))
+                                : _mm256_loadu_ps(sv + 8 * c);
         LS_ROW(0, a0);
         if (R == 4) {
             LS_ROW(1, a1);
@@ -155,7 +159,9 @@ static inline __attribute__((always_inline)) void dot_cols(
         __m256i w = chunk_values(type, rows[j], qb[j], c);                                    \
         __m256i aw = _mm256_sign_epi8(w, w), sx = _mm256_sign_epi8(xv, w);                    \
         __m256 sc = _mm256_mul_ps(                                                            \
-            _mm256_set_m128(_mm_set1_ps(s[j][2 * c + 1]), _mm_set1_ps(s[j][2 * c])), bxd);   \
+            UNIFORM(type) ? _mm256_broadcast_ss(s[j] + 2 * c)                                \
+                          : _mm256_set_m128(_mm_set1_ps(s[j][2 * c + 1]), _mm_set1_ps(s[j][2 * c])), \
+            bxd);                                                                             \
         acc = madd8(_mm256_cvtepi32_ps(LS_DOT(aw, sx)), sc, acc);                             \
     } while (0)
     for (int64_t c = 0; c < nc; c++) {
