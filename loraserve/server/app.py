@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from loraserve import __version__
 from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.model.loader import LoadedModel
-from loraserve.server import admin, completion, lora_api, metrics, oai
+from loraserve.server import admin, completion, lora_api, metrics, oai, webui
 from loraserve.server.args import ServerConfig
 from loraserve.server.auth import ApiKeyMiddleware
 from loraserve.server.errors import ApiError, JsonResponse, install_error_handlers
@@ -167,7 +167,7 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware)
     if cfg.api_keys:
         app.add_middleware(ApiKeyMiddleware, keys=cfg.api_keys)
-    for module in (completion, oai, admin, lora_api, metrics):
+    for module in (completion, oai, admin, lora_api, metrics, webui):
         app.include_router(module.router)
     return app
 

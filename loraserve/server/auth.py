@@ -13,9 +13,11 @@ from collections.abc import Sequence
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from loraserve.server import webui
 from loraserve.server.errors import authentication_error
 
-PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/v1/models", "/models"})
+# The web UI's page and files are public too; the API calls it makes carry the key.
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/v1/models", "/models"}) | webui.PUBLIC_PATHS
 
 
 def _digest(key: bytes) -> bytes:
@@ -38,7 +40,7 @@ def presented_key(headers: Sequence[tuple[bytes, bytes]]) -> bytes | None:
 
 class ApiKeyMiddleware:
     """Answers 401 `authentication_error` unless the request carries a configured key;
-    `PUBLIC_PATHS` (health and the model list) stay open, as in llama-server."""
+    `PUBLIC_PATHS` (health, the model list, the web UI) stay open, as in llama-server."""
 
     def __init__(self, app: ASGIApp, keys: Sequence[str]) -> None:
         self.app = app
