@@ -1,5 +1,6 @@
-"""Helpers for the HTTP tests: a tiny model written once per session, and a real uvicorn
-server on 127.0.0.1 (random free port) in a thread of the test process."""
+"""Helpers for the HTTP and engine tests: a tiny model written once per session, PEFT
+adapters for it, and a real uvicorn server on 127.0.0.1 (random free port) in a thread of
+the test process."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import httpx
 import torch
 import uvicorn
 from fastapi import FastAPI
+from safetensors.torch import save_file
 
 from loraserve.model.loader import LoadedModel, load_model
 from loraserve.server.app import create_app
@@ -38,6 +40,26 @@ def tiny_model_path() -> Path:
 def tiny_model() -> LoadedModel:
     """The tiny model, loaded once and shared by every test server (read-only weights)."""
     return load_model(tiny_model_path())
+
+
+HIDDEN, Q_OUT, KV_OUT = 64, 64, 32  # tiny llama: 4 heads x 16, 2 kv heads
+
+
+def peft_folder(path: Path, seed: int, magnitude: float = 0.5, r: int = 4) -> Path:
+    """A PEFT LoRA folder on q_proj and v_proj of the tiny llama, strong enough to matter;
+    ``magnitude`` scales A and B."""
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for i in range(2):
+        for mod, out in (("q_proj", Q_OUT), ("v_proj", KV_OUT)):
+            key = f"base_model.model.model.layers.{i}.self_attn.{mod}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(r, HIDDEN, generator=g) * magnitude
+            tensors[f"{key}.lora_B.weight"] = torch.randn(out, r, generator=g) * magnitude
+    path.mkdir(parents=True)
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    conf = {"peft_type": "LORA", "r": r, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    (path / "adapter_config.json").write_text(json.dumps(conf))
+    return path
 
 
 @dataclass

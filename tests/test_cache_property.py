@@ -22,8 +22,7 @@ from hypothesis import strategies as st
 
 from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.engine.sampling.params import SamplingParams
-from tests.server_util import serve_in_thread, tiny_model
-from tests.test_server_adapters import peft_folder
+from tests.server_util import peft_folder, serve_in_thread, tiny_model
 
 FILES = ("a", "b", "a2")  # a2: the same name as a, changed weights
 PREFIXES = ([1, 40, 41, 42, 43, 44, 45, 46], [1, 40, 41, 42, 50, 51], [1, 60, 61, 62, 63, 64, 65])

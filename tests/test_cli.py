@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from loraserve.cli import main
-from tests.server_util import tiny_model_path
-from tests.test_server_adapters import peft_folder
+from tests.server_util import peft_folder, tiny_model_path
 
 
 def test_generate_prints_prompt_and_continuation(capsys) -> None:

@@ -1,8 +1,8 @@
 """Auth over every route the app has (read from the app, so a new endpoint is covered the day
 it is added): each refuses a missing or wrong key with the contract's 401, and accepts a right
 one (Bearer or X-Api-Key, from --api-key or --api-key-file); only /health and the model list
-are public. The mutating endpoints (scales, load, unload, slot actions) change nothing when
-refused."""
+are public (and a path the app does not have is protected too). The mutating endpoints (scales,
+load, unload, slot actions) change nothing when refused. Key parsing and comparison, alone."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import pytest
 
 from loraserve.server.app import create_app
 from loraserve.server.args import parse_server_args
-from loraserve.server.auth import PUBLIC_PATHS
-from tests.server_util import serve_in_thread
-from tests.test_server_adapters import peft_folder
+from loraserve.server.auth import PUBLIC_PATHS, ApiKeyMiddleware, presented_key
+from tests.server_util import peft_folder, serve_in_thread
 
 MSGS = [{"role": "user", "content": "hi"}]
 BODIES = {
@@ -64,6 +63,7 @@ def _routes() -> list[tuple[str, str]]:
 
 ROUTES = _routes()
 PROTECTED = [(m, p) for m, p in ROUTES if p not in PUBLIC_PATHS]
+PROTECTED.append(("GET", "/no-such-route"))  # a path the app does not have needs a key too
 SLOT_ACTIONS = ["save", "restore", "erase"]
 
 
@@ -121,3 +121,12 @@ def test_refused_mutations_change_nothing(srv) -> None:
 def test_public_routes_need_no_key(srv, path: str) -> None:
     assert srv.client.get(path).status_code == 200
     assert srv.client.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 200
+
+
+def test_key_parsing_and_compare() -> None:
+    mw = ApiKeyMiddleware(lambda *a: None, ["k1", "k2"])  # type: ignore[arg-type]
+    assert mw.valid(b"k1") and mw.valid(b"k2")
+    assert not mw.valid(b"k") and not mw.valid(b"") and not mw.valid(None)
+    assert presented_key([(b"authorization", b"bearer  k1 ")]) == b"k1"
+    assert presented_key([(b"x-api-key", b"k2")]) == b"k2"
+    assert presented_key([(b"authorization", b"Token k1")]) is None

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server_util import Served, serve_in_thread
-from tests.test_server_adapters import peft_folder
+from tests.server_util import Served, peft_folder, serve_in_thread
 
 PROMPT = "the cat and the dog of the house is in the"
 N = 300

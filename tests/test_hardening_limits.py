@@ -20,8 +20,7 @@ from loraserve.server.schemas import (
     MAX_LORA_SCALE,
     N_PROBS_MAX,
 )
-from tests.server_util import serve_in_thread
-from tests.test_server_adapters import peft_folder
+from tests.server_util import peft_folder, serve_in_thread
 
 N_CTX = 128  # -c 256 over -np 2
 MSGS = [{"role": "user", "content": "the cat"}]

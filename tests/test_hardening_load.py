@@ -24,8 +24,7 @@ import pytest
 from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.server.generation import tokenize_prompt
-from tests.server_util import Served, serve_in_thread, tiny_model
-from tests.test_server_adapters import peft_folder
+from tests.server_util import Served, peft_folder, serve_in_thread, tiny_model
 
 CLIENTS, PER_CLIENT, SLOTS = 64, 10, 8
 PREFIXES = [

@@ -18,8 +18,7 @@ from schemathesis import GenerationMode
 
 from loraserve.server.app import create_app
 from loraserve.server.args import parse_server_args
-from tests.server_util import serve_in_thread
-from tests.test_server_adapters import peft_folder
+from tests.server_util import peft_folder, serve_in_thread
 
 SCALE = float(os.environ.get("LORASERVE_SCHEMA_SCALE", "1"))  # >1 for a deeper local run
 EXAMPLES = {GenerationMode.POSITIVE: int(12 * SCALE), GenerationMode.NEGATIVE: int(8 * SCALE)}

@@ -9,7 +9,6 @@ block that neither a slot nor the prefix cache owns.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable
@@ -17,33 +16,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.engine.request import Event, Request
 from loraserve.engine.runner import BatchItem
 from loraserve.engine.sampling.params import SamplingParams
-from tests.server_util import serve_in_thread, tiny_model
+from tests.server_util import peft_folder, serve_in_thread, tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 MARK = 300  # a token that only the faulty request's prompt holds
 PROMPTS = [[1, 17, 23, 42, 5, 9], [1, 17, 23, 42, 77], [1, 260, 261, 262, 263, 264, 265, 266]]
-
-
-def peft_folder(path: Path, seed: int, magnitude: float = 0.5, r: int = 4) -> Path:
-    """A PEFT LoRA on q_proj and v_proj of the tiny llama; ``magnitude`` scales A and B."""
-    g = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for i in range(2):
-        for mod, out in (("q_proj", 64), ("v_proj", 32)):
-            key = f"base_model.model.model.layers.{i}.self_attn.{mod}"
-            tensors[f"{key}.lora_A.weight"] = torch.randn(r, 64, generator=g) * magnitude
-            tensors[f"{key}.lora_B.weight"] = torch.randn(out, r, generator=g) * magnitude
-    path.mkdir(parents=True)
-    save_file(tensors, str(path / "adapter_model.safetensors"))
-    conf = {"peft_type": "LORA", "r": r, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
-    (path / "adapter_config.json").write_text(json.dumps(conf))
-    return path
 
 
 @pytest.fixture(scope="module")

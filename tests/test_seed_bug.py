@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server_util import serve_in_thread
-from tests.test_server_adapters import peft_folder
+from tests.server_util import peft_folder, serve_in_thread
 
 PROMPT_TINY = "the cat and the dog of the house is in the"
 PROMPT_REAL = "Question: What should I pack for a weekend trip to the mountains?\nAnswer:"

@@ -4,36 +4,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
 from loraserve.server.errors import ApiError
 from loraserve.server.lora_api import resolve_adapter_path
-from tests.server_util import serve_in_thread
-
-HIDDEN, Q_OUT, KV_OUT = 64, 64, 32  # tiny llama: 4 heads x 16, 2 kv heads
-
-
-def peft_folder(path: Path, seed: int, r: int = 4) -> Path:
-    """A PEFT LoRA folder on q_proj and v_proj of the tiny llama, strong enough to matter."""
-    g = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for i in range(2):
-        for mod, out in (("q_proj", Q_OUT), ("v_proj", KV_OUT)):
-            key = f"base_model.model.model.layers.{i}.self_attn.{mod}"
-            tensors[f"{key}.lora_A.weight"] = torch.randn(r, HIDDEN, generator=g) * 0.5
-            tensors[f"{key}.lora_B.weight"] = torch.randn(out, r, generator=g) * 0.5
-    path.mkdir(parents=True)
-    save_file(tensors, str(path / "adapter_model.safetensors"))
-    conf = {"peft_type": "LORA", "r": r, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
-    (path / "adapter_config.json").write_text(json.dumps(conf))
-    return path
+from tests.server_util import peft_folder, serve_in_thread
 
 
 @pytest.fixture(scope="module")
