@@ -153,6 +153,28 @@ def test_compare_streams_two_mixes_at_once(ui: Page) -> None:
     assert "in parallel" in pg.inner_text("#compare-summary")
 
 
+def test_adapters_load_and_unload_from_the_allowed_directory(
+    browser: Any, ui: Page, tmp_path: Path
+) -> None:
+    pg = ui.open()  # a server without --lora-dir says run-time loading is off
+    pg.get_by_label("Load adapter").fill("up")
+    pg.get_by_role("button", name="Load", exact=True).click()
+    expect(pg.locator("#adapter-msg")).to_contain_text("--lora-dir")
+    peft_folder(tmp_path / "extra", 3)
+    with serve_in_thread(["-np", "1", "-c", "256", "--lora-dir", str(tmp_path)]) as s:
+        other = Page(browser, s.url)
+        pg = other.open()
+        expect(pg.locator("#adapters")).to_have_text("No adapters loaded.")
+        pg.get_by_label("Load adapter").fill("extra")
+        pg.get_by_label("Load adapter").press("Enter")
+        expect(pg.get_by_role("slider", name="extra")).to_be_visible()
+        assert other.bodies("/lora-adapters/load") == [{"path": "extra", "scale": 0}]
+        pg.get_by_role("button", name="Unload extra").click()
+        expect(pg.get_by_role("slider", name="extra")).to_have_count(0)
+        assert s.client.get("/lora-adapters").json() == []
+        other.close()
+
+
 XSS = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2"> **b**'
 
 
