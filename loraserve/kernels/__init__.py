@@ -76,6 +76,11 @@ def _cf() -> ctypes.CDLL | None:
     return _flib
 
 
+def lora_backend() -> str:
+    """'c' when the float kernels (LoRA, float weights) are compiled, 'torch' otherwise."""
+    return "c" if _cf() is not None else "torch"
+
+
 def backend() -> str:
     """'c' when the compiled kernels are in use, 'torch' for the fallback."""
     return "c" if _c() is not None else "torch"

@@ -14,6 +14,7 @@ so kernels and torch share one thread pool (two pools on 2 cores slow both down)
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -59,24 +60,58 @@ def _cpu_flags() -> str:
     return os.uname().machine
 
 
+@functools.cache
+def _cc_version(cc: str) -> str:
+    return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+
+
 def _key(src: Path, cc: str) -> str:
     h = hashlib.sha256(src.read_bytes())
     for header in sorted(src.parent.glob("*.h")):  # the headers the sources include
         h.update(header.read_bytes())
-    ver = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    for part in (ver, _cpu_flags(), " ".join(CFLAGS), torch.__version__):
+    for part in (_cc_version(cc), _cpu_flags(), " ".join(CFLAGS), torch.__version__):
         h.update(part.encode())
     return h.hexdigest()[:16]
 
 
-def _build(name: str) -> ctypes.CDLL | None:
+class _Build:
+    """One compiler run into a temporary file, moved into place when it succeeds."""
+
+    def __init__(self, src: Path, cc: str, out: Path) -> None:
+        self.src, self.out = src, out
+        self.tmp = tempfile.mkdtemp(dir=out.parent)
+        self.tmp_out = Path(self.tmp) / out.name
+        torch_lib = Path(torch.__file__).parent / "lib"
+        cmd = [cc, *CFLAGS, str(src), "-o", str(self.tmp_out), f"-L{torch_lib}",
+               f"-Wl,-rpath,{torch_lib}", "-lm"]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def finish(self) -> bool:
+        _, err = self.proc.communicate()
+        try:
+            if self.proc.returncode != 0:
+                log.warning("compiling %s failed, using the slower pure-torch path:\n%s",
+                            self.src.name, err.decode(errors="replace")[-2000:])  # fmt: skip
+                return False
+            os.replace(self.tmp_out, self.out)  # atomic: concurrent starts never see half
+            log.info("compiled %s for this CPU (%s)", self.src.name, self.out)
+            return True
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+_BUILDS: dict[str, _Build | None] = {}  # name -> compile in flight (None: nothing to build)
+
+
+def _output(name: str) -> tuple[Path, Path, str] | None:
+    """(source, library path, compiler) of ``NAME.c``, or None without a compiler."""
     if os.environ.get(_DISABLED_ENV) == "1":
         return None
-    src = SRC_DIR / f"{name}.c"
     cc = _compiler()
     if cc is None:
         log.warning("no C compiler found: %s kernels run on the slower pure-torch path", name)
         return None
+    src = SRC_DIR / f"{name}.c"
     out = cache_dir() / f"{name}-{_key(src, cc)}.so"
     if not out.is_file():
         try:
@@ -84,21 +119,34 @@ def _build(name: str) -> ctypes.CDLL | None:
         except OSError:  # an unwritable home: build into the temporary directory instead
             out = Path(tempfile.gettempdir()) / f"loraserve-kernels-{os.getuid()}" / out.name
             out.parent.mkdir(parents=True, exist_ok=True)
-        torch_lib = Path(torch.__file__).parent / "lib"
-        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-            tmp_out = Path(tmp) / out.name
-            cmd = [cc, *CFLAGS, str(src), "-o", str(tmp_out), f"-L{torch_lib}",
-                   f"-Wl,-rpath,{torch_lib}", "-lm"]  # fmt: skip
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                log.warning(
-                    "compiling %s failed, using the slower pure-torch path:\n%s",
-                    src.name,
-                    r.stderr[-2000:],
-                )
-                return None
-            os.replace(tmp_out, out)  # atomic: concurrent first starts never see half a file
-        log.info("compiled %s for this CPU (%s)", src.name, out)
+    return src, out, cc
+
+
+def prebuild(names: list[str]) -> None:
+    """Start compiling every listed library that is not built yet, all at once and in the
+    background (a cold first start compiles while the model file is being read)."""
+    with _LOCK:
+        for name in names:
+            if name in _LIBS or name in _BUILDS:
+                continue
+            where = _output(name)
+            if where is None:
+                _LIBS[name] = None
+                continue
+            src, out, cc = where
+            _BUILDS[name] = None if out.is_file() else _Build(src, cc, out)
+
+
+def _build(name: str) -> ctypes.CDLL | None:
+    where = _output(name)
+    if where is None:
+        return None
+    src, out, cc = where
+    build = _BUILDS.pop(name, None)
+    if build is None and not out.is_file():
+        build = _Build(src, cc, out)
+    if build is not None and not build.finish():
+        return None
     return ctypes.CDLL(str(out))
 
 

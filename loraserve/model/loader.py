@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from loraserve import kernels
+from loraserve.kernels import build
 from loraserve.model.config import ModelConfig
 from loraserve.model.decoder import Decoder
 from loraserve.model.tokenizer import Tokenizer
@@ -38,6 +39,8 @@ def load_model(path: str | Path, precision: Precision = "native") -> LoadedModel
     exact dequantized reference)."""
     path = Path(path)
     t0 = time.perf_counter()
+    # a cold first start compiles the C kernels (in parallel) while the file is parsed
+    build.prebuild(["qmatmul", "floatmm", "rowops", "attention"])
     if path.is_dir():
         from loraserve.model.hf import HFCheckpoint
 
@@ -64,6 +67,7 @@ def load_model(path: str | Path, precision: Precision = "native") -> LoadedModel
 
     attention.backend()
     rowops._c()
+    kernels.lora_backend()
     log.info(
         "loaded %s (%s, %d layers, %s weights, %s kernels) in %.2f s (metadata+tokenizer %.2f s)",
         name,
