@@ -2,7 +2,7 @@
 download) against a real server on 127.0.0.1 serving the tiny model with two adapters.
 
 Skips only when chromium or playwright is missing. `LORASERVE_SCREENSHOTS=DIR` also writes
-the desktop and phone screenshots there (docs/ holds the committed ones).
+tiny-model screenshots there (the README's come from tests/test_webui_real_model.py).
 """
 
 from __future__ import annotations
@@ -14,30 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
-from tests.server_util import Served, serve_in_thread
+from tests.server_util import Served, peft_folder, serve_in_thread
 from tests.webui_util import Page, browser_fixture, require_browser  # noqa: F401 (fixture)
 
 sync_api = require_browser()
 expect = sync_api.expect
-
-
-def peft_folder(path: Path, seed: int) -> Path:
-    """A PEFT LoRA on q_proj/v_proj of the tiny llama, strong enough to change its answer."""
-    g = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for i in range(2):
-        for mod, out in (("q_proj", 64), ("v_proj", 32)):
-            key = f"base_model.model.model.layers.{i}.self_attn.{mod}"
-            tensors[f"{key}.lora_A.weight"] = torch.randn(4, 64, generator=g) * 0.5
-            tensors[f"{key}.lora_B.weight"] = torch.randn(out, 4, generator=g) * 0.5
-    path.mkdir(parents=True)
-    save_file(tensors, str(path / "adapter_model.safetensors"))
-    conf = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
-    (path / "adapter_config.json").write_text(json.dumps(conf))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -245,5 +227,5 @@ def test_layout_fits_desktop_and_phone(
     assert pg.get_by_role("slider", name="down").is_visible()
     out = os.environ.get("LORASERVE_SCREENSHOTS")
     if out:
-        pg.screenshot(path=str(Path(out) / f"webui-{name}.png"), full_page=True)
+        pg.screenshot(path=str(Path(out) / f"webui-tiny-{name}.png"), full_page=True)
     ui.close()
