@@ -111,7 +111,7 @@ async function generate() {
       if (chunk.usage) usage = chunk.usage;
       if (chunk.timings) Object.assign(info, chunk.timings, { measured: false });
       if (chunk.id_slot !== undefined) info.slot = chunk.id_slot;
-      if (chunk.choices?.[0]?.finish_reason) info.stop = `stop: ${chunk.choices[0].finish_reason}`;
+      if (chunk.choices?.[0]?.finish_reason) info.stop = `finish: ${chunk.choices[0].finish_reason}`;
     }
   } catch (e) {
     info.stop = e.name === "AbortError" ? "stopped" : `error: ${e.message}`;

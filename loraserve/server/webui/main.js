@@ -67,6 +67,7 @@ async function start() {
     b.addEventListener("click", () => setMode(b.dataset.mode));
   }
   setMode(localStorage.getItem(MODE) || (noTemplate ? "completion" : "chat"));
+  if (matchMedia("(max-width: 760px)").matches) $("conversations-panel").open = false;
   document.addEventListener("keydown", (e) => {
     if (e.key === "Escape" && !$("key-dialog").open) {
       stopChat();
