@@ -1,7 +1,7 @@
 """SIGTERM with requests that cannot finish within the grace period: the server stops
 accepting at once, cancels what is still running when the grace period ends (a plain request
 answers 503 `unavailable_error`, a stream ends with that error event), and exits 0.
-(`test_server_lifecycle` covers requests that do finish within it.)"""
+(`tests/http/test_lifecycle.py` covers requests that do finish within it.)"""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def start(args: list[str]) -> tuple[subprocess.Popen, str]:
     sock.close()
     code = LAUNCH.format(grace=GRACE_S)
     cmd = [sys.executable, "-c", code, "-m", str(tiny_model_path()), "--port", str(port)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen(
         [*cmd, "-t", "1", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )

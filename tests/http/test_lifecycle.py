@@ -59,7 +59,7 @@ def _start_process(args: list[str]) -> tuple[subprocess.Popen, str]:
     port = sock.getsockname()[1]
     sock.close()
     cmd = [sys.executable, "-m", "loraserve.cli", "-m", str(tiny_model_path())]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen(
         [*cmd, "--port", str(port), "-t", "1", *args],
         env=env,

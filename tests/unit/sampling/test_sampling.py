@@ -1,6 +1,6 @@
 """The sampler's spec: llama-server's chain (llama.cpp's common/sampling.cpp and
 src/llama-sampler.cpp), checked against an independent reference and by many draws (seeds,
-n_probs and validation: tests/test_sampling_requests.py)."""
+n_probs and validation: tests/unit/sampling/test_sampling_requests.py)."""
 
 from __future__ import annotations
 

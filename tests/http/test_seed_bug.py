@@ -92,7 +92,7 @@ def test_seed_sequence_tiny(tiny_adapters) -> None:
 def test_seed_sequence_real_model(real_model_path) -> None:
     from loraserve.model.loader import load_model
 
-    demo = Path(__file__).resolve().parent.parent / "loraserve" / "adapters"
+    demo = Path(__file__).resolve().parents[2] / "loraserve" / "adapters"
     adapters = [demo / "uppercase.gguf", demo / "titlecase"]
     model = load_model(real_model_path)
     for args in _servers(["-m", str(real_model_path)], adapters, "2048"):

@@ -1,7 +1,7 @@
 """Fuzz of headers and of raw HTTP (bounded): arbitrary header names and values on every
 endpoint, and malformed request lines, framing and encodings sent on a raw socket. Only
 4xx (or a success), the contract's error body where the app answers, and the server stays
-healthy. (`test_server_fuzz` covers bodies and content types.)"""
+healthy. (`tests/http/test_fuzz.py` covers bodies and content types.)"""
 
 from __future__ import annotations
 

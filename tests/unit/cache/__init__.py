@@ -1,0 +1,1 @@
+"""The block pool and the prefix cache."""

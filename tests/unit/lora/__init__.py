@@ -1,0 +1,1 @@
+"""Adapter loading and the registry (ids, scales, mixes, cache keys)."""

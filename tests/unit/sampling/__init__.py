@@ -1,0 +1,1 @@
+"""The sampler chain and per-request sampling."""

@@ -1,0 +1,1 @@
+"""Server pieces without a server: schemas, flags, chat templates, error bodies."""
