@@ -1,12 +1,16 @@
 """Helpers for the HTTP and engine tests: a tiny model written once per session, PEFT
-adapters for it, and a real uvicorn server on 127.0.0.1 (random free port) in a thread of
-the test process."""
+adapters for it, and a real server on 127.0.0.1 (random free port): uvicorn in a thread of
+the test process (`serve_in_thread`), or a `loraserve` process (`start_process`)."""
 
 from __future__ import annotations
 
 import functools
 import json
+import os
+import re
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -133,3 +137,45 @@ def serve_in_thread(
         server.should_exit = True
         thread.join(15)
         sock.close()
+
+
+def scrape_metrics(srv: Served) -> dict[str, float]:
+    """`GET /metrics` as metric name -> value (a labelled family's values summed)."""
+    out: dict[str, float] = {}
+    for line in srv.client.get("/metrics").text.splitlines():
+        m = re.fullmatch(r"([a-z_:]+)(\{[^}]*\})? (\S+)", line)
+        if m:
+            out[m[1]] = out.get(m[1], 0.0) + float(m[3])
+    return out
+
+
+LAUNCH_WITH_GRACE = (
+    "import sys, loraserve.server.app as app; app.SHUTDOWN_GRACE_S = {grace}; "
+    "from loraserve.cli import main; main(sys.argv[1:])"
+)
+
+
+def start_process(args: list[str], grace_s: float | None = None) -> tuple[subprocess.Popen, str]:
+    """A `loraserve` server process on the tiny model (one thread), once healthy: the
+    process and its base URL. With ``grace_s``, its shutdown grace period is that."""
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    grace = [] if grace_s is None else ["-c", LAUNCH_WITH_GRACE.format(grace=grace_s)]
+    launch = grace or ["-m", "loraserve.cli"]
+    cmd = [sys.executable, *launch, "-m", str(tiny_model_path()), "--port", str(port)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen(
+        [*cmd, "-t", "1", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, proc.stderr.read().decode()  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, "server process did not become healthy"
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)

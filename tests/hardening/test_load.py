@@ -24,7 +24,7 @@ import pytest
 from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.server.generation import tokenize_prompt
-from tests.server_util import Served, peft_folder, serve_in_thread, tiny_model
+from tests.server_util import Served, peft_folder, scrape_metrics, serve_in_thread, tiny_model
 
 CLIENTS, PER_CLIENT, SLOTS = 64, 10, 8
 PREFIXES = [
@@ -213,11 +213,7 @@ def test_64_clients_x_10_requests(srv, lora_paths) -> None:
     kv = kv_accounting(srv)
     assert kv["running"] == kv["waiting"] == 0
     assert kv["used"] == kv["held"] + kv["cached"], kv
-    metrics = {
-        line.split(" ")[0]: float(line.split(" ")[1])
-        for line in srv.client.get("/metrics").text.splitlines()
-        if line and not line.startswith("#")
-    }
+    metrics = scrape_metrics(srv)
     assert metrics["llamacpp:requests_processing"] == 0
     assert metrics["llamacpp:requests_deferred"] == 0
     assert metrics["loraserve:kv_blocks_used"] == kv["used"]

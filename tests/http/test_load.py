@@ -11,7 +11,7 @@ import threading
 import httpx
 import pytest
 
-from tests.server_util import serve_in_thread
+from tests.server_util import scrape_metrics, serve_in_thread
 
 PREFIXES = ["the of and to in is it", "a cat was on his way", "that was for on are"]
 
@@ -62,11 +62,7 @@ def test_concurrent_clients(srv) -> None:
     assert srv.client.get("/health").json() == {"status": "ok"}
     slots = srv.client.get("/slots").json()
     assert not any(s["is_processing"] for s in slots)
-    metrics = {
-        line.split(" ")[0]: float(line.split(" ")[1])
-        for line in srv.client.get("/metrics").text.splitlines()
-        if line and not line.startswith("#")
-    }
+    metrics = scrape_metrics(srv)
     assert metrics["llamacpp:requests_processing"] == 0
     assert metrics["llamacpp:requests_deferred"] == 0
     held = sum(-(-s["n_tokens"] // 16) for s in slots)  # blocks the idle slots retain

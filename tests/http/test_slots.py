@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from tests.server_util import serve_in_thread
+from tests.server_util import scrape_metrics, serve_in_thread
 
 PROMPT = "the of and to in is it that was for on are as with his they"
 N_PREDICT = 4
@@ -92,20 +91,10 @@ def test_foreign_slot_files_are_refused(srv, slot_dir) -> None:
     assert complete(srv)["tokens_predicted"] == N_PREDICT
 
 
-def scrape(srv) -> dict[str, float]:
-    text = srv.client.get("/metrics").text
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = re.fullmatch(r"([a-z_:]+)(\{[^}]*\})? (\S+)", line)
-        if m:
-            out[m[1]] = out.get(m[1], 0.0) + float(m[3])
-    return out
-
-
 def test_metrics_counters_move(srv) -> None:
     r = srv.client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    before = scrape(srv)
+    before = scrape_metrics(srv)
     for name in (
         "llamacpp:prompt_tokens_total",
         "llamacpp:tokens_predicted_total",
@@ -119,7 +108,7 @@ def test_metrics_counters_move(srv) -> None:
     first = complete(srv, prompt="in the", cache_prompt=True)
     complete(srv, prompt="in the")
     action(srv, "erase")
-    after = scrape(srv)
+    after = scrape_metrics(srv)
     delta = {k: after[k] - before.get(k, 0.0) for k in after}
     assert delta["llamacpp:tokens_predicted_total"] == 2 * N_PREDICT
     assert delta["loraserve:requests_finished_total"] == 2
