@@ -53,7 +53,7 @@ def reference(prompt: tuple[int, ...], mix: tuple[tuple[str, float], ...]) -> tu
     lora = [(ids[f], s) for f, s in mix]
     (req,) = eng.submit(
         [list(prompt)],
-        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.0, ignore_eos=True),  # as the requests ask
         max_tokens=N_PREDICT,
         lora=lora or None,
         cache_prompt=False,
