@@ -181,6 +181,9 @@ async def chat_completions(request: HttpRequest) -> Response:
             }
             if params.n_probs and ev.probs is not None and ev.token is not None:
                 choice["logprobs"] = chat_logprobs(tok, [(ev.token, token_prob(ev), ev.probs)])
+            if ev.done:  # as llama-server: the last chunk carries the request's timings
+                return {**head, "choices": [choice], "timings": out.timings(),
+                        "id_slot": ev.id_slot}  # fmt: skip
             return {**head, "choices": [choice]}
 
         def tail(outs: list[Output]) -> list[dict[str, Any]]:

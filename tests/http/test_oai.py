@@ -104,6 +104,12 @@ def test_sse_framing_ends_with_done(srv) -> None:
         )
         assert len({p["id"] for p in parsed}) == 1
         assert parsed[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    # as llama-server, a chat stream's last chunk carries the timings (and the slot)
+    body = {"messages": MSGS, "max_tokens": 3, "stream": True}
+    last = json.loads(srv.sse("/v1/chat/completions", body)[-2])
+    assert last["choices"][0]["finish_reason"] is not None
+    assert 1 <= last["timings"]["predicted_n"] <= 3 and last["timings"]["prompt_n"] > 0
+    assert last["id_slot"] >= 0
 
 
 def test_logprobs(srv) -> None:
