@@ -180,7 +180,7 @@ def _setup(model: Path, plan: Plan) -> Setup:
         adapters=adapters,
         encode=lambda text: tok.encode(text, add_special=False, parse_special=True),
         bos=(tok.bos_id,) if tok.bos_id is not None else (),
-        eog=frozenset(tok.eot_ids),
+        eog=frozenset(tok.eog_ids),
         plan=plan,
     )
 

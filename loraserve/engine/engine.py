@@ -41,7 +41,7 @@ class Engine:
         self.core = EngineCore(model, config)
         self.n_ctx_slot = self.core.n_ctx_slot
         self.tokenizer = model.tokenizer
-        self.eog_ids = frozenset(model.tokenizer.eot_ids)  # tokens that end generation
+        self.eog_ids = frozenset(model.tokenizer.eog_ids)  # tokens that end generation
         self.listeners = self.core.listeners  # called on the engine thread with each event
         self._inbox = Inbox()
         self._thread: threading.Thread | None = None

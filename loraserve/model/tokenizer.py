@@ -36,7 +36,7 @@ def _as_list(value: Any) -> list:
 class Tokenizer:
     """Text <-> token ids for one vocabulary, with llama.cpp's results.
 
-    Build with `from_gguf_metadata` or `from_hf_dir`. `eot_ids` holds every id that ends
+    Build with `from_gguf_metadata` or `from_hf_dir`. `eog_ids` holds every id that ends
     generation (llama_vocab_is_eog). Thread-safe for concurrent encode/decode.
     """
 
@@ -49,7 +49,7 @@ class Tokenizer:
         encode_fragment: Callable[[str, bool], list[int]],
         bos_id: int | None,
         eos_id: int | None,
-        eot_ids: set[int],
+        eog_ids: set[int],
         add_bos: bool,
         add_eos: bool = False,
         chat_template: str | None = None,
@@ -57,7 +57,7 @@ class Tokenizer:
         rstrip_ids: set[int] | None = None,
     ):
         self.vocab_size = len(texts)
-        self.bos_id, self.eos_id, self.eot_ids = bos_id, eos_id, eot_ids
+        self.bos_id, self.eos_id, self.eog_ids = bos_id, eos_id, eog_ids
         self.add_bos, self.add_eos = add_bos, add_eos
         self.chat_template = chat_template
         self._texts, self._types, self._to_bytes = texts, types, to_bytes
@@ -113,7 +113,7 @@ class Tokenizer:
         else:
             raise ValueError(f"unsupported tokenizer model {model!r}")
 
-        eot_ids = mark_special_tokens(texts, types, token_id, eos)
+        eog_ids = mark_special_tokens(texts, types, token_id, eos)
         name, arch = meta.get("general.name", ""), meta.get("general.architecture", "")
         lstrip, rstrip = strip_ids(texts, types, name, key("pre", ""), arch)
         return Tokenizer(
@@ -123,7 +123,7 @@ class Tokenizer:
             encode_fragment=encode_fragment,
             bos_id=bos,
             eos_id=eos,
-            eot_ids=eot_ids,
+            eog_ids=eog_ids,
             add_bos=bool(key("add_bos_token", add_bos)),
             add_eos=bool(key("add_eos_token", False)),
             chat_template=meta.get("tokenizer.chat_template"),
@@ -136,7 +136,7 @@ class Tokenizer:
         """Build from a Hugging Face folder (tokenizer.json, tokenizer_config.json)."""
         parts = hf_dir_parts(Path(path))
         ids = parts.pop("special_ids")
-        parts["eot_ids"] = mark_special_tokens(
+        parts["eog_ids"] = mark_special_tokens(
             parts["texts"], parts["types"], ids.get, parts["eos_id"]
         )
         return Tokenizer(**parts)

@@ -13,8 +13,8 @@ from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.engine.request import Event, Request, StopType
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.model.loader import LoadedModel, load_model
-from tests.test_lora import peft_adapter
 from tests.tiny import gguf_tensors, hf_logits, hf_model, write_gguf
+from tests.unit.lora.test_lora import peft_adapter
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -16,7 +16,7 @@ from loraserve.model.loader import LoadedModel, load_model
 from tests.tiny import our_logits
 
 pytestmark = pytest.mark.real_model
-REF = json.loads((Path(__file__).parent / "data/peer_greedy.json").read_text())
+REF = json.loads((Path(__file__).resolve().parents[1] / "data/peer_greedy.json").read_text())
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,9 @@ from loraserve.model.loader import LoadedModel, load_model
 from tests.tiny import our_logits
 
 pytestmark = pytest.mark.real_model
-REF = json.loads((Path(__file__).parent / "data/gemma3_hf_reference.json").read_text())
+REF = json.loads(
+    (Path(__file__).resolve().parents[1] / "data/gemma3_hf_reference.json").read_text()
+)
 EXPECTED = (
     " the capital of the country of France. It is the largest city in France and the second"
     " largest city"

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from loraserve.model.gguf import GGUFFile
 from loraserve.model.tokenizer import SpecialSplitter, StreamDecoder, Tokenizer
 
-DATA = Path(__file__).parent / "data" / "tokenizer"
+DATA = Path(__file__).resolve().parents[2] / "data" / "tokenizer"
 TINY = ["tiny_spm", "tiny_bpe_llama-bpe", "tiny_bpe_qwen2", "tiny_bpe_gpt-2", "tiny_bpe_default"]
 
 
@@ -73,7 +73,7 @@ def test_tiny_vocab_pieces_match_llama_cpp(tiny: tuple[Tokenizer, dict[str, Any]
 
 def test_tiny_vocab_eog_ids(tiny: tuple[Tokenizer, dict[str, Any]]) -> None:
     tok, record = tiny
-    assert sorted(tok.eot_ids) == record["eog_ids"]
+    assert sorted(tok.eog_ids) == record["eog_ids"]
 
 
 @pytest.mark.real_model
@@ -85,7 +85,7 @@ def test_gemma_encode_matches_llama_cpp(gemma: tuple[Tokenizer, dict[str, Any]])
 def test_gemma_pieces_and_specials(gemma: tuple[Tokenizer, dict[str, Any]]) -> None:
     tok, record = gemma
     check_pieces(tok, record)
-    assert sorted(tok.eot_ids) == record["eog_ids"]
+    assert sorted(tok.eog_ids) == record["eog_ids"]
     assert (tok.vocab_size, tok.bos_id, tok.eos_id, tok.add_bos) == (262144, 2, 1, True)
     assert tok.token_bytes(236743) == b" " and tok.piece(105) == "<start_of_turn>"
     assert tok.token_bytes(238 + 0xE2) == b"\xe2"
@@ -159,7 +159,7 @@ def test_hf_dir_matches_gguf_path(tmp_path: Path) -> None:
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     tok = Tokenizer.from_hf_dir(tmp_path)
     assert tok.chat_template == "{{ messages }}"
-    assert sorted(tok.eot_ids) == record["eog_ids"]
+    assert sorted(tok.eog_ids) == record["eog_ids"]
     check_cases(tok, record)
     check_pieces(tok, record)
 
