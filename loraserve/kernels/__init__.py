@@ -2,7 +2,7 @@
 
 `quantize_rows` turns float32 activations into int8 blocks of 32 (one scale per block, as
 llama.cpp's Q8_0); `qmatmul` multiplies them by quantized weight rows straight from the file's
-bytes; `fmatmul` multiplies float32 activations by F32/F16/BF16 rows. Each output row depends
+bytes (float weights and LoRA deltas: `floatmm`). Each output row depends
 on its own input row only (the sum over k has one fixed order, threads split output
 columns), so a token's numbers never depend on its batch, its chunk or the cache state.
 
@@ -27,16 +27,15 @@ import logging
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
 from loraserve.kernels.build import bind
+from loraserve.kernels.floatmm import rowwise_torch
 
 log = logging.getLogger("loraserve.kernels")
 
 FLOAT_TYPES = frozenset({0, 1, 30})  # F32, F16, BF16
 QUANT_TYPES = frozenset({2, 3, 6, 7, 8, 10, 11, 12, 13, 14})  # Q4_0 .. Q6_K
-_TORCH_OF = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -51,12 +50,6 @@ _SIGNATURES = {
     "ls_qmatmul_multi": ([_CI, _P, _P, _P, _P, _P, _I, _P, _P, _P, _I, _P, _I, _CI], _CI),
     "ls_qmatmul_multi_f32": ([_CI, _P, _P, _P, _P, _P, _I, _P, _I, _I, _P, _I, _CI], _CI),
 }
-_FLOAT_SIGNATURES = {
-    "ls_fmatmul": ([_CI, _P, _I, _I, _I, _P, _I, _I, _P, _I, _CI], _CI),
-    "ls_lora": ([_CI, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _I, _CI], _CI),
-}
-_flib: ctypes.CDLL | None = None
-_floaded = False
 
 
 def _c() -> ctypes.CDLL | None:
@@ -67,18 +60,6 @@ def _c() -> ctypes.CDLL | None:
             log.warning("C kernels unavailable: matmuls run on the pure-torch fallback")
         _loaded = True
     return _lib
-
-
-def _cf() -> ctypes.CDLL | None:
-    global _flib, _floaded
-    if not _floaded:
-        _flib, _floaded = bind("floatmm", _FLOAT_SIGNATURES), True
-    return _flib
-
-
-def lora_backend() -> str:
-    """'c' when the float kernels (LoRA, float weights) are compiled, 'torch' otherwise."""
-    return "c" if _cf() is not None else "torch"
 
 
 def backend() -> str:
@@ -144,7 +125,7 @@ def qmatmul(
         return out
     lib = _c()
     if lib is None:
-        return _rowwise_torch(_dequantize_rows(xa), _float_weight(raw, ggml_type, k), out)
+        return rowwise_torch(_dequantize_rows(xa), _float_weight(raw, ggml_type, k), out)
     if out.stride(1) != 1 or raw.stride(1) != 1:
         raise ValueError("qmatmul needs unit column strides")
     rc = lib.ls_qmatmul(ggml_type, raw.data_ptr(), n, k, raw.stride(0), xa.q.data_ptr(),
@@ -206,71 +187,6 @@ class QuantizedParts:
         return out
 
 
-def fmatmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] float32 x w [N, K] (float32, float16 or bfloat16) -> out [M, N] float32,
-    each output row a fixed-order function of its input row."""
-    if x.dtype != torch.float32:
-        raise ValueError(f"fmatmul needs float32 activations, got {x.dtype}")
-    m, k = x.shape
-    n = w.shape[0]
-    if w.shape[1] != k:
-        raise ValueError(f"fmatmul: x has {k} columns, w has {w.shape[1]}")
-    if out is None:
-        out = torch.empty(m, n)
-    if m == 0 or n == 0:
-        return out
-    lib = _cf()
-    if lib is None:
-        return _rowwise_torch(x, w.float(), out)
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    if w.stride(1) != 1:
-        w = w.contiguous()
-    if out.stride(1) != 1:
-        raise ValueError("fmatmul needs a unit column stride for out")
-    gtype = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 30}[w.dtype]
-    lib.ls_fmatmul(gtype, w.data_ptr(), n, k, w.stride(0) * w.element_size(), x.data_ptr(),
-                   x.stride(0), m, out.data_ptr(), out.stride(0),
-                   torch.get_num_threads())  # fmt: skip
-    return out
-
-
-def lora_delta(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    pairs: list[tuple[torch.Tensor, torch.Tensor]],
-    scales: torch.Tensor,
-) -> torch.Tensor:
-    """y [T, out] += each adapter's ``B (s * (A x))`` in the order of ``pairs`` (A [r, in],
-    B [out, r], float32 contiguous); scales [n, T] float32, 0 where a row lacks the adapter.
-    One call for all of a target's adapters, bitwise equal to the per-adapter fmatmul
-    products; y may be a column slice of a wider tensor."""
-    t = x.shape[0]
-    lib = _cf()
-    if lib is None or t == 0:
-        for (a, b), s in zip(pairs, scales, strict=True):
-            rows = torch.nonzero(s).squeeze(1)
-            if rows.numel():
-                h = fmatmul(x.index_select(0, rows), a).mul_(s[rows].unsqueeze(1))
-                y.index_add_(0, rows, fmatmul(h, b))
-        return y
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    if y.stride(1) != 1:
-        raise ValueError("lora_delta needs a unit column stride for y")
-    n = len(pairs)
-    as_ = (ctypes.c_void_p * n)(*[a.data_ptr() for a, _ in pairs])
-    bs_ = (ctypes.c_void_p * n)(*[b.data_ptr() for _, b in pairs])
-    ranks = (ctypes.c_int64 * n)(*[a.shape[0] for a, _ in pairs])
-    scales = scales.contiguous()
-    rc = lib.ls_lora(n, as_, bs_, ranks, scales.data_ptr(), x.data_ptr(), x.stride(0), t,
-                     x.shape[1], y.data_ptr(), y.stride(0), y.shape[1],
-                     torch.get_num_threads())  # fmt: skip
-    if rc != 0:
-        raise MemoryError("lora_delta: out of memory")
-    return y
-
-
 # ---- the pure-torch fallback ------------------------------------------------------------
 
 # the fallback's float32 copies, alive as long as the weight tensor they copy
@@ -290,18 +206,3 @@ def _float_weight(raw: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:
 def _dequantize_rows(xa: QuantizedRows) -> torch.Tensor:
     m, k = xa.q.shape
     return (xa.q.reshape(m, k // 32, 32).float() * xa.d.unsqueeze(-1)).reshape(m, k)
-
-
-def _rowwise_torch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    # one product per row: the same single-row call whatever the batch, so row-independent
-    for i in range(x.shape[0]):
-        out[i] = F.linear(x[i : i + 1], w)[0]
-    return out
-
-
-def float_weight_type(dtype: torch.dtype) -> int:
-    """The ggml type id of a float weight dtype (F32, F16, BF16)."""
-    for t, d in _TORCH_OF.items():
-        if d == dtype:
-            return t
-    raise ValueError(f"no float kernel for weights of dtype {dtype}")

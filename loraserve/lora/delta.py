@@ -1,7 +1,7 @@
 """Batched LoRA application: one pass per projection for a flat batch of mixed adapter mixes.
 
 For a target, each active adapter ``a`` adds ``sᵢₐ · αₐ/rₐ · Bₐ (Aₐ xᵢ)`` to the rows ``i``
-whose mix holds it, adapters in ascending id order. Both products run on `kernels.fmatmul`,
+whose mix holds it, adapters in ascending id order. Both products run on `kernels.floatmm`,
 whose every output row is a fixed-order function of its input row, and each adapter's
 products are reduced over its own rank only: so a row's delta is bitwise the same whatever
 other rows, mixes and adapters share the step (concatenating the active adapters' ranks
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from loraserve.kernels import lora_delta
+from loraserve.kernels.floatmm import lora_delta
 from loraserve.lora.adapter import Adapter
 from loraserve.model.context import get_context
 

@@ -63,11 +63,11 @@ def load_model(path: str | Path, precision: Precision = "native") -> LoadedModel
     t1 = time.perf_counter()
     decoder = Decoder(cfg, WeightSource(opened, cfg, precision))
     # build (first start) or load the C kernels now, not on the first request
-    from loraserve.kernels import attention, rowops
+    from loraserve.kernels import attention, floatmm, rowops
 
     attention.backend()
     rowops._c()
-    kernels.lora_backend()
+    floatmm.backend()
     log.info(
         "loaded %s (%s, %d layers, %s weights, %s kernels) in %.2f s (metadata+tokenizer %.2f s)",
         name,

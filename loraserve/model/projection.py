@@ -4,7 +4,7 @@ A `Matrix` is one weight as stored: ggml rows (uint8, any quantized type) or a f
 (F32/F16/BF16). A `Projection` holds one or more matrices side by side on its output
 columns (q|k|v and gate|up run as one projection of one input) and picks each part's kernel
 once, at construction, from its type: `kernels.qmatmul` for quantized rows (activations
-quantized once per call, shared by every quantized part), `kernels.fmatmul` for float rows.
+quantized once per call, shared by every quantized part), `kernels.floatmm.fmatmul` for float rows.
 Both kernels compute every output row from its own input row in a fixed order, so a
 projection's result for a token never depends on the rest of the batch.
 """
@@ -21,10 +21,10 @@ from loraserve.kernels import (
     FLOAT_TYPES,
     QUANT_TYPES,
     QuantizedParts,
-    fmatmul,
     qmatmul,
     quantize_rows,
 )
+from loraserve.kernels.floatmm import fmatmul
 from loraserve.model.context import get_context
 from loraserve.model.dequant import GGML_QUANT_SIZES, dequantize, type_name
 

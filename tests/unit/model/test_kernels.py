@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType as RefType
 from gguf import quants
 
 import loraserve.kernels as K
+import loraserve.kernels.floatmm as FM
 from loraserve.model.dequant import GGML_QUANT_SIZES, GGML_TYPE
 from loraserve.model.projection import Matrix
 
@@ -49,6 +50,7 @@ def backend(request, monkeypatch):
         pytest.skip("no C compiler on this machine")
     if request.param == "torch":
         monkeypatch.setattr(K, "_c", lambda: None)
+        monkeypatch.setattr(FM, "_cf", lambda: None)
     return request.param
 
 
@@ -91,13 +93,13 @@ def test_float_kernel_is_exact_in_float64_terms_and_row_independent(dtype, backe
     g = torch.Generator().manual_seed(3)
     w = torch.randn(50, 77, generator=g).to(dtype)  # 77: not a multiple of the vector width
     x = torch.randn(33, 77, generator=g)
-    y = K.fmatmul(x, w)
+    y = FM.fmatmul(x, w)
     ref = x.double() @ w.double().T
     assert (y.double() - ref).abs().max() < 1e-5
-    alone = torch.cat([K.fmatmul(x[i : i + 1], w) for i in range(33)])
+    alone = torch.cat([FM.fmatmul(x[i : i + 1], w) for i in range(33)])
     assert torch.equal(y, alone)
     out = torch.zeros(33, 60)
-    K.fmatmul(x, w, out[:, 5:55])  # a column slice of a wider output
+    FM.fmatmul(x, w, out[:, 5:55])  # a column slice of a wider output
     assert torch.equal(out[:, 5:55], y) and not out[:, :5].any() and not out[:, 55:].any()
 
 
@@ -195,8 +197,8 @@ def test_lora_delta_equals_per_adapter_products_bitwise(backend: str) -> None:
     want = wide.clone()
     for (a, b), s in zip(pairs, scales, strict=True):
         rows = torch.nonzero(s).squeeze(1)
-        h = K.fmatmul(x.index_select(0, rows), a).mul_(s[rows].unsqueeze(1))
-        want[:, 3:27].index_add_(0, rows, K.fmatmul(h, b))
+        h = FM.fmatmul(x.index_select(0, rows), a).mul_(s[rows].unsqueeze(1))
+        want[:, 3:27].index_add_(0, rows, FM.fmatmul(h, b))
     got = wide.clone()
-    K.lora_delta(x, got[:, 3:27], pairs, scales)
+    FM.lora_delta(x, got[:, 3:27], pairs, scales)
     assert torch.equal(got, want)
