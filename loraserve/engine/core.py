@@ -20,6 +20,7 @@ import torch
 
 from loraserve.cache.block_pool import BlockPool
 from loraserve.cache.prefix_cache import PrefixCache
+from loraserve.engine.embedding import Pooler
 from loraserve.engine.isolation import forward_isolated, sample_isolated, scrub_kv
 from loraserve.engine.output import TextOutput
 from loraserve.engine.request import Event, Run, StopType
@@ -89,6 +90,9 @@ class EngineCore:
             if slot.run is not None and slot.run.req.cancelled:
                 self._finish(slot.run, StopType.NONE, send=False)
         for run in sched.admit():
+            if run.req.pooling is not None:
+                run.pooler = Pooler(run.req.pooling)
+                continue
             run.sampler = SamplerState(run.req.sampling, run.req.prompt, set(run.req.eog_ids))
             self._outputs[run.req.id] = TextOutput(self.tokenizer, run.req.stop)
         work = sched.schedule()
@@ -103,13 +107,27 @@ class EngineCore:
         for run, message in step.failed:
             self.fail(run, message)
         sampling: list[Run] = []
-        for run, item in step.done:
+        for i, (run, item) in enumerate(step.done):
             run.n_computed += item.n
-            if run.n_computed >= run.n_prompt and item.want_logits:
+            if run.pooler is not None:
+                self._pool(run, step.hidden[i] if i < len(step.hidden) else None)
+            elif run.n_computed >= run.n_prompt and item.want_logits:
                 sampling.append(run)
         if sampling:
             self._sample(sampling, step.logits)
         return True
+
+    def _pool(self, run: Run, rows: torch.Tensor | None) -> None:
+        """Feed an embedding request's rows; at the end of its prompt, finish it with the
+        pooled result (timings as a prompt with no generated token)."""
+        assert run.pooler is not None
+        if rows is not None:
+            run.pooler.add(rows)
+        if run.n_computed < run.n_prompt:
+            return
+        run.timings.prompt_n = run.n_prompt - run.n_cached
+        run.timings.prompt_ms = (time.perf_counter() - run.t_prompt_start) * 1000
+        self._finish(run, StopType.NONE, embedding=run.pooler.result())
 
     def _sample(self, runs: list[Run], logits: torch.Tensor) -> None:
         results = sample_isolated(logits, [s.sampler for s in runs])  # type: ignore[misc]
@@ -154,7 +172,9 @@ class EngineCore:
         for fn in self.listeners:
             fn(run, ev)
 
-    def _finish(self, run: Run, stop: StopType, send: bool = True) -> None:
+    def _finish(
+        self, run: Run, stop: StopType, send: bool = True, embedding: torch.Tensor | None = None
+    ) -> None:
         out = self._outputs.pop(run.req.id, None)
         tail = out.flush() if out is not None else ""
         run.timings.predicted_n = len(run.generated)
@@ -174,6 +194,7 @@ class EngineCore:
                 n_prompt=run.n_prompt,
                 n_cached=run.n_cached,
                 n_generated=len(run.generated),
+                embedding=embedding,
             )
             self._emit(run, ev)
 

@@ -19,6 +19,7 @@ from typing import TypeVar
 
 from loraserve.engine import slot_io
 from loraserve.engine.core import EngineConfig, EngineCore
+from loraserve.engine.embedding import Pooling
 from loraserve.engine.inbox import Inbox
 from loraserve.engine.request import Request, Submission
 from loraserve.engine.sampling.params import SamplingParams
@@ -59,6 +60,7 @@ class Engine:
         adapter_name: str | None = None,
         cache_prompt: bool = True,
         id_slot: int = -1,
+        pooling: Pooling | None = None,
     ) -> Submission:
         """Queue one request per prompt, all under one effective adapter mix.
 
@@ -67,7 +69,13 @@ class Engine:
         global scales. It is resolved with its cache key on the engine thread at receipt,
         in arrival order with every other call, and the requests enter the scheduler in
         that same call, so no global change or unload slips in between.
+
+        With ``pooling`` each request is an embedding: its prompt runs under the mix and
+        is never sampled; the final event carries the pooled hidden states
+        (`Event.embedding`). Poolings that read every row never reuse cached KV.
         """
+        if pooling is not None and not pooling.reuses_cache:
+            cache_prompt = False
         reqs = [
             Request(
                 prompt=list(p),
@@ -77,6 +85,7 @@ class Engine:
                 cache_prompt=cache_prompt,
                 id_slot=id_slot,
                 eog_ids=self.eog_ids,
+                pooling=pooling,
             )
             for p in prompts
         ]

@@ -34,11 +34,13 @@ Work = list[tuple[Run, BatchItem]]
 @dataclass
 class StepOutcome:
     """What survived a step: ``done`` in batch order, ``logits`` [S, V] for those of them
-    that want logits (same order), and the failed sequences with their error message."""
+    that want logits (same order), the failed sequences with their error message, and
+    per ``done`` item the hidden rows it asked for (embedding requests) or None."""
 
     done: Work
     logits: torch.Tensor
     failed: list[tuple[Run, str]] = field(default_factory=list)
+    hidden: list[torch.Tensor | None] = field(default_factory=list)
 
 
 def _bad_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -63,7 +65,7 @@ def forward_isolated(runner: ModelRunner, work: Work) -> StepOutcome:
         reason = f"{type(e).__name__}: {e}"
     else:
         if not bool(_bad_rows(logits).any()):
-            return StepOutcome(work, logits)
+            return StepOutcome(work, logits, hidden=runner.hidden)
         if len(work) == 1:
             return StepOutcome([], logits[:0], [(work[0][0], NON_FINITE)])
         reason = "non-finite logits"
@@ -80,6 +82,7 @@ def _one_by_one(runner: ModelRunner, work: Work) -> StepOutcome:
     done: Work = []
     rows: list[torch.Tensor] = []
     failed: list[tuple[Run, str]] = []
+    hidden: list[torch.Tensor | None] = []
     for run, item in work:
         try:
             logits = runner.forward([item])  # [1 or 0, V]
@@ -91,8 +94,9 @@ def _one_by_one(runner: ModelRunner, work: Work) -> StepOutcome:
             continue
         done.append((run, item))
         rows.append(logits)
+        hidden.append(runner.hidden[0])
     vocab = rows[0].shape[1] if rows else 0
-    return StepOutcome(done, torch.cat(rows) if rows else torch.empty(0, vocab), failed)
+    return StepOutcome(done, torch.cat(rows) if rows else torch.empty(0, vocab), failed, hidden)
 
 
 def sample_isolated(

@@ -13,7 +13,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+import torch
+
 from loraserve.cache.prefix_cache import CacheKey
+from loraserve.engine.embedding import Pooler, Pooling
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.sampling.state import SamplerState
 from loraserve.lora.registry import BASE, Mix
@@ -80,6 +83,7 @@ class Event:
     n_prompt: int = 0  # tokens_evaluated
     n_cached: int = 0  # tokens_cached (prompt tokens reused)
     n_generated: int = 0
+    embedding: torch.Tensor | None = None  # an embedding request's pooled result
 
 
 @dataclass
@@ -100,6 +104,7 @@ class Request:
     id: int = field(default_factory=lambda: next(_ids))
     events: queue.Queue[Event] = field(default_factory=queue.Queue)
     cancelled: bool = False  # set by `Engine.cancel`; the engine frees the slot next step
+    pooling: Pooling | None = None  # an embedding request: pooled, never sampled
     mix: Mix = field(default=BASE, init=False)
 
     @property
@@ -134,6 +139,7 @@ class Run:
     timings: Timings = field(default_factory=Timings)
     t_first: float = 0.0
     t_prompt_start: float = 0.0
+    pooler: Pooler | None = None  # an embedding request's pooled rows so far
 
     @property
     def prefilling(self) -> bool:

@@ -21,6 +21,8 @@ class BatchItem:
     blocks: Sequence[int]
     want_logits: bool
     mix: Mapping[int, float]  # adapter id -> non-zero scale; empty: the base model
+    hidden: tuple[int, int] | None = None  # offsets lo..hi-1 of the rows whose hidden
+    # states an embedding request reads (`embedding.wanted_rows`)
 
 
 LoraBuilder = Callable[[list[tuple[int, int, Mapping[int, float]]]], LoraDelta | None]
@@ -90,8 +92,11 @@ class ModelRunner:
         new_slots: list[torch.Tensor] = []  # per item: [n] slots the new tokens write to
         seq_off = [0]
         logits_rows: list[int] = []
+        hidden_rows: list[int] = []
         row = 0
         for b, it in enumerate(items):
+            if it.hidden is not None:
+                hidden_rows.extend(range(row + it.hidden[0], row + it.hidden[1]))
             ids.extend(it.tokens[it.start : it.start + it.n])
             total = it.start + it.n
             pos.extend(range(it.start, total))
@@ -124,14 +129,27 @@ class ModelRunner:
             logits_rows=torch.tensor(logits_rows, dtype=torch.long),
             lora=lora,
             kv_caches=self.kv,
+            hidden_rows=torch.tensor(hidden_rows, dtype=torch.long) if hidden_rows else None,
         )
         return torch.tensor(ids, dtype=torch.long), positions, ctx
 
     def forward(self, items: Sequence[BatchItem]) -> torch.Tensor:
-        """Run one step; returns logits [S, V] float32 for items with ``want_logits``."""
+        """Run one step; returns logits [S, V] float32 for items with ``want_logits``.
+        ``self.hidden`` then holds, per item, the hidden rows it asked for (or None)."""
         input_ids, positions, ctx = self._context(items)
         set_context(ctx)
         try:
-            return self.decoder(input_ids, positions)
+            logits = self.decoder(input_ids, positions)
         finally:
             set_context(None)
+        self.hidden: list[torch.Tensor | None] = []
+        off = 0
+        for it in items:
+            if it.hidden is None:
+                self.hidden.append(None)
+                continue
+            h = it.hidden[1] - it.hidden[0]
+            assert ctx.hidden is not None
+            self.hidden.append(ctx.hidden[off : off + h])
+            off += h
+        return logits

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from loraserve.cache.prefix_cache import CacheKey, PrefixCache
+from loraserve.engine.embedding import wanted_rows
 from loraserve.engine.request import Request, Run
 from loraserve.engine.runner import BatchItem
 
@@ -159,11 +160,13 @@ class Scheduler:
         need = (start + n + self.bs - 1) // self.bs
         while len(run.blocks) < need:
             run.blocks.append(self.cache.allocate())
+        pooling = run.req.pooling
         return BatchItem(
             tokens=run.tokens,
             start=start,
             n=n,
             blocks=run.blocks,
-            want_logits=start + n == len(run.tokens),
+            want_logits=start + n == len(run.tokens) and pooling is None,
             mix=run.req.mix.scales,
+            hidden=None if pooling is None else wanted_rows(pooling, start, n, run.n_prompt),
         )

@@ -62,6 +62,10 @@ class StepContext:
     logits_rows: torch.Tensor  # [S] long: rows whose logits are needed
     lora: LoraDelta | None = None
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # embeddings hook (engine requests with pooling): the decoder leaves the final-norm
+    # hidden states of rows ``hidden_rows`` [H] long in ``hidden`` [H, hidden_size]
+    hidden_rows: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
 
 
 # Thread-local: each engine thread runs its own forward passes (tests and tools may run

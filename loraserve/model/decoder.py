@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from loraserve import kernels
+from loraserve.kernels.layers import FusedLayers, LayerSpec, ProjSpec
 from loraserve.model.attention import paged_attention
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
@@ -109,6 +111,9 @@ class Decoder(nn.Module):
         else:
             out = _matrix(w, "token_embd.weight", "output.weight")
         self.output = Projection("output.weight", [out])
+        # steps without LoRA run every layer in one C call (`kernels.layers`), same bits
+        self.use_fused = True
+        self._fused_built: list[FusedLayers | None] = []
         n = min(cfg.context_length, 8192)
         self.rope_global = Rope(cfg.head_dim, cfg.rope_theta, n)
         self.rope_local = (
@@ -132,11 +137,56 @@ class Decoder(nn.Module):
             x = x * torch.tensor(self.cfg.embed_scale, dtype=torch.float32)
         rope_global = self.rope_global.tables(positions)
         rope_local = self.rope_local.tables(positions)
-        for blk in self.blocks:
-            x = blk(x, rope_local if blk.sliding else rope_global)
+        fused = self._fused() if ctx.lora is None and self.use_fused else None
+        kv = ctx.kv_caches
+        if fused is not None and all(k.dtype == v.dtype == torch.float32 for k, v in kv):
+            a = ctx.attn  # every layer in one C call: the same kernels, the same bits
+            x = fused(x.contiguous(), ctx.slot_mapping, a.slots, a.seq_off, a.row_seq,
+                      a.row_nkeys, a.window, rope_global, rope_local, kv)  # fmt: skip
+        else:
+            for blk in self.blocks:
+                x = blk(x, rope_local if blk.sliding else rope_global)
+        if ctx.hidden_rows is not None:  # embeddings hook: see StepContext.hidden_rows
+            ctx.hidden = rms_norm(x.index_select(0, ctx.hidden_rows), self.norm, self.cfg.rms_eps)
         x = x.index_select(0, ctx.logits_rows)
         x = rms_norm(x, self.norm, self.cfg.rms_eps)
         return self.output(x)
+
+
+    def _fused(self) -> FusedLayers | None:
+        """The fused layers, built on first use; None where a layer needs the Python path
+        (MoE, float weights) or the C kernels are not here."""
+        if not self._fused_built:
+            self._fused_built.append(_build_fused(self))
+        return self._fused_built[0]
+
+
+def _build_fused(d: Decoder) -> FusedLayers | None:
+    cfg = d.cfg
+
+    def spec(p: Projection) -> ProjSpec | None:
+        if p._qparts is None or not all(m.quantized for m in p.parts) or len(p.parts) > 8:
+            return None
+        return ProjSpec(p._qparts.parts, p.out_features, p.bias)
+
+    layers = []
+    for b in d.blocks:
+        if b.moe is not None:
+            return None
+        projs = [spec(p) for p in (b.qkv, b.o, b.gate_up, b.down)]
+        if any(p is None for p in projs):
+            return None
+        qkv, o, gate_up, down = projs
+        layers.append(LayerSpec(qkv, o, gate_up, down, b.attn_norm.contiguous(),
+                                b.qk_norm, _f32(b.post_attn_norm), b.ffn_norm.contiguous(),
+                                _f32(b.post_ffn_norm), bool(b.sliding)))  # fmt: skip
+    fused = FusedLayers(layers, cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                        cfg.intermediate_size, cfg.rms_eps, cfg.attn_scale, cfg.act)  # fmt: skip
+    return fused if fused.available and kernels.backend() == "c" else None
+
+
+def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.float().contiguous()
 
 
 def _req(w: WeightSource, name: str) -> torch.Tensor:
