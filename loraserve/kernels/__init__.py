@@ -55,7 +55,7 @@ _SIGNATURES = {
 def _c() -> ctypes.CDLL | None:
     global _lib, _loaded
     if not _loaded:
-        _lib = bind("qmatmul", _SIGNATURES)
+        _lib = bind(_SIGNATURES)
         if _lib is None:
             log.warning("C kernels unavailable: matmuls run on the pure-torch fallback")
         _loaded = True

@@ -31,30 +31,6 @@
 
 enum { QV = 16 };  // query vectors per work item, at most
 
-#if defined(__AVX2__)
-// exp of 8 lanes for x <= 88 (Cephes' expf polynomial, about 1 ulp): x < -87 gives 0, NaN
-// stays NaN. Lane-wise arithmetic only, so a value's result never depends on its lane.
-static inline __m256 exp8(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(88.0f);
-    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-    __m256 fx = _mm256_floor_ps(madd8(xc, _mm256_set1_ps(1.44269504088896341f),
-                                      _mm256_set1_ps(0.5f)));
-    __m256 r = _mm256_sub_ps(xc, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
-    r = _mm256_sub_ps(r, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = madd8(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = madd8(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = madd8(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = madd8(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = madd8(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = madd8(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-    y = _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), y);         // underflow: 0
-    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));  // NaN stays NaN
-}
-#endif
 
 // One score's dot product. AVX2: two 8-lane accumulators over alternate 8-value chunks, an
 // odd chunk into the first, their sum, a fixed horizontal sum, then the D % 8 tail in order.

@@ -37,7 +37,7 @@ def _lib() -> ctypes.CDLL | None:
             p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
             args = [p, i64, p, p, i64, p, p, i64, p, p, i32, ctypes.c_float, p, i64, i64,
                     i64, i64, ctypes.c_int]  # fmt: skip
-            lib = bind("attention", {"ls_attention": (args, ctypes.c_int)})
+            lib = bind({"ls_attention": (args, ctypes.c_int)})
             if lib is not None:
                 log.info("attention: C kernel (batch-invariant, fixed reduction order)")
             else:

@@ -1,11 +1,11 @@
 """Compile the C kernels of this folder once per machine and load them with ctypes.
 
-Each ``NAME.c`` (with the folder's ``*.h``) becomes its own shared library, built with the
+The folder's ``*.c`` files (with its ``*.h``) become one shared library, built with the
 system C compiler for this CPU (``-march=native``) and cached under
 ``~/.cache/loraserve/kernels`` by a hash of the sources, the compiler and the CPU's flags,
 so a later start only loads it. Plain C with ctypes, not a torch extension: gcc compiles
-one file in about a second, where torch's extension headers take 30-60 s, and a cold first
-start must stay within a few seconds.
+the five files in parallel in about 2 s, where torch's extension headers take 30-60 s,
+and a cold first start must stay within a few seconds.
 
 OpenMP: the libraries link the ``libgomp.so.1`` that torch ships and has already loaded,
 so kernels and torch share one thread pool (two pools on 2 cores slow both down).
@@ -65,107 +65,126 @@ def _cc_version(cc: str) -> str:
     return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
 
 
-def _key(src: Path, cc: str) -> str:
-    h = hashlib.sha256(src.read_bytes())
-    for header in sorted(src.parent.glob("*.h")):  # the headers the sources include
-        h.update(header.read_bytes())
+LIBRARY = "kernels"  # one shared library of every source below
+# compiled to objects in parallel (the slowest, qmatmul.c, takes ~1.5 s), then linked once,
+# so the fused layers (layers.c) call the very functions the Python wrappers call
+SOURCES = ("qmatmul.c", "floatmm.c", "rowops.c", "attention.c", "layers.c")
+
+
+def _key(cc: str) -> str:
+    h = hashlib.sha256()
+    for f in sorted(SRC_DIR.glob("*.[ch]")):  # every source and header of the folder
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
     for part in (_cc_version(cc), _cpu_flags(), " ".join(CFLAGS), torch.__version__):
         h.update(part.encode())
     return h.hexdigest()[:16]
 
 
 class _Build:
-    """One compiler run into a temporary file, moved into place when it succeeds."""
+    """The compiler runs (one per source, all at once) into a temporary folder; the linked
+    library is moved into place when every step succeeds."""
 
-    def __init__(self, src: Path, cc: str, out: Path) -> None:
-        self.src, self.out = src, out
+    def __init__(self, cc: str, out: Path) -> None:
+        self.cc, self.out = cc, out
         self.tmp = tempfile.mkdtemp(dir=out.parent)
-        self.tmp_out = Path(self.tmp) / out.name
-        torch_lib = Path(torch.__file__).parent / "lib"
-        cmd = [cc, *CFLAGS, str(src), "-o", str(self.tmp_out), f"-L{torch_lib}",
-               f"-Wl,-rpath,{torch_lib}", "-lm"]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.objs = [Path(self.tmp) / (Path(s).stem + ".o") for s in SOURCES]
+        flags = [f for f in CFLAGS if f != "-shared"]
+        self.procs = [
+            subprocess.Popen([cc, *flags, "-c", str(SRC_DIR / s), "-o", str(o)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+            for s, o in zip(SOURCES, self.objs, strict=True)
+        ]
 
     def finish(self) -> bool:
-        _, err = self.proc.communicate()
         try:
-            if self.proc.returncode != 0:
-                log.warning("compiling %s failed, using the slower pure-torch path:\n%s",
-                            self.src.name, err.decode(errors="replace")[-2000:])  # fmt: skip
+            errs = [p.communicate()[1] for p in self.procs]
+            if any(p.returncode != 0 for p in self.procs):
+                err = b"".join(errs).decode(errors="replace")[-2000:]
+                log.warning("compiling the C kernels failed, using the slower pure-torch "
+                            "path:\n%s", err)  # fmt: skip
                 return False
-            os.replace(self.tmp_out, self.out)  # atomic: concurrent starts never see half
-            log.info("compiled %s for this CPU (%s)", self.src.name, self.out)
+            torch_lib = Path(torch.__file__).parent / "lib"
+            tmp_out = Path(self.tmp) / self.out.name
+            link = subprocess.run(
+                [self.cc, *CFLAGS, *map(str, self.objs), "-o", str(tmp_out),
+                 f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}", "-lm"],
+                capture_output=True,
+            )  # fmt: skip
+            if link.returncode != 0:
+                log.warning("linking the C kernels failed, using the slower pure-torch path:"
+                            "\n%s", link.stderr.decode(errors="replace")[-2000:])  # fmt: skip
+                return False
+            os.replace(tmp_out, self.out)  # atomic: concurrent starts never see half
+            log.info("compiled the C kernels for this CPU (%s)", self.out)
             return True
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-_BUILDS: dict[str, _Build | None] = {}  # name -> compile in flight (None: nothing to build)
+_BUILD: list[_Build] = []  # the compile in flight, if any
 
 
-def _output(name: str) -> tuple[Path, Path, str] | None:
-    """(source, library path, compiler) of ``NAME.c``, or None without a compiler."""
+def _output() -> tuple[Path, str] | None:
+    """(library path, compiler), or None without a compiler or with the kernels disabled."""
     if os.environ.get(_DISABLED_ENV) == "1":
         return None
     cc = _compiler()
     if cc is None:
-        log.warning("no C compiler found: %s kernels run on the slower pure-torch path", name)
+        log.warning("no C compiler found: the kernels run on the slower pure-torch path")
         return None
-    src = SRC_DIR / f"{name}.c"
-    out = cache_dir() / f"{name}-{_key(src, cc)}.so"
+    out = cache_dir() / f"{LIBRARY}-{_key(cc)}.so"
     if not out.is_file():
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
         except OSError:  # an unwritable home: build into the temporary directory instead
             out = Path(tempfile.gettempdir()) / f"loraserve-kernels-{os.getuid()}" / out.name
             out.parent.mkdir(parents=True, exist_ok=True)
-    return src, out, cc
+    return out, cc
 
 
-def prebuild(names: list[str]) -> None:
-    """Start compiling every listed library that is not built yet, all at once and in the
-    background (a cold first start compiles while the model file is being read)."""
+def prebuild() -> None:
+    """Start compiling the library if it is not built yet, in the background (a cold first
+    start compiles while the model file is being read)."""
     with _LOCK:
-        for name in names:
-            if name in _LIBS or name in _BUILDS:
-                continue
-            where = _output(name)
-            if where is None:
-                _LIBS[name] = None
-                continue
-            src, out, cc = where
-            _BUILDS[name] = None if out.is_file() else _Build(src, cc, out)
+        if LIBRARY in _LIBS or _BUILD:
+            return
+        where = _output()
+        if where is None:
+            _LIBS[LIBRARY] = None
+        elif not where[0].is_file():
+            _BUILD.append(_Build(where[1], where[0]))
 
 
-def _build(name: str) -> ctypes.CDLL | None:
-    where = _output(name)
+def _build() -> ctypes.CDLL | None:
+    where = _output()
     if where is None:
         return None
-    src, out, cc = where
-    build = _BUILDS.pop(name, None)
+    out, cc = where
+    build = _BUILD.pop() if _BUILD else None
     if build is None and not out.is_file():
-        build = _Build(src, cc, out)
+        build = _Build(cc, out)
     if build is not None and not build.finish():
         return None
     return ctypes.CDLL(str(out))
 
 
-def library(name: str) -> ctypes.CDLL | None:
-    """The loaded library of ``NAME.c`` (built on first use), or None when it cannot be
-    built here (no compiler, a build error, or ``LORASERVE_NO_C_KERNELS=1``)."""
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel library (built on first use), or None when it cannot be built
+    here (no compiler, a build error, or ``LORASERVE_NO_C_KERNELS=1``)."""
     with _LOCK:
-        if name not in _LIBS:
-            _LIBS[name] = _build(name)
-        return _LIBS[name]
+        if LIBRARY not in _LIBS:
+            _LIBS[LIBRARY] = _build()
+        return _LIBS[LIBRARY]
 
 
 Signature = tuple[list[type], type | None]  # (argtypes, restype) of one C function
 
 
-def bind(name: str, signatures: dict[str, Signature]) -> ctypes.CDLL | None:
-    """`library(name)` with each listed function's argument and result types set (once;
-    later calls return the same library), or None when it cannot be built here."""
-    lib = library(name)
+def bind(signatures: dict[str, Signature]) -> ctypes.CDLL | None:
+    """`library()` with each listed function's argument and result types set, or None
+    when it cannot be built here."""
+    lib = library()
     if lib is not None:
         for fn, (args, res) in signatures.items():
             f = getattr(lib, fn)

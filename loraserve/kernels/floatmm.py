@@ -23,7 +23,7 @@ _floaded = False
 def _cf() -> ctypes.CDLL | None:
     global _flib, _floaded
     if not _floaded:
-        _flib, _floaded = bind("floatmm", _SIGNATURES), True
+        _flib, _floaded = bind(_SIGNATURES), True
     return _flib
 
 

@@ -1,10 +1,12 @@
-"""Row-wise decoder operations in C (`rowops.c`), with torch fallbacks: RMSNorm, rope."""
+"""Row-wise decoder operations in C (`rowops.c`), with torch fallbacks: RMSNorm, rope, and
+the gated activation of the feed-forward."""
 
 from __future__ import annotations
 
 import ctypes
 
 import torch
+import torch.nn.functional as F
 
 from loraserve.kernels.build import bind
 
@@ -16,13 +18,15 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
     "ls_rms_norm": ([_P, _I, _I, _I, _I, _P, _I, _F, _P, ctypes.c_int], None),
     "ls_norm_rope": ([_P, _I, _I, _I, _I, _P, _I, _F, _P, _P, _P, ctypes.c_int], None),
+    "ls_gated_act": ([_P, _P, _I, _I, _I, ctypes.c_int, _P, ctypes.c_int], None),
 }
+ACTS = {"silu": 0, "gelu_tanh": 1}  # the C kernel's activation codes
 
 
 def _c() -> ctypes.CDLL | None:
     global _lib, _loaded
     if not _loaded:
-        _lib, _loaded = bind("rowops", _SIGNATURES), True
+        _lib, _loaded = bind(_SIGNATURES), True
     return _lib
 
 
@@ -89,3 +93,25 @@ def norm_rope(
     lib.ls_norm_rope(x.data_ptr(), t, h, d, x.stride(0), wp, max(hw, 1), eps, cos.data_ptr(),
                      sin.data_ptr(), y.data_ptr(), torch.get_num_threads())  # fmt: skip
     return y
+
+
+def gated_act(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
+    """act(gate) * up -> a new contiguous [T, F] float32: gate/up [T, F] (row views of one
+    fused gate|up output are fine), act 'silu' (llama, qwen) or 'gelu_tanh' (gemma). The C
+    kernel computes each value by one fixed formula (its own exp, the same in every lane),
+    so a row's result never depends on the batch; the fused decoder calls the same code."""
+    lib = _c()
+    t, f = gate.shape
+    if (
+        lib is not None
+        and gate.dtype == up.dtype == torch.float32
+        and gate.stride(1) == up.stride(1) == 1
+        and gate.stride(0) == up.stride(0)
+    ):
+        out = torch.empty(t, f)
+        lib.ls_gated_act(gate.data_ptr(), up.data_ptr(), t, f, gate.stride(0), ACTS[act],
+                         out.data_ptr(), torch.get_num_threads())  # fmt: skip
+        return out
+    if act == "silu":
+        return F.silu(gate) * up
+    return F.gelu(gate, approximate="tanh") * up

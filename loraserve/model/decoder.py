@@ -180,8 +180,11 @@ def _build_fused(d: Decoder) -> FusedLayers | None:
         layers.append(LayerSpec(qkv, o, gate_up, down, b.attn_norm.contiguous(),
                                 b.qk_norm, _f32(b.post_attn_norm), b.ffn_norm.contiguous(),
                                 _f32(b.post_ffn_norm), bool(b.sliding)))  # fmt: skip
+    if not layers:
+        return None
+    ffn = d.blocks[0].gate_up.out_features // 2
     fused = FusedLayers(layers, cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
-                        cfg.intermediate_size, cfg.rms_eps, cfg.attn_scale, cfg.act)  # fmt: skip
+                        ffn, cfg.rms_eps, cfg.attn_scale, cfg.act)  # fmt: skip
     return fused if fused.available and kernels.backend() == "c" else None
 
 

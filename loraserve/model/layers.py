@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from loraserve.kernels.rowops import gated_act as _gated_act
 from loraserve.kernels.rowops import norm_rope as _norm_rope
 from loraserve.kernels.rowops import rms_norm as _rms_norm
 
@@ -76,7 +76,6 @@ def apply_rope(
 
 
 def gated_act(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
-    """act(gate) * up for 'silu' (llama, qwen) and 'gelu_tanh' (gemma)."""
-    if act == "silu":
-        return F.silu(gate) * up
-    return F.gelu(gate, approximate="tanh") * up
+    """act(gate) * up for 'silu' (llama, qwen) and 'gelu_tanh' (gemma); one C call
+    (`kernels.rowops`)."""
+    return _gated_act(gate, up, act)

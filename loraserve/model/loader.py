@@ -40,7 +40,7 @@ def load_model(path: str | Path, precision: Precision = "native") -> LoadedModel
     path = Path(path)
     t0 = time.perf_counter()
     # a cold first start compiles the C kernels (in parallel) while the file is parsed
-    build.prebuild(["qmatmul", "floatmm", "rowops", "attention"])
+    build.prebuild()
     if path.is_dir():
         from loraserve.model.hf import HFCheckpoint
 

@@ -1,0 +1,82 @@
+"""The fused layers (one C call for every layer of a step without LoRA) give exactly the
+Python path's bits, and the C gated activation is accurate against float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as Q
+
+from loraserve.kernels import backend
+from loraserve.kernels.rowops import gated_act
+from loraserve.model.loader import load_model
+from tests.tiny import gguf_tensors, hf_model, our_logits, write_gguf
+
+needs_c = pytest.mark.skipif(backend() != "c", reason="no C compiler here")
+
+
+def _quantized_model(tmp_path, arch: str, **over):
+    m = hf_model(arch, hidden_size=256, intermediate_size=256, seed=3, **over)
+    kinds = [Q.Q4_K, Q.Q5_0, Q.Q8_0, Q.Q6_K, Q.Q4_0, Q.Q3_K, Q.Q5_1]
+    quant = {}
+    for i, (name, t) in enumerate(gguf_tensors(m, arch).items()):
+        if name.startswith("blk.") and t.dim() == 2:
+            kind = kinds[i % len(kinds)]
+            quant[name] = kind if t.shape[1] % 256 == 0 else Q.Q8_0  # K-quants: 256 blocks
+    return load_model(write_gguf(tmp_path / f"{arch}.gguf", m, arch, quant))
+
+
+@needs_c
+@pytest.mark.parametrize("arch", ["gemma3", "qwen2", "llama"])
+def test_fused_layers_equal_the_python_path_bitwise(tmp_path, arch: str) -> None:
+    over = {"sliding_window": 5} if arch == "gemma3" else {}
+    model = _quantized_model(tmp_path, arch, **over)
+    dec = model.decoder
+    assert dec._fused() is not None, "the quantized dense model should take the fused path"
+    ids = torch.randint(3, 300, (19,), generator=torch.Generator().manual_seed(1)).tolist()
+    runs = {}
+    for fused in (True, False):
+        dec.use_fused = fused
+        runs[fused] = [our_logits(model, ids, chunk) for chunk in (19, 6, 1)]
+    dec.use_fused = True
+    for a, b in zip(runs[True], runs[False], strict=True):
+        assert torch.equal(a, b)
+    # and chunking changes no bit either (the fused path's own promise)
+    assert torch.equal(runs[True][0], runs[True][1]) and torch.equal(runs[True][0], runs[True][2])
+
+
+@needs_c
+def test_fused_layers_refuse_bad_metadata_with_a_clear_error(tmp_path) -> None:
+    model = _quantized_model(tmp_path, "llama")
+    fused = model.decoder._fused()
+    assert fused is not None
+    d = model.config
+    kv = [(torch.zeros(8, d.n_kv_heads, d.head_dim), torch.zeros(8, d.n_kv_heads, d.head_dim))
+          for _ in range(d.n_layers)]  # fmt: skip
+    x = torch.zeros(1, d.hidden_size)
+    cos = sin = torch.zeros(1, d.head_dim // 2)
+    one = torch.tensor([0])
+    with pytest.raises(ValueError, match="inconsistent"):  # slot 99 is outside the pool
+        fused(x, torch.tensor([99]), one, torch.tensor([0, 1]), one, torch.tensor([1]), 0,
+              (cos, sin), (cos, sin), kv)  # fmt: skip
+    with pytest.raises(ValueError, match="KV pools"):
+        fused(x, one, one, torch.tensor([0, 1]), one, torch.tensor([1]), 0, (cos, sin),
+              (cos, sin), kv[:1])  # fmt: skip
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_gated_activation_matches_float64_and_is_row_independent(act: str) -> None:
+    g = torch.randn(33, 2 * 203, generator=torch.Generator().manual_seed(0)) * 4
+    gate, up = g[:, :203], g[:, 203:]  # views of one fused output, as the decoder passes
+    y = gated_act(gate, up, act)
+    ref = F.silu(gate.double()) if act == "silu" else F.gelu(gate.double(), approximate="tanh")
+    ref = ref * up.double()
+    big = ref.abs() > 1e-6
+    rel = ((y.double() - ref).abs() / ref.abs())[big]
+    assert rel.max() < 1e-5
+    assert ((y.double() - ref).abs()[~big]).max() < 1e-6
+    for r in (0, 7, 32):  # a row alone gives the same bits (the 203 % 8 tail included)
+        assert torch.equal(gated_act(gate[r : r + 1], up[r : r + 1], act)[0], y[r])
+    bad = gated_act(torch.tensor([[float("nan"), 1.0]]), torch.ones(1, 2), act)
+    assert bad[0, 0].isnan() and bad[0, 1].isfinite()
