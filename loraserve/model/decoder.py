@@ -152,7 +152,6 @@ class Decoder(nn.Module):
         x = rms_norm(x, self.norm, self.cfg.rms_eps)
         return self.output(x)
 
-
     def _fused(self) -> FusedLayers | None:
         """The fused layers, built on first use; None where a layer needs the Python path
         (MoE, float weights) or the C kernels are not here."""
