@@ -25,9 +25,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from loraserve import __version__
 from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.model.loader import LoadedModel
-from loraserve.server import admin, completion, lora_api, metrics, oai, webui
+from loraserve.server import admin, completion, embeddings, lora_api, metrics, oai, webui
 from loraserve.server.args import ServerConfig
 from loraserve.server.auth import ApiKeyMiddleware
+from loraserve.server.cors import CorsMiddleware, cors_policy
 from loraserve.server.errors import ApiError, JsonResponse, install_error_handlers
 from loraserve.server.state import ServerState
 
@@ -167,7 +168,8 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware)
     if cfg.api_keys:
         app.add_middleware(ApiKeyMiddleware, keys=cfg.api_keys)
-    for module in (completion, oai, admin, lora_api, metrics, webui):
+    app.add_middleware(CorsMiddleware, policy=cors_policy(cfg))  # outermost: preflights
+    for module in (completion, oai, admin, lora_api, metrics, embeddings, webui):
         app.include_router(module.router)
     return app
 

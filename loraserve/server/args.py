@@ -14,6 +14,7 @@ from typing import Any
 
 from loraserve import __version__
 from loraserve.engine.sampling.params import SamplingParams
+from loraserve.server import cors
 from loraserve.server.llama_flags import add_llama_flags
 
 AUTO_PARALLEL = 4  # llama-server resolves `-np -1` (its default, "auto") to 4 slots
@@ -68,6 +69,16 @@ class ServerConfig:
     alias: tuple[str, ...] = ()
     dtype: str = "auto"
     webui: bool = True
+    cors_origins: str = cors.DEFAULT_ORIGINS  # CORS: see `server/cors.py`
+    cors_methods: str = cors.DEFAULT_METHODS
+    cors_headers: str = cors.DEFAULT_HEADERS
+    cors_credentials: bool = True
+    embedding: bool = False  # embeddings and reranking: see `server/embeddings.py`
+    reranking: bool = False
+    pooling: str | None = None  # None: the model's
+    slots: bool = True  # GET /slots (--no-slots: 501)
+    sleep_idle_seconds: int = -1  # -1: never sleep
+    verbose: bool = False
     ignored: tuple[str, ...] = field(default=(), compare=False)
 
     def request_defaults(self) -> dict[str, Any]:
@@ -95,7 +106,7 @@ class ServerConfig:
             "total_slots": self.n_parallel,
             "model_path": self.model or "",
             "modalities": {"vision": False, "video": False, "audio": False},
-            "endpoint_slots": True,
+            "endpoint_slots": self.slots,
             "endpoint_props": False,
             "endpoint_metrics": self.metrics,
             "build_info": f"loraserve {__version__}",
@@ -231,6 +242,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--frequency-penalty", type=_float_in(), help=d)
     a("-s", "--seed", type=_int_in(-1, 2**32 - 1), help=f"-1 = random {d}")
     a("-a", "--alias", action=_CsvAppend, metavar="NAME[,NAME]", help="model names for the API")
+    a("--slots", action=argparse.BooleanOptionalAction, help=f"GET /slots {d}")
+    a("--sleep-idle-seconds", type=_int_in(-1), help=f"sleep when idle, -1 = never {d}")
+    a("-v", "--verbose", "--log-verbose", action="store_true", help="debug logs, __verbose")
+    cors.add_flags(p)
+    from loraserve.server import embeddings  # here: it imports the server, which imports us
+
+    embeddings.add_flags(p)
     o = p.add_argument_group("loraserve flags")
     o.add_argument(
         "--lora-dir",
@@ -289,6 +307,7 @@ def parse_server_args(argv: list[str]) -> ServerConfig:
         temperature=max(ns.temperature, 0.0),
         seed=-1 if ns.seed == 2**32 - 1 else ns.seed,
         alias=tuple(dict.fromkeys(ns.alias)),
+        embedding=ns.embedding or ns.reranking,
         ignored=tuple(ns.ignored),
     )
     return ServerConfig(**values)

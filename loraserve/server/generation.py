@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from loraserve.engine.request import Submission
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.lora.registry import Mix
 from loraserve.model.tokenizer import Tokenizer
@@ -110,6 +111,12 @@ async def submit(
         cache_prompt=params.cache_prompt,
         id_slot=params.id_slot,
     )
+    return await start_flight(state, sub)
+
+
+async def start_flight(state: ServerState, sub: Submission) -> Flight:
+    """Follow a submission's requests with a `Flight` once the engine received them (a
+    400 naming `lora` if it refused their mix)."""
     flight = state.flights.start(state.require(), sub.requests)
     try:
         flight.mix = await wait(sub.received)

@@ -12,10 +12,10 @@ from typing import Any
 # Accepted and ignored, as words; "|" joins the spellings of one flag.
 IGNORED_SWITCHES = """
     --jinja --no-jinja --mlock --mmap --no-mmap
-    -v|--verbose|--log-verbose --log-disable --log-timestamps --log-prefix
+    --log-disable --log-timestamps --log-prefix
     -cb|--cont-batching -nocb|--no-cont-batching -kvu|--kv-unified -no-kvu|--no-kv-unified
     --warmup --no-warmup --swa-full --context-shift --no-context-shift --cache-idle-slots
-    --no-cache-idle-slots --slots --no-slots --props --no-perf --check-tensors --reuse-port
+    --no-cache-idle-slots --props --no-perf --check-tensors --reuse-port
     --offline --op-offload --no-op-offload
 """.split()
 IGNORED_OPTIONAL_VALUE = "-fa|--flash-attn -fit|--fit --log-colors -rea|--reasoning".split()
@@ -26,14 +26,13 @@ IGNORED_WITH_VALUE = """
     --threads-http -to|--timeout -sps|--slot-prompt-similarity --cache-reuse --keep
     -sm|--split-mode -ts|--tensor-split -mg|--main-gpu -dev|--device -ot|--override-tensor
     -ncmoe|--n-cpu-moe -fitt|--fit-target -fitc|--fit-ctx --numa --prio --poll
-    -dt|--defrag-thold -lv|--verbosity|--log-verbosity --log-file --sleep-idle-seconds
+    -dt|--defrag-thold -lv|--verbosity|--log-verbosity --log-file
     --sse-ping-interval --path
 """.split()
 
 # Flags llama-server has and loraserve refuses, with why (an error beats a silent difference).
 UNSUPPORTED_FLAGS = {
     "-hf|-hfr|--hf-repo|-hff|--hf-file|-mu|--model-url": "downloading models; pass -m PATH",
-    "--embedding|--embeddings|--reranking|--rerank": "embeddings and reranking",
     "-mm|--mmproj|-mmu|--mmproj-url": "multimodal models",
     "-md|--model-draft|--spec-draft-model": "speculative decoding",
     "--grammar|--grammar-file|-j|--json-schema|-jf|--json-schema-file": "grammars",
