@@ -46,12 +46,13 @@ def parse_spec(spec: str) -> tuple[Path, float]:
     return Path(path), weight
 
 
-def peek(path: Path, weight: float) -> Source:
-    """Format, architecture and base shapes of an input, from its headers only."""
+def peek(path: Path, weight: float, arch_hint: str | None = None) -> Source:
+    """Format, architecture and base shapes of an input, from its headers only
+    (`arch_hint`: the architecture to map a PEFT folder's names with when it records none)."""
     if not path.exists():
         raise MergeError(f"{path}: no such adapter file or folder")
     if path.is_dir():
-        return _peek_peft(path, weight)
+        return _peek_peft(path, weight, arch_hint)
     from loraserve.model.gguf import GGUFFile
 
     try:
@@ -72,7 +73,7 @@ def peek(path: Path, weight: float) -> Source:
     return Source(path, weight, "gguf", str(arch) if arch else None, shapes)
 
 
-def _peek_peft(path: Path, weight: float) -> Source:
+def _peek_peft(path: Path, weight: float, arch_hint: str | None = None) -> Source:
     from safetensors import safe_open
 
     try:
@@ -87,7 +88,9 @@ def _peek_peft(path: Path, weight: float) -> Source:
     shapes: Shapes = {}
     for key, shape in dims.items():
         m = _PEFT_KEY.match(key)
-        target = m and hf_to_gguf_name(_module_key(m.group(1)) + ".weight", arch or "llama")
+        target = m and hf_to_gguf_name(
+            _module_key(m.group(1)) + ".weight", arch or arch_hint or "llama"
+        )
         if m and target and m.group(2) in ("lora_A", "lora_B"):
             old = shapes.get(target, (0, 0))
             shapes[target] = (shape[0], old[1]) if m.group(2) == "lora_B" else (old[0], shape[1])

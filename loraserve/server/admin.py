@@ -21,7 +21,7 @@ from loraserve.engine import slot_io
 from loraserve.engine.views import SlotView
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.body import body_doc, read_body
-from loraserve.server.chat_template import CHATML_TEMPLATE, render_prompt
+from loraserve.server.chat_template import render_prompt
 from loraserve.server.errors import (
     JsonResponse,
     invalid_request,
@@ -63,7 +63,7 @@ async def props(request: HttpRequest) -> Response:
     out["default_generation_settings"]["n_ctx"] = engine.n_ctx_slot
     out["model_alias"] = state.model_name
     out["model_path"] = str(state.model.path)
-    out["chat_template"] = tok.chat_template or CHATML_TEMPLATE
+    out["chat_template"] = state.template().source  # a built-in's name, or Jinja text
     out["bos_token"] = tok.piece(tok.bos_id) if tok.bos_id is not None else ""
     out["eos_token"] = tok.piece(tok.eos_id) if tok.eos_id is not None else ""
     return JsonResponse(out)
@@ -237,5 +237,13 @@ async def apply_template(request: HttpRequest) -> Response:
     state.require()
     body = await read_body(request, ApplyTemplateRequest)
     tok = state.require().tokenizer
-    prompt = await asyncio.to_thread(render_prompt, tok, body.messages, body.add_generation_prompt)
+    prompt = await asyncio.to_thread(
+        render_prompt,
+        state.template(),
+        tok,
+        body.messages,
+        body.add_generation_prompt,
+        state.cfg.chat_template_kwargs,
+        body.chat_template_kwargs,
+    )
     return JsonResponse({"prompt": prompt})

@@ -1,16 +1,20 @@
 """The ASGI app (`create_app`) and the process around it (`serve`).
 
-The model loads in a background thread while the HTTP server already answers: until
-the engine runs, `/health` (and everything else) answers 503 "Loading model". On
-SIGTERM or SIGINT the server stops accepting connections, lets in-flight requests
-finish for up to `SHUTDOWN_GRACE_S` seconds, cancels what is left, stops the engine and
-exits with status 0.
+`serve` checks the files (headers only) and binds the port first (`startup`); then the
+model loads in a background thread while the HTTP server already answers: until the engine
+runs, `/health` (and everything else) answers 503 "Loading model". A start-up failure is
+one log line and exit status 1. On SIGTERM or SIGINT (Ctrl-C) the server stops accepting
+connections, says so, lets in-flight requests finish for up to `SHUTDOWN_GRACE_S` seconds,
+cancels what is left, stops the engine and exits with status 0; a second signal exits at
+once (status 128 + the signal's number), without tracebacks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -23,13 +27,13 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraserve import __version__
-from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.model.loader import LoadedModel
 from loraserve.server import admin, completion, embeddings, lora_api, metrics, oai, webui
 from loraserve.server.args import ServerConfig
 from loraserve.server.auth import ApiKeyMiddleware
 from loraserve.server.cors import CorsMiddleware, cors_policy
 from loraserve.server.errors import ApiError, JsonResponse, install_error_handlers
+from loraserve.server.startup import StartupError, bind, check_files, load_from_config, start
 from loraserve.server.state import ServerState
 
 log = logging.getLogger("loraserve.server")
@@ -70,61 +74,6 @@ class BodyLimitMiddleware:
         await self.app(scope, limited, send)
 
 
-def build_engine(cfg: ServerConfig, model: LoadedModel) -> Engine:
-    """The engine sized by the command line (`-np`, `-c`, `-ub`, `--cache-ram`)."""
-    n_ctx = cfg.n_ctx or model.config.context_length
-    return Engine(
-        model,
-        EngineConfig(
-            n_slots=cfg.n_parallel,
-            n_ctx=max(n_ctx, cfg.n_parallel),
-            ubatch=cfg.n_ubatch,
-            cache_ram_mib=cfg.cache_ram_mib,
-        ),
-    )
-
-
-def load_from_config(cfg: ServerConfig) -> LoadedModel:
-    """Load `-m` (or the default model) in the precision of `--dtype`."""
-    from loraserve.model.default import resolve_model_path
-    from loraserve.model.loader import load_model
-
-    path = resolve_model_path(cfg.model)
-    return load_model(path, "float32" if cfg.dtype == "float32" else "native")
-
-
-def _start(
-    state: ServerState,
-    model: LoadedModel | None,
-    loader: Callable[[], LoadedModel],
-    on_failure: Callable[[], None],
-) -> None:
-    cfg = state.cfg
-    try:
-        if model is None:
-            model = loader()
-        engine = build_engine(cfg, model)
-        specs = [
-            (spec.path, 0.0 if cfg.lora_init_without_apply else spec.scale) for spec in cfg.lora
-        ]
-        if cfg.model is None and not cfg.lora:  # the default model: its demo adapters, off
-            from loraserve.adapters import DEMO_ADAPTERS, gguf_path
-
-            specs = [(str(gguf_path(name)), 0.0) for name in DEMO_ADAPTERS]
-        for path, scale in specs:
-            adapter = engine.load_adapter(path, scale).result()
-            log.info("adapter %d: %s (%s) at scale %g", adapter.id, adapter.name, path, scale)
-        engine.start()
-        state.attach(model, engine)
-        log.info(
-            "model %s ready: %d slots of %d tokens", model.name, cfg.n_parallel, engine.n_ctx_slot
-        )
-    except BaseException as e:  # SystemExit from a missing model included
-        state.load_error = str(e) or type(e).__name__
-        log.error("cannot start: %s", state.load_error)
-        on_failure()
-
-
 def create_app(
     cfg: ServerConfig,
     model: LoadedModel | None = None,
@@ -142,7 +91,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.loop = asyncio.get_running_loop()
         thread = threading.Thread(
-            target=_start,
+            target=start,
             args=(state, model, loader or (lambda: load_from_config(cfg)), on_load_failure),
             name="loraserve-load",
             daemon=True,
@@ -176,36 +125,45 @@ def create_app(
 
 class _Server(uvicorn.Server):
     """uvicorn, minus re-raising the caught SIGTERM/SIGINT after a graceful shutdown (so the
-    process exits 0, not killed by the signal). On the first signal it calls `on_exit`."""
+    process exits 0, not killed by the signal). On the first signal it calls `on_exit`; on
+    the second it exits the process at once."""
 
     on_exit: Callable[[], None] | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        first = not self.should_exit
+        if self.should_exit:  # the second Ctrl-C: now, with one line and no tracebacks
+            log.warning("second %s: exiting now", signal.Signals(sig).name)
+            logging.shutdown()
+            os._exit(128 + sig)
         super().handle_exit(sig, frame)
         self._captured_signals.clear()
-        if first and self.on_exit is not None:
+        if self.on_exit is not None:
             self.on_exit()
 
 
+def _fail(message: str) -> None:
+    log.error("cannot start: %s", message)
+    logging.shutdown()
+    os._exit(1)
+
+
 def serve(cfg: ServerConfig) -> None:
-    """Run the server until SIGTERM/SIGINT; exits 1 if the model cannot be loaded."""
+    """Run the server until SIGTERM/SIGINT; exits 1, with one log line, if it cannot start
+    (bad model or adapter file, busy port, failed load)."""
     if cfg.ignored:
         log.warning("ignored llama-server flags: %s", " ".join(cfg.ignored))
+    try:
+        check_files(cfg)
+        sock = bind(cfg.host, cfg.port)
+    except StartupError as e:
+        log.error("cannot start: %s", e)
+        sys.exit(1)
     if cfg.n_threads > 0:
         torch.set_num_threads(cfg.n_threads)
-    server: _Server | None = None
-
-    def stop() -> None:
-        if server is not None:
-            server.should_exit = True
-
-    app = create_app(cfg, on_load_failure=stop)
+    app = create_app(cfg, on_load_failure=lambda: _fail(app.state.server.load_error or "?"))
     config = uvicorn.Config(
         app,
-        host=cfg.host,
-        port=cfg.port,
-        log_level="info",
+        log_level="warning",
         timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S) + 2,  # after our own abort below
         access_log=False,
     )
@@ -213,13 +171,22 @@ def serve(cfg: ServerConfig) -> None:
     state: ServerState = app.state.server
 
     def abort_at_grace_end() -> None:  # requests still running then answer 503, not a 500
+        def abort() -> None:
+            if len(state.flights):
+                log.warning("grace period over: cancelling %d requests", len(state.flights))
+            state.abort_flights()
+
+        log.warning(
+            "shutting down: no new connections; %d requests in flight get up to %g s to "
+            "finish (press Ctrl-C again to exit now)",
+            len(state.flights),
+            SHUTDOWN_GRACE_S,
+        )
         if state.loop is not None:
-            state.loop.call_soon_threadsafe(
-                state.loop.call_later, SHUTDOWN_GRACE_S, state.abort_flights
-            )
+            state.loop.call_soon_threadsafe(state.loop.call_later, SHUTDOWN_GRACE_S, abort)
 
     server.on_exit = abort_at_grace_end
-    log.info("loraserve %s listening on http://%s:%d", __version__, cfg.host, cfg.port)
-    server.run()
-    if app.state.server.load_error is not None:
-        sys.exit(1)
+    port = sock.getsockname()[1]
+    log.info("loraserve %s listening on http://%s:%d", __version__, cfg.host, port)
+    server.run(sockets=[sock])
+    log.info("stopped")

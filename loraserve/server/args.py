@@ -9,24 +9,26 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from loraserve import __version__
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.server import cors
+from loraserve.server.arg_types import (
+    CsvAppend,
+    LoraAction,
+    LoraSpec,
+    chat_template_file,
+    chat_template_flag,
+    float_in,
+    int_in,
+    json_object,
+)
 from loraserve.server.llama_flags import add_llama_flags
 
 AUTO_PARALLEL = 4  # llama-server resolves `-np -1` (its default, "auto") to 4 slots
 DTYPES = ("auto", "native", "int8", "float32")
-
-
-@dataclass(frozen=True)
-class LoraSpec:
-    """An adapter given on the command line; its id is its position in `ServerConfig.lora`."""
-
-    path: str
-    scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,9 @@ class ServerConfig:
     `n_parallel` is already resolved (llama-server's "auto", -1, becomes 4); `n_ctx` 0 means
     the model's trained context; `n_threads` -1 means the engine's choice; `seed` -1 means
     random; `cache_ram_mib` -1 means no limit and 0 disables the cache of unheld prefixes;
-    `lora_dirs` are absolute with symlinks resolved; `ignored` lists the ignored flags seen
-    (for a startup warning).
+    `lora_dirs` are absolute with symlinks resolved; `chat_template` is `--chat-template`'s
+    value or `--chat-template-file`'s text (`chat_template_origin` names the flag, checked
+    at parse time); `ignored` lists the ignored flags seen (for a startup warning).
     """
 
     model: str | None = None
@@ -79,6 +82,10 @@ class ServerConfig:
     slots: bool = True  # GET /slots (--no-slots: 501)
     sleep_idle_seconds: int = -1  # -1: never sleep
     verbose: bool = False
+    chat_template: str | None = None
+    chat_template_origin: str = ""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict, compare=False)
+    strict_model_names: bool = False
     ignored: tuple[str, ...] = field(default=(), compare=False)
 
     def request_defaults(self) -> dict[str, Any]:
@@ -117,89 +124,29 @@ class ServerConfig:
         return props
 
 
-def _int_in(lo: int, hi: int | None = None, note: str = "") -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < lo or (hi is not None and value > hi):
-            bounds = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-            raise argparse.ArgumentTypeError(f"must be {bounds}{note}, got {value}")
-        return value
-
-    return parse
-
-
-def _float_in(lo: float | None = None, hi: float | None = None) -> Any:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if value != value or value in (float("inf"), float("-inf")):
-            raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            raise argparse.ArgumentTypeError(f"must be in [{lo}, {hi}], got {value}")
-        return value
-
-    return parse
-
-
-def _csv(value: str) -> list[str]:
-    return [item.strip() for item in value.split(",") if item.strip()]
-
-
-class _LoraAction(argparse.Action):
-    """`--lora A,B` and `--lora-scaled A:0.5,B:1` (or the older `--lora-scaled A 0.5`), in
-    command-line order into one list: an adapter's id is its position, as in llama-server."""
-
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None):
-        specs = list(getattr(namespace, self.dest) or [])
-        try:
-            if option_string == "--lora":
-                specs += [LoraSpec(path) for path in _csv(values)]
-            elif len(values) == 2:
-                specs.append(LoraSpec(values[0], _float_in()(values[1])))
-            elif len(values) == 1:
-                for item in _csv(values[0]):
-                    path, sep, scale = item.rpartition(":")
-                    if not sep or not path:
-                        raise argparse.ArgumentTypeError(
-                            f"expected PATH:SCALE (or PATH SCALE), got {item!r}"
-                        )
-                    specs.append(LoraSpec(path, _float_in()(scale)))
-            else:
-                raise argparse.ArgumentTypeError(
-                    f"expected PATH:SCALE[,PATH:SCALE...] or PATH SCALE, got {' '.join(values)!r}"
-                )
-        except argparse.ArgumentTypeError as exc:
-            raise argparse.ArgumentError(self, str(exc)) from None
-        setattr(namespace, self.dest, specs)
-
-
-class _CsvAppend(argparse.Action):
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None):
-        setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), *_csv(values)])
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser behind `parse_server_args` (exposed for `--help` rendering)."""
     p = argparse.ArgumentParser(
         prog="loraserve",
-        usage="loraserve [serve] [flags]",
+        usage="loraserve [serve] [flags] | loraserve generate ... | loraserve merge ...",
         allow_abbrev=False,
-        description="llama-server compatible LLM server built for multi-LoRA serving.",
+        description="llama-server compatible LLM server built for multi-LoRA serving.\n\n"
+        "commands:\n"
+        "  serve     run the HTTP server (the default: `loraserve [flags]` is `loraserve serve`)\n"
+        "  generate  one completion from the shell (`loraserve generate --help`)\n"
+        "  merge     combine LoRA adapters into one (`loraserve merge --help`)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--version", action="version", version=f"loraserve {__version__}")
     d = "(default: %(default)s)"
     g = p.add_argument_group("llama-server flags")
     a = g.add_argument
     a("-m", "--model", help="GGUF file or Hugging Face folder (default: the built-in model)")
-    a("--lora", action=_LoraAction, metavar="PATH[,PATH]", help="adapter at scale 1")
+    a("--lora", action=LoraAction, metavar="PATH[,PATH]", help="adapter at scale 1")
     a(
         "--lora-scaled",
         dest="lora",
-        action=_LoraAction,
+        action=LoraAction,
         nargs="+",
         metavar="PATH:SCALE",
         help="adapter at a scale: PATH:SCALE[,PATH:SCALE] or PATH SCALE",
@@ -209,46 +156,61 @@ def build_parser() -> argparse.ArgumentParser:
         "-np",
         "--parallel",
         dest="n_parallel",
-        type=_int_in(-1, note=" and not 0"),
+        type=int_in(-1, note=" and not 0"),
         help=f"number of slots, -1 = auto = {AUTO_PARALLEL} {d}",
     )
-    a("-c", "--ctx-size", dest="n_ctx", type=_int_in(0), help=f"KV tokens, 0 = model's {d}")
-    a("-b", "--batch-size", dest="n_batch", type=_int_in(1), help=f"logical batch {d}")
-    a("-ub", "--ubatch-size", dest="n_ubatch", type=_int_in(1), help=f"physical batch {d}")
+    a("-c", "--ctx-size", dest="n_ctx", type=int_in(0), help=f"KV tokens, 0 = model's {d}")
+    a("-b", "--batch-size", dest="n_batch", type=int_in(1), help=f"logical batch {d}")
+    a("-ub", "--ubatch-size", dest="n_ubatch", type=int_in(1), help=f"physical batch {d}")
     a(
         "-cram",
         "--cache-ram",
         dest="cache_ram_mib",
-        type=_int_in(-1),
+        type=int_in(-1),
         help=f"MiB of cached prefixes no slot holds, -1 = no limit, 0 = off {d}",
     )
     a("--cache-prompt", action=argparse.BooleanOptionalAction, help=f"request default {d}")
     a("--slot-save-path", metavar="DIR", help="directory for POST /slots/{id}?action=save")
     a("--host", help=f"listen address {d}")
-    a("--port", type=_int_in(0, 65535), help=f"listen port {d}")
-    a("--api-key", dest="api_keys", action=_CsvAppend, metavar="KEY[,KEY]", help="API keys")
+    a("--port", type=int_in(0, 65535), help=f"listen port {d}")
+    a("--api-key", dest="api_keys", action=CsvAppend, metavar="KEY[,KEY]", help="API keys")
     a("--api-key-file", metavar="FILE", help="API keys, one per line, # starts a comment")
     a("--metrics", action="store_true", help="enable GET /metrics")
     a("--webui", "--ui", action=argparse.BooleanOptionalAction, help=f"the web UI at / {d}")
     a("-t", "--threads", dest="n_threads", type=int, help=f"CPU threads, -1 = auto {d}")
-    a("-n", "--n-predict", "--predict", dest="n_predict", type=_int_in(-1), help=d)
-    a("--temp", "--temperature", dest="temperature", type=_float_in(), help=f"<= 0: greedy {d}")
-    a("--top-k", type=_int_in(0), help=d)
-    a("--top-p", type=_float_in(0, 1), help=d)
-    a("--min-p", type=_float_in(0, 1), help=d)
-    a("--repeat-penalty", type=_float_in(0), help=d)
-    a("--repeat-last-n", type=_int_in(0), help=d)
-    a("--presence-penalty", type=_float_in(), help=d)
-    a("--frequency-penalty", type=_float_in(), help=d)
-    a("-s", "--seed", type=_int_in(-1, 2**32 - 1), help=f"-1 = random {d}")
-    a("-a", "--alias", action=_CsvAppend, metavar="NAME[,NAME]", help="model names for the API")
+    a("-n", "--n-predict", "--predict", dest="n_predict", type=int_in(-1), help=d)
+    a("--temp", "--temperature", dest="temperature", type=float_in(), help=f"<= 0: greedy {d}")
+    a("--top-k", type=int_in(0), help=d)
+    a("--top-p", type=float_in(0, 1), help=d)
+    a("--min-p", type=float_in(0, 1), help=d)
+    a("--repeat-penalty", type=float_in(0), help=d)
+    a("--repeat-last-n", type=int_in(0), help=d)
+    a("--presence-penalty", type=float_in(), help=d)
+    a("--frequency-penalty", type=float_in(), help=d)
+    a("-s", "--seed", type=int_in(-1, 2**32 - 1), help=f"-1 = random {d}")
+    a("-a", "--alias", action=CsvAppend, metavar="NAME[,NAME]", help="model names for the API")
     a("--slots", action=argparse.BooleanOptionalAction, help=f"GET /slots {d}")
-    a("--sleep-idle-seconds", type=_int_in(-1), help=f"sleep when idle, -1 = never {d}")
+    a("--sleep-idle-seconds", type=int_in(-1), help=f"sleep when idle, -1 = never {d}")
     a("-v", "--verbose", "--log-verbose", action="store_true", help="debug logs, __verbose")
     cors.add_flags(p)
     from loraserve.server import embeddings  # here: it imports the server, which imports us
 
     embeddings.add_flags(p)
+    a(
+        "--chat-template",
+        type=chat_template_flag,
+        metavar="NAME|JINJA",
+        help="llama.cpp built-in template (chatml, gemma, llama2, llama3, mistral-v7, phi3, "
+        "qwen, deepseek, ...) or Jinja text (default: the model's)",
+    )
+    a("--chat-template-file", type=chat_template_file, metavar="FILE", help="Jinja template")
+    a(
+        "--chat-template-kwargs",
+        type=json_object,
+        metavar="JSON",
+        help='extra template variables for every request, e.g. \'{"enable_thinking": false}\'',
+    )
+    a("--jinja", action="store_true", help="templates run as Jinja (always; as llama-server)")
     o = p.add_argument_group("loraserve flags")
     o.add_argument(
         "--lora-dir",
@@ -263,9 +225,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="weights: native (the file's own formats, quantized kernels; auto and int8 mean "
         "this) or float32 (every matrix dequantized: the exact reference) " + d,
     )
+    o.add_argument(
+        "--strict-model-names",
+        action="store_true",
+        help="a request `model` naming neither the model nor a loaded adapter is a 404 "
+        "(default: served by the base model, as llama-server does, with a warning)",
+    )
     add_llama_flags(p)
-    defaults = {f.name: f.default for f in fields(ServerConfig)}
-    p.set_defaults(**{**defaults, "n_parallel": -1, "lora_dirs": []})
+    defaults = {f.name: f.default for f in fields(ServerConfig) if f.default is not MISSING}
+    p.set_defaults(**{**defaults, "n_parallel": -1, "lora_dirs": [], "chat_template_kwargs": None})
     return p
 
 
@@ -293,10 +261,21 @@ def parse_server_args(argv: list[str]) -> ServerConfig:
     for d in ns.lora_dirs:
         if not os.path.isdir(d):
             parser.error(f"argument --lora-dir: not a directory: {d!r}")
+    if ns.chat_template is not None and ns.chat_template_file is not None:
+        parser.error("argument --chat-template-file: give it or --chat-template, not both")
     if not ns.host.strip() or "," in ns.host:
         parser.error(f"argument --host: expected one address, got {ns.host!r}")
-    values = {f.name: getattr(ns, f.name) for f in fields(ServerConfig)}
+    values = {f.name: getattr(ns, f.name, None) for f in fields(ServerConfig)}
     values.update(
+        chat_template=ns.chat_template if ns.chat_template is not None else ns.chat_template_file,
+        chat_template_origin=(
+            "--chat-template"
+            if ns.chat_template is not None
+            else "--chat-template-file"
+            if ns.chat_template_file is not None
+            else ""
+        ),
+        chat_template_kwargs=ns.chat_template_kwargs or {},
         lora=tuple(ns.lora),
         lora_dirs=tuple(os.path.realpath(d) for d in ns.lora_dirs),
         n_parallel=AUTO_PARALLEL if ns.n_parallel == -1 else ns.n_parallel,

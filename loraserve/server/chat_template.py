@@ -5,14 +5,21 @@ The template runs in jinja2's `ImmutableSandboxedEnvironment` with `trim_blocks`
 expect: `raise_exception`, `strftime_now`, a `tojson` filter writing Python `json.dumps`
 style (no HTML escaping, non-ASCII kept), `bos_token`, `eos_token`, `add_generation_prompt`.
 
-A model without a template (Gemma 3 270M base) gets llama.cpp's fallback: the ChatML
-template of common/chat.cpp (`CHATML_TEMPLATE`, the same text), as llama-server does; the
-name "chatml" selects it too.
+Which template a server renders with (`resolve_chat_template`), as llama-server resolves it:
+`--chat-template` (one of llama.cpp's built-in names, rendered by `chat_builtin` as its C++
+code does, or Jinja text), `--chat-template-file` (Jinja), else the model file's template.
+A model without one gets llama.cpp's fallback, the ChatML template of common/chat.cpp
+(`CHATML_TEMPLATE`, the same text), with a warning at start; **ours:** a vocabulary with
+Gemma's turn tokens (`<start_of_turn>`, `<end_of_turn>`) and no template (Gemma 3 270M
+base) gets the built-in `gemma` instead, since ChatML's markers are plain text to it.
+Jinja templates get `chat_template_kwargs` (`--chat-template-kwargs`, then the request's)
+as extra variables.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from typing import Any, NoReturn
@@ -21,6 +28,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from loraserve.model.tokenizer import Tokenizer
+from loraserve.server.chat_builtin import BUILTIN, UNPORTED, render_builtin
 from loraserve.server.errors import invalid_request
 
 CHATML_TEMPLATE = (
@@ -130,6 +138,7 @@ def render_chat(
     *,
     add_bos: bool = False,
     add_eos: bool = False,
+    kwargs: dict[str, Any] | None = None,
 ) -> str:
     """Render `messages` into a prompt string with `template` (ChatML when None or empty).
 
@@ -137,11 +146,13 @@ def render_chat(
     trailing EOS the template wrote is removed (llama.cpp does the same, so Gemma's
     `{{ bos_token }}` does not end up twice). Raises ValueError on malformed messages and
     `ChatTemplateError` (a ValueError) when the template fails or refuses them.
+    `kwargs` are extra template variables (they cannot replace the four above).
     """
     source = CHATML_TEMPLATE if not template or template == "chatml" else template
     msgs = normalize_messages(messages)
     try:
         result = compile_template(source).render(
+            **(kwargs or {}),
             messages=msgs,
             bos_token=bos_token,
             eos_token=eos_token,
@@ -158,22 +169,104 @@ def render_chat(
     return result
 
 
-def render_prompt(
-    tok: Tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool
-) -> str:
-    """The chat prompt from `tok`'s template (ChatML when it has none), with the model's
-    BOS and EOS; a 400 naming the problem when the messages or the template fail."""
-    bos = tok.piece(tok.bos_id) if tok.bos_id is not None else ""
-    eos = tok.piece(tok.eos_id) if tok.eos_id is not None else ""
-    try:
+@dataclass(frozen=True)
+class ChatTemplate:
+    """The template a server renders chats with: a built-in name (`builtin`) or Jinja text,
+    and where it came from (`origin`: a flag, "model" or "fallback")."""
+
+    source: str
+    builtin: bool
+    origin: str
+
+    def render(
+        self,
+        tok: Tokenizer,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """The prompt text; ValueError naming the problem (messages, or the template)."""
+        if self.builtin:
+            return render_builtin(self.source, normalize_messages(messages), add_generation_prompt)
+        bos = tok.piece(tok.bos_id) if tok.bos_id is not None else ""
+        eos = tok.piece(tok.eos_id) if tok.eos_id is not None else ""
         return render_chat(
-            tok.chat_template,
+            self.source,
             messages,
             bos,
             eos,
             add_generation_prompt,
             add_bos=tok.add_bos,
             add_eos=tok.add_eos,
+            kwargs=kwargs,
+        )
+
+
+def check_template_flag(value: str) -> ChatTemplate:
+    """`--chat-template VALUE`: a built-in name, or Jinja text that compiles; ValueError
+    naming the problem (an unknown or unported name, a template that does not compile)."""
+    if value in BUILTIN:
+        return ChatTemplate(value, True, "--chat-template")
+    if value in UNPORTED:
+        raise ValueError(
+            f"llama.cpp's built-in template {value!r} is not ported to loraserve; pass its "
+            "Jinja text with --chat-template-file"
+        )
+    if "{{" not in value and "{%" not in value:
+        raise ValueError(
+            f"unknown built-in template {value!r} (and not Jinja text); built-in: "
+            + ", ".join(sorted(BUILTIN))
+        )
+    compile_template(value)
+    return ChatTemplate(value, False, "--chat-template")
+
+
+def _is_single_token(tok: Tokenizer, text: str) -> bool:
+    return len(tok.encode(text, add_special=False, parse_special=True)) == 1
+
+
+def resolve_chat_template(
+    override: str | None, origin: str, tok: Tokenizer
+) -> tuple[ChatTemplate, str | None]:
+    """The server's template and, when the model has none, the warning to log at start.
+
+    `override` is `--chat-template`'s value or `--chat-template-file`'s text (`origin`
+    names the flag); without it, the model's own template; else the fallback."""
+    if override is not None:
+        if origin == "--chat-template":
+            return check_template_flag(override), None
+        compile_template(override)
+        return ChatTemplate(override, False, origin), None
+    if tok.chat_template:
+        return ChatTemplate(tok.chat_template, False, "model"), None
+    gemma = all(_is_single_token(tok, t) for t in ("<start_of_turn>", "<end_of_turn>"))
+    chosen = (
+        ChatTemplate("gemma", True, "fallback")
+        if gemma
+        else ChatTemplate(CHATML_TEMPLATE, False, "fallback")
+    )
+    name = "gemma (its vocabulary has Gemma's turn tokens)" if gemma else "chatml"
+    warning = (
+        f"the model has no chat template; chat uses the {name} fallback "
+        "(choose one with --chat-template NAME or --chat-template-file FILE)"
+    )
+    return chosen, warning
+
+
+def render_prompt(
+    template: ChatTemplate,
+    tok: Tokenizer,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool,
+    defaults: dict[str, Any] | None = None,
+    kwargs: dict[str, Any] | None = None,
+) -> str:
+    """The chat prompt from the server's template, with the model's BOS and EOS and the
+    template variables `defaults` (`--chat-template-kwargs`) updated by the request's
+    `kwargs`; a 400 naming the problem when the messages or the template fail."""
+    try:
+        return template.render(
+            tok, messages, add_generation_prompt, {**(defaults or {}), **(kwargs or {})}
         )
     except ValueError as e:
         raise invalid_request(str(e)) from None

@@ -41,6 +41,10 @@ class Flights:
         self._by_request: dict[int, Flight] = {}
         self._open: set[Flight] = set()
 
+    def __len__(self) -> int:
+        """How many flights are in progress."""
+        return len(self._open)
+
     def start(self, engine: Engine, requests: list[Request]) -> Flight:
         """Event loop: follow `requests` (just submitted) until `Flight.close`."""
         flight = Flight(self, engine, requests)

@@ -11,7 +11,7 @@ from typing import Any
 
 # Accepted and ignored, as words; "|" joins the spellings of one flag.
 IGNORED_SWITCHES = """
-    --jinja --no-jinja --mlock --mmap --no-mmap
+    --no-jinja --mlock --mmap --no-mmap
     --log-disable --log-timestamps --log-prefix
     -cb|--cont-batching -nocb|--no-cont-batching -kvu|--kv-unified -no-kvu|--no-kv-unified
     --warmup --no-warmup --swa-full --context-shift --no-context-shift --cache-idle-slots
@@ -21,9 +21,9 @@ IGNORED_SWITCHES = """
 IGNORED_OPTIONAL_VALUE = "-fa|--flash-attn -fit|--fit --log-colors -rea|--reasoning".split()
 IGNORED_WITH_VALUE = """
     -ngl|--gpu-layers|--n-gpu-layers -ctk|--cache-type-k -ctv|--cache-type-v
-    -ctxcp|--ctx-checkpoints|--swa-checkpoints --chat-template --chat-template-file
-    --chat-template-kwargs --reasoning-format --reasoning-budget -tb|--threads-batch
-    --threads-http -to|--timeout -sps|--slot-prompt-similarity --cache-reuse --keep
+    -ctxcp|--ctx-checkpoints|--swa-checkpoints --reasoning-format --reasoning-budget
+    -tb|--threads-batch --threads-http -to|--timeout -sps|--slot-prompt-similarity
+    --cache-reuse --keep
     -sm|--split-mode -ts|--tensor-split -mg|--main-gpu -dev|--device -ot|--override-tensor
     -ncmoe|--n-cpu-moe -fitt|--fit-target -fitc|--fit-ctx --numa --prio --poll
     -dt|--defrag-thold -lv|--verbosity|--log-verbosity --log-file

@@ -151,7 +151,17 @@ async def chat_completions(request: HttpRequest) -> Response:
     params = await read_body(request, OAIChatRequest)
     params = params.with_defaults(state.cfg.request_defaults())
     prompts = await tokenize_prompts(
-        state, [render_prompt(tok, params.messages, params.add_generation_prompt)]
+        state,
+        [
+            render_prompt(
+                state.template(),
+                tok,
+                params.messages,
+                params.add_generation_prompt,
+                state.cfg.chat_template_kwargs,
+                params.chat_template_kwargs,
+            )
+        ],
     )
     flight = await submit(state, prompts, params, adapter_name=params.model)
     head = object_head(

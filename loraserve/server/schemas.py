@@ -199,7 +199,8 @@ class OAICompletionRequest(CompletionRequest):
 
 class OAIChatRequest(_GenerationParams):
     """POST /v1/chat/completions. `messages` are checked and their list-of-parts contents
-    flattened to text (see `chat_template.normalize_messages`); `logprobs: true` asks for
+    flattened to text (see `chat_template.normalize_messages`); `chat_template_kwargs` are
+    extra variables for a Jinja template (over `--chat-template-kwargs`); `logprobs: true` asks for
     `top_logprobs` (default 20) candidates per token; `model` may name a loaded adapter."""
 
     messages: Messages = Field(min_length=1)
@@ -208,6 +209,7 @@ class OAIChatRequest(_GenerationParams):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=N_PROBS_MAX)
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
     stream_options: StreamOptions | None = None
 
     @model_validator(mode="after")
@@ -225,6 +227,7 @@ class ApplyTemplateRequest(_Body):
 
     messages: Messages
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class LoadAdapterRequest(_Body):

@@ -13,6 +13,7 @@ from loraserve.engine.engine import Engine
 from loraserve.engine.request import Event, Run
 from loraserve.model.loader import LoadedModel
 from loraserve.server.args import ServerConfig
+from loraserve.server.chat_template import ChatTemplate
 from loraserve.server.errors import unavailable
 from loraserve.server.flight import Flights
 
@@ -29,6 +30,7 @@ class ServerState:
         self.model: LoadedModel | None = None
         self.engine: Engine | None = None
         self.load_error: str | None = None
+        self.chat_template: ChatTemplate | None = None  # resolved at start, with the model
         self.loop: asyncio.AbstractEventLoop | None = None  # the app's, set at start-up
         self.started = time.time()
         self.flights = Flights()
@@ -40,6 +42,18 @@ class ServerState:
         engine.listeners.extend([*self.listeners, self.flights.listener])
         self.model = model
         self.engine = engine
+
+    def template(self) -> ChatTemplate:
+        """The chat template requests render with (resolved at start from the flags, the
+        model's own, or the fallback)."""
+        if self.chat_template is None:  # a model attached without `startup.start`
+            from loraserve.server.chat_template import resolve_chat_template
+
+            tok = self.require().tokenizer
+            self.chat_template, _ = resolve_chat_template(
+                self.cfg.chat_template, self.cfg.chat_template_origin, tok
+            )
+        return self.chat_template
 
     def require(self) -> Engine:
         """The engine, or a 503 while the model is loading (or failed to)."""

