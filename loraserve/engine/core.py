@@ -77,6 +77,8 @@ class EngineCore:
         self.tokenizer = model.tokenizer
         self._outputs: dict[int, TextOutput] = {}
         self.listeners: list[Callable[[Run, Event], None]] = []  # metrics hooks
+        self.n_forward = 0  # forward passes run (`/metrics` n_decode_total)
+        self.n_busy_rows = 0  # sum over forward passes of the sequences they ran
 
     @property
     def busy(self) -> bool:
@@ -104,6 +106,8 @@ class EngineCore:
             self.runner.copy_block(src, dst, n)
         sched.release_copy_sources(copies)
         step = forward_isolated(self.runner, work)  # a failing sequence fails alone
+        self.n_forward += 1
+        self.n_busy_rows += len(work)
         for run, message in step.failed:
             self.fail(run, message)
         sampling: list[Run] = []

@@ -33,7 +33,9 @@ class StopType(StrEnum):
 
 @dataclass
 class Timings:
-    """llama-server's `timings` object, filled by the engine."""
+    """llama-server's `timings` object, filled by the engine. Generation rates count the
+    tokens after the first (which comes from the prompt's last logits, not a decode step,
+    as llama-server does): one token has rate 0."""
 
     cache_n: int = 0
     prompt_n: int = 0
@@ -46,7 +48,7 @@ class Timings:
             return (ms / n if n else 0.0, 1000.0 * n / ms if ms > 0 else 0.0)
 
         ppt, pps = per(self.prompt_n, self.prompt_ms)
-        dpt, dps = per(self.predicted_n, self.predicted_ms)
+        dpt, dps = per(max(self.predicted_n - 1, 0), self.predicted_ms)
         return {
             "cache_n": self.cache_n,
             "prompt_n": self.prompt_n,

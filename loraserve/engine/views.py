@@ -36,6 +36,8 @@ class EngineStats:
     block_size: int
     cache: CacheStats
     adapter_names: dict[int, str]
+    n_forward: int = 0  # forward passes so far
+    n_busy_rows: int = 0  # sequences summed over those passes
 
 
 def slot_views(scheduler: Scheduler) -> list[SlotView]:
@@ -69,4 +71,6 @@ def engine_stats(core: EngineCore) -> EngineStats:
         block_size=pool.block_size,
         cache=CacheStats(s.hits, s.misses, s.hit_tokens, s.evictions),
         adapter_names={a.id: a.name for a in core.adapters.list()},
+        n_forward=core.n_forward,
+        n_busy_rows=core.n_busy_rows,
     )

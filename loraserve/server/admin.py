@@ -62,6 +62,7 @@ async def props(request: HttpRequest) -> Response:
     out = state.cfg.to_props_dict()
     out["default_generation_settings"]["n_ctx"] = engine.n_ctx_slot
     out["model_alias"] = state.model_name
+    out["is_sleeping"] = request.app.state.sleep.sleeping
     out["model_path"] = str(state.model.path)
     out["chat_template"] = state.template().source  # a built-in's name, or Jinja text
     out["bos_token"] = tok.piece(tok.bos_id) if tok.bos_id is not None else ""
@@ -89,18 +90,26 @@ def _slot_json(n_ctx: int, slot: SlotView) -> dict[str, Any]:
         "is_processing": slot.busy,
         "params": params,
         "n_tokens": slot.n_tokens,
-        "next_token": {
-            "has_next_token": slot.busy,
-            "n_remain": (req.max_tokens - slot.n_decoded) if req and req.max_tokens >= 0 else -1,
-            "n_decoded": slot.n_decoded,
-        },
+        "next_token": [  # a list, as llama-server's (one entry per sequence of the slot)
+            {
+                "has_next_token": slot.busy,
+                "n_remain": (req.max_tokens - slot.n_decoded)
+                if slot.busy and req and req.max_tokens >= 0
+                else -1,
+                "n_decoded": slot.n_decoded,
+            }
+        ],
     }
 
 
 @router.get("/slots")
 async def slots(request: HttpRequest, fail_on_no_slot: int = 0) -> Response:
-    """Each slot's id, context, whether it is processing, and its last request's params."""
-    engine = get_state(request).require()
+    """Each slot's id, context, whether it is processing, and its last request's params
+    (501 with `--no-slots`)."""
+    state = get_state(request)
+    engine = state.require()
+    if not state.cfg.slots:
+        raise not_supported("This server does not support slots endpoint. Start it with `--slots`")
     infos = [_slot_json(engine.n_ctx_slot, s) for s in await wait(engine.slots())]
     if fail_on_no_slot and all(s["is_processing"] for s in infos):
         raise unavailable("no slot available")

@@ -33,6 +33,7 @@ from loraserve.server.args import ServerConfig
 from loraserve.server.auth import ApiKeyMiddleware
 from loraserve.server.cors import CorsMiddleware, cors_policy
 from loraserve.server.errors import ApiError, JsonResponse, install_error_handlers
+from loraserve.server.sleep import SleepMiddleware, SleepWatch
 from loraserve.server.startup import StartupError, bind, check_files, load_from_config, start
 from loraserve.server.state import ServerState
 
@@ -112,11 +113,13 @@ def create_app(
     )
     app.state.server = state
     app.state.metrics = stats
+    app.state.sleep = SleepWatch(cfg.sleep_idle_seconds)
     state.listeners.append(stats.listener)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware)
     if cfg.api_keys:
         app.add_middleware(ApiKeyMiddleware, keys=cfg.api_keys)
+    app.add_middleware(SleepMiddleware, watch=app.state.sleep)
     app.add_middleware(CorsMiddleware, policy=cors_policy(cfg))  # outermost: preflights
     for module in (completion, oai, admin, lora_api, metrics, embeddings, webui):
         app.include_router(module.router)

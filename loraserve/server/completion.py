@@ -21,7 +21,7 @@ from loraserve.server.body import body_doc, read_body
 from loraserve.server.errors import JsonResponse
 from loraserve.server.generation import settings, submit, tokenize_prompts
 from loraserve.server.output import Output, collect, logprob, stream, token_prob
-from loraserve.server.schemas import CompletionRequest
+from loraserve.server.schemas import CompletionRequest, _GenerationParams
 from loraserve.server.state import ServerState, get_state
 
 router = APIRouter()
@@ -53,7 +53,7 @@ def prob_entry(
 def final_result(
     state: ServerState,
     out: Output,
-    params: CompletionRequest,
+    params: _GenerationParams,
     mix: Mix,
     index: int,
     content: str,
@@ -86,6 +86,24 @@ def final_result(
             prob_entry(tok, t, p, top, post) for t, p, top in out.probs
         ]
     return res
+
+
+def pick_fields(res: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+    """llama-server's `response_fields`: only the named fields (all when none are named);
+    ``a/b`` is the field ``b`` of ``a``, kept under the name ``a/b``; missing ones are left
+    out."""
+    if not fields:
+        return res
+    out: dict[str, Any] = {}
+    for name in fields:
+        value: Any = res
+        for part in name.split("/"):
+            if not isinstance(value, dict) or part not in value:
+                break
+            value = value[part]
+        else:
+            out[name] = value
+    return out
 
 
 def partial_result(
@@ -123,10 +141,14 @@ async def completion(request: HttpRequest) -> Response:
 
         def chunk(i: int, out: Output, ev: Event) -> dict[str, Any] | None:
             if ev.done:
-                return final_result(state, out, params, flight.mix, i, ev.text)
+                res = final_result(state, out, params, flight.mix, i, ev.text)
+                return pick_fields(res, params.response_fields)
             return partial_result(state, out, params, i, ev) if ev.token is not None else None
 
         return stream(flight, chunk)
     outs = await collect(flight, request)
-    results = [final_result(state, o, params, flight.mix, i, o.text) for i, o in enumerate(outs)]
+    results = [
+        pick_fields(final_result(state, o, params, flight.mix, i, o.text), params.response_fields)
+        for i, o in enumerate(outs)
+    ]
     return JsonResponse(results[0] if len(results) == 1 else results)

@@ -9,14 +9,10 @@ cache statistics are the engine's snapshot at scrape time (`Engine.stats`).
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
-from collections.abc import Iterator
 
 from fastapi import APIRouter
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily as C
-from prometheus_client.core import GaugeMetricFamily as G
-from prometheus_client.core import Metric
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
@@ -35,8 +31,10 @@ class Metrics:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.started = time.time()
         self.totals: dict[str, float] = defaultdict(float)
         self.adapters: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self._bucket: dict[str, float] = defaultdict(float)  # since the last scrape
 
     def listener(self, run: Run, ev: Event) -> None:
         with self._lock:
@@ -53,116 +51,157 @@ class Metrics:
             self.totals["prompt_seconds"] += t.prompt_ms / 1000
             self.totals["predicted_seconds"] += t.predicted_ms / 1000
             self.totals["cached_prompt_tokens"] += run.n_cached
+            n_tokens = run.n_prompt + len(run.generated)
+            self.totals["n_tokens_max"] = max(self.totals["n_tokens_max"], n_tokens)
+            b = self._bucket
+            b["prompt_tokens"] += prompt_n
+            b["prompt_seconds"] += t.prompt_ms / 1000
+            b["predicted_tokens"] += max(len(run.generated) - 1, 0)
+            b["predicted_seconds"] += t.predicted_ms / 1000
             for i in run.req.mix.scales:
                 self.adapters[i]["requests"] += 1
                 self.adapters[i]["prompt_tokens"] += prompt_n
+
+    def take_rates(self) -> tuple[float, float]:
+        """Prompt and generation tokens/s of the requests finished since the last call."""
+        with self._lock:
+            b, self._bucket = self._bucket, defaultdict(float)
+
+        def rate(n: str, s: str) -> float:
+            return b[n] / b[s] if b[s] > 0 else 0.0
+
+        return rate("prompt_tokens", "prompt_seconds"), rate(
+            "predicted_tokens", "predicted_seconds"
+        )
 
     def snapshot(self) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
         with self._lock:
             return dict(self.totals), {i: dict(v) for i, v in self.adapters.items()}
 
 
-class _Families:
-    def __init__(self, families: list[Metric]) -> None:
-        self.families = families
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self.families)
+Item = tuple[str, str, str, float]  # (kind, name, help, value)
 
 
-def _families(
-    totals: dict[str, float], per: dict[int, dict[str, float]], view: EngineStats
-) -> list[Metric]:
-    def rate(n: str, s: str) -> float:
-        return totals.get(n, 0) / totals[s] if totals.get(s, 0) > 0 else 0.0
-
+def _items(
+    totals: dict[str, float],
+    rates: tuple[float, float],
+    per: dict[int, dict[str, float]],
+    view: EngineStats,
+) -> list[Item]:
     c = view.cache
-    hits, misses, hit_tokens, evictions = c.hits, c.misses, c.hit_tokens, c.evictions
     used = view.blocks_used
-    table: list[tuple[type, str, str, float]] = [
-        (C, "llamacpp:prompt_tokens", "Prompt tokens processed.", totals.get("prompt_tokens", 0)),
-        (C, "llamacpp:prompt_seconds", "Prompt process time.", totals.get("prompt_seconds", 0)),
-        (C, "llamacpp:tokens_predicted", "Generation tokens.", totals.get("tokens_predicted", 0)),
+    t = totals.get
+    counters = [
         (
-            C,
-            "llamacpp:tokens_predicted_seconds",
-            "Predict time.",
-            totals.get("predicted_seconds", 0),
+            "llamacpp:prompt_tokens_total",
+            "Prompt tokens processed, excluding cached tokens",
+            t("prompt_tokens", 0),
         ),
         (
-            G,
+            "llamacpp:prompt_tokens_cached_total",
+            "Prompt tokens reused from the cache",
+            t("cached_prompt_tokens", 0),
+        ),
+        (
+            "llamacpp:prompt_seconds_total",
+            "Total time spent processing prompts",
+            t("prompt_seconds", 0),
+        ),
+        ("llamacpp:tokens_predicted_total", "Generation tokens", t("tokens_predicted", 0)),
+        (
+            "llamacpp:tokens_predicted_seconds_total",
+            "Total time spent generating tokens",
+            t("predicted_seconds", 0),
+        ),
+        ("llamacpp:n_decode_total", "Forward passes run", view.n_forward),
+        (
+            "llamacpp:n_tokens_max",
+            "Largest sequence length seen (prompt + generation)",
+            t("n_tokens_max", 0),
+        ),
+        ("llamacpp:spec_decode_num_draft_tokens_total", "Speculative: draft tokens (none here)", 0),
+        ("llamacpp:spec_decode_num_accepted_tokens_total", "Speculative: draft tokens accepted", 0),
+        ("llamacpp:spec_decode_num_drafts_total", "Speculative: verification steps", 0),
+        ("loraserve:requests_finished_total", "Requests finished", t("requests_ok", 0)),
+        (
+            "loraserve:requests_failed_total",
+            "Requests failed in the engine",
+            t("requests_error", 0),
+        ),
+        ("loraserve:cache_hits_total", "Prefix-cache lookups that reused tokens", c.hits),
+        ("loraserve:cache_misses_total", "Prefix-cache lookups that reused nothing", c.misses),
+        ("loraserve:cache_hit_tokens_total", "Tokens found by prefix-cache lookups", c.hit_tokens),
+        ("loraserve:cache_evictions_total", "KV blocks evicted from the prefix cache", c.evictions),
+    ]
+    gauges = [
+        (
             "llamacpp:prompt_tokens_seconds",
-            "Average prompt tokens/s.",
-            rate("prompt_tokens", "prompt_seconds"),
+            "Prompt throughput in tokens/s since the last scrape",
+            rates[0],
         ),
         (
-            G,
             "llamacpp:predicted_tokens_seconds",
-            "Average generation tokens/s.",
-            rate("tokens_predicted", "predicted_seconds"),
+            "Generation throughput in tokens/s since the last scrape",
+            rates[1],
         ),
-        (G, "llamacpp:requests_processing", "Requests processing.", view.processing),
-        (G, "llamacpp:requests_deferred", "Requests deferred.", view.deferred),
+        ("llamacpp:requests_processing", "Requests processing", view.processing),
+        ("llamacpp:requests_deferred", "Requests deferred", view.deferred),
         (
-            G,
+            "llamacpp:n_busy_slots_per_decode",
+            "Average busy slots per forward pass",
+            view.n_busy_rows / max(view.n_forward, 1),
+        ),
+        (
             "llamacpp:kv_cache_usage_ratio",
-            "KV-cache usage, 1 = full.",
+            "KV-cache usage, 1 = full",
             used / max(view.blocks_max, 1),
         ),
-        (G, "llamacpp:kv_cache_tokens", "KV-cache tokens.", used * view.block_size),
-        (C, "loraserve:requests_finished", "Requests finished.", totals.get("requests_ok", 0)),
-        (
-            C,
-            "loraserve:requests_failed",
-            "Requests failed in the engine.",
-            totals.get("requests_error", 0),
-        ),
-        (
-            C,
-            "loraserve:prompt_tokens_cached",
-            "Prompt tokens reused from the prefix cache.",
-            totals.get("cached_prompt_tokens", 0),
-        ),
-        (C, "loraserve:cache_hits", "Prefix-cache lookups that reused tokens.", hits),
-        (C, "loraserve:cache_misses", "Prefix-cache lookups that reused nothing.", misses),
-        (C, "loraserve:cache_hit_tokens", "Tokens found by prefix-cache lookups.", hit_tokens),
-        (C, "loraserve:cache_evictions", "KV blocks evicted from the prefix cache.", evictions),
-        (G, "loraserve:kv_blocks_used", "KV blocks held by slots or the cache.", used),
-        (
-            G,
-            "loraserve:kv_blocks_cached",
-            "KV blocks held only by the cache.",
-            view.blocks_cached,
-        ),
-        (G, "loraserve:kv_blocks_free", "KV blocks free.", view.blocks_free),
+        ("llamacpp:kv_cache_tokens", "KV-cache tokens", used * view.block_size),
+        ("loraserve:kv_blocks_used", "KV blocks held by slots or the cache", used),
+        ("loraserve:kv_blocks_cached", "KV blocks held only by the cache", view.blocks_cached),
+        ("loraserve:kv_blocks_free", "KV blocks free", view.blocks_free),
     ]
-    out: list[Metric] = [kind(name, doc, value=value) for kind, name, doc, value in table]
-    labels = ["id", "name"]
-    per_adapter = {
-        key: C(f"loraserve:adapter_{key}", f"{doc} per adapter.", labels=labels)
-        for key, doc in (
-            ("requests", "Requests finished"),
-            ("prompt_tokens", "Prompt tokens evaluated"),
-            ("tokens_predicted", "Tokens generated"),
-        )
-    }
-    for i, values in sorted(per.items()):
-        name = view.adapter_names.get(i, "")
-        for key, fam in per_adapter.items():
-            fam.add_metric([str(i), name], values.get(key, 0))
-    return out + list(per_adapter.values())
+    return [("counter", *x) for x in counters] + [("gauge", *x) for x in gauges]
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render(items: list[Item], per: dict[int, dict[str, float]], names: dict[int, str]) -> str:
+    """Prometheus text, as llama-server writes it: HELP, TYPE and the sample under the same
+    name (counters end in ``_total``); per-adapter counters labelled by id and name."""
+    lines: list[str] = []
+    for kind, name, doc, value in items:
+        lines += [f"# HELP {name} {doc}.", f"# TYPE {name} {kind}", f"{name} {float(value):g}"]
+    for key, doc in PER_ADAPTER:
+        name = f"loraserve:adapter_{key}_total"
+        lines += [f"# HELP {name} {doc} per adapter.", f"# TYPE {name} counter"]
+        for i, values in sorted(per.items()):
+            labels = f'id="{i}",name="{_label(names.get(i, ""))}"'
+            lines.append(f"{name}{{{labels}}} {float(values.get(key, 0)):g}")
+    return "\n".join(lines) + "\n"
+
+
+PER_ADAPTER = (
+    ("requests", "Requests finished"),
+    ("prompt_tokens", "Prompt tokens evaluated"),
+    ("tokens_predicted", "Tokens generated"),
+)
 
 
 @router.get("/metrics")
 async def metrics(request: HttpRequest) -> Response:
-    """Prometheus text exposition (501 without `--metrics`)."""
+    """Prometheus text exposition (501 without `--metrics`); the throughput gauges cover
+    the time since the previous scrape (llama-server's buckets)."""
     state = get_state(request)
     if not state.cfg.metrics:
         raise not_supported(
             "This server does not support metrics endpoint. Start it with `--metrics`"
         )
     view = await wait(state.require().stats())
-    totals, per = request.app.state.metrics.snapshot()
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(_families(totals, per, view)))  # type: ignore[arg-type]
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE)
+    stats: Metrics = request.app.state.metrics
+    totals, per = stats.snapshot()
+    text = render(_items(totals, stats.take_rates(), per, view), per, view.adapter_names)
+    headers = {"Process-Start-Time-Unix": str(int(stats.started))}
+    return Response(text, media_type=CONTENT_TYPE, headers=headers)

@@ -22,6 +22,7 @@ from loraserve.engine.request import Event
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.body import body_doc, read_body
 from loraserve.server.chat_template import render_prompt
+from loraserve.server.completion import final_result
 from loraserve.server.errors import JsonResponse
 from loraserve.server.flight import wait
 from loraserve.server.generation import submit, tokenize_prompts
@@ -139,6 +140,8 @@ async def completions(request: HttpRequest) -> Response:
     body = {**head, "choices": choices, "usage": usage(outs)}
     if len(outs) == 1:
         body["timings"] = outs[0].timings()
+        if state.cfg.verbose:  # as llama-server: the native result too
+            body["__verbose"] = final_result(state, outs[0], params, flight.mix, 0, outs[0].text)
     return JsonResponse(body)
 
 
@@ -174,15 +177,19 @@ async def chat_completions(request: HttpRequest) -> Response:
         want_usage = bool(params.stream_options and params.stream_options.include_usage)
         first = [True]
 
-        def chunk(i: int, out: Output, ev: Event) -> dict[str, Any] | None:
-            delta: dict[str, Any] = {}
-            if first[0]:
-                delta["role"] = "assistant"
+        def chunk(i: int, out: Output, ev: Event) -> list[dict[str, Any]] | None:
+            lead = []
+            if first[0]:  # as llama-server: a role-only chunk first
+                role = {"index": 0, "delta": {"role": "assistant", "content": None}}
+                lead.append(
+                    {**head, "choices": [{**role, "logprobs": None, "finish_reason": None}]}
+                )
                 first[0] = False
+            delta: dict[str, Any] = {}
             if ev.text:
                 delta["content"] = ev.text
             if not delta and not ev.done and not (params.n_probs and ev.probs is not None):
-                return None
+                return lead or None
             choice: dict[str, Any] = {
                 "index": 0,
                 "delta": delta,
@@ -192,9 +199,9 @@ async def chat_completions(request: HttpRequest) -> Response:
             if params.n_probs and ev.probs is not None and ev.token is not None:
                 choice["logprobs"] = chat_logprobs(tok, [(ev.token, token_prob(ev), ev.probs)])
             if ev.done:  # as llama-server: the last chunk carries the request's timings
-                return {**head, "choices": [choice], "timings": out.timings(),
-                        "id_slot": ev.id_slot}  # fmt: skip
-            return {**head, "choices": [choice]}
+                return [*lead, {**head, "choices": [choice], "timings": out.timings(),
+                        "id_slot": ev.id_slot}]  # fmt: skip
+            return [*lead, {**head, "choices": [choice]}]
 
         def tail(outs: list[Output]) -> list[dict[str, Any]]:
             return [{**head, "choices": [], "usage": usage(outs)}] if want_usage else []
@@ -207,9 +214,10 @@ async def chat_completions(request: HttpRequest) -> Response:
         "logprobs": chat_logprobs(tok, out.probs) if params.n_probs else None,
         "finish_reason": finish_reason(out),
     }
-    return JsonResponse(
-        {**head, "choices": [choice], "usage": usage([out]), "timings": out.timings()}
-    )
+    body = {**head, "choices": [choice], "usage": usage([out]), "timings": out.timings()}
+    if state.cfg.verbose:  # as llama-server: the native result too
+        body["__verbose"] = final_result(state, out, params, flight.mix, 0, out.text)
+    return JsonResponse(body)
 
 
 @router.get("/v1/models")

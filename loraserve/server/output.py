@@ -89,13 +89,14 @@ async def collect(flight: Flight, http: HttpRequest | None = None) -> list[Outpu
 
 def stream(
     flight: Flight,
-    chunk: Callable[[int, Output, Event], Body | None],
+    chunk: Callable[[int, Output, Event], Body | list[Body] | None],
     tail: Callable[[list[Output]], list[Body]] | None = None,
     done_marker: bool = False,
 ) -> StreamingResponse:
     """Server-sent events of `flight`: `chunk(index, output so far, event)` for each event
-    (None: nothing to send), the error answer's body for a failed request; then, if every
-    request succeeded, the bodies of `tail(outputs)`; then `[DONE]` with `done_marker`."""
+    (None: nothing to send; a list: several bodies), the error answer's body for a failed
+    request; then, if every request succeeded, the bodies of `tail(outputs)`; then `[DONE]`
+    with `done_marker`."""
 
     async def events() -> AsyncIterator[bytes]:
         outs = [Output(prompt=r.prompt) for r in flight.requests]
@@ -106,8 +107,8 @@ def stream(
                     yield sse_event(error_of(ev).body())
                     continue
                 body = chunk(i, outs[i], ev)
-                if body is not None:
-                    yield sse_event(body)
+                for one in body if isinstance(body, list) else [] if body is None else [body]:
+                    yield sse_event(one)
             if tail is not None and all(o.final is not None and not o.final.error for o in outs):
                 for body in tail(outs):
                     yield sse_event(body)

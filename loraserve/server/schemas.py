@@ -178,9 +178,11 @@ class _GenerationParams(_Body):
 class CompletionRequest(_GenerationParams):
     """POST /completion. `prompt` is normalized to a list of prompts, each a string or a
     list mixing token ids and strings (llama.cpp's rules: a top-level list holding any
-    integer is one prompt, any other list is a list of prompts)."""
+    integer is one prompt, any other list is a list of prompts). `response_fields` keeps
+    only those fields of the answer (`a/b` names a nested one, kept under that name)."""
 
     prompt: Annotated[list[Prompt], PlainValidator(parse_prompts)]
+    response_fields: list[str] = Field(default_factory=list, max_length=256)
 
 
 class StreamOptions(_Strict):

@@ -74,7 +74,9 @@ def test_batched_with_completions_and_cache(tiny) -> None:
         ],
     )
     assert [e.token for e in out[0]] == [e.token for e in alone[0]]
-    assert torch.allclose(out[1][-1].embedding, pooled(hf_hidden(m, ps[1]), Pooling.MEAN), atol=2e-4)
+    assert torch.allclose(
+        out[1][-1].embedding, pooled(hf_hidden(m, ps[1]), Pooling.MEAN), atol=2e-4
+    )
     assert torch.allclose(out[2][-1].embedding, hf_hidden(m, ps[2]), atol=2e-4)
     last = embed(eng, ps[0] + [5, 6], Pooling.LAST)  # cached prefix this time
     assert torch.allclose(last, hf_hidden(m, ps[0] + [5, 6])[-1:], atol=2e-4)
