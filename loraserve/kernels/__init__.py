@@ -1,10 +1,12 @@
 """Row-independent matmul kernels on GGUF weights in their own format (C, with torch fallbacks).
 
 `quantize_rows` turns float32 activations into int8 blocks of 32 (one scale per block, as
-llama.cpp's Q8_0); `qmatmul` multiplies them by quantized weight rows straight from the file's
-bytes (float weights and LoRA deltas: `floatmm`). Each output row depends
-on its own input row only (the sum over k has one fixed order, threads split output
-columns), so a token's numbers never depend on its batch, its chunk or the cache state.
+llama.cpp's Q8_0) or, for the K-quant weights, of 256 (llama.cpp's Q8_K, whose one scale
+per 256 makes a super-block's dot product one exact integer: `kquant.h`); `qmatmul`
+multiplies them by quantized weight rows straight from the file's bytes (float weights and
+LoRA deltas: `floatmm`). Each output row depends on its own input row only (the sum over
+k has one fixed order, threads split output columns), so a token's numbers never depend on
+its batch, its chunk or the cache state.
 
 Why these kernels and not torch's (measured or checked here, 2 cores, torch 2.13):
 ``_weight_int8pack_mm`` has one scale per output row, so Q8_0's per-32 scales (and every
@@ -46,8 +48,8 @@ _loaded = False
 _CI = ctypes.c_int
 _SIGNATURES = {
     "ls_quantize_rows": ([_P, _I, _I, _I, _P, _P, _P, _CI], None),
-    "ls_qmatmul": ([_CI, _P, _I, _I, _I, _P, _P, _P, _I, _P, _I, _CI], _CI),
-    "ls_qmatmul_multi": ([_CI, _P, _P, _P, _P, _P, _I, _P, _P, _P, _I, _P, _I, _CI], _CI),
+    "ls_quantize_rows_k": ([_P, _I, _I, _I, _P, _P, _P, _P, _CI], None),
+    "ls_qmatmul": ([_CI, _P, _I, _I, _I, _P, _P, _P, _P, _I, _P, _I, _CI], _CI),
     "ls_qmatmul_multi_f32": ([_CI, _P, _P, _P, _P, _P, _I, _P, _I, _I, _P, _I, _CI], _CI),
 }
 
@@ -67,39 +69,62 @@ def backend() -> str:
     return "c" if _c() is not None else "torch"
 
 
+K_QUANTS = frozenset({10, 11, 12, 13, 14})  # Q2_K .. Q6_K: activations per 256 values
+
+
+def activation_block(ggml_type: int) -> int:
+    """The activation block a quantized type's kernel reads: 256 for the K-quants (one
+    scale per 256, integer sub-block scales: llama.cpp's Q8_K), 32 otherwise (Q8_0)."""
+    return 256 if ggml_type in K_QUANTS else 32
+
+
 class QuantizedRows(NamedTuple):
-    """Activations quantized per row in blocks of 32: x ≈ q * d (per block)."""
+    """Activations quantized per row in blocks of ``block`` (32 or 256): x ≈ q * d."""
 
     q: torch.Tensor  # [M, K] int8
-    d: torch.Tensor  # [M, K/32] float32 block scales
-    ms: torch.Tensor  # [M, K/16] float32: d * sum(q) over each 16 values
+    d: torch.Tensor  # [M, K/block] float32 block scales
+    ms: torch.Tensor  # [M, K/16]: block 32: float32 d * sum(q); block 256: int16 sum(q)
     x: torch.Tensor  # [M, K] the float32 input (for float-weight parts of the same input)
+    block: int = 32
+    bs32: torch.Tensor | None = None  # block 256: [M, K/32] int16 sum(q) over each 32
 
 
-def quantize_rows(x: torch.Tensor) -> QuantizedRows:
-    """x: [M, K] float32, K a multiple of 32 -> its `QuantizedRows`."""
-    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] % 32:
-        raise ValueError(f"quantize_rows needs float32 [M, K*32], got {x.dtype} {tuple(x.shape)}")
+def quantize_rows(x: torch.Tensor, block: int = 32) -> QuantizedRows:
+    """x: [M, K] float32, K a multiple of ``block`` (32, or 256 for K-quant weights) ->
+    its `QuantizedRows`."""
+    if block not in (32, 256):
+        raise ValueError(f"activation blocks are 32 or 256 values, not {block}")
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] % block:
+        raise ValueError(
+            f"quantize_rows needs float32 [M, K*{block}], got {x.dtype} {tuple(x.shape)}"
+        )
     if x.stride(1) != 1:
         x = x.contiguous()
     m, k = x.shape
     q = torch.empty(m, k, dtype=torch.int8)
-    d = torch.empty(m, k // 32)
-    ms = torch.empty(m, k // 16)
+    d = torch.empty(m, k // block)
+    ms = torch.empty(m, k // 16, dtype=torch.float32 if block == 32 else torch.int16)
     lib = _c()
     if lib is None:
-        return _quantize_torch(x, q, d, ms)
-    lib.ls_quantize_rows(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), d.data_ptr(),
-                         ms.data_ptr(), torch.get_num_threads())  # fmt: skip
-    return QuantizedRows(q, d, ms, x)
+        return _quantize_torch(x, q, d, ms, block)
+    n = torch.get_num_threads()
+    if block == 32:
+        lib.ls_quantize_rows(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), d.data_ptr(),
+                             ms.data_ptr(), n)  # fmt: skip
+    else:
+        b32 = torch.empty(m, k // 32, dtype=torch.int16)
+        lib.ls_quantize_rows_k(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), d.data_ptr(),
+                               ms.data_ptr(), b32.data_ptr(), n)  # fmt: skip
+        return QuantizedRows(q, d, ms, x, block, b32)
+    return QuantizedRows(q, d, ms, x, block)
 
 
 def _quantize_torch(
-    x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, ms: torch.Tensor
+    x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, ms: torch.Tensor, block: int
 ) -> QuantizedRows:
     m, k = x.shape
-    xb = x.reshape(m, k // 32, 32)
-    amax = xb.abs().amax(-1)  # [M, K/32]
+    xb = x.reshape(m, k // block, block)
+    amax = xb.abs().amax(-1)  # [M, K/block]
     dd = amax / 127.0
     inv = torch.where(dd != 0, 1.0 / dd, torch.zeros_like(dd))
     v = xb * inv.unsqueeze(-1)
@@ -108,8 +133,13 @@ def _quantize_torch(
     bad = ~torch.isfinite(xb).all(-1)
     d.copy_(torch.where(bad, torch.full_like(dd, float("nan")), dd))
     sums = qi.reshape(m, k // 16, 16).sum(-1)  # exact small integers
-    ms.copy_(d.repeat_interleave(2, dim=1) * sums)
-    return QuantizedRows(q, d, ms, x)
+    if block == 32:
+        ms.copy_(d.repeat_interleave(2, dim=1) * sums)
+    else:
+        ms.copy_(sums.to(torch.int16))
+        b32 = sums.reshape(m, k // 32, 2).sum(-1).to(torch.int16)
+        return QuantizedRows(q, d, ms, x, block, b32)
+    return QuantizedRows(q, d, ms, x, block)
 
 
 def qmatmul(
@@ -119,6 +149,11 @@ def qmatmul(
     ``ggml_type``) -> out [M, N] float32 (``out`` may be a column slice of a wider tensor)."""
     m, k = xa.q.shape
     n = raw.shape[0]
+    if xa.block != activation_block(ggml_type):
+        raise ValueError(
+            f"ggml type {ggml_type} reads activations in blocks of "
+            f"{activation_block(ggml_type)}, got {xa.block}"
+        )
     if out is None:
         out = torch.empty(m, n)
     if m == 0 or n == 0:
@@ -128,9 +163,10 @@ def qmatmul(
         return rowwise_torch(_dequantize_rows(xa), _float_weight(raw, ggml_type, k), out)
     if out.stride(1) != 1 or raw.stride(1) != 1:
         raise ValueError("qmatmul needs unit column strides")
+    bs32 = None if xa.bs32 is None else xa.bs32.data_ptr()
     rc = lib.ls_qmatmul(ggml_type, raw.data_ptr(), n, k, raw.stride(0), xa.q.data_ptr(),
-                        xa.d.data_ptr(), xa.ms.data_ptr(), m, out.data_ptr(), out.stride(0),
-                        torch.get_num_threads())  # fmt: skip
+                        xa.d.data_ptr(), xa.ms.data_ptr(), bs32, m, out.data_ptr(),
+                        out.stride(0), torch.get_num_threads())  # fmt: skip
     if rc != 0:
         raise ValueError(f"no quantized kernel for ggml type {ggml_type}")
     return out
@@ -166,9 +202,9 @@ class QuantizedParts:
         m, k = x.shape
         lib = _c()
         if lib is None or m == 0:
-            xa = quantize_rows(x)
+            xas = {b: quantize_rows(x, b) for b in {activation_block(t) for _, t, _ in self.parts}}
             for raw, t, c in self.parts:
-                qmatmul(xa, raw, t, out[:, c : c + raw.shape[0]])
+                qmatmul(xas[activation_block(t)], raw, t, out[:, c : c + raw.shape[0]])
             return out
         if out.stride(1) != 1:
             raise ValueError("QuantizedParts needs a unit column stride for out")
@@ -205,4 +241,5 @@ def _float_weight(raw: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:
 
 def _dequantize_rows(xa: QuantizedRows) -> torch.Tensor:
     m, k = xa.q.shape
-    return (xa.q.reshape(m, k // 32, 32).float() * xa.d.unsqueeze(-1)).reshape(m, k)
+    b = xa.block
+    return (xa.q.reshape(m, k // b, b).float() * xa.d.unsqueeze(-1)).reshape(m, k)

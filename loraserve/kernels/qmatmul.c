@@ -12,7 +12,7 @@
 // never the sum over k. So a token's result does not depend on its batch.
 
 
-#include "quant_dot.h"
+#include "kquant.h"
 
 // ---- activation quantization ---------------------------------------------------------
 
@@ -51,6 +51,27 @@ void ls_quantize_rows(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t 
     }
 }
 
+// K-quant activations: x [M, K] -> q [M, K] int8, d [M, K/256], bs16 [M, K/16] and bs32
+// [M, K/32] (the sums of q per 16 / 32), as kquant.h describes.
+void ls_quantize_rows_k(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *q, float *d,
+                        int16_t *bs16, int16_t *bs32, int nthreads) {
+    if (M * K < (1 << 16)) nthreads = 1;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        quantize_row_k(x + m * ldx, K, q + m * K, d + m * (K / 256), bs16 + m * (K / 16),
+                       bs32 + m * (K / 32));
+}
+
+// One call's activations in the forms its parts read: per 32 (q, d, ms: legacy types) and
+// per 256 (kq, kd, kbs: K-quants); a form no part reads may be NULL.
+typedef struct {
+    const int8_t *q;
+    const float *d, *ms;
+    const int8_t *kq;
+    const float *kd;
+    const int16_t *kbs, *kbs32;
+} act_t;
+
 static int use_direct(int type) {
     // LORASERVE_KERNEL_UNPACK=1: the scalar unpackers for every type (tests compare both)
     return HAVE_DIRECT && direct(type) && getenv("LORASERVE_KERNEL_UNPACK") == NULL;
@@ -58,10 +79,11 @@ static int use_direct(int type) {
 
 // How one weight matrix is read: its unpacker or in-place decoder, chosen once per call.
 typedef struct {
-    int type, has_min, in_place;
+    int type, has_min, in_place, kq;  // kq: a K-quant, on per-256 activations
     unpack_fn unpack;
     dot_fn one, four;
     cols_fn c4;
+    kdot_fn k1, k4;
     const uint8_t *w;
     int64_t n, row_bytes, col;  // rows, bytes per row, first output column
 } part_t;
@@ -73,6 +95,16 @@ static int part_init(part_t *p, int type, const uint8_t *w, int64_t n, int64_t r
     p->type = type;
     p->in_place = use_direct(type);
     dot_fns(p->in_place ? type : T_BUF, &p->one, &p->four, &p->c4);
+    p->kq = is_kquant(type);
+    p->k1 = kdot_buf_1;
+    p->k4 = kdot_buf_4;
+    p->in_place = p->kq ? p->in_place && (type == T_Q4_K || type == T_Q6_K) : p->in_place;
+#if defined(__AVX2__)
+    if (p->kq && p->in_place) {
+        p->k1 = type == T_Q4_K ? kdot_q4_k_1 : kdot_q6_k_1;
+        p->k4 = type == T_Q4_K ? kdot_q4_k_4 : kdot_q6_k_4;
+    }
+#endif
     p->w = w;
     p->n = n;
     p->row_bytes = row_bytes;
@@ -83,6 +115,7 @@ static int part_init(part_t *p, int type, const uint8_t *w, int64_t n, int64_t r
 typedef struct {
     int8_t *qbuf;
     float *s, *mn, *sv;
+    kprep_t kp;  // a K-quant row's integer scales (qbuf holds its values when unpacked)
     int8_t *qb4[4];  // four rows' buffers and scales, for dot_cols
     float *s4[4], *mn4[4];
 } scratch_t;
@@ -93,6 +126,11 @@ static void scratch_init(scratch_t *t, int64_t K) {
     t->s = malloc(sizeof(float) * sn);
     t->mn = calloc(sn, sizeof(float));
     t->sv = malloc(sizeof(float) * (size_t)(8 * (K / 32)));
+    t->kp.sc = malloc(sizeof(int16_t) * (sn + 16));
+    t->kp.mn = malloc(sizeof(int16_t) * (sn + 16));
+    t->kp.d = malloc(sizeof(float) * (size_t)(K / 256 + 1));
+    t->kp.dm = malloc(sizeof(float) * (size_t)(K / 256 + 1));
+    t->kp.q = t->qbuf;
     for (int j = 0; j < 4; j++) {
         t->qb4[j] = aligned_alloc(64, qn);
         t->s4[j] = malloc(sizeof(float) * sn);
@@ -105,6 +143,10 @@ static void scratch_free(scratch_t *t) {
     free(t->s);
     free(t->mn);
     free(t->sv);
+    free(t->kp.sc);
+    free(t->kp.mn);
+    free(t->kp.d);
+    free(t->kp.dm);
     for (int j = 0; j < 4; j++) {
         free(t->qb4[j]);
         free(t->s4[j]);
@@ -113,9 +155,8 @@ static void scratch_free(scratch_t *t) {
 }
 
 // Output columns p->col + n0 .. + 3 of rows m < M (M < 4): four weight rows at a time.
-static void part_cols4(const part_t *p, int64_t n0, int64_t K, const int8_t *xq,
-                       const float *xd, const float *xms, int64_t M, float *y, int64_t ldy,
-                       scratch_t *t) {
+static void part_cols4(const part_t *p, int64_t n0, int64_t K, const act_t *a, int64_t M,
+                       float *y, int64_t ldy, scratch_t *t) {
     const int64_t nc = K / 32;
     const uint8_t *rows[4];
     for (int j = 0; j < 4; j++) {
@@ -125,15 +166,36 @@ static void part_cols4(const part_t *p, int64_t n0, int64_t K, const int8_t *xq,
     }
     for (int64_t m = 0; m < M; m++) {
         float out[4];
-        p->c4(rows, t->qb4, t->s4, t->mn4, p->has_min, xq + m * K, xd + m * nc,
-              xms + m * (K / 16), K, out);
+        p->c4(rows, t->qb4, t->s4, t->mn4, p->has_min, a->q + m * K, a->d + m * nc,
+              a->ms + m * (K / 16), K, out);
         for (int j = 0; j < 4; j++) y[m * ldy + p->col + n0 + j] = out[j];
     }
 }
 
+// Output column (p->col + n) of all M rows of a K-quant part: one weight row against every
+// activation row, 4 at a time (the same numbers as one at a time: kquant.h).
+static void part_row_k(const part_t *p, int64_t n, int64_t K, const act_t *a, int64_t M,
+                       float *y, int64_t ldy, scratch_t *t) {
+    const uint8_t *row = p->w + n * p->row_bytes;
+    if (!p->in_place) k_prepare(p->type, row, K, &t->kp, 1, t->s, t->mn);
+    float *out = y + p->col + n;
+    const int64_t nb = K / 256, n16 = K / 16;
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4)
+        p->k4(row, &t->kp, p->has_min, a->kq + m * K, a->kd + m * nb, a->kbs + m * n16,
+              a->kbs32 + m * (K / 32), K, out + m * ldy, ldy);
+    for (; m < M; m++)
+        p->k1(row, &t->kp, p->has_min, a->kq + m * K, a->kd + m * nb, a->kbs + m * n16,
+              a->kbs32 + m * (K / 32), K, out + m * ldy, ldy);
+}
+
 // Output column (p->col + n) of all M rows: one weight row against every activation row.
-static void part_row(const part_t *p, int64_t n, int64_t K, const int8_t *xq, const float *xd,
-                     const float *xms, int64_t M, float *y, int64_t ldy, scratch_t *t) {
+static void part_row(const part_t *p, int64_t n, int64_t K, const act_t *a, int64_t M,
+                     float *y, int64_t ldy, scratch_t *t) {
+    if (p->kq) {
+        part_row_k(p, n, K, a, M, y, ldy, t);
+        return;
+    }
     const int64_t nc = K / 32;
     const uint8_t *row = p->w + n * p->row_bytes;
     if (p->in_place) row_scales(p->type, row, K, t->s, t->mn);
@@ -147,25 +209,26 @@ static void part_row(const part_t *p, int64_t n, int64_t K, const int8_t *xq, co
     float *out = y + p->col + n;
     int64_t m = 0;
     for (; m + 4 <= M; m += 4)
-        p->four(row, t->qbuf, t->s, t->sv, t->mn, p->has_min, xq + m * K, xd + m * nc,
-                xms + m * (K / 16), K, out + m * ldy, ldy);
+        p->four(row, t->qbuf, t->s, t->sv, t->mn, p->has_min, a->q + m * K, a->d + m * nc,
+                a->ms + m * (K / 16), K, out + m * ldy, ldy);
     for (; m < M; m++)
-        p->one(row, t->qbuf, t->s, t->sv, t->mn, p->has_min, xq + m * K, xd + m * nc,
-               xms + m * (K / 16), K, out + m * ldy, ldy);
+        p->one(row, t->qbuf, t->s, t->sv, t->mn, p->has_min, a->q + m * K, a->d + m * nc,
+               a->ms + m * (K / 16), K, out + m * ldy, ldy);
 }
 
 // Several matrices of one input side by side on the output columns (q|k|v, gate|up), in
 // one parallel region: y[:, cols[i] : cols[i] + ns[i]] = x W_i^T. The rows of all parts
 // form one range that the threads split. Returns 0, or -1 for a type without a kernel.
-int ls_qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws, const int64_t *ns,
-                     const int64_t *row_bytes, const int64_t *cols, int64_t K, const int8_t *xq,
-                     const float *xd, const float *xms, int64_t M, float *y, int64_t ldy,
-                     int nthreads) {
+static int qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws,
+                         const int64_t *ns, const int64_t *row_bytes, const int64_t *cols,
+                         int64_t K, const act_t *a, int64_t M, float *y, int64_t ldy,
+                         int nthreads) {
     part_t parts[8];
     int64_t total = 0;
     if (nparts < 1 || nparts > 8) return -1;
     for (int i = 0; i < nparts; i++) {
         if (part_init(&parts[i], types[i], ws[i], ns[i], row_bytes[i], cols[i]) != 0) return -1;
+        if (parts[i].kq ? (K % 256 != 0 || a->kq == NULL) : a->q == NULL) return -1;
         total += ns[i];
     }
     if (total * K * M < (1 << 17)) nthreads = 1;  // tiny products: no thread wake-up
@@ -184,10 +247,10 @@ int ls_qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws, con
             while (g >= first[i + 1]) i++;
             const part_t *p = &parts[i];
             const int64_t n0 = 4 * (g - first[i]), n1 = n0 + 4 < p->n ? n0 + 4 : p->n;
-            if (M < 4 && n1 - n0 == 4) {
-                part_cols4(p, n0, K, xq, xd, xms, M, y, ldy, &t);
+            if (M < 4 && n1 - n0 == 4 && !p->kq) {
+                part_cols4(p, n0, K, a, M, y, ldy, &t);
             } else {
-                for (int64_t n = n0; n < n1; n++) part_row(p, n, K, xq, xd, xms, M, y, ldy, &t);
+                for (int64_t n = n0; n < n1; n++) part_row(p, n, K, a, M, y, ldy, &t);
             }
         }
         scratch_free(&t);
@@ -195,34 +258,53 @@ int ls_qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws, con
     return 0;
 }
 
-// ls_qmatmul_multi from float32 activations x [M, K] (row stride ldx): quantized here, in
-// one call (a decode step makes ~70 of these; each saved round trip is ~15 us).
+// The quantized matmul from float32 activations x [M, K] (row stride ldx), quantized here
+// in the forms the parts read, in one call (a decode step makes ~70 of these; each saved
+// round trip is ~15 us). Returns 0, -1 for a refused type, -2 when out of memory.
 int ls_qmatmul_multi_f32(int nparts, const int *types, const uint8_t *const *ws,
                          const int64_t *ns, const int64_t *row_bytes, const int64_t *cols,
                          int64_t K, const float *x, int64_t ldx, int64_t M, float *y,
                          int64_t ldy, int nthreads) {
-    int8_t *q = malloc((size_t)(M * K));
-    float *d = malloc(sizeof(float) * (size_t)(M * (K / 32)));
-    float *ms = malloc(sizeof(float) * (size_t)(M * (K / 16)));
+    int legacy = 0, kq = 0;
+    for (int i = 0; i < nparts && i < 8; i++) {
+        if (is_kquant(types[i])) kq = 1;
+        else legacy = 1;
+    }
+    if (kq && K % 256 != 0) return -1;
+    int8_t *q = legacy ? malloc((size_t)(M * K)) : NULL;
+    float *d = legacy ? malloc(sizeof(float) * (size_t)(M * (K / 32))) : NULL;
+    float *ms = legacy ? malloc(sizeof(float) * (size_t)(M * (K / 16))) : NULL;
+    int8_t *k8 = kq ? malloc((size_t)(M * K)) : NULL;
+    float *kd = kq ? malloc(sizeof(float) * (size_t)(M * (K / 256) + 1)) : NULL;
+    int16_t *b16 = kq ? malloc(sizeof(int16_t) * (size_t)(M * (K / 16) + 1)) : NULL;
+    int16_t *b32 = kq ? malloc(sizeof(int16_t) * (size_t)(M * (K / 32) + 1)) : NULL;
     int rc = -2;
-    if (q != NULL && d != NULL && ms != NULL) {
-        ls_quantize_rows(x, M, K, ldx, q, d, ms, nthreads);
-        rc = ls_qmatmul_multi(nparts, types, ws, ns, row_bytes, cols, K, q, d, ms, M, y, ldy,
-                              nthreads);
+    if ((!legacy || (q && d && ms)) && (!kq || (k8 && kd && b16 && b32))) {
+        if (legacy) ls_quantize_rows(x, M, K, ldx, q, d, ms, nthreads);
+        if (kq) ls_quantize_rows_k(x, M, K, ldx, k8, kd, b16, b32, nthreads);
+        const act_t a = {q, d, ms, k8, kd, b16, b32};
+        rc = qmatmul_multi(nparts, types, ws, ns, row_bytes, cols, K, &a, M, y, ldy, nthreads);
     }
     free(q);
     free(d);
     free(ms);
+    free(k8);
+    free(kd);
+    free(b16);
+    free(b32);
     return rc;
 }
 
-// y [M, N] (row stride ldy) = quantized activations (ls_quantize_rows) x weight rows w
-// [N, row_bytes] of ggml `type`. Returns 0, or -1 for a type without a kernel.
+// y [M, N] (row stride ldy) = quantized activations x weight rows w [N, row_bytes] of ggml
+// `type`: legacy types read (xq, xd, xms) from ls_quantize_rows, K-quants read (xq, xd,
+// bs16, bs32) from ls_quantize_rows_k (xbs32 NULL for legacy types). Returns 0, or -1 for
+// a type without a kernel.
 int ls_qmatmul(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_bytes,
-               const int8_t *xq, const float *xd, const float *xms, int64_t M, float *y,
-               int64_t ldy, int nthreads) {
+               const int8_t *xq, const float *xd, const void *xms, const int16_t *xbs32,
+               int64_t M, float *y, int64_t ldy, int nthreads) {
     const uint8_t *ws[1] = {w};
     const int64_t zero = 0;
-    return ls_qmatmul_multi(1, &type, ws, &N, &row_bytes, &zero, K, xq, xd, xms, M, y, ldy,
-                            nthreads);
+    act_t a = {xq, xd, (const float *)xms, NULL, NULL, NULL, NULL};
+    if (is_kquant(type)) a = (act_t){NULL, NULL, NULL, xq, xd, (const int16_t *)xms, xbs32};
+    return qmatmul_multi(1, &type, ws, &N, &row_bytes, &zero, K, &a, M, y, ldy, nthreads);
 }

@@ -21,6 +21,7 @@ from loraserve.kernels import (
     FLOAT_TYPES,
     QUANT_TYPES,
     QuantizedParts,
+    activation_block,
     qmatmul,
     quantize_rows,
 )
@@ -89,7 +90,7 @@ def matmul(x: torch.Tensor, m: Matrix, out: torch.Tensor | None = None) -> torch
     """x [T, n_in] float32 -> [T, n_out] through ``m``'s kernel (for one-off projections
     such as experts; `Projection` shares the activation quantization between parts)."""
     if m.quantized:
-        return qmatmul(quantize_rows(x), m.data, m.ggml_type, out)
+        return qmatmul(quantize_rows(x, activation_block(m.ggml_type)), m.data, m.ggml_type, out)
     return fmatmul(x, m.data, out)
 
 

@@ -40,8 +40,13 @@ def dequantized(raw: np.ndarray, name: str, n: int, k: int) -> np.ndarray:
 
 def activations_as_used(xa: K.QuantizedRows) -> np.ndarray:
     m, k = xa.q.shape
-    q = xa.q.reshape(m, k // 32, 32).double()
+    q = xa.q.reshape(m, k // xa.block, xa.block).double()
     return (q * xa.d.double().unsqueeze(-1)).reshape(m, k).numpy()
+
+
+def quantized(x: torch.Tensor, name: str) -> K.QuantizedRows:
+    """x quantized in the activation blocks type ``name`` reads (32, or 256: K-quants)."""
+    return K.quantize_rows(x, K.activation_block(GGML_TYPE[name]))
 
 
 @pytest.fixture(params=["c", "torch"])
@@ -61,14 +66,14 @@ def test_quantized_kernel_equals_dequantized_reference(name: str, backend: str) 
     raw = random_rows(rng, name, n, k)
     w = dequantized(raw, name, n, k)  # [n, k] float64: the oracle's weights
     x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
-    xa = K.quantize_rows(x)
+    xa = quantized(x, name)
     y = K.qmatmul(xa, torch.from_numpy(raw), GGML_TYPE[name]).double().numpy()
     scale = np.abs(w).sum(1).max() * np.abs(activations_as_used(xa)).max()
     # the same quantized activations: only float32 rounding remains
     np.testing.assert_allclose(y, activations_as_used(xa) @ w.T, rtol=0, atol=2e-6 * scale)
     # against the float activations: within the int8 rounding of the activations
     # (half a step of each block's scale per value)
-    step = xa.d.double().repeat_interleave(32, dim=1).numpy() / 2  # [m, k]
+    step = xa.d.double().repeat_interleave(xa.block, dim=1).numpy() / 2  # [m, k]
     bound = step @ np.abs(w).T
     err = np.abs(y - x.double().numpy() @ w.T)
     assert (err <= bound * (1 + 1e-5) + 1e-6 * scale).all()
@@ -80,11 +85,11 @@ def test_quantized_rows_are_independent_of_the_batch(name: str, backend: str) ->
     n, k = 26, 256  # not a multiple of the 4-row tiles
     raw = torch.from_numpy(random_rows(rng, name, n, k))
     x = torch.from_numpy(rng.standard_normal((64, k)).astype(np.float32))
-    alone = torch.cat([K.qmatmul(K.quantize_rows(x[i : i + 1]), raw, GGML_TYPE[name])
+    alone = torch.cat([K.qmatmul(quantized(x[i : i + 1], name), raw, GGML_TYPE[name])
                        for i in range(64)])  # fmt: skip
     for size in (2, 3, 8, 17, 64):
         lo = int(rng.integers(0, 64 - size + 1))
-        batch = K.qmatmul(K.quantize_rows(x[lo : lo + size]), raw, GGML_TYPE[name])
+        batch = K.qmatmul(quantized(x[lo : lo + size], name), raw, GGML_TYPE[name])
         assert torch.equal(batch, alone[lo : lo + size]), f"{name}: batch of {size} differs"
 
 
@@ -122,7 +127,7 @@ def test_non_finite_inputs_give_non_finite_outputs(backend: str) -> None:
     x = torch.from_numpy(rng.standard_normal((3, 256)).astype(np.float32))
     x[1, 100] = float("nan")
     x[2, 7] = float("inf")
-    y = K.qmatmul(K.quantize_rows(x), raw, GGML_TYPE["Q4_K"])
+    y = K.qmatmul(quantized(x, "Q4_K"), raw, GGML_TYPE["Q4_K"])
     assert torch.isfinite(y[0]).all()
     assert not torch.isfinite(y[1]).any() and not torch.isfinite(y[2]).any()
 
@@ -140,7 +145,7 @@ def test_in_place_decoding_equals_the_unpacked_rows_bitwise(name: str, monkeypat
         pytest.skip("no C compiler on this machine")
     rng = np.random.default_rng(11)
     raw = torch.from_numpy(random_rows(rng, name, 33, 512))
-    xa = K.quantize_rows(torch.from_numpy(rng.standard_normal((9, 512)).astype(np.float32)))
+    xa = quantized(torch.from_numpy(rng.standard_normal((9, 512)).astype(np.float32)), name)
     direct = K.qmatmul(xa, raw, GGML_TYPE[name])
     monkeypatch.setenv("LORASERVE_KERNEL_UNPACK", "1")
     assert torch.equal(K.qmatmul(xa, raw, GGML_TYPE[name]), direct)

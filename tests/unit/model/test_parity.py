@@ -63,7 +63,9 @@ def test_logits_equal_transformers(tmp_path, case: str, chunk: int) -> None:
 @pytest.mark.parametrize("case", ["llama-quant", "gemma3-quant"])
 def test_native_logits_follow_transformers(tmp_path, case: str) -> None:
     """The default precision on quantized files: transformers' float32 forward over the same
-    dequantized weights, up to the int8 rounding of activations (llama.cpp's Q8_0 scheme):
+    dequantized weights, up to the int8 rounding of activations (llama.cpp's schemes: Q8_0,
+    one scale per 32, for the legacy types; Q8_K, one per 256, for the K-quants, whose
+    rounding is coarser: the llama case has a Q2_K output and a Q3_K attention output):
     the same top-1 wherever transformers' top-1/top-2 gap is clear, and close logits."""
     arch, over, quant = CASES[case]
     m = hf_model(arch, **{"hidden_size": 256, "intermediate_size": 256, **over})
@@ -76,7 +78,7 @@ def test_native_logits_follow_transformers(tmp_path, case: str) -> None:
     clear = (top2[:, 0] - top2[:, 1]) >= 0.5
     assert clear.sum() >= 3
     assert (ours.argmax(-1) == ref.argmax(-1))[clear].all()
-    assert (ours - ref).abs().max() <= 0.05 * (ref.max() - ref.min())
+    assert (ours - ref).abs().max() <= 0.1 * (ref.max() - ref.min())
 
 
 def test_hf_folder_equals_transformers(tmp_path) -> None:

@@ -1,0 +1,307 @@
+// K-quant weights (Q2_K..Q6_K) against activations quantized per 256 values, as llama.cpp's
+// Q8_K: one float scale per 256 activations, so a super-block's whole dot product is an
+// exact integer, sum_j sc_j * sum_i q_i x_i over its 16-value sub-blocks (and, for the types
+// with a minimum, sum_j mn_j * sum_i x_i), scaled by two float products once per 256 values.
+// The per-32 float scaling of the Q8_0 path cost ~3 vector ops per 32 values; this is the
+// step that made K-quant matmuls compute-bound (measured: Q4_K one-row at 9 GB/s).
+//
+// Numbers, by construction: the integers are exact whatever the SIMD decomposition (the
+// in-place decoders, the unpacked rows, 1 or 4 activation rows at a time, the scalar build),
+// and the float operations per output are one fixed sequence over the super-blocks:
+//     y = 0; for each b: y = y + (d_b * xd_b) * isum_b;  [y = y - (dm_b * xd_b) * msum_b]
+// so every path gives the same bits and a row's result never depends on its batch.
+
+#pragma once
+
+#include "quant_dot.h"
+
+// int16 scales/mins per 16 values, float d/dmin per 256, of a K-quant row (and its int8
+// values when unpacked): w = d_b * sc_j * q - dm_b * mn_j.
+typedef struct {
+    int16_t *sc, *mn;
+    float *d, *dm;
+    int8_t *q;
+} kprep_t;
+
+static inline int is_kquant(int type) { return type >= T_Q2_K && type <= T_Q6_K; }
+static inline int k_has_min(int type) {
+    return type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
+}
+
+// the 6-bit scales (sc[0..7]) and mins (m[0..7]) of a Q4_K/Q5_K super-block, as ggml packs
+static inline void k_scale_bytes(const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = q[j] & 63;
+        m[j] = q[j + 4] & 63;
+    }
+    for (int j = 4; j < 8; j++) {
+        sc[j] = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        m[j] = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+// Fills p for one row of K values (K a multiple of 256); unpack: also its int8 values.
+static void k_prepare(int type, const uint8_t *r, int64_t K, kprep_t *p, int unpack,
+                      float *fs, float *fm) {
+    int has_min;
+    if (unpack) unpacker(type, &has_min)(r, K, p->q, fs, fm);  // values only are used
+    for (int64_t b = 0; b < K / 256; b++) {
+        int16_t *sc = p->sc + 16 * b, *mn = p->mn + 16 * b;
+        switch (type) {
+        case T_Q2_K: {
+            const uint8_t *x = r + 84 * b;
+            p->d[b] = half_to_float(x + 80);
+            p->dm[b] = half_to_float(x + 82);
+            for (int j = 0; j < 16; j++) {
+                sc[j] = x[j] & 15;
+                mn[j] = x[j] >> 4;
+            }
+            break;
+        }
+        case T_Q3_K: {
+            const uint8_t *x = r + 110 * b;
+            p->d[b] = half_to_float(x + 108);
+            p->dm[b] = 0.0f;
+            for (int i = 0; i < 16; i++) {
+                int lo = i < 8 ? x[96 + i] & 15 : x[96 + i - 8] >> 4;
+                int hi = (x[104 + (i & 3)] >> (2 * (i >> 2))) & 3;
+                sc[i] = (int16_t)((lo | (hi << 4)) - 32);
+                mn[i] = 0;
+            }
+            break;
+        }
+        case T_Q4_K: case T_Q5_K: {
+            const uint8_t *x = r + (type == T_Q4_K ? 144 : 176) * b;
+            uint8_t s8[8], m8[8];
+            k_scale_bytes(x + 4, s8, m8);
+            p->d[b] = half_to_float(x);
+            p->dm[b] = half_to_float(x + 2);
+            for (int j = 0; j < 8; j++) {
+                sc[2 * j] = sc[2 * j + 1] = s8[j];
+                mn[2 * j] = mn[2 * j + 1] = m8[j];
+            }
+            break;
+        }
+        case T_Q6_K: {
+            const uint8_t *x = r + 210 * b;
+            p->d[b] = half_to_float(x + 208);
+            p->dm[b] = 0.0f;
+            for (int j = 0; j < 16; j++) {
+                sc[j] = (int8_t)x[192 + j];
+                mn[j] = 0;
+            }
+            break;
+        }
+        }
+    }
+}
+
+// Activations per row in blocks of 256: q int8, d = amax / 127 per block, bs16/bs32 the
+// sums of q per 16 / 32 (exact). A non-finite block gets a NaN scale (the output is
+// non-finite, never silently finite).
+static void quantize_row_k(const float *x, int64_t K, int8_t *q, float *d, int16_t *bs16,
+                           int16_t *bs32) {
+    for (int64_t b = 0; b < K / 256; b++) {
+        const float *xb = x + 256 * b;
+        float amax = 0.0f;
+        int bad = 0;
+        for (int i = 0; i < 256; i++) {
+            float a = fabsf(xb[i]);
+            bad |= !isfinite(a);
+            amax = a > amax ? a : amax;
+        }
+        float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        for (int j = 0; j < 16; j++) {
+            int s = 0;
+            for (int i = 16 * j; i < 16 * j + 16; i++) {
+                int v = bad ? 0 : (int)roundf(xb[i] * id);
+                q[256 * b + i] = (int8_t)v;
+                s += v;
+            }
+            bs16[16 * b + j] = (int16_t)s;
+        }
+        for (int j = 0; j < 8; j++)
+            bs32[8 * b + j] = (int16_t)(bs16[16 * b + 2 * j] + bs16[16 * b + 2 * j + 1]);
+        d[b] = bad ? NAN : dd;
+    }
+}
+
+#if defined(__AVX2__)
+static inline int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+#endif
+
+// sum_j mn[j] * bs[j] over the 16 sub-blocks of one super-block (exact)
+static inline int32_t k_msum(const int16_t *mn, const int16_t *bs) {
+#if defined(__AVX2__)
+    return hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)mn),
+                                      _mm256_loadu_si256((const __m256i *)bs)));
+#else
+    int32_t s = 0;
+    for (int j = 0; j < 16; j++) s += (int32_t)mn[j] * bs[j];
+    return s;
+#endif
+}
+
+#if defined(__AVX2__)
+// shuffle controls that spread one chunk's scales over its 16 int16 products (pairs):
+// KSH32[j]: scale j of 8 (both 128-bit lanes); KSH16[j]: scales 2j (low lane) and 2j + 1
+// (high lane) of the 8 held in each lane
+#define LS_B2(a) (int8_t)(a), (int8_t)((a) + 1)
+#define LS_B16(a) LS_B2(a), LS_B2(a), LS_B2(a), LS_B2(a), LS_B2(a), LS_B2(a), LS_B2(a), LS_B2(a)
+static const int8_t KSH32[8][32] __attribute__((aligned(32))) = {
+    {LS_B16(0), LS_B16(0)}, {LS_B16(2), LS_B16(2)}, {LS_B16(4), LS_B16(4)},
+    {LS_B16(6), LS_B16(6)}, {LS_B16(8), LS_B16(8)}, {LS_B16(10), LS_B16(10)},
+    {LS_B16(12), LS_B16(12)}, {LS_B16(14), LS_B16(14)}};
+static const int8_t KSH16[4][32] __attribute__((aligned(32))) = {
+    {LS_B16(0), LS_B16(2)}, {LS_B16(4), LS_B16(6)}, {LS_B16(8), LS_B16(10)},
+    {LS_B16(12), LS_B16(14)}};
+#undef LS_B16
+#undef LS_B2
+#endif
+
+// One K-quant weight row against R (1 or 4, a compile-time constant) activation rows.
+// type: T_Q4_K / T_Q6_K decode in place (scales read from the row on the fly), T_BUF reads
+// p's values and scales. x: R rows of K int8 (row stride K), xd [R, K/256], bs16 [R, K/16],
+// bs32 [R, K/32]; out[r * ldy].
+static inline __attribute__((always_inline)) void kdot(
+    int type, const uint8_t *row, const kprep_t *p, int has_min, const int8_t *x,
+    const float *xd, const int16_t *bs16, const int16_t *bs32, int64_t K, int R, float *out,
+    int64_t ldy) {
+    const int64_t nb = K / 256;
+    float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t isum[4], msum[4] = {0, 0, 0, 0};
+        float d, dm = 0.0f;
+#if defined(__AVX2__)
+        __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+#define LS_KROW(r, acc, c, aw, sx_of)                                                         \
+    do {                                                                                      \
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(x + (r) * K + 32 * (c)));            \
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx_of), sv));  \
+    } while (0)
+#define LS_KROWS(c, aw, sx_of)                                                                \
+    do {                                                                                      \
+        LS_KROW(0, a0, c, aw, sx_of);                                                         \
+        if (R == 4) {                                                                         \
+            LS_KROW(1, a1, c, aw, sx_of);                                                     \
+            LS_KROW(2, a2, c, aw, sx_of);                                                     \
+            LS_KROW(3, a3, c, aw, sx_of);                                                     \
+        }                                                                                     \
+    } while (0)
+        if (type == T_Q4_K) {  // everything from the block, on the fly
+            const uint8_t *blk = row + 144 * b;
+            // k_scale_bytes on 32-bit words: u[0..1] the 8 scales, u[2..3] the 8 mins
+            uint32_t u[4];
+            memcpy(u, blk + 4, 12);
+            const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
+            u[3] = ((u[2] >> 4) & m2) | (((u[1] >> 6) & m3) << 4);
+            const uint32_t mins_lo = u[1] & m1;
+            u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
+            u[2] = mins_lo;
+            u[0] &= m1;
+            d = half_to_float(blk);
+            dm = half_to_float(blk + 2);
+            const __m256i scv = _mm256_broadcastsi128_si256(
+                _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)u[1], (int)u[0])));
+            const __m128i mn16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)u[3], (int)u[2]));
+            const __m256i lo4 = _mm256_set1_epi8(0x0F);
+            for (int g = 0; g < 4; g++) {  // 64 values: low nibbles, then high nibbles
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * g));
+                const __m256i wl = _mm256_and_si256(v, lo4);
+                const __m256i wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+                const int64_t c = 8 * b + 2 * g;
+                __m256i sv = _mm256_shuffle_epi8(scv, _mm256_load_si256((const __m256i *)KSH32[2 * g]));
+                LS_KROWS(c, wl, xv);  // values 0..15: maddubs takes them unsigned as they are
+                sv = _mm256_shuffle_epi8(scv, _mm256_load_si256((const __m256i *)KSH32[2 * g + 1]));
+                LS_KROWS(c + 1, wh, xv);
+            }
+            for (int r = 0; r < R; r++) {
+                __m128i t = _mm_madd_epi16(mn16, _mm_loadu_si128((const __m128i *)(bs32 + r * (K / 32) + 8 * b)));
+                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+                t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+                msum[r] = _mm_cvtsi128_si32(t);
+            }
+        } else {
+            __m256i sc16;  // the 16 sub-block scales as int16
+            if (type == T_Q6_K) {
+                const uint8_t *blk = row + 210 * b;
+                sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+                d = half_to_float(blk + 208);
+            } else {
+                sc16 = _mm256_loadu_si256((const __m256i *)(p->sc + 16 * b));
+                d = p->d[b];
+                dm = p->dm[b];
+            }
+            const __m256i slo = _mm256_permute2x128_si256(sc16, sc16, 0x00);
+            const __m256i shi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
+            for (int j = 0; j < 8; j++) {
+                const int64_t c = 8 * b + j;
+                const __m256i w = chunk_values(type, row, p ? p->q : NULL, c);
+                const __m256i aw = _mm256_sign_epi8(w, w);
+                const __m256i sv = _mm256_shuffle_epi8(
+                    j < 4 ? slo : shi, _mm256_load_si256((const __m256i *)KSH16[j & 3]));
+                LS_KROWS(c, aw, _mm256_sign_epi8(xv, w));
+            }
+            if (has_min)
+                for (int r = 0; r < R; r++)
+                    msum[r] = hsum_i32(_mm256_madd_epi16(
+                        _mm256_loadu_si256((const __m256i *)(p->mn + 16 * b)),
+                        _mm256_loadu_si256((const __m256i *)(bs16 + r * (K / 16) + 16 * b))));
+        }
+#undef LS_KROWS
+#undef LS_KROW
+        isum[0] = hsum_i32(a0);
+        if (R == 4) {
+            isum[1] = hsum_i32(a1);
+            isum[2] = hsum_i32(a2);
+            isum[3] = hsum_i32(a3);
+        }
+#else
+        (void)row;
+        (void)bs32;
+        d = p->d[b];
+        dm = p->dm[b];
+        for (int r = 0; r < R; r++) {
+            int32_t s = 0;
+            for (int j = 0; j < 16; j++) {
+                int32_t t = 0;
+                for (int i = 16 * j; i < 16 * j + 16; i++)
+                    t += (int32_t)p->q[256 * b + i] * x[r * K + 256 * b + i];
+                s += p->sc[16 * b + j] * t;
+            }
+            isum[r] = s;
+            if (has_min) msum[r] = k_msum(p->mn + 16 * b, bs16 + r * (K / 16) + 16 * b);
+        }
+#endif
+        for (int r = 0; r < R; r++) {
+            const float xs = xd[r * nb + b];
+            y[r] = y[r] + (d * xs) * (float)isum[r];
+            if (has_min) y[r] = y[r] - (dm * xs) * (float)msum[r];
+        }
+    }
+    for (int r = 0; r < R; r++) out[r * ldy] = y[r];
+}
+
+#define KDOT_FNS(T, NAME)                                                                     \
+    static void NAME##_1(const uint8_t *row, const kprep_t *p, int hm, const int8_t *x,        \
+                         const float *xd, const int16_t *bs, const int16_t *b32, int64_t K,    \
+                         float *out, int64_t ldy) {                                            \
+        kdot(T, row, p, hm, x, xd, bs, b32, K, 1, out, ldy);                                   \
+    }                                                                                         \
+    static void NAME##_4(const uint8_t *row, const kprep_t *p, int hm, const int8_t *x,        \
+                         const float *xd, const int16_t *bs, const int16_t *b32, int64_t K,    \
+                         float *out, int64_t ldy) {                                            \
+        kdot(T, row, p, hm, x, xd, bs, b32, K, 4, out, ldy);                                   \
+    }
+typedef void (*kdot_fn)(const uint8_t *, const kprep_t *, int, const int8_t *, const float *,
+                        const int16_t *, const int16_t *, int64_t, float *, int64_t);
+KDOT_FNS(T_BUF, kdot_buf)
+#if defined(__AVX2__)
+KDOT_FNS(T_Q4_K, kdot_q4_k)
+KDOT_FNS(T_Q6_K, kdot_q6_k)
+#endif
