@@ -17,6 +17,7 @@ from loraserve.lora.registry import Mix
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.errors import exceed_context_size, invalid_request
 from loraserve.server.flight import Flight, wait
+from loraserve.server.grammar import request_grammar
 from loraserve.server.schemas import Prompt, _GenerationParams
 from loraserve.server.state import ServerState
 
@@ -100,6 +101,9 @@ async def submit(
     resolves it at receipt: `Engine.submit`); a 400 naming `lora` if it refuses it."""
     check_limits(state, params)
     sp = sampling_params(state, params)
+    grammar = await request_grammar(
+        state, params.grammar, params.json_schema, params.response_format
+    )
     scales = params.lora_scales()  # None: the global scales
     sub = state.require().submit(
         prompts,
@@ -110,6 +114,7 @@ async def submit(
         adapter_name=adapter_name,
         cache_prompt=params.cache_prompt,
         id_slot=params.id_slot,
+        grammar=grammar,
     )
     return await start_flight(state, sub)
 
