@@ -38,6 +38,7 @@ def generate(argv: list[str]) -> None:
     """``loraserve generate -m MODEL -p PROMPT -n N``: a quick check from the shell."""
     from loraserve.engine.engine import Engine, EngineConfig
     from loraserve.engine.sampling.params import SamplingParams
+    from loraserve.lora.preflight import PreflightError, preflight
     from loraserve.model.default import resolve_model_path
     from loraserve.model.loader import load_model
 
@@ -61,16 +62,19 @@ def generate(argv: list[str]) -> None:
     args = ap.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    model = load_model(
-        resolve_model_path(args.model), "float32" if args.dtype == "float32" else "native"
-    )
+    specs = [_lora_spec(spec) for spec in args.lora]
+    path = resolve_model_path(args.model)
+    try:  # headers only: a bad file is reported before the weights load
+        preflight(path, [p for p, _ in specs])
+    except PreflightError as e:
+        ap.error(str(e))
+    model = load_model(path, "float32" if args.dtype == "float32" else "native")
     engine = Engine(model, EngineConfig(n_ctx=min(model.config.context_length, 8192)))
-    for spec in args.lora:  # each at its global scale: the request runs under the global map
-        path, _, scale = spec.rpartition(":") if ":" in spec else (spec, "", "1")
+    for lora, scale in specs:  # each at its global scale: the request runs under the global map
         try:
-            engine.load_adapter(path or spec, float(scale or 1.0)).result()
-        except ValueError as e:  # AdapterError, or a scale that is not a number
-            ap.error(f"--lora {spec}: {e}")
+            engine.load_adapter(lora, scale).result()
+        except ValueError as e:  # AdapterError
+            ap.error(f"--lora {lora}: {e}")
     sp = SamplingParams(
         temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed
     )
@@ -99,6 +103,17 @@ def generate(argv: list[str]) -> None:
                         file=sys.stderr,
                     )
                 return
+
+
+def _lora_spec(spec: str) -> tuple[str, float]:
+    """`PATH[:SCALE]` of `generate --lora` (scale 1 by default)."""
+    path, sep, scale = spec.rpartition(":")
+    if not sep or not path:
+        return spec, 1.0
+    try:
+        return path, float(scale)
+    except ValueError:
+        raise SystemExit(f"loraserve generate: --lora {spec}: the scale must be a number") from None
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ import torch
 
 from loraserve.cache.block_pool import BlockPool
 from loraserve.cache.prefix_cache import PrefixCache
-from loraserve.engine.constraint import Constraint, Grammars
 from loraserve.engine.embedding import Pooler
 from loraserve.engine.isolation import forward_isolated, sample_isolated, scrub_kv
 from loraserve.engine.output import TextOutput
@@ -32,6 +31,20 @@ from loraserve.lora.registry import AdapterRegistry
 from loraserve.model.loader import LoadedModel
 
 log = logging.getLogger("loraserve.engine")
+
+
+def request_line(run: Run, stop: StopType, adapters: AdapterRegistry) -> str:
+    """The log line of a finished request: id, slot, adapter mix, prompt tokens (cached and
+    evaluated), generated tokens, speeds and why it stopped."""
+    t = run.timings.as_dict()
+    names = {a.id: a.name for a in adapters.list()}
+    mix = ", ".join(f"{names.get(i, i)}={s:g}" for i, s in sorted(run.req.mix.scales.items()))
+    return (
+        f"request {run.req.id} slot {run.slot} mix [{mix or 'base'}]: prompt {run.n_prompt} "
+        f"tokens ({run.n_cached} cached, {t['prompt_n']} evaluated, "
+        f"{t['prompt_per_second']:.1f} tok/s), generated {len(run.generated)} tokens "
+        f"({t['predicted_per_second']:.1f} tok/s), stop {stop}"
+    )
 
 
 @dataclass(frozen=True)
@@ -80,7 +93,6 @@ class EngineCore:
         self.listeners: list[Callable[[Run, Event], None]] = []  # metrics hooks
         self.n_forward = 0  # forward passes run (`/metrics` n_decode_total)
         self.n_busy_rows = 0  # sum over forward passes of the sequences they ran
-        self.grammars = Grammars(model.tokenizer)  # constrained generation
 
     @property
     def busy(self) -> bool:
@@ -99,8 +111,6 @@ class EngineCore:
                 continue
             run.sampler = SamplerState(run.req.sampling, run.req.prompt, set(run.req.eog_ids))
             self._outputs[run.req.id] = TextOutput(self.tokenizer, run.req.stop)
-            if run.req.grammar is not None:
-                run.constraint = Constraint(self.grammars, run.req.grammar)
         work = sched.schedule()
         if not work:
             return False
@@ -138,9 +148,6 @@ class EngineCore:
         self._finish(run, StopType.NONE, embedding=run.pooler.result())
 
     def _sample(self, runs: list[Run], logits: torch.Tensor) -> None:
-        for i, run in enumerate(runs):
-            if run.constraint is not None:  # the grammar's mask first, as llama.cpp
-                run.constraint.mask(logits[i])
         results = sample_isolated(logits, [s.sampler for s in runs])  # type: ignore[misc]
         now = time.perf_counter()
         for run, res in zip(runs, results, strict=True):
@@ -168,20 +175,15 @@ class EngineCore:
         if tok in req.eog_ids and not req.sampling.ignore_eos:
             self._finish(run, StopType.EOS)
             return
-        if run.constraint is not None and not run.constraint.accept(tok):
-            self.fail(run, f"the grammar refused token {tok}: {run.constraint.error}")
-            return
         out = self._outputs[req.id]
         text = out.push(tok)
         self._emit(run, Event(token=tok, text=text, probs=probs, prob=prob))
-        if run.constraint is not None and run.constraint.finished:
-            self._finish(run, StopType.EOS)  # the grammar allows nothing more
-        elif out.stopping_word:
+        if out.stopping_word:
             self._finish(run, StopType.WORD)
         elif req.max_tokens >= 0 and len(run.generated) >= req.max_tokens:
             self._finish(run, StopType.LIMIT)
-        elif len(run.tokens) >= self.n_ctx_slot:
-            self._finish(run, StopType.LIMIT)
+        elif len(run.tokens) >= self.n_ctx_slot:  # the slot's context is full
+            self._finish(run, StopType.LIMIT, truncated=True)
 
     def _emit(self, run: Run, ev: Event) -> None:
         run.req.events.put(ev)
@@ -189,7 +191,12 @@ class EngineCore:
             fn(run, ev)
 
     def _finish(
-        self, run: Run, stop: StopType, send: bool = True, embedding: torch.Tensor | None = None
+        self,
+        run: Run,
+        stop: StopType,
+        send: bool = True,
+        embedding: torch.Tensor | None = None,
+        truncated: bool = False,
     ) -> None:
         out = self._outputs.pop(run.req.id, None)
         tail = out.flush() if out is not None else ""
@@ -211,8 +218,10 @@ class EngineCore:
                 n_cached=run.n_cached,
                 n_generated=len(run.generated),
                 embedding=embedding,
+                truncated=truncated,
             )
             self._emit(run, ev)
+            log.info("%s", request_line(run, stop, self.adapters))
 
     def fail(self, run: Run, message: str) -> None:
         """End a running sequence with an error event; its suspect KV is never reused."""

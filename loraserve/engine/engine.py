@@ -9,6 +9,7 @@ on a `Future`, computed on the engine thread between steps.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -18,7 +19,6 @@ from pathlib import Path
 from typing import TypeVar
 
 from loraserve.engine import slot_io
-from loraserve.engine.constraint import GrammarSpec
 from loraserve.engine.core import EngineConfig, EngineCore
 from loraserve.engine.embedding import Pooling
 from loraserve.engine.inbox import Inbox
@@ -62,9 +62,16 @@ class Engine:
         cache_prompt: bool = True,
         id_slot: int = -1,
         pooling: Pooling | None = None,
-        grammar: str | None = None,
+        n: int = 1,
+        strict_name: bool = False,
     ) -> Submission:
-        """Queue one request per prompt, all under one effective adapter mix.
+        """Queue ``n`` requests per prompt (prompt-major), all under one effective adapter mix.
+
+        The ``n`` requests of a prompt share its KV: the first computes the prompt, the
+        others wait for that and start from its KV (one prefill); with a seed, request ``j``
+        samples with seed + ``j``, as llama-server's `n_cmpl` children. With
+        ``strict_name``, an ``adapter_name`` that names no adapter refuses the submission
+        (`UnknownModelName`).
 
         The mix is ``lora`` (adapter id, scale) when present and non-empty, plus the
         adapter ``adapter_name`` names at scale 1 unless listed; else a snapshot of the
@@ -75,28 +82,30 @@ class Engine:
         With ``pooling`` each request is an embedding: its prompt runs under the mix and
         is never sampled; the final event carries the pooled hidden states
         (`Event.embedding`). Poolings that read every row never reuse cached KV.
-        With ``grammar`` (llguidance's text, from `compile_grammar`) every token sampled
-        is one the grammar allows, and the request stops once the grammar is complete.
         """
         if pooling is not None and not pooling.reuses_cache:
             cache_prompt = False
-        reqs = [
-            Request(
-                prompt=list(p),
-                sampling=sampling,
-                max_tokens=max_tokens,
-                stop=tuple(stop),
-                cache_prompt=cache_prompt,
-                id_slot=id_slot,
-                eog_ids=self.eog_ids,
-                pooling=pooling,
-                grammar=grammar,
-            )
-            for p in prompts
-        ]
+        reqs: list[Request] = []
+        for p in prompts:
+            first: Request | None = None
+            for j in range(n):
+                seed = sampling.seed if sampling.seed < 0 else (sampling.seed + j) % 2**32
+                req = Request(
+                    prompt=list(p),
+                    sampling=dataclasses.replace(sampling, seed=seed) if j else sampling,
+                    max_tokens=max_tokens,
+                    stop=tuple(stop),
+                    cache_prompt=cache_prompt,
+                    id_slot=id_slot if first is None else -1,
+                    eog_ids=self.eog_ids,
+                    pooling=pooling,
+                    leader=first,
+                )
+                first = first or req
+                reqs.append(req)
 
         def receive() -> Mix:
-            mix = self.core.adapters.mix(lora, adapter_name)
+            mix = self.core.adapters.mix(lora, adapter_name, strict_name)
             for r in reqs:
                 r.mix = mix
                 self.core.scheduler.add(r)
@@ -112,12 +121,6 @@ class Engine:
     def call(self, fn: Callable[[], T]) -> Future[T]:
         """Run ``fn`` on the engine thread between steps (or now if no thread runs)."""
         return self._inbox.call(fn)
-
-    def compile_grammar(self, spec: GrammarSpec) -> str:
-        """llguidance's grammar text for a request's GBNF or JSON schema, for `submit`;
-        ValueError says why it is invalid. Thread-safe (the vocabulary's llguidance form is
-        immutable once built; the first call builds it, ~1 s on 262,144 tokens)."""
-        return self.core.grammars.compile(spec)
 
     @property
     def n_slots(self) -> int:

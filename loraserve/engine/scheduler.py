@@ -11,7 +11,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from loraserve.cache.prefix_cache import CacheKey, PrefixCache
+from loraserve.cache.prefix_cache import CacheKey, Match, PrefixCache
 from loraserve.engine.embedding import wanted_rows
 from loraserve.engine.request import Request, Run
 from loraserve.engine.runner import BatchItem
@@ -79,25 +79,54 @@ class Scheduler:
         return max(idle, key=score)
 
     def admit(self) -> list[Run]:
-        """Move waiting requests into idle slots (FIFO; a request pinned to a busy slot waits)."""
+        """Move waiting requests into idle slots (FIFO; a request pinned to a busy slot waits,
+        and so does one whose `leader` is queued or still computing the shared prompt)."""
         admitted: list[Run] = []
         kept: deque[Request] = deque()
+        pending = {r.id for r in self.waiting}
         while self.waiting:
             req = self.waiting.popleft()
             if req.cancelled:
+                pending.discard(req.id)
                 continue
-            slot = self._pick_slot(req)
+            lead = self._leader_run(req, pending)
+            slot = None if lead is False else self._pick_slot(req)
             if slot is None:
                 kept.append(req)
                 continue
-            admitted.append(self._start(slot, req))
+            pending.discard(req.id)
+            admitted.append(self._start(slot, req, lead or None))
         self.waiting = kept
         return admitted
 
-    def _start(self, slot: Slot, req: Request) -> Run:
+    def _leader_run(self, req: Request, pending: set[int]) -> Run | None | bool:
+        """For a request that shares its leader's prompt (`n` > 1): False while the leader
+        waits or computes the prompt's KV, then its `Run` to share from; None when there is
+        none to share (no leader, or it already finished: its KV is in the prefix cache)."""
+        lead = req.leader
+        if lead is None:
+            return None
+        if lead.id in pending:
+            return False
+        run = next((r for r in self.running if r.req is lead), None)
+        if run is None or run.req.cache_key != req.cache_key:
+            return None
+        return run if run.n_computed >= len(req.prompt) - 1 else False
+
+    def _share(self, lead: Run, n: int) -> Match:
+        """The leader's first ``n`` tokens of KV as a match: full blocks shared (the leader
+        never writes them again), the partial one copied."""
+        k, rem = divmod(n, self.bs)
+        partial = lead.blocks[k] if rem else None
+        return Match(list(lead.blocks[:k]), partial, rem, n)
+
+    def _start(self, slot: Slot, req: Request, lead: Run | None = None) -> Run:
         run = Run(req=req, slot=slot.id, tokens=list(req.prompt), n_prompt=len(req.prompt))
-        limit = len(req.prompt) - 1 if req.cache_prompt else 0
-        m = self.cache.match(req.cache_key, req.prompt, limit) if limit > 0 else None
+        limit = len(req.prompt) - 1 if req.cache_prompt or lead is not None else 0
+        if lead is not None and limit > 0:
+            m: Match | None = self._share(lead, limit)
+        else:
+            m = self.cache.match(req.cache_key, req.prompt, limit) if limit > 0 else None
         if m is not None:
             for b in m.blocks:
                 self.cache.acquire(b)

@@ -38,13 +38,15 @@ def base_shapes(decoder: nn.Module) -> dict[str, tuple[int, ...]]:
 @dataclass(frozen=True)
 class Mix:
     """A request's effective adapter mix, fixed at receipt: ``scales`` (adapter id ->
-    non-zero scale) and ``cache_key``, their canonical prefix-cache key.
+    non-zero scale) and ``cache_key``, their canonical prefix-cache key; ``named`` is the
+    name of the adapter the request's `model` named (None if it named none).
 
     Made by `AdapterRegistry.mix` only, so the key always matches the scales.
     """
 
     scales: Mapping[int, float] = field(default_factory=dict)
     cache_key: CacheKey = ()
+    named: str | None = field(default=None, compare=False)
 
 
 BASE = Mix()  # the base model: no adapter
@@ -57,8 +59,15 @@ def _scale(adapter_id: int, s: float) -> float:
     return s
 
 
+class UnknownModelName(ValueError):
+    """A request's `model` names no loaded adapter (raised only when asked to be strict)."""
+
+
 class AdapterRegistry:
-    """Adapters by id (load order; ids are never reused) and the global id -> scale map."""
+    """Adapters by id (load order; ids are never reused) and the global id -> scale map.
+
+    Names are unique without regard to case: a name given at load that is taken is refused,
+    a name taken from the file that is taken gets a suffix (``-2``, ``-3``...)."""
 
     def __init__(self, model: LoadedModel) -> None:
         self.model = model
@@ -68,13 +77,18 @@ class AdapterRegistry:
         self._next_id = 0
 
     def load(self, path: str | Path, scale: float = 1.0, name: str | None = None) -> Adapter:
-        """Load and register an adapter with global ``scale``; raises `AdapterError` and
-        leaves the registry unchanged if the file does not fit the model."""
+        """Load and register an adapter with global ``scale``; raises `AdapterError` (or a
+        ValueError for a ``name`` already taken) and leaves the registry unchanged if the
+        file does not fit the model."""
         scale = _scale(self._next_id, scale)
+        taken = self.find(name) if name is not None else None
+        if taken is not None:
+            raise ValueError(
+                f"name: an adapter named {taken.name!r} is already loaded (id {taken.id})"
+            )
         adapter = load_adapter(path, self.model.config, self.shapes)
         adapter.id = self._next_id
-        if name is not None:
-            adapter.name = name
+        adapter.name = name if name is not None else self._free_name(adapter.name)
         self._next_id += 1
         self._adapters[adapter.id] = adapter
         self._global[adapter.id] = scale
@@ -91,6 +105,18 @@ class AdapterRegistry:
             return self._adapters[adapter_id]
         except (KeyError, TypeError):
             raise ValueError(f"no LoRA adapter with id {adapter_id!r}") from None
+
+    def find(self, name: str) -> Adapter | None:
+        """The loaded adapter with this name, case ignored (None if there is none)."""
+        key = name.casefold()
+        return next((a for a in self._adapters.values() if a.name.casefold() == key), None)
+
+    def _free_name(self, name: str) -> str:
+        out, k = name, 1
+        while self.find(out) is not None:
+            k += 1
+            out = f"{name}-{k}"
+        return out
 
     def list(self) -> list[Adapter]:
         """Loaded adapters in id order."""
@@ -129,17 +155,27 @@ class AdapterRegistry:
         return {i: s for i, s in mix.items() if s != 0.0}
 
     def mix(
-        self, request_lora: Sequence[tuple[int, float]] | None, adapter_name: str | None = None
+        self,
+        request_lora: Sequence[tuple[int, float]] | None,
+        adapter_name: str | None = None,
+        strict: bool = False,
     ) -> Mix:
         """A request's effective `Mix`: `resolve` of its own list (plus the adapter that
-        ``adapter_name`` names, at scale 1, unless listed) and the mix's `cache_key`.
-        ValueError naming an unknown id or a non-finite scale."""
-        if adapter_name is not None:
-            named = [a for a in self.list() if a.name == adapter_name]
-            if named and all(i != named[-1].id for i, _ in request_lora or ()):
-                request_lora = [*(request_lora or ()), (named[-1].id, 1.0)]
+        ``adapter_name`` names, case ignored, at scale 1, unless listed) and the mix's
+        `cache_key`. ValueError naming an unknown id or a non-finite scale; with ``strict``,
+        `UnknownModelName` for a name that no adapter has."""
+        named = self.find(adapter_name) if adapter_name is not None else None
+        if adapter_name is not None and named is None and strict:
+            loaded = ", ".join(repr(a.name) for a in self.list()) or "none"
+            raise UnknownModelName(
+                f"model: {adapter_name!r} is neither the model nor a loaded adapter "
+                f"(adapters: {loaded})"
+            )
+        if named is not None and all(i != named.id for i, _ in request_lora or ()):
+            request_lora = [*(request_lora or ()), (named.id, 1.0)]
         scales = self.resolve(request_lora)
-        return Mix(scales, self.cache_key(scales)) if scales else BASE
+        name = named.name if named is not None else None
+        return Mix(scales, self.cache_key(scales), name) if scales or name else BASE
 
     def uses_content(self, content_id: str) -> bool:
         """Whether a loaded adapter has this content identity."""

@@ -74,7 +74,7 @@ def final_result(
         "generation_settings": settings(state, params, mix),
         "prompt": tok.decode(out.prompt),
         "has_new_line": "\n" in out.text,
-        "truncated": False,
+        "truncated": ev.truncated,  # stopped by a full context, as llama-server
         "stop_type": str(ev.stop_type),
         "stopping_word": ev.stopping_word,
         "tokens_cached": ev.n_cached,

@@ -107,12 +107,6 @@ def parse_prompts(v: Any) -> list[Prompt]:
     return [parse_mixed(p, f"[{i}]") for i, p in enumerate(v)]
 
 
-def only_one(v: int) -> int:
-    if v != 1:
-        raise ValueError(f"only n=1 (one completion per request) is supported, got {v}")
-    return v
-
-
 def parse_messages(v: list[dict[str, Any]]) -> list[dict[str, Any]]:
     try:
         return normalize_messages(v)

@@ -13,11 +13,10 @@ from typing import Any
 
 from loraserve.engine.request import Submission
 from loraserve.engine.sampling.params import SamplingParams
-from loraserve.lora.registry import Mix
+from loraserve.lora.registry import Mix, UnknownModelName
 from loraserve.model.tokenizer import Tokenizer
-from loraserve.server.errors import exceed_context_size, invalid_request
+from loraserve.server.errors import exceed_context_size, invalid_request, not_found
 from loraserve.server.flight import Flight, wait
-from loraserve.server.grammar import request_grammar
 from loraserve.server.schemas import Prompt, _GenerationParams
 from loraserve.server.state import ServerState
 
@@ -79,14 +78,15 @@ def sampling_params(state: ServerState, params: _GenerationParams) -> SamplingPa
 
 
 def check_limits(state: ServerState, params: _GenerationParams) -> None:
-    """`n_predict` within a slot's context, `id_slot` an existing slot."""
+    """`id_slot` an existing slot, `n` at most the slots (as llama-server). An `n_predict`
+    beyond a slot's context is fine: generation stops when the context is full."""
     engine = state.require()
-    n_ctx = engine.n_ctx_slot
-    if params.n_predict > n_ctx:
-        raise invalid_request(
-            f"n_predict: {params.n_predict} exceeds the context size of a slot ({n_ctx} tokens)"
-        )
     n_slots = engine.n_slots
+    if params.n > n_slots:
+        raise invalid_request(
+            f"n: at most {n_slots} completions per request (the number of slots, -np), "
+            f"got {params.n}"
+        )
     if params.id_slot >= n_slots:
         raise invalid_request(f"id_slot: no slot {params.id_slot} (slots are 0..{n_slots - 1})")
 
@@ -97,13 +97,13 @@ async def submit(
     params: _GenerationParams,
     adapter_name: str | None = None,
 ) -> Flight:
-    """Submit one engine request per prompt under one effective adapter mix (the engine
-    resolves it at receipt: `Engine.submit`); a 400 naming `lora` if it refuses it."""
+    """Submit `n` engine requests per prompt under one effective adapter mix (the engine
+    resolves it at receipt: `Engine.submit`); a 400 naming `lora` if it refuses it.
+    `adapter_name` is an OpenAI `model`: the model's own name (or alias) is no adapter's."""
+    if adapter_name is not None and state.names_the_model(adapter_name):
+        adapter_name = None
     check_limits(state, params)
     sp = sampling_params(state, params)
-    grammar = await request_grammar(
-        state, params.grammar, params.json_schema, params.response_format
-    )
     scales = params.lora_scales()  # None: the global scales
     sub = state.require().submit(
         prompts,
@@ -114,9 +114,13 @@ async def submit(
         adapter_name=adapter_name,
         cache_prompt=params.cache_prompt,
         id_slot=params.id_slot,
-        grammar=grammar,
+        n=params.n,
+        strict_name=state.cfg.strict_model_names,
     )
-    return await start_flight(state, sub)
+    flight = await start_flight(state, sub)
+    if adapter_name is not None and flight.mix.named is None:
+        state.warn_unknown_model(adapter_name)
+    return flight
 
 
 async def start_flight(state: ServerState, sub: Submission) -> Flight:
@@ -125,6 +129,9 @@ async def start_flight(state: ServerState, sub: Submission) -> Flight:
     flight = state.flights.start(state.require(), sub.requests)
     try:
         flight.mix = await wait(sub.received)
+    except UnknownModelName as e:
+        flight.close()
+        raise not_found(str(e)) from None
     except ValueError as e:
         flight.close()
         raise invalid_request(f"lora: {e}") from None

@@ -114,7 +114,8 @@ async def set_scales(request: HttpRequest) -> Response:
 
 @router.post("/lora-adapters/load", openapi_extra=body_doc(LoadAdapterRequest))
 async def load_adapter(request: HttpRequest) -> Response:
-    """**Ours:** load `{path, [scale], [name]}` from a `--lora-dir` directory."""
+    """**Ours:** load `{path, [scale], [name]}` from a `--lora-dir` directory, at global
+    scale 0 unless `scale` is given; names are unique (case ignored)."""
     state = get_state(request)
     engine = state.require()
     body = await read_body(request, LoadAdapterRequest)

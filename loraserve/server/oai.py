@@ -35,11 +35,12 @@ FINISH = {"eos": "stop", "word": "stop", "limit": "length", "none": "stop"}
 FINGERPRINT = f"loraserve-{__version__}"
 
 
-def usage(outs: list[Output]) -> dict[str, Any]:
-    """OpenAI `usage`, with the reused prompt tokens as `prompt_tokens_details.cached_tokens`."""
-    prompt = sum(o.n_prompt for o in outs)
+def usage(outs: list[Output], n: int = 1) -> dict[str, Any]:
+    """OpenAI `usage`, with the reused prompt tokens as `prompt_tokens_details.cached_tokens`;
+    with `n` choices per prompt (prompt-major), each prompt counts once."""
+    prompt = sum(o.n_prompt for o in outs[::n])
     completion = sum(o.n_generated for o in outs)
-    cached = sum(o.final.n_cached for o in outs if o.final is not None)
+    cached = sum(o.final.n_cached for o in outs[::n] if o.final is not None)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -93,7 +94,7 @@ def finish_reason(out: Output) -> str:
 
 @router.post("/v1/completions", openapi_extra=body_doc(OAICompletionRequest))
 async def completions(request: HttpRequest) -> Response:
-    """OpenAI text completions (one choice per prompt)."""
+    """OpenAI text completions (`n` choices per prompt, prompt-major)."""
     state = get_state(request)
     tok = state.require().tokenizer
     params = await read_body(request, OAICompletionRequest)
@@ -104,7 +105,7 @@ async def completions(request: HttpRequest) -> Response:
         "text_completion",
         f"cmpl-{uuid.uuid4().hex}",
         int(time.time()),
-        params.model or state.model_name,
+        flight.mix.named or state.model_name,  # the adapter `model` named, else the model
     )
     if params.stream:
         want_usage = bool(params.stream_options and params.stream_options.include_usage)
@@ -124,7 +125,7 @@ async def completions(request: HttpRequest) -> Response:
             return {**head, "choices": [choice]}
 
         def tail(outs: list[Output]) -> list[dict[str, Any]]:
-            return [{**head, "choices": [], "usage": usage(outs)}] if want_usage else []
+            return [{**head, "choices": [], "usage": usage(outs, params.n)}] if want_usage else []
 
         return stream(flight, chunk, tail, done_marker=True)
     outs = await collect(flight, request)
@@ -137,7 +138,7 @@ async def completions(request: HttpRequest) -> Response:
         }
         for i, o in enumerate(outs)
     ]
-    body = {**head, "choices": choices, "usage": usage(outs)}
+    body = {**head, "choices": choices, "usage": usage(outs, params.n)}
     if len(outs) == 1:
         body["timings"] = outs[0].timings()
         if state.cfg.verbose:  # as llama-server: the native result too
@@ -171,27 +172,27 @@ async def chat_completions(request: HttpRequest) -> Response:
         "chat.completion.chunk" if params.stream else "chat.completion",
         f"chatcmpl-{uuid.uuid4().hex}",
         int(time.time()),
-        params.model or state.model_name,
+        flight.mix.named or state.model_name,  # the adapter `model` named, else the model
     )
     if params.stream:
         want_usage = bool(params.stream_options and params.stream_options.include_usage)
-        first = [True]
+        started: set[int] = set()
 
         def chunk(i: int, out: Output, ev: Event) -> list[dict[str, Any]] | None:
             lead = []
-            if first[0]:  # as llama-server: a role-only chunk first
-                role = {"index": 0, "delta": {"role": "assistant", "content": None}}
+            if i not in started:  # as llama-server: a role-only chunk first, per choice
+                role = {"index": i, "delta": {"role": "assistant", "content": None}}
                 lead.append(
                     {**head, "choices": [{**role, "logprobs": None, "finish_reason": None}]}
                 )
-                first[0] = False
+                started.add(i)
             delta: dict[str, Any] = {}
             if ev.text:
                 delta["content"] = ev.text
             if not delta and not ev.done and not (params.n_probs and ev.probs is not None):
                 return lead or None
             choice: dict[str, Any] = {
-                "index": 0,
+                "index": i,
                 "delta": delta,
                 "logprobs": None,
                 "finish_reason": finish_reason(out) if ev.done else None,
@@ -204,17 +205,21 @@ async def chat_completions(request: HttpRequest) -> Response:
             return [*lead, {**head, "choices": [choice]}]
 
         def tail(outs: list[Output]) -> list[dict[str, Any]]:
-            return [{**head, "choices": [], "usage": usage(outs)}] if want_usage else []
+            return [{**head, "choices": [], "usage": usage(outs, params.n)}] if want_usage else []
 
         return stream(flight, chunk, tail, done_marker=True)
-    (out,) = await collect(flight, request)
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": out.text},
-        "logprobs": chat_logprobs(tok, out.probs) if params.n_probs else None,
-        "finish_reason": finish_reason(out),
-    }
-    body = {**head, "choices": [choice], "usage": usage([out]), "timings": out.timings()}
+    outs = await collect(flight, request)
+    choices = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": o.text},
+            "logprobs": chat_logprobs(tok, o.probs) if params.n_probs else None,
+            "finish_reason": finish_reason(o),
+        }
+        for i, o in enumerate(outs)
+    ]
+    out = outs[0]
+    body = {**head, "choices": choices, "usage": usage(outs, params.n), "timings": out.timings()}
     if state.cfg.verbose:  # as llama-server: the native result too
         body["__verbose"] = final_result(state, out, params, flight.mix, 0, out.text)
     return JsonResponse(body)

@@ -27,7 +27,6 @@ from loraserve.server.fields import (
     Messages,
     Prompt,
     check_token,
-    only_one,
     parse_logit_bias,
     parse_mixed,
     parse_prompts,
@@ -45,7 +44,10 @@ SAMPLING_KEYS = (
 ).split()
 # Known fields asking for what this server does not do: a 400 rather than silently ignored.
 UNSUPPORTED = {
+    "grammar": "constrained generation (grammar)",
+    "json_schema": "constrained generation (json_schema)",
     "tools": "tool calling",
+    "response_format": "response_format other than text",
     "echo": "echo",
     "best_of": "best_of",
     "suffix": "suffix",
@@ -102,12 +104,6 @@ class LoraScales(RootModel[list[LoraScaleItem]]):
         return self
 
 
-def _schema(v: Any) -> Any:
-    if not isinstance(v, dict | bool):
-        raise ValueError("must be a JSON schema (an object, or true/false)")
-    return v
-
-
 class _GenerationParams(_Body):
     """Fields every generation endpoint shares; defaults are llama-server's."""
 
@@ -141,14 +137,8 @@ class _GenerationParams(_Body):
         default_factory=list
     )
     return_tokens: bool = False
-    # constrained generation (`server/grammar.py`): GBNF, a JSON schema, OpenAI's format
-    grammar: str | None = None
-    json_schema: Annotated[Any, PlainValidator(_schema)] = None
-    response_format: dict[str, Any] | None = None
     lora: Annotated[list[LoraScaleItem], AfterValidator(_check_unique_ids)] | None = None
-    n: Annotated[int, AfterValidator(only_one)] = Field(
-        1, validation_alias=AliasChoices("n", "n_cmpl")
-    )
+    n: int = Field(1, ge=1, le=INT32_MAX, validation_alias=AliasChoices("n", "n_cmpl"))
 
     @model_validator(mode="before")
     @classmethod
@@ -241,10 +231,12 @@ class ApplyTemplateRequest(_Body):
 
 class LoadAdapterRequest(_Body):
     """**Ours:** POST /lora-adapters/load. `path` must lie under a `--lora-dir` directory
-    (checked by the server); `name` defaults to the file or folder name."""
+    (checked by the server); `name` defaults to the file or folder name (suffixed `-2`,
+    `-3`... when taken; a given `name` that is taken is refused). The new adapter's global
+    `scale` is 0 unless given, so default requests keep their answers."""
 
     path: str = Field(min_length=1)
-    scale: float = Field(1.0, ge=-MAX_LORA_SCALE, le=MAX_LORA_SCALE)
+    scale: float = Field(0.0, ge=-MAX_LORA_SCALE, le=MAX_LORA_SCALE)
     name: str | None = Field(None, min_length=1)
 
 

@@ -4,6 +4,7 @@ loaded (or why loading failed), and the flights in progress."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 
@@ -16,6 +17,8 @@ from loraserve.server.args import ServerConfig
 from loraserve.server.chat_template import ChatTemplate
 from loraserve.server.errors import unavailable
 from loraserve.server.flight import Flights
+
+log = logging.getLogger("loraserve.server")
 
 
 class ServerState:
@@ -35,6 +38,7 @@ class ServerState:
         self.started = time.time()
         self.flights = Flights()
         self.listeners: list[Callable[[Run, Event], None]] = []  # added at `attach`
+        self._warned_models: set[str] = set()
 
     def attach(self, model: LoadedModel, engine: Engine) -> None:
         """Make a started engine serve requests (called once, from the loading thread);
@@ -71,6 +75,25 @@ class ServerState:
         if self.model is not None:
             return self.model.path.name
         return self.cfg.model or ""
+
+    def names_the_model(self, name: str) -> bool:
+        """Whether an OpenAI `model` names the served model (its name, file name or an
+        alias; case ignored) rather than an adapter."""
+        names = {self.model_name, *self.cfg.alias}
+        if self.model is not None:
+            names |= {self.model.name, self.model.path.name, self.model.path.stem}
+        return name.casefold() in {n.casefold() for n in names if n}
+
+    def warn_unknown_model(self, name: str) -> None:
+        """Log, once per name, that a `model` naming nothing known is served by the model."""
+        if name not in self._warned_models:
+            self._warned_models.add(name)
+            log.warning(
+                "model %r names neither the model nor a loaded adapter: served by %s "
+                "(--strict-model-names makes it a 404)",
+                name,
+                self.model_name,
+            )
 
     def abort_flights(self, message: str = "the server is shutting down") -> None:
         """Event loop: end every flight now; its unfinished requests are cancelled and

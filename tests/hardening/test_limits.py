@@ -1,8 +1,8 @@
 """Every limit holds at its boundary over HTTP, with a clear 4xx naming the field: body
-size (declared or streamed), prompt tokens against a slot's context, n_predict against it,
-prompts per request, number and length of stop strings, logit_bias entries, n_probs, LoRA
-scales; and adapter loads only from the allowed directory, only regular files of bounded
-size."""
+size (declared or streamed), prompt tokens against a slot's context (n_predict beyond it
+generates until the context is full, as llama-server), prompts per request, number and
+length of stop strings, logit_bias entries, n_probs, LoRA scales; and adapter loads only
+from the allowed directory, only regular files of bounded size."""
 
 from __future__ import annotations
 
@@ -122,12 +122,20 @@ def test_chat_prompt_against_the_context(srv) -> None:
         ("/v1/chat/completions", "max_completion_tokens", {"messages": MSGS}),
     ],
 )
-def test_n_predict_bounded_by_the_context(srv, path, field, base) -> None:
+def test_n_predict_beyond_the_context_runs_until_it_is_full(srv, path, field, base) -> None:
     names = (field, "n_predict")  # the name the client used, or the canonical one
-    refused(srv, path, {**base, field: N_CTX + 1}, names)
     refused(srv, path, {**base, field: 2**31}, names)
     refused(srv, path, {**base, field: -2}, names)
-    accepted(srv, path, {**base, field: N_CTX, "stop": ["a"]})  # may run to a full context
+    body = {**base, field: N_CTX + 1000, "ignore_eos": True, "temperature": 0}
+    res = accepted(srv, path, body)  # as llama-server: generate until the context is full
+    if path == "/completion":
+        assert res["stop_type"] == "limit" and res["truncated"] is True
+        assert res["tokens_evaluated"] + res["tokens_predicted"] == N_CTX
+    else:
+        assert res["choices"][0]["finish_reason"] == "length"
+        assert res["usage"]["prompt_tokens"] + res["usage"]["completion_tokens"] == N_CTX
+    short = accepted(srv, "/completion", {"prompt": "a", "n_predict": 2})
+    assert short["stop_type"] == "limit" and short["truncated"] is False
 
 
 def test_prompts_per_request(srv) -> None:

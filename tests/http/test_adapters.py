@@ -1,9 +1,12 @@
-"""Adapter endpoints: load/unload from `--lora-dir` only, global scales, `lora` on requests,
-`model` naming an adapter, unload waiting for the requests that use it, `--lora` flags.
+"""Adapter endpoints: load/unload from `--lora-dir` only (at scale 0 unless given, names
+unique), global scales, `lora` on requests, `model` naming an adapter (case ignored; other
+names served by the base model with one warning, or a 404 with --strict-model-names), unload
+waiting for the requests that use it, `--lora` flags.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from pathlib import Path
@@ -77,7 +80,7 @@ def load(srv, path: str, expect: int = 200, **kw) -> dict:
 
 def test_load_set_global_and_request_lora(srv) -> None:
     base = complete(srv, cache_prompt=False)["content"]
-    up = load(srv, "up")
+    up = load(srv, "up", scale=1.0)
     assert {"id", "name", "path", "scale"} <= up.keys() and up["scale"] == 1.0
     listed = srv.client.get("/lora-adapters").json()
     assert {"id": up["id"], "scale": 1.0, "name": "up"}.items() <= listed[-1].items()
@@ -105,6 +108,55 @@ def test_model_field_names_an_adapter(srv) -> None:
     plain = srv.client.post("/v1/completions", json={**body, "model": "tiny.gguf"}).json()
     assert plain["choices"][0]["text"] == complete(srv)["content"]
     assert "up" in [m["id"] for m in srv.client.get("/v1/models").json()["data"]]
+
+
+def test_model_names_are_case_insensitive_and_unknown_ones_served_by_the_base(srv, caplog) -> None:
+    up = next((a for a in srv.client.get("/lora-adapters").json() if a["name"] == "up"), None)
+    up_id = up["id"] if up else load(srv, "up")["id"]
+    srv.client.post("/lora-adapters", json=[])
+    body = {"prompt": "the cat and the", "max_tokens": 8, "ignore_eos": True}
+    by_id = complete(srv, lora=[{"id": up_id, "scale": 1.0}])["content"]
+    shouted = srv.client.post("/v1/completions", json={**body, "model": "UP"}).json()
+    assert shouted["choices"][0]["text"] == by_id and shouted["model"] == "up"
+    base = complete(srv)["content"]
+    with caplog.at_level(logging.WARNING, logger="loraserve.server"):
+        for _ in range(2):
+            r = srv.client.post("/v1/completions", json={**body, "model": "gpt-4o"}).json()
+            assert r["choices"][0]["text"] == base and r["model"] == "tiny.gguf"
+        r = srv.client.post("/v1/completions", json={**body, "model": "TINY.gguf"}).json()
+        assert r["choices"][0]["text"] == base
+    warned = [m for m in caplog.messages if "names neither the model nor" in m]
+    assert len(warned) == 1 and "gpt-4o" in warned[0]  # once per name; the model's own: none
+
+
+def test_strict_model_names(lora_dir) -> None:
+    args = ["-np", "1", "-c", "256", "--lora", str(lora_dir / "up"), "--strict-model-names"]
+    with serve_in_thread(args) as s:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        r = s.client.post("/v1/chat/completions", json={**body, "model": "nope"})
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+        assert "'nope'" in r.json()["error"]["message"] and "'up'" in r.json()["error"]["message"]
+        for name in ("Up", "tiny.gguf"):
+            r = s.client.post("/v1/chat/completions", json={**body, "model": name})
+            assert r.status_code == 200, r.text
+        assert not any(x["is_processing"] for x in s.client.get("/slots").json())
+
+
+def test_run_time_loads_start_at_scale_0_with_unique_names(srv) -> None:
+    srv.client.post("/lora-adapters", json=[])
+    base = complete(srv, cache_prompt=False)["content"]
+    first = load(srv, "down")
+    second = load(srv, "down")
+    assert first["scale"] == second["scale"] == 0.0
+    assert first["name"].startswith("down") and second["name"] == f"{first['name']}-2"
+    assert complete(srv)["content"] == base  # default requests keep their answers
+    taken = load(srv, "down", 400, name="DOWN-2")
+    assert "already loaded" in taken["error"]["message"]
+    named = load(srv, "down", name="down-special", scale=0.5)
+    listed = {a["name"]: a["scale"] for a in srv.client.get("/lora-adapters").json()}
+    assert listed["down-special"] == 0.5 and listed[second["name"]] == 0.0
+    for a in (first, second, named):
+        assert srv.client.post("/lora-adapters/unload", json={"id": a["id"]}).status_code == 200
 
 
 def test_load_refusals(srv) -> None:

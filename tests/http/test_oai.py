@@ -32,7 +32,7 @@ def test_openai_completions(srv, client) -> None:
     res = client.completions.create(
         model="anything", prompt="the cat and", max_tokens=5, extra_body={"ignore_eos": True}
     )
-    assert res.object == "text_completion" and res.model == "anything"
+    assert res.object == "text_completion" and res.model == "tiny.gguf"  # the real name
     (choice,) = res.choices
     assert choice.text == native(srv, "the cat and", 5)["content"]
     assert choice.finish_reason == "length" and choice.index == 0
@@ -87,7 +87,7 @@ def test_openai_models(srv, client) -> None:
 
 def test_openai_errors_raise_typed_exceptions(client) -> None:
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model="m", prompt="a", max_tokens=10**7)
+        client.completions.create(model="m", prompt="a", max_tokens=-5)
     assert e.value.body["type"] == "invalid_request_error"  # type: ignore[index]
 
 
@@ -133,3 +133,40 @@ def test_multiple_prompts_give_one_choice_each(srv) -> None:
     ).json()
     assert [c["index"] for c in res["choices"]] == [0, 1]
     assert res["choices"][1]["text"] == native(srv, "a cat", 3)["content"]
+
+
+def test_n_choices_share_one_prefill_and_seed_apart(srv, client) -> None:
+    res = client.chat.completions.create(model="x", messages=MSGS, max_tokens=6, n=2)
+    assert [c.index for c in res.choices] == [0, 1]
+    assert res.choices[0].message.content == res.choices[1].message.content  # greedy
+    single = client.chat.completions.create(model="x", messages=MSGS, max_tokens=6)
+    assert res.usage.prompt_tokens == single.usage.prompt_tokens  # the prompt counts once
+    assert res.usage.completion_tokens == 2 * single.usage.completion_tokens
+    body = {"prompt": "the cat sat on the mat and", "n_predict": 4, "cache_prompt": False}
+    lead, child = srv.client.post("/completion", json={**body, "n": 2}).json()
+    n_prompt = lead["tokens_evaluated"]
+    assert lead["timings"]["prompt_n"] == n_prompt and lead["timings"]["cache_n"] == 0
+    assert child["timings"]["prompt_n"] == 1 and child["timings"]["cache_n"] == n_prompt - 1
+    assert child["content"] == lead["content"]
+    sampled = {**body, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 42}
+    pair = srv.client.post("/completion", json={**sampled, "n": 2}).json()
+    alone = [
+        srv.client.post("/completion", json={**sampled, "seed": 42 + j}).json() for j in (0, 1)
+    ]
+    assert [p["content"] for p in pair] == [a["content"] for a in alone]
+    r = srv.client.post("/v1/completions", json={"prompt": "a", "n": 3})
+    assert r.status_code == 400 and "n: at most 2" in r.json()["error"]["message"]
+
+
+def test_n_choices_stream(srv) -> None:
+    body = {"messages": MSGS, "max_tokens": 3, "n": 2, "stream": True}
+    chunks = srv.sse_json("/v1/chat/completions", body)
+    by_index: dict[int, list] = {0: [], 1: []}
+    for c in chunks:
+        for choice in c["choices"]:
+            by_index[choice["index"]].append(choice)
+    for choices in by_index.values():
+        assert choices[0]["delta"]["role"] == "assistant"
+        assert choices[-1]["finish_reason"] in ("length", "stop")
+    text = srv.client.post("/v1/completions", json={"prompt": ["a", "b"], "n": 2}).json()
+    assert [c["index"] for c in text["choices"]] == [0, 1, 2, 3]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from loraserve.cli import main
@@ -37,3 +39,16 @@ def test_generate_rejects_a_bad_adapter(tmp_path) -> None:
     bad.write_bytes(b"GGUF" + b"\0" * 10)
     with pytest.raises(SystemExit):
         main(["generate", "-m", str(tiny_model_path()), "-p", "x", "--lora", str(bad)])
+
+
+def test_generate_checks_adapters_before_the_weights_load(monkeypatch, capsys) -> None:
+    import loraserve.model.loader as loader
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded before the adapter was checked")
+
+    monkeypatch.setattr(loader, "load_model", no_load)
+    gemma = Path(__file__).resolve().parents[3] / "loraserve" / "adapters" / "uppercase.gguf"
+    with pytest.raises(SystemExit):
+        main(["generate", "-m", str(tiny_model_path()), "-p", "x", "--lora", str(gemma)])
+    assert "architecture 'gemma3' does not match the model's 'llama'" in capsys.readouterr().err

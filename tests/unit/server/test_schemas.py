@@ -237,10 +237,9 @@ def test_lora_field():
             {"prompt": "x", "lora": [{"id": 0, "scale": 1}, {"id": 0, "scale": 0}]},
             "lora[1].id: adapter 0 is listed twice",
         ),
-        (CompletionRequest, {"prompt": "x", "n": 2}, "n: only n=1"),
-        (CompletionRequest, {"prompt": "x", "grammar": 5}, "grammar:"),
-        (CompletionRequest, {"prompt": "x", "json_schema": "x"}, "json_schema:"),
-        (CompletionRequest, {"prompt": "x", "response_fields": "content"}, "response_fields:"),
+        (CompletionRequest, {"prompt": "x", "n": 0}, "n"),
+        (CompletionRequest, {"prompt": "x", "grammar": "root ::= x"}, "grammar: constrained"),
+        (CompletionRequest, {"prompt": "x", "json_schema": {"type": "x"}}, "json_schema:"),
         (OAICompletionRequest, {"prompt": "x", "echo": True}, "echo: echo is not supported"),
         (OAICompletionRequest, {"prompt": "x", "best_of": 2}, "best_of:"),
         (OAICompletionRequest, {"prompt": "x", "model": 3}, "model:"),
@@ -255,7 +254,7 @@ def test_lora_field():
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
             "messages[0].content[0]: unsupported content part type 'image_url'",
         ),
-        (OAIChatRequest, {"messages": USER, "n": 3}, "n: only n=1"),
+        (OAIChatRequest, {"messages": USER, "n": -1}, "n"),
         (OAIChatRequest, {"messages": USER, "top_logprobs": 2}, "top_logprobs requires logprobs"),
         (OAIChatRequest, {"messages": USER, "logprobs": 5}, "logprobs: Input should be a valid b"),
         (
@@ -265,7 +264,7 @@ def test_lora_field():
         ),
         (
             OAIChatRequest,
-            {"messages": USER, "response_format": "json"},
+            {"messages": USER, "response_format": {"type": "json_object"}},
             "response_format:",
         ),
         (ApplyTemplateRequest, {"messages": [{"content": "x"}]}, "messages[0].role: missing"),
@@ -316,7 +315,7 @@ def test_small_request_defaults():
     assert TokenizeRequest.model_validate({"content": [1, "a"]}).content == [1, "a"]
     assert DetokenizeRequest.model_validate({}).tokens == []
     load = LoadAdapterRequest.model_validate({"path": "/a"})
-    assert (load.path, load.scale, load.name) == ("/a", 1.0, None)
+    assert (load.path, load.scale, load.name) == ("/a", 0.0, None)  # run-time loads start off
     assert UnloadAdapterRequest.model_validate({"id": 2}).id == 2
     assert ApplyTemplateRequest.model_validate({"messages": USER}).messages == USER
 
