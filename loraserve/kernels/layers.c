@@ -1,4 +1,4 @@
-// A dense decoder's layers in one call: for steps without LoRA the Python loop over layers
+// A dense decoder's layers in one call, LoRA deltas included: the Python loop over layers
 // (about 10 kernel calls and 40 tensor ops per layer, 5-7 ms of a 25 ms Gemma 270M decode
 // step) becomes one C call.
 //
@@ -28,6 +28,9 @@ int ls_attention(const float *q, int64_t ldq, const float *k_cache, const float 
                  float *out, int64_t T, int64_t H, int64_t Hkv, int64_t D, int nthreads);
 void ls_gated_act(const float *g, const float *u, int64_t T, int64_t F, int64_t ld, int act,
                   float *out, int nthreads);
+int ls_lora(int n_ad, const float *const *as, const float *const *bs, const int64_t *ranks,
+            const float *s, const float *x, int64_t ldx, int64_t T, int64_t K, float *y,
+            int64_t ldy, int64_t N, int nthreads);
 
 // One projection: up to 8 quantized matrices of one input side by side (q|k|v, gate|up).
 typedef struct {
@@ -56,6 +59,22 @@ typedef struct {
     const ls_layer_t *layers;
 } ls_model_t;
 
+// One LoRA target of one adapter (a == NULL: the adapter does not target this part).
+typedef struct {
+    const float *a, *b;  // A [rank, in], B [out, rank] float32 contiguous
+    int64_t rank;
+    float factor;  // multiplies the user scale
+} ls_lora_w;
+
+// The step's adapters (ascending id, as LoraBatch orders them): table [n_active, T] each
+// row's user scale (0: not in its mix); ad[j] [n_layers * 4 * 8] adapter j's targets per
+// (layer, projection qkv/o/gate_up/down, part).
+typedef struct {
+    int32_t n_active;
+    const float *table;
+    const ls_lora_w *const *ad;
+} ls_lora_t;
+
 // One step's metadata (the runner's StepContext, as the Python path reads it).
 typedef struct {
     const int64_t *slot_mapping;  // [T] KV slot of each new token
@@ -68,15 +87,43 @@ typedef struct {
     float *const *k_caches;  // [n_layers] pools [S, Hkv, D] float32
     float *const *v_caches;
     int64_t S;
+    const ls_lora_t *lora;  // NULL: no adapter in the step
 } ls_step_t;
 
+// y = x W^T (+ bias), then each part's LoRA delta, as Projection.forward does: the parts in
+// order, each with its adapters in ascending id and scales table * factor (LoraBatch).
 static int proj(const ls_proj_t *p, const float *x, int64_t K, int64_t T, float *y,
-                int nthreads) {
+                const ls_lora_t *lo, int64_t slot, int nthreads) {
     int rc = ls_qmatmul_multi_f32(p->nparts, p->types, p->ws, p->ns, p->row_bytes, p->cols, K,
                                   x, K, T, y, p->n_out, nthreads);
     if (rc == 0 && p->bias != NULL)
         for (int64_t t = 0; t < T; t++)
             for (int64_t n = 0; n < p->n_out; n++) y[t * p->n_out + n] += p->bias[n];
+    if (rc != 0 || lo == NULL || lo->n_active == 0) return rc;
+    const float **as = malloc(sizeof(float *) * (size_t)lo->n_active);
+    const float **bs = malloc(sizeof(float *) * (size_t)lo->n_active);
+    int64_t *ranks = malloc(sizeof(int64_t) * (size_t)lo->n_active);
+    float *sc = malloc(sizeof(float) * (size_t)(lo->n_active * T));
+    if (!as || !bs || !ranks || !sc) rc = -2;
+    for (int k = 0; k < p->nparts && rc == 0; k++) {
+        int n = 0;
+        for (int j = 0; j < lo->n_active; j++) {
+            const ls_lora_w *w = &lo->ad[j][slot * 8 + k];
+            if (w->a == NULL) continue;
+            as[n] = w->a;
+            bs[n] = w->b;
+            ranks[n] = w->rank;
+            for (int64_t t = 0; t < T; t++) sc[n * T + t] = lo->table[j * T + t] * w->factor;
+            n++;
+        }
+        if (n > 0)
+            rc = ls_lora(n, as, bs, ranks, sc, x, K, T, K, y + p->cols[k], p->n_out, p->ns[k],
+                         nthreads);
+    }
+    free(as);
+    free(bs);
+    free(ranks);
+    free(sc);
     return rc;
 }
 
@@ -104,7 +151,7 @@ int ls_decoder_layers(const ls_model_t *m, const ls_step_t *st, float *x, int64_
     for (int64_t i = 0; i < m->n_layers && rc == 0; i++) {
         const ls_layer_t *L = &m->layers[i];
         ls_rms_norm(x, T, 1, Hd, Hd, L->attn_norm, 1, m->eps, h, nthreads);
-        if ((rc = proj(&L->qkv, h, Hd, T, qkv, nthreads)) != 0) break;
+        if ((rc = proj(&L->qkv, h, Hd, T, qkv, st->lora, 4 * i, nthreads)) != 0) break;
         ls_norm_rope(qkv, T, nq + nkv, D, nqkv, L->qk_norm, L->qk_norm ? nq + nkv : 1, m->eps,
                      L->sliding ? st->cos_l : st->cos_g, L->sliding ? st->sin_l : st->sin_g, qk,
                      nthreads);
@@ -120,7 +167,7 @@ int ls_decoder_layers(const ls_model_t *m, const ls_step_t *st, float *x, int64_
                           st->row_seq, st->row_nkeys, L->sliding ? st->window : 0,
                           m->attn_scale, att, T, nq, nkv, D, nthreads);
         if (rc != 0) break;
-        if ((rc = proj(&L->o, att, nq * D, T, a, nthreads)) != 0) break;
+        if ((rc = proj(&L->o, att, nq * D, T, a, st->lora, 4 * i + 1, nthreads)) != 0) break;
         if (L->post_attn_norm != NULL) {
             ls_rms_norm(a, T, 1, Hd, Hd, L->post_attn_norm, 1, m->eps, a2, nthreads);
             add_rows(x, a2, T * Hd);
@@ -128,9 +175,9 @@ int ls_decoder_layers(const ls_model_t *m, const ls_step_t *st, float *x, int64_
             add_rows(x, a, T * Hd);
         }
         ls_rms_norm(x, T, 1, Hd, Hd, L->ffn_norm, 1, m->eps, h, nthreads);
-        if ((rc = proj(&L->gate_up, h, Hd, T, gu, nthreads)) != 0) break;
+        if ((rc = proj(&L->gate_up, h, Hd, T, gu, st->lora, 4 * i + 2, nthreads)) != 0) break;
         ls_gated_act(gu, gu + F, T, F, 2 * F, m->act, f, nthreads);
-        if ((rc = proj(&L->down, f, F, T, a, nthreads)) != 0) break;
+        if ((rc = proj(&L->down, f, F, T, a, st->lora, 4 * i + 3, nthreads)) != 0) break;
         if (L->post_ffn_norm != NULL) {
             ls_rms_norm(a, T, 1, Hd, Hd, L->post_ffn_norm, 1, m->eps, a2, nthreads);
             add_rows(x, a2, T * Hd);

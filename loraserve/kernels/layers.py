@@ -1,14 +1,15 @@
-"""A dense decoder's layers in one C call (`layers.c`), for steps without LoRA.
+"""A dense decoder's layers in one C call (`layers.c`), LoRA deltas included.
 
 The Python loop over layers costs 5-7 ms of a 25 ms Gemma 270M decode step in tensor ops
-and kernel calls; `FusedLayers` runs the same kernels in the same order in one call, so its
-numbers equal the Python path's bit for bit (tests compare both). Steps with LoRA deltas
-keep the Python path, where each projection's delta is added between the kernels.
+and kernel calls; `FusedLayers` runs the same kernels in the same order in one call (the
+step's adapters as a scale table and each adapter's per-target pointers), so its numbers
+equal the Python path's bit for bit (tests compare both).
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,11 +39,19 @@ class _Model(ctypes.Structure):
                 ("layers", _P)]  # fmt: skip
 
 
+class _LoraW(ctypes.Structure):
+    _fields_ = [("a", _P), ("b", _P), ("rank", _I), ("factor", _F)]
+
+
+class _Lora(ctypes.Structure):
+    _fields_ = [("n_active", _I32), ("table", _P), ("ad", _P)]
+
+
 class _Step(ctypes.Structure):
     _fields_ = [("slot_mapping", _P), ("slots", _P), ("seq_off", _P), ("B", _I),
                 ("row_seq", _P), ("row_nkeys", _P), ("window", _I32), ("cos_g", _P),
                 ("sin_g", _P), ("cos_l", _P), ("sin_l", _P), ("k_caches", _P),
-                ("v_caches", _P), ("S", _I)]  # fmt: skip
+                ("v_caches", _P), ("S", _I), ("lora", _P)]  # fmt: skip
 
 
 _SIGNATURES = {"ls_decoder_layers": ([_P, _P, _P, _I, ctypes.c_int], ctypes.c_int)}
@@ -51,11 +60,13 @@ _SIGNATURES = {"ls_decoder_layers": ([_P, _P, _P, _I, ctypes.c_int], ctypes.c_in
 @dataclass(frozen=True)
 class ProjSpec:
     """One projection: quantized parts (rows [N_i, row_bytes] uint8, ggml type, first
-    output column), its output width and optional bias [n_out] float32."""
+    output column), its output width, optional bias [n_out] float32 and each part's tensor
+    name (the LoRA target it is)."""
 
     parts: list[tuple[torch.Tensor, int, int]]
     n_out: int
     bias: torch.Tensor | None
+    names: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -111,6 +122,42 @@ class FusedLayers:
         self.hidden, self.n_kv, self.head_dim = hidden, n_kv, head_dim
         self._kv_key: tuple[int, ...] = ()
         self._kv: tuple[Any, Any] | None = None
+        # the LoRA slot of each target name: (layer * 4 + projection) * 8 + part
+        self._slots = {
+            name: (4 * i + j) * 8 + k
+            for i, L in enumerate(layers)
+            for j, p in enumerate((L.qkv, L.o, L.gate_up, L.down))
+            for k, name in enumerate(p.names)
+        }
+        self._adapters: dict[Hashable, tuple[Any, list[torch.Tensor]]] = {}
+
+    def adapter_targets(self, key: Hashable, weights: Mapping[str, Any]) -> Any:
+        """An adapter's targets as the C call reads them (built once per ``key``, e.g. the
+        adapter's id); weights: target name -> an object with ``a`` [r, in], ``b`` [out, r]
+        float32 and ``factor``. Targets outside the layers (the output projection) are
+        left to the caller."""
+        if key not in self._adapters:
+            arr = (_LoraW * (len(self._specs) * 32))()
+            keep: list[torch.Tensor] = []
+            for name, w in weights.items():
+                slot = self._slots.get(name)
+                if slot is None:
+                    continue
+                a, b = w.a.float().contiguous(), w.b.float().contiguous()
+                keep += [a, b]
+                arr[slot] = _LoraW(a.data_ptr(), b.data_ptr(), a.shape[0], float(w.factor))
+            self._adapters[key] = (arr, keep)
+        return self._adapters[key][0]
+
+    @property
+    def cached_adapters(self) -> int:
+        """How many adapters' targets are cached."""
+        return len(self._adapters)
+
+    def retain(self, keys: set[Hashable]) -> None:
+        """Forget every adapter whose key is not in ``keys`` (unloaded ones)."""
+        for k in [k for k in self._adapters if k not in keys]:
+            del self._adapters[k]
 
     @property
     def available(self) -> bool:
@@ -130,11 +177,14 @@ class FusedLayers:
                  seq_off: torch.Tensor, row_seq: torch.Tensor, row_nkeys: torch.Tensor,
                  window: int, rope_global: tuple[torch.Tensor, torch.Tensor],
                  rope_local: tuple[torch.Tensor, torch.Tensor],
-                 kv: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:  # fmt: skip
+                 kv: list[tuple[torch.Tensor, torch.Tensor]],
+                 lora: tuple[list[Any], torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
         """x [T, hidden] float32 contiguous, updated in place through every layer.
         slot_mapping [T] long; slots/seq_off/row_seq/row_nkeys as `attention` takes them;
         rope tables ([T, D/2] cos, sin) per layer kind; kv: per layer (k, v) pools
-        [S, Hkv, D] float32 contiguous. Raises ValueError on inconsistent metadata."""
+        [S, Hkv, D] float32 contiguous; lora: the step's adapters (`adapter_targets` of
+        each, ascending id) and their scale table [n, T] float32 (0 where a row's mix lacks
+        the adapter). Raises ValueError on inconsistent metadata."""
         if len(kv) != len(self._specs):
             raise ValueError(f"{len(kv)} KV pools for {len(self._specs)} layers")
         slot_mapping, slots = slot_mapping.long().contiguous(), slots.long().contiguous()
@@ -143,10 +193,19 @@ class FusedLayers:
         row_nkeys = row_nkeys.to(torch.int32).contiguous()
         (cg, sg), (cl, sl) = rope_global, rope_local
         ks, vs = self._kv_arrays(kv)
+        lo = None
+        if lora is not None and lora[0]:
+            arrays, table = lora
+            table = table.float().contiguous()
+            if table.shape != (len(arrays), x.shape[0]):
+                raise ValueError(f"LoRA table {tuple(table.shape)} for {len(arrays)} adapters")
+            ads = (_P * len(arrays))(*[ctypes.addressof(a) for a in arrays])
+            lo = _Lora(len(arrays), table.data_ptr(), ctypes.addressof(ads))
         step = _Step(slot_mapping.data_ptr(), slots.data_ptr(), seq_off.data_ptr(),
                      seq_off.numel() - 1, row_seq.data_ptr(), row_nkeys.data_ptr(), window,
                      cg.data_ptr(), sg.data_ptr(), cl.data_ptr(), sl.data_ptr(),
-                     ctypes.addressof(ks), ctypes.addressof(vs), kv[0][0].shape[0])  # fmt: skip
+                     ctypes.addressof(ks), ctypes.addressof(vs), kv[0][0].shape[0],
+                     None if lo is None else ctypes.addressof(lo))  # fmt: skip
         rc = self._lib.ls_decoder_layers(
             ctypes.byref(self._model), ctypes.byref(step), x.data_ptr(), x.shape[0],
             torch.get_num_threads(),

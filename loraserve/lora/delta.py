@@ -12,6 +12,7 @@ were active).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -88,6 +89,20 @@ class LoraBatch:
             cols = torch.arange(t).clamp(max=self._top)
             scales = self._full[key] = self._table[sel][:, cols] * factors  # [n, T]
         return lora_delta(x, y, pairs, scales)
+
+    def fused_inputs(self, fused: Any, t: int) -> tuple[list[Any], torch.Tensor]:
+        """The step's adapters for `kernels.layers.FusedLayers` (``fused``): each active
+        adapter's targets (ascending id, as `apply` orders them) and the scale table
+        [n_active, t] (0 where a row's mix lacks the adapter), for a step of t rows."""
+        keys = {(i, a.content_id) for i, a in self._adapters.items()}
+        if len(keys) + 8 < fused.cached_adapters:
+            fused.retain(keys)
+        arrays = [
+            fused.adapter_targets((i, self._adapters[i].content_id), self._adapters[i].weights)
+            for i in self.active
+        ]
+        cols = torch.arange(t).clamp(max=self._top)
+        return arrays, self._table[:, cols].contiguous()  # [n_active, t]
 
     def apply_expert(
         self,

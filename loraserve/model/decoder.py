@@ -111,7 +111,7 @@ class Decoder(nn.Module):
         else:
             out = _matrix(w, "token_embd.weight", "output.weight")
         self.output = Projection("output.weight", [out])
-        # steps without LoRA run every layer in one C call (`kernels.layers`), same bits
+        # steps run every layer in one C call (`kernels.layers`), LoRA included, same bits
         self.use_fused = True
         self._fused_built: list[FusedLayers | None] = []
         n = min(cfg.context_length, 8192)
@@ -137,12 +137,18 @@ class Decoder(nn.Module):
             x = x * torch.tensor(self.cfg.embed_scale, dtype=torch.float32)
         rope_global = self.rope_global.tables(positions)
         rope_local = self.rope_local.tables(positions)
-        fused = self._fused() if ctx.lora is None and self.use_fused else None
+        fused = self._fused() if self.use_fused else None
         kv = ctx.kv_caches
+        lora_in = None
+        if fused is not None and ctx.lora is not None:  # deltas in the same call, if it can
+            get = getattr(ctx.lora, "fused_inputs", None)
+            lora_in = None if get is None else get(fused, x.shape[0])
+            if lora_in is None:
+                fused = None
         if fused is not None and all(k.dtype == v.dtype == torch.float32 for k, v in kv):
             a = ctx.attn  # every layer in one C call: the same kernels, the same bits
             x = fused(x.contiguous(), ctx.slot_mapping, a.slots, a.seq_off, a.row_seq,
-                      a.row_nkeys, a.window, rope_global, rope_local, kv)  # fmt: skip
+                      a.row_nkeys, a.window, rope_global, rope_local, kv, lora_in)  # fmt: skip
         else:
             for blk in self.blocks:
                 x = blk(x, rope_local if blk.sliding else rope_global)
@@ -166,7 +172,7 @@ def _build_fused(d: Decoder) -> FusedLayers | None:
     def spec(p: Projection) -> ProjSpec | None:
         if p._qparts is None or not all(m.quantized for m in p.parts) or len(p.parts) > 8:
             return None
-        return ProjSpec(p._qparts.parts, p.out_features, p.bias)
+        return ProjSpec(p._qparts.parts, p.out_features, p.bias, tuple(n for n, _, _ in p.spans))
 
     layers = []
     for b in d.blocks:

@@ -16,7 +16,7 @@ from tests.tiny import gguf_tensors, hf_model, our_logits, write_gguf
 needs_c = pytest.mark.skipif(backend() != "c", reason="no C compiler here")
 
 
-def _quantized_model(tmp_path, arch: str, **over):
+def _quantized_model(tmp_path, arch: str, with_hf: bool = False, **over):
     m = hf_model(arch, hidden_size=256, intermediate_size=256, seed=3, **over)
     kinds = [Q.Q4_K, Q.Q5_0, Q.Q8_0, Q.Q6_K, Q.Q4_0, Q.Q3_K, Q.Q5_1]
     quant = {}
@@ -24,7 +24,8 @@ def _quantized_model(tmp_path, arch: str, **over):
         if name.startswith("blk.") and t.dim() == 2:
             kind = kinds[i % len(kinds)]
             quant[name] = kind if t.shape[1] % 256 == 0 else Q.Q8_0  # K-quants: 256 blocks
-    return load_model(write_gguf(tmp_path / f"{arch}.gguf", m, arch, quant))
+    model = load_model(write_gguf(tmp_path / f"{arch}.gguf", m, arch, quant))
+    return (model, m) if with_hf else model
 
 
 @needs_c
@@ -44,6 +45,43 @@ def test_fused_layers_equal_the_python_path_bitwise(tmp_path, arch: str) -> None
         assert torch.equal(a, b)
     # and chunking changes no bit either (the fused path's own promise)
     assert torch.equal(runs[True][0], runs[True][1]) and torch.equal(runs[True][0], runs[True][2])
+
+
+@needs_c
+@pytest.mark.parametrize("arch", ["gemma3", "qwen2"])
+def test_fused_lora_deltas_equal_the_python_path_bitwise(tmp_path, arch: str) -> None:
+    """Steps with adapters run in the same C call: each mix's logits equal the Python path's
+    (which adds each projection's delta between the kernels), in batches of mixed mixes."""
+    from loraserve.engine.runner import BatchItem, ModelRunner
+    from loraserve.lora.registry import AdapterRegistry
+    from tests.unit.lora.test_lora import peft_adapter
+
+    model, m = _quantized_model(tmp_path, arch, with_hf=True)
+    reg = AdapterRegistry(model)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    for i, tm in enumerate((targets, ["v_proj", "down_proj"])):  # different target sets
+        reg.load(peft_adapter(tmp_path / f"a{i}", m, seed=i, target_modules=tm)[0])
+    ids = [torch.randint(3, 300, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+           for n in (9, 5, 7)]  # fmt: skip
+    mixes = [{0: 1.0}, {0: 0.5, 1: -1.5}, {}]
+
+    def run(fused: bool) -> list[torch.Tensor]:
+        model.decoder.use_fused = fused
+        runner = ModelRunner(model.decoder, 4, torch.float32, lora=reg.build_delta)
+        runner.ensure_capacity(12)
+        tables = [[0, 1, 2], [3, 4], [5, 6, 7]]
+        seqs = list(zip(ids, tables, mixes, strict=True))
+        out = [runner.forward([BatchItem(t, 0, len(t), b, True, mx) for t, b, mx in seqs])]
+        for p in range(2):  # two decode steps of all three
+            step = [BatchItem(t + [7, 8], len(t) + p, 1, b, True, mx) for t, b, mx in seqs]
+            out.append(runner.forward(step))
+        return out
+
+    got, ref = run(True), run(False)
+    model.decoder.use_fused = True
+    for a, b in zip(got, ref, strict=True):
+        assert torch.equal(a, b)
+    assert not torch.equal(got[0][0], got[0][2])  # the adapters really change the logits
 
 
 @needs_c
