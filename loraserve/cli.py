@@ -7,8 +7,6 @@ import logging
 import sys
 import time
 
-import torch
-
 COMMANDS = ("serve", "generate", "merge")
 
 
@@ -21,6 +19,10 @@ def main(argv: list[str] | None = None) -> None:
     cmd = argv[0] if argv and argv[0] in COMMANDS else "serve"
     if argv and argv[0] == cmd:
         argv = argv[1:]
+    if cmd != "merge" and not {"-h", "--help"} & set(argv):
+        from loraserve import cbuild
+
+        cbuild.prebuild()  # a first start compiles the kernels while torch is imported
     if cmd == "generate":
         generate(argv)
     elif cmd == "merge":
@@ -36,6 +38,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def generate(argv: list[str]) -> None:
     """``loraserve generate -m MODEL -p PROMPT -n N``: a quick check from the shell."""
+    import torch
+
     from loraserve.engine.engine import Engine, EngineConfig
     from loraserve.engine.sampling.params import SamplingParams
     from loraserve.lora.preflight import PreflightError, preflight

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from loraserve.kernels.build import bind
+from loraserve.cbuild import bind
 from loraserve.kernels.floatmm import rowwise_torch
 
 log = logging.getLogger("loraserve.kernels")

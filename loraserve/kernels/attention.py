@@ -21,7 +21,7 @@ import threading
 
 import torch
 
-from loraserve.kernels.build import bind
+from loraserve.cbuild import bind
 
 log = logging.getLogger("loraserve.kernels")
 

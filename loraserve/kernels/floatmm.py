@@ -9,7 +9,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from loraserve.kernels.build import bind
+from loraserve.cbuild import bind
 
 _P, _I, _CI = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES = {

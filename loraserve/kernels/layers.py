@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from loraserve.kernels.build import bind
+from loraserve.cbuild import bind
 from loraserve.kernels.rowops import ACTS
 
 _P, _I, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float

@@ -8,7 +8,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from loraserve.kernels.build import bind
+from loraserve.cbuild import bind
 
 _lib: ctypes.CDLL | None = None
 _loaded = False

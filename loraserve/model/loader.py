@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from loraserve import kernels
-from loraserve.kernels import build
+from loraserve import cbuild as build
 from loraserve.model.config import ModelConfig
 from loraserve.model.decoder import Decoder
 from loraserve.model.tokenizer import Tokenizer

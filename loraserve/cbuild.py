@@ -1,4 +1,7 @@
-"""Compile the C kernels of this folder once per machine and load them with ctypes.
+"""Compile the C kernels (``loraserve/kernels/*.c``) once per machine and load them with ctypes.
+
+This module imports no torch, so the command line starts the compile before anything heavy
+is imported (a cold first start overlaps it with torch's import and the model's parsing).
 
 The folder's ``*.c`` files (with its ``*.h``) become one shared library, built with the
 system C compiler for this CPU (``-march=native``) and cached under
@@ -16,6 +19,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import importlib.metadata
+import importlib.util
 import logging
 import os
 import shutil
@@ -24,11 +29,9 @@ import tempfile
 import threading
 from pathlib import Path
 
-import torch
-
 log = logging.getLogger("loraserve.kernels")
 
-SRC_DIR = Path(__file__).parent
+SRC_DIR = Path(__file__).parent / "kernels"
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
 # -ffp-contract=off: no fused multiply-adds the source did not ask for, so every output's
 # float operations are exactly the ones written, whatever the compiler's scheduling
@@ -43,6 +46,23 @@ def cache_dir() -> Path:
     root = os.environ.get("LORASERVE_CACHE")
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "loraserve"
     return base / "kernels"
+
+
+@functools.cache
+def _torch_dir() -> Path:
+    """torch's package folder, found without importing torch (its import takes 1-2 s)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("torch is not installed")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+@functools.cache
+def _torch_version() -> str:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return (_torch_dir() / "version.py").read_text()
 
 
 def _compiler() -> str | None:
@@ -76,7 +96,7 @@ def _key(cc: str) -> str:
     for f in sorted(SRC_DIR.glob("*.[ch]")):  # every source and header of the folder
         h.update(f.name.encode())
         h.update(f.read_bytes())
-    for part in (_cc_version(cc), _cpu_flags(), " ".join(CFLAGS), torch.__version__):
+    for part in (_cc_version(cc), _cpu_flags(), " ".join(CFLAGS), _torch_version()):
         h.update(part.encode())
     return h.hexdigest()[:16]
 
@@ -104,7 +124,7 @@ class _Build:
                 log.warning("compiling the C kernels failed, using the slower pure-torch "
                             "path:\n%s", err)  # fmt: skip
                 return False
-            torch_lib = Path(torch.__file__).parent / "lib"
+            torch_lib = _torch_dir() / "lib"
             tmp_out = Path(self.tmp) / self.out.name
             link = subprocess.run(
                 [self.cc, *CFLAGS, *map(str, self.objs), "-o", str(tmp_out),
