@@ -1,0 +1,41 @@
+"""The kernel build: torch-free to import (the command line compiles while torch loads), one
+library built into an empty cache, and the pure-torch fallback when the kernels are off."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(code: str, **env: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, **env}, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_importing_the_build_does_not_import_torch() -> None:
+    code = "import sys, loraserve.cbuild; print('torch' in sys.modules)"
+    assert _run(code) == "False"
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no cc")
+def test_a_cold_cache_gets_one_library_built_in_the_background(tmp_path) -> None:
+    code = (
+        "from loraserve import cbuild\n"
+        "cbuild.prebuild()\n"  # started before torch is imported
+        "import loraserve.kernels as K\n"
+        "print(K.backend(), len(list(cbuild.cache_dir().glob('kernels-*.so'))))"
+    )
+    assert _run(code, LORASERVE_CACHE=str(tmp_path)) == "c 1"
+    # a second start finds it and builds nothing
+    assert _run(code, LORASERVE_CACHE=str(tmp_path)) == "c 1"
+
+
+def test_disabled_kernels_fall_back_to_torch(tmp_path) -> None:
+    code = "import loraserve.kernels as K; print(K.backend())"
+    assert _run(code, LORASERVE_NO_C_KERNELS="1", LORASERVE_CACHE=str(tmp_path)) == "torch"
