@@ -20,6 +20,7 @@ import torch
 
 from loraserve.cache.block_pool import BlockPool
 from loraserve.cache.prefix_cache import PrefixCache
+from loraserve.engine.constraint import Constraint, Grammars
 from loraserve.engine.embedding import Pooler
 from loraserve.engine.isolation import forward_isolated, sample_isolated, scrub_kv
 from loraserve.engine.output import TextOutput
@@ -93,6 +94,7 @@ class EngineCore:
         self.listeners: list[Callable[[Run, Event], None]] = []  # metrics hooks
         self.n_forward = 0  # forward passes run (`/metrics` n_decode_total)
         self.n_busy_rows = 0  # sum over forward passes of the sequences they ran
+        self.grammars = Grammars(model.tokenizer)  # constrained generation
 
     @property
     def busy(self) -> bool:
@@ -111,6 +113,8 @@ class EngineCore:
                 continue
             run.sampler = SamplerState(run.req.sampling, run.req.prompt, set(run.req.eog_ids))
             self._outputs[run.req.id] = TextOutput(self.tokenizer, run.req.stop)
+            if run.req.grammar is not None:
+                run.constraint = Constraint(self.grammars, run.req.grammar)
         work = sched.schedule()
         if not work:
             return False
@@ -148,6 +152,9 @@ class EngineCore:
         self._finish(run, StopType.NONE, embedding=run.pooler.result())
 
     def _sample(self, runs: list[Run], logits: torch.Tensor) -> None:
+        for i, run in enumerate(runs):
+            if run.constraint is not None:  # the grammar's mask first, as llama.cpp
+                run.constraint.mask(logits[i])
         results = sample_isolated(logits, [s.sampler for s in runs])  # type: ignore[misc]
         now = time.perf_counter()
         for run, res in zip(runs, results, strict=True):
@@ -175,10 +182,15 @@ class EngineCore:
         if tok in req.eog_ids and not req.sampling.ignore_eos:
             self._finish(run, StopType.EOS)
             return
+        if run.constraint is not None and not run.constraint.accept(tok):
+            self.fail(run, f"the grammar refused token {tok}: {run.constraint.error}")
+            return
         out = self._outputs[req.id]
         text = out.push(tok)
         self._emit(run, Event(token=tok, text=text, probs=probs, prob=prob))
-        if out.stopping_word:
+        if run.constraint is not None and run.constraint.finished:
+            self._finish(run, StopType.EOS)  # the grammar allows nothing more
+        elif out.stopping_word:
             self._finish(run, StopType.WORD)
         elif req.max_tokens >= 0 and len(run.generated) >= req.max_tokens:
             self._finish(run, StopType.LIMIT)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from loraserve.engine import slot_io
+from loraserve.engine.constraint import GrammarSpec
 from loraserve.engine.core import EngineConfig, EngineCore
 from loraserve.engine.embedding import Pooling
 from loraserve.engine.inbox import Inbox
@@ -62,6 +63,7 @@ class Engine:
         cache_prompt: bool = True,
         id_slot: int = -1,
         pooling: Pooling | None = None,
+        grammar: str | None = None,
         n: int = 1,
         strict_name: bool = False,
     ) -> Submission:
@@ -82,6 +84,8 @@ class Engine:
         With ``pooling`` each request is an embedding: its prompt runs under the mix and
         is never sampled; the final event carries the pooled hidden states
         (`Event.embedding`). Poolings that read every row never reuse cached KV.
+        With ``grammar`` (llguidance's text, from `compile_grammar`) every token sampled
+        is one the grammar allows, and the request stops once the grammar is complete.
         """
         if pooling is not None and not pooling.reuses_cache:
             cache_prompt = False
@@ -99,6 +103,7 @@ class Engine:
                     id_slot=id_slot if first is None else -1,
                     eog_ids=self.eog_ids,
                     pooling=pooling,
+                    grammar=grammar,
                     leader=first,
                 )
                 first = first or req
@@ -121,6 +126,12 @@ class Engine:
     def call(self, fn: Callable[[], T]) -> Future[T]:
         """Run ``fn`` on the engine thread between steps (or now if no thread runs)."""
         return self._inbox.call(fn)
+
+    def compile_grammar(self, spec: GrammarSpec) -> str:
+        """llguidance's grammar text for a request's GBNF or JSON schema, for `submit`;
+        ValueError says why it is invalid. Thread-safe (the vocabulary's llguidance form is
+        immutable once built; the first call builds it, ~1 s on 262,144 tokens)."""
+        return self.core.grammars.compile(spec)
 
     @property
     def n_slots(self) -> int:

@@ -16,6 +16,7 @@ from enum import StrEnum
 import torch
 
 from loraserve.cache.prefix_cache import CacheKey
+from loraserve.engine.constraint import Constraint
 from loraserve.engine.embedding import Pooler, Pooling
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.sampling.state import SamplerState
@@ -108,6 +109,7 @@ class Request:
     events: queue.Queue[Event] = field(default_factory=queue.Queue)
     cancelled: bool = False  # set by `Engine.cancel`; the engine frees the slot next step
     pooling: Pooling | None = None  # an embedding request: pooled, never sampled
+    grammar: str | None = None  # constrained generation: llguidance's grammar text
     leader: Request | None = None  # same prompt: wait for its prefill and share that KV (`n`)
     mix: Mix = field(default=BASE, init=False)
 
@@ -144,6 +146,7 @@ class Run:
     t_first: float = 0.0
     t_prompt_start: float = 0.0
     pooler: Pooler | None = None  # an embedding request's pooled rows so far
+    constraint: Constraint | None = None  # the grammar's state, with `Request.grammar`
 
     @property
     def prefilling(self) -> bool:

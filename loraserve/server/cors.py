@@ -68,16 +68,17 @@ class CorsPolicy:
         return self.origins
 
     def headers_for(self, origin: str, preflight: bool) -> list[tuple[bytes, bytes]]:
-        """The CORS response headers of one request."""
+        """The CORS response headers of one request (named as llama-server writes them:
+        clients that read headers into a plain dict look them up with that case)."""
         out: list[tuple[bytes, bytes]] = []
         allowed = self.allow_origin(origin)
         if allowed is not None:
-            out.append((b"access-control-allow-origin", allowed.encode("latin-1", "replace")))
+            out.append((b"Access-Control-Allow-Origin", allowed.encode("latin-1", "replace")))
         if preflight:
             out += [
-                (b"access-control-allow-credentials", b"true" if self.credentials else b"false"),
-                (b"access-control-allow-methods", self.methods.encode("latin-1", "replace")),
-                (b"access-control-allow-headers", self.headers.encode("latin-1", "replace")),
+                (b"Access-Control-Allow-Credentials", b"true" if self.credentials else b"false"),
+                (b"Access-Control-Allow-Methods", self.methods.encode("latin-1", "replace")),
+                (b"Access-Control-Allow-Headers", self.headers.encode("latin-1", "replace")),
             ]
         return out
 
@@ -116,7 +117,7 @@ class CorsMiddleware:
         async def send_with_cors(message: Message) -> None:
             if message["type"] == "http.response.start":
                 names = {n.lower() for n, _ in message.get("headers", [])}
-                added = [(n, v) for n, v in extra if n not in names]
+                added = [(n, v) for n, v in extra if n.lower() not in names]
                 message = {**message, "headers": [*message.get("headers", []), *added]}
             await send(message)
 

@@ -17,6 +17,7 @@ from loraserve.lora.registry import Mix, UnknownModelName
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.errors import exceed_context_size, invalid_request, not_found
 from loraserve.server.flight import Flight, wait
+from loraserve.server.grammar import request_grammar
 from loraserve.server.schemas import Prompt, _GenerationParams
 from loraserve.server.state import ServerState
 
@@ -104,6 +105,9 @@ async def submit(
         adapter_name = None
     check_limits(state, params)
     sp = sampling_params(state, params)
+    grammar = await request_grammar(
+        state, params.grammar, params.json_schema, params.response_format
+    )
     scales = params.lora_scales()  # None: the global scales
     sub = state.require().submit(
         prompts,
@@ -114,6 +118,7 @@ async def submit(
         adapter_name=adapter_name,
         cache_prompt=params.cache_prompt,
         id_slot=params.id_slot,
+        grammar=grammar,
         n=params.n,
         strict_name=state.cfg.strict_model_names,
     )

@@ -16,7 +16,7 @@ IGNORED_SWITCHES = """
     -cb|--cont-batching -nocb|--no-cont-batching -kvu|--kv-unified -no-kvu|--no-kv-unified
     --warmup --no-warmup --swa-full --context-shift --no-context-shift --cache-idle-slots
     --no-cache-idle-slots --props --no-perf --check-tensors --reuse-port
-    --offline --op-offload --no-op-offload
+    --offline --op-offload --no-op-offload --backend_sampling|--backend-sampling
 """.split()
 IGNORED_OPTIONAL_VALUE = "-fa|--flash-attn -fit|--fit --log-colors -rea|--reasoning".split()
 IGNORED_WITH_VALUE = """
@@ -26,7 +26,7 @@ IGNORED_WITH_VALUE = """
     --cache-reuse --keep
     -sm|--split-mode -ts|--tensor-split -mg|--main-gpu -dev|--device -ot|--override-tensor
     -ncmoe|--n-cpu-moe -fitt|--fit-target -fitc|--fit-ctx --numa --prio --poll
-    -dt|--defrag-thold -lv|--verbosity|--log-verbosity --log-file
+    -dt|--defrag-thold -lv|--verbosity|--log-verbosity --log-file --media-path
     --sse-ping-interval --path
 """.split()
 

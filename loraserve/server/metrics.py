@@ -203,5 +203,7 @@ async def metrics(request: HttpRequest) -> Response:
     stats: Metrics = request.app.state.metrics
     totals, per = stats.snapshot()
     text = render(_items(totals, stats.take_rates(), per, view), per, view.adapter_names)
-    headers = {"Process-Start-Time-Unix": str(int(stats.started))}
-    return Response(text, media_type=CONTENT_TYPE, headers=headers)
+    response = Response(text, media_type=CONTENT_TYPE)
+    # named as llama-server writes it (starlette would lowercase it)
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(int(stats.started)).encode()))
+    return response

@@ -44,10 +44,7 @@ SAMPLING_KEYS = (
 ).split()
 # Known fields asking for what this server does not do: a 400 rather than silently ignored.
 UNSUPPORTED = {
-    "grammar": "constrained generation (grammar)",
-    "json_schema": "constrained generation (json_schema)",
     "tools": "tool calling",
-    "response_format": "response_format other than text",
     "echo": "echo",
     "best_of": "best_of",
     "suffix": "suffix",
@@ -104,6 +101,12 @@ class LoraScales(RootModel[list[LoraScaleItem]]):
         return self
 
 
+def _schema(v: Any) -> Any:
+    if not isinstance(v, dict | bool):
+        raise ValueError("must be a JSON schema (an object, or true/false)")
+    return v
+
+
 class _GenerationParams(_Body):
     """Fields every generation endpoint shares; defaults are llama-server's."""
 
@@ -137,6 +140,10 @@ class _GenerationParams(_Body):
         default_factory=list
     )
     return_tokens: bool = False
+    # constrained generation (`server/grammar.py`): GBNF, a JSON schema, OpenAI's format
+    grammar: str | None = None
+    json_schema: Annotated[Any, PlainValidator(_schema)] = None
+    response_format: dict[str, Any] | None = None
     lora: Annotated[list[LoraScaleItem], AfterValidator(_check_unique_ids)] | None = None
     n: int = Field(1, ge=1, le=INT32_MAX, validation_alias=AliasChoices("n", "n_cmpl"))
 

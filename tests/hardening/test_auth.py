@@ -74,6 +74,7 @@ def srv(tmp_path_factory):
     (folder / "keys.txt").write_text("# operators\nkey-two\n")
     args = ["--api-key", "key-one", "--api-key-file", str(folder / "keys.txt"), "--metrics"]
     args += ["--slot-save-path", str(folder), "--lora-dir", str(folder / "loras")]
+    args += ["--reranking"]  # the embedding and rerank endpoints answer too
     with serve_in_thread(args) as s:
         yield s
 

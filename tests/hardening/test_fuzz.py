@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from loraserve.server.embeddings import EmbeddingRequest, RerankRequest
 from loraserve.server.schemas import CompletionRequest, OAIChatRequest, TokenizeRequest
 from tests.server_util import serve_in_thread
 
@@ -123,12 +124,17 @@ BODY_ENDPOINTS = [
     "/lora-adapters/unload",
     "/slots/0?action=save",
     "/slots/0?action=restore",
+    "/embedding",
+    "/v1/embeddings",
+    "/rerank",
 ]
 FIELDS = sorted(
     {
         *CompletionRequest.model_fields,
         *OAIChatRequest.model_fields,
         *TokenizeRequest.model_fields,
+        *EmbeddingRequest.model_fields,
+        *RerankRequest.model_fields,
         "max_tokens",
         "logprobs",
         "tokens",
@@ -163,6 +169,7 @@ SETTINGS = settings(
 def open_srv(tmp_path_factory):
     """A server without API keys, for the body fuzz."""
     args = ["-np", "2", "-c", "256", "--slot-save-path", str(tmp_path_factory.mktemp("fz"))]
+    args.append("--reranking")  # the embedding and rerank endpoints too
     with serve_in_thread(args) as s:
         yield s
 

@@ -45,6 +45,7 @@ def srv(tmp_path_factory):
     peft_folder(loras / "up", 1)
     slots = tmp_path_factory.mktemp("st-slots")
     args = ["-np", "2", "-c", "256", "-n", "8", "--metrics", "--lora", str(loras / "up")]
+    args += ["--reranking"]  # the embedding and rerank endpoints too
     with serve_in_thread([*args, "--lora-dir", str(loras), "--slot-save-path", str(slots)]) as s:
         yield s
 

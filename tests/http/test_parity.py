@@ -38,6 +38,7 @@ def parse(text: str) -> dict[str, tuple[str, float]]:
 def scrape(srv) -> tuple[str, dict[str, tuple[str, float]]]:
     r = srv.client.get("/metrics")
     assert r.status_code == 200 and int(r.headers["Process-Start-Time-Unix"]) > 0
+    assert b"Process-Start-Time-Unix" in {name for name, _ in r.headers.raw}
     return r.text, parse(r.text)
 
 
