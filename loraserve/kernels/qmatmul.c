@@ -81,7 +81,7 @@ static int use_direct(int type) {
 typedef struct {
     int type, has_min, in_place, kq;  // kq: a K-quant, on per-256 activations
     unpack_fn unpack;
-    dot_fn one, four;
+    dot_fn one, four, eight;
     cols_fn c4;
     kdot_fn k1, k4;
     const uint8_t *w;
@@ -94,7 +94,7 @@ static int part_init(part_t *p, int type, const uint8_t *w, int64_t n, int64_t r
     if (p->unpack == NULL) return -1;
     p->type = type;
     p->in_place = use_direct(type);
-    dot_fns(p->in_place ? type : T_BUF, &p->one, &p->four, &p->c4);
+    dot_fns(p->in_place ? type : T_BUF, &p->one, &p->four, &p->eight, &p->c4);
     p->kq = is_kquant(type);
     p->k1 = kdot_buf_1;
     p->k4 = kdot_buf_4;
@@ -208,6 +208,9 @@ static void part_row(const part_t *p, int64_t n, int64_t K, const act_t *a, int6
             }
     float *out = y + p->col + n;
     int64_t m = 0;
+    for (; m + 8 <= M; m += 8)
+        p->eight(row, t->qbuf, t->s, t->sv, t->mn, p->has_min, a->q + m * K, a->d + m * nc,
+                 a->ms + m * (K / 16), K, out + m * ldy, ldy);
     for (; m + 4 <= M; m += 4)
         p->four(row, t->qbuf, t->s, t->sv, t->mn, p->has_min, a->q + m * K, a->d + m * nc,
                 a->ms + m * (K / 16), K, out + m * ldy, ldy);

@@ -79,19 +79,20 @@ static inline float min_term(const float *mn, const float *xms, int64_t n) {
     return t;
 }
 
-// One weight row against R activation rows (R a compile-time constant: 1 or 4). Every
+// One weight row against R activation rows (R a compile-time constant: 1, 4 or 8). Every
 // output gets exactly the same operations in the same order whatever R is and whether the
 // values are decoded in place or read from the unpack buffer, so no bit depends on the
 // batch. s/mn: scales and offsets per 16 values (mn with has_min); sv: the scales as one
-// 8-lane vector per chunk (R = 4 only).
+// 8-lane vector per chunk (R >= 4 only).
 static inline __attribute__((always_inline)) void dot_rows(
     int type, const uint8_t *row, const int8_t *qbuf, const float *s, const float *sv,
     const float *mn, int has_min, const int8_t *x, const float *xd, const float *xms,
     int64_t K, int R, float *out, int64_t ldy) {
     const int64_t nc = K / 32;
 #if defined(__AVX2__)
-    // four named accumulators (an array of them was spilled to the stack every chunk)
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    // named accumulators (an array of them was spilled to the stack every chunk)
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+           a7 = a0;
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define LS_DOT(aw, sx) _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx)
 #else
@@ -111,18 +112,30 @@ static inline __attribute__((always_inline)) void dot_rows(
                      : R == 1   ? _mm256_set_m128(_mm_set1_ps(s[2 * c + 1]), _mm_set1_ps(s[2 * c]))
                                 : _mm256_loadu_ps(sv + 8 * c);
         LS_ROW(0, a0);
-        if (R == 4) {
+        if (R >= 4) {
             LS_ROW(1, a1);
             LS_ROW(2, a2);
             LS_ROW(3, a3);
         }
+        if (R == 8) {
+            LS_ROW(4, a4);
+            LS_ROW(5, a5);
+            LS_ROW(6, a6);
+            LS_ROW(7, a7);
+        }
     }
 #undef LS_ROW
     out[0] = hsum8(a0);
-    if (R == 4) {
+    if (R >= 4) {
         out[ldy] = hsum8(a1);
         out[2 * ldy] = hsum8(a2);
         out[3 * ldy] = hsum8(a3);
+    }
+    if (R == 8) {
+        out[4 * ldy] = hsum8(a4);
+        out[5 * ldy] = hsum8(a5);
+        out[6 * ldy] = hsum8(a6);
+        out[7 * ldy] = hsum8(a7);
     }
 #else
     (void)type;
@@ -197,6 +210,11 @@ static inline __attribute__((always_inline)) void dot_cols(
                          const float *xms, int64_t K, float *out, int64_t ldy) {                \
         dot_rows(T, row, qb, s, sv, mn, hm, x, xd, xms, K, 4, out, ldy);                       \
     }                                                                                         \
+    static void NAME##_8(const uint8_t *row, const int8_t *qb, const float *s, const float *sv, \
+                         const float *mn, int hm, const int8_t *x, const float *xd,             \
+                         const float *xms, int64_t K, float *out, int64_t ldy) {                \
+        dot_rows(T, row, qb, s, sv, mn, hm, x, xd, xms, K, 8, out, ldy);                       \
+    }                                                                                         \
     static void NAME##_c4(const uint8_t *const *rows, int8_t *const *qb, float *const *s,        \
                           float *const *mn, int hm, const int8_t *x, const float *xd,           \
                           const float *xms, int64_t K, float *out) {                            \
@@ -212,21 +230,24 @@ DOT_FNS(T_BUF, dot_buf)
 DOT_FNS(T_Q8_0, dot_q8_0)
 DOT_FNS(T_Q4_0, dot_q4_0)
 DOT_FNS(T_Q5_0, dot_q5_0)
-DOT_FNS(T_Q4_K, dot_q4_k)
-DOT_FNS(T_Q6_K, dot_q6_k)
 #endif
 
-static void dot_fns(int type, dot_fn *one, dot_fn *four, cols_fn *c4) {
+static void dot_fns(int type, dot_fn *one, dot_fn *four, dot_fn *eight, cols_fn *c4) {
     *one = dot_buf_1;
     *four = dot_buf_4;
+    *eight = dot_buf_8;
     *c4 = dot_buf_c4;
 #if defined(__AVX2__)
     switch (type) {
-    case T_Q8_0: *one = dot_q8_0_1; *four = dot_q8_0_4; *c4 = dot_q8_0_c4; break;
-    case T_Q4_0: *one = dot_q4_0_1; *four = dot_q4_0_4; *c4 = dot_q4_0_c4; break;
-    case T_Q5_0: *one = dot_q5_0_1; *four = dot_q5_0_4; *c4 = dot_q5_0_c4; break;
-    case T_Q4_K: *one = dot_q4_k_1; *four = dot_q4_k_4; *c4 = dot_q4_k_c4; break;
-    case T_Q6_K: *one = dot_q6_k_1; *four = dot_q6_k_4; *c4 = dot_q6_k_c4; break;
+    case T_Q8_0:
+        *one = dot_q8_0_1, *four = dot_q8_0_4, *eight = dot_q8_0_8, *c4 = dot_q8_0_c4;
+        break;
+    case T_Q4_0:
+        *one = dot_q4_0_1, *four = dot_q4_0_4, *eight = dot_q4_0_8, *c4 = dot_q4_0_c4;
+        break;
+    case T_Q5_0:
+        *one = dot_q5_0_1, *four = dot_q5_0_4, *eight = dot_q5_0_8, *c4 = dot_q5_0_c4;
+        break;
     }
 #endif
 }
