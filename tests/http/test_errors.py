@@ -48,7 +48,7 @@ BAD = [
     (
         "POST",
         "/completion",
-        {"prompt": "a", "n_predict": 10**6},
+        {"prompt": "a", "n_predict": -2},  # 10**6 runs until the context is full (test_limits)
         400,
         "invalid_request_error",
         "n_predict",

@@ -200,7 +200,7 @@ def test_gguf_form_equals_peft_form(request, tmp_path, arch: str) -> None:
     reg = AdapterRegistry(model)
     peft_ad = reg.load(folder)
     gguf_ad = reg.load(gguf_from_peft(tmp_path / "a.gguf", folder, m, arch))
-    assert gguf_ad.name == "a" and gguf_ad.id == 1
+    assert gguf_ad.name == "a-2" and gguf_ad.id == 1  # the file's name, taken: suffixed
     for t, w in peft_ad.weights.items():
         assert torch.equal(gguf_ad.weights[t].b, w.b), t  # llama q/k un-permuted
     assert gguf_ad.content_id == peft_ad.content_id  # same maths, same prefix cache
