@@ -28,6 +28,9 @@ from loraserve.engine.request import Event, Run, StopType
 from loraserve.engine.runner import ModelRunner
 from loraserve.engine.sampling.state import SamplerState
 from loraserve.engine.scheduler import Scheduler
+from loraserve.engine.spec.config import SpecConfig
+from loraserve.engine.spec.drafter import DraftFn, Speculator
+from loraserve.engine.spec.verify import verify
 from loraserve.lora.registry import AdapterRegistry
 from loraserve.model.loader import LoadedModel
 
@@ -58,12 +61,15 @@ class EngineConfig:
     block_size: int = 16
     cache_ram_mib: float = 8192  # budget for cached blocks no slot holds; -1 = unlimited
     kv_dtype: torch.dtype = torch.float32
+    spec: SpecConfig = SpecConfig()  # speculative decoding (off by default)
 
 
 class EngineCore:
     """The model, KV pool, prefix cache, scheduler, runner and adapters of one engine."""
 
-    def __init__(self, model: LoadedModel, config: EngineConfig) -> None:
+    def __init__(
+        self, model: LoadedModel, config: EngineConfig, draft_model: DraftFn | None = None
+    ) -> None:
         self.config = config
         cfg = model.config
         bs = config.block_size
@@ -95,6 +101,7 @@ class EngineCore:
         self.n_forward = 0  # forward passes run (`/metrics` n_decode_total)
         self.n_busy_rows = 0  # sum over forward passes of the sequences they ran
         self.grammars = Grammars(model.tokenizer)  # constrained generation
+        self.spec = Speculator(config.spec, self.n_ctx_slot, draft_model)
 
     @property
     def busy(self) -> bool:
@@ -115,6 +122,8 @@ class EngineCore:
             self._outputs[run.req.id] = TextOutput(self.tokenizer, run.req.stop)
             if run.req.grammar is not None:
                 run.constraint = Constraint(self.grammars, run.req.grammar)
+        if self.config.spec.enabled:
+            self.spec.propose(sched.running, sched.token_budget)
         work = sched.schedule()
         if not work:
             return False
@@ -128,15 +137,17 @@ class EngineCore:
         self.n_busy_rows += len(work)
         for run, message in step.failed:
             self.fail(run, message)
-        sampling: list[Run] = []
+        sampling: list[tuple[Run, int]] = []  # (run, its first logits row)
+        row = 0
         for i, (run, item) in enumerate(step.done):
-            run.n_computed += item.n
+            run.n_computed += item.n - (item.n_logits - 1)  # a draft's rows: once verified
             if run.pooler is not None:
                 self._pool(run, step.hidden[i] if i < len(step.hidden) else None)
             elif run.n_computed >= run.n_prompt and item.want_logits:
-                sampling.append(run)
+                sampling.append((run, row))
+            row += item.n_logits if item.want_logits else 0
         if sampling:
-            self._sample(sampling, step.logits)
+            verify(self, sampling, step.logits)
         return True
 
     def _pool(self, run: Run, rows: torch.Tensor | None) -> None:

@@ -25,6 +25,7 @@ from loraserve.engine.embedding import Pooling
 from loraserve.engine.inbox import Inbox
 from loraserve.engine.request import Request, Submission
 from loraserve.engine.sampling.params import SamplingParams
+from loraserve.engine.spec.config import SpecRequest
 from loraserve.engine.views import EngineStats, SlotView, engine_stats, slot_views
 from loraserve.lora.adapter import Adapter
 from loraserve.lora.registry import Mix
@@ -64,6 +65,7 @@ class Engine:
         id_slot: int = -1,
         pooling: Pooling | None = None,
         grammar: str | None = None,
+        spec: SpecRequest | None = None,
         n: int = 1,
         strict_name: bool = False,
     ) -> Submission:
@@ -86,6 +88,7 @@ class Engine:
         (`Event.embedding`). Poolings that read every row never reuse cached KV.
         With ``grammar`` (llguidance's text, from `compile_grammar`) every token sampled
         is one the grammar allows, and the request stops once the grammar is complete.
+        ``spec`` holds the request's `speculative.*` fields (the server's with None).
         """
         if pooling is not None and not pooling.reuses_cache:
             cache_prompt = False
@@ -104,6 +107,7 @@ class Engine:
                     eog_ids=self.eog_ids,
                     pooling=pooling,
                     grammar=grammar,
+                    spec=spec,
                     leader=first,
                 )
                 first = first or req
@@ -173,6 +177,7 @@ class Engine:
             cid = adapter.content_id
             if not self.core.adapters.uses_content(cid):
                 self.core.cache.drop_key(lambda key: any(c == cid for c, _ in key))
+                self.core.spec.drop(lambda key: any(c == cid for c, _ in key))
             return adapter
 
         busy = f"adapter {adapter_id} is in use by queued or running requests"

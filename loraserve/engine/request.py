@@ -12,6 +12,7 @@ import queue
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,7 +21,11 @@ from loraserve.engine.constraint import Constraint
 from loraserve.engine.embedding import Pooler, Pooling
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.sampling.state import SamplerState
+from loraserve.engine.spec.config import SpecRequest
 from loraserve.lora.registry import BASE, Mix
+
+if TYPE_CHECKING:
+    from loraserve.engine.spec.drafter import SpecRun
 
 _ids = itertools.count(1)
 
@@ -43,6 +48,8 @@ class Timings:
     prompt_ms: float = 0.0
     predicted_n: int = 0
     predicted_ms: float = 0.0
+    draft_n: int = 0  # speculative decoding: draft tokens verified (shown when > 0)
+    draft_n_accepted: int = 0
 
     def as_dict(self) -> dict[str, float | int]:
         def per(n: int, ms: float) -> tuple[float, float]:
@@ -50,6 +57,7 @@ class Timings:
 
         ppt, pps = per(self.prompt_n, self.prompt_ms)
         dpt, dps = per(max(self.predicted_n - 1, 0), self.predicted_ms)
+        draft = {"draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted}
         return {
             "cache_n": self.cache_n,
             "prompt_n": self.prompt_n,
@@ -60,6 +68,7 @@ class Timings:
             "predicted_ms": self.predicted_ms,
             "predicted_per_token_ms": dpt,
             "predicted_per_second": dps,
+            **(draft if self.draft_n else {}),
         }
 
 
@@ -110,6 +119,7 @@ class Request:
     cancelled: bool = False  # set by `Engine.cancel`; the engine frees the slot next step
     pooling: Pooling | None = None  # an embedding request: pooled, never sampled
     grammar: str | None = None  # constrained generation: llguidance's grammar text
+    spec: SpecRequest | None = None  # the request's `speculative.*` fields
     leader: Request | None = None  # same prompt: wait for its prefill and share that KV (`n`)
     mix: Mix = field(default=BASE, init=False)
 
@@ -147,6 +157,8 @@ class Run:
     t_prompt_start: float = 0.0
     pooler: Pooler | None = None  # an embedding request's pooled rows so far
     constraint: Constraint | None = None  # the grammar's state, with `Request.grammar`
+    draft: list[int] = field(default_factory=list)  # this step's draft (verified next)
+    spec: SpecRun | None = None  # speculation counters and back-off, once it drafts
 
     @property
     def prefilling(self) -> bool:

@@ -23,6 +23,7 @@ class BatchItem:
     mix: Mapping[int, float]  # adapter id -> non-zero scale; empty: the base model
     hidden: tuple[int, int] | None = None  # offsets lo..hi-1 of the rows whose hidden
     # states an embedding request reads (`embedding.wanted_rows`)
+    n_logits: int = 1  # with want_logits: logits of the last n_logits rows (a draft's rows)
 
 
 LoraBuilder = Callable[[list[tuple[int, int, Mapping[int, float]]]], LoraDelta | None]
@@ -106,7 +107,7 @@ class ModelRunner:
             seq_off.append(seq_off[-1] + total)
             row += it.n
             if it.want_logits:
-                logits_rows.append(row - 1)
+                logits_rows.extend(range(row - it.n_logits, row))
         positions = torch.tensor(pos, dtype=torch.long)  # [T]
         attn = AttnMeta(
             slots=torch.cat(seq_slots),
@@ -134,7 +135,8 @@ class ModelRunner:
         return torch.tensor(ids, dtype=torch.long), positions, ctx
 
     def forward(self, items: Sequence[BatchItem]) -> torch.Tensor:
-        """Run one step; returns logits [S, V] float32 for items with ``want_logits``.
+        """Run one step; returns logits [S, V] float32 for items with ``want_logits`` (the
+        last ``n_logits`` rows of each, in order).
         ``self.hidden`` then holds, per item, the hidden rows it asked for (or None)."""
         input_ids, positions, ctx = self._context(items)
         set_context(ctx)

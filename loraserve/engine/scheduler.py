@@ -176,8 +176,10 @@ class Scheduler:
         running = self.running
         for run in running:
             if not run.prefilling and budget > 0:
-                out.append((run, self._item(run, run.n_computed, 1)))
-                budget -= 1
+                # a speculative draft rides along as extra rows of the decode item
+                del run.draft[max(budget - 1, 0) :]
+                out.append((run, self._item(run, run.n_computed, 1 + len(run.draft))))
+                budget -= 1 + len(run.draft)
         for run in running:
             if run.prefilling and budget > 0:
                 n = min(run.n_prompt - run.n_computed, budget)
@@ -190,12 +192,14 @@ class Scheduler:
         while len(run.blocks) < need:
             run.blocks.append(self.cache.allocate())
         pooling = run.req.pooling
+        draft = run.draft if not run.prefilling else []
         return BatchItem(
-            tokens=run.tokens,
+            tokens=run.tokens + draft if draft else run.tokens,
             start=start,
             n=n,
             blocks=run.blocks,
-            want_logits=start + n == len(run.tokens) and pooling is None,
+            want_logits=start + n == len(run.tokens) + len(draft) and pooling is None,
+            n_logits=1 + len(draft),
             mix=run.req.mix.scales,
             hidden=None if pooling is None else wanted_rows(pooling, start, n, run.n_prompt),
         )
