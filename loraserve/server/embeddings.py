@@ -34,7 +34,7 @@ from loraserve.server.errors import (
     invalid_request,
     not_supported,
 )
-from loraserve.server.fields import Prompt, is_token, parse_mixed
+from loraserve.server.fields import Prompt, parse_mixed, parse_prompts
 from loraserve.server.generation import check_tokens, start_flight, tokenize_prompt
 from loraserve.server.output import collect
 from loraserve.server.schemas import LoraScaleItem, _Body, _check_unique_ids
@@ -81,15 +81,7 @@ def _entry(p: Any, where: str) -> Prompt:
 def parse_inputs(v: Any) -> list[Prompt]:
     """llama-server's embedding inputs: a string, a token/mixed list, an object
     (`prompt_string` or OpenAI `content` parts), or a list of those."""
-    if isinstance(v, str | dict):
-        return [_entry(v, "")]
-    if not isinstance(v, list) or not v:
-        raise ValueError("expected a string, a list of token ids, or a non-empty list of inputs")
-    if any(is_token(x) for x in v):
-        return [parse_mixed(v, "")]
-    if len(v) > MAX_INPUTS:
-        raise ValueError(f"at most {MAX_INPUTS} inputs, got {len(v)}")
-    return [_entry(p, f"[{i}]") for i, p in enumerate(v)]
+    return parse_prompts(v, _entry)
 
 
 Inputs = Annotated[list[Prompt], PlainValidator(parse_inputs)]
@@ -129,6 +121,18 @@ class RerankRequest(_EmbeddingBody):
     texts: Annotated[list[str], Field(min_length=1, max_length=MAX_INPUTS)] | None = None
     top_n: int | None = Field(None, ge=0)
     return_text: bool = False
+
+
+def _oai_list(
+    state: ServerState, body: _EmbeddingBody, n_tokens: int, key: str, items: list[Any]
+) -> dict[str, Any]:
+    """The OpenAI-style list answer: model, usage (prompt tokens only) and the items."""
+    return {
+        "model": body.model or state.model_name,
+        "object": "list",
+        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+        key: items,
+    }
 
 
 def server_pooling(state: ServerState) -> Pooling:
@@ -206,15 +210,7 @@ async def _embeddings(request: HttpRequest, oai: bool) -> Response:
         else:
             item["embedding"] = v[0].tolist()
         data.append(item)
-    n_tokens = sum(n for _, n in vectors)
-    return JsonResponse(
-        {
-            "model": body.model or state.model_name,
-            "object": "list",
-            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-            "data": data,
-        }
-    )
+    return JsonResponse(_oai_list(state, body, sum(n for _, n in vectors), "data", data))
 
 
 @router.post("/embedding", openapi_extra=body_doc(EmbeddingRequest))
@@ -269,12 +265,4 @@ async def rerank(request: HttpRequest) -> Response:
     items = items[: len(items) if body.top_n is None else body.top_n]
     if tei:
         return JsonResponse(items)
-    n_tokens = sum(n for _, n in results)
-    return JsonResponse(
-        {
-            "model": body.model or state.model_name,
-            "object": "list",
-            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-            "results": items,
-        }
-    )
+    return JsonResponse(_oai_list(state, body, sum(n for _, n in results), "results", items))

@@ -8,6 +8,7 @@ element (`[2]: expected a token id ...`); the handlers turn that into a 400.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import AfterValidator
@@ -93,9 +94,12 @@ def parse_logit_bias(v: Any) -> list[tuple[int, float]]:
     return out
 
 
-def parse_prompts(v: Any) -> list[Prompt]:
+def parse_prompts(v: Any, entry: Callable[[Any, str], Prompt] | None = None) -> list[Prompt]:
+    """One prompt or a list of them (llama.cpp's rules); ``entry`` parses each one (default
+    `parse_mixed`; the embedding endpoints also take OpenAI content parts)."""
+    entry = entry or parse_mixed
     if isinstance(v, str | dict):
-        return [parse_mixed(v, "")]
+        return [entry(v, "")]
     if not isinstance(v, list):
         raise ValueError("expected a string, a list of token ids, or a list of prompts")
     if not v:
@@ -104,7 +108,7 @@ def parse_prompts(v: Any) -> list[Prompt]:
         return [parse_mixed(v, "")]
     if len(v) > MAX_PROMPTS:
         raise ValueError(f"at most {MAX_PROMPTS} prompts, got {len(v)}")
-    return [parse_mixed(p, f"[{i}]") for i, p in enumerate(v)]
+    return [entry(p, f"[{i}]") for i, p in enumerate(v)]
 
 
 def parse_messages(v: list[dict[str, Any]]) -> list[dict[str, Any]]:
