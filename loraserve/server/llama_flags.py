@@ -35,7 +35,9 @@ UNSUPPORTED_FLAGS = {
     "-hf|-hfr|--hf-repo|-hff|--hf-file|-mu|--model-url": "downloading models; pass -m PATH",
     "-mm|--mmproj|-mmu|--mmproj-url": "multimodal models",
     "-md|--model-draft|--spec-draft-model": "speculative decoding",
-    "--grammar|--grammar-file|-j|--json-schema|-jf|--json-schema-file": "grammars",
+    "--grammar|--grammar-file|-j|--json-schema|-jf|--json-schema-file": (
+        "a server-wide grammar; send `grammar` or `json_schema` with each request"
+    ),
     "--api-prefix": "an API prefix",
 }
 
