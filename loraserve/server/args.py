@@ -14,7 +14,8 @@ from typing import Any
 
 from loraserve import __version__
 from loraserve.engine.sampling.params import SamplingParams
-from loraserve.server import cors
+from loraserve.engine.spec.config import SpecConfig
+from loraserve.server import cors, spec_flags
 from loraserve.server.arg_types import (
     CsvAppend,
     LoraAction,
@@ -86,6 +87,7 @@ class ServerConfig:
     chat_template_origin: str = ""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict, compare=False)
     strict_model_names: bool = False
+    spec: SpecConfig = SpecConfig()  # speculative decoding: see `server/spec_flags.py`
     ignored: tuple[str, ...] = field(default=(), compare=False)
 
     def request_defaults(self) -> dict[str, Any]:
@@ -196,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     from loraserve.server import embeddings  # here: it imports the server, which imports us
 
     embeddings.add_flags(p)
+    spec_flags.add_flags(p)
     a(
         "--chat-template",
         type=chat_template_flag,
@@ -288,5 +291,6 @@ def parse_server_args(argv: list[str]) -> ServerConfig:
         alias=tuple(dict.fromkeys(ns.alias)),
         embedding=ns.embedding or ns.reranking,
         ignored=tuple(ns.ignored),
+        spec=spec_flags.config(ns, parser),
     )
     return ServerConfig(**values)

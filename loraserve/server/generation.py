@@ -119,6 +119,7 @@ async def submit(
         cache_prompt=params.cache_prompt,
         id_slot=params.id_slot,
         grammar=grammar,
+        spec=params.speculative(),
         n=params.n,
         strict_name=state.cfg.strict_model_names,
     )
@@ -160,4 +161,9 @@ def settings(state: ServerState, params: _GenerationParams, mix: Mix) -> dict:
     out["logit_bias"] = [[t, b] for t, b in params.logit_bias]
     out["n_ctx"] = state.require().n_ctx_slot
     out["lora"] = [{"id": i, "scale": s} for i, s in sorted(mix.scales.items())]
+    spec = state.cfg.spec
+    out["speculative.types"] = ",".join(spec.types) or "none"
+    out["speculative.n_max"] = spec.draft_n_max if params.spec_n_max is None else params.spec_n_max
+    out["speculative.n_min"] = spec.draft_n_min if params.spec_n_min is None else params.spec_n_min
+    out["speculative.p_min"] = spec.draft_p_min if params.spec_p_min is None else params.spec_p_min
     return out

@@ -34,7 +34,6 @@ IGNORED_WITH_VALUE = """
 UNSUPPORTED_FLAGS = {
     "-hf|-hfr|--hf-repo|-hff|--hf-file|-mu|--model-url": "downloading models; pass -m PATH",
     "-mm|--mmproj|-mmu|--mmproj-url": "multimodal models",
-    "-md|--model-draft|--spec-draft-model": "speculative decoding",
     "--grammar|--grammar-file|-j|--json-schema|-jf|--json-schema-file": (
         "a server-wide grammar; send `grammar` or `json_schema` with each request"
     ),

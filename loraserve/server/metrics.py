@@ -1,6 +1,6 @@
 """`GET /metrics` (with `--metrics`): Prometheus text with llama-server's `llamacpp:` names,
-plus **ours**: per-adapter request and token counters, prefix-cache hit/miss/eviction
-counters and KV block gauges (`loraserve:` names).
+plus **ours**: per-adapter request, token and speculative-acceptance counters, prefix-cache
+hit/miss/eviction counters and KV block gauges (`loraserve:` names).
 
 Counters are fed by an engine listener (on the engine thread, one lock); gauges and the
 cache statistics are the engine's snapshot at scrape time (`Engine.stats`).
@@ -58,9 +58,16 @@ class Metrics:
             b["prompt_seconds"] += t.prompt_ms / 1000
             b["predicted_tokens"] += max(len(run.generated) - 1, 0)
             b["predicted_seconds"] += t.predicted_ms / 1000
+            n_drafts = run.spec.n_verified if run.spec is not None else 0
+            self.totals["draft_tokens"] += t.draft_n
+            self.totals["draft_accepted"] += t.draft_n_accepted
+            self.totals["drafts"] += n_drafts
             for i in run.req.mix.scales:
-                self.adapters[i]["requests"] += 1
-                self.adapters[i]["prompt_tokens"] += prompt_n
+                per = self.adapters[i]
+                per["requests"] += 1
+                per["prompt_tokens"] += prompt_n
+                per["draft_tokens"] += t.draft_n
+                per["draft_accepted"] += t.draft_n_accepted
 
     def take_rates(self) -> tuple[float, float]:
         """Prompt and generation tokens/s of the requests finished since the last call."""
@@ -119,9 +126,17 @@ def _items(
             "Largest sequence length seen (prompt + generation)",
             t("n_tokens_max", 0),
         ),
-        ("llamacpp:spec_decode_num_draft_tokens_total", "Speculative: draft tokens (none here)", 0),
-        ("llamacpp:spec_decode_num_accepted_tokens_total", "Speculative: draft tokens accepted", 0),
-        ("llamacpp:spec_decode_num_drafts_total", "Speculative: verification steps", 0),
+        (
+            "llamacpp:spec_decode_num_draft_tokens_total",
+            "Speculative: draft tokens verified",
+            t("draft_tokens", 0),
+        ),
+        (
+            "llamacpp:spec_decode_num_accepted_tokens_total",
+            "Speculative: draft tokens accepted",
+            t("draft_accepted", 0),
+        ),
+        ("llamacpp:spec_decode_num_drafts_total", "Speculative: verifications", t("drafts", 0)),
         ("loraserve:requests_finished_total", "Requests finished", t("requests_ok", 0)),
         (
             "loraserve:requests_failed_total",
@@ -187,6 +202,8 @@ PER_ADAPTER = (
     ("requests", "Requests finished"),
     ("prompt_tokens", "Prompt tokens evaluated"),
     ("tokens_predicted", "Tokens generated"),
+    ("draft_tokens", "Speculative draft tokens verified"),
+    ("draft_accepted", "Speculative draft tokens accepted"),
 )
 
 

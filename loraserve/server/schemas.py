@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from loraserve.engine.sampling.params import SamplingParams
+from loraserve.engine.spec.config import SpecRequest
 from loraserve.server.fields import (
     INT32_MAX,
     Messages,
@@ -146,6 +147,10 @@ class _GenerationParams(_Body):
     response_format: dict[str, Any] | None = None
     lora: Annotated[list[LoraScaleItem], AfterValidator(_check_unique_ids)] | None = None
     n: int = Field(1, ge=1, le=INT32_MAX, validation_alias=AliasChoices("n", "n_cmpl"))
+    # speculative decoding (`server/spec_flags.py`), llama-server's dotted names
+    spec_n_max: int | None = Field(None, ge=0, le=INT32_MAX, validation_alias="speculative.n_max")
+    spec_n_min: int | None = Field(None, ge=0, le=INT32_MAX, validation_alias="speculative.n_min")
+    spec_p_min: float | None = Field(None, ge=0, le=1, validation_alias="speculative.p_min")
 
     @model_validator(mode="before")
     @classmethod
@@ -170,6 +175,11 @@ class _GenerationParams(_Body):
         """The request's own adapter map (id -> scale), or None when `lora` is absent or
         empty: the request then runs under a snapshot of the global scales."""
         return {item.id: item.scale for item in self.lora} if self.lora else None
+
+    def speculative(self) -> SpecRequest | None:
+        """The request's `speculative.n_max/n_min/p_min` (None: the server's settings)."""
+        values = (self.spec_n_max, self.spec_n_min, self.spec_p_min)
+        return None if values == (None, None, None) else SpecRequest(*values)
 
     def sampling_kwargs(self) -> dict[str, Any]:
         """The sampler's plain values; `logit_bias` is a tuple of (token id, bias) with

@@ -77,6 +77,7 @@ def build_engine(cfg: ServerConfig, model: LoadedModel) -> Engine:
             n_ctx=max(n_ctx, cfg.n_parallel),
             ubatch=cfg.n_ubatch,
             cache_ram_mib=cfg.cache_ram_mib,
+            spec=cfg.spec,
         ),
     )
 

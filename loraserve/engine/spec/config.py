@@ -20,11 +20,13 @@ ALL_TYPES = (
     "ngram-mod",
     "ngram-cache",
 )
-SUPPORTED_TYPES = ("ngram-simple", "ngram-mod", "draft-simple")
+SUPPORTED_TYPES = ("ngram-simple", "ngram-mod", "draft-simple")  # in llama.cpp's priority
 
 
 def parse_types(value: str) -> tuple[str, ...]:
-    """`--spec-type`'s comma-separated list -> the types in order (`none` anywhere: none).
+    """`--spec-type`'s comma-separated list -> the types in llama.cpp's priority order (the
+    first type that drafts for a sequence wins: n-grams before the draft model), `none`
+    anywhere: none.
 
     ValueError names an unknown type (as llama-server) or one loraserve does not implement.
     """
@@ -40,9 +42,8 @@ def parse_types(value: str) -> tuple[str, ...]:
                 f"speculative type {name} is not supported by loraserve "
                 f"(supported: {', '.join(SUPPORTED_TYPES)})"
             )
-        if name not in types:
-            types.append(name)
-    return tuple(types)
+        types.append(name)
+    return tuple(t for t in SUPPORTED_TYPES if t in types)
 
 
 @dataclass(frozen=True)

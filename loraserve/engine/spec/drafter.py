@@ -25,7 +25,7 @@ from loraserve.engine.request import Run
 from loraserve.engine.spec.config import SpecConfig
 from loraserve.engine.spec.ngram import ModPools, ngram_simple_draft
 
-MAX_BACKOFF = 64  # steps a sequence waits at most after rejected drafts
+MAX_BACKOFF = 16  # steps a sequence waits at most after rejected drafts
 MAX_BATCH = 8  # more sequences decoding than this: no drafts
 MAX_DRAFT_ROWS = 64  # draft rows per step, all sequences together
 

@@ -1,0 +1,233 @@
+"""Speculative decoding never changes an answer: on the tiny model, greedy answers with
+every spec type, with and without adapter mixes, alone and concurrent, are the tokens (and
+n_probs probabilities) of speculation off; seeded sampled answers are the same tokens too,
+and over a fixed set of seeds the token frequencies match speculation off (chi-square).
+The drafts are real: the suite checks that drafts were both accepted and rejected."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scipy.stats import chi2_contingency
+
+from loraserve.engine.engine import Engine, EngineConfig
+from loraserve.engine.request import Event, Request, Run
+from loraserve.engine.sampling.params import SamplingParams
+from loraserve.engine.sampling.state import SamplerState
+from loraserve.engine.spec.config import SpecConfig, SpecRequest
+from loraserve.engine.spec.drafter import MAX_BACKOFF, MAX_BATCH, SpecRun, Speculator
+from tests.engine_util import ask, run_and_drain, tokens
+from tests.server_util import peft_folder, tiny_model
+
+SIMPLE = SpecConfig(types=("ngram-simple",), ngram_simple_size_n=2, ngram_simple_size_m=6)
+MOD = SpecConfig(types=("ngram-mod",), ngram_mod_n_match=2, ngram_mod_n_min=1, ngram_mod_n_max=6)
+BOTH = SpecConfig(
+    types=("ngram-simple", "ngram-mod"),
+    ngram_simple_size_n=3,
+    ngram_simple_size_m=8,
+    ngram_mod_n_match=1,
+    ngram_mod_n_min=2,
+    ngram_mod_n_max=4,
+)
+SPECS = {"ngram-simple": SIMPLE, "ngram-mod": MOD, "both": BOTH}
+SEEDED = SamplingParams(temperature=0.3, top_k=20, top_p=0.9, min_p=0.02)
+PENALIZED = dataclasses.replace(SEEDED, repeat_penalty=1.05, presence_penalty=0.1)
+
+
+@functools.cache
+def adapter_dir() -> Path:
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="loraserve-spec-"))
+    for name, seed in (("a", 31), ("b", 32)):
+        peft_folder(d / name, seed)
+    return d
+
+
+def engine(spec: SpecConfig, n_slots: int = 4, **kw: Any) -> Engine:
+    eng = Engine(tiny_model(), EngineConfig(n_slots=n_slots, n_ctx=256 * n_slots, spec=spec, **kw))
+    for name in ("a", "b"):
+        eng.load_adapter(adapter_dir() / name, 0.0).result()
+    return eng
+
+
+def copy_prompts(seed: int, k: int) -> list[list[int]]:
+    """Prompts that repeat themselves (what an n-gram draft copies from)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(k):
+        body = [rng.randrange(3, 300) for _ in range(rng.randrange(4, 20))]
+        out.append([1, *body, *body, *body[: rng.randrange(1, len(body))]])
+    return out
+
+
+MIXES = [None, {0: 1.0}, {1: 0.5}, {0: 1.0, 1: -1.0}]
+
+
+GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
+
+
+def asks(mixed: bool, sampling: SamplingParams = GREEDY) -> list[dict[str, Any]]:
+    return [
+        ask(p, 40, MIXES[i % len(MIXES)] if mixed else None, sampling=sampling)
+        for i, p in enumerate(copy_prompts(7, 6))
+    ]
+
+
+def seeded(base: SamplingParams, seed: int) -> SamplingParams:
+    return dataclasses.replace(base, seed=seed)
+
+
+def answers(eng: Engine, todo: list[dict], concurrent: bool) -> list[list[Event]]:
+    if concurrent:
+        out = run_and_drain(eng, todo)
+    else:
+        out = [run_and_drain(eng, [a])[0] for a in todo]
+    eng.core.cache.check()
+    return out
+
+
+def drafted(evs: list[list[Event]]) -> tuple[int, int]:
+    t = [e[-1].timings for e in evs]
+    return sum(x.draft_n for x in t if x), sum(x.draft_n_accepted for x in t if x)
+
+
+@pytest.mark.parametrize("concurrent", [False, True], ids=["alone", "concurrent"])
+@pytest.mark.parametrize("mixed", [False, True], ids=["base", "mixed"])
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_greedy_answers_equal_speculation_off(kind: str, mixed: bool, concurrent: bool) -> None:
+    todo = asks(mixed)
+    off = answers(engine(SpecConfig()), todo, concurrent)
+    on = answers(engine(SPECS[kind]), todo, concurrent)
+    assert [tokens(e) for e in on] == [tokens(e) for e in off]
+    n, accepted = drafted(on)
+    assert 0 < accepted < n, "drafts must be both accepted and rejected"
+    assert drafted(off) == (0, 0)
+
+
+def test_probabilities_equal_speculation_off() -> None:
+    """n_probs (raw and post-sampling) at every token are the same floats."""
+    for post in (False, True):
+        sampling = dataclasses.replace(GREEDY, n_probs=3, post_sampling_probs=post)
+        todo = asks(True, sampling)
+        off = answers(engine(SpecConfig()), todo, True)
+        on = answers(engine(BOTH), todo, True)
+        for a, b in zip(on, off, strict=True):
+            assert [(e.token, e.probs, e.prob) for e in a] == [
+                (e.token, e.probs, e.prob) for e in b
+            ]
+
+
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_seeded_sampling_gives_the_same_tokens(kind: str) -> None:
+    """The rejection rule draws the target's token with the request's generator, one draw per
+    token kept: a seed decides the tokens whatever the speculation (and the batch)."""
+    accepted = {}
+    for sampling in (SEEDED, PENALIZED):  # penalties: each row sees the window before it
+        todo = [
+            ask(p, 40, MIXES[i % 4], sampling=seeded(sampling, 100 + i))
+            for i, p in enumerate(copy_prompts(3, 8))
+        ]
+        off = answers(engine(SpecConfig()), todo, True)
+        on = answers(engine(SPECS[kind]), todo, True)
+        assert [tokens(e) for e in on] == [tokens(e) for e in off]
+        assert drafted(on)[0] > 0
+        accepted[sampling] = drafted(on)[1]
+    assert accepted[SEEDED] > 0
+
+
+def test_sampled_token_frequencies_match_speculation_off() -> None:
+    """Two independent samples (different fixed seed sets): the frequency of each generated
+    token with speculation on is that of speculation off (chi-square homogeneity test)."""
+    prompt = copy_prompts(11, 1)[0]
+    sampling = SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0)
+
+    def counts(spec: SpecConfig, seeds: range) -> tuple[Counter[int], int]:
+        eng = engine(spec)
+        todo = [ask(prompt, 8, sampling=seeded(sampling, s)) for s in seeds]
+        evs = run_and_drain(eng, todo)
+        return Counter(t for e in evs for t in tokens(e)), drafted(evs)[0]
+
+    on, n_drafted = counts(MOD, range(0, 240))
+    off, _ = counts(SpecConfig(), range(10_000, 10_240))
+    assert n_drafted > 0
+    common = [t for t in set(on) | set(off) if on[t] + off[t] >= 10]  # chi-square's condition
+    rare = (
+        sum(on.values()) - sum(on[t] for t in common),
+        sum(off.values()) - sum(off[t] for t in common),
+    )
+    table = [[on[t] for t in common] + [rare[0]], [off[t] for t in common] + [rare[1]]]
+    _, p, _, _ = chi2_contingency(table)
+    assert p > 1e-3, f"token frequencies differ with speculation on (p = {p:.2e})"
+
+
+def test_request_fields_turn_speculation_down() -> None:
+    todo = asks(False)
+    on = answers(engine(BOTH), [{**a, "spec": SpecRequest(n_max=0)} for a in todo], True)
+    assert drafted(on) == (0, 0)
+    on = answers(engine(BOTH), [{**a, "spec": SpecRequest(n_max=1)} for a in todo], True)
+    off = answers(engine(SpecConfig()), todo, True)
+    assert [tokens(e) for e in on] == [tokens(e) for e in off]
+    n, _ = drafted(on)
+    assert n > 0 and all(e[-1].timings.draft_n <= 40 for e in on)
+
+
+def test_ngram_mod_pools_never_mix_cache_keys() -> None:
+    """Every n-gram in a cache key's pool comes from a request under that key (its prompt
+    or output): one adapter configuration's text never drafts for another's."""
+    eng = engine(MOD)
+    todo = asks(True)
+    evs = run_and_drain(eng, todo)
+    texts: dict[tuple, list[list[int]]] = {}
+    for a, e in zip(todo, evs, strict=True):
+        key = eng.core.adapters.mix(a.get("lora"), None, False).cache_key
+        texts.setdefault(key, []).append(a["prompts"][0] + tokens(e))
+    pools = eng.core.spec.mod.pools
+    assert set(pools) == set(texts) and len(pools) == len(MIXES)
+    for key, pool in pools.items():
+        grams = {tuple(t[i : i + pool.n + 1]) for t in texts[key] for i in range(len(t))}
+        assert pool.table and {(*g, nxt) for g, nxt in pool.table.items()} <= grams
+
+
+def _decoding_run(tokens_: list[int]) -> Run:
+    run = Run(
+        req=Request(prompt=tokens_, sampling=GREEDY, max_tokens=-1),
+        slot=0,
+        tokens=list(tokens_),
+        n_prompt=len(tokens_),
+        n_computed=len(tokens_),
+    )
+    run.sampler = SamplerState(GREEDY, tokens_, set())
+    return run
+
+
+def test_backoff_after_rejections() -> None:
+    spec = Speculator(BOTH, 256)
+    run = _decoding_run([1, 2, 3])
+    run.spec = SpecRun()
+    skips = []
+    for _ in range(7):
+        spec.record(run, 4, 0)
+        skips.append(run.spec.skip)
+    assert skips == [1, 2, 4, 8, 16, 16, 16] and MAX_BACKOFF == 16
+    assert run.spec.cap == 2  # a rejected draft halves the next one
+    spec.record(run, 2, 2)
+    assert run.spec.backoff == 1 and run.spec.cap == 4  # accepted in full: doubled back
+
+
+def test_no_drafts_in_a_large_batch() -> None:
+    spec = Speculator(BOTH, 256)
+    history = [1, *range(10, 30), *range(10, 20)]  # what follows 17 18 19 is 20 21 ...
+    runs = [_decoding_run(history) for _ in range(MAX_BATCH + 1)]
+    spec.propose(runs, 512)
+    assert all(r.draft == [] for r in runs)
+    spec.propose(runs[:MAX_BATCH], 512)
+    assert all(r.draft[:3] == [20, 21, 22] for r in runs[:MAX_BATCH])
+    spec.propose(runs[:2], 2 + 3)  # the token budget: one row each, 3 draft rows in all
+    assert sum(len(r.draft) for r in runs[:2]) == 3
