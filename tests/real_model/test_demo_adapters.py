@@ -6,8 +6,8 @@ import pytest
 
 from loraserve.adapters import gguf_path, is_titlecase, is_uppercase, peft_dir, uppercase_fraction
 from loraserve.engine.engine import Engine, EngineConfig
-from loraserve.engine.sampling.params import SamplingParams
 from loraserve.model.loader import load_model
+from tests.engine_util import ask, run_and_drain, text_of
 
 pytestmark = pytest.mark.real_model
 PROMPTS = [
@@ -28,20 +28,8 @@ def engine(real_model_path) -> Engine:
 
 def generate_all(eng: Engine, jobs: list[tuple[str, dict[int, float]]]) -> list[str]:
     """All jobs in one batch (different mixes side by side), greedy, 32 tokens."""
-    tok = eng.tokenizer
-    greedy = SamplingParams(temperature=0.0)
-    reqs = []
-    for p, mix in jobs:
-        sub = eng.submit([tok.encode(p)], greedy, max_tokens=32, lora=list(mix.items()) or None)
-        reqs += sub.requests
-    eng.run_until_idle()
-    out = []
-    for r in reqs:
-        text = ""
-        while not r.events.empty():
-            text += r.events.get().text
-        out.append(text)
-    return out
+    asks = [ask(eng.tokenizer.encode(p), 32, mix) for p, mix in jobs]
+    return [text_of(evs) for evs in run_and_drain(eng, asks)]
 
 
 def test_styles_on_and_off_in_one_batch(engine) -> None:

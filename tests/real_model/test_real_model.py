@@ -11,6 +11,7 @@ import torch
 from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.model.loader import LoadedModel, load_model
+from tests.engine_util import ask, run_and_drain, run_one, tokens
 from tests.tiny import our_logits
 
 pytestmark = pytest.mark.real_model
@@ -34,15 +35,7 @@ def native(real_model_path) -> LoadedModel:
 
 
 def greedy(model: LoadedModel, ids: list[int], n: int) -> list[int]:
-    eng = Engine(model, EngineConfig(n_ctx=1024))
-    (req,) = eng.submit([ids], SamplingParams(temperature=0.0), max_tokens=n).requests
-    eng.run_until_idle()
-    out = []
-    while not req.events.empty():
-        ev = req.events.get()
-        if ev.token is not None:
-            out.append(ev.token)
-    return out
+    return run_one(Engine(model, EngineConfig(n_ctx=1024)), ids, n)
 
 
 def test_tokenizer_matches_reference_ids(f32) -> None:
@@ -97,19 +90,9 @@ def test_native_cache_on_equals_cache_off(native) -> None:
 
     def run(prompt: str, cache: bool) -> tuple[list[int], list, int]:
         sampling = SamplingParams(temperature=0.0, n_probs=5)
-        (req,) = eng.submit(
-            [tok.encode(prompt)], sampling, max_tokens=24, cache_prompt=cache
-        ).requests
-        eng.run_until_idle()
-        toks, probs, cached = [], [], 0
-        while not req.events.empty():
-            ev = req.events.get()
-            if ev.token is not None:
-                toks.append(ev.token)
-                probs.append(ev.probs)
-            if ev.done:
-                cached = ev.n_cached
-        return toks, probs, cached
+        asked = ask(tok.encode(prompt), 24, sampling=sampling, cache_prompt=cache)
+        (evs,) = run_and_drain(eng, [asked])
+        return tokens(evs), [e.probs for e in evs if e.token is not None], evs[-1].n_cached
 
     run(head, True)
     for suffix in (" And then", " The", ", said the miller's daughter."):

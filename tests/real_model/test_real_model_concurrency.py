@@ -10,6 +10,7 @@ from loraserve.adapters import gguf_path, peft_dir
 from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.model.loader import load_model
+from tests.engine_util import ask, run_and_drain
 
 pytestmark = pytest.mark.real_model
 SHARED = "Question: What is the best thing about a rainy afternoon at home?\nAnswer:"
@@ -26,23 +27,12 @@ JOBS = [
 def run(eng: Engine, jobs: list[tuple[str, dict[int, float]]], cache: bool) -> list[list]:
     """Submit every job at once, then step the engine until all finish; per job the
     (token, top-5 probabilities) of each generated position."""
-    tok = eng.tokenizer
     sp = SamplingParams(temperature=0.0, n_probs=5)
-    reqs = []
-    for prompt, mix in jobs:
-        sub = eng.submit([tok.encode(prompt)], sp, max_tokens=16, cache_prompt=cache,
-                         lora=list(mix.items()) or None)  # fmt: skip
-        reqs += sub.requests
-    eng.run_until_idle()
-    out = []
-    for r in reqs:
-        evs = []
-        while not r.events.empty():
-            ev = r.events.get()
-            if ev.token is not None:
-                evs.append((ev.token, ev.probs))
-        out.append(evs)
-    return out
+    tok = eng.tokenizer
+    asks = [ask(tok.encode(p), 16, mix, sampling=sp, cache_prompt=cache) for p, mix in jobs]
+    return [
+        [(e.token, e.probs) for e in evs if e.token is not None] for evs in run_and_drain(eng, asks)
+    ]
 
 
 def test_concurrent_mixes_equal_each_alone_cache_off(real_model_path) -> None:

@@ -11,8 +11,9 @@ from loraserve.engine.embedding import Pooling, normalize
 from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.model.loader import LoadedModel, load_model
+from tests.engine_util import ask, run_and_drain
 from tests.tiny import hf_model, write_gguf
-from tests.unit.engine.test_engine import prompts, req, run
+from tests.unit.engine.test_engine import prompts
 from tests.unit.lora.test_lora import peft_adapter
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -43,7 +44,7 @@ def pooled(h: torch.Tensor, pooling: Pooling) -> torch.Tensor:
 
 
 def embed(engine: Engine, prompt: list[int], pooling: Pooling, **kw) -> torch.Tensor:
-    [evs] = run(engine, [req(prompt, 0, pooling=pooling, **kw)])
+    [evs] = run_and_drain(engine, [ask(prompt, 0, pooling=pooling, **kw)])
     assert len(evs) == 1 and evs[0].error is None and evs[0].embedding is not None
     return evs[0].embedding
 
@@ -63,14 +64,14 @@ def test_batched_with_completions_and_cache(tiny) -> None:
     model, m = tiny
     eng = Engine(model, EngineConfig(n_slots=4, n_ctx=1024))
     ps = prompts(12, 3)
-    alone = [run(eng, [req(ps[0], 6)])[0]]
-    out = run(
+    alone = [run_and_drain(eng, [ask(ps[0], 6)])[0]]
+    out = run_and_drain(
         eng,
         [
-            req(ps[0], 6),
-            req(ps[1], 0, pooling=Pooling.MEAN),
-            req(ps[2], 0, pooling=Pooling.NONE),
-            req(ps[0] + [5, 6], 0, pooling=Pooling.LAST),
+            ask(ps[0], 6),
+            ask(ps[1], 0, pooling=Pooling.MEAN),
+            ask(ps[2], 0, pooling=Pooling.NONE),
+            ask(ps[0] + [5, 6], 0, pooling=Pooling.LAST),
         ],
     )
     assert [e.token for e in out[0]] == [e.token for e in alone[0]]

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import pytest
 import torch
 from gguf import GGMLQuantizationType
 
 from loraserve.engine.engine import Engine, EngineConfig
-from loraserve.engine.request import Event, Request, StopType
+from loraserve.engine.request import StopType
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.model.loader import LoadedModel, load_model
+from tests.engine_util import ask, run_and_drain, run_one, tokens
 from tests.tiny import gguf_tensors, hf_logits, hf_model, write_gguf
 from tests.unit.lora.test_lora import peft_adapter
-
-GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -24,33 +22,6 @@ def tiny(tmp_path_factory) -> tuple[LoadedModel, torch.nn.Module]:
     m = hf_model("gemma3", num_hidden_layers=6, seed=3)
     path = write_gguf(tmp_path_factory.mktemp("tiny") / "g.gguf", m, "gemma3")
     return load_model(path), m
-
-
-def submit(engine: Engine, ask: dict[str, Any]) -> Request:
-    """Submit one request asked for by `req`."""
-    return engine.submit(**ask).requests[0]
-
-
-def run(engine: Engine, asks: list[dict[str, Any]]) -> list[list[Event]]:
-    reqs = [submit(engine, a) for a in asks]
-    engine.run_until_idle()
-    out = []
-    for r in reqs:
-        evs = []
-        while not r.events.empty():
-            evs.append(r.events.get())
-        assert evs and evs[-1].done
-        out.append(evs)
-    return out
-
-
-def tokens(evs: list[Event]) -> list[int]:
-    return [e.token for e in evs if e.token is not None]
-
-
-def req(prompt: list[int], n: int = 8, **kw: Any) -> dict[str, Any]:
-    """What a request asks `Engine.submit` for."""
-    return dict(prompts=[prompt], sampling=kw.pop("sampling", GREEDY), max_tokens=n, **kw)
 
 
 def prompts(seed: int, k: int) -> list[list[int]]:
@@ -61,7 +32,7 @@ def prompts(seed: int, k: int) -> list[list[int]]:
 def test_greedy_equals_transformers(tiny) -> None:
     model, hf = tiny
     p = prompts(0, 1)[0]
-    got = tokens(run(Engine(model, EngineConfig(n_ctx=256)), [req(p, 10)])[0])
+    got = tokens(run_and_drain(Engine(model, EngineConfig(n_ctx=256)), [ask(p, 10)])[0])
     ids = list(p)
     for _ in range(10):
         ids.append(int(hf_logits(hf, ids)[-1].argmax()))
@@ -72,9 +43,9 @@ def test_greedy_equals_transformers(tiny) -> None:
 def test_batch_invariance(tiny, ubatch: int) -> None:
     model, _ = tiny
     ps = prompts(1, 6)
-    alone = [tokens(run(Engine(model, EngineConfig(n_ctx=512)), [req(p, 12)])[0]) for p in ps]
+    alone = [run_one(Engine(model, EngineConfig(n_ctx=512)), p, 12) for p in ps]
     eng = Engine(model, EngineConfig(n_slots=4, n_ctx=1024, ubatch=ubatch))
-    together = [tokens(e) for e in run(eng, [req(p, 12) for p in ps])]
+    together = [tokens(e) for e in run_and_drain(eng, [ask(p, 12) for p in ps])]
     assert together == alone
 
 
@@ -82,16 +53,16 @@ def test_prefix_reuse_is_exact(tiny) -> None:
     model, _ = tiny
     p = prompts(2, 1)[0] + [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
     eng = Engine(model, EngineConfig(n_ctx=512, block_size=4))
-    cold = run(eng, [req(p, 6, cache_prompt=False)])[0]
-    first = run(eng, [req(p, 6)])[0]
-    second = run(eng, [req(p, 6)])[0]
+    cold = run_and_drain(eng, [ask(p, 6, cache_prompt=False)])[0]
+    first = run_and_drain(eng, [ask(p, 6)])[0]
+    second = run_and_drain(eng, [ask(p, 6)])[0]
     assert tokens(first) == tokens(second) == tokens(cold)
     seq_timings = eng.core.scheduler.slots[0].last_request
     assert seq_timings is not None
     # a prompt that diverges mid-block reuses exactly the common prefix (copy-on-write)
     q = p[:10] + [300, 301, 302]
     fresh = Engine(model, EngineConfig(n_ctx=512, block_size=4))
-    assert tokens(run(eng, [req(q, 6)])[0]) == tokens(run(fresh, [req(q, 6)])[0])
+    assert run_one(eng, q, 6) == run_one(fresh, q, 6)
     assert eng.core.cache.stats.hit_tokens >= (len(p) - 1) + 10
 
 
@@ -101,9 +72,9 @@ def test_cache_keys_do_not_mix(tiny, tmp_path) -> None:
     folder, _ = peft_adapter(tmp_path / "x", hf, target_modules=["q_proj", "v_proj"])
     x = eng.load_adapter(folder, 0.0).result()
     p = prompts(4, 1)[0]
-    run(eng, [req(p, 4, lora=[(x.id, 1.0)])])
+    run_and_drain(eng, [ask(p, 4, lora=[(x.id, 1.0)])])
     hits = eng.core.cache.stats.hit_tokens
-    run(eng, [req(p, 4)])  # base key: nothing computed under it yet
+    run_and_drain(eng, [ask(p, 4)])  # base key: nothing computed under it yet
     assert eng.core.cache.stats.hit_tokens == hits
 
 
@@ -111,28 +82,28 @@ def test_stops_and_limits(tiny) -> None:
     model, _ = tiny
     eng = Engine(model, EngineConfig(n_ctx=64))
     p = prompts(5, 1)[0]
-    full = run(eng, [req(p, 12)])[0]
+    full = run_and_drain(eng, [ask(p, 12)])[0]
     assert full[-1].stop_type == StopType.LIMIT and len(tokens(full)) == 12
     text = "".join(e.text for e in full)
     if len(text) > 4:
         stop = text[2:4]
-        evs = run(eng, [req(p, 12, stop=(stop,))])[0]
+        evs = run_and_drain(eng, [ask(p, 12, stop=(stop,))])[0]
         assert evs[-1].stop_type == StopType.WORD and evs[-1].stopping_word == stop
         assert "".join(e.text for e in evs) == text[: text.find(stop)]
     eos = tokens(full)[0]
     eng.eog_ids = frozenset({eos})  # requests submitted from now on end at that token
-    evs = run(eng, [req(p, 12)])[0]
+    evs = run_and_drain(eng, [ask(p, 12)])[0]
     assert evs[-1].stop_type == StopType.EOS and tokens(evs) == []  # EOG text is not output
     # the context limit ends generation
-    long = run(Engine(model, EngineConfig(n_ctx=len(p) + 3)), [req(p, -1)])[0]
+    long = run_and_drain(Engine(model, EngineConfig(n_ctx=len(p) + 3)), [ask(p, -1)])[0]
     assert long[-1].stop_type == StopType.LIMIT and len(tokens(long)) == 3
 
 
 def test_cancel_frees_slot_and_blocks(tiny) -> None:
     model, _ = tiny
     eng = Engine(model, EngineConfig(n_slots=2, n_ctx=256, cache_ram_mib=0))
-    a = submit(eng, req(prompts(6, 1)[0], 50))
-    submit(eng, req(prompts(7, 1)[0], 5))
+    (a,) = eng.submit(**ask(prompts(6, 1)[0], 50)).requests
+    eng.submit(**ask(prompts(7, 1)[0], 5))
     eng.step()
     eng.cancel(a)
     eng.run_until_idle()
@@ -147,10 +118,10 @@ def test_seeded_sampling_is_batch_independent(tiny) -> None:
     model, _ = tiny
     sp = SamplingParams(temperature=1.0, seed=42, top_k=0, top_p=1.0, min_p=0.0)
     p = prompts(8, 1)[0]
-    alone = tokens(run(Engine(model, EngineConfig(n_ctx=256)), [req(p, 10, sampling=sp)])[0])
-    others = [req(q, 10, sampling=SamplingParams(temperature=1.0)) for q in prompts(9, 3)]
+    alone = run_one(Engine(model, EngineConfig(n_ctx=256)), p, 10, sampling=sp)
+    others = [ask(q, 10, sampling=SamplingParams(temperature=1.0)) for q in prompts(9, 3)]
     eng = Engine(model, EngineConfig(n_slots=4, n_ctx=1024))
-    together = run(eng, [*others[:2], req(p, 10, sampling=sp), others[2]])
+    together = run_and_drain(eng, [*others[:2], ask(p, 10, sampling=sp), others[2]])
     assert tokens(together[2]) == alone
 
 
@@ -172,9 +143,9 @@ def test_next_turn_reuses_the_answers_kv_and_equals_cache_off(
         assert model.decoder.blocks[0].qkv.parts[0].quantized  # the quantized kernels run
     eng = Engine(model, EngineConfig(n_ctx=512, block_size=4))
     p = prompts(7, 1)[0]
-    answer = tokens(run(eng, [req(p, 8)])[0])
+    answer = tokens(run_and_drain(eng, [ask(p, 8)])[0])
     turn = p + answer + [40, 41, 42]
-    evs = run(eng, [req(turn, 6)])[0]
-    cold = run(Engine(model, EngineConfig(n_ctx=512, block_size=4)), [req(turn, 6)])[0]
+    evs = run_and_drain(eng, [ask(turn, 6)])[0]
+    cold = run_and_drain(Engine(model, EngineConfig(n_ctx=512, block_size=4)), [ask(turn, 6)])[0]
     assert tokens(evs) == tokens(cold)
     assert evs[-1].n_cached == len(p) + len(answer) - 1

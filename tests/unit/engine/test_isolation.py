@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from loraserve.engine.engine import Engine, EngineConfig
-from loraserve.engine.request import Event, Request
+from loraserve.engine.request import Request
 from loraserve.engine.runner import BatchItem
 from loraserve.engine.sampling.params import SamplingParams
+from tests.engine_util import drain, follow, run_one, tokens
 from tests.server_util import peft_folder, serve_in_thread, tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
@@ -56,26 +57,9 @@ def request(
     return eng.submit([prompt], sampling, max_tokens=n, lora=lora).requests[0]
 
 
-def drain(req: Request) -> list[Event]:
-    evs = []
-    while not req.events.empty():
-        evs.append(req.events.get())
-    assert evs and evs[-1].done, "no final event"
-    return evs
-
-
-def tokens(evs: list[Event]) -> list[int]:
-    return [e.token for e in evs if e.token is not None]
-
-
 def alone(prompt: list[int], mix: dict[int, float], ads: dict[str, Path], n: int = 12) -> list:
     """Reference: the request on a fresh engine of its own (nothing cached, no batch)."""
-    eng = engine(ads, n_slots=1)
-    r = request(eng, prompt, mix, n)
-    eng.run_until_idle()
-    evs = drain(r)
-    assert evs[-1].error is None, evs[-1].error
-    return tokens(evs)
+    return run_one(engine(ads, n_slots=1), prompt, n, mix, sampling=GREEDY)
 
 
 def check_pool(eng: Engine) -> None:
@@ -159,15 +143,11 @@ def test_engine_thread_survives_and_serves(adapters) -> None:
         bad = request(eng, [1, MARK, 5])
         good = request(eng, PROMPTS[2], {0: 1.0})
         assert bad.events.get(timeout=30).error
-        evs = [good.events.get(timeout=30)]
-        while not evs[-1].done:
-            evs.append(good.events.get(timeout=30))
+        evs = follow(good)
         assert tokens(evs) == alone(PROMPTS[2], {0: 1.0}, adapters)
         assert raised and eng._thread is not None and eng._thread.is_alive()
         later = request(eng, PROMPTS[0])
-        evs = [later.events.get(timeout=30)]
-        while not evs[-1].done:
-            evs.append(later.events.get(timeout=30))
+        evs = follow(later)
         assert evs[-1].error is None and len(tokens(evs)) == 12
     finally:
         eng.shutdown()
@@ -252,9 +232,7 @@ def test_a_failing_step_outside_the_forward_pass_leaves_the_thread_alive() -> No
         ev = first.events.get(timeout=30)
         assert ev.done and "injected scheduler failure" in (ev.error or "")
         later = request(eng, PROMPTS[1])
-        evs = [later.events.get(timeout=30)]
-        while not evs[-1].done:
-            evs.append(later.events.get(timeout=30))
+        evs = follow(later)
         assert evs[-1].error is None and tokens(evs) == alone(PROMPTS[1], {}, {})
     finally:
         eng.shutdown()

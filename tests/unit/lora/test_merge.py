@@ -20,12 +20,12 @@ from safetensors.torch import save_file
 from torch import nn
 
 from loraserve.engine.engine import Engine, EngineConfig
-from loraserve.engine.sampling.params import SamplingParams
 from loraserve.lora.merge_cli import main
 from loraserve.lora.registry import AdapterRegistry
 from loraserve.model.gguf import GGUFFile
 from loraserve.model.hf import hf_to_gguf_name
 from loraserve.model.loader import LoadedModel, load_model, permute_qk
+from tests.engine_util import run_one
 from tests.tiny import hf_model, write_gguf
 from tests.unit.lora.test_lora import gguf_adapter, lora_logits
 
@@ -96,18 +96,6 @@ def _inputs(tmp: Path, tiny: Tiny, kinds: tuple[str, str]) -> list[Path]:
     return paths
 
 
-def greedy(engine: Engine, mix: dict[int, float], prompt: list[int], n: int = 8) -> list[int]:
-    sampling = SamplingParams(temperature=0.0)
-    lora = list(mix.items()) or None
-    (req,) = engine.submit([prompt], sampling, max_tokens=n, lora=lora).requests
-    engine.run_until_idle()
-    out = []
-    while not req.events.empty():
-        if (tok := req.events.get().token) is not None:
-            out.append(tok)
-    return out
-
-
 WEIGHTS = (0.7, -0.45)
 CASES = [  # (input formats, output, mode, rank, pass --model)
     (("peft", "gguf"), "m.gguf", "ortho-svd", "10", True),
@@ -141,7 +129,7 @@ def test_merged_adapter_serves_like_the_mix(tiny, tmp_path, kinds, out, mode, ra
     assert (want - base).abs().max() > 0.1
     assert (got - want).abs().max() <= 1e-4
     for prompt in ([1, 40, 41, 42], IDS):
-        assert greedy(engine, merged, prompt) == greedy(engine, mix, prompt)
+        assert run_one(engine, prompt, 8, merged) == run_one(engine, prompt, 8, mix)
 
 
 def test_per_tensor_ranks_load_in_peft_and_loraserve(tmp_path) -> None:
@@ -286,7 +274,7 @@ def test_gguf_output_loads_in_llama_server(tmp_path) -> None:
     engine = Engine(tiny[1], EngineConfig(n_ctx=256))
     for p in [*ins, out]:
         engine.core.adapters.load(p)
-    ours = greedy(engine, {2: 1.0}, IDS)
+    ours = run_one(engine, IDS, 8, {2: 1.0})
     port = free_port()
     argv = [
         str(binary),
