@@ -4,7 +4,10 @@ Each block records, per token slot, the (cache key, token prefix) it was compute
 for — a stand-in for real KV. Random operation sequences (hypothesis) then check that
 every match only reuses slots computed for exactly the requested key and prefix, that
 the index and pool invariants hold, and (with an unlimited budget) that the match is
-the longest prefix ever computed under the key.
+the longest prefix ever computed under the key. A sequence may also write the KV of a
+rejected speculative draft past its tokens and roll it back as the engine does (the blocks
+wholly past its tokens released, the rest never indexed beyond them): no match may ever
+return such a slot.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ class Sim:
         self.retained: list[list[int]] = []  # block lists held by "idle slots"
         self.history: list[tuple[tuple, tuple[int, ...]]] = []
 
-    def run(self, key: tuple, prompt: list[int], n_gen: int, cache_prompt: bool) -> int:
+    def run(
+        self, key: tuple, prompt: list[int], n_gen: int, cache_prompt: bool, n_draft: int = 0
+    ) -> int:
         limit = len(prompt) - 1 if cache_prompt else 0
         m = self.cache.match(key, prompt, limit) if limit > 0 else None
         blocks: list[int] = []
@@ -53,6 +58,13 @@ class Sim:
             if i // BS >= len(blocks):
                 blocks.append(self.cache.allocate())
             self.kv[(blocks[i // BS], i % BS)] = (key, tuple(tokens[: i + 1]))
+        for i in range(n_kv, n_kv + n_draft):  # a rejected draft's rows: KV of other tokens
+            if i // BS >= len(blocks):
+                blocks.append(self.cache.allocate())
+            self.kv[(blocks[i // BS], i % BS)] = (key, (*tokens[:n_kv], -1, i))
+        keep = (n_kv + BS - 1) // BS  # the rollback (`engine/spec/verify.py`)
+        self.cache.release(blocks[keep:])
+        del blocks[keep:]
         self.cache.insert(key, tokens[:n_kv], blocks)
         self.history.append((key, tuple(tokens[:n_kv])))
         self.retained.append(blocks)
@@ -70,6 +82,7 @@ ops = st.lists(
         st.integers(0, 5),
         st.booleans(),
         st.booleans(),  # release the oldest retained sequence first
+        st.sampled_from([0, 0, 1, 3, 6]),  # rejected draft tokens written, then rolled back
     ),
     min_size=1,
     max_size=30,
@@ -80,10 +93,10 @@ ops = st.lists(
 @given(ops, st.sampled_from([None, 0, 2, 8]))
 def test_matches_are_never_stale(seq_ops, budget) -> None:
     sim = Sim(budget)
-    for k, prompt, n_gen, cache_prompt, release in seq_ops:
+    for k, prompt, n_gen, cache_prompt, release, n_draft in seq_ops:
         if release:
             sim.release_oldest()
-        sim.run(KEYS[k], prompt, n_gen, cache_prompt)
+        sim.run(KEYS[k], prompt, n_gen, cache_prompt, n_draft)
         sim.cache.check()
     while sim.retained:
         sim.release_oldest()
@@ -96,7 +109,7 @@ def test_matches_are_never_stale(seq_ops, budget) -> None:
 @given(ops)
 def test_unlimited_match_is_longest_computed_prefix(seq_ops) -> None:
     sim = Sim(None)
-    for k, prompt, n_gen, cache_prompt, release in seq_ops:
+    for k, prompt, n_gen, cache_prompt, release, n_draft in seq_ops:
         if release:
             sim.release_oldest()
         key = KEYS[k]
@@ -109,7 +122,7 @@ def test_unlimited_match_is_longest_computed_prefix(seq_ops) -> None:
             while n < min(limit, len(htoks)) and htoks[n] == prompt[n]:
                 n += 1
             expect = max(expect, n)
-        assert sim.run(key, prompt, n_gen, cache_prompt) == expect
+        assert sim.run(key, prompt, n_gen, cache_prompt, n_draft) == expect
 
 
 def test_budget_zero_frees_unheld_blocks_and_lru_order() -> None:
