@@ -6,6 +6,7 @@ a request on a started engine. The engine thread is not started here;
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ from loraserve.engine.sampling.params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 MixArg = Mapping[int, float] | Sequence[tuple[int, float]]
+_STEPPING = threading.Lock()  # one caller at a time steps an engine from outside it
 
 
 def ask(prompt: list[int], n: int = 8, mix: MixArg | None = None, **kw: Any) -> dict[str, Any]:
@@ -38,10 +40,13 @@ def drain(req: Request) -> list[Event]:
 
 def run_and_drain(eng: Engine, asks: Iterable[dict[str, Any]]) -> list[list[Event]]:
     """Submit every ask at once, step the engine until nothing is left, and return each
-    request's events, in submission order (a prompt's ``n`` choices next to each other)."""
-    reqs = [r for a in asks for r in eng.submit(**a).requests]
-    eng.run_until_idle()
-    return [drain(r) for r in reqs]
+    request's events, in submission order (a prompt's ``n`` choices next to each other).
+    Callers in several threads (a test's client threads checking a shared reference
+    engine) take turns; the engine must not be started."""
+    with _STEPPING:
+        reqs = [r for a in asks for r in eng.submit(**a).requests]
+        eng.run_until_idle()
+        return [drain(r) for r in reqs]
 
 
 def tokens(evs: list[Event]) -> list[int]:

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,3 +179,23 @@ def start_process(args: list[str], grace_s: float | None = None) -> tuple[subpro
         except httpx.TransportError:
             pass
         time.sleep(0.1)
+
+
+def concurrently(fn: Callable[[Any], object], args: Iterable[Any], timeout: float = 60) -> None:
+    """``fn(arg)`` for every arg, each in its own thread, all at once; the first failure is
+    raised again in the caller's thread."""
+    errors: list[BaseException] = []
+
+    def run(arg: Any) -> None:
+        try:
+            fn(arg)
+        except BaseException as e:  # re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(a,)) for a in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    if errors:
+        raise errors[0]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,8 @@ from hypothesis import strategies as st
 
 from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.engine.sampling.params import SamplingParams
-from tests.server_util import peft_folder, serve_in_thread, tiny_model
+from tests.engine_util import run_one
+from tests.server_util import concurrently, peft_folder, serve_in_thread, tiny_model
 
 FILES = ("a", "b", "a2")  # a2: the same name as a, changed weights
 PREFIXES = ([1, 40, 41, 42, 43, 44, 45, 46], [1, 40, 41, 42, 50, 51], [1, 60, 61, 62, 63, 64, 65])
@@ -51,20 +51,8 @@ def reference(prompt: tuple[int, ...], mix: tuple[tuple[str, float], ...]) -> tu
     """Greedy tokens of the request alone, cache off."""
     eng, ids = reference_engine()
     lora = [(ids[f], s) for f, s in mix]
-    (req,) = eng.submit(
-        [list(prompt)],
-        SamplingParams(temperature=0.0, ignore_eos=True),  # as the requests ask
-        max_tokens=N_PREDICT,
-        lora=lora or None,
-        cache_prompt=False,
-    ).requests
-    eng.run_until_idle()
-    out = []
-    while not req.events.empty():
-        ev = req.events.get()
-        if ev.token is not None:
-            out.append(ev.token)
-    return tuple(out)
+    greedy = SamplingParams(temperature=0.0, ignore_eos=True)  # as the requests ask
+    return tuple(run_one(eng, list(prompt), N_PREDICT, lora, sampling=greedy, cache_prompt=False))
 
 
 scales = st.sampled_from([0.0, 0.5, 1.0, -1.0])
@@ -94,10 +82,12 @@ op = st.one_of(
 
 
 class Model:
-    """What the server should hold: adapters by id, global scales, retained KV by key."""
+    """What the server should hold: adapters by id (their files and names), global scales,
+    retained KV by key."""
 
     def __init__(self) -> None:
         self.loaded: dict[int, str] = {}
+        self.names: dict[int, str] = {}
         self.next_id = 0
         self.glob: dict[int, float] = {}
         self.retained: list[tuple[tuple, tuple[int, ...]]] = []
@@ -159,13 +149,6 @@ def run_completion(srv, m: Model, c: dict, check_cache: bool) -> None:
     m.slot_last[res["id_slot"]] = computed
 
 
-def _collect(srv, m: Model, c: dict, errors: list[BaseException]) -> None:
-    try:
-        run_completion(srv, m, c, check_cache=False)
-    except BaseException as e:  # re-raised in the test thread
-        errors.append(e)
-
-
 @pytest.mark.filterwarnings("ignore")
 @settings(
     max_examples=int(os.environ.get("LORASERVE_PROP_EXAMPLES", 20)),
@@ -194,19 +177,13 @@ def test_every_answer_equals_cache_off_and_cache_n_is_exact(tmp_path_factory, op
     ]
     m = Model()
     m.loaded, m.next_id, m.glob = {0: "a", 1: "b"}, 2, {0: 1.0, 1: 1.0}
+    m.names = dict(m.loaded)
     with serve_in_thread(args) as srv:
         for kind, arg in ops:
             if kind == "complete":
                 run_completion(srv, m, arg, check_cache=True)
             elif kind == "concurrent":
-                errors: list[BaseException] = []
-                threads = [threading.Thread(target=_collect, args=(srv, m, c, errors)) for c in arg]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join(60)
-                if errors:
-                    raise errors[0]
+                concurrently(lambda c: run_completion(srv, m, c, check_cache=False), arg)
             elif kind == "global":
                 body = [{"id": i, "scale": s} for i, s in arg]
                 r = srv.client.post("/lora-adapters", json=body)
@@ -223,16 +200,24 @@ def test_every_answer_equals_cache_off_and_cache_n_is_exact(tmp_path_factory, op
                     continue
                 assert r.status_code == 200, r.text
                 f = m.loaded.pop(arg)
+                m.names.pop(arg)
                 m.glob.pop(arg, None)
                 if f not in m.loaded.values():
                     m.retained = [(k, t) for k, t in m.retained if f not in dict(k)]
             elif kind == "load":
-                name = "a" if arg == "a2" else arg
-                r = srv.client.post(
-                    "/lora-adapters/load", json={"path": str(d / arg), "name": name, "scale": 0.0}
-                )
+                # names are unique: a2 asks for a's name (refused while it is taken, else
+                # a reload of changed weights under that name); a and b again get a suffix
+                body = {"path": str(d / arg), "scale": 0.0}
+                if arg == "a2":
+                    body["name"] = "a"
+                r = srv.client.post("/lora-adapters/load", json=body)
+                if "a" in m.names.values() and arg == "a2":
+                    assert r.status_code == 400 and "name" in r.json()["error"]["message"], r.text
+                    continue
                 assert r.status_code == 200, r.text
                 assert r.json()["id"] == m.next_id
+                assert r.json()["name"] not in m.names.values()
+                m.names[m.next_id] = r.json()["name"]
                 m.loaded[m.next_id] = arg
                 m.glob[m.next_id] = 0.0
                 m.next_id += 1
