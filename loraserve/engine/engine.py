@@ -26,6 +26,7 @@ from loraserve.engine.inbox import Inbox
 from loraserve.engine.request import Request, Submission
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.spec.config import SpecRequest
+from loraserve.engine.spec.draft_model import DraftModel, check_vocab
 from loraserve.engine.views import EngineStats, SlotView, engine_stats, slot_views
 from loraserve.lora.adapter import Adapter
 from loraserve.lora.registry import Mix
@@ -39,10 +40,22 @@ BUSY_WAIT_S = 30.0  # how long an admin call waits for a slot or an adapter to b
 class Engine:
     """Continuous-batching engine over one model: the thread-safe door to `EngineCore`."""
 
-    def __init__(self, model: LoadedModel, config: EngineConfig | None = None) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        config: EngineConfig | None = None,
+        draft: LoadedModel | None = None,
+    ) -> None:
+        """``draft``: a draft model for `draft-simple` speculation (`VocabMismatch` if its
+        vocabulary is not the model's)."""
         config = config or EngineConfig()
         self.model, self.config = model, config
-        self.core = EngineCore(model, config)
+        drafter = None
+        if draft is not None:
+            check_vocab(model, draft)
+            n_ctx_slot = max(config.n_ctx // config.n_slots, 1)
+            drafter = DraftModel(draft, config.n_slots, n_ctx_slot, config.spec.draft_p_min)
+        self.core = EngineCore(model, config, drafter)
         self.n_ctx_slot = self.core.n_ctx_slot
         self.tokenizer = model.tokenizer
         self.eog_ids = frozenset(model.tokenizer.eog_ids)  # tokens that end generation

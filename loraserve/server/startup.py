@@ -67,8 +67,9 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def build_engine(cfg: ServerConfig, model: LoadedModel) -> Engine:
-    """The engine sized by the command line (`-np`, `-c`, `-ub`, `--cache-ram`)."""
+def build_engine(cfg: ServerConfig, model: LoadedModel, draft: LoadedModel | None = None) -> Engine:
+    """The engine sized by the command line (`-np`, `-c`, `-ub`, `--cache-ram`), with the
+    speculative decoding of `--spec-*` (``draft``: the `-md` model)."""
     n_ctx = cfg.n_ctx or model.config.context_length
     return Engine(
         model,
@@ -79,7 +80,30 @@ def build_engine(cfg: ServerConfig, model: LoadedModel) -> Engine:
             cache_ram_mib=cfg.cache_ram_mib,
             spec=cfg.spec,
         ),
+        draft=draft,
     )
+
+
+def load_draft(cfg: ServerConfig, model: LoadedModel) -> LoadedModel | None:
+    """The `-md` draft model, its vocabulary checked against the model's (`StartupError`
+    saying how they differ)."""
+    if not cfg.spec.draft_model:
+        return None
+    from loraserve.engine.spec.draft_model import VocabMismatch, check_vocab
+    from loraserve.model.loader import load_model
+
+    path = Path(cfg.spec.draft_model).expanduser()
+    if not path.exists():
+        raise StartupError(f"draft model {path}: no such file or folder")
+    log.info("loading the draft model %s", path)
+    draft = load_model(path, "float32" if cfg.dtype == "float32" else "native")
+    try:
+        check_vocab(model, draft)
+    except VocabMismatch as e:
+        raise StartupError(
+            f"draft model {path} cannot draft for {model.name}: its vocabulary differs ({e})"
+        ) from None
+    return draft
 
 
 def load_from_config(cfg: ServerConfig) -> LoadedModel:
@@ -116,7 +140,7 @@ def start(
     try:
         if model is None:
             model = loader()
-        engine = build_engine(cfg, model)
+        engine = build_engine(cfg, model, load_draft(cfg, model))
         specs = [
             (spec.path, 0.0 if cfg.lora_init_without_apply else spec.scale) for spec in cfg.lora
         ]
