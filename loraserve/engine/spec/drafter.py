@@ -19,11 +19,11 @@ Adaptive back-off (so that speculation costs little where it does not help):
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from loraserve.engine.request import Run
 from loraserve.engine.spec.config import SpecConfig
-from loraserve.engine.spec.ngram import ModPools, ngram_simple_draft
+from loraserve.engine.spec.ngram import ModPools, TokenBytes, ngram_simple_draft
 
 MAX_BACKOFF = 16  # steps a sequence waits at most after rejected drafts
 MAX_BATCH = 8  # more sequences decoding than this: no drafts
@@ -44,6 +44,7 @@ class SpecRun:
     skip: int = 0  # steps left without drafting (back-off)
     backoff: int = 1
     cap: int = 1 << 30  # adaptive draft length cap
+    packed: TokenBytes = field(default_factory=TokenBytes)  # the tokens, for ngram-simple
 
 
 class Speculator:
@@ -139,8 +140,10 @@ class Speculator:
             return []
         cfg = self.config
         if kind == "ngram-simple":
-            d = ngram_simple_draft(run.tokens, cfg.ngram_simple_size_n, cfg.ngram_simple_size_m)
-            return d[:limit]
+            assert run.spec is not None
+            run.spec.packed.sync(run.tokens)
+            n, m = cfg.ngram_simple_size_n, cfg.ngram_simple_size_m
+            return ngram_simple_draft(run.tokens, n, m, run.spec.packed)[:limit]
         pool = self.mod.get(run.req.cache_key)
         return pool.draft(run.tokens, self._n_min(run, kind), limit)
 

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 from loraserve.cache.prefix_cache import CacheKey
@@ -19,25 +20,59 @@ from loraserve.cache.prefix_cache import CacheKey
 MAX_ENTRIES = 1 << 20  # a table this full is cleared (llama.cpp resets at 25% occupancy)
 
 
-def ngram_simple_draft(history: Sequence[int], size_n: int, size_m: int) -> list[int]:
+def ngram_simple_draft(
+    history: Sequence[int], size_n: int, size_m: int, packed: TokenBytes | None = None
+) -> list[int]:
     """llama.cpp's `common_ngram_simple_draft`: ``history`` is the sequence so far, ending
-    with the token just sampled (whose KV is not computed yet). Empty when nothing matches."""
+    with the token just sampled (whose KV is not computed yet). The most recent earlier
+    occurrence of its last ``size_n`` tokens (never at position 0) is followed by the draft,
+    at most ``size_m`` tokens and at least ``size_n``; empty when nothing matches.
+    ``packed``: the same history as `TokenBytes`, which finds the occurrence in C."""
     cur = len(history) - 1  # tokens before the sampled one
     if cur <= size_n + size_m + 1:
         return []
-    pattern = list(history[cur - size_n + 1 : cur + 1])
-    match = 0  # position 0 means no match, as in llama.cpp
-    first = pattern[0]
-    for j in range(cur - size_n - 1, 0, -1):
-        if history[j] == first and list(history[j : j + size_n]) == pattern:
-            match = j
-            break
-    if match == 0:
+    if packed is not None:
+        match = packed.rfind_before(cur - size_n + 1, size_n, cur - 1)
+    else:
+        pattern = list(history[cur - size_n + 1 : cur + 1])
+        match = 0  # position 0 means no match, as in llama.cpp
+        for j in range(cur - size_n - 1, 0, -1):
+            if history[j] == pattern[0] and list(history[j : j + size_n]) == pattern:
+                match = j
+                break
+    if match <= 0:
         return []
     n = min(size_m, cur - (match + size_n))
     if n < size_n:
         return []
     return list(history[match + size_n : match + size_n + n])
+
+
+class TokenBytes:
+    """A growing token sequence packed 4 bytes a token, searched with `bytes.rfind`."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.n = 0
+
+    def sync(self, tokens: Sequence[int]) -> None:
+        """Append the tokens of ``tokens`` past the ones already packed (a prefix of it)."""
+        if len(tokens) > self.n:
+            self.buf += array("i", tokens[self.n :]).tobytes()
+            self.n = len(tokens)
+
+    def rfind_before(self, start: int, size: int, end: int) -> int:
+        """The last position j >= 1 with tokens[j : j + size] == tokens[start : start +
+        size] and j + size <= end (-1 if none)."""
+        pat = bytes(self.buf[4 * start : 4 * (start + size)])
+        hi = 4 * end
+        while True:
+            pos = self.buf.rfind(pat, 4, hi)
+            if pos < 0:
+                return -1
+            if pos % 4 == 0:
+                return pos // 4
+            hi = pos + len(pat) - 1  # a match across token boundaries: look before it
 
 
 class NgramMod:

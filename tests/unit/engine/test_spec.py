@@ -255,3 +255,21 @@ def test_no_drafts_in_a_large_batch() -> None:
     assert all(r.draft[:3] == [20, 21, 22] for r in runs[:MAX_BATCH])
     spec.propose(runs[:2], 2 + 3)  # the token budget: one row each, 3 draft rows in all
     assert sum(len(r.draft) for r in runs[:2]) == 3
+
+
+def test_ngram_simple_finds_what_llama_cpp_finds() -> None:
+    """The packed search (`TokenBytes`, `bytes.rfind`) and the plain scan of llama.cpp's
+    loop agree, on small alphabets (many matches, some across token boundaries) and
+    large token ids."""
+    from loraserve.engine.spec.ngram import TokenBytes, ngram_simple_draft
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        alphabet = rng.choice([2, 3, 5, 300, 70_000])
+        history = [rng.randrange(alphabet) for _ in range(rng.randrange(1, 80))]
+        n, m = rng.randrange(1, 5), rng.randrange(1, 8)
+        packed = TokenBytes()
+        packed.sync(history[: len(history) // 2])
+        packed.sync(history)
+        assert ngram_simple_draft(history, n, m, packed) == ngram_simple_draft(history, n, m)
+    assert ngram_simple_draft([1, 5, 6, 7, 8, 9, 5, 6], 2, 3) == [7, 8, 9]
