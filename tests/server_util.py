@@ -49,21 +49,35 @@ def tiny_model() -> LoadedModel:
 HIDDEN, Q_OUT, KV_OUT = 64, 64, 32  # tiny llama: 4 heads x 16, 2 kv heads
 
 
+def write_peft(
+    path: Path, pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], r: int, alpha: float
+) -> Path:
+    """A PEFT LoRA folder (the one writer the tests use) from HF module name
+    (``model.layers.0.self_attn.q_proj``) -> (A [r, in], B [out, r]); the target modules
+    are the modules' last names."""
+    targets = sorted({m.rpartition(".")[2] for m in pairs})
+    tensors = {}
+    for module, (a, b) in pairs.items():
+        tensors[f"base_model.model.{module}.lora_A.weight"] = a.contiguous()
+        tensors[f"base_model.model.{module}.lora_B.weight"] = b.contiguous()
+    path.mkdir(parents=True)
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    conf = {"peft_type": "LORA", "r": r, "lora_alpha": alpha, "target_modules": targets}
+    (path / "adapter_config.json").write_text(json.dumps(conf))
+    return path
+
+
 def peft_folder(path: Path, seed: int, magnitude: float = 0.5, r: int = 4) -> Path:
     """A PEFT LoRA folder on q_proj and v_proj of the tiny llama, strong enough to matter;
     ``magnitude`` scales A and B."""
     g = torch.Generator().manual_seed(seed)
-    tensors = {}
+    pairs = {}
     for i in range(2):
         for mod, out in (("q_proj", Q_OUT), ("v_proj", KV_OUT)):
-            key = f"base_model.model.model.layers.{i}.self_attn.{mod}"
-            tensors[f"{key}.lora_A.weight"] = torch.randn(r, HIDDEN, generator=g) * magnitude
-            tensors[f"{key}.lora_B.weight"] = torch.randn(out, r, generator=g) * magnitude
-    path.mkdir(parents=True)
-    save_file(tensors, str(path / "adapter_model.safetensors"))
-    conf = {"peft_type": "LORA", "r": r, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
-    (path / "adapter_config.json").write_text(json.dumps(conf))
-    return path
+            a = torch.randn(r, HIDDEN, generator=g) * magnitude
+            b = torch.randn(out, r, generator=g) * magnitude
+            pairs[f"model.layers.{i}.self_attn.{mod}"] = (a, b)
+    return write_peft(path, pairs, r, alpha=8)
 
 
 @dataclass

@@ -16,7 +16,6 @@ import httpx
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 
 from loraserve.engine.engine import Engine, EngineConfig
@@ -26,6 +25,7 @@ from loraserve.model.gguf import GGUFFile
 from loraserve.model.hf import hf_to_gguf_name
 from loraserve.model.loader import LoadedModel, load_model, permute_qk
 from tests.engine_util import run_one
+from tests.server_util import write_peft
 from tests.tiny import hf_model, write_gguf
 from tests.unit.lora.test_lora import gguf_adapter, lora_logits
 
@@ -49,19 +49,6 @@ def _pairs(m: nn.Module, r: int, seed: int) -> dict[str, tuple[torch.Tensor, tor
                 torch.randn(o, r, generator=g) * 0.3,
             )
     return out
-
-
-def peft_input(folder: Path, pairs: dict, r: int, alpha: float) -> Path:
-    folder.mkdir()
-    shorts = sorted({m.split(".")[-1] for m in MODULES})
-    conf = {"peft_type": "LORA", "r": r, "lora_alpha": alpha, "target_modules": shorts}
-    (folder / "adapter_config.json").write_text(json.dumps(conf))
-    tensors = {}
-    for module, (a, b) in pairs.items():
-        tensors[f"base_model.model.{module}.lora_A.weight"] = a.contiguous()
-        tensors[f"base_model.model.{module}.lora_B.weight"] = b.contiguous()
-    save_file(tensors, folder / "adapter_model.safetensors")
-    return folder
 
 
 def gguf_input(path: Path, m: nn.Module, arch: str, pairs: dict, alpha: float) -> Path:
@@ -90,7 +77,7 @@ def _inputs(tmp: Path, tiny: Tiny, kinds: tuple[str, str]) -> list[Path]:
     for i, (kind, r) in enumerate(zip(kinds, (4, 6), strict=True)):
         pairs = _pairs(m, r, seed=10 + i)
         if kind == "peft":
-            paths.append(peft_input(tmp / f"in{i}", pairs, r, alpha=2.0 * r))
+            paths.append(write_peft(tmp / f"in{i}", pairs, r, alpha=2.0 * r))
         else:
             paths.append(gguf_input(tmp / f"in{i}.gguf", m, arch, pairs, alpha=1.5 * r))
     return paths
@@ -198,7 +185,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
         hf_model("llama", hidden_size=32, seed=1),
     )
     zero = {k: (a, torch.zeros_like(b)) for k, (a, b) in _pairs(llama, 4, 0).items()}
-    peft_input(d / "lp", _pairs(llama, 4, 3), 4, 8.0)
+    write_peft(d / "lp", _pairs(llama, 4, 3), 4, 8.0)
     main([str(d / "lp"), "--mode", "cat", "-o", str(d / "lpa"), "--arch", "llama"])
     (d / "notes.txt").write_text("not an adapter")
     return {
