@@ -1,6 +1,8 @@
-"""Helpers for the HTTP and engine tests: a tiny model written once per session, PEFT
-adapters for it, and a real server on 127.0.0.1 (random free port): uvicorn in a thread of
-the test process (`serve_in_thread`), or a `loraserve` process (`start_process`)."""
+"""Helpers for the HTTP and engine tests: a tiny model written once per session, the one
+PEFT writer (`write_peft`; `peft_folder` for the tiny model), and a real server on 127.0.0.1
+(random free port): uvicorn in a thread of the test process (`serve_in_thread`), or a
+`loraserve` process (`start_process`); its metrics (`scrape_metrics`) and client threads
+(`concurrently`)."""
 
 from __future__ import annotations
 
