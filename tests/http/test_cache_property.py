@@ -6,7 +6,7 @@ concurrent requests across slots; adapter load, unload and reload of changed wei
 the same name; slot save and restore. Every greedy completion must equal the same request
 run alone with the cache off, and `cache_n` must equal the longest prefix computed under the
 same cache key that is still retained (the budget is unlimited, so retained = computed,
-minus what unloading an adapter dropped).
+minus what unloading an adapter dropped). The same holds with speculative decoding on.
 """
 
 from __future__ import annotations
@@ -149,14 +149,23 @@ def run_completion(srv, m: Model, c: dict, check_cache: bool) -> None:
     m.slot_last[res["id_slot"]] = computed
 
 
+# speculative decoding (issue 15) with drafts as long as the requests allow, so that drafts are
+# verified, partly rejected and rolled back under every operation above
+SPEC = (
+    "--spec-type ngram-simple,ngram-mod --spec-ngram-simple-size-n 1 --spec-ngram-simple-size-m 3"
+)
+SPEC += " --spec-ngram-mod-n-match 1 --spec-ngram-mod-n-min 1 --spec-ngram-mod-n-max 3"
+
+
 @pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("spec", [[], SPEC.split()], ids=["spec-off", "spec-on"])
 @settings(
     max_examples=int(os.environ.get("LORASERVE_PROP_EXAMPLES", 20)),
     deadline=None,
     suppress_health_check=list(HealthCheck),
 )
 @given(st.lists(op, min_size=1, max_size=10))
-def test_every_answer_equals_cache_off_and_cache_n_is_exact(tmp_path_factory, ops) -> None:
+def test_every_answer_equals_cache_off_and_cache_n_is_exact(tmp_path_factory, spec, ops) -> None:
     d = adapter_dir()
     slots = tmp_path_factory.mktemp("slots")
     args = [
@@ -174,6 +183,7 @@ def test_every_answer_equals_cache_off_and_cache_n_is_exact(tmp_path_factory, op
         str(d / "a"),
         "--lora",
         str(d / "b"),
+        *spec,
     ]
     m = Model()
     m.loaded, m.next_id, m.glob = {0: "a", 1: "b"}, 2, {0: 1.0, 1: 1.0}
