@@ -77,8 +77,8 @@ class Speculator:
         if req.max_tokens >= 0:
             n = min(n, req.max_tokens - len(run.generated) - 1)  # room for the bonus token
         n = min(n, self.n_ctx_slot - len(run.tokens) - 1)
-        if cfg.adaptive and run.spec is not None:
-            n = min(n, run.spec.cap)
+        if cfg.adaptive and run.spec is not None:  # never below n_min: that would stop it
+            n = min(n, max(run.spec.cap, self._n_min(run, kind)))
         return max(n, 0)
 
     def _n_min(self, run: Run, kind: str) -> int:

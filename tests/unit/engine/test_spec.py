@@ -245,6 +245,22 @@ def test_backoff_after_rejections() -> None:
     assert run.spec.backoff == 1 and run.spec.cap == 4  # accepted in full: doubled back
 
 
+def test_backoff_never_caps_below_n_min() -> None:
+    """ngram-mod's drafts are at least n_min long: a rejection halves the cap, but the
+    cap never drops below n_min (which would end that sequence's drafting for good)."""
+    spec = Speculator(dataclasses.replace(MOD, ngram_mod_n_min=4, ngram_mod_n_max=8), 256)
+    history = [1, *range(10, 30), *range(10, 20)]
+    run = _decoding_run(history)
+    spec.propose([run], 512)
+    assert len(run.draft) == 8
+    spec.record(run, 8, 0)
+    spec.record(run, 4, 0)
+    assert run.spec is not None and run.spec.cap == 2
+    run.spec.skip = 0
+    spec.propose([run], 512)
+    assert len(run.draft) == 4
+
+
 def test_no_drafts_in_a_large_batch() -> None:
     spec = Speculator(BOTH, 256)
     history = [1, *range(10, 30), *range(10, 20)]  # what follows 17 18 19 is 20 21 ...
