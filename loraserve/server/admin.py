@@ -70,7 +70,7 @@ async def props(request: HttpRequest) -> Response:
     return JsonResponse(out)
 
 
-def _slot_json(n_ctx: int, slot: SlotView) -> dict[str, Any]:
+def _slot_json(n_ctx: int, slot: SlotView, speculative: bool = False) -> dict[str, Any]:
     req = slot.request
     params: dict[str, Any] = {}
     if req is not None:
@@ -86,7 +86,7 @@ def _slot_json(n_ctx: int, slot: SlotView) -> dict[str, Any]:
         "id": slot.id,
         "id_task": req.id if req is not None else -1,
         "n_ctx": n_ctx,
-        "speculative": False,
+        "speculative": speculative,  # as llama-server: whether the slot can speculate
         "is_processing": slot.busy,
         "params": params,
         "n_tokens": slot.n_tokens,
@@ -110,7 +110,8 @@ async def slots(request: HttpRequest, fail_on_no_slot: int = 0) -> Response:
     engine = state.require()
     if not state.cfg.slots:
         raise not_supported("This server does not support slots endpoint. Start it with `--slots`")
-    infos = [_slot_json(engine.n_ctx_slot, s) for s in await wait(engine.slots())]
+    spec = state.cfg.spec.enabled
+    infos = [_slot_json(engine.n_ctx_slot, s, spec) for s in await wait(engine.slots())]
     if fail_on_no_slot and all(s["is_processing"] for s in infos):
         raise unavailable("no slot available")
     return JsonResponse(infos)

@@ -110,6 +110,7 @@ class ServerConfig:
         params["max_tokens"] = self.n_predict
         params["stop"] = []
         params["lora"] = []
+        params["speculative.types"] = ",".join(self.spec.types) or "none"
         props: dict[str, Any] = {
             "default_generation_settings": {"n_ctx": self.n_ctx, "params": params},
             "total_slots": self.n_parallel,

@@ -105,6 +105,9 @@ def test_answers_report_drafts_and_metrics_count_them() -> None:
         g = res["generation_settings"]
         assert g["speculative.types"] == "ngram-simple,ngram-mod"
         assert (g["speculative.n_max"], g["speculative.n_min"], g["speculative.p_min"]) == (3, 0, 0)
+        assert all(slot["speculative"] for slot in srv.client.get("/slots").json())
+        props = srv.client.get("/props").json()["default_generation_settings"]["params"]
+        assert props["speculative.types"] == "ngram-simple,ngram-mod"
         off = srv.client.post("/completion", json=body(prompt, None, **{"speculative.n_max": 0}))
         assert "draft_n" not in off.json()["timings"]  # as llama-server: only with drafts
         assert off.json()["generation_settings"]["speculative.n_max"] == 0
