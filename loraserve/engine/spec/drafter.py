@@ -9,8 +9,10 @@ verification). So a draft can only change speed, never an answer.
 Adaptive back-off (so that speculation costs little where it does not help):
 - a sequence whose draft was wholly rejected drafts again only after ``backoff`` steps,
   doubling on each further rejection (up to `MAX_BACKOFF`), reset by an accepted token;
-- a sequence's draft length is capped by what it accepted last time (doubling back to the
-  type's maximum while drafts are accepted in full);
+- a sequence's draft length is capped: at first `FIRST_CAP` tokens, doubled (2c + 1, so
+  that the rows of a step come in eights, what the kernels share a weight read across)
+  each time a draft is accepted in full, cut to what was accepted (at least `FIRST_CAP`)
+  when part of it is, halved when none of it is;
 - with more than `MAX_BATCH` sequences decoding no one drafts (the step's rows already share
   its weight reads), and the drafts of one step fit the token budget left after one row
   per decoding sequence, and at most `MAX_DRAFT_ROWS` rows.
@@ -28,6 +30,7 @@ from loraserve.engine.spec.ngram import ModPools, TokenBytes, ngram_simple_draft
 MAX_BACKOFF = 16  # steps a sequence waits at most after rejected drafts
 MAX_BATCH = 8  # more sequences decoding than this: no drafts
 MAX_DRAFT_ROWS = 64  # draft rows per step, all sequences together
+FIRST_CAP = 7  # a sequence's first drafts: at most this long
 
 # a draft model's proposer: (runs, their maximum lengths) -> one draft per run
 DraftFn = Callable[[list[Run], list[int]], list[list[int]]]
@@ -43,7 +46,7 @@ class SpecRun:
     fed: int = 0  # n-gram starts already added to the ngram-mod pool
     skip: int = 0  # steps left without drafting (back-off)
     backoff: int = 1
-    cap: int = 1 << 30  # adaptive draft length cap
+    cap: int = FIRST_CAP  # adaptive draft length cap
     packed: TokenBytes = field(default_factory=TokenBytes)  # the tokens, for ngram-simple
 
 
@@ -155,19 +158,18 @@ class Speculator:
         run.spec.fed = max(len(run.tokens) - pool.n, run.spec.fed)
 
     def record(self, run: Run, n_draft: int, n_accepted: int) -> None:
-        """A verified draft: ``n_accepted`` of its ``n_draft`` tokens were the target's."""
+        """A verified draft: ``n_accepted`` of its ``n_draft`` tokens were the target's (the
+        counters are `verify`'s; this adapts the back-off and the cap)."""
         s = run.spec
         if s is None or n_draft == 0:
             return
-        s.n_drafted += n_draft
-        s.n_accepted += n_accepted
-        s.n_verified += 1
         if n_accepted == 0:
             s.skip, s.backoff = s.backoff, min(s.backoff * 2, MAX_BACKOFF)
             s.cap = max(1, n_draft // 2)
         else:
             s.backoff = 1
-            s.cap = n_draft * 2 if n_accepted == n_draft else n_accepted + 1
+            full = n_accepted == n_draft
+            s.cap = 2 * max(s.cap, n_draft) + 1 if full else max(n_accepted, FIRST_CAP)
 
     def drop(self, pred: object) -> None:
         """Forget the n-gram pools of cache keys satisfying ``pred`` (an adapter unloaded)."""

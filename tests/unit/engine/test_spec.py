@@ -21,7 +21,13 @@ from loraserve.engine.request import Event, Request, Run
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.sampling.state import SamplerState
 from loraserve.engine.spec.config import SpecConfig, SpecRequest
-from loraserve.engine.spec.drafter import MAX_BACKOFF, MAX_BATCH, SpecRun, Speculator
+from loraserve.engine.spec.drafter import (
+    FIRST_CAP,
+    MAX_BACKOFF,
+    MAX_BATCH,
+    SpecRun,
+    Speculator,
+)
 from tests.server_util import peft_folder, tiny_model
 
 
@@ -242,7 +248,7 @@ def test_backoff_after_rejections() -> None:
     assert skips == [1, 2, 4, 8, 16, 16, 16] and MAX_BACKOFF == 16
     assert run.spec.cap == 2  # a rejected draft halves the next one
     spec.record(run, 2, 2)
-    assert run.spec.backoff == 1 and run.spec.cap == 4  # accepted in full: doubled back
+    assert run.spec.backoff == 1 and run.spec.cap == 5  # accepted in full: 2c + 1
 
 
 def test_backoff_never_caps_below_n_min() -> None:
@@ -252,8 +258,8 @@ def test_backoff_never_caps_below_n_min() -> None:
     history = [1, *range(10, 30), *range(10, 20)]
     run = _decoding_run(history)
     spec.propose([run], 512)
-    assert len(run.draft) == 8
-    spec.record(run, 8, 0)
+    assert len(run.draft) == FIRST_CAP == 7  # the first drafts are short
+    spec.record(run, 7, 0)
     spec.record(run, 4, 0)
     assert run.spec is not None and run.spec.cap == 2
     run.spec.skip = 0
