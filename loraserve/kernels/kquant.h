@@ -96,36 +96,6 @@ static void k_prepare(int type, const uint8_t *r, int64_t K, kprep_t *p, int unp
     }
 }
 
-// Activations per row in blocks of 256: q int8, d = amax / 127 per block, bs16/bs32 the
-// sums of q per 16 / 32 (exact). A non-finite block gets a NaN scale (the output is
-// non-finite, never silently finite).
-static void quantize_row_k(const float *x, int64_t K, int8_t *q, float *d, int16_t *bs16,
-                           int16_t *bs32) {
-    for (int64_t b = 0; b < K / 256; b++) {
-        const float *xb = x + 256 * b;
-        float amax = 0.0f;
-        int bad = 0;
-        for (int i = 0; i < 256; i++) {
-            float a = fabsf(xb[i]);
-            bad |= !isfinite(a);
-            amax = a > amax ? a : amax;
-        }
-        float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
-        for (int j = 0; j < 16; j++) {
-            int s = 0;
-            for (int i = 16 * j; i < 16 * j + 16; i++) {
-                int v = bad ? 0 : (int)roundf(xb[i] * id);
-                q[256 * b + i] = (int8_t)v;
-                s += v;
-            }
-            bs16[16 * b + j] = (int16_t)s;
-        }
-        for (int j = 0; j < 8; j++)
-            bs32[8 * b + j] = (int16_t)(bs16[16 * b + 2 * j] + bs16[16 * b + 2 * j + 1]);
-        d[b] = bad ? NAN : dd;
-    }
-}
-
 #if defined(__AVX2__)
 static inline int32_t hsum_i32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));

@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from loraserve import kernels
 from loraserve import cbuild as build
+from loraserve import kernels
 from loraserve.model.config import ModelConfig
 from loraserve.model.decoder import Decoder
 from loraserve.model.tokenizer import Tokenizer
