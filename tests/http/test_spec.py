@@ -191,3 +191,26 @@ def test_every_answer_equals_speculation_and_cache_off(ops) -> None:
             if errors:
                 raise errors[0]
         assert srv.client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_constrained_answers_equal_speculation_off(temperature: float) -> None:
+    """Each verified row gets the grammar's mask after the tokens before it: answers under a
+    grammar or a JSON schema are those of speculation off (greedy and seeded)."""
+    bodies = [
+        {"prompt": "ab", "grammar": 'root ::= ("ab" | "ba" | "abc"){3,40}', "n_predict": 60},
+        {"prompt": "x", "json_schema": {"type": "array", "items": {"enum": ["ab", "ba"]}},
+         "n_predict": 60},
+    ]  # fmt: skip
+    out = {}
+    for name, extra in (("off", []), ("on", SPEC)):
+        with serve_in_thread(args() + extra) as srv:
+            out[name] = []
+            for b in bodies:
+                for seed in range(3):
+                    body = {**b, "temperature": temperature, "seed": seed, "return_tokens": True}
+                    r = srv.client.post("/completion", json=body)
+                    assert r.status_code == 200, r.text
+                    out[name].append((r.json()["tokens"], r.json()["timings"].get("draft_n", 0)))
+    assert [t for t, _ in out["on"]] == [t for t, _ in out["off"]]
+    assert sum(n for _, n in out["on"]) > 0

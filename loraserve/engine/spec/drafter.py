@@ -61,12 +61,12 @@ class Speculator:
         self.draft_model = draft_model
 
     def eligible(self, run: Run) -> bool:
-        """Whether a sequence may draft at all (decoding, sampled, unconstrained)."""
+        """Whether a sequence may draft at all (decoding and sampled; a grammar's mask is
+        applied to each verified row in turn, after the tokens before it)."""
         req = run.req
         return (
             not run.prefilling
             and run.sampler is not None
-            and run.constraint is None
             and req.pooling is None
             and (req.spec is None or req.spec.n_max != 0)
         )
