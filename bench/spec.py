@@ -3,8 +3,9 @@
 A copy-heavy workload (rewrite, extract and code-edit prompts whose answers repeat long
 spans of the prompt), single stream, greedy, on:
 - loraserve without speculation, then with it (`--ours-spec`, n-gram drafting);
-- llama-server with each of its model-free `--spec-type`s (`--peer-types`), and without;
-the best llama-server type is the one compared. Also S2 (non-repetitive text, single
+- llama-server with each of its model-free `--spec-type`s at their defaults (`--peer-types`),
+  with loraserve's own speculative flags (the same command line), and without;
+the best llama-server configuration is the one compared. Also S2 (non-repetitive text, single
 stream) on loraserve with speculation off and on. One server at a time; every answer of a
 speculating server is compared with the same server's answers without speculation.
 
@@ -155,13 +156,15 @@ def main(argv: list[str] | None = None) -> None:
         print("llama-server not found (python -m bench.run --build-peer): loraserve only")
     if binary is not None:
         res["peer off"] = one_server(peer_kind(binary), model, prompts, args, encode, bos, False)
-        for kind in args.peer_types.split(","):
-            extra = ["--spec-type", kind, *shlex.split(args.peer_spec_args)]
+        configs = {k: ["--spec-type", k] for k in args.peer_types.split(",")}
+        configs["loraserve's flags"] = shlex.split(args.ours_spec)
+        for name, flags in configs.items():
+            extra = [*flags, *shlex.split(args.peer_spec_args)]
             try:
                 peer = peer_kind(binary, extra)
-                res[f"peer {kind}"] = one_server(peer, model, prompts, args, encode, bos, False)
+                res[f"peer {name}"] = one_server(peer, model, prompts, args, encode, bos, False)
             except Exception as e:  # a type this build refuses: skip it
-                print(f"  llama-server --spec-type {kind}: failed ({e})", file=sys.stderr)
+                print(f"  llama-server {' '.join(extra)}: failed ({e})", file=sys.stderr)
     report(res)
 
 
