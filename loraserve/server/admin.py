@@ -71,30 +71,35 @@ async def props(request: HttpRequest) -> Response:
 
 
 def _slot_json(n_ctx: int, slot: SlotView, speculative: bool = False) -> dict[str, Any]:
-    req = slot.request
-    params: dict[str, Any] = {}
-    if req is not None:
-        params = dataclasses.asdict(req.sampling)
-        params["logit_bias"] = [list(x) for x in req.sampling.logit_bias]
-        params.update(
-            n_predict=req.max_tokens,
-            stop=list(req.stop),
-            cache_prompt=req.cache_prompt,
-            lora=[{"id": i, "scale": s} for i, s in sorted(req.mix.scales.items())],
-        )
-    return {
+    """One slot as llama-server shows it: the task fields (`id_task`, `params`,
+    `next_token`) only once the slot has run a request."""
+    out: dict[str, Any] = {
         "id": slot.id,
-        "id_task": req.id if req is not None else -1,
         "n_ctx": n_ctx,
         "speculative": speculative,  # as llama-server: whether the slot can speculate
         "is_processing": slot.busy,
-        "params": params,
         "n_tokens": slot.n_tokens,
+    }
+    req = slot.request
+    if req is None:
+        return out
+    params = dataclasses.asdict(req.sampling)
+    params["logit_bias"] = [list(x) for x in req.sampling.logit_bias]
+    params.update(
+        n_predict=req.max_tokens,
+        stop=list(req.stop),
+        cache_prompt=req.cache_prompt,
+        lora=[{"id": i, "scale": s} for i, s in sorted(req.mix.scales.items())],
+    )
+    return {
+        **out,
+        "id_task": req.id,
+        "params": params,
         "next_token": [  # a list, as llama-server's (one entry per sequence of the slot)
             {
                 "has_next_token": slot.busy,
                 "n_remain": (req.max_tokens - slot.n_decoded)
-                if slot.busy and req and req.max_tokens >= 0
+                if slot.busy and req.max_tokens >= 0
                 else -1,
                 "n_decoded": slot.n_decoded,
             }
