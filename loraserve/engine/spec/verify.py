@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from loraserve.engine.request import Run
+from loraserve.engine.sampling.ops import fast_argmax
 
 if TYPE_CHECKING:
     from loraserve.engine.core import EngineCore
@@ -49,24 +50,57 @@ def verify(core: EngineCore, entries: list[tuple[Run, int]], logits: torch.Tenso
             run.timings.draft_n += len(run.draft)
             run.spec.n_drafted += len(run.draft)
             run.spec.n_verified += 1
+    plain = [(r, f) for r, f in entries if r.draft and _plain_greedy(r)]
+    live = [(r, f) for r, f in entries if not (r.draft and _plain_greedy(r))]
+    if plain:
+        _verify_greedy(core, plain, logits)
     depth = 0
-    live = entries
     while live:
         core._sample([r for r, _ in live], _rows(logits, [f + depth for _, f in live]))
         going: list[tuple[Run, int]] = []
         for run, first in live:
             draft = run.draft
-            running = core.scheduler.slots[run.slot].run is run
+            running = _running(core, run)
             if running and depth < len(draft) and run.generated[-1] == draft[depth]:
-                run.n_computed += 1  # row depth + 1's input was the real token: keep its KV
-                run.timings.draft_n_accepted += 1
-                assert run.spec is not None
-                run.spec.n_accepted += 1
+                _kept(run)
                 going.append((run, first))
             elif draft:
                 _end(core, run, depth, running)
         live = going
         depth += 1
+
+
+def _plain_greedy(run: Run) -> bool:
+    """Greedy with nothing that depends on the tokens before a row (no penalties, bias,
+    probabilities or grammar): every row's token is its argmax, all found at once."""
+    return run.sampler is not None and run.sampler.plain_greedy and run.constraint is None
+
+
+def _verify_greedy(core: EngineCore, entries: list[tuple[Run, int]], logits: torch.Tensor) -> None:
+    """The same verification for plain greedy runs, with one argmax over every row."""
+    best = fast_argmax(logits.contiguous()).tolist()  # [S] each row's token
+    for run, first in entries:
+        draft, depth = run.draft, 0
+        while True:
+            core._accept(run, best[first + depth], None)
+            running = _running(core, run)
+            if not (running and depth < len(draft) and run.generated[-1] == draft[depth]):
+                break
+            _kept(run)
+            depth += 1
+        _end(core, run, depth, running)
+
+
+def _running(core: EngineCore, run: Run) -> bool:
+    return core.scheduler.slots[run.slot].run is run
+
+
+def _kept(run: Run) -> None:
+    """The draft token at the current depth was the target's: its row's KV is kept."""
+    run.n_computed += 1
+    run.timings.draft_n_accepted += 1
+    assert run.spec is not None
+    run.spec.n_accepted += 1
 
 
 def _end(core: EngineCore, run: Run, accepted: int, running: bool) -> None:

@@ -132,6 +132,7 @@ def drafted(evs: list[list[Event]]) -> tuple[int, int]:
 @pytest.mark.parametrize("mixed", [False, True], ids=["base", "mixed"])
 @pytest.mark.parametrize("kind", list(SPECS))
 def test_greedy_answers_equal_speculation_off(kind: str, mixed: bool, concurrent: bool) -> None:
+    """`ignore_eos` makes the rows go through the sampling chain one depth at a time."""
     todo = asks(mixed)
     off = answers(engine(SpecConfig()), todo, concurrent)
     on = answers(engine(SPECS[kind]), todo, concurrent)
@@ -139,6 +140,21 @@ def test_greedy_answers_equal_speculation_off(kind: str, mixed: bool, concurrent
     n, accepted = drafted(on)
     assert 0 < accepted < n, "drafts must be both accepted and rejected"
     assert drafted(off) == (0, 0)
+
+
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_plain_greedy_answers_equal_speculation_off(kind: str) -> None:
+    """Plain greedy rows (no penalty, bias, probabilities or grammar) are verified with one
+    argmax over the step; end-of-generation tokens end answers as without drafts."""
+    todo = asks(True, SamplingParams(temperature=0.0)) + asks(
+        False, SamplingParams(temperature=0.0)
+    )
+    off = answers(engine(SpecConfig()), todo, True)
+    on = answers(engine(SPECS[kind]), todo, True)
+    assert [tokens(e) for e in on] == [tokens(e) for e in off]
+    assert [e[-1].stop_type for e in on] == [e[-1].stop_type for e in off]
+    n, accepted = drafted(on)
+    assert 0 < accepted < n
 
 
 def test_probabilities_equal_speculation_off() -> None:

@@ -20,7 +20,11 @@ from tests.server_util import tiny_model
 from tests.unit.engine.test_spec import BOTH, MIXES, adapter_dir, run_and_drain, tokens
 
 BS = 4
-GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
+SAMPLINGS = (  # plain greedy (one argmax for a whole draft), and through the sampling chain
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.0, ignore_eos=True),
+    SamplingParams(temperature=0.7, seed=3, repeat_penalty=1.1),
+)
 
 
 def make(spec: SpecConfig, cache_ram_mib: float) -> Engine:
@@ -39,18 +43,17 @@ def reference_engine() -> Engine:
 
 
 @functools.cache
-def reference(prompt: tuple[int, ...], mix: int, n: int) -> tuple[int, ...]:
-    """Greedy tokens of the request alone, speculation and cache off."""
-    ask = _ask(list(prompt), mix, n, cache_prompt=False)
+def reference(prompt: tuple[int, ...], mix: int, n: int, sampling: int) -> tuple[int, ...]:
+    """Tokens of the request alone, speculation and cache off."""
+    ask = _ask(list(prompt), mix, n, cache_prompt=False, sampling=sampling)
     return tuple(tokens(run_and_drain(reference_engine(), [ask])[0]))
 
 
-def _ask(prompt: list[int], mix: int, n: int, cache_prompt: bool) -> dict:
+def _ask(prompt: list[int], mix: int, n: int, cache_prompt: bool, sampling: int) -> dict:
     m = MIXES[mix]
     lora = list(m.items()) if m else None
-    return dict(
-        prompts=[prompt], sampling=GREEDY, max_tokens=n, lora=lora, cache_prompt=cache_prompt
-    )
+    sp = SAMPLINGS[sampling]
+    return dict(prompts=[prompt], sampling=sp, max_tokens=n, lora=lora, cache_prompt=cache_prompt)
 
 
 request = st.tuples(
@@ -59,6 +62,7 @@ request = st.tuples(
     st.integers(0, len(MIXES) - 1),
     st.integers(1, 14),  # n_predict
     st.booleans(),  # cache_prompt
+    st.integers(0, len(SAMPLINGS) - 1),
 )
 
 
@@ -77,16 +81,16 @@ def test_rollback_keeps_block_tables_and_cache_exact(batches, small_budget) -> N
     eng = make(BOTH, 0.02 if small_budget else -1)  # 0.02 MiB: a few blocks, evicting
     n_drafted = 0
     for batch in batches:
-        asks = [_ask([1, *phrase * rep], mix, n, cp) for phrase, rep, mix, n, cp in batch]
+        asks = [_ask([1, *phrase * rep], mix, n, cp, sp) for phrase, rep, mix, n, cp, sp in batch]
         reqs = [eng.submit(**a).requests[0] for a in asks]
         while eng.step() or eng.busy:
             check_tables(eng)
-        for r, (phrase, rep, mix, n, _) in zip(reqs, batch, strict=True):
+        for r, (phrase, rep, mix, n, _, sp) in zip(reqs, batch, strict=True):
             evs = []
             while not r.events.empty():
                 evs.append(r.events.get())
             assert evs[-1].done and evs[-1].error is None
-            assert tuple(tokens(evs)) == reference(tuple([1, *phrase * rep]), mix, n)
+            assert tuple(tokens(evs)) == reference(tuple([1, *phrase * rep]), mix, n, sp)
             n_drafted += evs[-1].timings.draft_n
         check_tables(eng)
         for slot in eng.core.scheduler.slots:
