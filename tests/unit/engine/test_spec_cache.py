@@ -1,10 +1,11 @@
 """KV and prefix-cache invariants under speculative decoding (hypothesis): random batches of
 requests (repetitive prompts over a small alphabet, so drafts are accepted and rejected;
-shared prefixes, adapter mixes, cache on and off, a small cache budget that evicts) run
-with speculation on. After every engine step each running sequence's block table covers
-exactly the tokens whose KV is computed (a rejected draft's blocks went back to the pool),
-and the pool and index invariants hold (`PrefixCache.check`); every answer equals the same
-request alone with speculation and the cache off, so no rejected row's KV was ever reused."""
+shared prefixes, adapter mixes, cache on and off, a small cache budget that evicts; greedy
+plain and through the sampling chain, and seeded) run with speculation on. After every
+engine step each running sequence's block table covers exactly the tokens whose KV is
+computed (a rejected draft's blocks went back to the pool), and the pool and index
+invariants hold (`PrefixCache.check`); every answer equals the same request alone with
+speculation and the cache off, so no rejected row's KV was ever reused."""
 
 from __future__ import annotations
 
