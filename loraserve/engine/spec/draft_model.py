@@ -5,7 +5,8 @@ slot the tokens whose KV it holds. A proposal first feeds the sequence's tokens 
 not seen (its KV is kept up to the longest common prefix with what it saw last, so a rejected
 draft costs nothing to roll back, and a slot's next request reuses the shared prefix), then
 decodes greedily one token at a time, every drafting sequence as a row of one forward per
-position. A sequence stops drafting at its limit, or once the draft model's probability of
+position (a long prompt is read `MAX_CATCH_UP` tokens a step first, without drafting). A
+sequence stops drafting at its limit, or once the draft model's probability of
 its own choice falls below ``p_min`` (llama.cpp's `--spec-draft-p-min`).
 
 `check_vocab` refuses a draft model whose vocabulary differs from the target's, with the
@@ -26,6 +27,7 @@ from loraserve.model.loader import LoadedModel
 VOCAB_MAX_SIZE_DIFFERENCE = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 VOCAB_CHECK_START_TOKEN_ID = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
 BLOCK = 16
+MAX_CATCH_UP = 512  # prompt tokens the draft model reads per step before it drafts
 
 
 class VocabMismatch(ValueError):
@@ -79,13 +81,17 @@ class DraftModel:
     def __call__(self, runs: list[Run], limits: list[int]) -> list[list[int]]:
         """One greedy draft per run, at most its limit (tokens of the target's vocabulary)."""
         out: list[list[int]] = [[] for _ in runs]
+        limits = list(limits)
         live = [i for i, n in enumerate(limits) if n > 0]
         seqs = {i: list(runs[i].tokens) for i in live}  # what each run's next row follows
         items = []
-        for i in live:
+        for i in list(live):
             seq, slot = seqs[i], runs[i].slot
             keep = _common_prefix(self.seen[slot], seq, len(seq) - 1)  # draft KV still valid
-            items.append(self._item(seq, keep, len(seq) - keep, slot))
+            if len(seq) - keep > MAX_CATCH_UP:  # a long prompt: its KV first, a chunk a step
+                seqs[i] = seq[: keep + MAX_CATCH_UP]
+                limits[i] = 0
+            items.append(self._item(seqs[i], keep, len(seqs[i]) - keep, slot))
         while live:
             logits = self.runner.forward(items)  # [len(live), V] float32
             p, tok = torch.softmax(logits, dim=-1).max(dim=-1)  # [len(live)] each
@@ -93,7 +99,7 @@ class DraftModel:
             for row, i in enumerate(live):
                 seq, slot, t = seqs[i], runs[i].slot, int(tok[row])
                 self.seen[slot] = list(seq)  # the draft KV now holds all of seq
-                if float(p[row]) < self.p_min or t >= self.vocab:
+                if limits[i] == 0 or float(p[row]) < self.p_min or t >= self.vocab:
                     continue
                 out[i].append(t)
                 seq.append(t)

@@ -106,6 +106,18 @@ def test_seeded_answers_equal_speculation_off() -> None:
     assert drafted(on)[1] > 0
 
 
+def test_long_prompts_are_read_a_chunk_a_step(monkeypatch) -> None:
+    import loraserve.engine.spec.draft_model as dm
+
+    monkeypatch.setattr(dm, "MAX_CATCH_UP", 5)
+    asks = todo(GREEDY)
+    off = answers(engine(None, SpecConfig()), asks, True)
+    eng = engine(tiny_model())
+    on = answers(eng, asks, True)
+    assert [tokens(e) for e in on] == [tokens(e) for e in off]
+    assert drafted(on)[1] > 0
+
+
 def test_p_min_stops_unsure_drafts() -> None:
     asks = todo(GREEDY)
     sure = drafted(
