@@ -241,6 +241,18 @@ def test_ngram_mod_pools_never_mix_cache_keys() -> None:
         assert pool.table and {(*g, nxt) for g, nxt in pool.table.items()} <= grams
 
 
+def test_unloading_an_adapter_drops_its_pools() -> None:
+    eng = engine(MOD)
+    run_and_drain(eng, [a for a in asks(True)[:3]])  # base, adapter 0, adapter 1
+    keys = set(eng.core.spec.mod.pools)
+    assert len(keys) == 3
+    cid = eng.core.adapters.get(0).content_id
+    eng.unload_adapter(0).result()
+    left = set(eng.core.spec.mod.pools)
+    (dropped,) = keys - left
+    assert left < keys and cid in dict(dropped)
+
+
 def _decoding_run(tokens_: list[int]) -> Run:
     run = Run(
         req=Request(prompt=tokens_, sampling=GREEDY, max_tokens=-1),
