@@ -36,6 +36,11 @@ def check_files(cfg: ServerConfig) -> None:
     from loraserve.lora.preflight import PreflightError, preflight
     from loraserve.model.default import INSTALL_HINT
 
+    if cfg.spec.draft_model:  # -md: its header too (its vocabulary is checked at load)
+        try:
+            preflight(Path(cfg.spec.draft_model).expanduser(), [])
+        except PreflightError as e:
+            raise StartupError(f"draft model: {e}") from None
     if cfg.model is None:
         if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
             raise StartupError(" ".join(INSTALL_HINT.split()))

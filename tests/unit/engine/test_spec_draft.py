@@ -151,3 +151,15 @@ def test_the_server_refuses_a_mismatched_draft_at_start() -> None:
     with pytest.raises(RuntimeError, match="its vocabulary differs .*token 300"):
         with serve_in_thread(args):
             pass
+
+
+def test_a_missing_or_broken_draft_is_refused_before_anything_loads(tmp_path) -> None:
+    from loraserve.server.args import parse_server_args
+    from loraserve.server.startup import StartupError, check_files
+
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf")
+    for path, needle in ((tmp_path / "none.gguf", "not found"), (bad, "not a GGUF file")):
+        cfg = parse_server_args(["-m", str(tiny_model_path()), "-md", str(path)])
+        with pytest.raises(StartupError, match=f"draft model: .*{needle}"):
+            check_files(cfg)
