@@ -9,6 +9,7 @@ through `output`.
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 from loraserve.engine.request import Submission
@@ -158,7 +159,11 @@ def settings(state: ServerState, params: _GenerationParams, mix: Mix) -> dict:
         ).split()
     }
     out["max_tokens"] = params.n_predict
-    out["logit_bias"] = [[t, b] for t, b in params.logit_bias]
+    # llama-server's shape; ignore_eos shows as a -inf bias (null) on every end-of-generation token
+    bias = list(params.logit_bias)
+    if params.ignore_eos:
+        bias += [(t, -math.inf) for t in sorted(state.require().eog_ids)]
+    out["logit_bias"] = [{"bias": b, "token": t} for t, b in bias]
     out["n_ctx"] = state.require().n_ctx_slot
     out["lora"] = [{"id": i, "scale": s} for i, s in sorted(mix.scales.items())]
     spec = state.cfg.spec

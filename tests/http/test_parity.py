@@ -150,3 +150,10 @@ def test_sleep_after_idle_seconds(srv) -> None:
     with serve_in_thread(ARGS) as s:
         time.sleep(1.2)
         assert s.client.get("/props").json()["is_sleeping"] is False
+
+
+def test_generation_settings_logit_bias_as_llama_server(srv) -> None:
+    settings = complete(srv, n_predict=1, ignore_eos=True)["generation_settings"]
+    assert settings["logit_bias"] and all(e["bias"] is None for e in settings["logit_bias"])
+    settings = complete(srv, n_predict=1, ignore_eos=False, logit_bias=[[5, 1.5]])
+    assert settings["generation_settings"]["logit_bias"] == [{"bias": 1.5, "token": 5}]
