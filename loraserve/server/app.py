@@ -28,7 +28,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraserve import __version__
 from loraserve.model.loader import LoadedModel
-from loraserve.server import admin, completion, embeddings, lora_api, metrics, oai, webui
+from loraserve.server import (
+    admin,
+    completion,
+    embeddings,
+    lora_api,
+    metrics,
+    oai,
+    token_count,
+    webui,
+)
 from loraserve.server.args import ServerConfig
 from loraserve.server.auth import ApiKeyMiddleware
 from loraserve.server.cors import CorsMiddleware, cors_policy
@@ -121,7 +130,7 @@ def create_app(
         app.add_middleware(ApiKeyMiddleware, keys=cfg.api_keys)
     app.add_middleware(SleepMiddleware, watch=app.state.sleep)
     app.add_middleware(CorsMiddleware, policy=cors_policy(cfg))  # outermost: preflights
-    for module in (completion, oai, admin, lora_api, metrics, embeddings, webui):
+    for module in (completion, oai, admin, lora_api, metrics, embeddings, token_count, webui):
         app.include_router(module.router)
     return app
 

@@ -141,7 +141,7 @@ async def completions(request: HttpRequest) -> Response:
     body = {**head, "choices": choices, "usage": usage(outs, params.n)}
     if len(outs) == 1:
         body["timings"] = outs[0].timings()
-        if state.cfg.verbose:  # as llama-server: the native result too
+        if state.cfg.verbose or params.verbose:  # as llama-server: the native result too
             body["__verbose"] = final_result(state, outs[0], params, flight.mix, 0, outs[0].text)
     return JsonResponse(body)
 
@@ -220,7 +220,7 @@ async def chat_completions(request: HttpRequest) -> Response:
     ]
     out = outs[0]
     body = {**head, "choices": choices, "usage": usage(outs, params.n), "timings": out.timings()}
-    if state.cfg.verbose:  # as llama-server: the native result too
+    if state.cfg.verbose or params.verbose:  # as llama-server: the native result too
         body["__verbose"] = final_result(state, out, params, flight.mix, 0, out.text)
     return JsonResponse(body)
 

@@ -145,6 +145,7 @@ class _GenerationParams(_Body):
     grammar: str | None = None
     json_schema: Annotated[Any, PlainValidator(_schema)] = None
     response_format: dict[str, Any] | None = None
+    verbose: bool = False  # `__verbose` in OpenAI answers (as `-v` does for all)
     lora: Annotated[list[LoraScaleItem], AfterValidator(_check_unique_ids)] | None = None
     n: int = Field(1, ge=1, le=INT32_MAX, validation_alias=AliasChoices("n", "n_cmpl"))
     # speculative decoding (`server/spec_flags.py`), llama-server's dotted names

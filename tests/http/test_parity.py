@@ -111,6 +111,19 @@ def test_verbose_adds_the_native_result(srv) -> None:
     assert res["__verbose"]["tokens_predicted"] <= 2
     with serve_in_thread(ARGS) as quiet:
         assert "__verbose" not in quiet.client.post("/v1/chat/completions", json=body).json()
+        asked = quiet.client.post("/v1/chat/completions", json={**body, "verbose": True}).json()
+        assert "hi" in asked["__verbose"]["prompt"]
+
+
+def test_chat_input_tokens_count_the_rendered_prompt(srv) -> None:
+    body = {"messages": [{"role": "system", "content": "Book"}, {"role": "user", "content": "hi"}]}
+    for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
+        res = srv.client.post(path, json=body).json()
+        assert res["object"] == "response.input_tokens"
+        chat = srv.client.post("/v1/chat/completions", json={**body, "max_tokens": 1}).json()
+        assert res["input_tokens"] == chat["usage"]["prompt_tokens"]
+    r = srv.client.post("/chat/completions/input_tokens", json={"messages": []})
+    assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
 
 
 def test_chat_stream_starts_with_a_role_only_chunk(srv) -> None:
