@@ -57,13 +57,57 @@ int ls_fmatmul(int type, const uint8_t *w, int64_t N, int64_t K, int64_t ldw_byt
     return 0;
 }
 
+// y[lo..hi) += B h with B [N, r] (row stride r), one dot_f per output; bt (may be NULL):
+// the same B transposed, [r, N], which lets 8 outputs run as the 8 lanes of one vector with,
+// per output, exactly dot_f's operations (lane-i products fused-accumulated over the rank,
+// hsum8's tree over the 8 partial sums, then the tail): the same bits, ~3x fewer ops.
+static void lora_b(const float *b, const float *bt, int64_t r, int64_t N, const float *h,
+                   float *y, int64_t lo, int64_t hi) {
+    int64_t o = lo;
+#if defined(__AVX2__)
+    if (bt != NULL) {
+        const int64_t r8 = r / 8 * 8;
+        for (; o + 8 <= hi; o += 8) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0,
+                   a6 = a0, a7 = a0;
+#define LS_LANE(i, acc) \
+    acc = madd8(_mm256_loadu_ps(bt + (j + (i)) * N + o), _mm256_broadcast_ss(h + j + (i)), acc)
+            for (int64_t j = 0; j < r8; j += 8) {
+                LS_LANE(0, a0);
+                LS_LANE(1, a1);
+                LS_LANE(2, a2);
+                LS_LANE(3, a3);
+                LS_LANE(4, a4);
+                LS_LANE(5, a5);
+                LS_LANE(6, a6);
+                LS_LANE(7, a7);
+            }
+#undef LS_LANE
+            // hsum8: (v_i + v_{i+4}), then (0 + 2) and (1 + 3), then their sum
+            __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a4), _mm256_add_ps(a2, a6)),
+                                       _mm256_add_ps(_mm256_add_ps(a1, a5), _mm256_add_ps(a3, a7)));
+            for (int64_t k = r8; k < r; k++)
+                sum = _mm256_add_ps(sum, _mm256_mul_ps(_mm256_loadu_ps(bt + k * N + o),
+                                                       _mm256_broadcast_ss(h + k)));
+            _mm256_storeu_ps(y + o, _mm256_add_ps(_mm256_loadu_ps(y + o), sum));
+        }
+    }
+#else
+    (void)bt;
+    (void)N;
+#endif
+    for (; o < hi; o++) y[o] += dot_f(b + o * r, h, r);
+}
+
 // y[t] += sum over adapters a (in order) of B_a (s[a, t] * (A_a x[t])), skipping rows whose
 // scale for a is 0. x [T, K] (row stride ldx), y [T, N] (row stride ldy); A_a [r_a, K] and
-// B_a [N, r_a] contiguous float32; s [n_ad, T]. h = A_a x[t] is scaled then multiplied by
-// B_a exactly as fmatmul would (the same dot_f), so this equals the per-adapter products.
-int ls_lora(int n_ad, const float *const *as, const float *const *bs, const int64_t *ranks,
-            const float *s, const float *x, int64_t ldx, int64_t T, int64_t K, float *y,
-            int64_t ldy, int64_t N, int nthreads) {
+// B_a [N, r_a] contiguous float32; s [n_ad, T]; bts NULL, or per adapter B_a transposed
+// [r_a, N] (or NULL), a faster route to the same bits. h = A_a x[t] is scaled then
+// multiplied by B_a exactly as fmatmul would (dot_f's operations), so this equals the
+// per-adapter products.
+int ls_lora(int n_ad, const float *const *as, const float *const *bs, const float *const *bts,
+            const int64_t *ranks, const float *s, const float *x, int64_t ldx, int64_t T,
+            int64_t K, float *y, int64_t ldy, int64_t N, int nthreads) {
     int64_t rmax = 1;
     for (int a = 0; a < n_ad; a++) rmax = ranks[a] > rmax ? ranks[a] : rmax;
     int64_t work = 0;
@@ -84,8 +128,8 @@ int ls_lora(int n_ad, const float *const *as, const float *const *bs, const int6
                     if (sc == 0.0f) continue;
                     for (int64_t r = 0; r < ranks[a]; r++)
                         h[r] = dot_f(as[a] + r * K, x + t * ldx, K) * sc;
-                    for (int64_t o = lo; o < hi; o++)
-                        y[t * ldy + o] += dot_f(bs[a] + o * ranks[a], h, ranks[a]);
+                    lora_b(bs[a], bts != NULL ? bts[a] : NULL, ranks[a], N, h, y + t * ldy, lo,
+                           hi);
                 }
             }
         free(h);

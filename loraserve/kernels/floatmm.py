@@ -14,7 +14,7 @@ from loraserve.cbuild import bind
 _P, _I, _CI = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES = {
     "ls_fmatmul": ([_CI, _P, _I, _I, _I, _P, _I, _I, _P, _I, _CI], _CI),
-    "ls_lora": ([_CI, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _I, _CI], _CI),
+    "ls_lora": ([_CI, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _I, _CI], _CI),
 }
 _flib: ctypes.CDLL | None = None
 _floaded = False
@@ -89,7 +89,7 @@ def lora_delta(
     bs_ = (ctypes.c_void_p * n)(*[b.data_ptr() for _, b in pairs])
     ranks = (ctypes.c_int64 * n)(*[a.shape[0] for a, _ in pairs])
     scales = scales.contiguous()
-    rc = lib.ls_lora(n, as_, bs_, ranks, scales.data_ptr(), x.data_ptr(), x.stride(0), t,
+    rc = lib.ls_lora(n, as_, bs_, None, ranks, scales.data_ptr(), x.data_ptr(), x.stride(0), t,
                      x.shape[1], y.data_ptr(), y.stride(0), y.shape[1],
                      torch.get_num_threads())  # fmt: skip
     if rc != 0:

@@ -28,9 +28,9 @@ int ls_attention(const float *q, int64_t ldq, const float *k_cache, const float 
                  float *out, int64_t T, int64_t H, int64_t Hkv, int64_t D, int nthreads);
 void ls_gated_act(const float *g, const float *u, int64_t T, int64_t F, int64_t ld, int act,
                   float *out, int nthreads);
-int ls_lora(int n_ad, const float *const *as, const float *const *bs, const int64_t *ranks,
-            const float *s, const float *x, int64_t ldx, int64_t T, int64_t K, float *y,
-            int64_t ldy, int64_t N, int nthreads);
+int ls_lora(int n_ad, const float *const *as, const float *const *bs, const float *const *bts,
+            const int64_t *ranks, const float *s, const float *x, int64_t ldx, int64_t T,
+            int64_t K, float *y, int64_t ldy, int64_t N, int nthreads);
 
 // One projection: up to 8 quantized matrices of one input side by side (q|k|v, gate|up).
 typedef struct {
@@ -64,6 +64,7 @@ typedef struct {
     const float *a, *b;  // A [rank, in], B [out, rank] float32 contiguous
     int64_t rank;
     float factor;  // multiplies the user scale
+    const float *bt;  // B transposed [rank, out] (ls_lora's faster route, the same bits)
 } ls_lora_w;
 
 // The step's adapters (ascending id, as LoraBatch orders them): table [n_active, T] each
@@ -102,9 +103,10 @@ static int proj(const ls_proj_t *p, const float *x, int64_t K, int64_t T, float 
     if (rc != 0 || lo == NULL || lo->n_active == 0) return rc;
     const float **as = malloc(sizeof(float *) * (size_t)lo->n_active);
     const float **bs = malloc(sizeof(float *) * (size_t)lo->n_active);
+    const float **bts = malloc(sizeof(float *) * (size_t)lo->n_active);
     int64_t *ranks = malloc(sizeof(int64_t) * (size_t)lo->n_active);
     float *sc = malloc(sizeof(float) * (size_t)(lo->n_active * T));
-    if (!as || !bs || !ranks || !sc) rc = -2;
+    if (!as || !bs || !bts || !ranks || !sc) rc = -2;
     for (int k = 0; k < p->nparts && rc == 0; k++) {
         int n = 0;
         for (int j = 0; j < lo->n_active; j++) {
@@ -112,16 +114,18 @@ static int proj(const ls_proj_t *p, const float *x, int64_t K, int64_t T, float 
             if (w->a == NULL) continue;
             as[n] = w->a;
             bs[n] = w->b;
+            bts[n] = w->bt;
             ranks[n] = w->rank;
             for (int64_t t = 0; t < T; t++) sc[n * T + t] = lo->table[j * T + t] * w->factor;
             n++;
         }
         if (n > 0)
-            rc = ls_lora(n, as, bs, ranks, sc, x, K, T, K, y + p->cols[k], p->n_out, p->ns[k],
-                         nthreads);
+            rc = ls_lora(n, as, bs, bts, ranks, sc, x, K, T, K, y + p->cols[k], p->n_out,
+                         p->ns[k], nthreads);
     }
     free(as);
     free(bs);
+    free(bts);
     free(ranks);
     free(sc);
     return rc;

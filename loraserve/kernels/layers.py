@@ -40,7 +40,7 @@ class _Model(ctypes.Structure):
 
 
 class _LoraW(ctypes.Structure):
-    _fields_ = [("a", _P), ("b", _P), ("rank", _I), ("factor", _F)]
+    _fields_ = [("a", _P), ("b", _P), ("rank", _I), ("factor", _F), ("bt", _P)]
 
 
 class _Lora(ctypes.Structure):
@@ -144,8 +144,10 @@ class FusedLayers:
                 if slot is None:
                     continue
                 a, b = w.a.float().contiguous(), w.b.float().contiguous()
-                keep += [a, b]
-                arr[slot] = _LoraW(a.data_ptr(), b.data_ptr(), a.shape[0], float(w.factor))
+                bt = b.t().contiguous()  # [r, out]: ls_lora's faster route, the same bits
+                keep += [a, b, bt]
+                arr[slot] = _LoraW(a.data_ptr(), b.data_ptr(), a.shape[0], float(w.factor),
+                                   bt.data_ptr())  # fmt: skip
             self._adapters[key] = (arr, keep)
         return self._adapters[key][0]
 

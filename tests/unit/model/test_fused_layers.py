@@ -118,3 +118,36 @@ def test_gated_activation_matches_float64_and_is_row_independent(act: str) -> No
         assert torch.equal(gated_act(gate[r : r + 1], up[r : r + 1], act)[0], y[r])
     bad = gated_act(torch.tensor([[float("nan"), 1.0]]), torch.ones(1, 2), act)
     assert bad[0, 0].isnan() and bad[0, 1].isfinite()
+
+
+@needs_c
+@pytest.mark.parametrize("rank", [3, 8, 16, 21])
+def test_transposed_lora_route_gives_the_same_bits(rank: int) -> None:
+    """ls_lora's route through B transposed (8 outputs as one vector, what the fused layers
+    use) equals its one-dot-per-output route bitwise, for ranks around the vector width and
+    an output count that leaves a tail."""
+    import ctypes
+
+    from loraserve.kernels.floatmm import _cf
+
+    lib = _cf()
+    g = torch.Generator().manual_seed(rank)
+    t, k, n = 5, 72, 203
+    x = torch.randn(t, k, generator=g)
+    a = [torch.randn(rank, k, generator=g), torch.randn(rank + 2, k, generator=g)]
+    b = [torch.randn(n, rank, generator=g), torch.randn(n, rank + 2, generator=g)]
+    bt = [m.t().contiguous() for m in b]
+    s = torch.randn(2, t, generator=g)
+    s[1, 2] = 0.0  # a row without the second adapter
+    ptrs = ctypes.c_void_p * 2
+
+    def run(with_bt: bool) -> torch.Tensor:
+        y = torch.randn(t, n, generator=torch.Generator().manual_seed(0))
+        rc = lib.ls_lora(2, ptrs(*[m.data_ptr() for m in a]), ptrs(*[m.data_ptr() for m in b]),
+                         ptrs(*[m.data_ptr() for m in bt]) if with_bt else None,
+                         (ctypes.c_int64 * 2)(rank, rank + 2), s.data_ptr(), x.data_ptr(), k, t,
+                         k, y.data_ptr(), n, n, 2)  # fmt: skip
+        assert rc == 0
+        return y
+
+    assert torch.equal(run(True), run(False))
