@@ -28,18 +28,6 @@ static inline int k_has_min(int type) {
     return type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
 }
 
-// the 6-bit scales (sc[0..7]) and mins (m[0..7]) of a Q4_K/Q5_K super-block, as ggml packs
-static inline void k_scale_bytes(const uint8_t *q, uint8_t *sc, uint8_t *m) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = q[j] & 63;
-        m[j] = q[j + 4] & 63;
-    }
-    for (int j = 4; j < 8; j++) {
-        sc[j] = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        m[j] = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
-}
-
 // Fills p for one row of K values (K a multiple of 256); unpack: also its int8 values.
 static void k_prepare(int type, const uint8_t *r, int64_t K, kprep_t *p, int unpack,
                       float *fs, float *fm) {
@@ -72,8 +60,9 @@ static void k_prepare(int type, const uint8_t *r, int64_t K, kprep_t *p, int unp
         }
         case T_Q4_K: case T_Q5_K: {
             const uint8_t *x = r + (type == T_Q4_K ? 144 : 176) * b;
-            uint8_t s8[8], m8[8];
-            k_scale_bytes(x + 4, s8, m8);
+            uint32_t u[4];
+            k_scale_words(x + 4, u);
+            const uint8_t *s8 = (const uint8_t *)u, *m8 = s8 + 8;
             p->d[b] = half_to_float(x);
             p->dm[b] = half_to_float(x + 2);
             for (int j = 0; j < 8; j++) {
@@ -165,15 +154,8 @@ static inline __attribute__((always_inline)) void kdot(
     } while (0)
         if (type == T_Q4_K) {  // everything from the block, on the fly
             const uint8_t *blk = row + 144 * b;
-            // k_scale_bytes on 32-bit words: u[0..1] the 8 scales, u[2..3] the 8 mins
-            uint32_t u[4];
-            memcpy(u, blk + 4, 12);
-            const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
-            u[3] = ((u[2] >> 4) & m2) | (((u[1] >> 6) & m3) << 4);
-            const uint32_t mins_lo = u[1] & m1;
-            u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
-            u[2] = mins_lo;
-            u[0] &= m1;
+            uint32_t u[4];  // bytes of u[0..1]: the 8 scales, of u[2..3]: the 8 mins
+            k_scale_words(blk + 4, u);
             d = half_to_float(blk);
             dm = half_to_float(blk + 2);
             const __m256i scv = _mm256_broadcastsi128_si256(

@@ -130,11 +130,10 @@ static void unpack_q3_k(const uint8_t *r, int64_t K, int8_t *q, float *s, float 
     }
 }
 
-// Q4_K / Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins packed in 12 bytes
-static void k_scales(const uint8_t *sb, float d, float dmin, float *s, float *mn) {
-    // the 12 bytes as ggml packs them: bytes of u[0..1] become the 8 scales, of u[2..3] the
-    // 8 mins (6 bits each); this runs once per 256 values of a row, so it is kept short
-    uint32_t u[4];
+// Q4_K / Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins packed in 12 bytes, as ggml
+// packs them; unpacked on 32-bit words, so that the bytes of u[0..1] are the 8 scales and
+// those of u[2..3] the 8 mins (this runs once per 256 values of a row: kept short)
+static inline void k_scale_words(const uint8_t *sb, uint32_t u[4]) {
     memcpy(u, sb, 12);
     const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
     u[3] = ((u[2] >> 4) & m2) | (((u[1] >> 6) & m3) << 4);
@@ -142,6 +141,12 @@ static void k_scales(const uint8_t *sb, float d, float dmin, float *s, float *mn
     u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
     u[2] = mins_lo;
     u[0] &= m1;
+}
+
+// the float scales d * sc and offsets -(dmin * m) per 16 values of one super-block
+static void k_scales(const uint8_t *sb, float d, float dmin, float *s, float *mn) {
+    uint32_t u[4];
+    k_scale_words(sb, u);
 #if defined(__AVX2__)
     __m256 vs = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
                                  _mm_set_epi32(0, 0, (int)u[1], (int)u[0]))));
@@ -228,27 +233,11 @@ static inline unpack_fn unpacker(int type, int *has_min) {
 
 // ---- direct decoding: the common types are read from the file's blocks in SIMD -----------
 
-// Scales (per 16 values) and offsets of one row of a directly decoded type.
+// Scales (per 16 values) of one row of a directly decoded legacy type (Q8_0, Q4_0, Q5_0).
 static inline void row_scales(int type, const uint8_t *r, int64_t K, float *s, float *mn) {
-    const int64_t nc = K / 32;
-    switch (type) {
-    case T_Q8_0: case T_Q4_0: case T_Q5_0: {
-        const int size = type == T_Q8_0 ? 34 : type == T_Q4_0 ? 18 : 22;
-        for (int64_t c = 0; c < nc; c++) s[2 * c] = s[2 * c + 1] = half_to_float(r + size * c);
-        break;
-    }
-    case T_Q4_K:
-        for (int64_t b = 0; b < K / 256; b++)
-            k_scales(r + 144 * b + 4, half_to_float(r + 144 * b), half_to_float(r + 144 * b + 2),
-                     s + 16 * b, mn + 16 * b);
-        break;
-    case T_Q6_K:
-        for (int64_t b = 0; b < K / 256; b++) {
-            float d = half_to_float(r + 210 * b + 208);
-            for (int j = 0; j < 16; j++) s[16 * b + j] = d * (float)(int8_t)r[210 * b + 192 + j];
-        }
-        break;
-    }
+    (void)mn;  // the directly decoded legacy types have no offsets
+    const int size = type == T_Q8_0 ? 34 : type == T_Q4_0 ? 18 : 22;
+    for (int64_t c = 0; c < K / 32; c++) s[2 * c] = s[2 * c + 1] = half_to_float(r + size * c);
 }
 
 #if defined(__AVX2__)

@@ -12,7 +12,7 @@
 #define T_BUF (-1)  // values from the unpack buffer
 // types whose scale is one per 32 values (both halves of a chunk equal): the scale vector
 // is one broadcast (the same numbers as the two-half form, fewer instructions)
-#define UNIFORM(t) ((t) == T_Q8_0 || (t) == T_Q4_0 || (t) == T_Q5_0 || (t) == T_Q4_K)
+#define UNIFORM(t) ((t) == T_Q8_0 || (t) == T_Q4_0 || (t) == T_Q5_0)
 
 #if defined(__AVX2__)
 // The 32 int8 values of chunk c of a row (the same numbers the unpack functions write).
@@ -40,12 +40,6 @@ static inline __attribute__((always_inline)) __m256i chunk_values(int type, cons
                                  _mm256_set1_epi64x(-1));
         // (nibble | bit << 4) - 16: the nibble where the bit is set, nibble - 16 elsewhere
         return _mm256_or_si256(v, _mm256_andnot_si256(bits, _mm256_set1_epi8((char)0xF0)));
-    }
-    case T_Q4_K: {
-        const int64_t j = c % 8;
-        __m256i v = _mm256_loadu_si256((const __m256i *)(r + 144 * (c / 8) + 16 + (j / 2) * 32));
-        if (j & 1) v = _mm256_srli_epi16(v, 4);
-        return _mm256_and_si256(v, lo4);
     }
     case T_Q6_K: {
         const int64_t j = c % 8, h = j / 4, jj = j % 4;

@@ -21,7 +21,6 @@ from loraserve.engine import slot_io
 from loraserve.engine.views import SlotView
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.body import body_doc, read_body
-from loraserve.server.chat_template import render_prompt
 from loraserve.server.errors import (
     JsonResponse,
     invalid_request,
@@ -30,6 +29,7 @@ from loraserve.server.errors import (
     unavailable,
 )
 from loraserve.server.flight import wait
+from loraserve.server.generation import chat_prompt
 from loraserve.server.schemas import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest
 from loraserve.server.state import ServerState, get_state
 
@@ -251,14 +251,5 @@ async def apply_template(request: HttpRequest) -> Response:
     state = get_state(request)
     state.require()
     body = await read_body(request, ApplyTemplateRequest)
-    tok = state.require().tokenizer
-    prompt = await asyncio.to_thread(
-        render_prompt,
-        state.template(),
-        tok,
-        body.messages,
-        body.add_generation_prompt,
-        state.cfg.chat_template_kwargs,
-        body.chat_template_kwargs,
-    )
+    prompt = await asyncio.to_thread(chat_prompt, state, body)
     return JsonResponse({"prompt": prompt})

@@ -16,6 +16,7 @@ from loraserve.engine.request import Submission
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.lora.registry import Mix, UnknownModelName
 from loraserve.model.tokenizer import Tokenizer
+from loraserve.server.chat_template import render_prompt
 from loraserve.server.errors import exceed_context_size, invalid_request, not_found
 from loraserve.server.flight import Flight, wait
 from loraserve.server.grammar import request_grammar
@@ -54,6 +55,20 @@ async def tokenize_prompts(state: ServerState, prompts: list[Prompt]) -> list[li
 
     size = sum(len(p) if isinstance(p, str) else len(p) * 8 for p in prompts)
     return await asyncio.to_thread(run) if size > BIG_PROMPT_CHARS else run()
+
+
+def chat_prompt(state: ServerState, body: Any) -> str:
+    """A chat request's prompt: ``body``'s ``messages`` rendered by the server's template
+    with ``add_generation_prompt`` and the server's template kwargs updated by the
+    request's ``chat_template_kwargs`` (chat completions, /apply-template, token counts)."""
+    return render_prompt(
+        state.template(),
+        state.require().tokenizer,
+        body.messages,
+        body.add_generation_prompt,
+        state.cfg.chat_template_kwargs,
+        body.chat_template_kwargs,
+    )
 
 
 def check_tokens(state: ServerState, ids: list[int], where: str) -> None:

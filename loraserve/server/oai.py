@@ -21,11 +21,10 @@ from loraserve import __version__
 from loraserve.engine.request import Event
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.body import body_doc, read_body
-from loraserve.server.chat_template import render_prompt
-from loraserve.server.completion import final_result
 from loraserve.server.errors import JsonResponse
 from loraserve.server.flight import wait
-from loraserve.server.generation import submit, tokenize_prompts
+from loraserve.server.generation import chat_prompt, submit, tokenize_prompts
+from loraserve.server.native import final_result
 from loraserve.server.output import Output, collect, logprob, stream, token_prob
 from loraserve.server.schemas import OAIChatRequest, OAICompletionRequest
 from loraserve.server.state import get_state
@@ -154,19 +153,7 @@ async def chat_completions(request: HttpRequest) -> Response:
     tok = state.require().tokenizer
     params = await read_body(request, OAIChatRequest)
     params = params.with_defaults(state.cfg.request_defaults())
-    prompts = await tokenize_prompts(
-        state,
-        [
-            render_prompt(
-                state.template(),
-                tok,
-                params.messages,
-                params.add_generation_prompt,
-                state.cfg.chat_template_kwargs,
-                params.chat_template_kwargs,
-            )
-        ],
-    )
+    prompts = await tokenize_prompts(state, [chat_prompt(state, params)])
     flight = await submit(state, prompts, params, adapter_name=params.model)
     head = object_head(
         "chat.completion.chunk" if params.stream else "chat.completion",

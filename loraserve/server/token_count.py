@@ -11,9 +11,8 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from loraserve.server.body import body_doc, read_body
-from loraserve.server.chat_template import render_prompt
 from loraserve.server.errors import JsonResponse
-from loraserve.server.generation import tokenize_prompt
+from loraserve.server.generation import chat_prompt, tokenize_prompt
 from loraserve.server.schemas import OAIChatRequest
 from loraserve.server.state import get_state
 
@@ -29,15 +28,7 @@ async def chat_input_tokens(request: HttpRequest) -> Response:
     params = await read_body(request, OAIChatRequest)
 
     def count() -> int:
-        prompt = render_prompt(
-            state.template(),
-            tok,
-            params.messages,
-            params.add_generation_prompt,
-            state.cfg.chat_template_kwargs,
-            params.chat_template_kwargs,
-        )
-        return len(tokenize_prompt(tok, prompt))
+        return len(tokenize_prompt(tok, chat_prompt(state, params)))
 
     n = await asyncio.to_thread(count)
     return JsonResponse({"input_tokens": n, "object": "response.input_tokens"})

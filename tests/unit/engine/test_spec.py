@@ -20,31 +20,16 @@ from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.engine.request import Event
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.spec.config import SpecConfig, SpecRequest
+from tests.engine_util import ask, tokens
+from tests.engine_util import run_and_drain as _run_and_drain
 from tests.server_util import peft_folder, tiny_model
 
 
-def ask(prompt: list[int], n: int, mix: dict[int, float] | None = None, **kw: Any) -> dict:
-    """`Engine.submit`'s arguments for one prompt (``mix`` None: the global scales, all 0)."""
-    lora = list(mix.items()) if mix else None
-    return dict(prompts=[prompt], max_tokens=n, lora=lora, **kw)
-
-
 def run_and_drain(eng: Engine, todo: list[dict]) -> list[list[Event]]:
-    """Submit all, step until idle, and return each request's events (the last is final)."""
-    reqs = [r for a in todo for r in eng.submit(**a).requests]
-    eng.run_until_idle()
-    out = []
-    for r in reqs:
-        evs = []
-        while not r.events.empty():
-            evs.append(r.events.get())
-        assert evs and evs[-1].done and evs[-1].error is None
-        out.append(evs)
+    """`engine_util.run_and_drain`, every request finished without an error."""
+    out = _run_and_drain(eng, todo)
+    assert all(evs[-1].error is None for evs in out)
     return out
-
-
-def tokens(evs: list[Event]) -> list[int]:
-    return [e.token for e in evs if e.token is not None]
 
 
 SIMPLE = SpecConfig(types=("ngram-simple",), ngram_simple_size_n=2, ngram_simple_size_m=6)
