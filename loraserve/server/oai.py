@@ -9,6 +9,7 @@ built here; submission and output go the same way as /completion's.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -153,7 +154,8 @@ async def chat_completions(request: HttpRequest) -> Response:
     tok = state.require().tokenizer
     params = await read_body(request, OAIChatRequest)
     params = params.with_defaults(state.cfg.request_defaults())
-    prompts = await tokenize_prompts(state, [chat_prompt(state, params)])
+    prompt = await asyncio.to_thread(chat_prompt, state, params)  # Jinja: off the loop
+    prompts = await tokenize_prompts(state, [prompt])
     flight = await submit(state, prompts, params, adapter_name=params.model)
     head = object_head(
         "chat.completion.chunk" if params.stream else "chat.completion",
