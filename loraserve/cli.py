@@ -1,4 +1,5 @@
-"""Command line: `loraserve [serve] [flags]`, `loraserve generate`, `loraserve merge`."""
+"""Command line: `loraserve [serve] [flags]`, `loraserve generate`, `loraserve merge`,
+`loraserve ray` (replicas on Ray Serve: `loraserve.cluster.cli`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import logging
 import sys
 import time
 
-COMMANDS = ("serve", "generate", "merge")
+COMMANDS = ("serve", "generate", "merge", "ray")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,6 +30,10 @@ def main(argv: list[str] | None = None) -> None:
         from loraserve.lora.merge_cli import main as merge_main
 
         merge_main(argv)
+    elif cmd == "ray":
+        from loraserve.cluster.cli import main as ray_main
+
+        ray_main(argv)
     else:
         from loraserve.server.app import serve
         from loraserve.server.args import parse_server_args

@@ -1,0 +1,98 @@
+"""Routing by adapter configuration: a request's routing key is the canonical cache key of
+its effective mix (`RouteTable`, the engine's own `AdapterRegistry.mix` over the replicas'
+adapter table), and `AffinityRouter`, a Ray Serve request router, sends each key to the
+replica that ranks first for it (rendezvous hashing: every router agrees without talking,
+and only the keys of a replica that left move), the next ranks taking the spill-over when
+that replica is saturated (`max_ongoing_requests`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+
+from loraserve.lora.registry import AdapterRegistry
+
+BASE_KEY = "base"  # the routing key of the base model's mix (the empty cache key)
+
+
+@dataclass
+class _Entry:
+    """What the registry's mix needs of an adapter."""
+
+    id: int
+    name: str
+    content_id: str
+
+
+class RouteTable(AdapterRegistry):
+    """The replicas' adapters and global scales, without weights: `key` computes a
+    request's mix exactly as a replica's engine will (`AdapterRegistry.mix`)."""
+
+    def __init__(self, table: list[dict[str, Any]]) -> None:  # no model: mixes only
+        self._adapters = {a["id"]: _Entry(a["id"], a["name"], a["content_id"]) for a in table}
+        self._global = {a["id"]: float(a["scale"]) for a in table}
+        self._next_id = max(self._adapters, default=-1) + 1
+
+    def key(self, body: bytes) -> str:
+        """The routing key of a request body: a digest of its mix's cache key, `BASE_KEY`
+        for the base model, "" when the body names no valid mix (any replica answers the
+        400 it gets)."""
+        try:
+            data = json.loads(body) if body else {}
+            lora = data.get("lora") if isinstance(data, dict) else None
+            items = [(int(x["id"]), float(x["scale"])) for x in lora] if lora else None
+            model = data.get("model") if isinstance(data, dict) else None
+            mix = self.mix(items, model if isinstance(model, str) else None)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return ""
+        if not mix.cache_key:
+            return BASE_KEY
+        return hashlib.sha256(repr(mix.cache_key).encode()).hexdigest()[:16]
+
+
+def rank(key: str, replica_ids: list[str]) -> list[str]:
+    """Replica ids in rendezvous order for ``key`` (highest hash of key and id first)."""
+
+    def weight(rid: str) -> bytes:
+        return hashlib.sha256(f"{key}\x00{rid}".encode()).digest()
+
+    return sorted(replica_ids, key=weight, reverse=True)
+
+
+class AffinityRouter(RequestRouter):
+    """Ray Serve's router for the replica deployment: ``mode="affinity"`` ranks replicas
+    by `rank` of the request's multiplexed model id (its routing key); a request without
+    one, or every request with ``mode="round_robin"``, starts at the next replica in turn."""
+
+    mode = "affinity"
+    _turn = itertools.count()
+
+    def initialize_state(self, mode: str = "affinity", **kwargs: Any) -> None:
+        """Ray Serve passes `request_router_kwargs` here."""
+        if mode not in ("affinity", "round_robin"):
+            raise ValueError(f"routing mode must be affinity or round_robin, got {mode!r}")
+        self.mode = mode
+        self._turn = itertools.count()
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        """One rank per replica, the preferred first: Ray Serve sends the request to the
+        first rank whose replica is below its `max_ongoing_requests`."""
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        key = pending_request.metadata.multiplexed_model_id if pending_request else ""
+        if key and self.mode == "affinity":
+            order = rank(key, list(by_id))
+        else:
+            ids = sorted(by_id)
+            start = next(self._turn) % len(ids) if ids else 0
+            order = ids[start:] + ids[:start]
+        return [[by_id[rid]] for rid in order]
