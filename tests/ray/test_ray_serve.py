@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.ray.conftest import NO_RAY, RayApp, serve_argv
-from tests.server_util import serve_in_thread
+from tests.server_util import concurrently, serve_in_thread
 
 ray = pytest.importorskip("ray.serve", reason=NO_RAY) and pytest.importorskip("ray")
 
@@ -100,6 +100,25 @@ def test_one_mix_lands_on_one_replica_and_both_serve(ray_app: RayApp) -> None:
         if line.startswith("loraserve:requests_finished_total{") and not line.endswith(" 0")
     }
     assert served == set().union(*where.values()), metrics
+
+
+def test_a_saturated_replica_spills_to_the_other(ray_app: RayApp) -> None:
+    body = {
+        "prompt": "spill",
+        "lora": [{"id": 1, "scale": 0.9}],
+        "n_predict": 64,
+        "ignore_eos": True,
+    }
+    where: list[str] = []
+
+    def post(_: int) -> None:
+        with httpx.Client(base_url=str(ray_app.client.base_url), timeout=60) as c:
+            r = c.post("/completion", json=body)
+            assert r.status_code == 200, r.text
+            where.append(r.headers[REPLICA_HEADER])
+
+    concurrently(post, range(10))  # more than one replica's max_ongoing_requests (4)
+    assert len(set(where)) == 2, where
 
 
 def test_global_changes_reach_every_replica_before_the_ack(ray_app: RayApp) -> None:
