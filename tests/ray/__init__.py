@@ -1,0 +1,1 @@
+"""Tests of `loraserve ray` on a local Ray cluster (skipped without Ray Serve)."""
