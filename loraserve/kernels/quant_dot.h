@@ -102,7 +102,7 @@ static inline __attribute__((always_inline)) void dot_rows(
     for (int64_t c = 0; c < nc; c++) {
         __m256i w = chunk_values(type, row, qbuf, c);
         __m256i aw = _mm256_sign_epi8(w, w);
-        __m256 scw = UNIFORM(type) ? _mm256_broadcast_ss(s + 2 * c)
+        __m256 scw = UNIFORM(type) ? _mm256_broadcast_ss(s + c)
                      : R == 1   ? _mm256_set_m128(_mm_set1_ps(s[2 * c + 1]), _mm_set1_ps(s[2 * c]))
                                 : _mm256_loadu_ps(sv + 8 * c);
         LS_ROW(0, a0);
@@ -166,7 +166,7 @@ static inline __attribute__((always_inline)) void dot_cols(
         __m256i w = chunk_values(type, rows[j], qb[j], c);                                    \
         __m256i aw = _mm256_sign_epi8(w, w), sx = _mm256_sign_epi8(xv, w);                    \
         __m256 sc = _mm256_mul_ps(                                                            \
-            UNIFORM(type) ? _mm256_broadcast_ss(s[j] + 2 * c)                                \
+            UNIFORM(type) ? _mm256_broadcast_ss(s[j] + c)                                    \
                           : _mm256_set_m128(_mm_set1_ps(s[j][2 * c + 1]), _mm_set1_ps(s[j][2 * c])), \
             bxd);                                                                             \
         acc = madd8(_mm256_cvtepi32_ps(LS_DOT(aw, sx)), sc, acc);                             \
