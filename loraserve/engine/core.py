@@ -24,7 +24,7 @@ from loraserve.engine.constraint import Constraint, Grammars
 from loraserve.engine.embedding import Pooler
 from loraserve.engine.isolation import forward_isolated, sample_isolated, scrub_kv
 from loraserve.engine.output import TextOutput
-from loraserve.engine.request import Event, Run, StopType
+from loraserve.engine.request import Event, Progress, Run, StopType
 from loraserve.engine.runner import ModelRunner
 from loraserve.engine.sampling.state import SamplerState
 from loraserve.engine.scheduler import Scheduler
@@ -122,6 +122,8 @@ class EngineCore:
             self._outputs[run.req.id] = TextOutput(self.tokenizer, run.req.stop)
             if run.req.grammar is not None:
                 run.constraint = Constraint(self.grammars, run.req.grammar)
+            if run.req.progress:
+                self._progress(run)
         if self.config.spec.enabled:
             self.spec.propose(sched.running, sched.token_budget)
         work = sched.schedule()
@@ -140,15 +142,25 @@ class EngineCore:
         sampling: list[tuple[Run, int]] = []  # (run, its first logits row)
         row = 0
         for i, (run, item) in enumerate(step.done):
+            was_prefilling = run.prefilling
             run.n_computed += item.n - (item.n_logits - 1)  # a draft's rows: once verified
             if run.pooler is not None:
                 self._pool(run, step.hidden[i] if i < len(step.hidden) else None)
-            elif run.n_computed >= run.n_prompt and item.want_logits:
-                sampling.append((run, row))
+            else:
+                if was_prefilling and run.req.progress:
+                    self._progress(run)
+                if run.n_computed >= run.n_prompt and item.want_logits:
+                    sampling.append((run, row))
             row += item.n_logits if item.want_logits else 0
         if sampling:
             verify(self, sampling, step.logits)
         return True
+
+    def _progress(self, run: Run) -> None:
+        """Tell a generation request how far its prompt is (before its first token)."""
+        ms = (time.perf_counter() - run.t_prompt_start) * 1000
+        p = Progress(run.n_prompt, run.n_cached, min(run.n_computed, run.n_prompt), ms)
+        self._emit(run, Event(progress=p))
 
     def _pool(self, run: Run, rows: torch.Tensor | None) -> None:
         """Feed an embedding request's rows; at the end of its prompt, finish it with the

@@ -81,6 +81,7 @@ class Engine:
         spec: SpecRequest | None = None,
         n: int = 1,
         strict_name: bool = False,
+        progress: bool = False,
     ) -> Submission:
         """Queue ``n`` requests per prompt (prompt-major), all under one effective adapter mix.
 
@@ -102,6 +103,8 @@ class Engine:
         With ``grammar`` (llguidance's text, from `compile_grammar`) every token sampled
         is one the grammar allows, and the request stops once the grammar is complete.
         ``spec`` holds the request's `speculative.*` fields (the server's with None).
+        With ``progress``, a generation request also gets prompt-progress events
+        (`Event.progress`, no token) at admission and after each prefill chunk.
         """
         if pooling is not None and not pooling.reuses_cache:
             cache_prompt = False
@@ -122,6 +125,7 @@ class Engine:
                     grammar=grammar,
                     spec=spec,
                     leader=first,
+                    progress=progress,
                 )
                 first = first or req
                 reqs.append(req)

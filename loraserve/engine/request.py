@@ -72,6 +72,26 @@ class Timings:
         }
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Prompt processing so far (llama-server's `prompt_progress`): the prompt's tokens,
+    those reused from the cache, those whose KV is computed (cache included), and the
+    milliseconds since the prompt started."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "total": self.total,
+            "cache": self.cache,
+            "processed": self.processed,
+            "time_ms": round(self.time_ms),
+        }
+
+
 @dataclass
 class Event:
     """One message from the engine to a request's reader.
@@ -97,6 +117,8 @@ class Event:
     n_generated: int = 0
     truncated: bool = False  # generation stopped because the slot's context was full
     embedding: torch.Tensor | None = None  # an embedding request's pooled result
+    progress: Progress | None = None  # a prompt-progress event (no token), when the request
+    # asked (`Request.progress`): at admission and after each prefill chunk
 
 
 @dataclass
@@ -121,6 +143,7 @@ class Request:
     grammar: str | None = None  # constrained generation: llguidance's grammar text
     spec: SpecRequest | None = None  # the request's `speculative.*` fields
     leader: Request | None = None  # same prompt: wait for its prefill and share that KV (`n`)
+    progress: bool = False  # send prompt-progress events (`Event.progress`)
     mix: Mix = field(default=BASE, init=False)
 
     @property

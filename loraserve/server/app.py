@@ -30,11 +30,13 @@ from loraserve import __version__
 from loraserve.model.loader import LoadedModel
 from loraserve.server import (
     admin,
+    anthropic,
     completion,
     embeddings,
     lora_api,
     metrics,
     oai,
+    responses,
     token_count,
     webui,
 )
@@ -43,7 +45,7 @@ from loraserve.server.auth import ApiKeyMiddleware
 from loraserve.server.cors import CorsMiddleware, cors_policy
 from loraserve.server.errors import ApiError, JsonResponse, install_error_handlers
 from loraserve.server.sleep import SleepMiddleware, SleepWatch
-from loraserve.server.startup import StartupError, bind, check_files, load_from_config, start
+from loraserve.server.startup import StartupError, bind_all, check_files, load_from_config, start
 from loraserve.server.state import ServerState
 
 log = logging.getLogger("loraserve.server")
@@ -130,7 +132,8 @@ def create_app(
         app.add_middleware(ApiKeyMiddleware, keys=cfg.api_keys)
     app.add_middleware(SleepMiddleware, watch=app.state.sleep)
     app.add_middleware(CorsMiddleware, policy=cors_policy(cfg))  # outermost: preflights
-    for module in (completion, oai, admin, lora_api, metrics, embeddings, token_count, webui):
+    routes = (completion, oai, anthropic, responses, admin, lora_api, metrics, embeddings)
+    for module in (*routes, token_count, webui):
         app.include_router(module.router)
     return app
 
@@ -166,7 +169,7 @@ def serve(cfg: ServerConfig) -> None:
         log.warning("ignored llama-server flags: %s", " ".join(cfg.ignored))
     try:
         check_files(cfg)
-        sock = bind(cfg.host, cfg.port)
+        socks = bind_all(cfg.host, cfg.port)
     except StartupError as e:
         log.error("cannot start: %s", e)
         sys.exit(1)
@@ -198,7 +201,9 @@ def serve(cfg: ServerConfig) -> None:
             state.loop.call_soon_threadsafe(state.loop.call_later, SHUTDOWN_GRACE_S, abort)
 
     server.on_exit = abort_at_grace_end
-    port = sock.getsockname()[1]
-    log.info("loraserve %s listening on http://%s:%d", __version__, cfg.host, port)
-    server.run(sockets=[sock])
+    port = socks[0].getsockname()[1]
+    for host in cfg.host.split(","):
+        shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        log.info("loraserve %s listening on http://%s:%d", __version__, shown, port)
+    server.run(sockets=socks)
     log.info("stopped")

@@ -71,6 +71,7 @@ class ServerConfig:
     frequency_penalty: float = SamplingParams.frequency_penalty
     seed: int = SamplingParams.seed
     alias: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()  # `--tags`: shown in /v1/models, nothing else
     dtype: str = "auto"
     webui: bool = True
     cors_origins: str = cors.DEFAULT_ORIGINS  # CORS: see `server/cors.py`
@@ -174,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--cache-prompt", action=argparse.BooleanOptionalAction, help=f"request default {d}")
     a("--slot-save-path", metavar="DIR", help="directory for POST /slots/{id}?action=save")
-    a("--host", help=f"listen address {d}")
+    a("--host", help=f"listen addresses, comma-separated {d}")
     a("--port", type=int_in(0, 65535), help=f"listen port {d}")
     a("--api-key", dest="api_keys", action=CsvAppend, metavar="KEY[,KEY]", help="API keys")
     a("--api-key-file", metavar="FILE", help="API keys, one per line, # starts a comment")
@@ -192,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--frequency-penalty", type=float_in(), help=d)
     a("-s", "--seed", type=int_in(-1, 2**32 - 1), help=f"-1 = random {d}")
     a("-a", "--alias", action=CsvAppend, metavar="NAME[,NAME]", help="model names for the API")
+    a("--tags", action=CsvAppend, metavar="TAG[,TAG]", help="model tags in /v1/models")
     a("--slots", action=argparse.BooleanOptionalAction, help=f"GET /slots {d}")
     a("--sleep-idle-seconds", type=int_in(-1), help=f"sleep when idle, -1 = never {d}")
     a("-v", "--verbose", "--log-verbose", action="store_true", help="debug logs, __verbose")
@@ -267,8 +269,9 @@ def parse_server_args(argv: list[str]) -> ServerConfig:
             parser.error(f"argument --lora-dir: not a directory: {d!r}")
     if ns.chat_template is not None and ns.chat_template_file is not None:
         parser.error("argument --chat-template-file: give it or --chat-template, not both")
-    if not ns.host.strip() or "," in ns.host:
-        parser.error(f"argument --host: expected one address, got {ns.host!r}")
+    hosts = [h.strip() for h in ns.host.split(",")]
+    if not all(hosts):
+        parser.error(f"argument --host: expected addresses separated by commas, got {ns.host!r}")
     values = {f.name: getattr(ns, f.name, None) for f in fields(ServerConfig)}
     values.update(
         chat_template=ns.chat_template if ns.chat_template is not None else ns.chat_template_file,
@@ -284,12 +287,13 @@ def parse_server_args(argv: list[str]) -> ServerConfig:
         lora_dirs=tuple(os.path.realpath(d) for d in ns.lora_dirs),
         n_parallel=AUTO_PARALLEL if ns.n_parallel == -1 else ns.n_parallel,
         n_ubatch=min(ns.n_ubatch, ns.n_batch),
-        host=ns.host.strip(),
+        host=",".join(dict.fromkeys(hosts)),
         api_keys=tuple(dict.fromkeys(api_keys)),
         n_threads=ns.n_threads if ns.n_threads > 0 else -1,
         temperature=max(ns.temperature, 0.0),
         seed=-1 if ns.seed == 2**32 - 1 else ns.seed,
-        alias=tuple(dict.fromkeys(ns.alias)),
+        alias=tuple(sorted(set(ns.alias))),  # llama-server's std::set: the first is the name
+        tags=tuple(sorted(set(ns.tags))),
         embedding=ns.embedding or ns.reranking,
         ignored=tuple(ns.ignored),
         spec=spec_flags.config(ns, parser),

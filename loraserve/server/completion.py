@@ -51,7 +51,7 @@ def partial_result(
     res: dict[str, Any] = {
         "index": index,
         "content": ev.text,
-        "tokens": [ev.token],
+        "tokens": [] if ev.token is None else [ev.token],
         "stop": False,
         "id_slot": -1,
         "tokens_predicted": len(out.tokens),
@@ -81,7 +81,15 @@ async def completion(request: HttpRequest) -> Response:
             if ev.done:
                 res = final_result(state, out, params, flight.mix, i, ev.text)
                 return pick_fields(res, params.response_fields)
-            return partial_result(state, out, params, i, ev) if ev.token is not None else None
+            if ev.progress is not None and params.return_progress:
+                res = partial_result(state, out, params, i, ev)
+                return {**res, "prompt_progress": ev.progress.as_dict()}
+            if ev.token is None:
+                return None
+            res = partial_result(state, out, params, i, ev)
+            if params.timings_per_token:
+                res["timings"] = out.partial_timings()
+            return res
 
         return stream(flight, chunk)
     outs = await collect(flight, request)

@@ -8,6 +8,7 @@ element (`[2]: expected a token id ...`); the handlers turn that into a 400.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -65,8 +66,10 @@ def parse_stop(v: Any) -> list[str]:
     return words
 
 
-def parse_logit_bias(v: Any) -> list[tuple[int, float]]:
-    """llama.cpp's two forms: [[id, bias], ...] and {"id": bias}; bias false bans (-inf)."""
+def parse_logit_bias(v: Any) -> list[tuple[int | str, float]]:
+    """llama.cpp's two forms: [[id, bias], ...] and {"id": bias}; bias false bans (-inf).
+    A token may be given by its text (a string, or a key that is not a number): the bias
+    applies to every token the text tokenizes to (`generation.logit_bias`)."""
     if isinstance(v, dict):
         pairs = [(k, b, f"[{k!r}]") for k, b in v.items()]
     elif isinstance(v, list):
@@ -77,13 +80,15 @@ def parse_logit_bias(v: Any) -> list[tuple[int, float]]:
         raise ValueError('expected [[token_id, bias], ...] or {"token_id": bias}')
     if len(pairs) > MAX_LOGIT_BIAS:
         raise ValueError(f"at most {MAX_LOGIT_BIAS} entries, got {len(pairs)}")
-    out: list[tuple[int, float]] = []
+    out: list[tuple[int | str, float]] = []
     for tok, bias, where in pairs:
-        if isinstance(tok, str):
-            if not (tok.isascii() and tok.isdigit()):
-                raise ValueError(f"{where}: token text is not supported, use token ids")
+        if isinstance(v, dict) and re.fullmatch(r"-?[0-9]+", tok):  # strtol's whole key
             tok = int(tok)
-        check_token(tok, where)
+        if isinstance(tok, str):
+            if not tok:
+                raise ValueError(f"{where}: the token text is empty")
+        else:
+            check_token(tok, where)
         if bias is False:
             bias = -math.inf
         elif isinstance(bias, bool) or not isinstance(bias, int | float):

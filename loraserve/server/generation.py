@@ -57,18 +57,46 @@ async def tokenize_prompts(state: ServerState, prompts: list[Prompt]) -> list[li
     return await asyncio.to_thread(run) if size > BIG_PROMPT_CHARS else run()
 
 
-def chat_prompt(state: ServerState, body: Any) -> str:
+def chat_prompt(state: ServerState, body: Any, tools: list[dict[str, Any]] | None = None) -> str:
     """A chat request's prompt: ``body``'s ``messages`` rendered by the server's template
     with ``add_generation_prompt`` and the server's template kwargs updated by the
-    request's ``chat_template_kwargs`` (chat completions, /apply-template, token counts)."""
-    return render_prompt(
+    request's ``chat_template_kwargs`` (and ``tools``, for a template that shows them);
+    chat completions, /apply-template, token counts, Responses and Anthropic Messages.
+
+    As llama-server: a last assistant message is continued (prefilled: the others are
+    rendered with the generation prompt, then its content follows), unless the request
+    sets ``continue_final_message`` false; true asks for it explicitly and then needs
+    ``add_generation_prompt`` false. Two assistant messages at the end, or continuing one
+    with tool calls, are 400s."""
+    messages = body.messages
+    add_gen = body.add_generation_prompt
+    cont = getattr(body, "continue_final_message", None)
+    last_is_assistant = bool(messages) and messages[-1].get("role") == "assistant"
+    if cont is None and last_is_assistant:
+        if len(messages) >= 2 and messages[-2].get("role") == "assistant":
+            raise invalid_request(
+                "messages: Cannot have 2 or more assistant messages at the end of the list."
+            )
+        cont, add_gen = True, False
+    if cont and add_gen:
+        raise invalid_request(
+            "Cannot set both add_generation_prompt and continue_final_message to true."
+        )
+    if cont and last_is_assistant and messages[-1].get("tool_calls"):
+        raise invalid_request("Cannot continue an assistant message that contains tool calls.")
+    kwargs = {**(body.chat_template_kwargs or {}), **({"tools": tools} if tools else {})}
+    tail = ""
+    if cont and last_is_assistant:
+        messages, tail, add_gen = messages[:-1], messages[-1]["content"], True
+    prompt = render_prompt(
         state.template(),
         state.require().tokenizer,
-        body.messages,
-        body.add_generation_prompt,
+        messages,
+        add_gen,
         state.cfg.chat_template_kwargs,
-        body.chat_template_kwargs,
+        kwargs,
     )
+    return prompt + tail
 
 
 def check_tokens(state: ServerState, ids: list[int], where: str) -> None:
@@ -84,9 +112,22 @@ def check_tokens(state: ServerState, ids: list[int], where: str) -> None:
         raise exceed_context_size(len(ids), engine.n_ctx_slot)
 
 
+def logit_bias(state: ServerState, params: _GenerationParams) -> list[tuple[int, float]]:
+    """The request's `logit_bias` by token id: a token text's bias goes to every token it
+    tokenizes to (without special tokens, as llama-server)."""
+    tok = state.require().tokenizer
+    out: list[tuple[int, float]] = []
+    for t, bias in params.logit_bias:
+        ids = [t] if isinstance(t, int) else tok.encode(t, add_special=False, parse_special=False)
+        out += [(i, bias) for i in ids]
+    return out
+
+
 def sampling_params(state: ServerState, params: _GenerationParams) -> SamplingParams:
     """The engine's sampling settings; a 400 naming the field if they do not fit the model."""
-    sp = SamplingParams(**params.sampling_kwargs())
+    kwargs = params.sampling_kwargs()
+    kwargs["logit_bias"] = tuple(logit_bias(state, params))
+    sp = SamplingParams(**kwargs)
     try:
         sp.validate(state.require().tokenizer.vocab_size)
     except ValueError as e:
@@ -113,10 +154,13 @@ async def submit(
     prompts: list[list[int]],
     params: _GenerationParams,
     adapter_name: str | None = None,
+    progress: bool = False,
 ) -> Flight:
     """Submit `n` engine requests per prompt under one effective adapter mix (the engine
     resolves it at receipt: `Engine.submit`); a 400 naming `lora` if it refuses it.
-    `adapter_name` is an OpenAI `model`: the model's own name (or alias) is no adapter's."""
+    `adapter_name` is an OpenAI `model`: the model's own name (or alias) is no adapter's.
+    Prompt-progress events come with `progress`, or a stream asking for `return_progress`
+    or `timings_per_token`."""
     if adapter_name is not None and state.names_the_model(adapter_name):
         adapter_name = None
     check_limits(state, params)
@@ -138,6 +182,7 @@ async def submit(
         spec=params.speculative(),
         n=params.n,
         strict_name=state.cfg.strict_model_names,
+        progress=progress or params.stream and (params.return_progress or params.timings_per_token),
     )
     flight = await start_flight(state, sub)
     if adapter_name is not None and flight.mix.named is None:
@@ -175,7 +220,7 @@ def settings(state: ServerState, params: _GenerationParams, mix: Mix) -> dict:
     }
     out["max_tokens"] = params.n_predict
     # llama-server's shape; ignore_eos shows as a -inf bias (null) on every end-of-generation token
-    bias = list(params.logit_bias)
+    bias = logit_bias(state, params)
     if params.ignore_eos:
         bias += [(t, -math.inf) for t in sorted(state.require().eog_ids)]
     out["logit_bias"] = [{"bias": b, "token": t} for t, b in bias]

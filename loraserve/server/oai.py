@@ -111,6 +111,9 @@ async def completions(request: HttpRequest) -> Response:
         want_usage = bool(params.stream_options and params.stream_options.include_usage)
 
         def chunk(i: int, out: Output, ev: Event) -> dict[str, Any] | None:
+            if ev.progress is not None and params.return_progress:
+                choice = {"text": "", "index": i, "logprobs": None, "finish_reason": None}
+                return {**head, "choices": [choice], "prompt_progress": ev.progress.as_dict()}
             if not ev.done and ev.token is None:
                 return None
             choice: dict[str, Any] = {
@@ -168,9 +171,15 @@ async def chat_completions(request: HttpRequest) -> Response:
         started: set[int] = set()
 
         def chunk(i: int, out: Output, ev: Event) -> list[dict[str, Any]] | None:
+            role = {"index": i, "delta": {"role": "assistant", "content": None}}
+            if ev.progress is not None:  # as llama-server: a role-only chunk, with the progress
+                if not params.return_progress:
+                    return None
+                progress = ev.progress.as_dict()
+                choice = {**role, "logprobs": None, "finish_reason": None}
+                return [{**head, "choices": [choice], "prompt_progress": progress}]
             lead = []
             if i not in started:  # as llama-server: a role-only chunk first, per choice
-                role = {"index": i, "delta": {"role": "assistant", "content": None}}
                 lead.append(
                     {**head, "choices": [{**role, "logprobs": None, "finish_reason": None}]}
                 )
@@ -188,13 +197,19 @@ async def chat_completions(request: HttpRequest) -> Response:
             }
             if params.n_probs and ev.probs is not None and ev.token is not None:
                 choice["logprobs"] = chat_logprobs(tok, [(ev.token, token_prob(ev), ev.probs)])
-            if ev.done:  # as llama-server: the last chunk carries the request's timings
-                return [*lead, {**head, "choices": [choice], "timings": out.timings(),
-                        "id_slot": ev.id_slot}]  # fmt: skip
-            return [*lead, {**head, "choices": [choice]}]
+            body = {**head, "choices": [choice]}
+            if ev.done:  # as llama-server: the last chunk carries the timings (else the usage's)
+                return [*lead, {**body, "id_slot": ev.id_slot, **({} if want_usage else
+                        {"timings": out.timings()})}]  # fmt: skip
+            if params.timings_per_token:
+                body["timings"] = out.partial_timings()
+            return [*lead, body]
 
         def tail(outs: list[Output]) -> list[dict[str, Any]]:
-            return [{**head, "choices": [], "usage": usage(outs, params.n)}] if want_usage else []
+            if not want_usage:
+                return []
+            return [{**head, "choices": [], "usage": usage(outs, params.n),
+                     "timings": outs[-1].timings()}]  # fmt: skip
 
         return stream(flight, chunk, tail, done_marker=True)
     outs = await collect(flight, request)
@@ -227,6 +242,8 @@ async def models(request: HttpRequest) -> Response:
     data = [
         {
             "id": name,
+            "aliases": list(state.cfg.alias),  # `--alias` (sorted: the first is `id`)
+            "tags": list(state.cfg.tags),  # `--tags`
             "object": "model",
             "created": created,
             "owned_by": "llamacpp",

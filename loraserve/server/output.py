@@ -5,6 +5,7 @@ or streamed as server-sent events, one body per event (`stream`)."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 from starlette.requests import Request as HttpRequest
 from starlette.responses import StreamingResponse
 
-from loraserve.engine.request import Event, Timings
+from loraserve.engine.request import Event, Progress, Timings
 from loraserve.server.errors import STATUS_OF_TYPE, ApiError, server_error
 from loraserve.server.flight import Flight
 from loraserve.server.sse import SSE_DONE, sse_event, sse_response
@@ -29,10 +30,16 @@ class Output:
     tokens: list[int] = field(default_factory=list)
     probs: list[tuple[int, float | None, list[tuple[int, float]]]] = field(default_factory=list)
     final: Event | None = None
+    progress: Progress | None = None  # the last prompt-progress event (`return_progress`)
+    t_first: float = 0.0  # when the first token came (`partial_timings`)
 
     def add(self, ev: Event) -> None:
         self.text += ev.text
+        if ev.progress is not None:
+            self.progress = ev.progress
         if ev.token is not None:
+            if not self.tokens:
+                self.t_first = time.perf_counter()
             self.tokens.append(ev.token)
             if ev.probs is not None:
                 self.probs.append((ev.token, token_prob(ev), ev.probs))
@@ -52,6 +59,17 @@ class Output:
         if self.final is not None and self.final.timings is not None:
             return self.final.timings.as_dict()
         return Timings(prompt_n=len(self.prompt), predicted_n=len(self.tokens)).as_dict()
+
+    def partial_timings(self) -> dict[str, float | int]:
+        """`timings` while streaming (`timings_per_token`): the prompt's from the last
+        progress event, generation timed here since the first token."""
+        p = self.progress
+        t = Timings(prompt_n=len(self.prompt), predicted_n=len(self.tokens))
+        if p is not None:
+            t.cache_n, t.prompt_n, t.prompt_ms = p.cache, p.total - p.cache, p.time_ms
+        if self.t_first:
+            t.predicted_ms = (time.perf_counter() - self.t_first) * 1000
+        return t.as_dict()
 
 
 def token_prob(ev: Event) -> float | None:
@@ -92,11 +110,12 @@ def stream(
     chunk: Callable[[int, Output, Event], Body | list[Body] | None],
     tail: Callable[[list[Output]], list[Body]] | None = None,
     done_marker: bool = False,
+    frame: Callable[[Body], bytes] = sse_event,
 ) -> StreamingResponse:
     """Server-sent events of `flight`: `chunk(index, output so far, event)` for each event
     (None: nothing to send; a list: several bodies), the error answer's body for a failed
     request; then, if every request succeeded, the bodies of `tail(outputs)`; then `[DONE]`
-    with `done_marker`."""
+    with `done_marker`. `frame` writes one body as an event (default `data: {json}`)."""
 
     async def events() -> AsyncIterator[bytes]:
         outs = [Output(prompt=r.prompt) for r in flight.requests]
@@ -104,14 +123,14 @@ def stream(
             async for i, ev in flight.events():
                 outs[i].add(ev)
                 if ev.error:
-                    yield sse_event(error_of(ev).body())
+                    yield frame(error_of(ev).body())
                     continue
                 body = chunk(i, outs[i], ev)
                 for one in body if isinstance(body, list) else [] if body is None else [body]:
-                    yield sse_event(one)
+                    yield frame(one)
             if tail is not None and all(o.final is not None and not o.final.error for o in outs):
                 for body in tail(outs):
-                    yield sse_event(body)
+                    yield frame(body)
             if done_marker:
                 yield SSE_DONE
         finally:

@@ -137,7 +137,7 @@ class _GenerationParams(_Body):
     )
     ignore_eos: bool = _SP.ignore_eos
     post_sampling_probs: bool = _SP.post_sampling_probs
-    logit_bias: Annotated[list[tuple[int, float]], PlainValidator(parse_logit_bias)] = Field(
+    logit_bias: Annotated[list[tuple[int | str, float]], PlainValidator(parse_logit_bias)] = Field(
         default_factory=list
     )
     return_tokens: bool = False
@@ -146,6 +146,8 @@ class _GenerationParams(_Body):
     json_schema: Annotated[Any, PlainValidator(_schema)] = None
     response_format: dict[str, Any] | None = None
     verbose: bool = False  # `__verbose` in OpenAI answers (as `-v` does for all)
+    return_progress: bool = False  # streams: `prompt_progress` while the prompt runs
+    timings_per_token: bool = False  # streams: `timings` with every token
     lora: Annotated[list[LoraScaleItem], AfterValidator(_check_unique_ids)] | None = None
     n: int = Field(1, ge=1, le=INT32_MAX, validation_alias=AliasChoices("n", "n_cmpl"))
     # speculative decoding (`server/spec_flags.py`), llama-server's dotted names
@@ -226,6 +228,7 @@ class OAIChatRequest(_GenerationParams):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=N_PROBS_MAX)
     add_generation_prompt: bool = True
+    continue_final_message: bool | None = None  # None: continue a last assistant message
     chat_template_kwargs: dict[str, Any] | None = None
     stream_options: StreamOptions | None = None
 
@@ -244,6 +247,7 @@ class ApplyTemplateRequest(_Body):
 
     messages: Messages
     add_generation_prompt: bool = True
+    continue_final_message: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
 

@@ -1,5 +1,5 @@
-"""Server-sent events framing: `data: {json}\\n\\n` events, the OpenAI `[DONE]` marker, and
-the streaming response both APIs answer with."""
+"""Server-sent events framing: `data: {json}\\n\\n` events, the OpenAI `[DONE]` marker,
+Anthropic's named events, and the streaming response every API answers with."""
 
 from __future__ import annotations
 
@@ -17,6 +17,15 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 def sse_event(obj: Any) -> bytes:
     """One server-sent event: `data: {json}\\n\\n`."""
     return f"data: {json_dumps(obj)}\n\n".encode("utf-8", "replace")
+
+
+def sse_named(obj: dict[str, Any]) -> bytes:
+    """One server-sent event named by its body's `type` (Anthropic's framing:
+    `event: TYPE\\ndata: {json}\\n\\n`); an error answer's body (`{"error": ...}`) is sent
+    as an `error` event, `{"type": "error", "error": ...}`."""
+    if "type" not in obj and "error" in obj:
+        obj = {"type": "error", "error": obj["error"]}
+    return f"event: {obj['type']}\ndata: {json_dumps(obj)}\n\n".encode("utf-8", "replace")
 
 
 def sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:

@@ -51,8 +51,23 @@ def check_files(cfg: ServerConfig) -> None:
         raise StartupError(str(e)) from None
 
 
+def bind_all(hosts: str, port: int) -> list[socket.socket]:
+    """One listening socket per address of `--host` (comma-separated), all on one port
+    (with port 0, the one the first got); `StartupError` naming the address."""
+    socks: list[socket.socket] = []
+    try:
+        for host in hosts.split(","):
+            socks.append(bind(host, socks[0].getsockname()[1] if socks else port))
+    except StartupError:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
+
+
 def bind(host: str, port: int) -> socket.socket:
     """The listening socket (bound, not yet listening); `StartupError` naming the address."""
+    host = host.removeprefix("[").removesuffix("]")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
@@ -61,6 +76,8 @@ def bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:  # "::" next to "0.0.0.0" must not take IPv4 too
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(addr)
     except OSError as e:
         sock.close()

@@ -129,7 +129,7 @@ def test_lora_forms_keep_command_line_order():
         ("-s -2", "--seed"),
         ("--dtype float16", "--dtype"),
         ("--host", "--host"),
-        ("--host a,b", "--host: expected one address"),
+        ("--host a,", "--host: expected addresses"),
         ("--rope-scaling linear", "unrecognized"),
         ("-hf ggml-org/x", "-hf: not supported by loraserve (downloading models"),
         ("--mmproj x.gguf", "not supported"),

@@ -135,6 +135,10 @@ def test_stop_and_logit_bias_forms():
     ]
     r = CompletionRequest.model_validate({"prompt": "x", "logit_bias": {"15": -1.5, "3": False}})
     assert r.logit_bias == [(15, -1.5), (3, -math.inf)]
+    r = CompletionRequest.model_validate({"prompt": "x", "logit_bias": {" the": -2, "7": 1}})
+    assert r.logit_bias == [(" the", -2.0), (7, 1.0)]  # a token's text: tokenized per request
+    r = CompletionRequest.model_validate({"prompt": "x", "logit_bias": [["42", 1], [" a", False]]})
+    assert r.logit_bias == [("42", 1.0), (" a", -math.inf)]  # in pairs a string is text
 
 
 def test_lora_field():
@@ -200,8 +204,8 @@ def test_lora_field():
         (CompletionRequest, {"prompt": "x", "logit_bias": [[1, "x"]]}, "logit_bias[0]: bias"),
         (
             CompletionRequest,
-            {"prompt": "x", "logit_bias": [["Hi", 1]]},
-            "logit_bias[0]: token text",
+            {"prompt": "x", "logit_bias": [["", 1]]},
+            "logit_bias[0]: the token text is empty",
         ),
         (
             CompletionRequest,
@@ -211,12 +215,12 @@ def test_lora_field():
         (
             CompletionRequest,
             {"prompt": "x", "logit_bias": {"-1": 1}},
-            "logit_bias['-1']: token text",
+            "logit_bias['-1']: expected a token id",
         ),
         (
             CompletionRequest,
-            {"prompt": "x", "logit_bias": {"hello": 1}},
-            "logit_bias['hello']: token",
+            {"prompt": "x", "logit_bias": {"": 1}},
+            "logit_bias['']: the token text is empty",
         ),
         (
             CompletionRequest,
