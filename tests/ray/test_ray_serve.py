@@ -156,6 +156,21 @@ def test_global_changes_reach_every_replica_before_the_ack(ray_app: RayApp) -> N
         thread.join(30)
 
 
+def test_a_client_that_leaves_frees_its_slot(ray_app: RayApp) -> None:
+    body = {"prompt": "leave", "n_predict": 240, "ignore_eos": True}
+    t0 = time.monotonic()
+    assert ray_app.client.post("/completion", json=body).status_code == 200
+    whole = time.monotonic() - t0  # the whole request, for comparison
+    with ray_app.client.stream("POST", "/completion", json={**body, "stream": True}) as r:
+        home = r.headers[REPLICA_HEADER]
+        next(r.iter_lines())
+    left = time.monotonic()
+    while any(s["is_processing"] for s in per_replica(ray_app, "/slots")[home]):
+        time.sleep(0.01)
+    print(f"freed {time.monotonic() - left:.3f} s after the client left; whole {whole:.3f} s")
+    assert time.monotonic() - left < whole / 2, "the request kept running after its client left"
+
+
 def test_a_killed_replica_answers_503_and_is_replaced(ray_app: RayApp) -> None:
     body = {
         "prompt": "kill",
