@@ -17,7 +17,8 @@ def test_install_commands() -> None:
 
 def test_commands_endpoints_and_flags_of_ours_are_documented() -> None:
     for example in ("loraserve generate -p", "loraserve merge a.gguf", "/lora-adapters/load -d",
-                    "/lora-adapters/unload -d", '"model": "uppercase"', '"n": 3', "loraserve ray -m"):  # fmt: skip
+                    "/lora-adapters/unload -d", '"model": "uppercase"', '"n": 3',
+                    "loraserve ray -m"):  # fmt: skip
         assert example in README, example
     (ours,) = [g for g in build_parser()._action_groups if g.title == "loraserve flags"]
     for action in ours._group_actions:
