@@ -66,6 +66,8 @@ def main(argv: list[str]) -> None:
     from loraserve.server.startup import StartupError, check_files
 
     cfg = parse_server_args(serve_argv)
+    if "," in cfg.host:
+        ap.error("--host: Ray Serve listens on one address (0.0.0.0 for all of them)")
     try:
         check_files(cfg)
     except StartupError as e:
