@@ -52,23 +52,18 @@ _C_SPACE = frozenset(" \t\n\v\f\r")
 _ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 
 
-def _trie_pattern(words: Iterable[str]) -> str:
-    """A regex matching the longest of `words` at a position (a trie, not an alternation)."""
+_END = ""  # a trie node's key marking that the path to it spells a whole word
+
+
+def _trie(words: Iterable[str]) -> dict[str, dict]:
+    """Nested dicts, one level per character; `_END` in a node ends a word."""
     root: dict[str, dict] = {}
     for word in words:
         node = root
         for ch in word:
             node = node.setdefault(ch, {})
-        node[""] = {}
-
-    def emit(node: dict[str, dict]) -> str:
-        alts = [re.escape(ch) + emit(child) for ch, child in node.items() if ch]
-        if not alts:
-            return ""
-        group = "(?:" + "|".join(alts) + ")"
-        return group + "?" if "" in node else group
-
-    return emit(root)
+        node[_END] = {}
+    return root
 
 
 class SpecialSplitter:
@@ -88,7 +83,12 @@ class SpecialSplitter:
     ):
         self._ids = specials
         self._lstrip, self._rstrip = frozenset(lstrip), frozenset(rstrip)
-        self._pattern = re.compile("(?=(" + _trie_pattern(specials) + "))") if specials else None
+        # Occurrences: positions where a special text may start (its first characters, found
+        # by a one-class regex), then the longest text there by walking a trie. A regex of the
+        # whole trie matched the same but took 0.3 s to compile for Gemma's 6,414 specials.
+        self._trie = _trie(specials)
+        firsts = "".join(sorted(k for k in self._trie if k))
+        self._starts = re.compile("[" + re.escape(firsts) + "]") if specials else None
         self._prefixes: dict[str, str | None] = {}
 
     def _shorter(self, word: str) -> str | None:
@@ -102,14 +102,25 @@ class SpecialSplitter:
 
     def split(self, text: str) -> list[str | int]:
         """The fragments of `text`: raw strings and special-token ids, in order."""
-        if self._pattern is None or not text:
+        if self._starts is None or not text:
             return [text] if text else []
         ids = self._ids
         # (-length, id, position): llama.cpp's token order, then left to right
         heap = []
-        for m in self._pattern.finditer(text):
-            word = m.group(1)
-            heap.append((-len(word), ids[word], m.start(), word))
+        root, n = self._trie, len(text)
+        for m in self._starts.finditer(text):
+            pos = end = m.start()
+            node, longest = root, -1
+            while end < n:
+                node = node.get(text[end])
+                if node is None:
+                    break
+                end += 1
+                if _END in node:
+                    longest = end
+            if longest > 0:
+                word = text[pos:longest]
+                heap.append((pos - longest, ids[word], pos, word))
         if not heap:
             return [text]
         heapq.heapify(heap)

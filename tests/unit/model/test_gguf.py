@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 from pathlib import Path
@@ -316,3 +317,35 @@ def test_real_model_dequantizes_bit_identically(
             sample = got.reshape(len(t.data), -1)[rows].numpy()
             np.testing.assert_array_equal(sample.view(np.uint32), ref.view(np.uint32), t.name)
     print(f"\ndequantized {len(real_reader.tensors)} tensors in {seconds:.2f} s")
+
+
+def test_a_header_parsed_once_is_handed_to_the_next_open_only_if_unchanged(
+    oracle_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Start-up checks a model's header, then loads it: the second open takes the parse of
+    the first, unless the file's header changed in between (same size and time included)."""
+    parses: list[Path] = []
+    real = GGUFFile._parse
+
+    def counted(self: GGUFFile, size: int) -> None:
+        parses.append(self.path)
+        real(self, size)
+
+    monkeypatch.setattr(GGUFFile, "_parse", counted)
+    first = GGUFFile(oracle_file)
+    second = GGUFFile(oracle_file)
+    assert len(parses) == 1
+    assert second.metadata == first.metadata and second.tensors == first.tensors
+    assert torch.equal(second.tensor("f32"), first.tensor("f32"))
+    first.close()
+    second.close()
+    GGUFFile(oracle_file).close()  # handed over once only: this one parses again
+    assert len(parses) == 2
+    stat = oracle_file.stat()
+    data = bytearray(oracle_file.read_bytes())
+    data[4:8] = struct.pack("<I", 2)  # another version, same size and times
+    oracle_file.write_bytes(bytes(data))
+    os.utime(oracle_file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with GGUFFile(oracle_file) as changed:
+        assert changed.version == 2
+    assert len(parses) == 3

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -185,3 +186,24 @@ def test_stream_decoder_holds_back_partial_utf8(spm_tok: Tokenizer) -> None:
     stream = StreamDecoder(spm_tok)
     assert [stream.push(i) for i in byte_ids] == ["", "", "", "😀"]
     assert stream.push(byte_ids[0]) == "" and stream.flush() == "\ufffd"
+
+
+def test_pieces_wire_is_what_protobuf_reads() -> None:
+    """The hand-built `pieces` field parses back, with protobuf itself, to every text, score
+    and type, long texts (multi-byte length varints) and non-ASCII ones included."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    from loraserve.model.tokenizer_spm import pieces_wire
+
+    texts = ["<unk>", "a", "▁the", "x" * 200, "é" * 9000, "<0x0A>", ""]
+    scores = [0.0, -1.5, 3.25, -1e30, 7.0, 0.0, -0.0]
+    kind = pb.ModelProto.SentencePiece
+    kinds = np.array([kind.UNKNOWN, kind.NORMAL, kind.NORMAL, kind.NORMAL, kind.NORMAL,
+                      kind.BYTE, kind.NORMAL])  # fmt: skip
+    proto = pb.ModelProto.FromString(pieces_wire(texts, scores, kinds))
+    assert [p.piece for p in proto.pieces] == texts
+    assert [p.type for p in proto.pieces] == kinds.tolist()
+    assert np.array_equal(
+        np.array([p.score for p in proto.pieces], dtype=np.float32),
+        np.array(scores, dtype=np.float32),
+    )
