@@ -12,7 +12,10 @@ README = (Path(__file__).resolve().parents[3] / "README.md").read_text()
 
 def test_install_commands() -> None:
     assert "pip install 'torch==2.13.0' -e '.[default-model]' && loraserve\n" in README
-    assert "pip install 'torch==2.13.0' -e '.[test]' && python -m pytest -q\n" in README
+    test = "pip install 'torch==2.13.0' -e '.[test]' && python -m pytest -q\n"
+    assert test in README
+    ci = (Path(__file__).resolve().parents[3] / ".ci" / "run").read_text()
+    assert ci.endswith(test), "CI must run exactly the README's test command"
 
 
 def test_commands_endpoints_and_flags_of_ours_are_documented() -> None:
