@@ -29,7 +29,7 @@ from fastapi import FastAPI
 from safetensors.torch import save_file
 
 from loraserve.model.loader import LoadedModel, load_model
-from loraserve.server.app import create_app
+from loraserve.server.app import HTTP_IMPL, create_app
 from loraserve.server.args import parse_server_args
 
 
@@ -131,7 +131,9 @@ def serve_in_thread(
     sock = free_socket()
     port = sock.getsockname()[1]
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on")
+        uvicorn.Config(
+            app, http=HTTP_IMPL, log_level="warning", timeout_graceful_shutdown=2, lifespan="on"
+        )  # fmt: skip
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

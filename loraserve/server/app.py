@@ -49,6 +49,10 @@ from loraserve.server.startup import StartupError, bind_all, check_files, load_f
 from loraserve.server.state import ServerState
 
 log = logging.getLogger("loraserve.server")
+# uvicorn's HTTP/1.1 implementation, fixed: with `httptools` installed (ray[serve] brings it)
+# uvicorn's default writes every header name in lower case, and answers name them as
+# llama-server does (`Access-Control-Allow-Origin`, `Process-Start-Time-Unix`); h11 keeps them.
+HTTP_IMPL = "h11"
 MAX_BODY_BYTES = 32 << 20
 SHUTDOWN_GRACE_S = 10.0
 
@@ -178,6 +182,7 @@ def serve(cfg: ServerConfig) -> None:
     app = create_app(cfg, on_load_failure=lambda: _fail(app.state.server.load_error or "?"))
     config = uvicorn.Config(
         app,
+        http=HTTP_IMPL,
         log_level="warning",
         timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S) + 2,  # after our own abort below
         access_log=False,
