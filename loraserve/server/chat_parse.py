@@ -131,11 +131,15 @@ class MessageParser:
                     break
                 else:
                     self.mode = "content"
+            elif self.mode == "after_think":  # the whitespace after </think>, in any chunks
+                self.buf = self.buf.lstrip()
+                if self.buf:
+                    self.mode = "content"
             elif self.mode == "think":
                 end = self.buf.find(THINK_CLOSE)
                 if end >= 0:
                     out.append(("reasoning", self.buf[:end]))
-                    self.buf, self.mode = self.buf[end + len(THINK_CLOSE) :].lstrip(), "content"
+                    self.buf, self.mode = self.buf[end + len(THINK_CLOSE) :], "after_think"
                     continue
                 keep = 0 if final else _held(self.buf, THINK_CLOSE)
                 out.append(("reasoning", self.buf[: len(self.buf) - keep]))
