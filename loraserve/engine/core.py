@@ -51,12 +51,19 @@ def request_line(run: Run, stop: StopType, adapters: AdapterRegistry) -> str:
     )
 
 
+def slot_context(config: EngineConfig) -> int:
+    """The tokens one slot may hold: all of ``n_ctx`` with ``kv_unified`` (llama-server's
+    unified KV; blocks are taken from the pool as sequences grow), else an equal share."""
+    return config.n_ctx if config.kv_unified else max(config.n_ctx // config.n_slots, 1)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Engine sizing, mirroring llama-server's flags."""
 
     n_slots: int = 1  # -np
     n_ctx: int = 4096  # -c: KV tokens shared by the slots
+    kv_unified: bool = False  # --kv-unified: each slot may use all n_ctx (else n_ctx / n_slots)
     ubatch: int = 512  # tokens per forward step (prefill chunking)
     block_size: int = 16
     cache_ram_mib: float = 8192  # budget for cached blocks no slot holds; -1 = unlimited
@@ -74,7 +81,7 @@ class EngineCore:
         cfg = model.config
         bs = config.block_size
         kv_dtype = config.kv_dtype
-        self.n_ctx_slot = max(config.n_ctx // config.n_slots, 1)
+        self.n_ctx_slot = slot_context(config)
         per_slot = (self.n_ctx_slot + bs - 1) // bs + 1
         block_bytes = 2 * cfg.n_layers * bs * cfg.n_kv_heads * cfg.head_dim * kv_dtype.itemsize
         held = config.n_slots * (per_slot + 1)

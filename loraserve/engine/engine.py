@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from loraserve.engine import slot_io
 from loraserve.engine.constraint import GrammarSpec
-from loraserve.engine.core import EngineConfig, EngineCore
+from loraserve.engine.core import EngineConfig, EngineCore, slot_context
 from loraserve.engine.embedding import Pooling
 from loraserve.engine.inbox import Inbox
 from loraserve.engine.request import Request, Submission
@@ -53,7 +53,7 @@ class Engine:
         drafter = None
         if draft is not None:
             check_vocab(model, draft)
-            n_ctx_slot = max(config.n_ctx // config.n_slots, 1)
+            n_ctx_slot = slot_context(config)
             drafter = DraftModel(draft, config.n_slots, n_ctx_slot, config.spec.draft_p_min)
         self.core = EngineCore(model, config, drafter)
         self.n_ctx_slot = self.core.n_ctx_slot

@@ -82,6 +82,7 @@ class ServerConfig:
     reranking: bool = False
     pooling: str | None = None  # None: the model's
     slots: bool = True  # GET /slots (--no-slots: 501)
+    kv_unified: bool = False  # -kvu: every slot may use the whole context
     sleep_idle_seconds: int = -1  # -1: never sleep
     verbose: bool = False
     chat_template: str | None = None
@@ -195,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("-a", "--alias", action=CsvAppend, metavar="NAME[,NAME]", help="model names for the API")
     a("--tags", action=CsvAppend, metavar="TAG[,TAG]", help="model tags in /v1/models")
     a("--slots", action=argparse.BooleanOptionalAction, help=f"GET /slots {d}")
+    a("-kvu", "--kv-unified", action="store_true", help="every slot may use all of -c")
+    a("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false",
+      help="-c / -np tokens per slot (default)")  # fmt: skip
     a("--sleep-idle-seconds", type=int_in(-1), help=f"sleep when idle, -1 = never {d}")
     a("-v", "--verbose", "--log-verbose", action="store_true", help="debug logs, __verbose")
     cors.add_flags(p)

@@ -13,7 +13,7 @@ from typing import Any
 IGNORED_SWITCHES = """
     --no-jinja --mlock --mmap --no-mmap
     --log-disable --log-timestamps --log-prefix
-    -cb|--cont-batching -nocb|--no-cont-batching -kvu|--kv-unified -no-kvu|--no-kv-unified
+    -cb|--cont-batching -nocb|--no-cont-batching
     --warmup --no-warmup --swa-full --context-shift --no-context-shift --cache-idle-slots
     --no-cache-idle-slots --props --no-perf --check-tensors --reuse-port
     --offline --op-offload --no-op-offload --backend_sampling|--backend-sampling

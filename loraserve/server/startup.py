@@ -98,6 +98,7 @@ def build_engine(cfg: ServerConfig, model: LoadedModel, draft: LoadedModel | Non
         EngineConfig(
             n_slots=cfg.n_parallel,
             n_ctx=max(n_ctx, cfg.n_parallel),
+            kv_unified=cfg.kv_unified,
             ubatch=cfg.n_ubatch,
             cache_ram_mib=cfg.cache_ram_mib,
             spec=cfg.spec,

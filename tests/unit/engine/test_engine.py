@@ -99,6 +99,19 @@ def test_stops_and_limits(tiny) -> None:
     assert long[-1].stop_type == StopType.LIMIT and len(tokens(long)) == 3
 
 
+def test_unified_kv_lets_every_slot_use_the_whole_context(tiny) -> None:
+    """-c 128 -np 4 gives each slot 32 tokens; with --kv-unified each may use all 128, and
+    its tokens are those of a one-slot engine with the same context."""
+    model, _ = tiny
+    p = prompts(5, 1)[0]
+    split = run_and_drain(Engine(model, EngineConfig(n_slots=4, n_ctx=128)), [ask(p, 40)])[0]
+    assert split[-1].stop_type == StopType.LIMIT and len(tokens(split)) == 32 - len(p)
+    unified = Engine(model, EngineConfig(n_slots=4, n_ctx=128, kv_unified=True))
+    runs = run_and_drain(unified, [ask(p, 40) for _ in range(4)])
+    alone = run_one(Engine(model, EngineConfig(n_slots=1, n_ctx=128)), p, 40)
+    assert all(tokens(evs) == alone and len(alone) == 40 for evs in runs)
+
+
 def test_cancel_frees_slot_and_blocks(tiny) -> None:
     model, _ = tiny
     eng = Engine(model, EngineConfig(n_slots=2, n_ctx=256, cache_ram_mib=0))

@@ -145,19 +145,19 @@ def test_bad_values_exit_2_naming_the_flag(line: str, needle: str, capsys):
 
 def test_ignored_flags_are_accepted_and_consume_their_values():
     cfg = parse("-ngl 99 -c 128 -fa -cb --no-jinja -fa on -kvu -ctk q8_0 --no-mmap -fit off -np 2")
-    assert (cfg.n_ctx, cfg.n_parallel) == (128, 2)
+    assert (cfg.n_ctx, cfg.n_parallel, cfg.kv_unified) == (128, 2, True)
     assert cfg.ignored == (
         "-ngl",
         "-fa",
         "-cb",
         "--no-jinja",
         "-fa",
-        "-kvu",
         "-ctk",
         "--no-mmap",
         "-fit",
     )
-    assert cfg == dataclasses.replace(parse("-c 128 -np 2"), ignored=cfg.ignored)
+    assert cfg == dataclasses.replace(parse("-c 128 -np 2 -kvu"), ignored=cfg.ignored)
+    assert not parse("-kvu -no-kvu").kv_unified
 
 
 @pytest.mark.parametrize("word", IGNORED_SWITCHES + IGNORED_OPTIONAL_VALUE + IGNORED_WITH_VALUE)
