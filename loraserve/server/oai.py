@@ -157,7 +157,8 @@ async def chat_completions(request: HttpRequest) -> Response:
     tok = state.require().tokenizer
     params = await read_body(request, OAIChatRequest)
     params = params.with_defaults(state.cfg.request_defaults())
-    prompt = await asyncio.to_thread(chat_prompt, state, params)  # Jinja: off the loop
+    # Jinja: off the loop; tools (with tool_choice none) are shown to the template
+    prompt = await asyncio.to_thread(chat_prompt, state, params, params.tools)
     prompts = await tokenize_prompts(state, [prompt])
     flight = await submit(state, prompts, params, adapter_name=params.model)
     head = object_head(

@@ -159,6 +159,8 @@ class _GenerationParams(_Body):
     @classmethod
     def _unsupported(cls, data: Any) -> Any:
         for key, what in UNSUPPORTED.items():
+            if key in cls.model_fields:  # a body that declares it checks it itself
+                continue
             v = data.get(key) if isinstance(data, dict) else None
             if v and v not in ("text", {"type": "text"}):
                 raise ValueError(f"{key}: {what} is not supported")
@@ -231,6 +233,28 @@ class OAIChatRequest(_GenerationParams):
     continue_final_message: bool | None = None  # None: continue a last assistant message
     chat_template_kwargs: dict[str, Any] | None = None
     stream_options: StreamOptions | None = None
+    # OpenAI function tools: shown to the template; the answer is text (tool_choice "none")
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _tools(self) -> Self:
+        for i, tool in enumerate(self.tools or []):
+            fn = tool.get("function")
+            if tool.get("type") != "function" or not isinstance(fn, dict):
+                raise ValueError(f'tools[{i}]: must be {{"type": "function", "function": {{...}}}}')
+            if not isinstance(fn.get("name"), str) or not fn["name"]:
+                raise ValueError(f"tools[{i}].function.name: must be a non-empty string")
+        choice = self.tool_choice
+        if isinstance(choice, dict) or choice not in (None, "none", "auto", "required"):
+            raise ValueError("tool_choice: only none is supported here (/v1/messages calls tools)")
+        if self.tools and choice != "none":
+            raise ValueError(
+                f"tools: calling tools (tool_choice {choice or 'auto'}) is not supported on "
+                "/v1/chat/completions; with tool_choice none the template shows them, or use "
+                "/v1/messages"
+            )
+        return self
 
     @model_validator(mode="after")
     def _logprobs(self) -> Self:

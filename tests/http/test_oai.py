@@ -170,3 +170,43 @@ def test_n_choices_stream(srv) -> None:
         assert choices[-1]["finish_reason"] in ("length", "stop")
     text = srv.client.post("/v1/completions", json={"prompt": ["a", "b"], "n": 2}).json()
     assert [c["index"] for c in text["choices"]] == [0, 1, 2, 3]
+
+
+TOOLS_TEMPLATE = (
+    "{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}"
+    "{% for m in messages %}{{ m.content }}{% endfor %}"
+)
+PYTHON_TOOL = {"type": "function", "function": {"name": "python", "parameters": {}}}
+
+
+def test_chat_tools_with_tool_choice_none_reach_the_template() -> None:
+    """`tools` with `tool_choice: none` are rendered by the template and the answer is text
+    (llama-server's suite: test_completion_without_tool_call_fast); calling tools is a 400
+    that says where tools are called; malformed tools are 400s naming the field."""
+    with serve_in_thread(["--chat-template", TOOLS_TEMPLATE, "-np", "1"]) as s:
+
+        def chat(content: str, **kw) -> dict:
+            body = {"messages": [{"role": "user", "content": content}], "max_tokens": 4,
+                    "temperature": 0, **kw}  # fmt: skip
+            return s.client.post("/v1/chat/completions", json=body)
+
+        with_tools = chat("hi", tools=[PYTHON_TOOL], tool_choice="none")
+        assert with_tools.status_code == 200, with_tools.text
+        message = with_tools.json()["choices"][0]["message"]
+        assert message.get("tool_calls") is None
+        rewritten = chat("[python]hi").json()  # the prompt the template made
+        assert message["content"] == rewritten["choices"][0]["message"]["content"]
+        assert with_tools.json()["usage"]["prompt_tokens"] == rewritten["usage"]["prompt_tokens"]
+        assert chat("hi").json()["usage"]["prompt_tokens"] < rewritten["usage"]["prompt_tokens"]
+        for kw, word in [
+            ({"tools": [PYTHON_TOOL]}, "tool_choice auto"),
+            ({"tools": [PYTHON_TOOL], "tool_choice": "required"}, "tool_choice required"),
+            ({"tools": [{"type": "function"}], "tool_choice": "none"}, "tools[0]"),
+            (
+                {"tools": [{"type": "function", "function": {}}], "tool_choice": "none"},
+                "tools[0].function.name",
+            ),  # fmt: skip
+            ({"tool_choice": "sometimes"}, "tool_choice"),
+        ]:
+            r = chat("hi", **kw)
+            assert r.status_code == 400 and word in r.json()["error"]["message"], (kw, r.text)

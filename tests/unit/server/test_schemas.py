@@ -265,7 +265,7 @@ def test_lora_field():
         (
             OAIChatRequest,
             {"messages": USER, "tools": [{"type": "function"}]},
-            "tools: tool calling",
+            "tools[0]: must be",
         ),
         (
             OAIChatRequest,
