@@ -12,6 +12,7 @@ once (status 128 + the signal's number), without tracebacks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -33,6 +34,7 @@ from loraserve.server import (
     anthropic,
     completion,
     embeddings,
+    gcp,
     lora_api,
     metrics,
     oai,
@@ -139,6 +141,7 @@ def create_app(
     routes = (completion, oai, anthropic, responses, admin, lora_api, metrics, embeddings)
     for module in (*routes, token_count, webui):
         app.include_router(module.router)
+    gcp.install(app)  # Vertex AI's /predict, with AIP_MODE=PREDICTION
     return app
 
 
@@ -171,6 +174,10 @@ def serve(cfg: ServerConfig) -> None:
     (bad model or adapter file, busy port, failed load)."""
     if cfg.ignored:
         log.warning("ignored llama-server flags: %s", " ".join(cfg.ignored))
+    port = gcp.port_override()
+    if port is not None and port != cfg.port:
+        log.warning("Vertex AI mode: AIP_HTTP_PORT %d replaces --port %d", port, cfg.port)
+        cfg = dataclasses.replace(cfg, port=port)
     try:
         check_files(cfg)
         socks = bind_all(cfg.host, cfg.port)
