@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.peer import SDIST, cache_dir, find_peer  # noqa: E402
 
-# Groups the issue leaves out of the parity target (checked in this order on the test id).
+# Groups the issue leaves out of the parity target (checked in this order on the test id,
+# `unit.test_file::test_name[params]`: a whole file by its module name).
 EXCLUDED = {
     "tools/MCP": (
         "test_tools_builtin",
@@ -47,9 +48,9 @@ EXCLUDED = {
         "mcp",
         "with_tools",
     ),
-    "chat templates": ("test_template.py", "template"),
-    "router mode": ("test_router.py", "router", "models_max", "autoload"),
-    "draft speculation": ("test_speculative.py", "draft"),
+    "chat templates": ("test_template::", "template"),
+    "router mode": ("test_router::", "router", "models_max", "autoload"),
+    "draft speculation": ("test_speculative::", "draft"),
 }
 WRAPPER = '''#!{python}
 """The suite's server binary: rewrites download flags to local files, runs the target."""
