@@ -19,7 +19,7 @@ from loraserve.server.body import body_doc, read_body
 from loraserve.server.errors import JsonResponse
 from loraserve.server.generation import submit, tokenize_prompts
 from loraserve.server.native import final_result, prob_entry
-from loraserve.server.output import Output, collect, stream, token_prob
+from loraserve.server.output import Output, collect, progress_timings, stream, token_prob
 from loraserve.server.schemas import CompletionRequest
 from loraserve.server.state import ServerState, get_state
 
@@ -83,6 +83,8 @@ async def completion(request: HttpRequest) -> Response:
                 return pick_fields(res, params.response_fields)
             if ev.progress is not None and params.return_progress:
                 res = partial_result(state, out, params, i, ev)
+                if params.timings_per_token:
+                    res["timings"] = progress_timings(ev.progress)
                 return {**res, "prompt_progress": ev.progress.as_dict()}
             if ev.token is None:
                 return None

@@ -72,6 +72,13 @@ class Output:
         return t.as_dict()
 
 
+def progress_timings(p: Progress) -> dict[str, float | int]:
+    """`timings` of a prompt-progress chunk (`timings_per_token`): the prompt tokens computed
+    so far and their milliseconds (0 and 0.0 before the first batch), nothing generated."""
+    n = p.processed - p.cache
+    return Timings(cache_n=p.cache, prompt_n=n, prompt_ms=p.time_ms if n else 0.0).as_dict()
+
+
 def token_prob(ev: Event) -> float | None:
     """Probability of the sampled token in the distribution `ev.probs` was taken from."""
     prob = ev.prob

@@ -138,3 +138,32 @@ def test_message_order(srv) -> None:
         for path in ("/apply-template", "/v1/chat/completions"):
             r = srv.client.post(path, json=body)
             assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+
+
+def test_progress_chunks_carry_the_prompt_timings_so_far(srv) -> None:
+    """With `timings_per_token` each progress chunk of /completion has `timings`: nothing
+    before the first batch, then the prompt tokens computed so far and their time, never
+    going back (the suite's test_metrics_timings_on_prompt_progress)."""
+    body = {"prompt": LONG[0]["content"], "n_predict": 2, "stream": True, "cache_prompt": False,
+            "return_progress": True, "timings_per_token": True}  # fmt: skip
+    chunks = [e for e in srv.sse_json("/completion", body) if "prompt_progress" in e]
+    first = chunks[0]["timings"]
+    assert (first["prompt_n"], first["prompt_ms"], first["predicted_n"]) == (0, 0.0, 0)
+    seen = [(c["timings"]["prompt_n"], c["timings"]["prompt_ms"]) for c in chunks]
+    assert seen == sorted(seen) and seen[-1][1] > 0
+    assert [n for n, _ in seen] == [c["prompt_progress"]["processed"] for c in chunks]
+    assert all(v is not None and v >= 0 for c in chunks for v in c["timings"].values())
+
+
+def test_responses_input_tokens_count_the_rendered_prompt(srv) -> None:
+    """`/v1/responses/input_tokens` counts what `/v1/responses` would send: `input` and
+    `instructions` as the chat messages they become; bad bodies are 400s."""
+    chat = {"messages": [{"role": "system", "content": "be brief"},
+                         {"role": "user", "content": "hello world"}]}  # fmt: skip
+    want = srv.client.post("/v1/chat/completions/input_tokens", json=chat).json()
+    for path in ("/v1/responses/input_tokens", "/responses/input_tokens"):
+        got = srv.client.post(path, json={"input": "hello world", "instructions": "be brief"})
+        assert got.status_code == 200 and got.json() == want
+    for body, word in [({}, "input"), ({"input": 3}, "input"), ([1], "JSON object")]:
+        r = srv.client.post("/v1/responses/input_tokens", json=body)
+        assert r.status_code == 400 and word in r.json()["error"]["message"], r.text
