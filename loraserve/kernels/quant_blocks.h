@@ -233,7 +233,7 @@ static inline unpack_fn unpacker(int type, int *has_min) {
 
 // ---- direct decoding: the common types are read from the file's blocks in SIMD -----------
 
-// Scales (per 16 values) of one row of a directly decoded legacy type (Q8_0, Q4_0, Q5_0).
+// The scales of one row of a directly decoded legacy type (Q8_0, Q4_0, Q5_0), s[c] for chunk c.
 // One scale per 32 values, 8 at a time: the halves gathered into one vector with integer
 // inserts, then converted together (one conversion per scale cost ~0.45 ns per 32 values of
 // a 1.9 ns Q8_0 one-row matmul; this, ~0.25: measured).
