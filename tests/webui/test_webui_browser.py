@@ -132,7 +132,11 @@ def test_compare_streams_two_mixes_at_once(ui: Page) -> None:
     assert "mix: none" in infos[0] and "mix: up 1.00" in infos[1]
     slots = {cols.nth(i).locator(".info-slot").inner_text() for i in range(2)}
     assert slots == {"slot 0", "slot 1"}  # both in flight together, one slot each
-    assert "in parallel" in pg.inner_text("#compare-summary")
+    # whether the browser saw their texts overlap in time depends on how fast the tiny model
+    # answers (CI once saw one answer end before the other's first text): the summary says
+    # either; it names the slots that served the two mixes
+    summary = pg.inner_text("#compare-summary")
+    assert "(slots 0, 1)" in summary or "(slots 1, 0)" in summary, summary
 
 
 def test_adapters_load_and_unload_from_the_allowed_directory(
