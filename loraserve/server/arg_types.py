@@ -120,3 +120,14 @@ def chat_template_file(path: str) -> str:
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
+
+
+def read_api_key_file(parser: argparse.ArgumentParser, path: str) -> list[str]:
+    """The keys of an `--api-key-file` (one per line; blank lines and `#` comments skipped);
+    an unreadable file is a command-line error naming it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        parser.error(f"argument --api-key-file: cannot read {path!r}: {exc.strerror}")
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]

@@ -25,6 +25,7 @@ from loraserve.server.arg_types import (
     float_in,
     int_in,
     json_object,
+    read_api_key_file,
 )
 from loraserve.server.llama_flags import add_llama_flags
 
@@ -218,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--chat-template-kwargs",
         type=json_object,
         metavar="JSON",
-        help='extra template variables for every request, e.g. \'{"enable_thinking": false}\'',
+        help="extra template variables for every request, e.g. '{\"enable_thinking\": false}'",
     )
     a("--jinja", action="store_true", help="templates run as Jinja (always; as llama-server)")
     o = p.add_argument_group("loraserve flags")
@@ -247,15 +248,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _read_api_key_file(parser: argparse.ArgumentParser, path: str) -> list[str]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError as exc:
-        parser.error(f"argument --api-key-file: cannot read {path!r}: {exc.strerror}")
-    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-
-
 def parse_server_args(argv: list[str]) -> ServerConfig:
     """Parse a llama-server style command line (`argv` without the program name; a leading
     `serve` is skipped). Bad values exit with status 2 and a message naming the flag."""
@@ -265,7 +257,7 @@ def parse_server_args(argv: list[str]) -> ServerConfig:
         parser.error("argument -np/--parallel: must be >= 1 (or -1 = auto), got 0")
     api_keys = list(ns.api_keys)
     if ns.api_key_file:
-        api_keys += _read_api_key_file(parser, ns.api_key_file)
+        api_keys += read_api_key_file(parser, ns.api_key_file)
     if ns.slot_save_path is not None and not os.path.isdir(ns.slot_save_path):
         parser.error(f"argument --slot-save-path: not a directory: {ns.slot_save_path!r}")
     for d in ns.lora_dirs:

@@ -124,3 +124,23 @@ def parse_messages(v: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 Messages = Annotated[list[dict[str, Any]], AfterValidator(parse_messages)]
+
+
+def check_chat_tools(tools: list[dict[str, Any]] | None, choice: Any) -> None:
+    """Chat completions' `tools` and `tool_choice`: OpenAI function tools, shown to the
+    template with `tool_choice` "none" (calling tools is `/v1/messages`); ValueError naming
+    the field otherwise."""
+    for i, tool in enumerate(tools or []):
+        fn = tool.get("function")
+        if tool.get("type") != "function" or not isinstance(fn, dict):
+            raise ValueError(f'tools[{i}]: must be {{"type": "function", "function": {{...}}}}')
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ValueError(f"tools[{i}].function.name: must be a non-empty string")
+    if isinstance(choice, dict) or choice not in (None, "none", "auto", "required"):
+        raise ValueError("tool_choice: only none is supported here (/v1/messages calls tools)")
+    if tools and choice != "none":
+        raise ValueError(
+            f"tools: calling tools (tool_choice {choice or 'auto'}) is not supported on "
+            "/v1/chat/completions; with tool_choice none the template shows them, or use "
+            "/v1/messages"
+        )

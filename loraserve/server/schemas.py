@@ -27,6 +27,7 @@ from loraserve.server.fields import (
     INT32_MAX,
     Messages,
     Prompt,
+    check_chat_tools,
     check_token,
     parse_logit_bias,
     parse_mixed,
@@ -239,21 +240,7 @@ class OAIChatRequest(_GenerationParams):
 
     @model_validator(mode="after")
     def _tools(self) -> Self:
-        for i, tool in enumerate(self.tools or []):
-            fn = tool.get("function")
-            if tool.get("type") != "function" or not isinstance(fn, dict):
-                raise ValueError(f'tools[{i}]: must be {{"type": "function", "function": {{...}}}}')
-            if not isinstance(fn.get("name"), str) or not fn["name"]:
-                raise ValueError(f"tools[{i}].function.name: must be a non-empty string")
-        choice = self.tool_choice
-        if isinstance(choice, dict) or choice not in (None, "none", "auto", "required"):
-            raise ValueError("tool_choice: only none is supported here (/v1/messages calls tools)")
-        if self.tools and choice != "none":
-            raise ValueError(
-                f"tools: calling tools (tool_choice {choice or 'auto'}) is not supported on "
-                "/v1/chat/completions; with tool_choice none the template shows them, or use "
-                "/v1/messages"
-            )
+        check_chat_tools(self.tools, self.tool_choice)
         return self
 
     @model_validator(mode="after")
