@@ -7,7 +7,7 @@ The folder's ``*.c`` files (with its ``*.h``) become one shared library, built w
 system C compiler for this CPU (``-march=native``) and cached under
 ``~/.cache/loraserve/kernels`` by a hash of the sources, the compiler and the CPU's flags,
 so a later start only loads it. Plain C with ctypes, not a torch extension: gcc compiles
-the six files in parallel in about 2 s, where torch's extension headers take 30-60 s,
+the seven files in parallel in about 2 s, where torch's extension headers take 30-60 s,
 and a cold first start must stay within a few seconds.
 
 OpenMP: the libraries link the ``libgomp.so.1`` that torch ships and has already loaded,
@@ -88,7 +88,7 @@ def _cc_version(cc: str) -> str:
 LIBRARY = "kernels"  # one shared library of every source below
 # compiled to objects in parallel (the slowest, qmatmul.c, takes ~1.5 s), then linked once,
 # so the fused layers (layers.c) call the very functions the Python wrappers call
-SOURCES = ("qmatmul.c", "quantize.c", "floatmm.c", "rowops.c", "attention.c", "layers.c")
+SOURCES = ("qmatmul.c", "quantize.c", "floatmm.c", "rowops.c", "attention.c", "layers.c", "scan.c")
 
 
 def _key(cc: str) -> str:
@@ -96,7 +96,7 @@ def _key(cc: str) -> str:
     for f in sorted(SRC_DIR.glob("*.[ch]")):  # every source and header of the folder
         h.update(f.name.encode())
         h.update(f.read_bytes())
-    for part in (_cc_version(cc), _cpu_flags(), " ".join(CFLAGS), _torch_version()):
+    for part in (_cc_version(cc), _cpu_flags(), " ".join(CFLAGS + list(SOURCES)), _torch_version()):
         h.update(part.encode())
     return h.hexdigest()[:16]
 
@@ -111,8 +111,11 @@ class _Build:
         self.objs = [Path(self.tmp) / (Path(s).stem + ".o") for s in SOURCES]
         flags = [f for f in CFLAGS if f != "-shared"]
         self.procs = [
-            subprocess.Popen([cc, *flags, "-c", str(SRC_DIR / s), "-o", str(o)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+            subprocess.Popen(
+                [cc, *flags, "-c", str(SRC_DIR / s), "-o", str(o)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )  # fmt: skip
             for s, o in zip(SOURCES, self.objs, strict=True)
         ]
 

@@ -25,6 +25,7 @@ from loraserve.engine.request import Run
 from loraserve.engine.runner import BatchItem, ModelRunner
 from loraserve.engine.sampling.chain import SampleResult, sample_batch
 from loraserve.engine.sampling.state import SamplerState
+from loraserve.kernels.scan import scan_rows
 
 log = logging.getLogger("loraserve.engine")
 NON_FINITE = "the model produced non-finite logits for this request"
@@ -44,14 +45,11 @@ class StepOutcome:
 
 
 def _bad_rows(logits: torch.Tensor) -> torch.Tensor:
-    """[S] bool: rows holding inf or NaN. Any such value makes the row's float32 sum
-    non-finite, so the sum (0.06 ms for 4 x 262,144 logits, vs 2 ms for an elementwise
-    isfinite) clears the common case; only a non-finite sum, which huge finite logits can
-    also give by overflow, is checked element by element."""
-    bad = ~torch.isfinite(logits.sum(dim=1))
-    if bool(bad.any()):
-        bad = ~torch.isfinite(logits).all(dim=1)
-    return bad
+    """[S] bool: rows holding inf or NaN (one pass over the logits: `kernels.scan`; huge
+    finite logits are not flagged)."""
+    if logits.dtype != torch.float32:
+        return ~torch.isfinite(logits).all(dim=1)
+    return scan_rows(logits.contiguous())[0]
 
 
 def forward_isolated(runner: ModelRunner, work: Work) -> StepOutcome:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from loraserve.engine.sampling.ops import fast_argmax, fast_topk
+from loraserve.engine.sampling.ops import biased_argmax, fast_argmax, fast_topk
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.sampling.state import SamplerState
 
@@ -234,15 +234,21 @@ def _draw(g: _Group, states: Sequence[SamplerState]) -> list[SampleResult]:
 def sample_batch(logits: torch.Tensor, states: Sequence[SamplerState]) -> list[SampleResult]:
     """Sample one token per row. logits [B, V] (row i belongs to states[i]).
 
-    Rows may differ in every parameter. Greedy rows without logit changes or n_probs are a
-    single argmax over the batch; the others run the chain above, vectorised per group of
-    rows that find their candidates the same way (top_k set; top_k off with top_p; neither).
+    Rows may differ in every parameter. Greedy rows without penalties or n_probs (and with at
+    most a bias of distinct tokens) are a single argmax over the batch; the others run the
+    chain above, vectorised per group of rows that find their candidates the same way
+    (top_k set; top_k off with top_p; neither).
     Does not call `SamplerState.accept`.
     """
     if logits.dim() != 2 or logits.shape[0] != len(states):
         raise ValueError(f"logits must be [len(states), vocab], got {tuple(logits.shape)}")
-    if all(s.plain_greedy for s in states):
-        return [SampleResult(t) for t in fast_argmax(logits.contiguous()).tolist()]
+    if all(s.plain_greedy or s.bias_greedy for s in states):
+        tokens: list[int | None] = list(fast_argmax(logits.contiguous()).tolist())
+        for r, s in enumerate(states):
+            if s.bias_greedy:
+                tokens[r] = biased_argmax(logits[r], tokens[r], s.bias_ids, s.bias_values)
+        if None not in tokens:
+            return [SampleResult(t) for t in tokens if t is not None]
 
     x = adjusted_logits(logits, states)  # [B, V] float32
     results = [SampleResult(-1) for _ in states]

@@ -4,11 +4,14 @@ On CPU, `torch.topk` and `torch.argmax` over [8, 262144] take ~7 ms and ~5 ms (o
 while a vectorised `amax` takes ~0.4 ms. Both functions below first reduce fixed-size chunks
 with `amax`, then search only the chunks that can hold the answer (~1.3 ms and ~0.6 ms).
 Results equal torch's up to the order of tied values; other devices use torch directly.
+A float32 argmax on CPU is one C pass instead (`kernels.scan`), which also finds inf/NaN.
 """
 
 from __future__ import annotations
 
 import torch
+
+from loraserve.kernels.scan import scan_rows
 
 _CHUNK = 128
 
@@ -41,6 +44,9 @@ def fast_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def fast_argmax(x: torch.Tensor) -> torch.Tensor:
     """x [R, V] -> first index of each row's maximum [R] int64, as `torch.argmax`."""
+    if x.device.type == "cpu" and x.dtype == torch.float32:
+        bad, top = scan_rows(x.contiguous())  # one C pass (kernels/scan.c)
+        return top if not bool(bad.any()) else x.argmax(dim=-1)  # NaN rows: torch's answer
     rows, vocab = x.shape
     if x.device.type != "cpu" or vocab < 4 * _CHUNK:
         return x.argmax(dim=-1)
@@ -55,3 +61,22 @@ def fast_argmax(x: torch.Tensor) -> torch.Tensor:
     start = (chunk_max.argmax(-1) * _CHUNK).clamp(max=vocab - _CHUNK)  # [R]
     window = x.gather(1, start[:, None] + torch.arange(_CHUNK, device=x.device))  # [R, C]
     return start + window.argmax(-1)
+
+
+def biased_argmax(x: torch.Tensor, top: int, ids: torch.Tensor, values: torch.Tensor) -> int | None:
+    """The first index of the maximum of x + bias without building it: x [V] float32 (finite),
+    top = argmax(x), the bias `values` [m] at distinct token `ids` [m]. None when `top` is
+    itself biased (the unbiased maximum is then unknown: use the full row).
+
+    Exact: each biased logit is the one float32 sum x[id] + value that adding the bias into
+    a copy of the row computes, and every unbiased logit is at most x[top], which comes
+    first among the unbiased maxima."""
+    if bool((ids == top).any()):
+        return None
+    y = x[ids] + values  # [m]
+    best = x[top]
+    m = y.max()
+    if bool(m < best):
+        return top
+    first = int(ids[y == m].min())
+    return first if bool(m > best) else min(first, top)

@@ -36,6 +36,15 @@ class SamplerState:
         self.penalized = params.penalties_enabled
         self.modifies_logits = self.penalized or bool(bias)
         self.plain_greedy = params.greedy and not self.modifies_logits and params.n_probs == 0
+        # greedy under a bias of distinct tokens only (ignore_eos, most logit_bias): its token
+        # follows from the raw argmax and the biased logits (`ops.biased_argmax`)
+        self.bias_greedy = (
+            params.greedy
+            and not self.penalized
+            and params.n_probs == 0
+            and bool(bias)
+            and len({t for t, _ in bias}) == len(bias)
+        )
         # Invariant: _counts[t] == number of occurrences of t in _window (only when penalized).
         self._window_len = params.repeat_last_n if params.repeat_last_n > 0 else None
         tail = list(prompt_tokens)[-self._window_len :] if self._window_len else prompt_tokens
