@@ -93,6 +93,25 @@ def test_quantized_rows_are_independent_of_the_batch(name: str, backend: str) ->
         assert torch.equal(batch, alone[lo : lo + size]), f"{name}: batch of {size} differs"
 
 
+@pytest.mark.parametrize("name", ["Q8_0", "Q5_0"])
+def test_decode_rows_of_a_large_matrix_equal_the_four_row_tiles(name: str) -> None:
+    """Above 8 MB a legacy matrix reads one weight row at a time for decode rows (M < 4),
+    below it four at a time: the same bits, and the same as inside a batch."""
+    if K.backend() != "c":
+        pytest.skip("no C compiler on this machine")
+    rng = np.random.default_rng(11)
+    k = 256
+    n = (9 << 20) // (GGML_QUANT_SIZES[GGML_TYPE[name]][1] * k // 32)  # rows of > 8 MB
+    raw = torch.from_numpy(random_rows(rng, name, n, k))
+    x = torch.from_numpy(rng.standard_normal((5, k)).astype(np.float32))
+    big = [K.qmatmul(quantized(x[: m], name), raw, GGML_TYPE[name]) for m in (1, 2, 3, 5)]
+    small = K.qmatmul(quantized(x[:3], name), raw[:64].contiguous(), GGML_TYPE[name])
+    for y in big[1:]:
+        assert torch.equal(y[:1], big[0])
+    assert torch.equal(big[2][:, :64], small)
+    assert torch.equal(big[3][:3], big[2])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_float_kernel_is_exact_in_float64_terms_and_row_independent(dtype, backend) -> None:
     g = torch.Generator().manual_seed(3)
