@@ -104,7 +104,7 @@ def test_decode_rows_of_a_large_matrix_equal_the_four_row_tiles(name: str) -> No
     n = (9 << 20) // (GGML_QUANT_SIZES[GGML_TYPE[name]][1] * k // 32)  # rows of > 8 MB
     raw = torch.from_numpy(random_rows(rng, name, n, k))
     x = torch.from_numpy(rng.standard_normal((5, k)).astype(np.float32))
-    big = [K.qmatmul(quantized(x[: m], name), raw, GGML_TYPE[name]) for m in (1, 2, 3, 5)]
+    big = [K.qmatmul(quantized(x[:m], name), raw, GGML_TYPE[name]) for m in (1, 2, 3, 5)]
     small = K.qmatmul(quantized(x[:3], name), raw[:64].contiguous(), GGML_TYPE[name])
     for y in big[1:]:
         assert torch.equal(y[:1], big[0])

@@ -222,7 +222,7 @@ def test_props_and_request_defaults():
 
 def test_chat_template_flags(tmp_path, capsys):
     assert parse("").chat_template is None and parse("").chat_template_origin == ""
-    cfg = parse("--chat-template gemma --chat-template-kwargs {\"enable_thinking\":false}")
+    cfg = parse('--chat-template gemma --chat-template-kwargs {"enable_thinking":false}')
     assert (cfg.chat_template, cfg.chat_template_origin) == ("gemma", "--chat-template")
     assert cfg.chat_template_kwargs == {"enable_thinking": False}
     jinja = tmp_path / "t.jinja"
