@@ -127,6 +127,46 @@ def test_float_kernel_is_exact_in_float64_terms_and_row_independent(dtype, backe
     assert torch.equal(out[:, 5:55], y) and not out[:, :5].any() and not out[:, 55:].any()
 
 
+@pytest.mark.parametrize("block", [32, 256])
+def test_activation_quantizer_rounds_exactly_as_roundf(block: int) -> None:
+    """The vectorised quantizer gives C's roundf (half away from zero) of x * (127 / amax),
+    the float32 product, on every value, ties and near-ties included; its per-16 sums are
+    exact; a block with inf or NaN gets q = 0 and a NaN scale."""
+    if K.backend() != "c":
+        pytest.skip("no C compiler on this machine")
+    rng = np.random.default_rng(block)
+    m, k = 6, 1024
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.01, 10, (m, 1))).astype(np.float32)
+    x[0, :block] = np.arange(block) % 7 - 3 + 0.5  # amax 3.5: ties at x * 127 / 3.5
+    x[1, :block] = 0.0
+    x[1, block - 1] = 127.0
+    x[1, : block - 1] = np.array([0.5, -0.5, 1.5, -2.5, 0.49999997, -0.49999997, 126.5])[
+        np.arange(block - 1) % 7
+    ]  # id = 1: exact ties and the float just below one half
+    x[2, 3], x[3, block + 5] = np.inf, np.nan
+    xa = K.quantize_rows(torch.from_numpy(x), block)
+    nb = k // block
+    xb = x.reshape(m, nb, block)
+    amax = np.abs(xb).max(-1)
+    dd = (amax / np.float32(127.0)).astype(np.float32)
+    inv = np.where(dd != 0, np.float32(1.0) / np.where(dd != 0, dd, 1), 0).astype(np.float32)
+    with np.errstate(invalid="ignore"):  # the inf and NaN blocks
+        v = (xb * inv[..., None]).astype(np.float32).astype(np.float64)  # float32 product
+    ref = np.trunc(v + np.copysign(0.5, v))  # roundf, exactly (float64 holds v + 0.5)
+    bad = ~np.isfinite(xb).all(-1)
+    ref[bad] = 0
+    q = xa.q.numpy().reshape(m, nb, block)
+    assert (q == ref).all()
+    d = xa.d.numpy()
+    assert np.isnan(d[bad]).all() and (d[~bad] == dd[~bad]).all()
+    sums = ref.reshape(m, k // 16, 16).sum(-1)
+    if block == 256:
+        assert (xa.ms.numpy() == sums).all()
+    else:
+        want = (np.repeat(d, 2, axis=1) * sums.astype(np.float32)).astype(np.float32)
+        assert np.array_equal(xa.ms.numpy(), want, equal_nan=True)
+
+
 def test_activation_quantization_matches_llama_cpp_q8_0() -> None:
     """Per-32 blocks quantized as ggml's reference Q8_0 does (d = amax/127, round half away
     from zero): the same integers as gguf-py's quantizer."""
