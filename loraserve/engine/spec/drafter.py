@@ -13,6 +13,10 @@ Adaptive back-off (so that speculation costs little where it does not help):
   that the rows of a step come in eights, what the kernels share a weight read across)
   each time a draft is accepted in full, cut to what was accepted (at least `FIRST_CAP`)
   when part of it is, halved when none of it is;
+- a limit of `FIRST_CAP` or more is rounded down so that the draft and its decode row make
+  a multiple of 4 rows: the kernels run 8 and 4 rows against each weight read, and a tail
+  row costs a whole pass (measured, Gemma 270M: 17 rows 93.6 ms, 16 rows 83.9 ms, 15 rows
+  93.1 ms);
 - with more than `MAX_BATCH` sequences decoding no one drafts (the step's rows already share
   its weight reads), and the drafts of one step fit the token budget left after one row
   per decoding sequence, and at most `MAX_DRAFT_ROWS` rows.
@@ -81,7 +85,11 @@ class Speculator:
             n = min(n, req.max_tokens - len(run.generated) - 1)  # room for the bonus token
         n = min(n, self.n_ctx_slot - len(run.tokens) - 1)
         if cfg.adaptive and run.spec is not None:  # never below n_min: that would stop it
-            n = min(n, max(run.spec.cap, self._n_min(run, kind)))
+            n_min = self._n_min(run, kind)
+            n = min(n, max(run.spec.cap, n_min))
+            aligned = (n + 1) // 4 * 4 - 1  # draft + the decode row: a multiple of 4 rows
+            if n >= FIRST_CAP and aligned >= n_min:
+                n = aligned
         return max(n, 0)
 
     def _n_min(self, run: Run, kind: str) -> int:

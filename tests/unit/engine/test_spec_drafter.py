@@ -1,6 +1,7 @@
 """The speculator's decisions without a model: n-gram drafts as llama.cpp finds them (the
 packed search equals its loop), the back-off after rejections (skips, the cap and its n_min
-floor), no drafts in a large batch, and drafts that fit the step's token budget."""
+floor), draft limits rounded to whole 4-row tiles, no drafts in a large batch, and drafts
+that fit the step's token budget."""
 
 from __future__ import annotations
 
@@ -60,6 +61,28 @@ def test_backoff_never_caps_below_n_min() -> None:
     run.spec.skip = 0
     spec.propose([run], 512)
     assert len(run.draft) == 4
+
+
+def test_long_draft_limits_make_whole_four_row_tiles() -> None:
+    """A limit of FIRST_CAP or more is rounded down so that draft + decode row is a multiple
+    of 4 rows; shorter limits, and a rounding that would fall below n_min, stay as they are."""
+    history = [1, *range(10, 60), *range(10, 20)]  # a long copy follows 17 18 19
+    cfg = dataclasses.replace(MOD, ngram_mod_n_min=1, ngram_mod_n_max=40)
+    spec = Speculator(cfg, 256)
+    run = _decoding_run(history)
+    run.spec = SpecRun(cap=16)
+    spec.propose([run], 512)
+    assert len(run.draft) == 15  # 16 rows, not 17
+    run.spec.cap = 10
+    spec.propose([run], 512)
+    assert len(run.draft) == 7
+    run.spec.cap = 5  # below FIRST_CAP: as it is
+    spec.propose([run], 512)
+    assert len(run.draft) == 5
+    floor = Speculator(dataclasses.replace(cfg, ngram_mod_n_min=9), 256)
+    run.spec = SpecRun(cap=10)  # rounding to 7 would fall below n_min 9
+    floor.propose([run], 512)
+    assert len(run.draft) == 10
 
 
 def test_no_drafts_in_a_large_batch() -> None:
