@@ -160,7 +160,7 @@ class EngineCore:
                     sampling.append((run, row))
             row += item.n_logits if item.want_logits else 0
         if sampling:
-            verify(self, sampling, step.logits)
+            verify(self, sampling, step.logits, step.top)
         return True
 
     def _progress(self, run: Run) -> None:

@@ -36,12 +36,14 @@ Work = list[tuple[Run, BatchItem]]
 class StepOutcome:
     """What survived a step: ``done`` in batch order, ``logits`` [S, V] for those of them
     that want logits (same order), the failed sequences with their error message, and
-    per ``done`` item the hidden rows it asked for (embedding requests) or None."""
+    per ``done`` item the hidden rows it asked for (embedding requests) or None; ``top``
+    [S]: each logits row's first maximum when the finiteness pass found it (else None)."""
 
     done: Work
     logits: torch.Tensor
     failed: list[tuple[Run, str]] = field(default_factory=list)
     hidden: list[torch.Tensor | None] = field(default_factory=list)
+    top: torch.Tensor | None = None
 
 
 def _bad_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -62,8 +64,12 @@ def forward_isolated(runner: ModelRunner, work: Work) -> StepOutcome:
             return _failed(work[0][0], e)
         reason = f"{type(e).__name__}: {e}"
     else:
-        if not bool(_bad_rows(logits).any()):
-            return StepOutcome(work, logits, hidden=runner.hidden)
+        if logits.dtype == torch.float32:  # one pass: the bad rows and each row's argmax
+            bad, top = scan_rows(logits.contiguous())
+        else:
+            bad, top = _bad_rows(logits), None
+        if not bool(bad.any()):
+            return StepOutcome(work, logits, hidden=runner.hidden, top=top)
         if len(work) == 1:
             return StepOutcome([], logits[:0], [(work[0][0], NON_FINITE)])
         reason = "non-finite logits"

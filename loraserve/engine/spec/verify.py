@@ -41,9 +41,15 @@ def _rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
     return logits[torch.tensor(rows, dtype=torch.long)]
 
 
-def verify(core: EngineCore, entries: list[tuple[Run, int]], logits: torch.Tensor) -> None:
+def verify(
+    core: EngineCore,
+    entries: list[tuple[Run, int]],
+    logits: torch.Tensor,
+    top: torch.Tensor | None = None,
+) -> None:
     """Sample every entry (a run and its first logits row of ``logits`` [S, V]), verifying
-    each run's `Run.draft` row by row; counters, back-off and rollback follow."""
+    each run's `Run.draft` row by row; counters, back-off and rollback follow. ``top`` [S]:
+    the rows' argmax when the step already found it (`StepOutcome.top`)."""
     for run, _ in entries:
         if run.draft:
             assert run.spec is not None
@@ -53,7 +59,7 @@ def verify(core: EngineCore, entries: list[tuple[Run, int]], logits: torch.Tenso
     plain = [(r, f) for r, f in entries if r.draft and _plain_greedy(r)]
     live = [(r, f) for r, f in entries if not (r.draft and _plain_greedy(r))]
     if plain:
-        _verify_greedy(core, plain, logits)
+        _verify_greedy(core, plain, logits, top)
     depth = 0
     while live:
         core._sample([r for r, _ in live], _rows(logits, [f + depth for _, f in live]))
@@ -76,9 +82,15 @@ def _plain_greedy(run: Run) -> bool:
     return run.sampler is not None and run.sampler.plain_greedy and run.constraint is None
 
 
-def _verify_greedy(core: EngineCore, entries: list[tuple[Run, int]], logits: torch.Tensor) -> None:
-    """The same verification for plain greedy runs, with one argmax over every row."""
-    best = fast_argmax(logits.contiguous()).tolist()  # [S] each row's token
+def _verify_greedy(
+    core: EngineCore,
+    entries: list[tuple[Run, int]],
+    logits: torch.Tensor,
+    top: torch.Tensor | None,
+) -> None:
+    """The same verification for plain greedy runs, with one argmax over every row (the
+    step's own when given: these rows carry no mask, so it is theirs)."""
+    best = (top if top is not None else fast_argmax(logits.contiguous())).tolist()  # [S]
     for run, first in entries:
         draft, depth = run.draft, 0
         while True:
