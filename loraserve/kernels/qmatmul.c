@@ -25,6 +25,7 @@ void ls_quantize_rows_k(const float *x, int64_t M, int64_t K, int64_t ldx, int8_
 typedef struct {
     const int8_t *q;
     const float *d, *ms;
+    const float *dT;  // d transposed per 4 rows ([M/4 rounded up][K/32][4]), or NULL
     const int8_t *kq;
     const float *kd;
     const int16_t *kbs, *kbs32;
@@ -166,14 +167,16 @@ static void part_row(const part_t *p, int64_t n, int64_t K, const act_t *a, int6
             }
     float *out = y + p->col + n;
     int64_t m = 0;
+#define LS_DT(m) (a->dT != NULL ? a->dT + (m) / 4 * nc * 4 : NULL)
     for (; m + 8 <= M; m += 8)
         p->eight(row, t->qbuf, t->s, t->sv, t->mn, p->has_min, a->q + m * K, a->d + m * nc,
-                 a->ms + m * (K / 16), K, out + m * ldy, ldy);
+                 LS_DT(m), a->ms + m * (K / 16), K, out + m * ldy, ldy);
     for (; m + 4 <= M; m += 4)
         p->four(row, t->qbuf, t->s, t->sv, t->mn, p->has_min, a->q + m * K, a->d + m * nc,
-                a->ms + m * (K / 16), K, out + m * ldy, ldy);
+                LS_DT(m), a->ms + m * (K / 16), K, out + m * ldy, ldy);
+#undef LS_DT
     for (; m < M; m++)
-        p->one(row, t->qbuf, t->s, t->sv, t->mn, p->has_min, a->q + m * K, a->d + m * nc,
+        p->one(row, t->qbuf, t->s, t->sv, t->mn, p->has_min, a->q + m * K, a->d + m * nc, NULL,
                a->ms + m * (K / 16), K, out + m * ldy, ldy);
 }
 
@@ -227,6 +230,17 @@ static int qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws,
     return 0;
 }
 
+// The activation scales d [M, nc] transposed per 4 rows into dT [(M + 3) / 4][nc][4] (the
+// rows past M: 0), as the 4- and 8-row dot products read them; NULL when out of memory.
+static float *transpose_scales(const float *d, int64_t M, int64_t nc) {
+    const int64_t groups = (M + 3) / 4;
+    float *dT = calloc((size_t)(groups * nc * 4 + 1), sizeof(float));
+    if (dT != NULL)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t c = 0; c < nc; c++) dT[(m / 4 * nc + c) * 4 + m % 4] = d[m * nc + c];
+    return dT;
+}
+
 // The quantized matmul from float32 activations x [M, K] (row stride ldx), quantized here
 // in the forms the parts read, in one call (a decode step makes ~70 of these; each saved
 // round trip is ~15 us). Returns 0, -1 for a refused type, -2 when out of memory.
@@ -251,8 +265,10 @@ int ls_qmatmul_multi_f32(int nparts, const int *types, const uint8_t *const *ws,
     if ((!legacy || (q && d && ms)) && (!kq || (k8 && kd && b16 && b32))) {
         if (legacy) ls_quantize_rows(x, M, K, ldx, q, d, ms, nthreads);
         if (kq) ls_quantize_rows_k(x, M, K, ldx, k8, kd, b16, b32, nthreads);
-        const act_t a = {q, d, ms, k8, kd, b16, b32};
+        float *dT = legacy && M >= 4 ? transpose_scales(d, M, K / 32) : NULL;
+        const act_t a = {q, d, ms, dT, k8, kd, b16, b32};
         rc = qmatmul_multi(nparts, types, ws, ns, row_bytes, cols, K, &a, M, y, ldy, nthreads);
+        free(dT);
     }
     free(q);
     free(d);
@@ -273,7 +289,10 @@ int ls_qmatmul(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_byt
                int64_t M, float *y, int64_t ldy, int nthreads) {
     const uint8_t *ws[1] = {w};
     const int64_t zero = 0;
-    act_t a = {xq, xd, (const float *)xms, NULL, NULL, NULL, NULL};
-    if (is_kquant(type)) a = (act_t){NULL, NULL, NULL, xq, xd, (const int16_t *)xms, xbs32};
-    return qmatmul_multi(1, &type, ws, &N, &row_bytes, &zero, K, &a, M, y, ldy, nthreads);
+    float *dT = !is_kquant(type) && M >= 4 ? transpose_scales(xd, M, K / 32) : NULL;
+    act_t a = {xq, xd, (const float *)xms, dT, NULL, NULL, NULL, NULL};
+    if (is_kquant(type)) a = (act_t){NULL, NULL, NULL, NULL, xq, xd, (const int16_t *)xms, xbs32};
+    const int rc = qmatmul_multi(1, &type, ws, &N, &row_bytes, &zero, K, &a, M, y, ldy, nthreads);
+    free(dT);
+    return rc;
 }

@@ -80,8 +80,8 @@ static inline float min_term(const float *mn, const float *xms, int64_t n) {
 // 8-lane vector per chunk (R >= 4 only).
 static inline __attribute__((always_inline)) void dot_rows(
     int type, const uint8_t *row, const int8_t *qbuf, const float *s, const float *sv,
-    const float *mn, int has_min, const int8_t *x, const float *xd, const float *xms,
-    int64_t K, int R, float *out, int64_t ldy) {
+    const float *mn, int has_min, const int8_t *x, const float *xd, const float *xdT,
+    const float *xms, int64_t K, int R, float *out, int64_t ldy) {
     const int64_t nc = K / 32;
 #if defined(__AVX2__)
     // named accumulators (an array of them was spilled to the stack every chunk)
@@ -93,10 +93,17 @@ static inline __attribute__((always_inline)) void dot_rows(
 #define LS_DOT(aw, sx) _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1))
 #endif
     // exact: |w| <= 128 and |x| <= 127, so no int16 pair sum saturates
+    // With a one-scale type, 4 or 8 rows and the scales transposed (xdT: per 4 rows, nc x 4),
+    // the rows' scale products s[c] * xd[r][c] are one vector multiply per 4 rows, each row
+    // then broadcasting its own from the stack (a load, not an ALU operation): the same
+    // float products, one instruction fewer per row and chunk.
+    const int tsc = UNIFORM(type) && R >= 4 && xdT != NULL;
+    float scr[8] __attribute__((aligned(32)));
 #define LS_ROW(r, acc)                                                                        \
     do {                                                                                      \
         __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x + (r) * K + 32 * c)), w); \
-        __m256 sc = _mm256_mul_ps(scw, _mm256_broadcast_ss(xd + (r) * nc + c));               \
+        __m256 sc = tsc ? _mm256_broadcast_ss(scr + (r))                                     \
+                        : _mm256_mul_ps(scw, _mm256_broadcast_ss(xd + (r) * nc + c));          \
         acc = madd8(_mm256_cvtepi32_ps(LS_DOT(aw, sx)), sc, acc);                             \
     } while (0)
     for (int64_t c = 0; c < nc; c++) {
@@ -105,6 +112,12 @@ static inline __attribute__((always_inline)) void dot_rows(
         __m256 scw = UNIFORM(type) ? _mm256_broadcast_ss(s + c)
                      : R == 1   ? _mm256_set_m128(_mm_set1_ps(s[2 * c + 1]), _mm_set1_ps(s[2 * c]))
                                 : _mm256_loadu_ps(sv + 8 * c);
+        if (tsc) {
+            _mm_store_ps(scr, _mm_mul_ps(_mm256_castps256_ps128(scw), _mm_loadu_ps(xdT + 4 * c)));
+            if (R == 8)
+                _mm_store_ps(scr + 4, _mm_mul_ps(_mm256_castps256_ps128(scw),
+                                                 _mm_loadu_ps(xdT + 4 * nc + 4 * c)));
+        }
         LS_ROW(0, a0);
         if (R >= 4) {
             LS_ROW(1, a1);
@@ -135,6 +148,7 @@ static inline __attribute__((always_inline)) void dot_rows(
     (void)type;
     (void)row;
     (void)sv;
+    (void)xdT;
     for (int r = 0; r < R; r++) {
         float t = 0.0f;
         for (int64_t c = 0; c < nc; c++)
@@ -189,25 +203,25 @@ static inline __attribute__((always_inline)) void dot_cols(
         for (int j = 0; j < NR; j++) out[j] += min_term(mn[j], xms, K / 16);
 #else
     for (int j = 0; j < NR; j++)
-        dot_rows(type, rows[j], qb[j], s[j], NULL, mn[j], has_min, x, xd, xms, K, 1, out + j, 1);
+        dot_rows(type, rows[j], qb[j], s[j], NULL, mn[j], has_min, x, xd, NULL, xms, K, 1, out + j, 1);
 #endif
 }
 
 #define DOT_FNS(T, NAME)                                                                      \
     static void NAME##_1(const uint8_t *row, const int8_t *qb, const float *s, const float *sv, \
                          const float *mn, int hm, const int8_t *x, const float *xd,             \
-                         const float *xms, int64_t K, float *out, int64_t ldy) {                \
-        dot_rows(T, row, qb, s, sv, mn, hm, x, xd, xms, K, 1, out, ldy);                       \
+                         const float *xdT, const float *xms, int64_t K, float *out, int64_t ldy) { \
+        dot_rows(T, row, qb, s, sv, mn, hm, x, xd, xdT, xms, K, 1, out, ldy);                  \
     }                                                                                         \
     static void NAME##_4(const uint8_t *row, const int8_t *qb, const float *s, const float *sv, \
                          const float *mn, int hm, const int8_t *x, const float *xd,             \
-                         const float *xms, int64_t K, float *out, int64_t ldy) {                \
-        dot_rows(T, row, qb, s, sv, mn, hm, x, xd, xms, K, 4, out, ldy);                       \
+                         const float *xdT, const float *xms, int64_t K, float *out, int64_t ldy) { \
+        dot_rows(T, row, qb, s, sv, mn, hm, x, xd, xdT, xms, K, 4, out, ldy);                  \
     }                                                                                         \
     static void NAME##_8(const uint8_t *row, const int8_t *qb, const float *s, const float *sv, \
                          const float *mn, int hm, const int8_t *x, const float *xd,             \
-                         const float *xms, int64_t K, float *out, int64_t ldy) {                \
-        dot_rows(T, row, qb, s, sv, mn, hm, x, xd, xms, K, 8, out, ldy);                       \
+                         const float *xdT, const float *xms, int64_t K, float *out, int64_t ldy) { \
+        dot_rows(T, row, qb, s, sv, mn, hm, x, xd, xdT, xms, K, 8, out, ldy);                  \
     }                                                                                         \
     static void NAME##_c4(const uint8_t *const *rows, int8_t *const *qb, float *const *s,        \
                           float *const *mn, int hm, const int8_t *x, const float *xd,           \
@@ -217,8 +231,8 @@ static inline __attribute__((always_inline)) void dot_cols(
 typedef void (*cols_fn)(const uint8_t *const *, int8_t *const *, float *const *, float *const *,
                         int, const int8_t *, const float *, const float *, int64_t, float *);
 typedef void (*dot_fn)(const uint8_t *, const int8_t *, const float *, const float *,
-                       const float *, int, const int8_t *, const float *, const float *, int64_t,
-                       float *, int64_t);
+                       const float *, int, const int8_t *, const float *, const float *,
+                       const float *, int64_t, float *, int64_t);
 DOT_FNS(T_BUF, dot_buf)
 #if defined(__AVX2__)
 DOT_FNS(T_Q8_0, dot_q8_0)
