@@ -191,13 +191,35 @@ static inline __attribute__((always_inline)) void kdot(
             }
             const __m256i slo = _mm256_permute2x128_si256(sc16, sc16, 0x00);
             const __m256i shi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
-            for (int j = 0; j < 8; j++) {
-                const int64_t c = 8 * b + j;
-                const __m256i w = chunk_values(type, row, p ? p->q : NULL, c);
-                const __m256i aw = _mm256_sign_epi8(w, w);
-                const __m256i sv = _mm256_shuffle_epi8(
-                    j < 4 ? slo : shi, _mm256_load_si256((const __m256i *)KSH16[j & 3]));
-                LS_KROWS(c, aw, _mm256_sign_epi8(xv, w));
+            if (type == T_Q6_K) {
+                // the stored 6-bit values u = q + 32 (0..63) go to maddubs unsigned as they
+                // are (63 * 127 * 2 fits int16), and 32 * sum_j sc_j * bs16_j comes off once
+                // per super-block: the same integers as the signed form, no sign operations
+                const uint8_t *blk = row + 210 * b;
+                const __m256i lo4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+                for (int j = 0; j < 8; j++) {
+                    const int64_t c = 8 * b + j, h = j / 4, jj = j % 4;
+                    __m256i l = _mm256_loadu_si256((const __m256i *)(blk + h * 64 + (jj & 1) * 32));
+                    if (jj >> 1) l = _mm256_srli_epi16(l, 4);
+                    __m256i hi = _mm256_loadu_si256((const __m256i *)(blk + 128 + h * 32));
+                    hi = _mm256_and_si256(_mm256_srl_epi16(hi, _mm_cvtsi32_si128((int)(2 * jj))), three);
+                    const __m256i u = _mm256_or_si256(_mm256_and_si256(l, lo4), _mm256_slli_epi16(hi, 4));
+                    const __m256i sv = _mm256_shuffle_epi8(
+                        j < 4 ? slo : shi, _mm256_load_si256((const __m256i *)KSH16[j & 3]));
+                    LS_KROWS(c, u, xv);
+                }
+                for (int r = 0; r < R; r++)  // held in msum until the sums below
+                    msum[r] = 32 * hsum_i32(_mm256_madd_epi16(
+                        sc16, _mm256_loadu_si256((const __m256i *)(bs16 + r * (K / 16) + 16 * b))));
+            } else {
+                for (int j = 0; j < 8; j++) {
+                    const int64_t c = 8 * b + j;
+                    const __m256i w = chunk_values(type, row, p ? p->q : NULL, c);
+                    const __m256i aw = _mm256_sign_epi8(w, w);
+                    const __m256i sv = _mm256_shuffle_epi8(
+                        j < 4 ? slo : shi, _mm256_load_si256((const __m256i *)KSH16[j & 3]));
+                    LS_KROWS(c, aw, _mm256_sign_epi8(xv, w));
+                }
             }
             if (has_min)
                 for (int r = 0; r < R; r++)
@@ -213,6 +235,11 @@ static inline __attribute__((always_inline)) void kdot(
             isum[2] = hsum_i32(a2);
             isum[3] = hsum_i32(a3);
         }
+        if (type == T_Q6_K)  // the offset of the unsigned values (no min: msum is free again)
+            for (int r = 0; r < R; r++) {
+                isum[r] -= msum[r];
+                msum[r] = 0;
+            }
 #else
         (void)row;
         (void)bs32;
