@@ -7,7 +7,7 @@ The folder's ``*.c`` files (with its ``*.h``) become one shared library, built w
 system C compiler for this CPU (``-march=native``) and cached under
 ``~/.cache/loraserve/kernels`` by a hash of the sources, the compiler and the CPU's flags,
 so a later start only loads it. Plain C with ctypes, not a torch extension: gcc compiles
-the seven files in parallel in about 2 s, where torch's extension headers take 30-60 s,
+the six files in parallel in about 2 s, where torch's extension headers take 30-60 s,
 and a cold first start must stay within a few seconds.
 
 OpenMP: the libraries link the ``libgomp.so.1`` that torch ships and has already loaded,
@@ -88,7 +88,7 @@ def _cc_version(cc: str) -> str:
 LIBRARY = "kernels"  # one shared library of every source below
 # compiled to objects in parallel (the slowest, qmatmul.c, takes ~1.5 s), then linked once,
 # so the fused layers (layers.c) call the very functions the Python wrappers call
-SOURCES = ("qmatmul.c", "quantize.c", "floatmm.c", "rowops.c", "attention.c", "layers.c", "scan.c")
+SOURCES = ("qmatmul.c", "quantize.c", "floatmm.c", "rowops.c", "attention.c", "layers.c")
 
 
 def _key(cc: str) -> str:

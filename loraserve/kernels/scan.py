@@ -1,5 +1,5 @@
-"""One pass over a step's logits (`scan.c`): the rows holding inf or NaN, and each row's
-first maximum; torch fallbacks give the same answers."""
+"""One pass over a step's logits (`ls_scan_rows` in `rowops.c`): the rows holding inf or
+NaN, and each row's first maximum; torch fallbacks give the same answers."""
 
 from __future__ import annotations
 
