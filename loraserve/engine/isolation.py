@@ -25,7 +25,7 @@ from loraserve.engine.request import Run
 from loraserve.engine.runner import BatchItem, ModelRunner
 from loraserve.engine.sampling.chain import SampleResult, sample_batch
 from loraserve.engine.sampling.state import SamplerState
-from loraserve.kernels.scan import scan_rows
+from loraserve.kernels.rowops import scan_rows
 
 log = logging.getLogger("loraserve.engine")
 NON_FINITE = "the model produced non-finite logits for this request"
@@ -47,10 +47,7 @@ class StepOutcome:
 
 
 def _bad_rows(logits: torch.Tensor) -> torch.Tensor:
-    """[S] bool: rows holding inf or NaN (one pass over the logits: `kernels.scan`; huge
-    finite logits are not flagged)."""
-    if logits.dtype != torch.float32:
-        return ~torch.isfinite(logits).all(dim=1)
+    """[S] bool: rows holding inf or NaN (huge finite logits are not flagged)."""
     return scan_rows(logits.contiguous())[0]
 
 
@@ -64,10 +61,7 @@ def forward_isolated(runner: ModelRunner, work: Work) -> StepOutcome:
             return _failed(work[0][0], e)
         reason = f"{type(e).__name__}: {e}"
     else:
-        if logits.dtype == torch.float32:  # one pass: the bad rows and each row's argmax
-            bad, top = scan_rows(logits.contiguous())
-        else:
-            bad, top = _bad_rows(logits), None
+        bad, top = scan_rows(logits.contiguous())  # one pass: bad rows, each row's argmax
         if not bool(bad.any()):
             return StepOutcome(work, logits, hidden=runner.hidden, top=top)
         if len(work) == 1:

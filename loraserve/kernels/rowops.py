@@ -1,5 +1,5 @@
-"""Row-wise decoder operations in C (`rowops.c`), with torch fallbacks: RMSNorm, rope, and
-the gated activation of the feed-forward."""
+"""Row-wise operations in C (`rowops.c`), with torch fallbacks: RMSNorm, rope, the gated
+activation of the feed-forward, and the pass over a step's logits (`scan_rows`)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ _SIGNATURES = {
     "ls_rms_norm": ([_P, _I, _I, _I, _I, _P, _I, _F, _P, ctypes.c_int], None),
     "ls_norm_rope": ([_P, _I, _I, _I, _I, _P, _I, _F, _P, _P, _P, ctypes.c_int], None),
     "ls_gated_act": ([_P, _P, _I, _I, _I, ctypes.c_int, _P, ctypes.c_int], None),
+    "ls_scan_rows": ([_P, _I, _I, _I, _P, _P, ctypes.c_int], None),
 }
 ACTS = {"silu": 0, "gelu_tanh": 1}  # the C kernel's activation codes
 
@@ -115,3 +116,18 @@ def gated_act(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
     if act == "silu":
         return F.silu(gate) * up
     return F.gelu(gate, approximate="tanh") * up
+
+
+def scan_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pass over logits x [R, V] (rows contiguous) -> (bad [R] bool: the row holds inf or
+    NaN, top [R] int64: the first index of the row's maximum, as `torch.argmax`; for a bad
+    row it is unspecified). Huge finite logits are not flagged."""
+    rows, vocab = x.shape
+    lib = _c()
+    if lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.stride(1) != 1:
+        return ~torch.isfinite(x).all(dim=1), x.argmax(dim=1)
+    bad = torch.empty(rows, dtype=torch.uint8)
+    top = torch.empty(rows, dtype=torch.int64)
+    lib.ls_scan_rows(x.data_ptr(), rows, vocab, x.stride(0), bad.data_ptr(), top.data_ptr(),
+                     torch.get_num_threads())  # fmt: skip
+    return bad.bool(), top

@@ -4,14 +4,15 @@ On CPU, `torch.topk` and `torch.argmax` over [8, 262144] take ~7 ms and ~5 ms (o
 while a vectorised `amax` takes ~0.4 ms. Both functions below first reduce fixed-size chunks
 with `amax`, then search only the chunks that can hold the answer (~1.3 ms and ~0.6 ms).
 Results equal torch's up to the order of tied values; other devices use torch directly.
-A float32 argmax on CPU is one C pass instead (`kernels.scan`), which also finds inf/NaN.
+A float32 argmax on CPU is one C pass instead (`kernels.rowops.scan_rows`), which also
+finds inf/NaN.
 """
 
 from __future__ import annotations
 
 import torch
 
-from loraserve.kernels.scan import scan_rows
+from loraserve.kernels.rowops import scan_rows
 
 _CHUNK = 128
 

@@ -1,6 +1,6 @@
 """The sampler's row-wise kernels over a large vocabulary: the chunked top-k, the C pass
-over the logits (argmax and inf/NaN rows, `kernels.scan`) and the bias-only greedy shortcut,
-each against torch's own answer."""
+over the logits (argmax and inf/NaN rows, `kernels.rowops.scan_rows`) and the bias-only
+greedy shortcut, each against torch's own answer."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from loraserve.engine.sampling.chain import adjusted_logits, sample_batch
 from loraserve.engine.sampling.ops import fast_argmax, fast_topk
-from loraserve.kernels.scan import scan_rows
+from loraserve.kernels.rowops import scan_rows
 from tests.unit.sampling.test_sampling import state
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
