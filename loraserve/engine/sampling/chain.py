@@ -19,7 +19,13 @@ from dataclasses import dataclass
 
 import torch
 
-from loraserve.engine.sampling.ops import biased_argmax, fast_argmax, fast_topk
+from loraserve.engine.sampling.ops import (
+    biased_argmax,
+    fast_argmax,
+    fast_topk,
+    row_logsumexp,
+    row_sum,
+)
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.sampling.state import SamplerState
 
@@ -179,7 +185,7 @@ def _sampled_groups(
         group_rows = by_kind["sorted"]
         xg = _rows_of(x, group_rows)  # [R, V]
         vals, ids = fast_topk(xg, min(vocab, _TOP_P_PROBE))  # [R, P]
-        total = torch.exp((xg - vals[:, :1]).double()).sum(-1)  # [R]
+        total = row_sum(torch.exp((xg - vals[:, :1]).double()))  # [R]
         reached = torch.exp((vals - vals[:, :1]).double()).cumsum(-1)[:, -1]  # [R]
         top_p = [states[r].params.top_p for r in group_rows]
         short = reached < torch.tensor(top_p, dtype=torch.float64, device=x.device) * total
@@ -277,7 +283,7 @@ def _add_raw_probs(
     raw = _rows_of(logits, rows).to(torch.float32).contiguous()  # [R, V]
     n = min(max(states[r].params.n_probs for r in rows), raw.shape[1])
     vals, ids = fast_topk(raw, n)  # [R, n]
-    lse = torch.logsumexp(raw, dim=-1, keepdim=True)  # [R, 1]
+    lse = row_logsumexp(raw)  # [R, 1]
     chosen_ids = torch.tensor([[results[r].token] for r in rows], device=raw.device)  # [R, 1]
     chosen = torch.exp(raw.gather(1, chosen_ids) - lse)[:, 0].tolist()
     probs, ids_l = torch.exp(vals - lse).tolist(), ids.tolist()

@@ -88,3 +88,28 @@ def test_greedy_under_distinct_biases_equals_the_biased_row(
     assert states[0].bias_greedy
     want = adjusted_logits(x, states).argmax(-1).tolist()
     assert [r.token for r in sample_batch(x, states)] == want
+
+
+def test_full_vocabulary_probabilities_do_not_depend_on_the_batch() -> None:
+    """With 2 threads torch splits one long row's reduction across them but keeps each of
+    several rows on one thread: the n_probs softmax (over 262,144 logits) and top_p's full
+    row mass must still give a row the same bits alone and in a batch."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        g = torch.Generator().manual_seed(3)
+        x = torch.randn(16, 262_144, generator=g) * 6
+        probs = [state(temperature=0, n_probs=5) for _ in range(16)]
+        batch = sample_batch(x, probs)
+        for r in range(16):
+            (alone,) = sample_batch(x[r : r + 1], [probs[r]])
+            assert (alone.probs, alone.prob) == (batch[r].probs, batch[r].prob), f"row {r}"
+
+        def nucleus() -> list:
+            return [state(temperature=0.8, top_k=0, top_p=0.95, seed=r) for r in range(16)]
+
+        together = [s.token for s in sample_batch(x, nucleus())]
+        alone_tokens = [sample_batch(x[r : r + 1], [s])[0].token for r, s in enumerate(nucleus())]
+        assert together == alone_tokens
+    finally:
+        torch.set_num_threads(threads)
