@@ -120,7 +120,10 @@ def serve_in_thread(
     wait_ready: bool = True,
 ) -> Iterator[Served]:
     """Run `create_app` under uvicorn with llama-server flags `args` (`-m` is the tiny
-    model unless given); stops it on exit."""
+    model unless given); stops it on exit, with torch's thread count as it found it (a
+    process-wide setting: left at 1, every later test ran single-threaded, which hid a
+    2-thread batch dependence of the sampler's full-vocabulary sums)."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     if "-m" not in args:
         args = ["-m", str(tiny_model_path()), *args]
@@ -155,6 +158,7 @@ def serve_in_thread(
         server.should_exit = True
         thread.join(15)
         sock.close()
+        torch.set_num_threads(threads)
 
 
 def scrape_metrics(srv: Served) -> dict[str, float]:
