@@ -24,9 +24,9 @@ SUPPORTED_TYPES = ("ngram-simple", "ngram-mod", "draft-simple")  # in llama.cpp'
 
 
 def parse_types(value: str) -> tuple[str, ...]:
-    """`--spec-type`'s comma-separated list -> the types in llama.cpp's priority order (the
-    first type that drafts for a sequence wins: n-grams before the draft model), `none`
-    anywhere: none.
+    """`--spec-type`'s comma-separated list -> the types in llama.cpp's priority order (a
+    sequence takes the longest of its n-gram types' drafts, the first on a tie, and the
+    draft model's only where no n-gram type drafts), `none` anywhere: none.
 
     ValueError names an unknown type (as llama-server) or one loraserve does not implement.
     """

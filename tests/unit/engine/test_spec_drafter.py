@@ -10,6 +10,7 @@ import random
 
 from loraserve.engine.request import Request, Run
 from loraserve.engine.sampling.state import SamplerState
+from loraserve.engine.spec.config import SpecConfig
 from loraserve.engine.spec.drafter import (
     FIRST_CAP,
     MAX_BACKOFF,
@@ -83,6 +84,33 @@ def test_long_draft_limits_make_whole_four_row_tiles() -> None:
     run.spec = SpecRun(cap=10)  # rounding to 7 would fall below n_min 9
     floor.propose([run], 512)
     assert len(run.draft) == 10
+
+
+def test_the_longest_ngram_draft_wins() -> None:
+    """A loop of period 5: ngram-simple's match runs into the present after 4 tokens, while
+    ngram-mod's chain goes round the loop up to its n_max; the sequence takes the longer
+    draft, and ngram-simple's where it is the longer one (or on a tie)."""
+    loop = [7, 8, 9, 10, 11]
+    cfg = SpecConfig(
+        types=("ngram-simple", "ngram-mod"),
+        ngram_simple_size_n=3,
+        ngram_simple_size_m=8,
+        ngram_mod_n_match=3,
+        ngram_mod_n_min=1,
+        ngram_mod_n_max=8,
+    )
+    history = [1, *range(20, 40), *loop, *loop, *loop]
+    simple = ngram_simple_draft(history, 3, 8)
+    assert simple == [7, 8, 9, 10]  # stops where its match (a period back) meets the present
+    run = _decoding_run(history)
+    run.spec = SpecRun(cap=8)
+    Speculator(cfg, 256).propose([run], 512)
+    assert run.draft == (loop * 2)[:7]  # ngram-mod's chain, 7 (+ the decode row = 8 rows)
+    copy = [1, *range(20, 40), 5, 6, 7, *range(50, 60), 5, 6, 7]  # no loop: a plain copy
+    run = _decoding_run(copy)
+    run.spec = SpecRun(cap=8)
+    Speculator(dataclasses.replace(cfg, ngram_mod_n_max=2), 256).propose([run], 512)
+    assert run.draft == ngram_simple_draft(copy, 3, 8)[:7] == list(range(50, 57))
 
 
 def test_no_drafts_in_a_large_batch() -> None:
