@@ -10,9 +10,10 @@
 // ---- dot products ----------------------------------------------------------------------
 
 #define T_BUF (-1)  // values from the unpack buffer
+#define T_BUFU (-2)  // values decoded into the buffer by decode_values, one scale per 32
 // types whose scale is one per 32 values (both halves of a chunk equal): the scale vector
 // is one broadcast (the same numbers as the two-half form, fewer instructions)
-#define UNIFORM(t) ((t) == T_Q8_0 || (t) == T_Q4_0 || (t) == T_Q5_0)
+#define UNIFORM(t) ((t) == T_Q8_0 || (t) == T_Q4_0 || (t) == T_Q5_0 || (t) == T_BUFU)
 
 #if defined(__AVX2__)
 // The 32 int8 values of chunk c of a row (the same numbers the unpack functions write).
@@ -54,6 +55,20 @@ static inline __attribute__((always_inline)) __m256i chunk_values(int type, cons
     }
     default:
         return _mm256_loadu_si256((const __m256i *)(qbuf + 32 * c));
+    }
+}
+#endif
+
+#if defined(__AVX2__)
+// A Q4_0 / Q5_0 / Q6_K row's values into qbuf (32 per chunk), decoded once for many
+// activation rows (in place, every pass over 8 or 4 activation rows decodes each chunk
+// again). The same numbers as the in-place decode and the unpackers, so the same bits.
+static void decode_values(int type, const uint8_t *row, int64_t K, int8_t *qbuf) {
+    for (int64_t c = 0; c < K / 32; c++) {
+        __m256i v = type == T_Q4_0   ? chunk_values(T_Q4_0, row, NULL, c)
+                    : type == T_Q5_0 ? chunk_values(T_Q5_0, row, NULL, c)
+                                     : chunk_values(T_Q6_K, row, NULL, c);
+        _mm256_storeu_si256((__m256i *)(qbuf + 32 * c), v);
     }
 }
 #endif
@@ -235,6 +250,7 @@ typedef void (*dot_fn)(const uint8_t *, const int8_t *, const float *, const flo
                        const float *, int64_t, float *, int64_t);
 DOT_FNS(T_BUF, dot_buf)
 #if defined(__AVX2__)
+DOT_FNS(T_BUFU, dot_bufu)
 DOT_FNS(T_Q8_0, dot_q8_0)
 DOT_FNS(T_Q4_0, dot_q4_0)
 DOT_FNS(T_Q5_0, dot_q5_0)

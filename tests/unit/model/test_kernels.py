@@ -87,7 +87,7 @@ def test_quantized_rows_are_independent_of_the_batch(name: str, backend: str) ->
     x = torch.from_numpy(rng.standard_normal((64, k)).astype(np.float32))
     alone = torch.cat([K.qmatmul(quantized(x[i : i + 1], name), raw, GGML_TYPE[name])
                        for i in range(64)])  # fmt: skip
-    for size in (2, 3, 8, 17, 64):
+    for size in (2, 3, 8, 16, 17, 24, 64):  # 16 and 24: where rows are decoded once
         lo = int(rng.integers(0, 64 - size + 1))
         batch = K.qmatmul(quantized(x[lo : lo + size], name), raw, GGML_TYPE[name])
         assert torch.equal(batch, alone[lo : lo + size]), f"{name}: batch of {size} differs"
