@@ -21,11 +21,14 @@ void ls_quantize_rows_k(const float *x, int64_t M, int64_t K, int64_t ldx, int8_
 
 // Decode rows (M < 4) read 4 weight rows per activation row (part_cols4) in a matrix of up
 // to this size, one weight row at a time above it. Measured (Zen 2, 2 threads): 4 rows at a
-// time are 13-15% faster on the cache-resident layer matrices of Gemma 270M (Q5_0 2048 x
-// 640: 0.059 vs 0.069 ms), where the one-row chain of multiply-adds is the limit; on the
-// 168 MB Q8_0 output matrix, which streams from memory, one row at a time is 10% faster
-// (8.5 vs 9.5 ms: shorter bursts of compute between the rows' loads). Same bits either way.
-#define COLS4_MAX_BYTES ((int64_t)8 << 20)
+// time are 13-15% faster on the small layer matrices of Gemma 270M (Q5_0 2048 x 640, 0.9
+// MB: 0.059 vs 0.069 ms), where the one-row chain of multiply-adds is the limit, and its
+// decode step's layers take 6.5-6.8 ms against 7.0-7.3 ms one row at a time; on the 168 MB
+// Q8_0 output matrix one row at a time is 10% faster (8.5 vs 9.5 ms: shorter bursts of
+// compute between the rows' loads), and on Gemma 1B's 2.75 MB Q5_0 gate and up matrices it
+// is too (its decode step's layers: 36.0 against 37.9 ms, means of 6 interleaved runs).
+// Same bits either way.
+#define COLS4_MAX_BYTES ((int64_t)2 << 20)
 
 // Several matrices of one input side by side on the output columns (q|k|v, gate|up), in
 // one parallel region: y[:, cols[i] : cols[i] + ns[i]] = x W_i^T. The rows of all parts
