@@ -15,75 +15,7 @@
 
 #include "quant_dot.h"
 
-// int16 scales/mins per 16 values, float d/dmin per 256, of a K-quant row (and its int8
-// values when unpacked): w = d_b * sc_j * q - dm_b * mn_j.
-typedef struct {
-    int16_t *sc, *mn;
-    float *d, *dm;
-    int8_t *q;
-} kprep_t;
-
-static inline int is_kquant(int type) { return type >= T_Q2_K && type <= T_Q6_K; }
-static inline int k_has_min(int type) {
-    return type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
-}
-
-// Fills p for one row of K values (K a multiple of 256); unpack: also its int8 values.
-static void k_prepare(int type, const uint8_t *r, int64_t K, kprep_t *p, int unpack,
-                      float *fs, float *fm) {
-    int has_min;
-    if (unpack) unpacker(type, &has_min)(r, K, p->q, fs, fm);  // values only are used
-    for (int64_t b = 0; b < K / 256; b++) {
-        int16_t *sc = p->sc + 16 * b, *mn = p->mn + 16 * b;
-        switch (type) {
-        case T_Q2_K: {
-            const uint8_t *x = r + 84 * b;
-            p->d[b] = half_to_float(x + 80);
-            p->dm[b] = half_to_float(x + 82);
-            for (int j = 0; j < 16; j++) {
-                sc[j] = x[j] & 15;
-                mn[j] = x[j] >> 4;
-            }
-            break;
-        }
-        case T_Q3_K: {
-            const uint8_t *x = r + 110 * b;
-            p->d[b] = half_to_float(x + 108);
-            p->dm[b] = 0.0f;
-            for (int i = 0; i < 16; i++) {
-                int lo = i < 8 ? x[96 + i] & 15 : x[96 + i - 8] >> 4;
-                int hi = (x[104 + (i & 3)] >> (2 * (i >> 2))) & 3;
-                sc[i] = (int16_t)((lo | (hi << 4)) - 32);
-                mn[i] = 0;
-            }
-            break;
-        }
-        case T_Q4_K: case T_Q5_K: {
-            const uint8_t *x = r + (type == T_Q4_K ? 144 : 176) * b;
-            uint32_t u[4];
-            k_scale_words(x + 4, u);
-            const uint8_t *s8 = (const uint8_t *)u, *m8 = s8 + 8;
-            p->d[b] = half_to_float(x);
-            p->dm[b] = half_to_float(x + 2);
-            for (int j = 0; j < 8; j++) {
-                sc[2 * j] = sc[2 * j + 1] = s8[j];
-                mn[2 * j] = mn[2 * j + 1] = m8[j];
-            }
-            break;
-        }
-        case T_Q6_K: {
-            const uint8_t *x = r + 210 * b;
-            p->d[b] = half_to_float(x + 208);
-            p->dm[b] = 0.0f;
-            for (int j = 0; j < 16; j++) {
-                sc[j] = (int8_t)x[192 + j];
-                mn[j] = 0;
-            }
-            break;
-        }
-        }
-    }
-}
+#include "kprep.h"
 
 #if defined(__AVX2__)
 static inline int32_t hsum_i32(__m256i v) {
@@ -91,6 +23,13 @@ static inline int32_t hsum_i32(__m256i v) {
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
     return _mm_cvtsi128_si32(s);
+}
+
+// The lane sums of 4 vectors, as the 4 lanes of one (exact, like hsum_i32 of each)
+static inline __m128i hsum4_i32(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+#define LS_H(v) _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1))
+    return _mm_hadd_epi32(_mm_hadd_epi32(LS_H(v0), LS_H(v1)), _mm_hadd_epi32(LS_H(v2), LS_H(v3)));
+#undef LS_H
 }
 #endif
 
@@ -133,11 +72,15 @@ static inline __attribute__((always_inline)) void kdot(
     int64_t ldy) {
     const int64_t nb = K / 256;
     float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#if defined(__AVX2__)
+    __m128 y4 = _mm_setzero_ps();  // R == 4: y of the 4 rows, one lane each
+#endif
     for (int64_t b = 0; b < nb; b++) {
         int32_t isum[4], msum[4] = {0, 0, 0, 0};
         float d, dm = 0.0f;
 #if defined(__AVX2__)
         __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+        __m128i m4 = _mm_setzero_si128();  // R == 4: the rows' msum, one lane each
 #define LS_KROW(r, acc, c, aw, sx_of)                                                         \
     do {                                                                                      \
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x + (r) * K + 32 * (c)));            \
@@ -172,11 +115,15 @@ static inline __attribute__((always_inline)) void kdot(
                 sv = _mm256_shuffle_epi8(scv, _mm256_load_si256((const __m256i *)KSH32[2 * g + 1]));
                 LS_KROWS(c + 1, wh, xv);
             }
-            for (int r = 0; r < R; r++) {
-                __m128i t = _mm_madd_epi16(mn16, _mm_loadu_si128((const __m128i *)(bs32 + r * (K / 32) + 8 * b)));
+            if (R == 4) {
+#define LS_M(r) _mm_madd_epi16(mn16, _mm_loadu_si128((const __m128i *)(bs32 + (r) * (K / 32) + 8 * b)))
+                m4 = _mm_hadd_epi32(_mm_hadd_epi32(LS_M(0), LS_M(1)), _mm_hadd_epi32(LS_M(2), LS_M(3)));
+#undef LS_M
+            } else {
+                __m128i t = _mm_madd_epi16(mn16, _mm_loadu_si128((const __m128i *)(bs32 + 8 * b)));
                 t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
                 t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
-                msum[r] = _mm_cvtsi128_si32(t);
+                msum[0] = _mm_cvtsi128_si32(t);
             }
         } else {
             __m256i sc16;  // the 16 sub-block scales as int16
@@ -208,9 +155,15 @@ static inline __attribute__((always_inline)) void kdot(
                         j < 4 ? slo : shi, _mm256_load_si256((const __m256i *)KSH16[j & 3]));
                     LS_KROWS(c, u, xv);
                 }
-                for (int r = 0; r < R; r++)  // held in msum until the sums below
-                    msum[r] = 32 * hsum_i32(_mm256_madd_epi16(
-                        sc16, _mm256_loadu_si256((const __m256i *)(bs16 + r * (K / 16) + 16 * b))));
+                if (R == 4)  // held in m4 / msum until the sums below
+                    m4 = _mm_slli_epi32(hsum4_i32(
+                        _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(bs16 + 16 * b))),
+                        _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(bs16 + K / 16 + 16 * b))),
+                        _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(bs16 + 2 * (K / 16) + 16 * b))),
+                        _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(bs16 + 3 * (K / 16) + 16 * b)))), 5);
+                else
+                    msum[0] = 32 * hsum_i32(_mm256_madd_epi16(
+                        sc16, _mm256_loadu_si256((const __m256i *)(bs16 + 16 * b))));
             } else {
                 for (int j = 0; j < 8; j++) {
                     const int64_t c = 8 * b + j;
@@ -221,25 +174,35 @@ static inline __attribute__((always_inline)) void kdot(
                     LS_KROWS(c, aw, _mm256_sign_epi8(xv, w));
                 }
             }
-            if (has_min)
-                for (int r = 0; r < R; r++)
-                    msum[r] = hsum_i32(_mm256_madd_epi16(
-                        _mm256_loadu_si256((const __m256i *)(p->mn + 16 * b)),
-                        _mm256_loadu_si256((const __m256i *)(bs16 + r * (K / 16) + 16 * b))));
+            if (has_min) {
+                const __m256i mnv = _mm256_loadu_si256((const __m256i *)(p->mn + 16 * b));
+#define LS_M(r) _mm256_madd_epi16(mnv, _mm256_loadu_si256((const __m256i *)(bs16 + (r) * (K / 16) + 16 * b)))
+                if (R == 4) m4 = hsum4_i32(LS_M(0), LS_M(1), LS_M(2), LS_M(3));
+                else msum[0] = hsum_i32(LS_M(0));
+#undef LS_M
+            }
         }
 #undef LS_KROWS
 #undef LS_KROW
-        isum[0] = hsum_i32(a0);
-        if (R == 4) {
-            isum[1] = hsum_i32(a1);
-            isum[2] = hsum_i32(a2);
-            isum[3] = hsum_i32(a3);
-        }
-        if (type == T_Q6_K)  // the offset of the unsigned values (no min: msum is free again)
-            for (int r = 0; r < R; r++) {
-                isum[r] -= msum[r];
-                msum[r] = 0;
+        if (R == 4) {  // the 4 rows' sums and float steps side by side, one lane each:
+            // per lane exactly the scalar operations below (integer sums are exact in any
+            // order; -ffp-contract=off keeps each float multiply and add as written)
+            __m128i i4 = hsum4_i32(a0, a1, a2, a3);
+            if (type == T_Q6_K) {  // the offset of the unsigned values
+                i4 = _mm_sub_epi32(i4, m4);
+                m4 = _mm_setzero_si128();
             }
+            const __m128 xs4 = _mm_set_ps(xd[3 * nb + b], xd[2 * nb + b], xd[nb + b], xd[b]);
+            y4 = _mm_add_ps(y4, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(d), xs4), _mm_cvtepi32_ps(i4)));
+            if (has_min)
+                y4 = _mm_sub_ps(y4, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(dm), xs4), _mm_cvtepi32_ps(m4)));
+            continue;
+        }
+        isum[0] = hsum_i32(a0);
+        if (type == T_Q6_K) {  // the offset of the unsigned values (no min: msum is free again)
+            isum[0] -= msum[0];
+            msum[0] = 0;
+        }
 #else
         (void)row;
         (void)bs32;
@@ -263,6 +226,9 @@ static inline __attribute__((always_inline)) void kdot(
             if (has_min) y[r] = y[r] - (dm * xs) * (float)msum[r];
         }
     }
+#if defined(__AVX2__)
+    if (R == 4) _mm_storeu_ps(y, y4);
+#endif
     for (int r = 0; r < R; r++) out[r * ldy] = y[r];
 }
 
