@@ -155,15 +155,11 @@ static inline __attribute__((always_inline)) void kdot(
                         j < 4 ? slo : shi, _mm256_load_si256((const __m256i *)KSH16[j & 3]));
                     LS_KROWS(c, u, xv);
                 }
-                if (R == 4)  // held in m4 / msum until the sums below
-                    m4 = _mm_slli_epi32(hsum4_i32(
-                        _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(bs16 + 16 * b))),
-                        _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(bs16 + K / 16 + 16 * b))),
-                        _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(bs16 + 2 * (K / 16) + 16 * b))),
-                        _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(bs16 + 3 * (K / 16) + 16 * b)))), 5);
-                else
-                    msum[0] = 32 * hsum_i32(_mm256_madd_epi16(
-                        sc16, _mm256_loadu_si256((const __m256i *)(bs16 + 16 * b))));
+                // held in m4 / msum until the sums below
+#define LS_M(r) _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(bs16 + (r) * (K / 16) + 16 * b)))
+                if (R == 4) m4 = _mm_slli_epi32(hsum4_i32(LS_M(0), LS_M(1), LS_M(2), LS_M(3)), 5);
+                else msum[0] = 32 * hsum_i32(LS_M(0));
+#undef LS_M
             } else {
                 for (int j = 0; j < 8; j++) {
                     const int64_t c = 8 * b + j;
