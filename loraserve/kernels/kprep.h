@@ -11,6 +11,7 @@ typedef struct {
     int16_t *sc, *mn;
     float *d, *dm;
     int8_t *q;
+    int ahead;  // few activation rows (a decode step): in-place rows prefetch ahead (simd.h)
 } kprep_t;
 
 static inline int is_kquant(int type) { return type >= T_Q2_K && type <= T_Q6_K; }

@@ -76,6 +76,13 @@ static inline __attribute__((always_inline)) void kdot(
     __m128 y4 = _mm_setzero_ps();  // R == 4: y of the 4 rows, one lane each
 #endif
     for (int64_t b = 0; b < nb; b++) {
+        if ((type == T_Q4_K || type == T_Q6_K) && p->ahead) {  // a super-block's lines ahead
+            const uint8_t *f = row + (type == T_Q4_K ? 144 : 210) * b;
+            PREFETCH(f);
+            PREFETCH(f + 64);
+            PREFETCH(f + 128);
+            if (type == T_Q6_K) PREFETCH(f + 192);
+        }
         int32_t isum[4], msum[4] = {0, 0, 0, 0};
         float d, dm = 0.0f;
 #if defined(__AVX2__)

@@ -84,6 +84,7 @@ static void scratch_init(scratch_t *t, int64_t K) {
     t->kp.d = malloc(sizeof(float) * (size_t)(K / 256 + 1));
     t->kp.dm = malloc(sizeof(float) * (size_t)(K / 256 + 1));
     t->kp.q = t->qbuf;
+    t->kp.ahead = 0;
     for (int j = 0; j < 4; j++) {
         t->qb4[j] = aligned_alloc(64, qn);
         t->s4[j] = malloc(sizeof(float) * sn);
@@ -149,6 +150,7 @@ static void part_row_k(const part_t *p, int64_t n, int64_t K, const act_t *a, in
         k4 = kdot_buf_4, k1 = kdot_buf_1;
 #endif
     }
+    t->kp.ahead = M <= 4;
     float *out = y + p->col + n;
     const int64_t nb = K / 256, n16 = K / 16;
     int64_t m = 0;

@@ -15,6 +15,9 @@
 // is one broadcast (the same numbers as the two-half form, fewer instructions)
 #define UNIFORM(t) ((t) == T_Q8_0 || (t) == T_Q4_0 || (t) == T_Q5_0 || (t) == T_BUFU)
 
+// bytes per 32 values of the types decoded in place by chunk_values (0: values from a buffer)
+#define CHUNK_BYTES(t) ((t) == T_Q8_0 ? 34 : (t) == T_Q4_0 ? 18 : (t) == T_Q5_0 ? 22 : 0)
+
 #if defined(__AVX2__)
 // The 32 int8 values of chunk c of a row (the same numbers the unpack functions write).
 static inline __attribute__((always_inline)) __m256i chunk_values(int type, const uint8_t *r,
@@ -122,6 +125,8 @@ static inline __attribute__((always_inline)) void dot_rows(
         acc = madd8(_mm256_cvtepi32_ps(LS_DOT(aw, sx)), sc, acc);                             \
     } while (0)
     for (int64_t c = 0; c < nc; c++) {
+        // (4 rows: at most one such call per weight row in a prompt's many rows)
+        if (R <= 4 && CHUNK_BYTES(type)) PREFETCH(row + CHUNK_BYTES(type) * c);
         __m256i w = chunk_values(type, row, qbuf, c);
         __m256i aw = _mm256_sign_epi8(w, w);
         __m256 scw = UNIFORM(type) ? _mm256_broadcast_ss(s + c)
@@ -201,6 +206,10 @@ static inline __attribute__((always_inline)) void dot_cols(
         acc = madd8(_mm256_cvtepi32_ps(LS_DOT(aw, sx)), sc, acc);                             \
     } while (0)
     for (int64_t c = 0; c < nc; c++) {
+        if (CHUNK_BYTES(type)) {  // the 4 rows are one run of bytes: 4 chunks' worth a step
+            PREFETCH(rows[0] + 4 * CHUNK_BYTES(type) * c);
+            PREFETCH(rows[0] + 4 * CHUNK_BYTES(type) * c + 64);
+        }
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 32 * c));
         __m256 bxd = _mm256_broadcast_ss(xd + c);
         LS_COL(0, a0);
