@@ -99,6 +99,39 @@ static void lora_b(const float *b, const float *bt, int64_t r, int64_t N, const 
     for (; o < hi; o++) y[o] += dot_f(b + o * r, h, r);
 }
 
+// h[r] = dot_f(A[r], x, K) * sc for r < rank (A [rank, K]): 4 ranks' chains side by side,
+// each with exactly dot_f's operations, so the same bits as one at a time. One rank's dot
+// product is one chain of dependent multiply-adds; four keep the core busy.
+static void lora_h(const float *A, int64_t rank, const float *x, int64_t K, float sc, float *h) {
+    int64_t r = 0;
+#if defined(__AVX2__)
+    for (; r + 4 <= rank; r += 4) {
+        const float *w0 = A + r * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int64_t k = 0;
+        for (; k + 8 <= K; k += 8) {
+            const __m256 xv = _mm256_loadu_ps(x + k);
+            a0 = madd8(_mm256_loadu_ps(w0 + k), xv, a0);
+            a1 = madd8(_mm256_loadu_ps(w1 + k), xv, a1);
+            a2 = madd8(_mm256_loadu_ps(w2 + k), xv, a2);
+            a3 = madd8(_mm256_loadu_ps(w3 + k), xv, a3);
+        }
+        float t0 = hsum8(a0), t1 = hsum8(a1), t2 = hsum8(a2), t3 = hsum8(a3);
+        for (; k < K; k++) {
+            t0 += w0[k] * x[k];
+            t1 += w1[k] * x[k];
+            t2 += w2[k] * x[k];
+            t3 += w3[k] * x[k];
+        }
+        h[r] = t0 * sc;
+        h[r + 1] = t1 * sc;
+        h[r + 2] = t2 * sc;
+        h[r + 3] = t3 * sc;
+    }
+#endif
+    for (; r < rank; r++) h[r] = dot_f(A + r * K, x, K) * sc;
+}
+
 // y[t] += sum over adapters a (in order) of B_a (s[a, t] * (A_a x[t])), skipping rows whose
 // scale for a is 0. x [T, K] (row stride ldx), y [T, N] (row stride ldy); A_a [r_a, K] and
 // B_a [N, r_a] contiguous float32; s [n_ad, T]; bts NULL, or per adapter B_a transposed
@@ -113,26 +146,27 @@ int ls_lora(int n_ad, const float *const *as, const float *const *bs, const floa
     int64_t work = 0;
     for (int a = 0; a < n_ad; a++) work += ranks[a] * (K + N);
     if (work * T < (1 << 17)) nthreads = 1;
-    int rc = 0;
+    // h of every (row, adapter) first, once (the 4 column ranges below all read it)
+    float *h = malloc(sizeof(float) * (size_t)(T * n_ad * rmax));
+    if (h == NULL) return -2;
 #pragma omp parallel num_threads(nthreads)
     {
-        float *h = malloc(sizeof(float) * (size_t)rmax);
-        if (h == NULL) rc = -2;
+#pragma omp for schedule(static) collapse(2)
+        for (int64_t t = 0; t < T; t++)
+            for (int a = 0; a < n_ad; a++)
+                if (s[a * T + t] != 0.0f)
+                    lora_h(as[a], ranks[a], x + t * ldx, K, s[a * T + t],
+                           h + (t * n_ad + a) * rmax);
 #pragma omp for schedule(static) collapse(2)
         for (int64_t t = 0; t < T; t++)
             for (int64_t part = 0; part < 4; part++) {  // output columns split in 4 ranges
-                if (h == NULL) continue;
                 const int64_t lo = N * part / 4, hi = N * (part + 1) / 4;
-                for (int a = 0; a < n_ad; a++) {
-                    const float sc = s[a * T + t];
-                    if (sc == 0.0f) continue;
-                    for (int64_t r = 0; r < ranks[a]; r++)
-                        h[r] = dot_f(as[a] + r * K, x + t * ldx, K) * sc;
-                    lora_b(bs[a], bts != NULL ? bts[a] : NULL, ranks[a], N, h, y + t * ldy, lo,
-                           hi);
-                }
+                for (int a = 0; a < n_ad; a++)
+                    if (s[a * T + t] != 0.0f)
+                        lora_b(bs[a], bts != NULL ? bts[a] : NULL, ranks[a], N,
+                               h + (t * n_ad + a) * rmax, y + t * ldy, lo, hi);
             }
-        free(h);
     }
-    return rc;
+    free(h);
+    return 0;
 }

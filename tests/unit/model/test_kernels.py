@@ -253,10 +253,11 @@ def test_lora_delta_equals_per_adapter_products_bitwise(backend: str) -> None:
     """All of a target's adapters in one call: bitwise the per-adapter fmatmul products,
     added in order, rows with scale 0 untouched, into a column slice of a wider output."""
     g = torch.Generator().manual_seed(8)
-    x = torch.randn(6, 40, generator=g)
-    pairs = [(torch.randn(r, 40, generator=g), torch.randn(24, r, generator=g)) for r in (4, 8, 3)]
-    scales = torch.randn(3, 6, generator=g)
-    scales[0, 2] = scales[1, :3] = scales[2, 5] = 0.0
+    x = torch.randn(6, 43, generator=g)  # 43: a tail past the 8-lane steps
+    ranks = (4, 8, 3, 5)  # whole groups of 4 ranks, one lone rank, a group and one
+    pairs = [(torch.randn(r, 43, generator=g), torch.randn(24, r, generator=g)) for r in ranks]
+    scales = torch.randn(4, 6, generator=g)
+    scales[0, 2] = scales[1, :3] = scales[2, 5] = scales[3, 0] = 0.0
     wide = torch.randn(6, 30, generator=g)
     want = wide.clone()
     for (a, b), s in zip(pairs, scales, strict=True):
