@@ -25,11 +25,11 @@ static inline int32_t hsum_i32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-// The lane sums of 4 vectors, as the 4 lanes of one (exact, like hsum_i32 of each)
+// The lane sums of 4 vectors, as the 4 lanes of one (exact, like hsum_i32 of each): each
+// 128-bit half's sums by two 256-bit pair-adds, then the halves added
 static inline __m128i hsum4_i32(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
-#define LS_H(v) _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1))
-    return _mm_hadd_epi32(_mm_hadd_epi32(LS_H(v0), LS_H(v1)), _mm_hadd_epi32(LS_H(v2), LS_H(v3)));
-#undef LS_H
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 #endif
 
@@ -123,9 +123,16 @@ static inline __attribute__((always_inline)) void kdot(
                 LS_KROWS(c + 1, wh, xv);
             }
             if (R == 4) {
-#define LS_M(r) _mm_madd_epi16(mn16, _mm_loadu_si128((const __m128i *)(bs32 + (r) * (K / 32) + 8 * b)))
-                m4 = _mm_hadd_epi32(_mm_hadd_epi32(LS_M(0), LS_M(1)), _mm_hadd_epi32(LS_M(2), LS_M(3)));
-#undef LS_M
+                // two rows a multiply (row r in the low half, r + 1 in the high), then
+                // pair-adds: halves [r0 r2 . .] and [r1 r3 . .], interleaved
+#define LS_B(r) (const __m128i *)(bs32 + (r) * (K / 32) + 8 * b)
+                const __m256i mn2 = _mm256_broadcastsi128_si256(mn16);
+                __m256i h = _mm256_hadd_epi32(
+                    _mm256_madd_epi16(mn2, _mm256_loadu2_m128i(LS_B(1), LS_B(0))),
+                    _mm256_madd_epi16(mn2, _mm256_loadu2_m128i(LS_B(3), LS_B(2))));
+                h = _mm256_hadd_epi32(h, h);
+                m4 = _mm_unpacklo_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+#undef LS_B
             } else {
                 __m128i t = _mm_madd_epi16(mn16, _mm_loadu_si128((const __m128i *)(bs32 + 8 * b)));
                 t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
