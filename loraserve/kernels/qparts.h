@@ -167,8 +167,10 @@ static void row_prep(const part_t *p, int64_t n, int64_t K, int64_t M, rowbuf_t 
         return;
     }
     const int64_t nc = K / 32;
-    if (p->in_place) row_scales(p->type, row, K, b->s, b->mn);
-    else p->unpack(row, K, b->qbuf, b->s, b->mn);
+    // the in-place dot products read each block's scale from the row (quant_dot.h); the
+    // values decoded once into the buffer read them from b->s
+    if (!p->in_place) p->unpack(row, K, b->qbuf, b->s, b->mn);
+    else if (p->bu8 != NULL && M >= BUF_ROWS) row_scales(p->type, row, K, b->s, b->mn);
     if (M >= 4 && !(p->in_place && UNIFORM(p->type)))
         for (int64_t c = 0; c < nc; c++)
             for (int l = 0; l < 4; l++) {

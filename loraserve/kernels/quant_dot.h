@@ -129,7 +129,9 @@ static inline __attribute__((always_inline)) void dot_rows(
         if (R <= 4 && CHUNK_BYTES(type)) PREFETCH(row + CHUNK_BYTES(type) * c);
         __m256i w = chunk_values(type, row, qbuf, c);
         __m256i aw = _mm256_sign_epi8(w, w);
-        __m256 scw = UNIFORM(type) ? _mm256_broadcast_ss(s + c)
+        // in place: the block's own f16 scale (the value row_scales would have written)
+        __m256 scw = CHUNK_BYTES(type) ? _mm256_set1_ps(half_to_float(row + CHUNK_BYTES(type) * c))
+                     : UNIFORM(type) ? _mm256_broadcast_ss(s + c)
                      : R == 1   ? _mm256_set_m128(_mm_set1_ps(s[2 * c + 1]), _mm_set1_ps(s[2 * c]))
                                 : _mm256_loadu_ps(sv + 8 * c);
         if (tsc) {
