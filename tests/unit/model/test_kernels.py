@@ -79,10 +79,11 @@ def test_quantized_kernel_equals_dequantized_reference(name: str, backend: str) 
     assert (err <= bound * (1 + 1e-5) + 1e-6 * scale).all()
 
 
+@pytest.mark.parametrize("k", [256, 2048])  # 2048: 16+ rows take blocks of 8 (part_rows)
 @pytest.mark.parametrize("name", QUANT)
-def test_quantized_rows_are_independent_of_the_batch(name: str, backend: str) -> None:
+def test_quantized_rows_are_independent_of_the_batch(name: str, k: int, backend: str) -> None:
     rng = np.random.default_rng(7)
-    n, k = 26, 256  # not a multiple of the 4-row tiles
+    n = 26  # not a multiple of the 4-row tiles
     raw = torch.from_numpy(random_rows(rng, name, n, k))
     x = torch.from_numpy(rng.standard_normal((64, k)).astype(np.float32))
     alone = torch.cat([K.qmatmul(quantized(x[i : i + 1], name), raw, GGML_TYPE[name])
