@@ -19,16 +19,15 @@ void ls_quantize_rows(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t 
 void ls_quantize_rows_k(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *q, float *d,
                         int16_t *bs16, int16_t *bs32, int nthreads);
 
-// Decode rows (M < 4) read 4 weight rows per activation row (part_cols4) in a matrix of up
-// to this size, one weight row at a time above it. Measured (Zen 2, 2 threads): 4 rows at a
-// time are 13-15% faster on the small layer matrices of Gemma 270M (Q5_0 2048 x 640, 0.9
-// MB: 0.059 vs 0.069 ms), where the one-row chain of multiply-adds is the limit, and its
-// decode step's layers take 6.5-6.8 ms against 7.0-7.3 ms one row at a time; on the 168 MB
-// Q8_0 output matrix one row at a time is 10% faster (8.5 vs 9.5 ms: shorter bursts of
-// compute between the rows' loads), and on Gemma 1B's 2.75 MB Q5_0 gate and up matrices it
-// is too (its decode step's layers: 36.0 against 37.9 ms, means of 6 interleaved runs).
-// Same bits either way.
-#define COLS4_MAX_BYTES ((int64_t)2 << 20)
+// Decode rows (M < 4) of a legacy-type matrix read 4 weight rows per activation row
+// (part_cols4: four independent chains of multiply-adds), except a single row in a matrix
+// above COLS4_MAX_BYTES, which reads one weight row at a time. Measured (Zen 2, 2 threads,
+// with the read-ahead of simd.h): Gemma 1B's 5.5 MB Q5_0 gate matrix at 1 / 2 / 3 rows
+// 0.88x / 0.79x / 0.78x the time of one row at a time, and 1B's decode steps 3% faster
+// (medians of 60 steps, 3 interleaved runs); the 168 MB Q8_0 output matrix of Gemma 270M
+// at 2 / 3 rows 0.69x / 0.66x, at one row 0.97x, and 1B's 302 MB one 1.03x. Same bits
+// either way.
+#define COLS4_MAX_BYTES ((int64_t)8 << 20)
 
 // Several matrices of one input side by side on the output columns (q|k|v, gate|up), in
 // one parallel region: y[:, cols[i] : cols[i] + ns[i]] = x W_i^T. The rows of all parts
@@ -61,7 +60,8 @@ static int qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws,
             while (g >= first[i + 1]) i++;
             const part_t *p = &parts[i];
             const int64_t n0 = 4 * (g - first[i]), n1 = n0 + 4 < p->n ? n0 + 4 : p->n;
-            if (M < 4 && n1 - n0 == 4 && !p->kq && p->n * p->row_bytes <= COLS4_MAX_BYTES) {
+            if (M < 4 && n1 - n0 == 4 && !p->kq &&
+                (M > 1 || p->n * p->row_bytes <= COLS4_MAX_BYTES)) {
                 part_cols4(p, n0, K, a, M, y, ldy, &t);
             } else {
                 if (M >= ROWS_MIN_M) part_rows(p, n0, n1, K, a, M, y, ldy, &t);

@@ -96,13 +96,14 @@ def test_quantized_rows_are_independent_of_the_batch(name: str, k: int, backend:
 
 @pytest.mark.parametrize("name", ["Q8_0", "Q5_0"])
 def test_decode_rows_of_a_large_matrix_equal_the_four_row_tiles(name: str) -> None:
-    """Above 2 MB a legacy matrix reads one weight row at a time for decode rows (M < 4),
-    below it four at a time: the same bits, and the same as inside a batch."""
+    """Above 8 MB a legacy matrix reads one weight row at a time for a single decode row,
+    four at a time for 2 or 3 rows and below 8 MB: the same bits, and the same as inside a
+    batch."""
     if K.backend() != "c":
         pytest.skip("no C compiler on this machine")
     rng = np.random.default_rng(11)
     k = 256
-    n = (3 << 20) // (GGML_QUANT_SIZES[GGML_TYPE[name]][1] * k // 32)  # rows of > 2 MB
+    n = (9 << 20) // (GGML_QUANT_SIZES[GGML_TYPE[name]][1] * k // 32)  # rows of > 8 MB
     raw = torch.from_numpy(random_rows(rng, name, n, k))
     x = torch.from_numpy(rng.standard_normal((5, k)).astype(np.float32))
     big = [K.qmatmul(quantized(x[:m], name), raw, GGML_TYPE[name]) for m in (1, 2, 3, 5)]
