@@ -141,22 +141,30 @@ static void lora_h(const float *A, int64_t rank, const float *x, int64_t K, floa
 int ls_lora(int n_ad, const float *const *as, const float *const *bs, const float *const *bts,
             const int64_t *ranks, const float *s, const float *x, int64_t ldx, int64_t T,
             int64_t K, float *y, int64_t ldy, int64_t N, int nthreads) {
-    int64_t rmax = 1;
-    for (int a = 0; a < n_ad; a++) rmax = ranks[a] > rmax ? ranks[a] : rmax;
     int64_t work = 0;
     for (int a = 0; a < n_ad; a++) work += ranks[a] * (K + N);
     if (work * T < (1 << 17)) nthreads = 1;
-    // h of every (row, adapter) first, once (the 4 column ranges below all read it)
-    float *h = malloc(sizeof(float) * (size_t)(T * n_ad * rmax));
-    if (h == NULL) return -2;
+    // h of every (row, adapter) in the row's mix first, once (the 4 column ranges below all
+    // read it): off[t * n_ad + a] is where it starts in h
+    int64_t *off = malloc(sizeof(int64_t) * (size_t)(T * n_ad + 1)), used = 0;
+    if (off == NULL) return -2;
+    for (int64_t t = 0; t < T; t++)
+        for (int a = 0; a < n_ad; a++) {
+            off[t * n_ad + a] = used;
+            if (s[a * T + t] != 0.0f) used += ranks[a];
+        }
+    float *h = malloc(sizeof(float) * (size_t)(used + 1));
+    if (h == NULL) {
+        free(off);
+        return -2;
+    }
 #pragma omp parallel num_threads(nthreads)
     {
 #pragma omp for schedule(static) collapse(2)
         for (int64_t t = 0; t < T; t++)
             for (int a = 0; a < n_ad; a++)
                 if (s[a * T + t] != 0.0f)
-                    lora_h(as[a], ranks[a], x + t * ldx, K, s[a * T + t],
-                           h + (t * n_ad + a) * rmax);
+                    lora_h(as[a], ranks[a], x + t * ldx, K, s[a * T + t], h + off[t * n_ad + a]);
 #pragma omp for schedule(static) collapse(2)
         for (int64_t t = 0; t < T; t++)
             for (int64_t part = 0; part < 4; part++) {  // output columns split in 4 ranges
@@ -164,9 +172,10 @@ int ls_lora(int n_ad, const float *const *as, const float *const *bs, const floa
                 for (int a = 0; a < n_ad; a++)
                     if (s[a * T + t] != 0.0f)
                         lora_b(bs[a], bts != NULL ? bts[a] : NULL, ranks[a], N,
-                               h + (t * n_ad + a) * rmax, y + t * ldy, lo, hi);
+                               h + off[t * n_ad + a], y + t * ldy, lo, hi);
             }
     }
     free(h);
+    free(off);
     return 0;
 }
