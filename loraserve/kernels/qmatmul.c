@@ -63,9 +63,10 @@ static int qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws,
             if (M < 4 && n1 - n0 == 4 && !p->kq &&
                 (M > 1 || p->n * p->row_bytes <= COLS4_MAX_BYTES)) {
                 part_cols4(p, n0, K, a, M, y, ldy, &t);
+            } else if (M >= ROWS_MIN_M) {
+                part_rows(p, n0, n1, K, a, M, y, ldy, &t);
             } else {
-                if (M >= ROWS_MIN_M) part_rows(p, n0, n1, K, a, M, y, ldy, &t);
-                else for (int64_t n = n0; n < n1; n++) part_row(p, n, K, a, M, y, ldy, &t);
+                for (int64_t n = n0; n < n1; n++) part_row(p, n, K, a, M, y, ldy, &t);
             }
         }
         scratch_free(&t);

@@ -94,8 +94,9 @@ static inline float min_term(const float *mn, const float *xms, int64_t n) {
 // One weight row against R activation rows (R a compile-time constant: 1, 4 or 8). Every
 // output gets exactly the same operations in the same order whatever R is and whether the
 // values are decoded in place or read from the unpack buffer, so no bit depends on the
-// batch. s/mn: scales and offsets per 16 values (mn with has_min); sv: the scales as one
-// 8-lane vector per chunk (R >= 4 only).
+// batch. s/mn: scales and offsets per 16 values (mn with has_min; the types decoded in
+// place read their scales from the row instead); sv: the scales as one 8-lane vector per
+// chunk (R >= 4 only).
 static inline __attribute__((always_inline)) void dot_rows(
     int type, const uint8_t *row, const int8_t *qbuf, const float *s, const float *sv,
     const float *mn, int has_min, const int8_t *x, const float *xd, const float *xdT,
