@@ -90,7 +90,10 @@ LIBRARY = "kernels"  # one shared library of every source below
 # fused layers (layers.c) call the very functions the Python wrappers call. Two units, not
 # six: every file parses the intrinsics headers (~0.3 s of CPU each), and a cold first start
 # waits for this build (measured on 2 cores: six objects 2.95 s, these two 2.2 s)
-UNITS = (("qmatmul.c", "quantize.c"), ("floatmm.c", "rowops.c", "attention.c", "layers.c"))
+UNITS = (
+    ("qmatmul.c", "quantize.c"),
+    ("packed.c", "floatmm.c", "rowops.c", "attention.c", "layers.c"),
+)
 
 
 def _key(cc: str) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from typing import NamedTuple
 
 import torch
@@ -51,6 +52,8 @@ _SIGNATURES = {
     "ls_quantize_rows_k": ([_P, _I, _I, _I, _P, _P, _P, _P, _CI], None),
     "ls_qmatmul": ([_CI, _P, _I, _I, _I, _P, _P, _P, _P, _I, _P, _I, _CI], _CI),
     "ls_qmatmul_multi_f32": ([_CI, _P, _P, _P, _P, _P, _I, _P, _I, _I, _P, _I, _CI], _CI),
+    "ls_repack": ([_CI, _P, _I, _I, _I, _P, _CI, _CI], _CI),
+    "ls_packed_group_bytes": ([_CI, _I], _I),
 }
 
 
@@ -70,12 +73,52 @@ def backend() -> str:
 
 
 K_QUANTS = frozenset({10, 11, 12, 13, 14})  # Q2_K .. Q6_K: activations per 256 values
+PACKED = 256  # a kernel type code `PACKED | ggml type`: rows repacked by `pack_rows`
+PACKABLE = frozenset({2, 6, 8, 12})  # Q4_0, Q5_0, Q8_0, Q4_K
+PACK_ROWS = 8
+
+
+def pack_rows(raw: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor | None:
+    """ggml rows [N, row_bytes] uint8 -> the same values repacked 8 rows to a group
+    (``kernels/packed.h``: a vector's lanes are 8 weight rows, the layout prompt-sized
+    matmuls run fastest on), as [N, group_bytes / 8] uint8 for the kernel type
+    ``PACKED | ggml_type``; None where the type, the row count or the backend has no
+    packed kernel (the rows then stay as they are). ``LORASERVE_KERNEL_NO_PACK=1`` keeps
+    every matrix in the file's layout (for side-by-side measurements)."""
+    lib = _c()
+    n = raw.shape[0]
+    if os.environ.get("LORASERVE_KERNEL_NO_PACK") == "1":
+        return None
+    if lib is None or ggml_type not in PACKABLE or n % PACK_ROWS or n == 0:
+        return None
+    gb = lib.ls_packed_group_bytes(ggml_type, k)
+    if gb <= 0:
+        return None
+    raw = raw.contiguous()
+    out = torch.empty(n, gb // PACK_ROWS, dtype=torch.uint8)
+    rc = lib.ls_repack(ggml_type, raw.data_ptr(), n, k, raw.stride(0), out.data_ptr(), 1,
+                       torch.get_num_threads())  # fmt: skip
+    return out if rc == 0 else None
+
+
+def unpack_rows(packed: torch.Tensor, ggml_type: int, k: int, row_bytes: int) -> torch.Tensor:
+    """The inverse of `pack_rows`: packed [N, *] -> the file's rows [N, row_bytes] uint8."""
+    lib = _c()
+    if lib is None:
+        raise RuntimeError("packed rows need the C kernels")
+    out = torch.empty(packed.shape[0], row_bytes, dtype=torch.uint8)
+    rc = lib.ls_repack(ggml_type, out.data_ptr(), packed.shape[0], k, row_bytes,
+                       packed.data_ptr(), 0, torch.get_num_threads())  # fmt: skip
+    if rc != 0:
+        raise ValueError(f"rows of ggml type {ggml_type} are not packed ones")
+    return out
 
 
 def activation_block(ggml_type: int) -> int:
     """The activation block a quantized type's kernel reads: 256 for the K-quants (one
-    scale per 256, integer sub-block scales: llama.cpp's Q8_K), 32 otherwise (Q8_0)."""
-    return 256 if ggml_type in K_QUANTS else 32
+    scale per 256, integer sub-block scales: llama.cpp's Q8_K), 32 otherwise (Q8_0);
+    packed types as their ggml type."""
+    return 256 if (ggml_type & ~PACKED) in K_QUANTS else 32
 
 
 class QuantizedRows(NamedTuple):
@@ -160,6 +203,8 @@ def qmatmul(
         return out
     lib = _c()
     if lib is None:
+        if ggml_type & PACKED:
+            raise ValueError("packed rows need the C kernels")
         return rowwise_torch(_dequantize_rows(xa), _float_weight(raw, ggml_type, k), out)
     if out.stride(1) != 1 or raw.stride(1) != 1:
         raise ValueError("qmatmul needs unit column strides")
@@ -183,7 +228,7 @@ class QuantizedParts:
         if not 1 <= len(parts) <= 8:
             raise ValueError(f"QuantizedParts takes 1 to 8 parts, got {len(parts)}")
         for raw, t, _ in parts:
-            if t not in QUANT_TYPES:
+            if (t & ~PACKED) not in QUANT_TYPES or (t & PACKED and _c() is None):
                 raise ValueError(f"no quantized kernel for ggml type {t}")
             if raw.stride(1) != 1:
                 raise ValueError("weight rows must be contiguous")

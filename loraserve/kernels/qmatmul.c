@@ -48,7 +48,8 @@ static int qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws,
     // tasks: blocks of 4 rows of one part (the last block of a part may be shorter)
     int64_t first[9];
     first[0] = 0;
-    for (int i = 0; i < nparts; i++) first[i + 1] = first[i] + (parts[i].n + 3) / 4;
+    for (int i = 0; i < nparts; i++)
+        first[i + 1] = first[i] + (parts[i].packed ? parts[i].n / PK_ROWS : (parts[i].n + 3) / 4);
     const int64_t n_tasks = first[nparts];
 #pragma omp parallel num_threads(nthreads)
     {
@@ -59,6 +60,10 @@ static int qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws,
             int i = 0;
             while (g >= first[i + 1]) i++;
             const part_t *p = &parts[i];
+            if (p->packed) {
+                part_packed(p, PK_ROWS * (g - first[i]), K, a, M, y, ldy);
+                continue;
+            }
             const int64_t n0 = 4 * (g - first[i]), n1 = n0 + 4 < p->n ? n0 + 4 : p->n;
             if (M < 4 && n1 - n0 == 4 && !p->kq &&
                 (M > 1 || p->n * p->row_bytes <= COLS4_MAX_BYTES)) {
@@ -94,7 +99,7 @@ int ls_qmatmul_multi_f32(int nparts, const int *types, const uint8_t *const *ws,
                          int64_t ldy, int nthreads) {
     int legacy = 0, kq = 0;
     for (int i = 0; i < nparts && i < 8; i++) {
-        if (is_kquant(types[i])) kq = 1;
+        if (is_kquant(types[i] & ~PACKED)) kq = 1;
         else legacy = 1;
     }
     if (kq && K % 256 != 0) return -1;
@@ -133,9 +138,9 @@ int ls_qmatmul(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_byt
                int64_t M, float *y, int64_t ldy, int nthreads) {
     const uint8_t *ws[1] = {w};
     const int64_t zero = 0;
-    float *dT = !is_kquant(type) && M >= 4 ? transpose_scales(xd, M, K / 32) : NULL;
+    float *dT = !is_kquant(type & ~PACKED) && M >= 4 ? transpose_scales(xd, M, K / 32) : NULL;
     act_t a = {xq, xd, (const float *)xms, dT, NULL, NULL, NULL, NULL};
-    if (is_kquant(type)) a = (act_t){NULL, NULL, NULL, NULL, xq, xd, (const int16_t *)xms, xbs32};
+    if (is_kquant(type & ~PACKED)) a = (act_t){NULL, NULL, NULL, NULL, xq, xd, (const int16_t *)xms, xbs32};
     const int rc = qmatmul_multi(1, &type, ws, &N, &row_bytes, &zero, K, &a, M, y, ldy, nthreads);
     free(dT);
     return rc;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "kquant.h"
+#include "packed.h"
 
 // One call's activations in the forms its parts read: per 32 (q, d, ms: legacy types) and
 // per 256 (kq, kd, kbs: K-quants); a form no part reads may be NULL.
@@ -28,6 +29,7 @@ static int use_direct(int type) {
 // How one weight matrix is read: its unpacker or in-place decoder, chosen once per call.
 typedef struct {
     int type, has_min, in_place, kq;  // kq: a K-quant, on per-256 activations
+    int packed;  // rows repacked in groups of 8 (packed.h; n a multiple of 8)
     unpack_fn unpack;
     dot_fn one, four, eight;
     dot_fn bu4, bu8;  // Q4_0 / Q5_0 in place: 4 and 8 rows on values decoded once (or NULL)
@@ -39,6 +41,11 @@ typedef struct {
 
 static int part_init(part_t *p, int type, const uint8_t *w, int64_t n, int64_t row_bytes,
                      int64_t col) {
+    p->packed = (type & PACKED) != 0;
+    if (p->packed) {
+        type &= ~PACKED;
+        if (!packable(type) || n % PK_ROWS != 0) return -1;
+    }
     p->unpack = unpacker(type, &p->has_min);
     if (p->unpack == NULL) return -1;
     p->type = type;
@@ -235,5 +242,27 @@ static void part_rows(const part_t *p, int64_t n0, int64_t n1, int64_t K, const 
     for (int64_t m0 = 0; m0 < M; m0 += blk) {
         const int64_t m1 = m0 + blk < M ? m0 + blk : M;
         for (int64_t n = n0; n < n1; n++) row_dots(p, n, K, a, m0, m1, y, ldy, &t->r[n - n0]);
+    }
+}
+
+// R (1..4) activation rows x [R, K] against packed group g, into out (packed.c)
+void ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd,
+                    const int16_t *bs32, int64_t K, int R, int ahead, float *out, int64_t ldy);
+
+// Output columns p->col + n0 .. + 7 of all M rows from the packed group holding row n0: 4
+// activation rows at a time, then the rest together (the same numbers per output
+// whatever the tile: packed.h).
+static void part_packed(const part_t *p, int64_t n0, int64_t K, const act_t *a, int64_t M,
+                        float *y, int64_t ldy) {
+    const uint8_t *g = p->w + n0 / PK_ROWS * packed_group_bytes(p->type, K);
+    for (int64_t m = 0; m < M; m += 4) {
+        const int R = M - m < 4 ? (int)(M - m) : 4;
+        float *out = y + m * ldy + p->col + n0;
+        if (p->kq)
+            ls_packed_tile(p->type, g, a->kq + m * K, a->kd + m * (K / 256),
+                           a->kbs32 + m * (K / 32), K, R, M <= 4, out, ldy);
+        else
+            ls_packed_tile(p->type, g, a->q + m * K, a->d + m * (K / 32), NULL, K, R, M <= 4,
+                           out, ldy);
     }
 }

@@ -242,6 +242,18 @@ class GGUFFile:
         info = self._info(name)
         return self._data[info.offset : info.offset + info.nbytes]
 
+    def release(self, name: str) -> None:
+        """Drop this process's resident pages of the tensor's bytes (the whole pages inside
+        it), once a copy of them is what serves: a later read maps them in again."""
+        info = self._info(name)
+        if self._mm is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        lo = -(-info.offset // page) * page
+        hi = (info.offset + info.nbytes) // page * page
+        if hi > lo:
+            self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
     def tensor(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The tensor dequantized to a new tensor of `dtype` and shape `tensors[name].shape`.
 

@@ -19,11 +19,14 @@ from torch import nn
 
 from loraserve.kernels import (
     FLOAT_TYPES,
+    PACKED,
     QUANT_TYPES,
     QuantizedParts,
     activation_block,
+    pack_rows,
     qmatmul,
     quantize_rows,
+    unpack_rows,
 )
 from loraserve.kernels.floatmm import fmatmul
 from loraserve.model.context import get_context
@@ -37,13 +40,17 @@ class Matrix:
     """A 2-D weight [n_out, n_in] in its stored form.
 
     ``data`` is [n_out, row_bytes] uint8 ggml rows for quantized types, or [n_out, n_in] of
-    float32/float16/bfloat16 for the float types (ids 0, 1, 30).
+    float32/float16/bfloat16 for the float types (ids 0, 1, 30). ``packed``: the quantized
+    rows repacked 8 to a group for the kernels (`kernels.pack_rows`), ``data`` then
+    [n_out, group_bytes / 8] uint8 and ``row_bytes`` the file's bytes per row.
     """
 
     name: str
     data: torch.Tensor
     ggml_type: int
     shape: tuple[int, int]
+    packed: bool = False
+    row_bytes: int = 0
 
     @staticmethod
     def from_raw(name: str, raw: torch.Tensor, ggml_type: int, shape: tuple[int, int]) -> Matrix:
@@ -71,16 +78,38 @@ class Matrix:
     def quantized(self) -> bool:
         return self.ggml_type in QUANT_TYPES
 
+    @property
+    def kernel_type(self) -> int:
+        """The type code the kernels read ``data`` as (`kernels.PACKED` set when packed)."""
+        return self.ggml_type | PACKED if self.packed else self.ggml_type
+
+    def file_rows(self) -> torch.Tensor:
+        """The weight as ggml rows [n_out, row_bytes] (unpacked when packed)."""
+        if not self.packed:
+            return self.data
+        return unpack_rows(self.data, self.ggml_type, self.shape[1], self.row_bytes)
+
+    def pack(self) -> Matrix:
+        """This matrix with its rows repacked for the kernels where its type has a packed
+        kernel (the same values: `kernels.pack_rows`), else itself."""
+        if self.packed or not self.quantized:
+            return self
+        data = pack_rows(self.data, self.ggml_type, self.shape[1])
+        if data is None:
+            return self
+        return Matrix(self.name, data, self.ggml_type, self.shape, True, self.data.shape[1])
+
     def rows(self, index: torch.Tensor) -> Matrix:
-        """The rows ``index`` [r] (a reordering or a subset), copied."""
-        return Matrix(self.name, self.data.index_select(0, index), self.ggml_type,
+        """The rows ``index`` [r] (a reordering or a subset), copied, as ggml rows."""
+        return Matrix(self.name, self.file_rows().index_select(0, index), self.ggml_type,
                       (index.numel(), self.shape[1]))  # fmt: skip
 
     def dequantized(self) -> torch.Tensor:
         """float32 [n_out, n_in] copy of the weight's values."""
         if not self.quantized:
             return self.data.float()
-        return dequantize(self.data.contiguous(), self.ggml_type, self.shape, name=self.name)
+        return dequantize(self.file_rows().contiguous(), self.ggml_type, self.shape,
+                          name=self.name)  # fmt: skip
 
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()
@@ -90,7 +119,8 @@ def matmul(x: torch.Tensor, m: Matrix, out: torch.Tensor | None = None) -> torch
     """x [T, n_in] float32 -> [T, n_out] through ``m``'s kernel (for one-off projections
     such as experts; `Projection` shares the activation quantization between parts)."""
     if m.quantized:
-        return qmatmul(quantize_rows(x, activation_block(m.ggml_type)), m.data, m.ggml_type, out)
+        xa = quantize_rows(x, activation_block(m.ggml_type))
+        return qmatmul(xa, m.data, m.kernel_type, out)
     return fmatmul(x, m.data, out)
 
 
@@ -123,7 +153,7 @@ class Projection(nn.Module):
                 raise ValueError(f"{p.name}: {self.in_features} inputs is not whole blocks")
         # the quantized parts run as one kernel call; float parts one call each
         quant = [
-            (p.data, p.ggml_type, lo)
+            (p.data, p.kernel_type, lo)
             for p, (_, lo, _) in zip(parts, self.spans, strict=True)
             if p.quantized
         ]

@@ -4,9 +4,10 @@
 routers) as float32, matrices as a `Matrix` in the form the precision asks for. The
 precision is declared once, at load:
 
-- ``native`` (the default): matrices stay as the file stores them (a GGUF file's quantized
-  rows, memory-mapped; a Hugging Face folder's float tensors) and run on the row-independent
-  kernels of `loraserve.kernels`; embedding rows are dequantized on lookup.
+- ``native`` (the default): matrices keep the file's own values and bit widths (a GGUF
+  file's quantized rows, memory-mapped, or repacked once 8 rows to a group where the type
+  has a packed kernel; a Hugging Face folder's float tensors) and run on the
+  row-independent kernels of `loraserve.kernels`; embedding rows are dequantized on lookup.
 - ``float32``: every matrix dequantized to float32 once, the exact reference path (the
   transformers parity tests run it).
 """
@@ -78,7 +79,10 @@ class WeightSource:
         if self._permuted(name):
             heads = self.cfg.n_heads if ".attn_q." in name else self.cfg.n_kv_heads
             m = m.rows(unpermute_qk(torch.arange(shape[0]), heads))
-        return m
+        packed = m.pack()
+        if packed is not m:  # the copy serves now: the mapping's pages need not stay
+            self._gg.release(name)  # type: ignore[union-attr]
+        return packed
 
     def experts(self, name: str) -> list[Matrix] | None:
         """A stacked expert tensor [E, n_out, n_in] as one Matrix per expert."""

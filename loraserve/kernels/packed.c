@@ -1,0 +1,114 @@
+// Repacking ggml rows into the 8-row layouts of packed.h (once, at load) and back (exact:
+// unpack(pack(rows)) gives the file's bytes again, which the tests check), and the packed
+// matmul tiles that qmatmul.c's tasks call (a unit of their own: the kernels compile in
+// parallel with qmatmul.c's, which a cold first start waits for).
+
+#include "packed_k.h"
+
+void ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd,
+                    const int16_t *bs32, int64_t K, int R, int ahead, float *out, int64_t ldy) {
+#define LS_T(RR)                                                                              \
+    do {                                                                                      \
+        if (type == T_Q8_0) pk_dot_q8_0(g, x, xd, K, RR, ahead, out, ldy);                    \
+        else if (type == T_Q5_0 || type == T_Q4_0)                                            \
+            pk_dot_q5_0(g, type == T_Q5_0, x, xd, K, RR, ahead, out, ldy);                    \
+        else pk_dot_q4_k(g, x, xd, bs32, K, RR, ahead, out, ldy);                             \
+    } while (0)
+    switch (R) {
+    case 4: LS_T(4); break;
+    case 3: LS_T(3); break;
+    case 2: LS_T(2); break;
+    default: LS_T(1); break;
+    }
+#undef LS_T
+}
+
+// group bytes of a packable type, 0 otherwise (for the Python side's allocation)
+int64_t ls_packed_group_bytes(int type, int64_t K) { return packed_group_bytes(type, K); }
+
+// Q4_K's 12 scale bytes from the 8 six-bit scales and mins (the inverse of k_scale_words)
+static void q4_k_scale_bytes(const uint8_t *sc, const uint8_t *mn, uint8_t q[12]) {
+    for (int j = 0; j < 4; j++) {
+        q[j] = (uint8_t)((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+        q[j + 4] = (uint8_t)((mn[j] & 63) | ((mn[j + 4] >> 4) << 6));
+        q[j + 8] = (uint8_t)((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
+    }
+}
+
+// One group of 8 rows (src rows at stride row_bytes) <-> its packed bytes g; dir 1 packs.
+static void pack_group(int type, uint8_t *rows, int64_t row_bytes, int64_t K, uint8_t *g,
+                       int dir) {
+#define LS_MOVE(packed, raw, n)                                                               \
+    do {                                                                                      \
+        if (dir) memcpy((packed), (raw), (n));                                                \
+        else memcpy((raw), (packed), (n));                                                    \
+    } while (0)
+    for (int r = 0; r < PK_ROWS; r++) {
+        uint8_t *row = rows + r * row_bytes;
+        if (type == T_Q8_0) {
+            for (int64_t c = 0; c < K / 32; c++) {
+                uint8_t *blk = g + 272 * c, *src = row + 34 * c;
+                LS_MOVE(blk + 2 * r, src, 2);
+                for (int t = 0; t < 8; t++) LS_MOVE(blk + 16 + 32 * t + 4 * r, src + 2 + 4 * t, 4);
+            }
+        } else if (type == T_Q5_0 || type == T_Q4_0) {
+            const int hb = type == T_Q5_0, bb = hb ? 176 : 144, rb = hb ? 22 : 18;
+            for (int64_t c = 0; c < K / 32; c++) {
+                uint8_t *blk = g + bb * c, *src = row + rb * c, *nib = blk + (hb ? 48 : 16);
+                LS_MOVE(blk + 2 * r, src, 2);
+                for (int u = 0; u < 4; u++) LS_MOVE(nib + 32 * u + 4 * r, src + rb - 16 + 4 * u, 4);
+                if (!hb) continue;
+                uint32_t qh = 0;  // bit j: the fifth bit of value j = 4t + i
+                if (dir) memcpy(&qh, src + 2, 4);
+                for (int i = 0; i < 4; i++) {
+                    uint8_t *hbyte = blk + 16 + 4 * r + i;
+                    if (dir) {
+                        *hbyte = 0;
+                        for (int t = 0; t < 8; t++) *hbyte |= (uint8_t)(((qh >> (4 * t + i)) & 1) << t);
+                    } else {
+                        for (int t = 0; t < 8; t++) qh |= (uint32_t)((*hbyte >> t) & 1) << (4 * t + i);
+                    }
+                }
+                if (!dir) memcpy(src + 2, &qh, 4);
+            }
+        } else {  // T_Q4_K
+            for (int64_t b = 0; b < K / 256; b++) {
+                uint8_t *blk = g + 1184 * b, *src = row + 144 * b;
+                LS_MOVE(blk + 2 * r, src, 2);
+                LS_MOVE(blk + 16 + 2 * r, src + 2, 2);
+                if (dir) {
+                    uint32_t u[4];
+                    k_scale_words(src + 4, u);
+                    const uint8_t *s8 = (const uint8_t *)u;
+                    for (int j = 0; j < 8; j++) {
+                        blk[32 + 8 * j + r] = s8[j];
+                        blk[96 + 8 * j + r] = s8[8 + j];
+                    }
+                } else {
+                    uint8_t sc[8], mn[8];
+                    for (int j = 0; j < 8; j++) {
+                        sc[j] = blk[32 + 8 * j + r];
+                        mn[j] = blk[96 + 8 * j + r];
+                    }
+                    q4_k_scale_bytes(sc, mn, src + 4);
+                }
+                for (int gp = 0; gp < 4; gp++)
+                    for (int t = 0; t < 8; t++)
+                        LS_MOVE(blk + 160 + 256 * gp + 32 * t + 4 * r, src + 16 + 32 * gp + 4 * t, 4);
+            }
+        }
+    }
+#undef LS_MOVE
+}
+
+// rows [N, row_bytes] of `type` -> packed [N / 8][group bytes] (dir 1), or back (dir 0).
+// Returns 0, or -1 when the type is not packable or N is not whole groups.
+int ls_repack(int type, uint8_t *rows, int64_t N, int64_t K, int64_t row_bytes, uint8_t *packed,
+              int dir, int nthreads) {
+    const int64_t gb = packed_group_bytes(type, K);
+    if (gb == 0 || N % PK_ROWS != 0 || K % (type == T_Q4_K ? 256 : 32) != 0) return -1;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t g = 0; g < N / PK_ROWS; g++)
+        pack_group(type, rows + g * PK_ROWS * row_bytes, row_bytes, K, packed + g * gb, dir);
+    return 0;
+}

@@ -1,0 +1,210 @@
+// Weights repacked once at load so that a vector's lanes are 8 different weight rows
+// ("packed" types; the layouts are written by repack.c). In a row's own layout a block's
+// 32 products lie in one vector and every (row, block) ends in a horizontal sum, an int ->
+// float conversion and a multiply-add per 32 values: ~1.5 instructions per block beyond
+// the two integer multiplies that share one port on AVX2 (the bound of quant_dot.h). Here
+// a vector holds 4 consecutive values of each of 8 rows: the sums over a block are vertical
+// adds, the 4-bit types add 8 products in int16 before one widening multiply (which also
+// applies the sub-block scale), and the float steps run once per block for 8 rows.
+//
+// Numbers: each output lane is one weight row against one activation row, with the same
+// integer sums (exact) and the same float steps whatever M, the tile or the thread:
+//   Q8_0, Q5_0, Q4_0:  y = 0; for each block c:  y = isum_c * (dw_c * dx_c) + y  (fused)
+//   Q4_K:  the float sequence of kquant.h, so the same bits as the rows read in place
+// Layouts, per group of 8 rows, then per block (32 values) or super-block (Q4_K: 256):
+//   Q8_0  272 B: f16 d[8] | int8 v[8 steps t][8 rows][4]       (v: values 4t .. 4t + 3)
+//   Q5_0  176 B: f16 d[8] | hb[8 rows][4] | nibbles[4 u][8 rows][4]
+//   Q4_0  144 B: f16 d[8] | nibbles[4 u][8 rows][4]
+//                (nibbles: low = step u, high = step u + 4; hb: bit t = the fifth bit of
+//                value 4t + i of the row, for byte 4 * row + i)
+//   Q4_K 1184 B: f16 d[8] | f16 dmin[8] | u8 sc[8][8 rows] | u8 mn[8][8 rows] |
+//                nibbles[4 pairs g][8 steps t][8 rows][4]: low = sub-block 2g, high = 2g + 1
+
+#pragma once
+
+#include "quant_blocks.h"
+#include "simd.h"
+
+#define PACKED 256  // a packed type's code: PACKED | its ggml type
+#define PK_ROWS 8
+
+static inline int packable(int type) {
+    return type == T_Q8_0 || type == T_Q5_0 || type == T_Q4_0 || type == T_Q4_K;
+}
+
+// bytes per group of 8 rows of K values (0: not packable)
+static inline int64_t packed_group_bytes(int type, int64_t K) {
+    switch (type) {
+    case T_Q8_0: return K / 32 * 272;
+    case T_Q5_0: return K / 32 * 176;
+    case T_Q4_0: return K / 32 * 144;
+    case T_Q4_K: return K / 256 * 1184;
+    default: return 0;
+    }
+}
+
+// a * b + c as madd8 computes each lane (fused where the CPU has FMA)
+static inline float madd1(float a, float b, float c) {
+#if defined(__FMA__)
+    return fmaf(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
+// the 8 rows' f16 scales as floats (exact)
+static inline void pk_halves(const uint8_t *p, float out[8]) {
+    for (int r = 0; r < 8; r++) out[r] = half_to_float(p + 2 * r);
+}
+
+#if defined(__AVX2__)
+static inline __m256 pk_halves8(const uint8_t *p) {
+#if defined(__F16C__)
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+    float f[8];
+    pk_halves(p, f);
+    return _mm256_loadu_ps(f);
+#endif
+}
+
+// the 4 bytes at p in every 32-bit lane
+static inline __m256i pk_bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+// 8 unsigned bytes (one per row) as int16 pairs (s, s) in the rows' 32-bit lanes
+static inline __m256i pk_pair16(const uint8_t *p) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
+}
+#endif
+
+// 8 rows (group g) of packed Q8_0 against R (1..4, compile-time) activation rows x [R, K]
+// with block scales xd [R, K/32]: y[r * ldy + 0..7].
+static inline __attribute__((always_inline)) void pk_dot_q8_0(
+    const uint8_t *g, const int8_t *x, const float *xd, int64_t K, int R, int ahead,
+    float *y, int64_t ldy) {
+    const int64_t nc = K / 32;
+#if defined(__AVX2__)
+    __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t c = 0; c < nc; c++) {
+        const uint8_t *blk = g + 272 * c;
+        __m256i i0 = _mm256_setzero_si256(), i1 = i0, i2 = i0, i3 = i0;
+#define LS_PR(r, acc)                                                                         \
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(                         \
+                                    aw, _mm256_sign_epi8(pk_bcast4(x + (r) * K + 32 * c + 4 * t), w)), ones))
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) {
+            if (ahead && !(t & 1)) PREFETCH(blk + 32 * t);
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * t));
+            const __m256i aw = _mm256_sign_epi8(w, w);  // |w| (128 read unsigned: exact)
+            LS_PR(0, i0);
+            if (R > 1) LS_PR(1, i1);
+            if (R > 2) LS_PR(2, i2);
+            if (R > 3) LS_PR(3, i3);
+        }
+#undef LS_PR
+        const __m256 dw = pk_halves8(blk);
+#define LS_PF(r, acc, yy)                                                                     \
+    yy = madd8(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(dw, _mm256_set1_ps(xd[(r) * nc + c])), yy)
+        LS_PF(0, i0, y0);
+        if (R > 1) LS_PF(1, i1, y1);
+        if (R > 2) LS_PF(2, i2, y2);
+        if (R > 3) LS_PF(3, i3, y3);
+#undef LS_PF
+    }
+    _mm256_storeu_ps(y, y0);
+    if (R > 1) _mm256_storeu_ps(y + ldy, y1);
+    if (R > 2) _mm256_storeu_ps(y + 2 * ldy, y2);
+    if (R > 3) _mm256_storeu_ps(y + 3 * ldy, y3);
+#else
+    (void)ahead;
+    for (int r = 0; r < R; r++)
+        for (int l = 0; l < 8; l++) {
+            float acc = 0.0f;
+            for (int64_t c = 0; c < nc; c++) {
+                const uint8_t *blk = g + 272 * c;
+                int32_t s = 0;
+                for (int t = 0; t < 8; t++)
+                    for (int i = 0; i < 4; i++)
+                        s += (int32_t)(int8_t)blk[16 + 32 * t + 4 * l + i] * x[r * K + 32 * c + 4 * t + i];
+                acc = madd1((float)s, half_to_float(blk + 2 * l) * xd[r * nc + c], acc);
+            }
+            y[r * ldy + l] = acc;
+        }
+#endif
+}
+
+// 8 rows (group g) of packed Q5_0 (hb 1) or Q4_0 (hb 0) against R (1..4) activation rows
+// x [R, K] with block scales xd [R, K/32]: y[r * ldy + 0..7]. The values less their offset
+// (16 or 8) by the sign trick: |w| * 127 * 2 * 8 <= 32512, so a block's 8 steps add in
+// int16 before one widening multiply.
+static inline __attribute__((always_inline)) void pk_dot_q5_0(
+    const uint8_t *g, int hb, const int8_t *x, const float *xd, int64_t K, int R, int ahead,
+    float *y, int64_t ldy) {
+    const int64_t nc = K / 32, bb = hb ? 176 : 144, off = hb ? 16 : 8;
+#if defined(__AVX2__)
+    __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
+    const __m256i ones = _mm256_set1_epi16(1), lo4 = _mm256_set1_epi8(0x0F),
+                  b4 = _mm256_set1_epi8(0x10), o = _mm256_set1_epi8((char)off);
+    for (int64_t c = 0; c < nc; c++) {
+        const uint8_t *blk = g + bb * c, *nib = blk + (hb ? 48 : 16);
+        if (ahead) PREFETCH(blk), PREFETCH(blk + 64), PREFETCH(blk + 128);
+        const __m256i h = hb ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+        __m256i i0 = _mm256_setzero_si256(), i1 = i0, i2 = i0, i3 = i0;
+#define LS_PR(r, acc)                                                                         \
+    acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(aw, _mm256_sign_epi8(pk_bcast4(x + (r) * K + 32 * c + 4 * t), w)))
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(nib + 32 * (t & 3)));
+            __m256i w = t < 4 ? _mm256_and_si256(v, lo4) : _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+            if (hb)  // bit t of each byte to bit 4 (a 16-bit shift: the mask keeps the byte's own)
+                w = _mm256_or_si256(w, _mm256_and_si256(t <= 4 ? _mm256_slli_epi16(h, 4 - t)
+                                                                : _mm256_srli_epi16(h, t - 4), b4));
+            w = _mm256_sub_epi8(w, o);
+            const __m256i aw = _mm256_sign_epi8(w, w);
+            LS_PR(0, i0);
+            if (R > 1) LS_PR(1, i1);
+            if (R > 2) LS_PR(2, i2);
+            if (R > 3) LS_PR(3, i3);
+        }
+#undef LS_PR
+        const __m256 dw = pk_halves8(blk);
+#define LS_PF(r, acc, yy)                                                                     \
+    yy = madd8(_mm256_cvtepi32_ps(_mm256_madd_epi16(acc, ones)),                                \
+               _mm256_mul_ps(dw, _mm256_set1_ps(xd[(r) * nc + c])), yy)
+        LS_PF(0, i0, y0);
+        if (R > 1) LS_PF(1, i1, y1);
+        if (R > 2) LS_PF(2, i2, y2);
+        if (R > 3) LS_PF(3, i3, y3);
+#undef LS_PF
+    }
+    _mm256_storeu_ps(y, y0);
+    if (R > 1) _mm256_storeu_ps(y + ldy, y1);
+    if (R > 2) _mm256_storeu_ps(y + 2 * ldy, y2);
+    if (R > 3) _mm256_storeu_ps(y + 3 * ldy, y3);
+#else
+    (void)ahead;
+    for (int r = 0; r < R; r++)
+        for (int l = 0; l < 8; l++) {
+            float acc = 0.0f;
+            for (int64_t c = 0; c < nc; c++) {
+                const uint8_t *blk = g + bb * c, *nib = blk + (hb ? 48 : 16);
+                int32_t s = 0;
+                for (int t = 0; t < 8; t++)
+                    for (int i = 0; i < 4; i++) {
+                        const uint8_t q = nib[32 * (t & 3) + 4 * l + i];
+                        int v = t < 4 ? q & 15 : q >> 4;
+                        if (hb) v |= ((blk[16 + 4 * l + i] >> t) & 1) << 4;
+                        s += (v - (int)off) * x[r * K + 32 * c + 4 * t + i];
+                    }
+                acc = madd1((float)s, half_to_float(blk + 2 * l) * xd[r * nc + c], acc);
+            }
+            y[r * ldy + l] = acc;
+        }
+#endif
+}

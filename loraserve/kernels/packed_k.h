@@ -1,0 +1,105 @@
+// The packed K-quant kernel (layout and numbers: packed.h).
+
+#pragma once
+
+#include "packed.h"
+
+// 8 rows (group g) of packed Q4_K against R (1..4) activation rows quantized per 256: x
+// [R, K], xd [R, K/256], bs32 [R, K/32] (each 32 values' sum): y[r * ldy + 0..7].
+static inline __attribute__((always_inline)) void pk_dot_q4_k(
+    const uint8_t *g, const int8_t *x, const float *xd, const int16_t *bs32, int64_t K, int R,
+    int ahead, float *y, int64_t ldy) {
+    const int64_t nb = K / 256;
+#if defined(__AVX2__)
+    __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = g + 1184 * b;
+        const int8_t *xb = x + 256 * b;
+        __m256i i0 = _mm256_setzero_si256(), i1 = i0, i2 = i0, i3 = i0;
+        for (int gp = 0; gp < 4; gp++) {
+            __m256i l0 = _mm256_setzero_si256(), l1 = l0, l2 = l0, l3 = l0;
+            __m256i h0 = l0, h1 = l0, h2 = l0, h3 = l0;
+            const uint8_t *nib = blk + 160 + 256 * gp;
+            // int16 sums of 8 products pairs: at most 8 * 2 * 15 * 127 = 30480, exact
+#define LS_PR(r, lo, hi)                                                                      \
+    do {                                                                                      \
+        const int8_t *xr = xb + (r) * K + 64 * gp + 4 * t;                                     \
+        lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(wl, pk_bcast4(xr)));                    \
+        hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(wh, pk_bcast4(xr + 32)));               \
+    } while (0)
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                if (ahead && !(t & 1)) PREFETCH(nib + 32 * t);
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(nib + 32 * t));
+                const __m256i wl = _mm256_and_si256(v, lo4);
+                const __m256i wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+                LS_PR(0, l0, h0);
+                if (R > 1) LS_PR(1, l1, h1);
+                if (R > 2) LS_PR(2, l2, h2);
+                if (R > 3) LS_PR(3, l3, h3);
+            }
+#undef LS_PR
+            const __m256i sl = pk_pair16(blk + 32 + 16 * gp), sh = pk_pair16(blk + 40 + 16 * gp);
+#define LS_PS(lo, hi, acc)                                                                    \
+    acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(lo, sl), _mm256_madd_epi16(hi, sh)))
+            LS_PS(l0, h0, i0);
+            if (R > 1) LS_PS(l1, h1, i1);
+            if (R > 2) LS_PS(l2, h2, i2);
+            if (R > 3) LS_PS(l3, h3, i3);
+#undef LS_PS
+        }
+        // sum_j mn_j * bs32_j: pairs of sub-blocks (mn_2i, mn_2i+1) per row lane
+        __m256i mp[4];
+        for (int i = 0; i < 4; i++)
+            mp[i] = _mm256_or_si256(
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 96 + 16 * i))),
+                _mm256_slli_epi32(_mm256_cvtepu8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(blk + 104 + 16 * i))), 16));
+        const __m256 d = pk_halves8(blk), dm = pk_halves8(blk + 16);
+#define LS_PF(r, acc, yy)                                                                     \
+    do {                                                                                      \
+        const int16_t *bs = bs32 + (r) * (K / 32) + 8 * b;                                     \
+        __m256i ms = _mm256_madd_epi16(mp[0], _mm256_set1_epi32(*(const int32_t *)bs));        \
+        for (int i = 1; i < 4; i++)                                                           \
+            ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp[i], _mm256_set1_epi32(*(const int32_t *)(bs + 2 * i)))); \
+        const __m256 xs = _mm256_set1_ps(xd[(r) * nb + b]);                                    \
+        yy = _mm256_add_ps(yy, _mm256_mul_ps(_mm256_mul_ps(d, xs), _mm256_cvtepi32_ps(acc)));  \
+        yy = _mm256_sub_ps(yy, _mm256_mul_ps(_mm256_mul_ps(dm, xs), _mm256_cvtepi32_ps(ms)));  \
+    } while (0)
+        LS_PF(0, i0, y0);
+        if (R > 1) LS_PF(1, i1, y1);
+        if (R > 2) LS_PF(2, i2, y2);
+        if (R > 3) LS_PF(3, i3, y3);
+#undef LS_PF
+    }
+    _mm256_storeu_ps(y, y0);
+    if (R > 1) _mm256_storeu_ps(y + ldy, y1);
+    if (R > 2) _mm256_storeu_ps(y + 2 * ldy, y2);
+    if (R > 3) _mm256_storeu_ps(y + 3 * ldy, y3);
+#else
+    (void)ahead;
+    for (int r = 0; r < R; r++)
+        for (int l = 0; l < 8; l++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = g + 1184 * b;
+                int32_t is = 0, ms = 0;
+                for (int j = 0; j < 8; j++) {
+                    int32_t s = 0;
+                    for (int t = 0; t < 8; t++)
+                        for (int i = 0; i < 4; i++) {
+                            const uint8_t v = blk[160 + 256 * (j / 2) + 32 * t + 4 * l + i];
+                            s += (j & 1 ? v >> 4 : v & 15) * x[r * K + 256 * b + 32 * j + 4 * t + i];
+                        }
+                    is += blk[32 + 8 * j + l] * s;
+                    ms += blk[96 + 8 * j + l] * bs32[r * (K / 32) + 8 * b + j];
+                }
+                const float xs = xd[r * nb + b];
+                acc = acc + (half_to_float(blk + 2 * l) * xs) * (float)is;
+                acc = acc - (half_to_float(blk + 16 + 2 * l) * xs) * (float)ms;
+            }
+            y[r * ldy + l] = acc;
+        }
+#endif
+}
