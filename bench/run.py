@@ -235,6 +235,9 @@ def main(argv: list[str] | None = None) -> None:
     kinds = []
     for name in args.servers.split(","):
         if name == "loraserve":
+            from loraserve import cbuild
+
+            cbuild.build_into_package()  # the install step (README): S8's starts find them
             kinds.append(loraserve_kind(shlex.split(args.loraserve_args)))
         elif name == "llama-server":
             binary = obtain_peer(build=args.build_peer)

@@ -6,7 +6,9 @@ count, gets:
 
 - a cold start: launch to a healthy `/health` with HOME, XDG_CACHE_HOME, loraserve's cache
   variables and torch's compile caches pointed at a fresh, empty temporary folder (the model
-  file itself may be in the OS page cache: this is "no application cache", not a cold disk);
+  file itself may be in the OS page cache: this is "no application cache", not a cold disk;
+  loraserve's C kernels are the ones its install step, `loraserve build-kernels`, put in the
+  package, as llama-server's binary is built at install too);
 - a warm start: the second launch, with whatever the first one left in that folder;
 - on the warm instance: prefill tok/s (a 512-token prompt, `n_predict` 1, cache off) and
   single-stream decode tok/s (64 tokens after a 128-token prompt);

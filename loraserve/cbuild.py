@@ -6,7 +6,10 @@ is imported (a cold first start overlaps it with torch's import and the model's 
 The folder's ``*.c`` files (with its ``*.h``) become one shared library, built with the
 system C compiler for this CPU (``-march=native``) and cached under
 ``~/.cache/loraserve/kernels`` by a hash of the sources, the compiler and the CPU's flags,
-so a later start only loads it. Plain C with ctypes, not a torch extension: gcc compiles
+so a later start only loads it. ``loraserve build-kernels`` (the README's install step)
+builds it into the package itself (``loraserve/kernels/_build``), where every user's first
+start finds it: on 2 cores the compile's ~4 s of CPU otherwise share a cold start with
+torch's import. Plain C with ctypes, not a torch extension: gcc compiles
 them as two units in parallel in about 2 s, where torch's extension headers take 30-60 s,
 and a cold first start must stay within a few seconds.
 
@@ -39,6 +42,13 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fPIC", "-sh
 _LOCK = threading.Lock()
 _LIBS: dict[str, ctypes.CDLL | None] = {}
 _DISABLED_ENV = "LORASERVE_NO_C_KERNELS"  # set to 1 to force the pure-torch fallbacks
+
+
+def prebuilt_dir() -> Path:
+    """Where ``loraserve build-kernels`` puts the library: the package's own folder
+    (``$LORASERVE_PREBUILT_DIR`` overrides it)."""
+    root = os.environ.get("LORASERVE_PREBUILT_DIR")
+    return Path(root).expanduser() if root else SRC_DIR / "_build"
 
 
 def cache_dir() -> Path:
@@ -164,7 +174,10 @@ def _output() -> tuple[Path, str] | None:
     if cc is None:
         log.warning("no C compiler found: the kernels run on the slower pure-torch path")
         return None
-    out = cache_dir() / f"{LIBRARY}-{_key(cc)}.so"
+    name = f"{LIBRARY}-{_key(cc)}.so"
+    if (prebuilt_dir() / name).is_file():
+        return prebuilt_dir() / name, cc
+    out = cache_dir() / name
     if not out.is_file():
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -198,6 +211,20 @@ def _build() -> ctypes.CDLL | None:
     if build is not None and not build.finish():
         return None
     return ctypes.CDLL(str(out))
+
+
+def build_into_package() -> Path | None:
+    """Build the library into `prebuilt_dir` (install time); its path, or None when this
+    machine cannot build it (no compiler, a build error, kernels disabled)."""
+    cc = _compiler()
+    if cc is None or os.environ.get(_DISABLED_ENV) == "1":
+        return None
+    out = prebuilt_dir() / f"{LIBRARY}-{_key(cc)}.so"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if not _Build(cc, out).finish():
+            return None
+    return out
 
 
 def library() -> ctypes.CDLL | None:

@@ -1,5 +1,6 @@
 """Command line: `loraserve [serve] [flags]`, `loraserve generate`, `loraserve merge`,
-`loraserve ray` (replicas on Ray Serve: `loraserve.cluster.cli`)."""
+`loraserve ray` (replicas on Ray Serve: `loraserve.cluster.cli`), `loraserve build-kernels`
+(compile the C kernels at install)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 import sys
 import time
 
-COMMANDS = ("serve", "generate", "merge", "ray")
+COMMANDS = ("serve", "generate", "merge", "ray", "build-kernels")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -20,11 +21,13 @@ def main(argv: list[str] | None = None) -> None:
     cmd = argv[0] if argv and argv[0] in COMMANDS else "serve"
     if argv and argv[0] == cmd:
         argv = argv[1:]
-    if cmd != "merge" and not {"-h", "--help"} & set(argv):
+    if cmd not in ("merge", "build-kernels") and not {"-h", "--help"} & set(argv):
         from loraserve import cbuild
 
         cbuild.prebuild()  # a first start compiles the kernels while torch is imported
-    if cmd == "generate":
+    if cmd == "build-kernels":
+        build_kernels()
+    elif cmd == "generate":
         generate(argv)
     elif cmd == "merge":
         from loraserve.lora.merge_cli import main as merge_main
@@ -39,6 +42,20 @@ def main(argv: list[str] | None = None) -> None:
         from loraserve.server.args import parse_server_args
 
         serve(parse_server_args(argv))
+
+
+def build_kernels() -> None:
+    """``loraserve build-kernels``: compile the C kernels into the package (install time),
+    so that no first start waits for the compiler."""
+    from loraserve import cbuild
+
+    out = cbuild.build_into_package()
+    if out is None:
+        logging.getLogger("loraserve").warning(
+            "the C kernels could not be built here: loraserve runs on its torch fallback"
+        )
+        return
+    logging.getLogger("loraserve").info("C kernels ready: %s", out)
 
 
 def generate(argv: list[str]) -> None:

@@ -31,9 +31,26 @@ def test_a_cold_cache_gets_one_library_built_in_the_background(tmp_path) -> None
         "import loraserve.kernels as K\n"
         "print(K.backend(), len(list(cbuild.cache_dir().glob('kernels-*.so'))))"
     )
-    assert _run(code, LORASERVE_CACHE=str(tmp_path)) == "c 1"
+    env = {"LORASERVE_CACHE": str(tmp_path), "LORASERVE_PREBUILT_DIR": str(tmp_path / "none")}
+    assert _run(code, **env) == "c 1"
     # a second start finds it and builds nothing
-    assert _run(code, LORASERVE_CACHE=str(tmp_path)) == "c 1"
+    assert _run(code, **env) == "c 1"
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no cc")
+def test_kernels_built_at_install_serve_a_start_with_an_empty_cache(tmp_path) -> None:
+    pre, cache = tmp_path / "package", tmp_path / "cache"
+    env = {"LORASERVE_CACHE": str(cache), "LORASERVE_PREBUILT_DIR": str(pre)}
+    subprocess.run([sys.executable, "-m", "loraserve.cli", "build-kernels"], check=True,
+                   env={**os.environ, **env}, capture_output=True)  # fmt: skip
+    assert len(list(pre.glob("kernels-*.so"))) == 1
+    code = (
+        "from loraserve import cbuild\n"
+        "cbuild.prebuild()\n"
+        "import loraserve.kernels as K\n"
+        "print(K.backend(), len(list(cbuild.cache_dir().glob('kernels-*.so'))))"
+    )
+    assert _run(code, **env) == "c 0"  # loaded from the package: nothing built again
 
 
 def test_disabled_kernels_fall_back_to_torch(tmp_path) -> None:
