@@ -45,11 +45,14 @@ static int qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws,
         total += ns[i];
     }
     if (total * K * M < (1 << 17)) nthreads = 1;  // tiny products: no thread wake-up
-    // tasks: blocks of 4 rows of one part (the last block of a part may be shorter)
+    // tasks: blocks of 4 rows of one part (the last block of a part may be shorter), or of
+    // pg packed groups
     int64_t first[9];
     first[0] = 0;
+    const int64_t pg = M >= ROWS_MIN_M ? PK_TASK_GROUPS : 1;  // packed groups per task
     for (int i = 0; i < nparts; i++)
-        first[i + 1] = first[i] + (parts[i].packed ? parts[i].n / PK_ROWS : (parts[i].n + 3) / 4);
+        first[i + 1] = first[i] + (parts[i].packed ? (parts[i].n / PK_ROWS + pg - 1) / pg
+                                                   : (parts[i].n + 3) / 4);
     const int64_t n_tasks = first[nparts];
 #pragma omp parallel num_threads(nthreads)
     {
@@ -61,7 +64,8 @@ static int qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws,
             while (g >= first[i + 1]) i++;
             const part_t *p = &parts[i];
             if (p->packed) {
-                part_packed(p, PK_ROWS * (g - first[i]), K, a, M, y, ldy);
+                const int64_t g0 = pg * (g - first[i]), left = p->n / PK_ROWS - g0;
+                part_packed(p, PK_ROWS * g0, left < pg ? left : pg, K, a, M, y, ldy);
                 continue;
             }
             const int64_t n0 = 4 * (g - first[i]), n1 = n0 + 4 < p->n ? n0 + 4 : p->n;
