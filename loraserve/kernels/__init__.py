@@ -3,8 +3,10 @@
 `quantize_rows` turns float32 activations into int8 blocks of 32 (one scale per block, as
 llama.cpp's Q8_0) or, for the K-quant weights, of 256 (llama.cpp's Q8_K, whose one scale
 per 256 makes a super-block's dot product one exact integer: `kquant.h`); `qmatmul`
-multiplies them by quantized weight rows straight from the file's bytes (float weights and
-LoRA deltas: `floatmm`). Each output row depends on its own input row only (the sum over
+multiplies them by quantized weight rows straight from the file's bytes, or from the same
+bytes repacked once at load 8 rows to a group (`pack_rows`: Q4_0, Q5_0, Q8_0, Q4_K; a
+vector's lanes are then 8 weight rows, which halves a prompt's matmul time; float weights
+and LoRA deltas: `floatmm`). Each output row depends on its own input row only (the sum over
 k has one fixed order, threads split output columns), so a token's numbers never depend on
 its batch, its chunk or the cache state.
 

@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType as Q
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import loraserve.kernels as K
 from loraserve.engine.runner import BatchItem, ModelRunner
 from loraserve.lora.registry import AdapterRegistry
 from loraserve.model.loader import LoadedModel, load_model
@@ -43,6 +44,9 @@ def setup(tmp_path_factory) -> tuple[LoadedModel, AdapterRegistry]:
     assert {p.ggml_type for p in parts} == {int(t) for t in TYPES.values()} - {
         int(Q.Q8_0)
     }  # really mixed formats, on the quantized kernels
+    if K.backend() == "c":  # both layouts: rows repacked 8 to a group and the file's own
+        assert {p.ggml_type for p in parts if p.packed} == {int(Q.Q4_K), int(Q.Q5_0), int(Q.Q4_0)}
+        assert model.decoder.output.parts[0].packed  # the tied Q8_0 output matrix
     reg = AdapterRegistry(model)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     for i in range(2):
