@@ -11,7 +11,8 @@ README = (Path(__file__).resolve().parents[3] / "README.md").read_text()
 
 
 def test_install_commands() -> None:
-    assert "pip install 'torch==2.13.0' -e '.[default-model]' && loraserve\n" in README
+    start = "pip install 'torch==2.13.0' -e '.[default-model]' && loraserve build-kernels"
+    assert start + " && loraserve\n" in README
     test = "pip install 'torch==2.13.0' -e '.[test]' && python -m pytest -q\n"
     assert test in README
     ci = (Path(__file__).resolve().parents[3] / ".ci" / "run").read_text()
@@ -21,7 +22,7 @@ def test_install_commands() -> None:
 def test_commands_endpoints_and_flags_of_ours_are_documented() -> None:
     for example in ("loraserve generate -p", "loraserve merge a.gguf", "/lora-adapters/load -d",
                     "/lora-adapters/unload -d", '"model": "uppercase"', '"n": 3',
-                    "loraserve ray -m"):  # fmt: skip
+                    "loraserve ray -m", "loraserve build-kernels"):  # fmt: skip
         assert example in README, example
     (ours,) = [g for g in build_parser()._action_groups if g.title == "loraserve flags"]
     for action in ours._group_actions:
