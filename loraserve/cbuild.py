@@ -221,7 +221,15 @@ def build_into_package() -> Path | None:
         return None
     out = prebuilt_dir() / f"{LIBRARY}-{_key(cc)}.so"
     if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            probe = out.parent / f".probe-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+        except OSError:  # a read-only install: the user cache, as a first start would
+            log.warning("%s is not writable: building into %s", out.parent, cache_dir())
+            lib = library()
+            return None if lib is None else Path(lib._name)
         if not _Build(cc, out).finish():
             return None
     return out
