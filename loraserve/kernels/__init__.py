@@ -50,7 +50,7 @@ _loaded = False
 
 _CI = ctypes.c_int
 _SIGNATURES = {
-    "ls_quantize_rows": ([_P, _I, _I, _I, _P, _P, _P, _CI], None),
+    "ls_quantize_rows": ([_P, _I, _I, _I, _P, _P, _P, _P, _CI], None),
     "ls_quantize_rows_k": ([_P, _I, _I, _I, _P, _P, _P, _P, _CI], None),
     "ls_qmatmul": ([_CI, _P, _I, _I, _I, _P, _P, _P, _P, _I, _P, _I, _CI], _CI),
     "ls_qmatmul_multi_f32": ([_CI, _P, _P, _P, _P, _P, _I, _P, _I, _I, _P, _I, _CI], _CI),
@@ -131,7 +131,7 @@ class QuantizedRows(NamedTuple):
     ms: torch.Tensor  # [M, K/16]: block 32: float32 d * sum(q); block 256: int16 sum(q)
     x: torch.Tensor  # [M, K] the float32 input (for float-weight parts of the same input)
     block: int = 32
-    bs32: torch.Tensor | None = None  # block 256: [M, K/32] int16 sum(q) over each 32
+    bs32: torch.Tensor | None = None  # [M, K/32] int16 sum(q) over each 32
 
 
 def quantize_rows(x: torch.Tensor, block: int = 32) -> QuantizedRows:
@@ -153,15 +153,14 @@ def quantize_rows(x: torch.Tensor, block: int = 32) -> QuantizedRows:
     if lib is None:
         return _quantize_torch(x, q, d, ms, block)
     n = torch.get_num_threads()
+    b32 = torch.empty(m, k // 32, dtype=torch.int16)
     if block == 32:
         lib.ls_quantize_rows(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), d.data_ptr(),
-                             ms.data_ptr(), n)  # fmt: skip
+                             ms.data_ptr(), b32.data_ptr(), n)  # fmt: skip
     else:
-        b32 = torch.empty(m, k // 32, dtype=torch.int16)
         lib.ls_quantize_rows_k(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), d.data_ptr(),
                                ms.data_ptr(), b32.data_ptr(), n)  # fmt: skip
-        return QuantizedRows(q, d, ms, x, block, b32)
-    return QuantizedRows(q, d, ms, x, block)
+    return QuantizedRows(q, d, ms, x, block, b32)
 
 
 def _quantize_torch(
@@ -178,13 +177,12 @@ def _quantize_torch(
     bad = ~torch.isfinite(xb).all(-1)
     d.copy_(torch.where(bad, torch.full_like(dd, float("nan")), dd))
     sums = qi.reshape(m, k // 16, 16).sum(-1)  # exact small integers
+    b32 = sums.reshape(m, k // 32, 2).sum(-1).to(torch.int16)
     if block == 32:
         ms.copy_(d.repeat_interleave(2, dim=1) * sums)
     else:
         ms.copy_(sums.to(torch.int16))
-        b32 = sums.reshape(m, k // 32, 2).sum(-1).to(torch.int16)
-        return QuantizedRows(q, d, ms, x, block, b32)
-    return QuantizedRows(q, d, ms, x, block)
+    return QuantizedRows(q, d, ms, x, block, b32)
 
 
 def qmatmul(

@@ -11,7 +11,7 @@ void ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd
     do {                                                                                      \
         if (type == T_Q8_0) pk_dot_q8_0(g, x, xd, K, RR, ahead, out, ldy);                    \
         else if (type == T_Q5_0 || type == T_Q4_0)                                            \
-            pk_dot_q5_0(g, type == T_Q5_0, x, xd, K, RR, ahead, out, ldy);                    \
+            pk_dot_q5_0(g, type == T_Q5_0, x, xd, bs32, K, RR, ahead, out, ldy);              \
         else pk_dot_q4_k(g, x, xd, bs32, K, RR, ahead, out, ldy);                             \
     } while (0)
     switch (R) {

@@ -15,7 +15,7 @@
 
 // the activation quantizers of quantize.c
 void ls_quantize_rows(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *q, float *d,
-                      float *ms, int nthreads);
+                      float *ms, int16_t *bs, int nthreads);
 void ls_quantize_rows_k(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *q, float *d,
                         int16_t *bs16, int16_t *bs32, int nthreads);
 
@@ -110,22 +110,24 @@ int ls_qmatmul_multi_f32(int nparts, const int *types, const uint8_t *const *ws,
     int8_t *q = legacy ? malloc((size_t)(M * K)) : NULL;
     float *d = legacy ? malloc(sizeof(float) * (size_t)(M * (K / 32))) : NULL;
     float *ms = legacy ? malloc(sizeof(float) * (size_t)(M * (K / 16))) : NULL;
+    int16_t *bs = legacy ? malloc(sizeof(int16_t) * (size_t)(M * (K / 32) + 1)) : NULL;
     int8_t *k8 = kq ? malloc((size_t)(M * K)) : NULL;
     float *kd = kq ? malloc(sizeof(float) * (size_t)(M * (K / 256) + 1)) : NULL;
     int16_t *b16 = kq ? malloc(sizeof(int16_t) * (size_t)(M * (K / 16) + 1)) : NULL;
     int16_t *b32 = kq ? malloc(sizeof(int16_t) * (size_t)(M * (K / 32) + 1)) : NULL;
     int rc = -2;
-    if ((!legacy || (q && d && ms)) && (!kq || (k8 && kd && b16 && b32))) {
-        if (legacy) ls_quantize_rows(x, M, K, ldx, q, d, ms, nthreads);
+    if ((!legacy || (q && d && ms && bs)) && (!kq || (k8 && kd && b16 && b32))) {
+        if (legacy) ls_quantize_rows(x, M, K, ldx, q, d, ms, bs, nthreads);
         if (kq) ls_quantize_rows_k(x, M, K, ldx, k8, kd, b16, b32, nthreads);
         float *dT = legacy && M >= 4 ? transpose_scales(d, M, K / 32) : NULL;
-        const act_t a = {q, d, ms, dT, k8, kd, b16, b32};
+        const act_t a = {q, d, ms, bs, dT, k8, kd, b16, b32};
         rc = qmatmul_multi(nparts, types, ws, ns, row_bytes, cols, K, &a, M, y, ldy, nthreads);
         free(dT);
     }
     free(q);
     free(d);
     free(ms);
+    free(bs);
     free(k8);
     free(kd);
     free(b16);
@@ -134,8 +136,8 @@ int ls_qmatmul_multi_f32(int nparts, const int *types, const uint8_t *const *ws,
 }
 
 // y [M, N] (row stride ldy) = quantized activations x weight rows w [N, row_bytes] of ggml
-// `type`: legacy types read (xq, xd, xms) from ls_quantize_rows, K-quants read (xq, xd,
-// bs16, bs32) from ls_quantize_rows_k (xbs32 NULL for legacy types). Returns 0, or -1 for
+// `type`: legacy types read (xq, xd, xms, xbs32 = bs) from ls_quantize_rows, K-quants read
+// (xq, xd, bs16, bs32) from ls_quantize_rows_k. Returns 0, or -1 for
 // a type without a kernel.
 int ls_qmatmul(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_bytes,
                const int8_t *xq, const float *xd, const void *xms, const int16_t *xbs32,
@@ -143,8 +145,9 @@ int ls_qmatmul(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_byt
     const uint8_t *ws[1] = {w};
     const int64_t zero = 0;
     float *dT = !is_kquant(type & ~PACKED) && M >= 4 ? transpose_scales(xd, M, K / 32) : NULL;
-    act_t a = {xq, xd, (const float *)xms, dT, NULL, NULL, NULL, NULL};
-    if (is_kquant(type & ~PACKED)) a = (act_t){NULL, NULL, NULL, NULL, xq, xd, (const int16_t *)xms, xbs32};
+    act_t a = {xq, xd, (const float *)xms, xbs32, dT, NULL, NULL, NULL, NULL};
+    if (is_kquant(type & ~PACKED))
+        a = (act_t){NULL, NULL, NULL, NULL, NULL, xq, xd, (const int16_t *)xms, xbs32};
     const int rc = qmatmul_multi(1, &type, ws, &N, &row_bytes, &zero, K, &a, M, y, ldy, nthreads);
     free(dT);
     return rc;

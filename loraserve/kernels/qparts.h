@@ -15,6 +15,7 @@
 typedef struct {
     const int8_t *q;
     const float *d, *ms;
+    const int16_t *bs;  // the sums of q per 32 (legacy types; NULL where no part reads them)
     const float *dT;  // d transposed per 4 rows ([M/4 rounded up][K/32][4]), or NULL
     const int8_t *kq;
     const float *kd;
@@ -270,8 +271,8 @@ static void part_packed(const part_t *p, int64_t n0, int64_t ng, int64_t K, cons
                 ls_packed_tile(p->type, g, a->kq + m * K, a->kd + m * (K / 256),
                                a->kbs32 + m * (K / 32), K, R, M <= 4, out, ldy);
             else
-                ls_packed_tile(p->type, g, a->q + m * K, a->d + m * (K / 32), NULL, K, R,
-                               M <= 4, out, ldy);
+                ls_packed_tile(p->type, g, a->q + m * K, a->d + m * (K / 32),
+                               a->bs + m * (K / 32), K, R, M <= 4, out, ldy);
         }
     }
 }

@@ -78,9 +78,10 @@ static float quantize_block(const float *xb, int n, int8_t *q, int *sums) {
 #endif
 
 // Legacy-type activations: x [M, K] (row stride ldx) -> q [M, K] int8, d [M, K/32] scales
-// (llama.cpp's Q8_0), ms [M, K/16] = d * sum(q) over each 16.
+// (llama.cpp's Q8_0), ms [M, K/16] = d * sum(q) over each 16, bs [M, K/32] the sums of q
+// over each 32 (what packed Q5_0 / Q4_0 read; bs may be NULL).
 void ls_quantize_rows(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *q, float *d,
-                      float *ms, int nthreads) {
+                      float *ms, int16_t *bs, int nthreads) {
     if (M * K < (1 << 16)) nthreads = 1;  // a few rows: waking a thread costs more
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t m = 0; m < M; m++)
@@ -90,6 +91,7 @@ void ls_quantize_rows(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t 
             d[m * (K / 32) + b] = dd;
             ms[m * (K / 16) + 2 * b] = dd * (float)sums[0];
             ms[m * (K / 16) + 2 * b + 1] = dd * (float)sums[1];
+            if (bs != NULL) bs[m * (K / 32) + b] = (int16_t)(sums[0] + sums[1]);
         }
 }
 
