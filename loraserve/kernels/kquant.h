@@ -150,7 +150,7 @@ static inline __attribute__((always_inline)) void kdot(
             }
         } else {
             __m256i sc16;  // the 16 sub-block scales as int16
-            if (type == T_Q6_K) {
+            if (type == T_Q6_K || type == T_BUF6) {
                 const uint8_t *blk = row + 210 * b;
                 sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
                 d = half_to_float(blk + 208);
@@ -161,19 +161,25 @@ static inline __attribute__((always_inline)) void kdot(
             }
             const __m256i slo = _mm256_permute2x128_si256(sc16, sc16, 0x00);
             const __m256i shi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
-            if (type == T_Q6_K) {
+            if (type == T_Q6_K || type == T_BUF6) {
                 // the stored 6-bit values u = q + 32 (0..63) go to maddubs unsigned as they
                 // are (63 * 127 * 2 fits int16), and 32 * sum_j sc_j * bs16_j comes off once
                 // per super-block: the same integers as the signed form, no sign operations
+                // (T_BUF6: the values decoded once into the buffer, decode_u6)
                 const uint8_t *blk = row + 210 * b;
                 const __m256i lo4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
                 for (int j = 0; j < 8; j++) {
                     const int64_t c = 8 * b + j, h = j / 4, jj = j % 4;
-                    __m256i l = _mm256_loadu_si256((const __m256i *)(blk + h * 64 + (jj & 1) * 32));
-                    if (jj >> 1) l = _mm256_srli_epi16(l, 4);
-                    __m256i hi = _mm256_loadu_si256((const __m256i *)(blk + 128 + h * 32));
-                    hi = _mm256_and_si256(_mm256_srl_epi16(hi, _mm_cvtsi32_si128((int)(2 * jj))), three);
-                    const __m256i u = _mm256_or_si256(_mm256_and_si256(l, lo4), _mm256_slli_epi16(hi, 4));
+                    __m256i u;
+                    if (type == T_BUF6) {
+                        u = _mm256_load_si256((const __m256i *)(p->q + 32 * c));
+                    } else {
+                        __m256i l = _mm256_loadu_si256((const __m256i *)(blk + h * 64 + (jj & 1) * 32));
+                        if (jj >> 1) l = _mm256_srli_epi16(l, 4);
+                        __m256i hi = _mm256_loadu_si256((const __m256i *)(blk + 128 + h * 32));
+                        hi = _mm256_and_si256(_mm256_srl_epi16(hi, _mm_cvtsi32_si128((int)(2 * jj))), three);
+                        u = _mm256_or_si256(_mm256_and_si256(l, lo4), _mm256_slli_epi16(hi, 4));
+                    }
                     const __m256i sv = _mm256_shuffle_epi8(
                         j < 4 ? slo : shi, _mm256_load_si256((const __m256i *)KSH16[j & 3]));
                     LS_KROWS(c, u, xv);
@@ -210,7 +216,7 @@ static inline __attribute__((always_inline)) void kdot(
             // per lane exactly the scalar operations below (integer sums are exact in any
             // order; -ffp-contract=off keeps each float multiply and add as written)
             __m128i i4 = hsum4_i32(a0, a1, a2, a3);
-            if (type == T_Q6_K) {  // the offset of the unsigned values
+            if (type == T_Q6_K || type == T_BUF6) {  // the offset of the unsigned values
                 i4 = _mm_sub_epi32(i4, m4);
                 m4 = _mm_setzero_si128();
             }
@@ -221,7 +227,7 @@ static inline __attribute__((always_inline)) void kdot(
             continue;
         }
         isum[0] = hsum_i32(a0);
-        if (type == T_Q6_K) {  // the offset of the unsigned values (no min: msum is free again)
+        if (type == T_Q6_K || type == T_BUF6) {  // the offset of the unsigned values (no min)
             isum[0] -= msum[0];
             msum[0] = 0;
         }
@@ -271,4 +277,5 @@ KDOT_FNS(T_BUF, kdot_buf)
 #if defined(__AVX2__)
 KDOT_FNS(T_Q4_K, kdot_q4_k)
 KDOT_FNS(T_Q6_K, kdot_q6_k)
+KDOT_FNS(T_BUF6, kdot_q6b)
 #endif

@@ -166,9 +166,8 @@ static void row_prep(const part_t *p, int64_t n, int64_t K, int64_t M, rowbuf_t 
             k_prepare(p->type, row, K, &b->kp, 1, b->s, b->mn);
 #if defined(__AVX2__)
         } else if (p->type == T_Q6_K && M >= KBUF_ROWS) {  // decode once, then read the buffer
-            k_prepare(p->type, row, K, &b->kp, 0, NULL, NULL);
-            decode_values(p->type, row, K, b->kp.q);
-            b->k4 = kdot_buf_4, b->k1 = kdot_buf_1;
+            decode_u6(row, K, b->kp.q);
+            b->k4 = kdot_q6b_4, b->k1 = kdot_q6b_1;
 #endif
         }
         b->kp.ahead = M <= 4;
