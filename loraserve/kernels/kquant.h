@@ -165,7 +165,7 @@ static inline __attribute__((always_inline)) void kdot(
                 // the stored 6-bit values u = q + 32 (0..63) go to maddubs unsigned as they
                 // are (63 * 127 * 2 fits int16), and 32 * sum_j sc_j * bs16_j comes off once
                 // per super-block: the same integers as the signed form, no sign operations
-                // (T_BUF6: the values decoded once into the buffer, decode_u6)
+                // (T_BUF6: the values decoded once into the buffer, decode_values)
                 const uint8_t *blk = row + 210 * b;
                 const __m256i lo4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
                 for (int j = 0; j < 8; j++) {

@@ -166,7 +166,7 @@ static void row_prep(const part_t *p, int64_t n, int64_t K, int64_t M, rowbuf_t 
             k_prepare(p->type, row, K, &b->kp, 1, b->s, b->mn);
 #if defined(__AVX2__)
         } else if (p->type == T_Q6_K && M >= KBUF_ROWS) {  // decode once, then read the buffer
-            decode_u6(row, K, b->kp.q);
+            decode_values(p->type, row, K, b->kp.q);
             b->k4 = kdot_q6b_4, b->k1 = kdot_q6b_1;
 #endif
         }

@@ -11,7 +11,7 @@
 
 #define T_BUF (-1)  // values from the unpack buffer
 #define T_BUFU (-2)  // values decoded into the buffer by decode_values, one scale per 32
-#define T_BUF6 (-3)  // Q6_K's unsigned values u = q + 32 decoded into the buffer (decode_u6)
+#define T_BUF6 (-3)  // Q6_K's unsigned values u = q + 32 decoded into the buffer
 // types whose scale is one per 32 values (both halves of a chunk equal): the scale vector
 // is one broadcast (the same numbers as the two-half form, fewer instructions)
 #define UNIFORM(t) ((t) == T_Q8_0 || (t) == T_Q4_0 || (t) == T_Q5_0 || (t) == T_BUFU)
@@ -64,28 +64,21 @@ static inline __attribute__((always_inline)) __m256i chunk_values(int type, cons
 #endif
 
 #if defined(__AVX2__)
-// A Q4_0 / Q5_0 / Q6_K row's values into qbuf (32 per chunk), decoded once for many
-// activation rows (in place, every pass over 8 or 4 activation rows decodes each chunk
-// again). The same numbers as the in-place decode and the unpackers, so the same bits.
+// A Q4_0 / Q5_0 row's values into qbuf (32 per chunk), decoded once for many activation
+// rows (in place, every pass over 8 activation rows decodes each chunk again), and a Q6_K
+// row's unsigned values u = q + 32 (kquant.h's T_BUF6). The same numbers as the in-place
+// decode, so the same bits.
 static void decode_values(int type, const uint8_t *row, int64_t K, int8_t *qbuf) {
     for (int64_t c = 0; c < K / 32; c++) {
         __m256i v = type == T_Q4_0   ? chunk_values(T_Q4_0, row, NULL, c)
                     : type == T_Q5_0 ? chunk_values(T_Q5_0, row, NULL, c)
-                                     : chunk_values(T_Q6_K, row, NULL, c);
+                                     : _mm256_add_epi8(chunk_values(T_Q6_K, row, NULL, c),
+                                                       _mm256_set1_epi8(32));
         _mm256_storeu_si256((__m256i *)(qbuf + 32 * c), v);
     }
 }
 #endif
 
-#if defined(__AVX2__)
-// A Q6_K row's unsigned values u = q + 32 (0..63) into qbuf, 32 per chunk (kquant.h's
-// T_BUF6 reads them with the row's own scales)
-static void decode_u6(const uint8_t *row, int64_t K, int8_t *qbuf) {
-    for (int64_t c = 0; c < K / 32; c++)
-        _mm256_storeu_si256((__m256i *)(qbuf + 32 * c),
-                            _mm256_add_epi8(chunk_values(T_Q6_K, row, NULL, c), _mm256_set1_epi8(32)));
-}
-#endif
 
 // sum_j mn[j] * xms[j]: the offsets' contribution (types with a min), in one fixed order
 // (8 lanes, then the lanes' sum, then the tail), the same for every caller.
