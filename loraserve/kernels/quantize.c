@@ -3,6 +3,7 @@
 // which kquant.h's integer super-block dot products read).
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 // One block of n values (n a multiple of 16): q = round(x / d) with d = amax / 127 (round
