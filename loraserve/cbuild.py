@@ -1,4 +1,5 @@
-"""Compile the C kernels (``loraserve/kernels/*.c``) once per machine and load them with ctypes.
+"""Compile the C kernels (``loraserve/kernels/*.c``) once per machine (at install with
+`loraserve build-kernels`, else on first use) and load them with ctypes.
 
 This module imports no torch, so the command line starts the compile before anything heavy
 is imported (a cold first start overlaps it with torch's import and the model's parsing).
