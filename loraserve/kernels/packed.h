@@ -82,6 +82,26 @@ static inline __m256i pk_pair16(const uint8_t *p) {
 }
 #endif
 
+#if defined(__AVX2__)
+// S(r, acc r, y r) for the rows r < R of a tile (R a compile-time constant), and the tile's
+// stores: the per-row steps every packed kernel ends a block and its row with
+#define PK_EACH(S, a, yy)                                                                     \
+    do {                                                                                      \
+        S(0, a##0, yy##0);                                                                    \
+        if (R > 1) S(1, a##1, yy##1);                                                         \
+        if (R > 2) S(2, a##2, yy##2);                                                         \
+        if (R > 3) S(3, a##3, yy##3);                                                         \
+    } while (0)
+static inline __attribute__((always_inline)) void pk_store(float *y, int64_t ldy, int R,
+                                                           __m256 y0, __m256 y1, __m256 y2,
+                                                           __m256 y3) {
+    _mm256_storeu_ps(y, y0);
+    if (R > 1) _mm256_storeu_ps(y + ldy, y1);
+    if (R > 2) _mm256_storeu_ps(y + 2 * ldy, y2);
+    if (R > 3) _mm256_storeu_ps(y + 3 * ldy, y3);
+}
+#endif
+
 // 8 rows (group g) of packed Q8_0 against R (1..4, compile-time) activation rows x [R, K]
 // with block scales xd [R, K/32]: y[r * ldy + 0..7].
 static inline __attribute__((always_inline)) void pk_dot_q8_0(
@@ -111,16 +131,10 @@ static inline __attribute__((always_inline)) void pk_dot_q8_0(
         const __m256 dw = pk_halves8(blk);
 #define LS_PF(r, acc, yy)                                                                     \
     yy = madd8(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(dw, _mm256_set1_ps(xd[(r) * nc + c])), yy)
-        LS_PF(0, i0, y0);
-        if (R > 1) LS_PF(1, i1, y1);
-        if (R > 2) LS_PF(2, i2, y2);
-        if (R > 3) LS_PF(3, i3, y3);
+        PK_EACH(LS_PF, i, y);
 #undef LS_PF
     }
-    _mm256_storeu_ps(y, y0);
-    if (R > 1) _mm256_storeu_ps(y + ldy, y1);
-    if (R > 2) _mm256_storeu_ps(y + 2 * ldy, y2);
-    if (R > 3) _mm256_storeu_ps(y + 3 * ldy, y3);
+    pk_store(y, ldy, R, y0, y1, y2, y3);
 #else
     (void)ahead;
     for (int r = 0; r < R; r++)
@@ -175,10 +189,7 @@ static inline __attribute__((always_inline)) void pk_dot_q5_0(
                 if (R > 2) LS_PR(2, a2);
                 if (R > 3) LS_PR(3, a3);
             }
-            LS_PS(0, a0, i0);
-            if (R > 1) LS_PS(1, a1, i1);
-            if (R > 2) LS_PS(2, a2, i2);
-            if (R > 3) LS_PS(3, a3, i3);
+            PK_EACH(LS_PS, a, i);
         }
 #undef LS_PS
 #undef LS_PR
@@ -186,16 +197,10 @@ static inline __attribute__((always_inline)) void pk_dot_q5_0(
 #define LS_PF(r, acc, yy)                                                                     \
     yy = madd8(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc, _mm256_set1_epi32((int)off * bs[(r) * nc + c]))), \
                _mm256_mul_ps(dw, _mm256_set1_ps(xd[(r) * nc + c])), yy)
-        LS_PF(0, i0, y0);
-        if (R > 1) LS_PF(1, i1, y1);
-        if (R > 2) LS_PF(2, i2, y2);
-        if (R > 3) LS_PF(3, i3, y3);
+        PK_EACH(LS_PF, i, y);
 #undef LS_PF
     }
-    _mm256_storeu_ps(y, y0);
-    if (R > 1) _mm256_storeu_ps(y + ldy, y1);
-    if (R > 2) _mm256_storeu_ps(y + 2 * ldy, y2);
-    if (R > 3) _mm256_storeu_ps(y + 3 * ldy, y3);
+    pk_store(y, ldy, R, y0, y1, y2, y3);
 #else
     (void)ahead;
     (void)bs;

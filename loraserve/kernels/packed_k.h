@@ -34,10 +34,7 @@ static inline __attribute__((always_inline)) void pk_dot_q4_k(
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(nib + 32 * t));
                 const __m256i wl = _mm256_and_si256(v, lo4);
                 const __m256i wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
-                LS_PR(0, l0, h0);
-                if (R > 1) LS_PR(1, l1, h1);
-                if (R > 2) LS_PR(2, l2, h2);
-                if (R > 3) LS_PR(3, l3, h3);
+                PK_EACH(LS_PR, l, h);
             }
 #undef LS_PR
             const __m256i sl = pk_pair16(blk + 32 + 16 * gp), sh = pk_pair16(blk + 40 + 16 * gp);
@@ -67,16 +64,10 @@ static inline __attribute__((always_inline)) void pk_dot_q4_k(
         yy = _mm256_add_ps(yy, _mm256_mul_ps(_mm256_mul_ps(d, xs), _mm256_cvtepi32_ps(acc)));  \
         yy = _mm256_sub_ps(yy, _mm256_mul_ps(_mm256_mul_ps(dm, xs), _mm256_cvtepi32_ps(ms)));  \
     } while (0)
-        LS_PF(0, i0, y0);
-        if (R > 1) LS_PF(1, i1, y1);
-        if (R > 2) LS_PF(2, i2, y2);
-        if (R > 3) LS_PF(3, i3, y3);
+        PK_EACH(LS_PF, i, y);
 #undef LS_PF
     }
-    _mm256_storeu_ps(y, y0);
-    if (R > 1) _mm256_storeu_ps(y + ldy, y1);
-    if (R > 2) _mm256_storeu_ps(y + 2 * ldy, y2);
-    if (R > 3) _mm256_storeu_ps(y + 3 * ldy, y3);
+    pk_store(y, ldy, R, y0, y1, y2, y3);
 #else
     (void)ahead;
     for (int r = 0; r < R; r++)

@@ -101,10 +101,10 @@ int ls_qmatmul_multi_f32(int nparts, const int *types, const uint8_t *const *ws,
                          const int64_t *ns, const int64_t *row_bytes, const int64_t *cols,
                          int64_t K, const float *x, int64_t ldx, int64_t M, float *y,
                          int64_t ldy, int nthreads) {
-    int legacy = 0, kq = 0;
+    int legacy = 0, kq = 0, rows = 0;  // rows: a legacy part in the file's layout (reads dT)
     for (int i = 0; i < nparts && i < 8; i++) {
         if (is_kquant(types[i] & ~PACKED)) kq = 1;
-        else legacy = 1;
+        else legacy = 1, rows |= !(types[i] & PACKED);
     }
     if (kq && K % 256 != 0) return -1;
     int8_t *q = legacy ? malloc((size_t)(M * K)) : NULL;
@@ -119,7 +119,7 @@ int ls_qmatmul_multi_f32(int nparts, const int *types, const uint8_t *const *ws,
     if ((!legacy || (q && d && ms && bs)) && (!kq || (k8 && kd && b16 && b32))) {
         if (legacy) ls_quantize_rows(x, M, K, ldx, q, d, ms, bs, nthreads);
         if (kq) ls_quantize_rows_k(x, M, K, ldx, k8, kd, b16, b32, nthreads);
-        float *dT = legacy && M >= 4 ? transpose_scales(d, M, K / 32) : NULL;
+        float *dT = rows && M >= 4 ? transpose_scales(d, M, K / 32) : NULL;
         const act_t a = {q, d, ms, bs, dT, k8, kd, b16, b32};
         rc = qmatmul_multi(nparts, types, ws, ns, row_bytes, cols, K, &a, M, y, ldy, nthreads);
         free(dT);
@@ -144,7 +144,9 @@ int ls_qmatmul(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_byt
                int64_t M, float *y, int64_t ldy, int nthreads) {
     const uint8_t *ws[1] = {w};
     const int64_t zero = 0;
-    float *dT = !is_kquant(type & ~PACKED) && M >= 4 ? transpose_scales(xd, M, K / 32) : NULL;
+    // the 4- and 8-row dot products of legacy rows in the file's layout read d transposed
+    const int rows = !(type & PACKED) && !is_kquant(type);
+    float *dT = rows && M >= 4 ? transpose_scales(xd, M, K / 32) : NULL;
     act_t a = {xq, xd, (const float *)xms, xbs32, dT, NULL, NULL, NULL, NULL};
     if (is_kquant(type & ~PACKED))
         a = (act_t){NULL, NULL, NULL, NULL, NULL, xq, xd, (const int16_t *)xms, xbs32};
