@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
 
         cbuild.prebuild()  # a first start compiles the kernels while torch is imported
     if cmd == "build-kernels":
-        build_kernels()
+        build_kernels(argv)
     elif cmd == "generate":
         generate(argv)
     elif cmd == "merge":
@@ -44,9 +44,11 @@ def main(argv: list[str] | None = None) -> None:
         serve(parse_server_args(argv))
 
 
-def build_kernels() -> None:
+def build_kernels(argv: list[str]) -> None:
     """``loraserve build-kernels``: compile the C kernels into the package (install time),
     so that no first start waits for the compiler."""
+    argparse.ArgumentParser(prog="loraserve build-kernels", description=build_kernels.__doc__
+                            ).parse_args(argv)  # fmt: skip
     from loraserve import cbuild
 
     out = cbuild.build_into_package()

@@ -56,3 +56,12 @@ def test_kernels_built_at_install_serve_a_start_with_an_empty_cache(tmp_path) ->
 def test_disabled_kernels_fall_back_to_torch(tmp_path) -> None:
     code = "import loraserve.kernels as K; print(K.backend())"
     assert _run(code, LORASERVE_NO_C_KERNELS="1", LORASERVE_CACHE=str(tmp_path)) == "torch"
+
+
+def test_build_kernels_refuses_unknown_arguments(tmp_path) -> None:
+    out = subprocess.run([sys.executable, "-m", "loraserve.cli", "build-kernels", "--bogus"],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "LORASERVE_PREBUILT_DIR": str(tmp_path)})  # fmt: skip
+    assert out.returncode == 2
+    assert "unrecognized arguments: --bogus" in out.stderr
+    assert not list(tmp_path.glob("kernels-*.so"))  # nothing built
