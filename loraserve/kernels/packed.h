@@ -43,15 +43,6 @@ static inline int64_t packed_group_bytes(int type, int64_t K) {
     }
 }
 
-// a * b + c as madd8 computes each lane (fused where the CPU has FMA)
-static inline float madd1(float a, float b, float c) {
-#if defined(__FMA__)
-    return fmaf(a, b, c);
-#else
-    return a * b + c;
-#endif
-}
-
 // the 8 rows' f16 scales as floats (exact)
 static inline void pk_halves(const uint8_t *p, float out[8]) {
     for (int r = 0; r < 8; r++) out[r] = half_to_float(p + 2 * r);

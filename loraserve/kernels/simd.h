@@ -17,6 +17,17 @@
 #define PREFETCH_AHEAD 2048
 #define PREFETCH(p) __builtin_prefetch((const char *)(p) + PREFETCH_AHEAD, 0, 0)
 
+#include <math.h>
+
+// a * b + c as madd8 computes each lane (fused where the CPU has FMA)
+static inline float madd1(float a, float b, float c) {
+#if defined(__FMA__)
+    return fmaf(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
 #if defined(__AVX2__)
 #include <immintrin.h>
 
