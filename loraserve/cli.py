@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
         ray_main(argv)
     else:
         from loraserve.server.app import serve
-        from loraserve.server.args import parse_server_args
+        from loraserve.server.config.args import parse_server_args
 
         serve(parse_server_args(argv))
 

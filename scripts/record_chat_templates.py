@@ -1,7 +1,7 @@
 """Record llama.cpp's rendering of its built-in chat templates as test data.
 
 Calls `llama_chat_apply_template` of the peer's libllama.so (ctypes; no model needed) for
-every built-in name loraserve ports (`loraserve.server.chat_builtin.BUILTIN`, minus the
+every built-in name loraserve ports (`loraserve.chat.builtin.BUILTIN`, minus the
 names that are ours) over a few conversations, with and without the assistant header, and
 writes tests/data/chat_templates.json.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.peer import find_peer  # noqa: E402
-from loraserve.server.chat_builtin import BUILTIN  # noqa: E402
+from loraserve.chat.builtin import BUILTIN  # noqa: E402
 
 OUT = ROOT / "tests" / "data" / "chat_templates.json"
 OURS = {"qwen"}  # names llama.cpp does not have

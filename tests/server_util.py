@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 
 from loraserve.model.loader import LoadedModel, load_model
 from loraserve.server.app import HTTP_IMPL, create_app
-from loraserve.server.args import parse_server_args
+from loraserve.server.config.args import parse_server_args
 
 
 @functools.cache

@@ -62,7 +62,7 @@ def main(argv: list[str]) -> None:
         from loraserve.cluster.app import ClusterConfig, start, stop
     except ImportError:
         sys.exit(f"error: {INSTALL_HINT}")
-    from loraserve.server.args import parse_server_args
+    from loraserve.server.config.args import parse_server_args
     from loraserve.server.startup import StartupError, check_files
 
     cfg = parse_server_args(serve_argv)

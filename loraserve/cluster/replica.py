@@ -23,7 +23,7 @@ from ray.exceptions import RayActorError
 
 from loraserve.cluster.asgi_host import AppHost, HttpAnswer, HttpCall
 from loraserve.server.app import create_app
-from loraserve.server.args import parse_server_args
+from loraserve.server.config.args import parse_server_args
 from loraserve.server.startup import check_files
 from loraserve.server.state import ServerState
 

@@ -29,26 +29,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraserve import __version__
 from loraserve.model.loader import LoadedModel
-from loraserve.server import (
-    admin,
-    anthropic,
-    completion,
-    embeddings,
-    gcp,
-    lora_api,
-    metrics,
-    oai,
-    responses,
-    token_count,
-    webui,
-)
-from loraserve.server.args import ServerConfig
+from loraserve.server import webui
+from loraserve.server.anthropic import messages as anthropic
 from loraserve.server.auth import ApiKeyMiddleware
+from loraserve.server.config.args import ServerConfig
 from loraserve.server.cors import CorsMiddleware, cors_policy
 from loraserve.server.errors import ApiError, JsonResponse, install_error_handlers
+from loraserve.server.native import admin, completion, embeddings, lora_api, metrics
+from loraserve.server.openai import endpoints as oai
+from loraserve.server.openai import responses, token_count
 from loraserve.server.sleep import SleepMiddleware, SleepWatch
 from loraserve.server.startup import StartupError, bind_all, check_files, load_from_config, start
 from loraserve.server.state import ServerState
+from loraserve.server.vertex import gcp
 
 log = logging.getLogger("loraserve.server")
 # uvicorn's HTTP/1.1 implementation, fixed: with `httptools` installed (ray[serve] brings it)

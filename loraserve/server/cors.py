@@ -10,7 +10,6 @@ request is a preflight answered 200 here, before the API key is checked (browser
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,25 +20,6 @@ DEFAULT_ORIGINS = "*"
 DEFAULT_METHODS = "GET, POST, DELETE, OPTIONS"
 DEFAULT_HEADERS = "*"
 LOCALHOST_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
-
-
-def add_flags(p: argparse.ArgumentParser) -> None:
-    """llama-server's CORS flags, with its defaults."""
-    g = p.add_argument_group("CORS")
-    a = g.add_argument
-    a(
-        "--cors-origins",
-        metavar="ORIGINS",
-        help="allowed origins, comma-separated; 'localhost' echoes only a localhost Origin "
-        "(default: %(default)s)",
-    )
-    a("--cors-methods", metavar="METHODS", help="allowed methods (default: %(default)s)")
-    a("--cors-headers", metavar="HEADERS", help="allowed headers (default: %(default)s)")
-    a(
-        "--cors-credentials",
-        action=argparse.BooleanOptionalAction,
-        help="allow credentials; with origins '*' the Origin is echoed (default: %(default)s)",
-    )
 
 
 def origin_is_localhost(origin: str) -> bool:

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
-from loraserve.server.chat_template import normalize_messages
+from loraserve.chat.template import normalize_messages
 
 INT32_MAX = 2**31 - 1
 MAX_STOP = 16  # stop strings per request

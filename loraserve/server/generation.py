@@ -12,11 +12,11 @@ import asyncio
 import math
 from typing import Any
 
+from loraserve.chat.template import render_prompt
 from loraserve.engine.request import Submission
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.lora.registry import Mix, UnknownModelName
 from loraserve.model.tokenizer import Tokenizer
-from loraserve.server.chat_template import render_prompt
 from loraserve.server.errors import exceed_context_size, invalid_request, not_found
 from loraserve.server.flight import Flight, wait
 from loraserve.server.grammar import request_grammar

@@ -151,7 +151,7 @@ class _GenerationParams(_Body):
     timings_per_token: bool = False  # streams: `timings` with every token
     lora: Annotated[list[LoraScaleItem], AfterValidator(_check_unique_ids)] | None = None
     n: int = Field(1, ge=1, le=INT32_MAX, validation_alias=AliasChoices("n", "n_cmpl"))
-    # speculative decoding (`server/spec_flags.py`), llama-server's dotted names
+    # speculative decoding (`server/config/spec_flags.py`), llama-server's dotted names
     spec_n_max: int | None = Field(None, ge=0, le=INT32_MAX, validation_alias="speculative.n_max")
     spec_n_min: int | None = Field(None, ge=0, le=INT32_MAX, validation_alias="speculative.n_min")
     spec_p_min: float | None = Field(None, ge=0, le=1, validation_alias="speculative.p_min")

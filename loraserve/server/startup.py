@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from loraserve.chat.template import resolve_chat_template
 from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.model.loader import LoadedModel
-from loraserve.server.args import ServerConfig
-from loraserve.server.chat_template import resolve_chat_template
+from loraserve.server.config.args import ServerConfig
 from loraserve.server.state import ServerState
 
 log = logging.getLogger("loraserve.server")

@@ -10,11 +10,11 @@ from collections.abc import Callable
 
 from starlette.requests import Request as HttpRequest
 
+from loraserve.chat.template import ChatTemplate
 from loraserve.engine.engine import Engine
 from loraserve.engine.request import Event, Run
 from loraserve.model.loader import LoadedModel
-from loraserve.server.args import ServerConfig
-from loraserve.server.chat_template import ChatTemplate
+from loraserve.server.config.args import ServerConfig
 from loraserve.server.errors import unavailable
 from loraserve.server.flight import Flights
 
@@ -51,7 +51,7 @@ class ServerState:
         """The chat template requests render with (resolved at start from the flags, the
         model's own, or the fallback)."""
         if self.chat_template is None:  # a model attached without `startup.start`
-            from loraserve.server.chat_template import resolve_chat_template
+            from loraserve.chat.template import resolve_chat_template
 
             tok = self.require().tokenizer
             self.chat_template, _ = resolve_chat_template(

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from loraserve.server.app import create_app
-from loraserve.server.args import parse_server_args
 from loraserve.server.auth import PUBLIC_PATHS, ApiKeyMiddleware, presented_key
+from loraserve.server.config.args import parse_server_args
 from tests.server_util import peft_folder, serve_in_thread
 
 MSGS = [{"role": "user", "content": "hi"}]

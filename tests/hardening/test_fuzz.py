@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loraserve.server.embeddings import EmbeddingRequest, RerankRequest
+from loraserve.server.native.embeddings import EmbeddingRequest, RerankRequest
 from loraserve.server.schemas import CompletionRequest, OAIChatRequest, TokenizeRequest
 from tests.server_util import serve_in_thread
 

@@ -15,7 +15,7 @@ import pytest
 
 from loraserve.server.app import MAX_BODY_BYTES
 from loraserve.server.fields import MAX_LOGIT_BIAS, MAX_PROMPTS, MAX_STOP, MAX_STOP_LEN
-from loraserve.server.lora_api import MAX_ADAPTER_BYTES
+from loraserve.server.native.lora_api import MAX_ADAPTER_BYTES
 from loraserve.server.schemas import (
     MAX_LORA_SCALE,
     N_PROBS_MAX,

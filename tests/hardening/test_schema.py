@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
 from loraserve.server.app import create_app
-from loraserve.server.args import parse_server_args
+from loraserve.server.config.args import parse_server_args
 from tests.server_util import peft_folder, serve_in_thread
 
 SCALE = float(os.environ.get("LORASERVE_SCHEMA_SCALE", "1"))  # >1 for a deeper local run

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from loraserve.server.errors import ApiError
-from loraserve.server.lora_api import resolve_adapter_path
+from loraserve.server.native.lora_api import resolve_adapter_path
 from tests.server_util import peft_folder, serve_in_thread
 
 

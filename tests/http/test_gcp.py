@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from loraserve.server.gcp import format_of
+from loraserve.server.vertex.gcp import format_of
 from tests.server_util import serve_in_thread
 
 KEY = "sk-vertex"

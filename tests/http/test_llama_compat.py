@@ -11,7 +11,7 @@ import socket
 import openai
 import pytest
 
-from loraserve.server.args import parse_server_args
+from loraserve.server.config.args import parse_server_args
 from loraserve.server.startup import StartupError, bind_all
 from tests.server_util import serve_in_thread
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from loraserve.server.chat_template import CHATML_TEMPLATE
+from loraserve.chat.template import CHATML_TEMPLATE
 from loraserve.server.webui import CONTENT_TYPES, WEBUI_DIR, static_files
 from tests.server_util import Served, serve_in_thread
 

@@ -154,7 +154,7 @@ def test_the_server_refuses_a_mismatched_draft_at_start() -> None:
 
 
 def test_a_missing_or_broken_draft_is_refused_before_anything_loads(tmp_path) -> None:
-    from loraserve.server.args import parse_server_args
+    from loraserve.server.config.args import parse_server_args
     from loraserve.server.startup import StartupError, check_files
 
     bad = tmp_path / "bad.gguf"

@@ -8,13 +8,13 @@ import os
 
 import pytest
 
-from loraserve.server.args import (
+from loraserve.server.config.args import (
     AUTO_PARALLEL,
     LoraSpec,
     ServerConfig,
     parse_server_args,
 )
-from loraserve.server.llama_flags import (
+from loraserve.server.config.llama_flags import (
     IGNORED_OPTIONAL_VALUE,
     IGNORED_SWITCHES,
     IGNORED_WITH_VALUE,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loraserve.server.args import build_parser
+from loraserve.server.config.args import build_parser
 
 README = (Path(__file__).resolve().parents[3] / "README.md").read_text()
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from loraserve.server.args import parse_server_args
+from loraserve.server.config.args import parse_server_args
 from loraserve.server.errors import (
     validation_message,
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from loraserve.engine.spec.config import SpecConfig, SpecRequest, parse_types
-from loraserve.server.args import parse_server_args
+from loraserve.server.config.args import parse_server_args
 
 
 def spec(*argv: str) -> SpecConfig:

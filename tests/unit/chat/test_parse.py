@@ -1,4 +1,4 @@
-"""The assistant-output parser (`server/chat_parse.py`): reasoning, content and tool calls
+"""The assistant-output parser (`chat/parse.py`): reasoning, content and tool calls
 split the same way whatever the chunks the text streams in (hypothesis over split points),
 and never a piece of a marker shown as content; and the forced-call schema."""
 
@@ -10,7 +10,7 @@ import jsonschema
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loraserve.server.chat_parse import MessageParser, tool_call_schema
+from loraserve.chat.parse import MessageParser, tool_call_schema
 
 
 def parse(chunks: list[str], **kw) -> tuple[str, str, list[tuple[str, dict]]]:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from loraserve.server.chat_builtin import BUILTIN, render_builtin
-from loraserve.server.chat_template import (
+from loraserve.chat.builtin import BUILTIN, render_builtin
+from loraserve.chat.template import (
     CHATML_TEMPLATE,
     ChatTemplate,
     render_prompt,

@@ -15,7 +15,7 @@ from starlette.responses import Response
 from loraserve.server.body import body_doc, read_body
 from loraserve.server.errors import JsonResponse, invalid_request
 from loraserve.server.generation import chat_prompt, tokenize_prompt
-from loraserve.server.responses import to_chat
+from loraserve.server.openai.responses import to_chat
 from loraserve.server.schemas import OAIChatRequest
 from loraserve.server.state import get_state
 

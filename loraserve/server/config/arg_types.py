@@ -97,7 +97,7 @@ def json_object(text: str) -> dict[str, Any]:
 
 def chat_template_flag(text: str) -> str:
     """`--chat-template`: a built-in template's name, or Jinja text that compiles."""
-    from loraserve.server.chat_template import check_template_flag
+    from loraserve.chat.template import check_template_flag
 
     try:
         check_template_flag(text)
@@ -108,7 +108,7 @@ def chat_template_flag(text: str) -> str:
 
 def chat_template_file(path: str) -> str:
     """`--chat-template-file`: the text of a Jinja template file that compiles."""
-    from loraserve.server.chat_template import compile_template
+    from loraserve.chat.template import compile_template
 
     try:
         with open(path, encoding="utf-8") as f:

@@ -16,7 +16,6 @@ the request's LoRA mix (`lora`, or `model` naming an adapter, else the global sc
 
 from __future__ import annotations
 
-import argparse
 import base64
 from typing import Annotated, Any, Literal
 
@@ -42,19 +41,6 @@ from loraserve.server.state import ServerState, get_state
 
 router = APIRouter()
 MAX_INPUTS = 1024  # prompts (or documents) in one request
-
-
-def add_flags(p: argparse.ArgumentParser) -> None:
-    """llama-server's embedding flags."""
-    g = p.add_argument_group("embeddings and reranking")
-    a = g.add_argument
-    a("--embedding", "--embeddings", action="store_true", help="enable the embedding endpoints")
-    a("--reranking", "--rerank", action="store_true", help="enable /rerank (pooling rank)")
-    a(
-        "--pooling",
-        choices=[str(p) for p in Pooling],
-        help="pooling of embeddings (default: the model's, else none)",
-    )
 
 
 def _text_parts(parts: Any, where: str) -> str:

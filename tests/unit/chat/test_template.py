@@ -8,7 +8,7 @@ from datetime import datetime
 
 import pytest
 
-from loraserve.server.chat_template import (
+from loraserve.chat.template import (
     CHATML_TEMPLATE,
     ChatTemplateError,
     normalize_messages,

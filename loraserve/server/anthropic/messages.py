@@ -24,9 +24,9 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
+from loraserve.chat.parse import THINK_OPEN, Delta, MessageParser, ToolCall
 from loraserve.engine.request import Event
-from loraserve.server.anthropic_convert import Converted, MessagesRequest, convert
-from loraserve.server.chat_parse import THINK_OPEN, Delta, MessageParser, ToolCall
+from loraserve.server.anthropic.convert import Converted, MessagesRequest, convert
 from loraserve.server.errors import JsonResponse, invalid_request
 from loraserve.server.generation import chat_prompt, submit, tokenize_prompt, tokenize_prompts
 from loraserve.server.output import Output, collect, stream

@@ -15,8 +15,10 @@ from typing import Any
 from loraserve import __version__
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.spec.config import SpecConfig
-from loraserve.server import cors, spec_flags
-from loraserve.server.arg_types import (
+from loraserve.server import cors
+from loraserve.server.config import spec_flags
+from loraserve.server.config.api_flags import add_cors_flags, add_embedding_flags
+from loraserve.server.config.arg_types import (
     CsvAppend,
     LoraAction,
     LoraSpec,
@@ -27,7 +29,7 @@ from loraserve.server.arg_types import (
     json_object,
     read_api_key_file,
 )
-from loraserve.server.llama_flags import add_llama_flags
+from loraserve.server.config.llama_flags import add_llama_flags
 
 AUTO_PARALLEL = 4  # llama-server resolves `-np -1` (its default, "auto") to 4 slots
 DTYPES = ("auto", "native", "int8", "float32")
@@ -79,7 +81,7 @@ class ServerConfig:
     cors_methods: str = cors.DEFAULT_METHODS
     cors_headers: str = cors.DEFAULT_HEADERS
     cors_credentials: bool = True
-    embedding: bool = False  # embeddings and reranking: see `server/embeddings.py`
+    embedding: bool = False  # embeddings and reranking: see `server/native/embeddings.py`
     reranking: bool = False
     pooling: str | None = None  # None: the model's
     slots: bool = True  # GET /slots (--no-slots: 501)
@@ -90,7 +92,7 @@ class ServerConfig:
     chat_template_origin: str = ""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict, compare=False)
     strict_model_names: bool = False
-    spec: SpecConfig = SpecConfig()  # speculative decoding: see `server/spec_flags.py`
+    spec: SpecConfig = SpecConfig()  # speculative decoding: see `server/config/spec_flags.py`
     ignored: tuple[str, ...] = field(default=(), compare=False)
 
     def request_defaults(self) -> dict[str, Any]:
@@ -202,10 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="-c / -np tokens per slot (default)")  # fmt: skip
     a("--sleep-idle-seconds", type=int_in(-1), help=f"sleep when idle, -1 = never {d}")
     a("-v", "--verbose", "--log-verbose", action="store_true", help="debug logs, __verbose")
-    cors.add_flags(p)
-    from loraserve.server import embeddings  # here: it imports the server, which imports us
-
-    embeddings.add_flags(p)
+    add_cors_flags(p)
+    add_embedding_flags(p)
     spec_flags.add_flags(p)
     a(
         "--chat-template",

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import Field
 
-from loraserve.server.chat_parse import tool_call_schema
+from loraserve.chat.parse import tool_call_schema
 from loraserve.server.errors import invalid_request, parse_body
 from loraserve.server.fields import Messages
 from loraserve.server.schemas import _GenerationParams

@@ -18,7 +18,7 @@ from loraserve.engine.request import Event
 from loraserve.server.body import body_doc, read_body
 from loraserve.server.errors import JsonResponse
 from loraserve.server.generation import submit, tokenize_prompts
-from loraserve.server.native import final_result, prob_entry
+from loraserve.server.native.results import final_result, prob_entry
 from loraserve.server.output import Output, collect, progress_timings, stream, token_prob
 from loraserve.server.schemas import CompletionRequest
 from loraserve.server.state import ServerState, get_state

@@ -25,7 +25,7 @@ from loraserve.server.body import body_doc, read_body
 from loraserve.server.errors import JsonResponse
 from loraserve.server.flight import wait
 from loraserve.server.generation import chat_prompt, submit, tokenize_prompts
-from loraserve.server.native import final_result
+from loraserve.server.native.results import final_result
 from loraserve.server.output import Output, collect, logprob, stream, token_prob
 from loraserve.server.schemas import OAIChatRequest, OAICompletionRequest
 from loraserve.server.state import get_state

@@ -27,8 +27,8 @@ from typing import Any, NoReturn
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from loraserve.chat.builtin import BUILTIN, UNPORTED, render_builtin
 from loraserve.model.tokenizer import Tokenizer
-from loraserve.server.chat_builtin import BUILTIN, UNPORTED, render_builtin
 from loraserve.server.errors import invalid_request
 
 CHATML_TEMPLATE = (

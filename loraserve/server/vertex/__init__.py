@@ -1,0 +1,1 @@
+"""Vertex AI's prediction protocol (`AIP_MODE=PREDICTION`)."""
