@@ -14,6 +14,12 @@
 // each key and value is loaded once per item rather than once per vector; which vectors
 // share an item changes only the loads, never any vector's operations.
 //
+// Options (ls_attention_ex): logit soft-capping (gemma2: s = cap * tanh(s / cap) after the
+// scale), attention sinks (gpt-oss: one learned logit per query head that joins the softmax's
+// max and denominator but adds no value), and values of another width than the keys, read
+// at their own stride (latent attention: V is the first Dv floats of each compressed K row).
+// Each is one more fixed, per-vector operation, so the row independence above holds as is.
+//
 // Non-finite inputs give non-finite outputs: a NaN or infinite score makes exp(s - max) NaN
 // (inf - inf) or is carried as NaN, and a NaN or infinite value carries into the weighted sum.
 
@@ -85,9 +91,37 @@ static inline void dot4(const float *const q[4], const float *k, int64_t D, floa
 typedef struct {
     int64_t n, ulo, uhi;  // vectors; the union of their key ranges
     const float *q[QV];
-    float *out[QV], *s[QV], sum[QV];
+    float *out[QV], *s[QV], sum[QV], sink[QV];  // sink: the head's sink logit (if sinks)
     int64_t lo[QV], hi[QV];
 } item_t;
+
+// The per-call options of ls_attention_ex (see there).
+typedef struct {
+    float softcap;        // > 0: s = softcap * tanh(s / softcap) after the scale
+    const float *sinks;   // [H] per query head, or NULL
+    int64_t Dv, ldk, ldv; // value width; floats from one slot's K (V) row to the next
+} opts_t;
+
+// tanh of 8 lanes as 1 - 2 / (1 + exp(2y)): exp8 saturates, so |y| large gives +-1, never
+// NaN (NaN stays NaN). Absolute error ~1e-7.
+#if defined(__AVX2__)
+static inline __m256 tanh8(__m256 y) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    __m256 e = exp8(_mm256_add_ps(y, y));
+    return _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(one, e)));
+}
+#endif
+
+// exp of one value by the lanes' formula (AVX2), so a sink's term is computed as the scores'
+static inline float exp1(float x) {
+#if defined(__AVX2__)
+    float b[8] = {x, 0, 0, 0, 0, 0, 0, 0};
+    _mm256_storeu_ps(b, exp8(_mm256_loadu_ps(b)));
+    return b[0];
+#else
+    return expf(x);
+#endif
+}
 
 static inline int active(const item_t *it, int i, int64_t j) {
     return i < it->n && j >= it->lo[i] && j < it->hi[i];
@@ -127,6 +161,7 @@ static inline void accumulate(float *o, const float *p, const float *const v[4],
 // out_i = sum_j p_ij v_j / sum_i, accumulated in out_i itself: keys in blocks of 4 (their
 // values stay in L1 while every vector attending them takes its share), each vector's keys
 // in order lo..hi-1; a key a vector does not attend is skipped, not added as 0 * v.
+// D: the values' width.
 static void weighted_sum(const item_t *it, const float *vc, const int64_t *vrow, int64_t D) {
     for (int i = 0; i < it->n; i++)
         for (int64_t d = 0; d < D; d++) it->out[i][d] = 0.0f;
@@ -148,11 +183,27 @@ static void weighted_sum(const item_t *it, const float *vc, const int64_t *vrow,
         for (int64_t d = 0; d < D; d++) it->out[i][d] /= it->sum[i];
 }
 
-static void attend(item_t *it, const float *kc, const float *vc, const int64_t *vrow,
-                   float scale, int64_t D) {
+// s[j] = cap * tanh(s[j] / cap) for j < m (AVX2: whole 8-lane vectors; the padding past m
+// is zeros, never read as a score).
+static void softcap(float *s, int64_t m, float cap) {
+    const float inv = 1.0f / cap;
+#if defined(__AVX2__)
+    const __m256 vc = _mm256_set1_ps(cap), vi = _mm256_set1_ps(inv);
+    for (int64_t j = 0; j < m; j += 8)
+        _mm256_storeu_ps(s + j, _mm256_mul_ps(vc, tanh8(_mm256_mul_ps(_mm256_loadu_ps(s + j), vi))));
+#else
+    for (int64_t j = 0; j < m; j++) {
+        float e = expf(2.0f * (s[j] * inv));
+        s[j] = cap * (1.0f - 2.0f / (1.0f + e));
+    }
+#endif
+}
+
+static void attend(item_t *it, const float *kc, const float *vc, const int64_t *krow,
+                   const int64_t *vrow, float scale, int64_t D, const opts_t *o) {
     // scores: each key once, against every vector that attends it (4 at a time)
     for (int64_t j = it->ulo; j < it->uhi; j++) {
-        const float *k = kc + vrow[j - it->ulo];
+        const float *k = kc + krow[j - it->ulo];
         int act[QV], na = 0;
         for (int i = 0; i < it->n; i++)
             if (active(it, i, j)) act[na++] = i;
@@ -172,13 +223,16 @@ static void attend(item_t *it, const float *kc, const float *vc, const int64_t *
     for (int i = 0; i < it->n; i++) {
         float *s = it->s[i], mx = -INFINITY, sum = 0.0f;
         const int64_t m = it->hi[i] - it->lo[i];
-        for (int64_t j = 0; j < m; j++) {
-            s[j] *= scale;
-            mx = s[j] > mx ? s[j] : mx;
-        }
-        if (isnan(mx) || mx == -INFINITY) mx = NAN;  // no finite score: NaN out
+        for (int64_t j = 0; j < m; j++) s[j] *= scale;
 #if defined(__AVX2__)
         for (int64_t j = m; j < (m + 7) / 8 * 8; j++) s[j] = 0.0f;  // padding, never used
+#endif
+        if (o->softcap > 0.0f) softcap(s, m, o->softcap);
+        for (int64_t j = 0; j < m; j++) mx = s[j] > mx ? s[j] : mx;
+        const float sink = it->sink[i];
+        if (o->sinks != NULL && sink > mx) mx = sink;
+        if (isnan(mx) || mx == -INFINITY) mx = NAN;  // no finite score: NaN out
+#if defined(__AVX2__)
         __m256 vmx = _mm256_set1_ps(mx);
         for (int64_t j = 0; j < m; j += 8)
             _mm256_storeu_ps(s + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmx)));
@@ -189,27 +243,35 @@ static void attend(item_t *it, const float *kc, const float *vc, const int64_t *
             sum += s[j];
         }
 #endif
+        if (o->sinks != NULL) sum += exp1(sink - mx);  // after the keys: the sink's share
         it->sum[i] = sum;
     }
-    weighted_sum(it, vc, vrow, D);
+    weighted_sum(it, vc, vrow, o->Dv);
 }
 
-// Attention of T query rows over their sequences' keys in the pool.
-//   q [T, H, D] (row stride ldq floats; heads contiguous), out [T, H, D] contiguous;
-//   k_cache, v_cache [S, Hkv, D] flat KV slots;
+// Attention of T query rows over their sequences' keys in the pool, with options.
+//   q [T, H, D] (row stride ldq floats; heads contiguous), out [T, H, Dv] contiguous;
+//   k_cache: slot s, KV head h's key at k_cache + s * ldk + h * D (D floats);
+//   v_cache: its value at v_cache + s * ldv + h * Dv (Dv floats; may alias k_cache);
 //   slots: every sequence's KV slot list (positions 0, 1, ... in order), concatenated;
 //     sequence b's list is slots[seq_off[b] .. seq_off[b + 1]), seq_off [B + 1];
 //   row_seq [T]: each row's sequence; row_nkeys [T]: keys it attends (positions 0..n-1,
-//     so n = its position + 1); window > 0 keeps only keys with q_pos - k_pos < window.
+//     so n = its position + 1); window > 0 keeps only keys with q_pos - k_pos < window;
+//   softcap > 0: each scaled score s becomes softcap * tanh(s / softcap);
+//   sinks [H] or NULL: query head h's sink logit joins the softmax (max and denominator).
 // Query head h reads KV head h / (H / Hkv). Returns 0, or -1 (nothing written) when the
 // metadata is inconsistent: a row's sequence or key count out of range, a slot outside the
 // pool, or H not a multiple of Hkv; -2 when out of memory.
-int ls_attention(const float *q, int64_t ldq, const float *k_cache, const float *v_cache,
-                 int64_t S, const int64_t *slots, const int64_t *seq_off, int64_t B,
-                 const int32_t *row_seq, const int32_t *row_nkeys, int32_t window, float scale,
-                 float *out, int64_t T, int64_t H, int64_t Hkv, int64_t D, int nthreads) {
-    if (H <= 0 || Hkv <= 0 || H % Hkv != 0 || D <= 0 || T < 0 || B < 0 || seq_off[0] < 0)
+int ls_attention_ex(const float *q, int64_t ldq, const float *k_cache, int64_t ldk,
+                    const float *v_cache, int64_t ldv, int64_t S, const int64_t *slots,
+                    const int64_t *seq_off, int64_t B, const int32_t *row_seq,
+                    const int32_t *row_nkeys, int32_t window, float scale, float softcap,
+                    const float *sinks, float *out, int64_t T, int64_t H, int64_t Hkv,
+                    int64_t D, int64_t Dv, int nthreads) {
+    if (H <= 0 || Hkv <= 0 || H % Hkv != 0 || D <= 0 || Dv <= 0 || T < 0 || B < 0 ||
+        seq_off[0] < 0)
         return -1;
+    const opts_t o = {softcap, sinks, Dv, ldk, ldv};
     int64_t max_seq = 1, max_keys = 1;
     for (int64_t b = 0; b < B; b++) {
         if (seq_off[b + 1] < seq_off[b]) return -1;
@@ -245,7 +307,7 @@ int ls_attention(const float *q, int64_t ldq, const float *k_cache, const float 
     // per thread: QV score rows (padded to whole 8-lane vectors) and the keys' offsets
     const int64_t stride = max_keys + 8;
     float *s_all = malloc(sizeof(float) * (size_t)(stride * QV * nthreads));
-    int64_t *vrow_all = malloc(sizeof(int64_t) * (size_t)(max_seq * nthreads));
+    int64_t *vrow_all = malloc(sizeof(int64_t) * (size_t)(2 * max_seq * nthreads));
     if (s_all == NULL || vrow_all == NULL) {
         free(block);
         free(s_all);
@@ -259,7 +321,7 @@ int ls_attention(const float *q, int64_t ldq, const float *k_cache, const float 
 #else
         const int64_t me = 0;
 #endif
-        int64_t *vrow = vrow_all + me * max_seq;
+        int64_t *krow = vrow_all + 2 * me * max_seq, *vrow = krow + max_seq;
         item_t it;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t w = 0; w < items; w++) {
@@ -275,7 +337,8 @@ int ls_attention(const float *q, int64_t ldq, const float *k_cache, const float 
                 for (int64_t h = h0; h < h1; h++) {
                     const int i = (int)it.n++;
                     it.q[i] = q + t * ldq + h * D;
-                    it.out[i] = out + (t * H + h) * D;
+                    it.out[i] = out + (t * H + h) * Dv;
+                    it.sink[i] = sinks != NULL ? sinks[h] : 0.0f;
                     it.s[i] = s_all + (me * QV + i) * stride;
                     it.lo[i] = lo;
                     it.hi[i] = n;
@@ -284,12 +347,25 @@ int ls_attention(const float *q, int64_t ldq, const float *k_cache, const float 
                 it.uhi = n > it.uhi ? n : it.uhi;
             }
             const int64_t *sl = slots + seq_off[row_seq[t0]];
-            for (int64_t j = it.ulo; j < it.uhi; j++) vrow[j - it.ulo] = (sl[j] * Hkv + kh) * D;
-            attend(&it, k_cache, v_cache, vrow, scale, D);
+            for (int64_t j = it.ulo; j < it.uhi; j++) {
+                krow[j - it.ulo] = sl[j] * ldk + kh * D;
+                vrow[j - it.ulo] = sl[j] * ldv + kh * Dv;
+            }
+            attend(&it, k_cache, v_cache, krow, vrow, scale, D, &o);
         }
     }
     free(block);
     free(s_all);
     free(vrow_all);
     return 0;
+}
+
+// ls_attention_ex without options: K and V pools [S, Hkv, D] contiguous (documented there).
+int ls_attention(const float *q, int64_t ldq, const float *k_cache, const float *v_cache,
+                 int64_t S, const int64_t *slots, const int64_t *seq_off, int64_t B,
+                 const int32_t *row_seq, const int32_t *row_nkeys, int32_t window, float scale,
+                 float *out, int64_t T, int64_t H, int64_t Hkv, int64_t D, int nthreads) {
+    return ls_attention_ex(q, ldq, k_cache, Hkv * D, v_cache, Hkv * D, S, slots, seq_off, B,
+                           row_seq, row_nkeys, window, scale, 0.0f, NULL, out, T, H, Hkv, D,
+                           D, nthreads);
 }
