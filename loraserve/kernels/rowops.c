@@ -1,5 +1,5 @@
 // Row-wise operations in one call each: RMSNorm (plain and per head), rope, the gated
-// activation, and the pass over a step's logits (at the end).
+// activation, logit soft-capping, and the pass over a step's logits (at the end).
 //
 // A torch RMSNorm is six dispatches (~25 us at one row, 90 a Gemma decode step); this is
 // one. Each output row depends on its own input row only, with a fixed summation order.
@@ -73,39 +73,60 @@ void ls_norm_rope(const float *x, int64_t T, int64_t H, int64_t K, int64_t ldt, 
 
 // act(x) for 8 lanes: 0 = SiLU x / (1 + exp(-x)); 1 = GELU (tanh form)
 // 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed as the equal x / (1 +
-// exp(-2u)) (no cancellation where tanh(u) is near -1).
+// exp(-2u)) (no cancellation where tanh(u) is near -1); 2 = gpt-oss's clamped SiLU
+// (llama.cpp's swiglu_oai) x' / (1 + exp(-1.702 x')), x' = min(x, 7).
+#define OAI_ALPHA 1.702f
+#define OAI_LIMIT 7.0f
 #if defined(__AVX2__)
 static inline __m256 act8(__m256 x, int act) {
     __m256 z = x;
-    if (act != 0) {
+    if (act == 1) {
         __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
         __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
                                  _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(0.044715f), x3)));
         z = _mm256_add_ps(u, u);
+    } else if (act == 2) {
+        x = _mm256_min_ps(x, _mm256_set1_ps(OAI_LIMIT));
+        z = _mm256_mul_ps(_mm256_set1_ps(OAI_ALPHA), x);
     }
     __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), z));
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
+
+// the up half's factor: u, or for act 2 (swiglu_oai) clamp(u, -7, 7) + 1
+static inline __m256 up8(__m256 u, int act) {
+    if (act != 2) return u;
+    const __m256 lim = _mm256_set1_ps(OAI_LIMIT);
+    u = _mm256_min_ps(_mm256_max_ps(u, _mm256_sub_ps(_mm256_setzero_ps(), lim)), lim);
+    return _mm256_add_ps(u, _mm256_set1_ps(1.0f));
+}
 #endif
 
-static inline float act1(float x, int act) {
+// act(x) * up(u) for one value, by the vector formula on one lane where there is AVX2:
+// every value gets the same operations wherever it lies
+static inline float gated1(float x, float u, int act) {
 #if defined(__AVX2__)
-    // the vector formula on one lane: every value gets the same operations wherever it lies
-    float b[8] = {x, 0, 0, 0, 0, 0, 0, 0};
-    _mm256_storeu_ps(b, act8(_mm256_loadu_ps(b), act));
+    float b[8] = {x, 0, 0, 0, 0, 0, 0, 0}, c[8] = {u, 0, 0, 0, 0, 0, 0, 0};
+    __m256 r = _mm256_mul_ps(act8(_mm256_loadu_ps(b), act), up8(_mm256_loadu_ps(c), act));
+    _mm256_storeu_ps(b, r);
     return b[0];
 #else
     float z = x;
-    if (act != 0) {
-        float u = 0.7978845608028654f * (x + 0.044715f * ((x * x) * x));
-        z = u + u;
+    if (act == 1) {
+        float v = 0.7978845608028654f * (x + 0.044715f * ((x * x) * x));
+        z = v + v;
+    } else if (act == 2) {
+        x = x < OAI_LIMIT ? x : OAI_LIMIT;
+        z = OAI_ALPHA * x;
+        u = (u < -OAI_LIMIT ? -OAI_LIMIT : u > OAI_LIMIT ? OAI_LIMIT : u) + 1.0f;
     }
-    return x / (1.0f + expf(-z));
+    return x / (1.0f + expf(-z)) * u;
 #endif
 }
 
-// out[t, f] = act(g[t * ld + f]) * u[t * ld + f] for T rows of F (the gate and up halves of a
-// fused projection's output, row stride ld); out contiguous [T, F]. act: 0 SiLU, 1 GELU-tanh.
+// out[t, f] = act(g[t * ld + f]) * up(u[t * ld + f]) for T rows of F (the gate and up halves
+// of a fused projection's output, row stride ld); out contiguous [T, F]. act: 0 SiLU, 1
+// GELU-tanh, 2 swiglu_oai (whose up factor is clamp(u, -7, 7) + 1; u itself otherwise).
 void ls_gated_act(const float *g, const float *u, int64_t T, int64_t F, int64_t ld, int act,
                   float *out, int nthreads) {
     if (T * F < (1 << 16)) nthreads = 1;
@@ -117,9 +138,29 @@ void ls_gated_act(const float *g, const float *u, int64_t T, int64_t F, int64_t 
 #if defined(__AVX2__)
         for (; f + 8 <= F; f += 8)
             _mm256_storeu_ps(o + f, _mm256_mul_ps(act8(_mm256_loadu_ps(gr + f), act),
-                                                  _mm256_loadu_ps(ur + f)));
+                                                  up8(_mm256_loadu_ps(ur + f), act)));
 #endif
-        for (; f < F; f++) o[f] = act1(gr[f], act) * ur[f];
+        for (; f < F; f++) o[f] = gated1(gr[f], ur[f], act);
+    }
+}
+
+// Logit soft-capping in place: x[r * ld + v] = cap * tanh(x / cap) for R rows of V values
+// (gemma2's final logits). Each value by tanh8's formula, wherever it lies.
+void ls_softcap(float *x, int64_t R, int64_t V, int64_t ld, float cap, int nthreads) {
+    const float inv = 1.0f / cap;
+    if (R * V < (1 << 15)) nthreads = 1;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t r = 0; r < R; r++) {
+        float *xr = x + r * ld;
+        int64_t v = 0;
+#if defined(__AVX2__)
+        const __m256 vc = _mm256_set1_ps(cap), vi = _mm256_set1_ps(inv);
+        for (; v + 8 <= V; v += 8) {
+            __m256 y = _mm256_mul_ps(_mm256_loadu_ps(xr + v), vi);
+            _mm256_storeu_ps(xr + v, _mm256_mul_ps(vc, tanh8(y)));
+        }
+#endif
+        for (; v < V; v++) xr[v] = cap * tanh1(xr[v] * inv);
     }
 }
 

@@ -1,5 +1,6 @@
 """Row-wise operations in C (`rowops.c`), with torch fallbacks: RMSNorm, rope, the gated
-activation of the feed-forward, and the pass over a step's logits (`scan_rows`)."""
+activation of the feed-forward, logit soft-capping, and the pass over a step's logits
+(`scan_rows`)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ _SIGNATURES = {
     "ls_norm_rope": ([_P, _I, _I, _I, _I, _P, _I, _F, _P, _P, _P, ctypes.c_int], None),
     "ls_gated_act": ([_P, _P, _I, _I, _I, ctypes.c_int, _P, ctypes.c_int], None),
     "ls_scan_rows": ([_P, _I, _I, _I, _P, _P, ctypes.c_int], None),
+    "ls_softcap": ([_P, _I, _I, _I, _F, ctypes.c_int], None),
 }
-ACTS = {"silu": 0, "gelu_tanh": 1}  # the C kernel's activation codes
+ACTS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}  # the C kernel's activation codes
+OAI_ALPHA, OAI_LIMIT = 1.702, 7.0  # swiglu_oai's constants (llama.cpp hard-codes them too)
 
 
 def _c() -> ctypes.CDLL | None:
@@ -98,9 +101,11 @@ def norm_rope(
 
 def gated_act(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
     """act(gate) * up -> a new contiguous [T, F] float32: gate/up [T, F] (row views of one
-    fused gate|up output are fine), act 'silu' (llama, qwen) or 'gelu_tanh' (gemma). The C
-    kernel computes each value by one fixed formula (its own exp, the same in every lane),
-    so a row's result never depends on the batch; the fused decoder calls the same code."""
+    fused gate|up output are fine), act 'silu' (llama, qwen), 'gelu_tanh' (gemma) or
+    'swiglu_oai' (gpt-oss: g = min(gate, 7), g * sigmoid(1.702 g) * (clamp(up, -7, 7) + 1),
+    llama.cpp's ggml_swiglu_oai). The C kernel computes each value by one fixed formula (its
+    own exp, the same in every lane), so a row's result never depends on the batch; the fused
+    decoder calls the same code."""
     lib = _c()
     t, f = gate.shape
     if (
@@ -115,7 +120,22 @@ def gated_act(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
         return out
     if act == "silu":
         return F.silu(gate) * up
+    if act == "swiglu_oai":
+        g = gate.clamp(max=OAI_LIMIT)
+        return g * torch.sigmoid(OAI_ALPHA * g) * (up.clamp(-OAI_LIMIT, OAI_LIMIT) + 1.0)
     return F.gelu(gate, approximate="tanh") * up
+
+
+def softcap_(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """x = cap * tanh(x / cap) in place (gemma2's final logits) for x [R, V] float32 -> x.
+    The C kernel computes each value by one formula wherever it lies in its row; the
+    fallback is elementwise torch."""
+    lib = _c()
+    if lib is not None and x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1:
+        lib.ls_softcap(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), float(cap),
+                       torch.get_num_threads())  # fmt: skip
+        return x
+    return x.copy_(torch.tanh(x * (1.0 / cap)) * cap)
 
 
 def scan_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

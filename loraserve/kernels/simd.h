@@ -70,4 +70,24 @@ static inline __m256 exp8(__m256 x) {
     y = _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), y);         // underflow: 0
     return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));  // NaN stays NaN
 }
+
+// tanh of 8 lanes as 1 - 2 / (1 + exp(2y)): exp8 saturates, so a large |y| gives +-1, never
+// NaN (NaN stays NaN). Absolute error ~1e-7 (logit soft-capping: attention and output).
+static inline __m256 tanh8(__m256 y) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    __m256 e = exp8(_mm256_add_ps(y, y));
+    return _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(one, e)));
+}
 #endif
+
+// tanh8's formula for one value (its lane arithmetic where there is AVX2), so a value gets
+// the same bits wherever it lies in a vector or a tail
+static inline float tanh1(float y) {
+#if defined(__AVX2__)
+    float b[8] = {y, 0, 0, 0, 0, 0, 0, 0};
+    _mm256_storeu_ps(b, tanh8(_mm256_loadu_ps(b)));
+    return b[0];
+#else
+    return 1.0f - 2.0f / (1.0f + expf(y + y));
+#endif
+}
