@@ -108,3 +108,44 @@ static inline common_json oracle_params_json(const common_chat_params & p) {
     j["additional_stops"] = p.additional_stops;
     return j;
 }
+
+// A message as an OpenAI chat-completion body spells it (what common_chat_msgs_parse_oaicompat
+// reads back into the same common_chat_msg).
+static inline common_json oracle_msg_oai(const common_chat_msg & m) {
+    common_json j = common_json::object();
+    j["role"]     = m.role;
+    if (!m.content_parts.empty()) {
+        auto parts = common_json::array();
+        for (const auto & p : m.content_parts) {
+            parts.push_back(common_json::object({ { "type", p.type }, { "text", p.text } }));
+        }
+        j["content"] = parts;
+    } else if (m.content.empty() && !m.tool_calls.empty()) {
+        j["content"] = nullptr;
+    } else {
+        j["content"] = m.content;
+    }
+    if (!m.reasoning_content.empty()) {
+        j["reasoning_content"] = m.reasoning_content;
+    }
+    if (!m.tool_calls.empty()) {
+        auto calls = common_json::array();
+        for (const auto & tc : m.tool_calls) {
+            auto call        = common_json::object();
+            call["type"]     = "function";
+            call["function"] = common_json::object({ { "name", tc.name }, { "arguments", tc.arguments } });
+            if (!tc.id.empty()) {
+                call["id"] = tc.id;
+            }
+            calls.push_back(call);
+        }
+        j["tool_calls"] = calls;
+    }
+    if (!m.tool_name.empty()) {
+        j["name"] = m.tool_name;
+    }
+    if (!m.tool_call_id.empty()) {
+        j["tool_call_id"] = m.tool_call_id;
+    }
+    return j;
+}
