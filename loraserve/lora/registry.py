@@ -1,13 +1,18 @@
-"""The loaded adapters, the global scale map, and a request's `Mix` with its cache key.
+"""The registered adapters, the global scale map, and a request's `Mix` with its cache key.
 
-Every method is meant for the engine thread only (the thread that runs the model): loads,
-unloads and global-scale changes are posted to it like requests, so a request's snapshot
-of the global map is taken in the order the server received them. Nothing here locks.
+An adapter is registered by a load (`load`) or on first use of a name the catalogue
+offers (`lookup`, on disk until the engine reads it: `read` off the engine thread, then
+`install`); `evict` sends a resident adapter back to disk (`lora.tiers`), keeping its id,
+name, global scale and content identity. Every method but `read` is meant for the engine
+thread only (the thread that runs the model): loads, unloads and global-scale changes are
+posted to it like requests, so a request's snapshot of the global map is taken in the
+order the server received them. Nothing here locks.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,9 +21,11 @@ from torch import nn
 
 from loraserve.cache.prefix_cache import CacheKey
 from loraserve.lora.adapter import Adapter, load_adapter
+from loraserve.lora.catalogue import Catalogue
 from loraserve.lora.delta import LoraBatch, Span
+from loraserve.lora.tiers import TierLimits, TierStats, resident_bytes
+from loraserve.model.ffn.moe import MoE
 from loraserve.model.loader import LoadedModel
-from loraserve.model.moe import MoE
 from loraserve.model.projection import Projection
 
 
@@ -60,7 +67,8 @@ def _scale(adapter_id: int, s: float) -> float:
 
 
 class UnknownModelName(ValueError):
-    """A request's `model` names no loaded adapter (raised only when asked to be strict)."""
+    """A request's `model` names no loaded adapter (raised only when asked to be strict),
+    a `lora` entry names no adapter, or a catalogued adapter's file is gone."""
 
 
 class AdapterRegistry:
@@ -69,30 +77,159 @@ class AdapterRegistry:
     Names are unique without regard to case: a name given at load that is taken is refused,
     a name taken from the file that is taken gets a suffix (``-2``, ``-3``...)."""
 
-    def __init__(self, model: LoadedModel) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        catalogue: Catalogue | None = None,
+        limits: TierLimits | None = None,
+    ) -> None:
         self.model = model
         self.shapes = base_shapes(model.decoder)
+        self.catalogue = catalogue or Catalogue()
+        self.limits = limits or TierLimits()
+        self.stats = TierStats()
         self._adapters: dict[int, Adapter] = {}
         self._global: dict[int, float] = {}
         self._next_id = 0
+        self._clock = 0
 
-    def load(self, path: str | Path, scale: float = 1.0, name: str | None = None) -> Adapter:
+    def load(
+        self, path: str | Path, scale: float = 1.0, name: str | None = None, pinned: bool = False
+    ) -> Adapter:
         """Load and register an adapter with global ``scale``; raises `AdapterError` (or a
         ValueError for a ``name`` already taken) and leaves the registry unchanged if the
         file does not fit the model."""
+        _scale(self._next_id, scale)
+        self._check_free(name)
+        t0 = time.perf_counter()
+        loaded = self.read_path(path)
+        return self.add_loaded(loaded, scale, name, pinned, time.perf_counter() - t0)
+
+    def read_path(self, path: str | Path) -> Adapter:
+        """Read an adapter file or PEFT folder (any thread; `AdapterError` if it does not
+        fit the model)."""
+        return load_adapter(path, self.model.config, self.shapes)
+
+    def add_loaded(
+        self,
+        adapter: Adapter,
+        scale: float = 1.0,
+        name: str | None = None,
+        pinned: bool = False,
+        seconds: float = 0.0,
+    ) -> Adapter:
+        """Register what `read_path` returned, resident, at global ``scale``."""
         scale = _scale(self._next_id, scale)
+        self._check_free(name)
+        adapter.name = name if name is not None else self._free_name(adapter.name)
+        adapter.pinned = pinned
+        self._add(adapter, scale)
+        self.stats.loads += 1
+        self.stats.load_seconds += seconds
+        self._share_weights(adapter)
+        return adapter
+
+    def replace(self, adapter_id: int, loaded: Adapter, seconds: float, pinned: bool) -> None:
+        """An adapter takes another file's weights in place (vLLM's ``load_inplace``):
+        same id, name and scale; its content identity, so its cache key, is the new one."""
+        a = self.get(adapter_id)
+        a.path = loaded.path
+        a.pinned = a.pinned or pinned
+        self.install(adapter_id, loaded, seconds)
+
+    def register(
+        self, path: str | Path, name: str, scale: float = 0.0, pinned: bool = False
+    ) -> Adapter:
+        """Register an adapter on disk under ``name`` (read on its first use); ValueError
+        for a name already taken."""
+        scale = _scale(self._next_id, scale)
+        self._check_free(name)
+        adapter = Adapter(name, Path(path), "", {}, pinned=pinned)
+        self._add(adapter, scale)
+        return adapter
+
+    def _check_free(self, name: str | None) -> None:
         taken = self.find(name) if name is not None else None
         if taken is not None:
             raise ValueError(
                 f"name: an adapter named {taken.name!r} is already loaded (id {taken.id})"
             )
-        adapter = load_adapter(path, self.model.config, self.shapes)
+
+    def _add(self, adapter: Adapter, scale: float) -> None:
         adapter.id = self._next_id
-        adapter.name = name if name is not None else self._free_name(adapter.name)
+        adapter.last_used = self._clock
         self._next_id += 1
         self._adapters[adapter.id] = adapter
         self._global[adapter.id] = scale
-        return adapter
+
+    def lookup(self, name: str) -> Adapter | None:
+        """The adapter named ``name`` (case ignored): a registered one, else the catalogue's
+        entry, registered now on disk at global scale 0; None if neither has it."""
+        found = self.find(name)
+        if found is None:
+            entry = self.catalogue.lookup(name)
+            if entry is not None:
+                found = self.register(entry.path, entry.name)
+        return found
+
+    def read(self, adapter_id: int) -> Adapter:
+        """Read a registered adapter's file into a new, unregistered `Adapter`: any thread
+        (it touches no registry state but the path). `AdapterError` if it does not fit the
+        model, `UnknownModelName` if the file is gone."""
+        path = self.get(adapter_id).path
+        if not path.exists():
+            raise UnknownModelName(f"adapter {self.get(adapter_id).name!r}: {path} is gone")
+        return self.read_path(path)
+
+    def install(self, adapter_id: int, loaded: Adapter, seconds: float = 0.0) -> Adapter:
+        """Make a registered adapter resident with what `read` returned (its content
+        identity is the file's now: a changed file gets a new one, so a new cache key)."""
+        a = self.get(adapter_id)
+        a.weights, a.content_id, a.metadata = loaded.weights, loaded.content_id, loaded.metadata
+        a.alora = loaded.alora
+        self.stats.loads += 1
+        self.stats.load_seconds += seconds
+        self._share_weights(a)
+        return a
+
+    def _share_weights(self, a: Adapter) -> None:
+        twin = next(
+            (
+                b
+                for b in self._adapters.values()
+                if b is not a and b.weights and b.content_id == a.content_id
+            ),
+            None,
+        )
+        if twin is not None:  # one copy of equal weights
+            a.weights = twin.weights
+            self.stats.shared_loads += 1
+
+    def evict(self, adapter_id: int) -> None:
+        """Send a resident adapter back to disk (the engine checks it is idle)."""
+        self.get(adapter_id).weights = {}
+        self.stats.evictions += 1
+
+    def missing(self, scales: Mapping[int, float]) -> list[int]:
+        """The adapters of a mix that are not resident."""
+        return [i for i in scales if not self.get(i).weights]
+
+    def touch(self, ids: Iterable[int]) -> None:
+        """Mark adapters as used now (least recently used ones are evicted first)."""
+        self._clock += 1
+        for i in ids:
+            if i in self._adapters:
+                self._adapters[i].last_used = self._clock
+
+    @property
+    def resident(self) -> list[Adapter]:
+        """The adapters whose weights are in memory, in id order."""
+        return [a for a in self.list() if a.weights]
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes of resident adapter weights (shared weights counted once)."""
+        return sum(resident_bytes(self.resident))
 
     def unload(self, adapter_id: int) -> None:
         """Forget an adapter. The engine must not unload one that a running request uses."""
@@ -139,43 +276,68 @@ class AdapterRegistry:
             new[i] = _scale(i, s)
         self._global = new
 
-    def resolve(self, request_lora: Sequence[tuple[int, float]] | None) -> dict[int, float]:
+    def resolve(self, request_lora: Sequence[tuple[int | str, float]] | None) -> dict[int, float]:
         """A request's effective mix (id -> non-zero scale).
 
         Its own list when present and non-empty (unlisted ids -> 0; duplicate ids: the last
-        one wins; unknown id: ValueError), else a snapshot of the global map.
+        one wins; unknown id: ValueError), else a snapshot of the global map. An entry may
+        name its adapter instead of its id (`lookup`; `UnknownModelName` if none has it).
         """
         if request_lora:
             mix: dict[int, float] = {}
-            for i, s in request_lora:
-                self.get(i)
+            for ref, s in request_lora:
+                i = self._id_of(ref)
                 mix[i] = _scale(i, s)
         else:
             mix = self._global
         return {i: s for i, s in mix.items() if s != 0.0}
 
+    def _id_of(self, ref: int | str) -> int:
+        if isinstance(ref, str):
+            a = self.lookup(ref)
+            if a is None:
+                raise UnknownModelName(f"lora: no adapter named {ref!r}{self._offered()}")
+            return a.id
+        return self.get(ref).id
+
+    def _offered(self) -> str:
+        return " (none under --lora-dir either)" if self.catalogue else ""
+
     def mix(
         self,
-        request_lora: Sequence[tuple[int, float]] | None,
+        request_lora: Sequence[tuple[int | str, float]] | None,
         adapter_name: str | None = None,
         strict: bool = False,
     ) -> Mix:
-        """A request's effective `Mix`: `resolve` of its own list (plus the adapter that
-        ``adapter_name`` names, case ignored, at scale 1, unless listed) and the mix's
-        `cache_key`. ValueError naming an unknown id or a non-finite scale; with ``strict``,
-        `UnknownModelName` for a name that no adapter has."""
-        named = self.find(adapter_name) if adapter_name is not None else None
+        """A request's effective `Mix`: `scales_of` its request and their `cache_key`."""
+        return self.make_mix(*self.scales_of(request_lora, adapter_name, strict))
+
+    def make_mix(self, scales: dict[int, float], name: str | None) -> Mix:
+        """The `Mix` of resolved ``scales`` (their adapters' current content identities)."""
+        return Mix(scales, self.cache_key(scales), name) if scales or name else BASE
+
+    def scales_of(
+        self,
+        request_lora: Sequence[tuple[int | str, float]] | None,
+        adapter_name: str | None = None,
+        strict: bool = False,
+    ) -> tuple[dict[int, float], str | None]:
+        """A request's effective scales, `resolve` of its own list (plus the adapter that
+        ``adapter_name`` names, case ignored, at scale 1, unless listed; the catalogue's
+        adapters included), and that adapter's name. ValueError naming an unknown id or a
+        non-finite scale; with ``strict``, `UnknownModelName` for a name that no adapter
+        has."""
+        named = self.lookup(adapter_name) if adapter_name is not None else None
         if adapter_name is not None and named is None and strict:
             loaded = ", ".join(repr(a.name) for a in self.list()) or "none"
             raise UnknownModelName(
                 f"model: {adapter_name!r} is neither the model nor a loaded adapter "
                 f"(adapters: {loaded})"
             )
-        if named is not None and all(i != named.id for i, _ in request_lora or ()):
+        if named is not None and all(self._id_of(i) != named.id for i, _ in request_lora or ()):
             request_lora = [*(request_lora or ()), (named.id, 1.0)]
         scales = self.resolve(request_lora)
-        name = named.name if named is not None else None
-        return Mix(scales, self.cache_key(scales), name) if scales or name else BASE
+        return scales, named.name if named is not None else None
 
     def uses_content(self, content_id: str) -> bool:
         """Whether a loaded adapter has this content identity."""
@@ -190,7 +352,8 @@ class AdapterRegistry:
         total: dict[str, float] = {}
         for i, s in mix.items():
             if s != 0.0:
-                cid = self.get(i).content_id
+                a = self.get(i)
+                cid = a.content_id or f"on disk:{a.path}"  # never read yet (routing only)
                 total[cid] = total.get(cid, 0.0) + float(s)
         return tuple(sorted((c, s) for c, s in total.items() if s != 0.0))
 

@@ -1,8 +1,9 @@
-"""The generic decoder: one class for llama (dense and MoE), gemma3, qwen2 and qwen3.
+"""The generic decoder: one class for every architecture in `archs/`.
 
-Weights come from a `WeightSource` under GGUF names (llama's q/k rows already un-permuted
-to Hugging Face layout), matrices in the precision declared at load. Architecture
-differences are flags of `ModelConfig`.
+Weights come from a `WeightSource` under GGUF names (q/k rows of "norm"-rope architectures
+already un-permuted to Hugging Face layout), matrices in the precision declared at load.
+Architecture differences are fields of `ModelConfig`: flags, and which layer kind (`attn/`,
+`ffn/`) sits at which depth.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from torch import nn
 
 from loraserve import kernels
 from loraserve.kernels.layers import FusedLayers, LayerSpec, ProjSpec
-from loraserve.model.attention import paged_attention
+from loraserve.model.attn import paged_attention
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
+from loraserve.model.ffn import MoE
 from loraserve.model.layers import Rope, RowEmbedding, apply_rope, gated_act, rms_norm
-from loraserve.model.moe import MoE
 from loraserve.model.projection import Matrix, Projection
 from loraserve.model.weights import WeightSource
 
@@ -54,7 +55,7 @@ class Block(nn.Module):
         self.ffn_norm = _req(w, p + "ffn_norm.weight").float()
         self.post_ffn_norm = _req(w, p + "post_ffw_norm.weight") if cfg.post_norms else None
         self.sliding = cfg.sliding_window > 0 and cfg.sliding_layers[i]
-        if cfg.is_moe:
+        if cfg.moe_layers[i]:
             self.moe: MoE | None = MoE(cfg, p, w)
         else:
             self.moe = None

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from loraserve.model.tokenizer_bpe import build_bpe, byte_level_decode, hf_dir_parts
+from loraserve.model.tokenizer_bpe import BpeEncoder, byte_level_decode, hf_dir_parts
 from loraserve.model.tokenizer_special import (
     BYTE,
     CONTROL,
@@ -27,6 +27,27 @@ from loraserve.model.tokenizer_special import (
     strip_ids,
 )
 from loraserve.model.tokenizer_spm import build_spm
+
+
+def test_vocab(
+    texts: list[str],
+) -> tuple[Callable[[str, bool], list[int]], Callable[[str], bytes]]:
+    """llama.cpp's ``test`` vocabulary (tokens ``tok_N``), as llama_vocab tokenizes it: each
+    run of 5 UTF-8 bytes becomes token ``h % n_vocab`` with ``h = h * 31 + byte`` over the
+    run (64-bit wrap-around); token N reads back as N in lower-case hex."""
+    n = len(texts)
+    hexes = {t: format(i, "x").encode() for i, t in enumerate(texts)}
+
+    def encode_fragment(text: str, after_special: bool) -> list[int]:
+        data, out = text.encode(), []
+        for lo in range(0, len(data), 5):
+            h = 0
+            for b in data[lo : lo + 5]:
+                h = (h * 31 + b) & 0xFFFFFFFFFFFFFFFF
+            out.append(h % n)
+        return out
+
+    return encode_fragment, hexes.__getitem__
 
 
 def _as_list(value: Any) -> list:
@@ -103,13 +124,18 @@ class Tokenizer:
 
             add_bos = True
         elif model == "gpt2":
-            bos, eos = token_id("bos", 11), token_id("eos", 11)
-            bpe, add_bos = build_bpe(texts, meta["tokenizer.ggml.merges"], key("pre", "default"))
+            bpe = BpeEncoder(texts, meta["tokenizer.ggml.merges"], key("pre", "default"))
+            bos, eos = token_id("bos", None if bpe.pre.no_bos else 11), token_id("eos", 11)
+            add_bos = bpe.pre.add_bos
 
             def encode_fragment(text: str, after_special: bool) -> list[int]:
-                return [i for i in bpe.encode(text, add_special_tokens=False).ids if i < n]
+                return bpe.encode(text)
 
             to_bytes = byte_level_decode
+        elif model == "test":  # llama.cpp's test models (LLAMA_VOCAB_TYPE_TEST)
+            bos = eos = None
+            encode_fragment, to_bytes = test_vocab(texts)
+            add_bos = False
         else:
             raise ValueError(f"unsupported tokenizer model {model!r}")
 

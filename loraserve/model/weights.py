@@ -107,7 +107,7 @@ class WeightSource:
     def _permuted(self, name: str) -> bool:
         return (
             self._gg is not None
-            and self.cfg.arch == "llama"
+            and self.cfg.permuted_qk
             and name.endswith((".attn_q.weight", ".attn_k.weight"))
         )
 
