@@ -1,5 +1,5 @@
-// Row-wise operations in one call each: RMSNorm (plain and per head), rope, the gated
-// activation, logit soft-capping, and the pass over a step's logits (at the end).
+// Row-wise operations in one call each: RMSNorm (plain and per head), LayerNorm, rope, the
+// gated activation, logit soft-capping, and the pass over a step's logits (at the end).
 //
 // A torch RMSNorm is six dispatches (~25 us at one row, 90 a Gemma decode step); this is
 // one. Each output row depends on its own input row only, with a fixed summation order.
@@ -36,6 +36,46 @@ void ls_rms_norm(const float *x, int64_t T, int64_t H, int64_t K, int64_t ldt, c
         float *yr = y + r * K;
         const float inv = 1.0f / sqrtf(sum_squares(xr, K) / (float)K + eps);
         for (int64_t k = 0; k < K; k++) yr[k] = (xr[k] * inv) * wr[k];
+    }
+}
+
+// sum of x[k] (or of (x[k] - m)^2 when sq) in one fixed order: 8-lane partial sums, their
+// fixed horizontal sum, then the K % 8 tail in order
+static inline float row_sum(const float *x, int64_t K, float m, int sq) {
+    int64_t k = 0;
+    float r = 0.0f;
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps(), vm = _mm256_set1_ps(m);
+    for (; k + 8 <= K; k += 8) {
+        __m256 v = _mm256_loadu_ps(x + k);
+        if (sq) {
+            v = _mm256_sub_ps(v, vm);
+            v = _mm256_mul_ps(v, v);
+        }
+        acc = _mm256_add_ps(acc, v);
+    }
+    r = hsum8(acc);
+#endif
+    for (; k < K; k++) r += sq ? (x[k] - m) * (x[k] - m) : x[k];
+    return r;
+}
+
+// LayerNorm (cohere2, and every "norm" of llama.cpp's LLM_NORM): y[t] = (x[t] - mean) /
+// sqrt(var + eps) * w (+ b), mean and (biased) variance over the row's K values. x rows at
+// stride ldt, y contiguous [T, K]; b may be NULL.
+void ls_layer_norm(const float *x, int64_t T, int64_t K, int64_t ldt, const float *w,
+                   const float *b, float eps, float *y, int nthreads) {
+    if (T * K < (1 << 16)) nthreads = 1;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        const float *xr = x + t * ldt;
+        float *yr = y + t * K;
+        const float mean = row_sum(xr, K, 0.0f, 0) / (float)K;
+        const float inv = 1.0f / sqrtf(row_sum(xr, K, mean, 1) / (float)K + eps);
+        for (int64_t k = 0; k < K; k++) {
+            const float v = ((xr[k] - mean) * inv) * w[k];
+            yr[k] = b != NULL ? v + b[k] : v;
+        }
     }
 }
 

@@ -1,5 +1,5 @@
-"""Row-wise operations in C (`rowops.c`), with torch fallbacks: RMSNorm, rope, the gated
-activation of the feed-forward, logit soft-capping, and the pass over a step's logits
+"""Row-wise operations in C (`rowops.c`), with torch fallbacks: RMSNorm, LayerNorm, rope, the
+gated activation of the feed-forward, logit soft-capping, and the pass over a step's logits
 (`scan_rows`)."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ _SIGNATURES = {
     "ls_gated_act": ([_P, _P, _I, _I, _I, ctypes.c_int, _P, ctypes.c_int], None),
     "ls_scan_rows": ([_P, _I, _I, _I, _P, _P, ctypes.c_int], None),
     "ls_softcap": ([_P, _I, _I, _I, _F, ctypes.c_int], None),
+    "ls_layer_norm": ([_P, _I, _I, _I, _P, _P, _F, _P, ctypes.c_int], None),
 }
 ACTS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}  # the C kernel's activation codes
 OAI_ALPHA, OAI_LIMIT = 1.702, 7.0  # swiglu_oai's constants (llama.cpp hard-codes them too)
@@ -41,6 +42,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     result depends on that row alone."""
     lib = _c()
     # cheap checks only: this runs ~90 times a decode step
+    k = x.shape[-1]
+    if weight.shape[-1] != k or not (weight.dim() == 1 or weight.dim() == x.dim() == 2 + 1):
+        raise ValueError(f"rms_norm: weight {tuple(weight.shape)} for rows of {k} values")
     if lib is not None and x.dtype == torch.float32 and x.stride(-1) == 1:
         if x.dim() == 2:
             y = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -78,6 +82,26 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return y.to(x.dtype) if x.dtype != torch.float32 else y
 
 
+def layer_norm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    """LayerNorm over the last dim in float32 (llama.cpp's LLM_NORM: mean and biased variance
+    of the row, times weight, plus bias if any): x [T, K] (rows may be views into wider
+    rows), weight/bias [K] float32 contiguous -> a new contiguous [T, K]. Each row's result
+    depends on that row alone (C: one fixed summation order)."""
+    lib = _c()
+    if lib is not None and x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1:
+        y = torch.empty(x.shape, dtype=torch.float32)
+        bp = None if bias is None else bias.data_ptr()
+        lib.ls_layer_norm(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), weight.data_ptr(),
+                          bp, eps, y.data_ptr(), torch.get_num_threads())  # fmt: skip
+        return y
+    xf = x.float()
+    mean = xf.mean(-1, keepdim=True)
+    y = (xf - mean) * torch.rsqrt((xf - mean).pow(2).mean(-1, keepdim=True) + eps) * weight
+    return y if bias is None else y + bias
+
+
 def norm_rope(
     x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor
 ) -> torch.Tensor:
@@ -86,6 +110,12 @@ def norm_rope(
     None, cos/sin [T, D/2] contiguous -> a new contiguous [T, H, D]."""
     lib = _c()
     t, h, d = x.shape
+    if cos.shape != (t, d // 2) or sin.shape != (t, d // 2) or d % 2:
+        raise ValueError(f"norm_rope: tables {tuple(cos.shape)} for [{t}, {h}, {d}]")
+    if weight is not None and weight.shape[-1] != d:
+        raise ValueError(f"norm_rope: weight {tuple(weight.shape)} for heads of {d}")
+    if weight is not None and weight.dim() == 2 and weight.shape[0] not in (1, h):
+        raise ValueError(f"norm_rope: weight {tuple(weight.shape)} for {h} heads")
     if lib is None or x.dtype != torch.float32 or x.stride(2) != 1 or x.stride(1) != d:
         y = x.float() if weight is None else rms_norm(x, weight, eps)
         c, s = cos.unsqueeze(1), sin.unsqueeze(1)
@@ -108,6 +138,8 @@ def gated_act(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
     decoder calls the same code."""
     lib = _c()
     t, f = gate.shape
+    if up.shape != gate.shape:
+        raise ValueError(f"gated_act: gate {tuple(gate.shape)} and up {tuple(up.shape)}")
     if (
         lib is not None
         and gate.dtype == up.dtype == torch.float32

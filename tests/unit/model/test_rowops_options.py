@@ -1,6 +1,6 @@
 """Row operations the new architectures bring (loraserve/kernels/rowops.c and its fallback):
-gpt-oss's clamped gated activation (llama.cpp's ggml_swiglu_oai) and logit soft-capping
-(gemma2's final logits). Each equals its float64 formula, and a value's bits do not depend on
+gpt-oss's clamped gated activation (llama.cpp's ggml_swiglu_oai), logit soft-capping
+(gemma2's final logits) and LayerNorm (cohere2). Each equals its float64 formula, and a value's bits do not depend on
 its row's neighbours or on where it lies in the row (vector lanes or the tail).
 """
 
@@ -89,3 +89,31 @@ def test_softcap_value_bits_independent_of_place(backend: str) -> None:
     assert torch.equal(batch[:, 202], batch[:, 9])
     for r in range(6):
         assert torch.equal(rowops.softcap_(x[r : r + 1].clone(), 50.0)[0], batch[r])
+
+
+def test_layer_norm_matches_float64(backend: str) -> None:
+    """LayerNorm (mean and biased variance of the row, weight, optional bias) equals float64,
+    on rows that are views into wider rows, with and without a bias."""
+    g = torch.Generator().manual_seed(4)
+    wide = torch.randn(6, 300, generator=g) * 3 + 5  # an offset mean: no cancellation trick
+    x = wide[:, :259]  # [6, 259] rows at stride 300
+    w, b = torch.randn(259, generator=g), torch.randn(259, generator=g)
+    for bias in (None, b):
+        got = rowops.layer_norm(x, w, bias, 1e-5)
+        xd = x.double()
+        mean = xd.mean(-1, keepdim=True)
+        want = (xd - mean) / torch.sqrt(((xd - mean) ** 2).mean(-1, keepdim=True) + 1e-5)
+        want = want * w.double() + (0 if bias is None else bias.double())
+        assert got.shape == (6, 259) and got.is_contiguous()
+        assert ((got.double() - want).abs() <= 1e-5 * (1 + want.abs())).all()
+
+
+def test_layer_norm_row_alone_equals_row_in_batch(backend: str) -> None:
+    """A row's LayerNorm bits do not depend on the other rows (C kernel's promise)."""
+    if backend != "c":
+        pytest.skip("a C kernel property")
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(9, 203, generator=g), torch.randn(203, generator=g)
+    batch = rowops.layer_norm(x, w, None, 1e-5)
+    for r in range(9):
+        assert torch.equal(rowops.layer_norm(x[r : r + 1], w, None, 1e-5)[0], batch[r])
