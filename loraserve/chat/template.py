@@ -1,35 +1,47 @@
-"""Chat prompts from a model's Jinja2 chat template, as llama.cpp's `--jinja` path renders them.
-
-The template runs in jinja2's `ImmutableSandboxedEnvironment` with `trim_blocks` and
-`lstrip_blocks` on (llama.cpp's and transformers' settings) and the helpers chat templates
-expect: `raise_exception`, `strftime_now`, a `tojson` filter writing Python `json.dumps`
-style (no HTML escaping, non-ASCII kept), `bos_token`, `eos_token`, `add_generation_prompt`.
+"""Chat prompts from a model's chat template, as llama-server (`--jinja`) renders them.
 
 Which template a server renders with (`resolve_chat_template`), as llama-server resolves it:
-`--chat-template` (one of llama.cpp's built-in names, rendered by `chat_builtin` as its C++
-code does, or Jinja text), `--chat-template-file` (Jinja), else the model file's template.
-A model without one gets llama.cpp's fallback, the ChatML template of common/chat.cpp
-(`CHATML_TEMPLATE`, the same text), with a warning at start; **ours:** a vocabulary with
-Gemma's turn tokens (`<start_of_turn>`, `<end_of_turn>`) and no template (Gemma 3 270M
-base) gets the built-in `gemma` instead, since ChatML's markers are plain text to it.
-Jinja templates get `chat_template_kwargs` (`--chat-template-kwargs`, then the request's)
-as extra variables.
+`--chat-template` (one of llama.cpp's built-in names, rendered by `builtin` as its C++
+code does, or Jinja text), `--chat-template-file` (Jinja), else the model file's template
+(and its `tool_use` variant, used when a request has tools). A model without one gets
+llama.cpp's fallback, the ChatML template of common/chat.cpp (`CHATML_TEMPLATE`, the same
+text), with a warning at start; **ours:** a vocabulary with Gemma's turn tokens
+(`<start_of_turn>`, `<end_of_turn>`) and no template (Gemma 3 270M base) gets the built-in
+`gemma` instead, since ChatML's markers are plain text to it.
+
+A Jinja template renders through `render.render` (llama.cpp's steps and variables) in the
+environment of `jinja_env` (llama.cpp's engine's semantics); its capabilities (`caps`) and
+its format (`formats.detect`: the reasoning markers, whether it supports thinking) are found
+once per template. `enable_thinking` defaults to `--reasoning` (auto: on where the template
+supports thinking), and a request's `chat_template_kwargs` `enable_thinking` (a JSON
+boolean) or `reasoning_effort: "none"` overrides it.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from datetime import datetime
-from functools import lru_cache
-from typing import Any, NoReturn
-
-import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from functools import cached_property
+from typing import Any, Literal
 
 from loraserve.chat.builtin import BUILTIN, UNPORTED, render_builtin
+from loraserve.chat.caps import TemplateCaps, detect_caps
+from loraserve.chat.jinja_env import ChatTemplateError, compile_template
+from loraserve.chat.messages import concat_parts
+from loraserve.chat.render import (
+    Continuation,
+    RenderInputs,
+    Tokens,
+    render,
+    select_source,
+    supports_thinking_by_render,
+)
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.errors import invalid_request
+
+__all__ = ["CHATML_TEMPLATE", "ChatTemplate", "ChatTemplateError", "compile_template"]
+log = logging.getLogger("loraserve.server")
 
 CHATML_TEMPLATE = (
     "{%- for message in messages -%}\n"
@@ -39,50 +51,11 @@ CHATML_TEMPLATE = (
     "  {{- '<|im_start|>assistant\n' -}}\n"
     "{%- endif -%}"
 )
+Reasoning = Literal["on", "off", "auto"]
 
 
-class ChatTemplateError(ValueError):
-    """The template does not compile, or refused the messages (its `raise_exception`)."""
-
-
-def _raise_exception(message: str) -> NoReturn:
-    raise ChatTemplateError(f"chat template error: {message}")
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-@lru_cache(maxsize=16)
-def compile_template(source: str) -> jinja2.Template:
-    """Compile (once per source text) a chat template; `ChatTemplateError` if it is invalid."""
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    try:
-        return env.from_string(source)
-    except jinja2.TemplateError as exc:
-        raise ChatTemplateError(f"chat template does not compile: {exc}") from None
-
-
-def _flatten(parts: list[Any], where: str) -> str:
-    """Text parts joined by newlines, as llama.cpp's `concat_content_parts`."""
-    text = ""
+def _check_parts(parts: list[Any], where: str) -> list[dict[str, str]]:
+    out = []
     for j, part in enumerate(parts):
         here = f"{where}.content[{j}]"
         if not isinstance(part, dict):
@@ -93,16 +66,17 @@ def _flatten(parts: list[Any], where: str) -> str:
             )
         if not isinstance(part.get("text"), str):
             raise ValueError(f"{here}.text: must be a string")
-        text += ("\n" if text else "") + part["text"]
-    return text
+        out.append({"type": "text", "text": part["text"]})
+    return out
 
 
 def normalize_messages(messages: Any) -> list[dict[str, Any]]:
-    """Check chat messages and flatten list-of-parts contents to text.
+    """Check chat messages (a request's `messages` field).
 
     Each message needs a string `role`, and a `content` that is a string or a list of
-    `{"type": "text", "text": ...}` parts; an assistant message may have a null or missing
-    content (it becomes ""). Other keys are kept. Raises ValueError naming the message.
+    `{"type": "text", "text": ...}` parts (kept as parts: a template may show them); an
+    assistant message may have a null or missing content (it becomes ""). Other keys are
+    kept. Raises ValueError naming the message.
     """
     if not isinstance(messages, list):
         raise ValueError("messages: expected a list of messages")
@@ -122,11 +96,20 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
                 raise ValueError(f"{where}.content: missing (required for role {role!r})")
             content = ""
         elif isinstance(content, list):
-            content = _flatten(content, where)
+            content = _check_parts(content, where)
         elif not isinstance(content, str):
             raise ValueError(f"{where}.content: must be a string or a list of content parts")
         out.append({**msg, "content": content})
     return out
+
+
+def flat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages with list-of-parts contents joined by newlines (llama.cpp's built-in
+    templates see text only)."""
+    return [
+        {**m, "content": concat_parts(m["content"])} if isinstance(m.get("content"), list) else m
+        for m in normalize_messages(messages)
+    ]
 
 
 def render_chat(
@@ -139,44 +122,63 @@ def render_chat(
     add_bos: bool = False,
     add_eos: bool = False,
     kwargs: dict[str, Any] | None = None,
+    enable_thinking: bool = True,
 ) -> str:
-    """Render `messages` into a prompt string with `template` (ChatML when None or empty).
+    """Render `messages` with the Jinja `template` (ChatML when None, empty or "chatml") as
+    llama-server does, without tools or continuation (see `render.render`).
 
-    `add_bos` / `add_eos`: the tokenizer will add BOS / EOS itself, so a leading BOS / a
-    trailing EOS the template wrote is removed (llama.cpp does the same, so Gemma's
-    `{{ bos_token }}` does not end up twice). Raises ValueError on malformed messages and
-    `ChatTemplateError` (a ValueError) when the template fails or refuses them.
-    `kwargs` are extra template variables (they cannot replace the four above).
-    """
+    `add_bos` / `add_eos`: the tokenizer adds BOS / EOS itself, so a leading BOS / a
+    trailing EOS the template wrote is removed. Raises ValueError on malformed messages and
+    `ChatTemplateError` (a ValueError) when the template fails or refuses them. `kwargs` are
+    extra template variables (JSON values)."""
     source = CHATML_TEMPLATE if not template or template == "chatml" else template
-    msgs = normalize_messages(messages)
-    try:
-        result = compile_template(source).render(
-            **(kwargs or {}),
-            messages=msgs,
-            bos_token=bos_token,
-            eos_token=eos_token,
-            add_generation_prompt=add_generation_prompt,
-        )
-    except ChatTemplateError:
-        raise
-    except (jinja2.TemplateError, TypeError, ValueError, LookupError, AttributeError) as exc:
-        raise ChatTemplateError(f"chat template error: {type(exc).__name__}: {exc}") from None
-    if add_bos and bos_token and result.startswith(bos_token):
-        result = result[len(bos_token) :]
-    if add_eos and eos_token and result.endswith(eos_token):
-        result = result[: -len(eos_token)]
-    return result
+    tokens = Tokens(bos_token, eos_token, add_bos, add_eos)
+    inputs = RenderInputs(
+        normalize_messages(messages),
+        add_generation_prompt=add_generation_prompt,
+        enable_thinking=enable_thinking,
+        kwargs=dict(kwargs or {}),
+    )
+    return render(source, tokens, inputs)
 
 
 @dataclass(frozen=True)
 class ChatTemplate:
     """The template a server renders chats with: a built-in name (`builtin`) or Jinja text,
-    and where it came from (`origin`: a flag, "model" or "fallback")."""
+    where it came from (`origin`: a flag, "model" or "fallback"), and the model's `tool_use`
+    variant (Jinja, used for requests with tools)."""
 
     source: str
     builtin: bool
     origin: str
+    tool_use: str | None = None
+    _cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @cached_property
+    def caps(self) -> TemplateCaps:
+        """The capabilities llama-server reports (the `tool_use` variant's when there is one)."""
+        if self.builtin:
+            return TemplateCaps()
+        return detect_caps(self.tool_use or self.source)
+
+    def chat_format(self, source: str, tokens: Tokens) -> Any:
+        """The format `formats.detect` finds for `source` (None when it cannot tell)."""
+        if source not in self._cache:
+            self._cache[source] = _detect_format(source, tokens)
+        return self._cache[source]
+
+    def supports_thinking(self, tokens: Tokens, tools: Any = None) -> bool:
+        """Whether the template knows reasoning (llama-server's `supports_thinking`)."""
+        if self.builtin:
+            return False
+        source = select_source(self.source, self.tool_use, tools)
+        fmt = self.chat_format(source, tokens)
+        if fmt is not None:
+            return bool(fmt.has_reasoning)
+        key = "thinking:" + source
+        if key not in self._cache:
+            self._cache[key] = supports_thinking_by_render(source, tokens)
+        return self._cache[key]
 
     def render(
         self,
@@ -184,22 +186,66 @@ class ChatTemplate:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         kwargs: dict[str, Any] | None = None,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        continuation: Continuation = "none",
+        enable_thinking: bool | None = None,
+        now: datetime | None = None,
     ) -> str:
-        """The prompt text; ValueError naming the problem (messages, or the template)."""
+        """The prompt text; ValueError naming the problem (messages, or the template).
+        `enable_thinking` None: whether the template supports thinking."""
         if self.builtin:
-            return render_builtin(self.source, normalize_messages(messages), add_generation_prompt)
-        bos = tok.piece(tok.bos_id) if tok.bos_id is not None else ""
-        eos = tok.piece(tok.eos_id) if tok.eos_id is not None else ""
-        return render_chat(
-            self.source,
-            messages,
-            bos,
-            eos,
-            add_generation_prompt,
-            add_bos=tok.add_bos,
-            add_eos=tok.add_eos,
-            kwargs=kwargs,
+            msgs = flat_messages(messages)
+            if continuation != "none" and msgs:
+                head = render_builtin(self.source, msgs[:-1], True)
+                return head + msgs[-1]["content"]
+            return render_builtin(self.source, msgs, add_generation_prompt)
+        tokens = token_strings(tok)
+        source = select_source(self.source, self.tool_use, tools)
+        fmt = self.chat_format(source, tokens)
+        markers = (fmt.reasoning_start, fmt.reasoning_end) if fmt is not None else ("", "")
+        if enable_thinking is None:
+            enable_thinking = self.supports_thinking(tokens, tools)
+        inputs = RenderInputs(
+            normalize_messages(messages),
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            continuation=continuation,
+            enable_thinking=enable_thinking,
+            kwargs=dict(kwargs or {}),
+            reasoning_markers=markers,
+            now=now,
         )
+        return render(source, tokens, inputs)
+
+
+def token_strings(tok: Tokenizer) -> Tokens:
+    """The tokenizer's BOS / EOS text and whether it adds them itself."""
+    bos = tok.piece(tok.bos_id) if tok.bos_id is not None else ""
+    eos = tok.piece(tok.eos_id) if tok.eos_id is not None else ""
+    return Tokens(bos, eos, tok.add_bos, tok.add_eos)
+
+
+def _detect_format(source: str, tokens: Tokens) -> Any:
+    """`formats.detect.detect` over this renderer; None (with a log line) when the formats
+    package cannot answer."""
+    try:
+        from loraserve.chat.formats.detect import detect
+    except ImportError:
+        return None
+
+    def run(msgs: list, tools: list | None, add_gen: bool, thinking: bool) -> str:
+        inputs = RenderInputs(msgs, tools=tools, add_generation_prompt=add_gen,
+                              enable_thinking=thinking)  # fmt: skip
+        return render(source, tokens, inputs)
+
+    try:
+        return detect(source, run)
+    except Exception as e:  # noqa: BLE001 - rendering must not fail on the format's account
+        log.warning(
+            "chat format detection failed (%s: %s); no reasoning markers", type(e).__name__, e
+        )
+        return None
 
 
 def check_template_flag(value: str) -> ChatTemplate:
@@ -226,19 +272,29 @@ def _is_single_token(tok: Tokenizer, text: str) -> bool:
 
 
 def resolve_chat_template(
-    override: str | None, origin: str, tok: Tokenizer
+    override: str | None, origin: str, tok: Tokenizer, tool_use: str | None = None
 ) -> tuple[ChatTemplate, str | None]:
     """The server's template and, when the model has none, the warning to log at start.
 
     `override` is `--chat-template`'s value or `--chat-template-file`'s text (`origin`
-    names the flag); without it, the model's own template; else the fallback."""
+    names the flag); without it, the model's own template (and `tool_use`, the model's
+    `tokenizer.chat_template.tool_use`, which also stands in for a missing default); else
+    the fallback."""
     if override is not None:
         if origin == "--chat-template":
             return check_template_flag(override), None
         compile_template(override)
         return ChatTemplate(override, False, origin), None
-    if tok.chat_template:
-        return ChatTemplate(tok.chat_template, False, "model"), None
+    if tool_use:
+        try:
+            compile_template(tool_use)
+        except ChatTemplateError as e:
+            log.error("the model's tool_use chat template is ignored: %s", e)
+            tool_use = None
+    if tok.chat_template and tok.chat_template != "chatml":
+        return ChatTemplate(tok.chat_template, False, "model", tool_use), None
+    if tool_use:
+        return ChatTemplate(tool_use, False, "model", tool_use), None
     gemma = all(_is_single_token(tok, t) for t in ("<start_of_turn>", "<end_of_turn>"))
     chosen = (
         ChatTemplate("gemma", True, "fallback")
@@ -253,6 +309,19 @@ def resolve_chat_template(
     return chosen, warning
 
 
+def thinking_kwarg(kwargs: dict[str, Any]) -> bool | None:
+    """The `enable_thinking` template kwarg as llama-server reads it: a JSON boolean, else
+    None; a string is a 400."""
+    if "enable_thinking" not in kwargs:
+        return None
+    v = kwargs["enable_thinking"]
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str):
+        raise invalid_request('invalid type for "enable_thinking" (expected boolean, got string)')
+    return None
+
+
 def render_prompt(
     template: ChatTemplate,
     tok: Tokenizer,
@@ -260,13 +329,31 @@ def render_prompt(
     add_generation_prompt: bool,
     defaults: dict[str, Any] | None = None,
     kwargs: dict[str, Any] | None = None,
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    continuation: Continuation = "none",
+    reasoning: Reasoning = "auto",
+    reasoning_effort: str | None = None,
 ) -> str:
-    """The chat prompt from the server's template, with the model's BOS and EOS and the
-    template variables `defaults` (`--chat-template-kwargs`) updated by the request's
-    `kwargs`; a 400 naming the problem when the messages or the template fail."""
+    """The chat prompt from the server's template, with the template kwargs `defaults`
+    (`--chat-template-kwargs`) updated by the request's `kwargs`, `enable_thinking` from
+    `reasoning` (`--reasoning`) and the template, then the kwargs and `reasoning_effort`;
+    a 400 naming the problem when the messages or the template fail."""
+    merged = {**(defaults or {}), **(kwargs or {})}
+    thinking = None if reasoning != "off" else False
+    if (kw := thinking_kwarg(merged)) is not None:
+        thinking = kw
+    if reasoning_effort == "none":
+        thinking = False
+        merged.pop("reasoning_effort", None)
+    elif reasoning_effort:
+        merged["reasoning_effort"] = reasoning_effort
     try:
+        if thinking is None:
+            thinking = template.supports_thinking(token_strings(tok), tools)
         return template.render(
-            tok, messages, add_generation_prompt, {**(defaults or {}), **(kwargs or {})}
-        )
+            tok, messages, add_generation_prompt, merged, tools=tools,
+            continuation=continuation, enable_thinking=thinking,
+        )  # fmt: skip
     except ValueError as e:
         raise invalid_request(str(e)) from None

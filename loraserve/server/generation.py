@@ -58,21 +58,25 @@ async def tokenize_prompts(state: ServerState, prompts: list[Prompt]) -> list[li
 
 
 def chat_prompt(state: ServerState, body: Any, tools: list[dict[str, Any]] | None = None) -> str:
-    """A chat request's prompt: ``body``'s ``messages`` rendered by the server's template
-    with ``add_generation_prompt`` and the server's template kwargs updated by the
-    request's ``chat_template_kwargs`` (and ``tools``, for a template that shows them);
-    chat completions, /apply-template, token counts, Responses and Anthropic Messages.
+    """A chat request's prompt, rendered as llama-server renders it (`chat.template`):
+    ``body``'s ``messages`` and ``tools`` (the argument, else the body's) with the server's
+    template, ``add_generation_prompt``, the server's template kwargs updated by the
+    request's ``chat_template_kwargs``, ``enable_thinking`` from ``--reasoning`` and the
+    template, and the request's ``reasoning_effort``; chat completions, /apply-template,
+    token counts, Responses and Anthropic Messages.
 
     As llama-server: a last assistant message is continued (prefilled: the others are
-    rendered with the generation prompt, then its content follows), unless the request
-    sets ``continue_final_message`` false; true asks for it explicitly and then needs
-    ``add_generation_prompt`` false. Two assistant messages at the end, or continuing one
-    with tool calls, are 400s."""
+    rendered without the generation prompt, then the generation prompt and its text follow)
+    unless ``--no-prefill-assistant`` or the request sets ``continue_final_message`` false;
+    true asks for it explicitly and then needs ``add_generation_prompt`` false. Two
+    assistant messages at the end, or continuing one with tool calls, are 400s."""
+    cfg = state.cfg
     messages = body.messages
     add_gen = body.add_generation_prompt
     cont = getattr(body, "continue_final_message", None)
     last_is_assistant = bool(messages) and messages[-1].get("role") == "assistant"
-    if cont is None and last_is_assistant:
+    prefill = getattr(cfg, "prefill_assistant", True)
+    if cont is None and prefill and last_is_assistant:
         if len(messages) >= 2 and messages[-2].get("role") == "assistant":
             raise invalid_request(
                 "messages: Cannot have 2 or more assistant messages at the end of the list."
@@ -84,19 +88,18 @@ def chat_prompt(state: ServerState, body: Any, tools: list[dict[str, Any]] | Non
         )
     if cont and last_is_assistant and messages[-1].get("tool_calls"):
         raise invalid_request("Cannot continue an assistant message that contains tool calls.")
-    kwargs = {**(body.chat_template_kwargs or {}), **({"tools": tools} if tools else {})}
-    tail = ""
-    if cont and last_is_assistant:
-        messages, tail, add_gen = messages[:-1], messages[-1]["content"], True
-    prompt = render_prompt(
+    return render_prompt(
         state.template(),
         state.require().tokenizer,
         messages,
         add_gen,
-        state.cfg.chat_template_kwargs,
-        kwargs,
+        cfg.chat_template_kwargs,
+        body.chat_template_kwargs,
+        tools=tools if tools is not None else getattr(body, "tools", None),
+        continuation="auto" if cont else "none",
+        reasoning=getattr(cfg, "reasoning", "auto"),
+        reasoning_effort=getattr(body, "reasoning_effort", None),
     )
-    return prompt + tail
 
 
 def check_tokens(state: ServerState, ids: list[int], where: str) -> None:

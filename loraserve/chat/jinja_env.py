@@ -1,0 +1,203 @@
+"""The Jinja environment chat templates run in, with the semantics of llama.cpp's own engine
+(common/jinja/: runtime.cpp, value.cpp) where they differ from jinja2's.
+
+jinja2's sandbox (`ImmutableSandboxedEnvironment`, `trim_blocks` and `lstrip_blocks` on, as
+llama.cpp's lexer) parses and runs the template; what llama.cpp's engine does differently is
+put back:
+
+- an undefined value is lenient (`LenientUndefined`): it prints as "", an attribute or item
+  of it is undefined again, a loop over it runs zero times, and `+` or `~` with a string
+  treats it as "" (as a `none` is treated); any other operation on it fails;
+- printing (`{{ x }}`): none and undefined print nothing, a list prints its items one after
+  the other, an object prints nothing, a float prints as C++'s `std::to_string` without its
+  trailing zeros; `~` joins values the same way, and `+` with a string concatenates;
+- `tojson` writes JSON as the engine does (`", "` and `": "` separators, keys in insertion
+  order, non-ASCII kept unless `ensure_ascii`), undefined as `null`;
+- globals `raise_exception`, `strftime_now` (local time) and the `loopcontrols` extension.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import datetime
+from functools import lru_cache
+from typing import Any, NoReturn
+
+import jinja2
+from jinja2 import nodes
+from jinja2.compiler import CodeGenerator, Frame
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class ChatTemplateError(ValueError):
+    """The template does not compile, or refused the messages (its `raise_exception`)."""
+
+
+class LenientUndefined(jinja2.ChainableUndefined):
+    """llama.cpp's undefined: "" when printed or joined to a string, undefined again for
+    any attribute or item of it, an empty loop."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return ""
+
+    def __add__(self, other: Any) -> Any:
+        if isinstance(other, str):
+            return other
+        return self._fail_with_undefined_error()
+
+    def __radd__(self, other: Any) -> Any:
+        if isinstance(other, str):
+            return other
+        return self._fail_with_undefined_error()
+
+
+def format_float(v: float) -> str:
+    """A float as llama.cpp prints it: `std::to_string` (6 decimals) without trailing zeros,
+    keeping one ("1.0")."""
+    out = f"{v:.6f}".rstrip("0")
+    return out + "0" if out.endswith(".") else out
+
+
+def as_text(v: Any) -> str:
+    """A value as `~` and `+` join it to a string (llama.cpp's `as_string`; none and
+    undefined as "")."""
+    if v is None or isinstance(v, jinja2.Undefined):
+        return ""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    if isinstance(v, float):
+        return format_float(v)
+    return str(v)
+
+
+def finalize(v: Any) -> str:
+    """What `{{ v }}` prints (llama.cpp's `gather_string_parts`)."""
+    if isinstance(v, str):
+        return v
+    if v is None or isinstance(v, jinja2.Undefined | dict):
+        return ""
+    if isinstance(v, list | tuple):
+        return "".join(finalize(x) for x in v)
+    return as_text(v)
+
+
+def concat(values: Iterable[Any]) -> str:
+    """`a ~ b ~ ...`."""
+    return "".join(as_text(v) for v in values)
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise ChatTemplateError(f"chat template error: {message}")
+
+
+NOW_VAR = "__loraserve_now__"
+"""A template variable holding the `datetime` `strftime_now` formats (else the local time)."""
+
+
+@jinja2.pass_context
+def _strftime_now(context: jinja2.runtime.Context, fmt: str) -> str:
+    now = context.get(NOW_VAR)
+    return (now if isinstance(now, datetime) else datetime.now()).strftime(fmt)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, jinja2.Undefined):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | list[str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """llama.cpp's `tojson` (value.cpp): Python's `json.dumps` defaults but non-ASCII kept."""
+    if sort_keys:
+        raise ChatTemplateError("chat template error: tojson sort_keys=true not implemented")
+    seps = tuple(separators) if separators else None
+    if seps is not None and len(seps) == 1:
+        seps = (seps[0], ": ")
+    return json.dumps(
+        _plain(value),
+        ensure_ascii=bool(ensure_ascii),
+        indent=indent if isinstance(indent, int) and not isinstance(indent, bool) else None,
+        separators=seps,  # type: ignore[arg-type]
+    )
+
+
+class _LlamaCodeGenerator(CodeGenerator):
+    """`~` through the environment's `concat` (none and undefined as "")."""
+
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:  # noqa: N802 - jinja2's
+        self.write("environment.concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
+class LlamaEnvironment(ImmutableSandboxedEnvironment):
+    """jinja2's sandbox with llama.cpp's engine's semantics (see the module docstring)."""
+
+    code_generator_class = _LlamaCodeGenerator
+    intercepted_binops = frozenset({"+"})
+
+    def __init__(self) -> None:
+        super().__init__(
+            trim_blocks=True,
+            lstrip_blocks=True,
+            extensions=["jinja2.ext.loopcontrols"],
+            undefined=LenientUndefined,
+            finalize=finalize,
+        )
+        self.filters["tojson"] = tojson
+        self.globals["raise_exception"] = _raise_exception
+        self.globals["strftime_now"] = _strftime_now
+        self.concat = concat
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
+        """An unsafe attribute (`__class__`...) is an error, not a lenient undefined."""
+        raise jinja2.exceptions.SecurityError(
+            f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe"
+        )
+
+    def call_binop(
+        self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any
+    ) -> Any:
+        """`+`: a string with anything concatenates (none and undefined as "")."""
+        if operator == "+" and (isinstance(left, str) or isinstance(right, str)):
+            return as_text(left) + as_text(right)
+        return super().call_binop(context, operator, left, right)
+
+
+_ENV = LlamaEnvironment()
+
+
+@lru_cache(maxsize=32)
+def compile_template(source: str) -> jinja2.Template:
+    """Compile (once per source text) a chat template; `ChatTemplateError` if it is invalid."""
+    try:
+        return _ENV.from_string(source)
+    except jinja2.TemplateError as exc:
+        raise ChatTemplateError(f"chat template does not compile: {exc}") from None
+
+
+def render_source(template: jinja2.Template, variables: dict[str, Any]) -> str:
+    """Run a compiled template; `ChatTemplateError` naming what failed."""
+    try:
+        return template.render(**variables)
+    except ChatTemplateError:
+        raise
+    except (jinja2.TemplateError, TypeError, ValueError, LookupError, AttributeError) as exc:
+        raise ChatTemplateError(f"chat template error: {type(exc).__name__}: {exc}") from None
