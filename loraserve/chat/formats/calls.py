@@ -1,0 +1,317 @@
+"""The tool calls of an answer, from the trigger on, in the three modes of a `ChatFormat`
+(JSON objects, a tagged name with JSON arguments, tagged name and arguments).
+
+Markers match with the whitespace around them optional (a model often drops the newline a
+template writes). A partial text stops at the first thing it cannot decide yet; the last
+call is reported once its name is known, with the arguments written so far (JSON text that
+only grows: tagged values are JSON-escaped as they come, closing quote and brace added at the
+end).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from loraserve.chat.formats.description import ChatFormat
+from loraserve.chat.formats.scan import (
+    Incomplete,
+    Invalid,
+    held,
+    object_members,
+    skip_ws,
+    value_end,
+)
+
+
+@dataclass
+class ScannedCall:
+    """One call as scanned: name, arguments JSON text (maybe partial), id ("" if none)."""
+
+    name: str
+    arguments: str
+    id: str = ""
+
+
+@dataclass
+class CallScan:
+    """The calls found and where the scan stopped."""
+
+    calls: list[ScannedCall] = field(default_factory=list)
+    end: int = 0
+
+
+class _Need(Exception):
+    """The text ends before this can be decided."""
+
+
+def _lit(text: str, i: int, marker: str) -> int:
+    """Past `marker` (whitespace around it optional) at `i`; _Need / Invalid otherwise."""
+    m = marker.strip()
+    if not m:
+        return i
+    j = skip_ws(text, i)
+    if text.startswith(m, j):
+        return j + len(m)
+    if m.startswith(text[j:]):
+        raise _Need
+    raise Invalid
+
+
+def _opt(text: str, i: int, marker: str) -> int:
+    try:
+        return _lit(text, i, marker)
+    except Invalid:
+        return i
+
+
+def _until(text: str, i: int, *stops: str) -> int:
+    """The first position of any of `stops` (trimmed, non-empty) from `i`; _Need if none."""
+    found = [text.find(s.strip(), i) for s in stops if s.strip()]
+    found = [f for f in found if f >= 0]
+    if not found:
+        raise _Need
+    return min(found)
+
+
+def scan_calls(
+    fmt: ChatFormat, text: str, at: int, partial: bool, schemas: dict[str, dict[str, Any]]
+) -> CallScan:
+    """The calls of `text` from `at` (the trigger's position)."""
+    out = CallScan(end=at)
+    try:
+        i = _lit(text, at, fmt.section_start)
+        if fmt.tool_mode == "json":
+            _json_calls(fmt, text, i, out)
+        else:
+            _tag_calls(fmt, text, i, out, schemas, partial)
+    except (_Need, Invalid, Incomplete):
+        pass
+    return out
+
+
+def _json_calls(fmt: ChatFormat, text: str, i: int, out: CallScan) -> None:
+    if fmt.array_wrapped:
+        i = _opt(text, i, "[")
+    while True:
+        if fmt.call_start:
+            try:
+                i = _lit(text, i, fmt.call_start)
+            except Invalid:
+                break
+        j = skip_ws(text, i)
+        if j >= len(text):
+            raise _Need
+        if text[j] != "{":
+            break
+        members, end = object_members(text, j)
+        call = _json_call(fmt, text, members)
+        if end is None:
+            if call is not None and call.name and (not fmt.id_field or call.id):
+                out.calls.append(call)
+            raise _Need
+        if call is None or not call.name:
+            raise Invalid
+        out.calls.append(call)
+        i = out.end = end
+        i = out.end = _lit(text, i, fmt.call_end)
+        k = skip_ws(text, i)
+        if k < len(text) and text[k] in ",;":
+            i = k + 1
+        elif fmt.array_wrapped and k < len(text) and text[k] == "]":
+            out.end = k + 1
+            break
+    out.end = _opt(text, out.end, fmt.section_end)
+
+
+def _member(text: str, members: list[tuple[str, int, int | None]], path: str):  # noqa: ANN202
+    """(start, end) of the member at dotted `path`, or None."""
+    head, _, tail = path.partition(".")
+    for key, start, end in members:
+        if key == head:
+            if not tail:
+                return start, end
+            if end is None or text[start] != "{":
+                return None
+            sub, _ = object_members(text, start)
+            return _member(text, sub, tail)
+    return None
+
+
+def _json_call(fmt: ChatFormat, text: str, members: list) -> ScannedCall | None:
+    if fmt.fun_name_is_key:
+        if not members:
+            return None
+        key, start, end = members[0]
+        return ScannedCall(key, text[start : len(text) if end is None else end])
+    name_path = fmt.name_field or "name"
+    found = _member(text, members, name_path)
+    if found is None and _member(text, members, "function") is not None:
+        name_path = "function.name"  # the OpenAI wrapper {"type": "function", "function": ..}
+        found = _member(text, members, name_path)
+    if found is None or found[1] is None:
+        return ScannedCall("", "")
+    name = json.loads(text[found[0] : found[1]])
+    prefix = name_path.rpartition(".")[0]
+    args = None
+    for field_ in (fmt.args_field, "arguments", "parameters"):
+        if field_:
+            path = f"{prefix}.{field_.rpartition('.')[2]}" if prefix else field_
+            args = _member(text, members, path)
+            if args is not None:
+                break
+    arguments = "" if args is None else text[args[0] : len(text) if args[1] is None else args[1]]
+    if args is not None and args[1] is not None and text[args[0]] == '"':
+        arguments = json.loads(arguments)  # arguments written as a JSON string
+    id_ = ""
+    if fmt.id_field:
+        got = _member(text, members, fmt.id_field)
+        if got is not None and got[1] is not None:
+            value = json.loads(text[got[0] : got[1]])
+            id_ = value if isinstance(value, str) else json.dumps(value)
+    return ScannedCall(str(name), arguments, id_)
+
+
+def _tag_calls(
+    fmt: ChatFormat,
+    text: str,
+    i: int,
+    out: CallScan,
+    schemas: dict[str, dict[str, Any]],
+    partial: bool,
+) -> None:
+    name_stops = (fmt.name_suffix, fmt.args_separator, fmt.args_start, "{")
+    if fmt.tool_mode == "tag_tagged":
+        name_stops = (fmt.name_suffix, fmt.args_start, fmt.arg_name_prefix, "\n")
+    while True:
+        try:
+            if fmt.call_start:
+                i = _lit(text, i, fmt.call_start)
+            i = _lit(text, i, fmt.name_prefix) if fmt.name_prefix != fmt.call_start else i
+        except Invalid:
+            if out.calls:
+                break
+            raise
+        n = skip_ws(text, i)
+        e = _until(text, n, *name_stops)
+        name, id_ = text[n:e].strip(), ""
+        if fmt.name_id_index:
+            id_ = fmt.name_prefix.strip() + name
+            name = name.rpartition(":")[0] or name
+        i = _lit(text, e, fmt.name_suffix)
+        i = _lit(text, i, fmt.args_separator)
+        if fmt.id_position == "between_name_and_args" and fmt.id_prefix:
+            k = _opt(text, i, fmt.id_prefix)
+            if k != i:
+                e = _until(text, k, fmt.id_suffix, fmt.args_start, "{")
+                id_, i = text[k:e].strip(), _opt(text, e, fmt.id_suffix)
+        i = _lit(text, i, fmt.args_start)
+        call = ScannedCall(name, "", id_)
+        if fmt.tool_mode == "tag_json":
+            v = skip_ws(text, i)
+            try:
+                end = value_end(text, v)
+            except Incomplete:
+                call.arguments = text[v:]
+                out.calls.append(call)
+                raise _Need from None
+            call.arguments = text[v:end]
+            i = end
+        else:
+            i = _tagged_args(fmt, text, i, call, schemas.get(name, {}), out, partial)
+        out.calls.append(call)
+        i = _lit(text, i, fmt.args_end)
+        i = _lit(text, i, fmt.call_close)
+        i = _lit(text, i, fmt.call_end)
+        out.end = i
+        k = skip_ws(text, i)
+        if k < len(text) and text[k] == "," and not fmt.call_start:
+            i = k + 1
+    out.end = _opt(text, out.end, fmt.section_end)
+
+
+def _tagged_args(
+    fmt: ChatFormat,
+    text: str,
+    i: int,
+    call: ScannedCall,
+    schema: dict[str, Any],
+    out: CallScan,
+    partial: bool,
+) -> int:
+    props = schema.get("properties") or {}
+    parts: list[str] = []
+    while True:
+        try:
+            i = _tagged_arg(fmt, text, i, props, parts, partial)
+        except Invalid:
+            break
+        except _Need:
+            call.arguments = "{" + ", ".join(parts)
+            out.calls.append(call)
+            raise
+        if i < 0:
+            call.arguments = "{" + ", ".join(parts)
+            out.calls.append(call)
+            raise _Need
+    call.arguments = "{" + ", ".join(parts) + "}"
+    return i
+
+
+def _tagged_arg(
+    fmt: ChatFormat, text: str, i: int, props: dict[str, Any], parts: list[str], partial: bool
+) -> int:
+    """One tagged argument from `i` appended to `parts` (`"key": value` JSON text); the
+    position after it, or -1 when the text ends inside a string value (its part then holds
+    the value so far, unclosed). Invalid when no argument starts at `i`."""
+    k = _lit(text, i, fmt.arg_name_prefix)
+    e = _until(text, k, fmt.arg_name_suffix, fmt.arg_value_prefix, fmt.arg_value_suffix)
+    key = text[k:e].strip()
+    v = _lit(text, _lit(text, e, fmt.arg_name_suffix), fmt.arg_value_prefix)
+    head = json.dumps(key, ensure_ascii=False) + ": "
+    stop = fmt.arg_value_suffix.strip()
+    end = text.find(stop, v) if stop else -1
+    raw = text[v:] if end < 0 else text[v:end]
+    raw = raw[1:] if raw.startswith("\n") else raw
+    if end < 0:
+        if not _is_string(props.get(key)):
+            raise _Need
+        raw = raw[: len(raw) - held(raw, (stop,))].rstrip("\n")
+        parts.append(head + json.dumps(raw, ensure_ascii=False)[:-1])
+        return -1
+    raw = raw[:-1] if raw.endswith("\n") else raw
+    parts.append(head + _typed(raw, props.get(key)))
+    return _opt(text, _lit(text, end, fmt.arg_value_suffix), fmt.arg_separator)
+
+
+def _types(schema: Any) -> set[str]:
+    if not isinstance(schema, dict):
+        return set()
+    t = schema.get("type")
+    out = set(t) if isinstance(t, list) else ({t} if isinstance(t, str) else set())
+    for key in ("anyOf", "oneOf"):
+        for sub in schema.get(key) or []:
+            out |= _types(sub)
+    if "enum" in schema and not out:
+        out |= {type(v).__name__ for v in schema["enum"]} & {"str"} and {"string"} or set()
+    return out
+
+
+def _is_string(schema: Any) -> bool:
+    """Whether a value of this schema is written raw (only strings, or no type known)."""
+    types = _types(schema)
+    return not types or types == {"string"}
+
+
+def _typed(raw: str, schema: Any) -> str:
+    """A tagged value as JSON text: a string as written when the schema says string only,
+    else the JSON value it spells (a string when it spells none)."""
+    if not _is_string(schema):
+        if raw in ("True", "False") and "boolean" in _types(schema):
+            return "true" if raw == "True" else "false"  # Python's spelling (jinja2 `string`)
+        try:
+            return json.dumps(json.loads(raw), ensure_ascii=False)
+        except ValueError:
+            pass
+    return json.dumps(raw, ensure_ascii=False)

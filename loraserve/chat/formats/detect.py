@@ -1,0 +1,139 @@
+"""Which `ChatFormat` a template gets, as llama-server chooses (common/chat.cpp
+`common_chat_try_specialized_template`, then the differential analyser): the specialised
+detectors first, each keyed on markers in the template source, in llama.cpp's order; every
+other template goes through `autoformat.analyze`.
+
+Of the 15 specialised families, those whose calls the `ChatFormat` fields describe get their
+description here (Ministral 3, Kimi K2, Qwen3-Coder/Qwen3.5/Nemotron 3, MiniMax-M3 and
+MiniCPM5's XML calls); gpt-oss gets the ``harmony`` dialect. The others (Muse Glimmer,
+Functionary v3.2, Kimi K3, Ling 3, Cohere2 MoE, LFM2, GigaChat 3, DeepSeek V3.2/V4 DSML,
+Gemma 4) are recognised and named, answer plain content for now, and log one warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from loraserve.chat.formats.analyze import Render
+from loraserve.chat.formats.autoformat import analyze
+from loraserve.chat.formats.description import PLAIN, ChatFormat
+
+log = logging.getLogger(__name__)
+
+_MINISTRAL = ChatFormat(
+    detector="ministral_3", reasoning_mode="tag", reasoning_start="[THINK]",
+    reasoning_end="[/THINK]", tool_mode="tag_json", call_start="[TOOL_CALLS]",
+    name_suffix="[ARGS]", preserved_tokens=("[THINK]", "[/THINK]", "[TOOL_CALLS]", "[ARGS]"),
+)  # fmt: skip
+_KIMI_K2 = ChatFormat(
+    detector="kimi_k2", reasoning_mode="tag", reasoning_start="<think>", reasoning_end="</think>",
+    tool_mode="tag_json", section_start="<|tool_calls_section_begin|>",
+    section_end="<|tool_calls_section_end|>", call_start="<|tool_call_begin|>",
+    call_end="<|tool_call_end|>", name_prefix="functions.",
+    name_suffix="<|tool_call_argument_begin|>", name_id_index=True,
+    preserved_tokens=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+                      "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+                      "<think>", "</think>"),
+)  # fmt: skip
+_QWEN3_CODER = ChatFormat(
+    detector="qwen3_coder", tool_mode="tag_tagged", call_start="<tool_call>\n",
+    call_end="</tool_call>", name_prefix="<function=", name_suffix=">\n",
+    call_close="</function>", arg_name_prefix="<parameter=", arg_name_suffix=">\n",
+    arg_value_suffix="\n</parameter>\n", preserved_tokens=("<tool_call>", "</tool_call>"),
+)  # fmt: skip
+_MINIMAX_M3 = ChatFormat(
+    detector="minimax_m3", reasoning_mode="tag", reasoning_start="<think>",
+    reasoning_end="</think>", tool_mode="tag_tagged", section_start="<tool_call>",
+    section_end="</tool_call>", name_prefix='<invoke name="', name_suffix='">',
+    call_close="</invoke>", arg_name_prefix='<parameter name="', arg_name_suffix='">',
+    arg_value_suffix="</parameter>", tolerate_intertag_whitespace=True,
+)  # fmt: skip
+_MINICPM5 = ChatFormat(
+    detector="minicpm5", reasoning_mode="tag", reasoning_start="<think>",
+    reasoning_end="</think>", tool_mode="tag_tagged", name_prefix=' name="',
+    name_suffix='">', call_close="</function>", call_start="<function",
+    arg_name_prefix='<param name="', arg_name_suffix='">', arg_value_suffix="</param>",
+    tolerate_intertag_whitespace=True,
+    preserved_tokens=("<function", "<param", "</function>", "</param>", "<think>", "</think>"),
+)  # fmt: skip
+_HARMONY = ChatFormat(
+    detector="gpt_oss", dialect="harmony", reasoning_mode="tag",
+    reasoning_start="<|channel|>analysis<|message|>", reasoning_end="<|end|>",
+    call_start=" to=functions.",
+    preserved_tokens=("<|channel|>", "<|constrain|>", "<|message|>", "<|start|>", "<|end|>"),
+)  # fmt: skip
+
+
+def _qwen3_coder(src: str) -> ChatFormat:
+    if "<think>" not in src:
+        return _QWEN3_CODER
+    return _QWEN3_CODER.with_(
+        reasoning_mode="tag", reasoning_start="<think>", reasoning_end="</think>",
+        preserved_tokens=("<tool_call>", "</tool_call>", "<think>", "</think>"),
+        thinking_end_tags=("\n</think>", "</think>", "<tool_call>"),
+    )  # fmt: skip
+
+
+def _named(name: str) -> Callable[[str], ChatFormat]:
+    return lambda src: PLAIN.with_(detector=name)
+
+
+# (detector, test on the source, the format), in llama.cpp's order
+SPECIALISED: tuple[tuple[str, Callable[[str], bool], Callable[[str], ChatFormat]], ...] = (
+    ("ministral_3", lambda s: all(t in s for t in ("[SYSTEM_PROMPT]", "[TOOL_CALLS]", "[ARGS]"))
+     and "[CALL_ID]" not in s, lambda s: _MINISTRAL),
+    ("gpt_oss", lambda s: "<|channel|>" in s, lambda s: _HARMONY),
+    ("muse_glimmer", lambda s: "<atem:function_calls>" in s and "<|eom|>" in s,
+     _named("muse_glimmer")),
+    ("functionary_v3_2", lambda s: ">>>all" in s and ">>>${recipient}" in s,
+     _named("functionary_v3_2")),
+    ("kimi_k2", lambda s: "<|tool_calls_section_begin|>" in s and "<|tool_call_begin|>" in s,
+     lambda s: _KIMI_K2),
+    ("kimi_k3", lambda s: all(t in s for t in ("<|open|>", "<|close|>", "<|end_of_msg|>")),
+     _named("kimi_k3")),
+    ("ling_3", lambda s: "<role>ASSISTANT</role>" in s and "<arg_key>" in s, _named("ling_3")),
+    ("cohere2_moe", lambda s: "<|START_TEXT|>" in s and "<|START_ACTION|>" in s,
+     _named("cohere2_moe")),
+    ("lfm2", lambda s: "<|tool_list_start|>" in s and "<|tool_list_end|>" in s, _named("lfm2")),
+    ("lfm2_5", lambda s: "List of tools: [" in s and "<|tool_list_start|>" not in s,
+     _named("lfm2_5")),
+    ("gigachat_3", lambda s: "<|role_sep|>" in s and "<|message_sep|>" in s
+     and "<|function_call|>" not in s, _named("gigachat_3")),
+    ("minimax_m3", lambda s: "]<]minimax[>[" in s and "<tool_call>" in s
+     and "<invoke name=" in s, lambda s: _MINIMAX_M3),
+    ("deepseek_v3_2", lambda s: "dsml_token" in s and "DSML" in s
+     and ("function_calls" in s or "tool_calls" in s), _named("deepseek_v3_2")),
+    ("gemma_4", lambda s: "'<|tool_call>call:'" in s, _named("gemma_4")),
+    ("minicpm5", lambda s: "Tool usage guidelines:" in s and '<function name="' in s
+     and '<param name="' in s, lambda s: _MINICPM5),
+    ("qwen3_coder", lambda s: "<tool_call>" in s and "<function=" in s and "<parameter=" in s
+     and "'<tool_call><function=' ~ tool_call.name ~ '>'" not in s, _qwen3_coder),
+)  # fmt: skip
+
+_warned: set[str] = set()
+
+
+def detect(source: str, render: Render) -> ChatFormat:
+    """The format llama-server uses for the template `source` (rendered by `render` for the
+    differential analysis). Never raises: a template nothing understands is plain content,
+    with one warning per template."""
+    for name, test, make in SPECIALISED:
+        if test(source):
+            fmt = make(source)
+            if not fmt.has_tools and name not in _warned:
+                _warned.add(name)
+                log.warning(
+                    "chat format %s: tool calls and reasoning are not parsed yet for this "
+                    "template; answers are plain content",
+                    name,
+                )
+            return fmt
+    try:
+        return analyze(render, source)
+    except Exception as exc:  # noqa: BLE001 - an unanalysable template answers plain content
+        key = str(hash(source))
+        if key not in _warned:
+            _warned.add(key)
+            log.warning("chat format: the template could not be analysed (%s); plain content", exc)
+        return PLAIN

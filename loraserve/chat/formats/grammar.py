@@ -1,0 +1,197 @@
+"""The grammar that constrains a tool-calling answer, as llguidance Lark text, from the same
+`ChatFormat` the parser reads.
+
+- ``auto``: lazy. Free text until the trigger marker (the call section's or each call's
+  start), then a call of one of the tools, each tool's `parameters` schema enforced on its
+  arguments; text after it; more calls only with `parallel_tool_calls`. Reasoning is parsed
+  first, so a trigger written inside it constrains nothing. No trigger (Llama 3.x's bare
+  JSON): no grammar, as in llama-server.
+- ``required`` / a named function: the call (of that function) right after any reasoning,
+  no text before it (**ours**: llama-server lets `required` write text first and treats a
+  named function as `auto`; OpenAI defines both as a forced call).
+
+Markers that are special tokens of the model's vocabulary are written as llguidance's
+`<token>` references (`special`), the rest as text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from loraserve.chat.formats.calls import _is_string
+from loraserve.chat.formats.description import ChatFormat
+
+ANY = r"/(.|\n)*/"
+
+
+def _not_containing(*markers: str) -> str:
+    parts = [ANY] + [f"~/(.|\\n)*{_rx(m)}(.|\\n)*/" for m in markers if m]
+    return " & ".join(parts)
+
+
+def _rx(text: str) -> str:
+    out = ""
+    for c in text:
+        if c == "\n":
+            out += "\\n"
+        elif c in "\\.+*?()|[]{}^$/":
+            out += "\\" + c
+        else:
+            out += c
+    return out
+
+
+class _Builder:
+    def __init__(self, fmt: ChatFormat, special: Callable[[str], bool]) -> None:
+        self.fmt = fmt
+        self.special = special
+        self.rules: list[str] = []
+        self.n = 0
+
+    def q(self, marker: str) -> str:
+        """A marker as grammar items (its whitespace as text, a special token as a token)."""
+        core = marker.strip()
+        if not core:
+            return json.dumps(marker) if marker else ""
+        if not self.special(core):
+            return json.dumps(marker)
+        lead = marker[: marker.find(core)]
+        trail = marker[marker.find(core) + len(core) :]
+        return " ".join(x for x in (json.dumps(lead) if lead else "", f"<{core}>",
+                                    json.dumps(trail) if trail else "") if x)  # fmt: skip
+
+    def rule(self, body: str, lazy: bool = False) -> str:
+        self.n += 1
+        name = f"r{self.n}"
+        self.rules.append(f"{name}{'[lazy]' if lazy else ''}: {body}")
+        return name
+
+    def call(self, tool: dict[str, Any], with_start: bool) -> str:
+        f = self.fmt
+        fn = tool["function"]
+        name = fn["name"]
+        params = fn.get("parameters") or {"type": "object"}
+        items = [self.q(f.call_start) if with_start else ""]
+        if f.tool_mode == "json":
+            items.append("%json " + json.dumps(self._call_schema(name, params)))
+        else:
+            items += [self.q(f.name_prefix), json.dumps(name)]
+            if f.name_id_index:
+                items.append('":" /[0-9]+/')
+            items += [self.q(f.name_suffix), self.q(f.args_separator), self.q(f.args_start)]
+            if f.tool_mode == "tag_json":
+                items.append("%json " + json.dumps(params))
+            else:
+                items.append(self._tagged_args(params))
+            items += ["WS", self.q(f.args_end), "WS", self.q(f.call_close)]
+        items += ["WS", self.q(f.call_end)] if f.call_end else []
+        return self.rule(" ".join(x for x in items if x))
+
+    def _call_schema(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
+        f = self.fmt
+        if f.fun_name_is_key:
+            props: dict[str, Any] = {name: params}
+        else:
+            name_key = (f.name_field or "name").rpartition(".")[2]
+            args_key = (f.args_field or "arguments").rpartition(".")[2]
+            fields = {name_key: {"const": name}, args_key: params}
+            if f.id_field:
+                fields[f.id_field.rpartition(".")[2]] = {
+                    "type": "string",
+                    "pattern": "^[a-zA-Z0-9]{9}$",
+                }
+            order = [k.rpartition(".")[2] for k in f.parameter_order] or list(fields)
+            props = {k: fields[k] for k in order if k in fields}
+            props.update({k: v for k, v in fields.items() if k not in props})
+        return {"type": "object", "properties": props, "required": list(props),
+                "additionalProperties": False}  # fmt: skip
+
+    def _tagged_args(self, params: dict[str, Any]) -> str:
+        f = self.fmt
+        props = params.get("properties") or {}
+        required = [k for k in props if k in (params.get("required") or [])]
+        optional = [k for k in props if k not in required]
+        out = []
+        for key in required + optional:
+            pieces = (self.q(f.arg_name_prefix), json.dumps(key), self.q(f.arg_name_suffix),
+                      self.q(f.arg_value_prefix))  # fmt: skip
+            head = " ".join(x for x in pieces if x)
+            if _is_string(props[key]):
+                value = self.rule(f"TEXT {self.q(f.arg_value_suffix)}", lazy=True)
+            else:
+                value = f"%json {json.dumps(props[key])} {self.q(f.arg_value_suffix)}"
+            sep = self.q(f.arg_separator)
+            arg = self.rule(f"{head} {value} {sep}".strip())
+            out.append(arg if key in required else f"{arg}?")
+        return " ".join(out)
+
+
+def tool_grammar(
+    fmt: ChatFormat,
+    tools: list[dict[str, Any]],
+    choice: str,
+    parallel: bool = True,
+    reasoning: bool = True,
+    thinking_open: bool = False,
+    special: Callable[[str], bool] = lambda s: False,
+) -> str | None:
+    """llguidance Lark text constraining an answer with these tools under `choice`
+    ("auto", "required", or a function's name), or None when nothing is constrained."""
+    if not fmt.has_tools or fmt.dialect or not tools or choice == "none":
+        return None
+    if choice not in ("auto", "required"):
+        tools = [t for t in tools if t["function"]["name"] == choice]
+        if not tools:
+            raise ValueError(f"tool_choice names a function that is not in tools: {choice}")
+    trigger = fmt.trigger
+    if choice == "auto" and not trigger:
+        return None
+    b = _Builder(fmt, special)
+    lazy = choice == "auto"
+    with_start = not (fmt.section_start == "" and lazy)
+    first = b.rule(" | ".join(b.call(t, with_start) for t in tools))
+    one = b.rule(" | ".join(b.call(t, True) for t in tools)) if not with_start else first
+    if fmt.array_wrapped:
+        more = f'("," /[ ]?/ {one})*' if parallel else ""
+        calls = f'"[" {first} {more} "]"'
+        first_calls = calls
+    else:
+        more = f"(/[ \\t\\n]*/ {one})*" if parallel and fmt.call_start else ""
+        calls = f"{first} {more}".strip()
+        first_calls = calls
+    section = fmt.section_start
+    if section:
+        pre = "" if lazy else b.q(section)
+        end = f"WS {b.q(fmt.section_end)}" if fmt.section_end else ""
+        first_calls = f"{pre} {calls} {end}".strip()
+    body_calls = b.rule(first_calls)
+    r_start, r_end = fmt.reasoning_start.strip(), fmt.reasoning_end.strip()
+    think = ""
+    if reasoning and fmt.reasoning_mode != "none" and r_end:
+        inner = b.rule(f"TEXT {b.q(r_end)}", lazy=True)
+        if thinking_open or not r_start:
+            think = inner
+        else:
+            think = f"({b.q(r_start)} {inner})?"
+    lines = ["%llguidance {}"]
+    if lazy:
+        trig = trigger.strip()
+        avoid = [trig] + ([r_start] if r_start and not b.special(r_start) else [])
+        tail = "TAIL"
+        if b.special(trig):
+            tag = f"{tail} <{trig}> {b.q(trigger[trigger.find(trig) + len(trig) :])} {body_calls}"
+        else:
+            lead = b.rule(f"LEAD {json.dumps(trigger)}", lazy=True)
+            tag = f"{lead} {body_calls}"
+        tag_rule = b.rule(tag)
+        reps = f"{tag_rule}*" if parallel else f"{tag_rule}?"
+        lines.append(f"start: {think} {reps} {tail}".replace("  ", " "))
+        lines.append(f"LEAD: {_not_containing(*([r_start] if r_start else []))}")
+        lines.append(f"TAIL: {_not_containing(*avoid)}")
+    else:
+        lines.append(f"start: {think} WS {body_calls}".replace("  ", " "))
+    lines.append("WS: /[ \\t\\n]*/")
+    lines.append(f"TEXT: {ANY}")
+    return "\n".join(lines + b.rules) + "\n"

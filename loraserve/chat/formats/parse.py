@@ -1,0 +1,174 @@
+"""A model's answer split into `content`, `reasoning_content` and `tool_calls` by its
+template's `ChatFormat`, whole or as a prefix of a stream.
+
+`ChatParser.parse(text, partial)` parses the text generated so far. A partial parse only
+reports what can no longer change: a marker's possible beginning, trailing whitespace and a
+call's unfinished name are held back, so successive partial parses only ever extend each
+other (`stream.MessageStream` turns them into OpenAI deltas), and the final parse extends the
+last partial one. Tagged arguments (Qwen3-Coder's `<parameter=k>v</parameter>`, GLM's
+`<arg_key>`) become a JSON object, each value typed by the tool's parameter schema.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from loraserve.chat.formats.calls import CallScan, scan_calls
+from loraserve.chat.formats.description import ChatFormat
+from loraserve.chat.formats.scan import held
+
+ReasoningFormat = Literal["none", "auto", "deepseek", "deepseek-legacy"]
+
+
+@dataclass
+class ToolCall:
+    """One call: its id ("" until known), the function's name, the arguments as JSON text."""
+
+    name: str
+    arguments: str
+    id: str = ""
+
+
+@dataclass
+class ParsedMessage:
+    """An assistant message as parsed so far."""
+
+    content: str = ""
+    reasoning_content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+def _ws_start(text: str, i: int = 0) -> int:
+    while i < len(text) and text[i] in " \t\n\r":
+        i += 1
+    return i
+
+
+class ChatParser:
+    """Parses one request's answer. `tools`: the request's tools (OpenAI form) when calls are
+    to be parsed (tool_choice not "none"); `reasoning_format`: "none" leaves reasoning in
+    the content; `thinking_open`: the prompt already opened the reasoning block."""
+
+    def __init__(
+        self,
+        fmt: ChatFormat,
+        tools: list[dict[str, Any]] | None = None,
+        reasoning_format: ReasoningFormat = "auto",
+        thinking_open: bool = False,
+    ) -> None:
+        self.fmt = fmt
+        self.tools = tools if tools and fmt.has_tools else None
+        self.schemas = {
+            t["function"]["name"]: t["function"].get("parameters") or {}
+            for t in (self.tools or [])
+            if isinstance(t, dict) and isinstance(t.get("function"), dict)
+        }
+        self.extract = reasoning_format != "none" and fmt.reasoning_mode != "none"
+        self.thinking_open = thinking_open and self.extract
+        self.r_start = fmt.reasoning_start.strip()
+        self.r_end = fmt.reasoning_end.strip()
+        self.trigger = fmt.trigger.strip()
+
+    def parse(self, text: str, partial: bool) -> ParsedMessage:
+        """The message in `text`; with `partial`, only what later text cannot change."""
+        msg = ParsedMessage()
+        pos = self._reasoning(text, partial, msg)
+        if pos is None:
+            return msg
+        rest = text[pos:]
+        if not self.tools:
+            self._content(rest, partial, msg, tail=False)
+            return msg
+        at = self._find_trigger(rest, partial)
+        if at is None:  # no call (yet)
+            self._content(rest, partial, msg, tail=False)
+            return msg
+        if at < 0:  # undecided: the text so far may still become a call
+            return msg
+        scan = scan_calls(self.fmt, rest, at, partial, self.schemas)
+        if not partial and not scan.calls:
+            self._content(rest, partial, msg, tail=False)
+            return msg
+        self._content(rest[:at], partial, msg, tail=True)
+        msg.tool_calls = [ToolCall(c.name, c.arguments, c.id) for c in scan.calls]
+        if not partial and scan.end < len(rest) and rest[scan.end :].strip():
+            msg.content += rest[scan.end :]  # text after the calls llama.cpp would refuse
+        return msg
+
+    def _reasoning(self, text: str, partial: bool, msg: ParsedMessage) -> int | None:
+        """Fill reasoning_content; the position content starts at, or None when nothing
+        after the reasoning is known yet."""
+        if not self.extract:
+            return 0
+        start = 0
+        if not self.thinking_open:
+            if not self.r_start:
+                return 0
+            lead = _ws_start(text)
+            if text.startswith(self.r_start, lead):
+                start = lead + len(self.r_start)
+            elif partial and self.r_start.startswith(text[lead:]):
+                return None
+            else:
+                return 0
+        ends = [self.r_end] if self.r_end else []
+        if self.tools and self.trigger:
+            ends.append(self.trigger)
+        found = [(text.find(e, start), e) for e in ends]
+        found = [(i, e) for i, e in found if i >= 0]
+        if not found:
+            body = text[start:]
+            if partial:
+                body = body[: len(body) - held(body, ends)].rstrip()
+            msg.reasoning_content = body.strip() if not partial else body.lstrip()
+            return None if partial else len(text)
+        i, e = min(found)
+        msg.reasoning_content = text[start:i].strip()
+        after = i + len(e) if e == self.r_end else i
+        return _ws_start(text, after)
+
+    def _find_trigger(self, rest: str, partial: bool) -> int | None:
+        """Where the calls start in `rest`: an index, None (no call, all content), or -1
+        (a partial text that may still turn out to be a call)."""
+        if self.trigger:
+            at = rest.find(self.trigger)
+            if at >= 0:
+                return at
+            return None
+        lead = _ws_start(rest)
+        opener = "[" if self.fmt.array_wrapped else "{"
+        if lead == len(rest):
+            return -1 if partial else None
+        return lead if rest[lead] in (opener, "{") else None
+
+    def _content(self, text: str, partial: bool, msg: ParsedMessage, tail: bool) -> None:
+        fmt = self.fmt
+        if fmt.content_start and fmt.content_end:
+            s = text.find(fmt.content_start.strip())
+            if s >= 0:
+                text = text[s + len(fmt.content_start.strip()) :].lstrip()
+                e = text.find(fmt.content_end.strip())
+                if e >= 0:
+                    text = text[:e]
+        if partial and not tail:
+            markers = [self.trigger] if self.tools and self.trigger else []
+            if self.extract and self.r_start and not msg.reasoning_content and not text.strip():
+                markers.append(self.r_start)
+            text = text[: len(text) - held(text, markers)].rstrip()
+        elif tail or partial:
+            text = text.rstrip()
+        msg.content = text
+
+
+def arguments_object(arguments: str) -> dict[str, Any]:
+    """A call's arguments as an object ({} when they are not a JSON object)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+__all__ = ["CallScan", "ChatParser", "ParsedMessage", "ReasoningFormat", "ToolCall"]

@@ -1,0 +1,111 @@
+"""The format each of the peer's 70 templates gets, against llama-server's own answer
+(tests/data/chat/render_cases.json, recorded by scripts/chat_oracle): whether it supports
+thinking, its thinking start and end tags, the tokens it preserves, and the lazy grammar's
+trigger word for two tools with tool_choice auto."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from loraserve.chat.formats.detect import detect
+from tests.unit.chat.format_util import DATA, TEMPLATES, render_for
+
+ORACLE = DATA / "render_cases.json"
+
+# template -> why its description differs from llama-server's (each a known, named gap)
+NOT_YET = {
+    "Cohere2MoE.jinja": "specialised detector recognised, its format not ported yet",
+    "GigaChat3-10B-A1.8B.jinja": "specialised detector recognised, its format not ported yet",
+    "Kimi-K3.jinja": "specialised detector recognised, its format not ported yet",
+    "LFM2-8B-A1B.jinja": "specialised detector recognised, its format not ported yet",
+    "LFM2.5-8B-A1B.jinja": "specialised detector recognised, its format not ported yet",
+    "LFM2.5-Instruct.jinja": "specialised detector recognised, its format not ported yet",
+    "deepseek-ai-DeepSeek-V3.2.jinja": "DSML format not ported yet",
+    "deepseek-ai-DeepSeek-V4-Flash-0731.jinja": "DSML format not ported yet",
+    "deepseek-ai-DeepSeek-V4.jinja": "DSML format not ported yet",
+    "google-gemma-4-31B-it-interleaved.jinja": "Gemma 4 format not ported yet",
+    "google-gemma-4-31B-it.jinja": "Gemma 4 format not ported yet",
+    "inclusionai-ling-3.0-flash.jinja": "specialised detector recognised, not ported yet",
+    "meetkai-functionary-medium-v3.2.jinja": "specialised detector recognised, not ported yet",
+    "muse-glimmer.jinja": "specialised detector recognised, its format not ported yet",
+    "MiniMax-M3.jinja": "llama.cpp's M3 parser uses <mm:think> and a namespaced trigger",
+    "Kimi-K2-Instruct.jinja": "ours triggers on the section marker, llama.cpp on each call's",
+    "Kimi-K2-Thinking.jinja": "ours triggers on the section marker, llama.cpp on each call's",
+    "moonshotai-Kimi-K2.jinja": "ours triggers on the section marker, llama.cpp on each call's",
+    "openai-gpt-oss-120b.jinja": "harmony: llama.cpp triggers on patterns, ours on a word",
+    "poolside-Laguna-S-2.1.jinja": "jinja2 cannot compile the template's {% generation %} tag",
+    "poolside-Laguna-XS-2.1.jinja": "jinja2 cannot compile the template's {% generation %} tag",
+    "poolside-Laguna-XS.2.jinja": "jinja2 cannot compile the template's {% generation %} tag",
+    "fireworks-ai-llama-3-firefunction-v2.jinja": "reads an undefined `functions`: needs the "
+    "lenient undefined of llama.cpp's engine (the plain jinja2 renderer here is strict)",
+    "llama-cpp-deepseek-r1.jinja": "llama.cpp's DeepSeek R1 tool markers come from its own "
+    "template's tool instructions, which the plain jinja2 renderer does not reproduce",
+}
+
+
+def _oracle() -> tuple[dict, int]:
+    data = json.loads(ORACLE.read_text())
+    case = next(
+        i
+        for i, c in enumerate(data["cases"])
+        if c["fixture"] == "user" and c["tools"] == "two" and c["tool_choice"] == "auto"
+        and c["enable_thinking"] and c["add_generation_prompt"]
+        and not c["continue_final_message"] and c["reasoning_format"] == "deepseek"
+    )  # fmt: skip
+    return data, case
+
+
+def _ours(name: str) -> dict:
+    src = (TEMPLATES / name).read_text()
+    f = detect(src, render_for(src))
+    end = f.reasoning_end.strip()
+    return {
+        "supports_thinking": f.has_reasoning,
+        "thinking_start_tag": f.reasoning_start.strip() if f.has_reasoning else "",
+        "thinking_end_tags": list(f.thinking_end_tags) or ([end] if end else []),
+        "preserved_tokens": sorted(f.preserved_tokens),
+        "trigger": f.trigger.strip(),
+    }
+
+
+def _theirs(out: dict) -> dict:
+    words = [t["value"] for t in out["grammar_triggers"] if t["type"] == "word"]
+    return {
+        "supports_thinking": out["supports_thinking"],
+        "thinking_start_tag": out["thinking_start_tag"] if out["supports_thinking"] else "",
+        "thinking_end_tags": out["thinking_end_tags"] if out["supports_thinking"] else [],
+        "preserved_tokens": sorted(out["preserved_tokens"]),
+        "trigger": words[0].strip() if words and out["grammar_lazy"] else "",
+    }
+
+
+def test_every_template_gets_llama_servers_format() -> None:
+    """Every template's description equals llama-server's, except the named gaps."""
+    logging.disable(logging.WARNING)
+    try:
+        data, case = _oracle()
+        agree, differ = [], {}
+        for name, t in sorted(data["templates"].items()):
+            out = t["outputs"][t["out"][case]] if not t["error"] else {"error": t["error"]}
+            if "error" in out:
+                continue  # llama-server itself fails on this template (Command R+)
+            ours, theirs = _ours(name), _theirs(out)
+            if not ours["trigger"] and not theirs["trigger"] or name in NOT_YET:
+                ours["trigger"] = theirs["trigger"]
+            (agree.append(name) if ours == theirs else differ.__setitem__(name, (ours, theirs)))
+        unexpected = {k: v for k, v in differ.items() if k not in NOT_YET}
+        assert not unexpected, unexpected
+        assert len(agree) >= 46, (len(agree), sorted(differ))
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+@pytest.mark.parametrize("name", sorted(NOT_YET))
+def test_named_gaps_still_answer(name: str) -> None:
+    """A template whose format is not ported still gets a description (plain content at
+    worst), never an exception."""
+    src = (TEMPLATES / name).read_text()
+    assert detect(src, render_for(src)) is not None

@@ -1,0 +1,112 @@
+"""Per format, random tool schemas and calls: the call as the template itself writes it in
+an assistant turn parses back to the same call, whole and streamed (every prefix parsed as
+partial, the deltas only ever extending, adding up to the whole), and the grammar forced by
+`tool_choice: required` accepts that text."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from loraserve.chat.formats.detect import detect
+from loraserve.chat.formats.grammar import tool_grammar
+from loraserve.chat.formats.parse import ChatParser, arguments_object
+from loraserve.chat.formats.stream import MessageStream
+from tests.unit.chat.format_util import TEMPLATES, assistant_text, grammar_accepts, render_for
+
+# P0 and P1 templates whose calls the formats describe
+FORMATS = [
+    "Qwen-Qwen3-0.6B.jinja", "Qwen-QwQ-32B.jinja", "Qwen-Qwen2.5-7B-Instruct.jinja",
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja",
+    "meta-llama-Llama-3.2-3B-Instruct.jinja", "meta-llama-Llama-3.3-70B-Instruct.jinja",
+    "Qwen3-Coder.jinja", "Qwen3.5-4B.jinja", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+    "mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
+    "GLM-4.6.jinja", "GLM-4.7-Flash.jinja", "MiniMax-M2.jinja", "deepseek-ai-DeepSeek-V3.1.jinja",
+    "moonshotai-Kimi-K2.jinja",
+]  # fmt: skip
+
+NAMES = st.from_regex(r"[a-z][a-z_]{0,10}", fullmatch=True)
+TEXT = st.text(st.characters(whitelist_categories=("L", "N"), whitelist_characters=" .,-"),
+               min_size=1, max_size=12).map(str.strip).filter(bool)  # fmt: skip
+VALUE = {"string": TEXT, "integer": st.integers(-1000, 1000), "boolean": st.booleans()}
+
+
+@st.composite
+def tool_and_call(draw: st.DrawFn) -> tuple[dict, dict]:
+    """A tool with 1-3 typed parameters and a call of it with every parameter set."""
+    keys = draw(st.lists(NAMES, min_size=1, max_size=3, unique=True))
+    types = [draw(st.sampled_from(sorted(VALUE))) for _ in keys]
+    name = draw(NAMES)
+    params = {
+        "type": "object",
+        "properties": {k: {"type": t} for k, t in zip(keys, types, strict=True)},
+        "required": keys,
+    }
+    args = {k: draw(VALUE[t]) for k, t in zip(keys, types, strict=True)}
+    tool = {
+        "type": "function",
+        "function": {"name": name, "description": "x", "parameters": params},
+    }
+    return tool, args
+
+
+def _check_stream(parser: ChatParser, text: str) -> dict:
+    stream = MessageStream(parser)
+    deltas = []
+    for i in range(len(text)):
+        deltas += stream.feed(text[i])
+    deltas += stream.finish()
+    content = "".join(d.get("content", "") for d in deltas)
+    reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        for c in d.get("tool_calls", []):
+            got = calls.setdefault(c["index"], {"name": "", "arguments": "", "id": None})
+            if "id" in c:
+                assert got["id"] is None, "a call's head is sent once"
+                got["id"], got["name"] = c["id"], c["function"]["name"]
+            got["arguments"] += c["function"].get("arguments", "")
+    final = stream.final
+    assert content == final.content and reasoning == final.reasoning_content
+    assert [(c["name"], c["arguments"], c["id"]) for c in calls.values()] == [
+        (c.name, c.arguments, c.id) for c in final.tool_calls
+    ]
+    return calls
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_template_written_call_parses_back(name: str) -> None:
+    src = (TEMPLATES / name).read_text()
+    logging.disable(logging.WARNING)
+    fmt = detect(src, render_for(src))
+    logging.disable(logging.NOTSET)
+    assert fmt.has_tools, fmt
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(tool_and_call())
+    def check(case: tuple[dict, dict]) -> None:
+        tool, args = case
+        fn = tool["function"]["name"]
+        call = {"id": "abc123def", "type": "function", "function": {"name": fn, "arguments": args}}
+        msg = {"role": "assistant", "content": "", "tool_calls": [call]}
+        text = assistant_text(src, msg, [tool])
+        parser = ChatParser(fmt, [tool])
+        whole = parser.parse(text, partial=False)
+        assert [c.name for c in whole.tool_calls] == [fn], (text, whole)
+        assert arguments_object(whole.tool_calls[0].arguments) == args, (text, whole)
+        assert not whole.content.strip() or not whole.content.strip().startswith(fmt.trigger)
+        streamed = _check_stream(parser, text)
+        assert json.loads(streamed[0]["arguments"]) == args
+        lark = tool_grammar(fmt, [tool], "required", thinking_open=False)
+        python_bools = fmt.tool_mode == "tag_tagged" and any(
+            isinstance(v, bool) for v in args.values()
+        )
+        if lark is not None and not whole.reasoning_content and not python_bools:
+            body = text[text.find(fmt.trigger.strip()) :] if fmt.trigger else text.lstrip()
+            assert grammar_accepts(lark, body) is None, (text, lark)
+
+    check()
