@@ -31,7 +31,9 @@ from loraserve.engine.scheduler import Scheduler
 from loraserve.engine.spec.config import SpecConfig
 from loraserve.engine.spec.drafter import DraftFn, Speculator
 from loraserve.engine.spec.verify import verify
+from loraserve.lora.catalogue import Catalogue
 from loraserve.lora.registry import AdapterRegistry
+from loraserve.lora.tiers import TierLimits
 from loraserve.model.loader import LoadedModel
 
 log = logging.getLogger("loraserve.engine")
@@ -69,6 +71,11 @@ class EngineConfig:
     cache_ram_mib: float = 8192  # budget for cached blocks no slot holds; -1 = unlimited
     kv_dtype: torch.dtype = torch.float32
     spec: SpecConfig = SpecConfig()  # speculative decoding (off by default)
+    # the adapter catalogue (--lora-dir, --lora-modules name/path/base) and its tiers
+    lora_dirs: tuple[str, ...] = ()
+    lora_modules: tuple[tuple[str, str, str | None], ...] = ()
+    lora_max_loaded: int | None = None  # --lora-max-loaded
+    lora_max_mib: float | None = None  # --lora-max-memory
 
 
 class EngineCore:
@@ -99,7 +106,12 @@ class EngineCore:
             config.ubatch,
             self.cache,
         )
-        self.adapters = AdapterRegistry(model)
+        mib = config.lora_max_mib
+        self.adapters = AdapterRegistry(
+            model,
+            Catalogue(config.lora_dirs, config.lora_modules),
+            TierLimits(config.lora_max_loaded, None if mib is None else int(mib * 2**20)),
+        )
         self.runner = ModelRunner(model.decoder, bs, kv_dtype, lora=self.adapters.build_delta)
         self.runner.ensure_capacity(self.pool.capacity)
         self.tokenizer = model.tokenizer

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
 from concurrent.futures import Future
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from loraserve.engine import slot_io
+from loraserve.engine.adapter_loads import AdapterLoads
 from loraserve.engine.constraint import GrammarSpec
 from loraserve.engine.core import EngineConfig, EngineCore, slot_context
 from loraserve.engine.embedding import Pooling
@@ -29,6 +31,7 @@ from loraserve.engine.spec.config import SpecRequest
 from loraserve.engine.spec.draft_model import DraftModel, check_vocab
 from loraserve.engine.views import EngineStats, SlotView, engine_stats, slot_views
 from loraserve.lora.adapter import Adapter
+from loraserve.lora.catalogue import Entry
 from loraserve.lora.registry import Mix
 from loraserve.model.loader import LoadedModel
 
@@ -61,6 +64,7 @@ class Engine:
         self.eog_ids = frozenset(model.tokenizer.eog_ids)  # tokens that end generation
         self.listeners = self.core.listeners  # called on the engine thread with each event
         self._inbox = Inbox()
+        self.loads = AdapterLoads(self.core.adapters, self.core.scheduler, self._inbox)
         self._thread: threading.Thread | None = None
         self._stop = False
 
@@ -72,7 +76,7 @@ class Engine:
         *,
         max_tokens: int = -1,
         stop: Iterable[str] = (),
-        lora: Seq[tuple[int, float]] | None = None,
+        lora: Seq[tuple[int | str, float]] | None = None,
         adapter_name: str | None = None,
         cache_prompt: bool = True,
         id_slot: int = -1,
@@ -91,11 +95,13 @@ class Engine:
         ``strict_name``, an ``adapter_name`` that names no adapter refuses the submission
         (`UnknownModelName`).
 
-        The mix is ``lora`` (adapter id, scale) when present and non-empty, plus the
-        adapter ``adapter_name`` names at scale 1 unless listed; else a snapshot of the
-        global scales. It is resolved with its cache key on the engine thread at receipt,
-        in arrival order with every other call, and the requests enter the scheduler in
-        that same call, so no global change or unload slips in between.
+        The mix is ``lora`` (adapter id or name, scale) when present and non-empty, plus
+        the adapter ``adapter_name`` names at scale 1 unless listed; else a snapshot of the
+        global scales. It is resolved on the engine thread at receipt, in arrival order
+        with every other call, and the requests enter the scheduler in that same call, so
+        no global change or unload slips in between; unless an adapter of the mix is on
+        disk (a catalogue name's first use, or evicted): then they enter once it is read,
+        off the engine thread, with the cache key of the content read (`AdapterLoads`).
 
         With ``pooling`` each request is an embedding: its prompt runs under the mix and
         is never sampled; the final event carries the pooled hidden states
@@ -130,14 +136,16 @@ class Engine:
                 first = first or req
                 reqs.append(req)
 
-        def receive() -> Mix:
-            mix = self.core.adapters.mix(lora, adapter_name, strict_name)
-            for r in reqs:
-                r.mix = mix
-                self.core.scheduler.add(r)
-            return mix
+        received: Future[Mix] = Future()
 
-        return Submission(reqs, self._inbox.call(receive))
+        def receive() -> None:
+            try:
+                self.loads.receive(reqs, lora, adapter_name, strict_name, received)
+            except BaseException as e:  # handed to the caller
+                received.set_exception(e)
+
+        self._inbox.call(receive)
+        return Submission(reqs, received)
 
     def cancel(self, req: Request) -> None:
         """Stop a request; its slot is freed at the next step (no final event)."""
@@ -167,17 +175,57 @@ class Engine:
 
         return self._inbox.call(snapshot)
 
+    def catalogue_entries(self) -> list[Entry]:
+        """What `--lora-dir` and `--lora-modules` offer, by name (thread-safe: reads the
+        directories, touches no engine state)."""
+        return self.core.adapters.catalogue.list()
+
     def set_global_scales(self, items: Iterable[tuple[int, float]]) -> Future[None]:
         """Replace the global scales (unlisted adapters 0); ValueError changes nothing."""
         items = list(items)
         return self._inbox.call(lambda: self.core.adapters.set_global(items))
 
     def load_adapter(
-        self, path: str | Path, scale: float = 1.0, name: str | None = None
+        self,
+        path: str | Path,
+        scale: float = 1.0,
+        name: str | None = None,
+        pinned: bool = False,
+        replace: bool = False,
     ) -> Future[Adapter]:
         """Load an adapter file or PEFT folder at global ``scale`` (ValueError if it does
-        not fit the model)."""
-        return self._inbox.call(lambda: self.core.adapters.load(path, scale, name))
+        not fit the model, or ``name`` is taken). ``pinned``: never evicted. With
+        ``replace``, an adapter already named ``name`` takes the file's weights in place
+        (vLLM's ``load_inplace``; once no request uses it) and keeps its id and scale."""
+        reg = self.core.adapters
+        out: Future[Adapter] = Future()
+
+        def register(loaded: Adapter, dt: float) -> Adapter | None:
+            taken = reg.find(name) if name is not None else None
+            if taken is not None and replace:
+                if taken.id in self.loads.in_use():
+                    return None
+                reg.replace(taken.id, loaded, dt, pinned)
+                a = taken
+            else:
+                a = reg.add_loaded(loaded, scale, name, pinned, dt)
+            self.loads.enforce()
+            return a
+
+        def read() -> None:
+            t0 = time.perf_counter()
+            try:
+                loaded = reg.read_path(path)
+            except BaseException as e:  # handed to the caller
+                out.set_exception(e)
+                return
+            dt = time.perf_counter() - t0
+            busy = f"adapter {name!r} is in use by queued or running requests"
+            done = self._inbox.call_when(lambda: register(loaded, dt), BUSY_WAIT_S, busy)
+            done.add_done_callback(lambda f: _chain(f, out))
+
+        self.loads.off_thread(read)
+        return out
 
     def unload_adapter(self, adapter_id: int, wait_s: float = BUSY_WAIT_S) -> Future[Adapter]:
         """Unload an adapter once no queued or running request uses it (`EngineBusy` after
@@ -186,9 +234,7 @@ class Engine:
 
         def unload() -> Adapter | None:
             adapter = self.core.adapters.get(adapter_id)
-            sched = self.core.scheduler
-            users = [*sched.waiting, *(s.req for s in sched.running)]
-            if any(adapter_id in r.mix.scales for r in users):
+            if adapter_id in self.loads.in_use():
                 return None
             self.core.adapters.unload(adapter_id)
             cid = adapter.content_id
@@ -246,6 +292,7 @@ class Engine:
         """Stop the engine thread (what it was running gets no final event)."""
         self._stop = True
         self._inbox.wake.set()
+        self.loads.close()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
@@ -254,7 +301,7 @@ class Engine:
     @property
     def busy(self) -> bool:
         """Whether anything is running, waiting or posted."""
-        return self.core.busy or not self._inbox.empty
+        return self.core.busy or self.loads.busy or not self._inbox.empty
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> None:
         """Step until nothing is left (used without a thread, e.g. tests and the CLI)."""
@@ -265,6 +312,8 @@ class Engine:
     def step(self) -> bool:
         """Run the inbox, then one engine step; returns whether a forward pass ran."""
         self._inbox.run()
+        if self.loads.overflow:
+            self.loads.enforce()
         return self.core.step()
 
     def _loop(self) -> None:
@@ -279,3 +328,11 @@ class Engine:
             if not ran:
                 self._inbox.wake.wait(0.05)
                 self._inbox.wake.clear()
+
+
+def _chain(src: Future[T], dst: Future[T]) -> None:
+    e = src.exception()
+    if e is not None:
+        dst.set_exception(e)
+    else:
+        dst.set_result(src.result())

@@ -3,12 +3,13 @@ slot (`/slots`) and the engine's counters and gauges (`/metrics`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from loraserve.cache.prefix_cache import CacheStats
 from loraserve.engine.core import EngineCore
 from loraserve.engine.request import Request
 from loraserve.engine.scheduler import Scheduler
+from loraserve.lora.tiers import TierStats
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,10 @@ class EngineStats:
     adapter_names: dict[int, str]
     n_forward: int = 0  # forward passes so far
     n_busy_rows: int = 0  # sequences summed over those passes
+    tiers: TierStats = field(default_factory=TierStats)  # adapter loads and evictions
+    lora_registered: int = 0  # adapters registered (resident or on disk)
+    lora_resident: int = 0  # adapters whose weights are in memory
+    lora_resident_bytes: int = 0  # their weights' bytes (shared weights once)
 
 
 def slot_views(scheduler: Scheduler) -> list[SlotView]:
@@ -59,7 +64,7 @@ def slot_views(scheduler: Scheduler) -> list[SlotView]:
 
 def engine_stats(core: EngineCore) -> EngineStats:
     """Engine thread: the counters and gauges of `EngineStats`."""
-    scheduler, pool, cache = core.scheduler, core.pool, core.cache
+    scheduler, pool, cache, reg = core.scheduler, core.pool, core.cache, core.adapters
     s = cache.stats
     return EngineStats(
         processing=len(scheduler.running),
@@ -73,4 +78,8 @@ def engine_stats(core: EngineCore) -> EngineStats:
         adapter_names={a.id: a.name for a in core.adapters.list()},
         n_forward=core.n_forward,
         n_busy_rows=core.n_busy_rows,
+        tiers=replace(reg.stats),
+        lora_registered=len(reg.list()),
+        lora_resident=len(reg.resident),
+        lora_resident_bytes=reg.resident_bytes,
     )

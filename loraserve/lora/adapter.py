@@ -57,6 +57,9 @@ class Adapter:
     weights: dict[str, LoraWeight]  # GGUF base tensor name -> pair
     id: int = -1
     metadata: dict[str, Any] = field(default_factory=dict)
+    pinned: bool = False  # never evicted (`lora.tiers`)
+    last_used: int = 0  # the registry's use clock when a request last named it
+    alora: tuple[int, ...] = ()  # aLoRA invocation tokens: active from their last occurrence
 
 
 def load_adapter(

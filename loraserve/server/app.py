@@ -32,6 +32,7 @@ from loraserve.model.loader import LoadedModel
 from loraserve.server import webui
 from loraserve.server.anthropic import messages as anthropic
 from loraserve.server.auth import ApiKeyMiddleware
+from loraserve.server.compat import sglang, vllm
 from loraserve.server.config.args import ServerConfig
 from loraserve.server.cors import CorsMiddleware, cors_policy
 from loraserve.server.errors import ApiError, JsonResponse, install_error_handlers
@@ -132,7 +133,7 @@ def create_app(
     app.add_middleware(SleepMiddleware, watch=app.state.sleep)
     app.add_middleware(CorsMiddleware, policy=cors_policy(cfg))  # outermost: preflights
     routes = (completion, oai, anthropic, responses, admin, lora_api, metrics, embeddings)
-    for module in (*routes, token_count, webui):
+    for module in (*routes, vllm, sglang, token_count, webui):
         app.include_router(module.router)
     gcp.install(app)  # Vertex AI's /predict, with AIP_MODE=PREDICTION
     return app

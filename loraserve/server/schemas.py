@@ -76,6 +76,37 @@ class LoraScaleItem(_Strict):
     scale: float = Field(ge=-MAX_LORA_SCALE, le=MAX_LORA_SCALE)
 
 
+class LoraUseItem(_Strict):
+    """One adapter of a request's `lora` list: its `id`, or **ours** its `name` (an adapter
+    loaded, or one under `--lora-dir`, read on first use), and its scale."""
+
+    id: int | None = Field(None, ge=0, le=INT32_MAX)
+    name: str | None = Field(None, min_length=1)
+    scale: float = Field(ge=-MAX_LORA_SCALE, le=MAX_LORA_SCALE)
+
+    @model_validator(mode="after")
+    def _id_or_name(self) -> Self:
+        if (self.id is None) == (self.name is None):
+            raise ValueError('give the adapter\'s "id" or its "name" (one of them)')
+        return self
+
+    @property
+    def ref(self) -> int | str:
+        """The adapter's id, or its name."""
+        return self.id if self.id is not None else str(self.name)
+
+
+def _check_unique_refs(items: list[LoraUseItem]) -> list[LoraUseItem]:
+    seen: set[int | str] = set()
+    for i, item in enumerate(items):
+        ref = item.ref.casefold() if isinstance(item.ref, str) else item.ref
+        if ref in seen:
+            field_name = "name" if isinstance(item.ref, str) else "id"
+            raise ValueError(f"[{i}].{field_name}: adapter {item.ref!r} is listed twice")
+        seen.add(ref)
+    return items
+
+
 def _check_unique_ids(items: list[LoraScaleItem]) -> list[LoraScaleItem]:
     seen: set[int] = set()
     for i, item in enumerate(items):
@@ -149,7 +180,7 @@ class _GenerationParams(_Body):
     verbose: bool = False  # `__verbose` in OpenAI answers (as `-v` does for all)
     return_progress: bool = False  # streams: `prompt_progress` while the prompt runs
     timings_per_token: bool = False  # streams: `timings` with every token
-    lora: Annotated[list[LoraScaleItem], AfterValidator(_check_unique_ids)] | None = None
+    lora: Annotated[list[LoraUseItem], AfterValidator(_check_unique_refs)] | None = None
     n: int = Field(1, ge=1, le=INT32_MAX, validation_alias=AliasChoices("n", "n_cmpl"))
     # speculative decoding (`server/config/spec_flags.py`), llama-server's dotted names
     spec_n_max: int | None = Field(None, ge=0, le=INT32_MAX, validation_alias="speculative.n_max")
@@ -177,10 +208,10 @@ class _GenerationParams(_Body):
         }
         return self.model_copy(update=unset)
 
-    def lora_scales(self) -> dict[int, float] | None:
-        """The request's own adapter map (id -> scale), or None when `lora` is absent or
-        empty: the request then runs under a snapshot of the global scales."""
-        return {item.id: item.scale for item in self.lora} if self.lora else None
+    def lora_scales(self) -> dict[int | str, float] | None:
+        """The request's own adapter map (id or name -> scale), or None when `lora` is
+        absent or empty: the request then runs under a snapshot of the global scales."""
+        return {item.ref: item.scale for item in self.lora} if self.lora else None
 
     def speculative(self) -> SpecRequest | None:
         """The request's `speculative.n_max/n_min/p_min` (None: the server's settings)."""
@@ -271,6 +302,7 @@ class LoadAdapterRequest(_Body):
     path: str = Field(min_length=1)
     scale: float = Field(0.0, ge=-MAX_LORA_SCALE, le=MAX_LORA_SCALE)
     name: str | None = Field(None, min_length=1)
+    pinned: bool = False  # never evicted by --lora-max-loaded / --lora-max-memory
 
 
 class UnloadAdapterRequest(_Body):

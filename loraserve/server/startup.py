@@ -102,6 +102,10 @@ def build_engine(cfg: ServerConfig, model: LoadedModel, draft: LoadedModel | Non
             ubatch=cfg.n_ubatch,
             cache_ram_mib=cfg.cache_ram_mib,
             spec=cfg.spec,
+            lora_dirs=cfg.lora_dirs,
+            lora_modules=cfg.lora_modules,
+            lora_max_loaded=cfg.lora_max_loaded,
+            lora_max_mib=cfg.lora_max_memory,
         ),
         draft=draft,
     )
@@ -172,7 +176,7 @@ def start(
 
             specs = [(str(gguf_path(name)), 0.0) for name in DEMO_ADAPTERS]
         for path, scale in specs:
-            adapter = engine.load_adapter(path, scale).result()
+            adapter = engine.load_adapter(path, scale, pinned=True).result()
             log.info("adapter %d: %s (%s) at scale %g", adapter.id, adapter.name, path, scale)
         template, warning = resolve_chat_template(
             cfg.chat_template, cfg.chat_template_origin, model.tokenizer

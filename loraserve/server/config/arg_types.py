@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +94,20 @@ def json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("expected a JSON object")
     return value
+
+
+def lora_module(text: str) -> tuple[str, str, str | None]:
+    """One `--lora-modules` value (vLLM's): `name=path` or its JSON form; the path must
+    exist."""
+    from loraserve.lora.catalogue import parse_module
+
+    try:
+        name, path, base = parse_module(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not os.path.exists(path):
+        raise argparse.ArgumentTypeError(f"{name}: no such adapter file or folder: {path!r}")
+    return name, os.path.realpath(path), base
 
 
 def chat_template_flag(text: str) -> str:

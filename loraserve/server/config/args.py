@@ -27,6 +27,7 @@ from loraserve.server.config.arg_types import (
     float_in,
     int_in,
     json_object,
+    lora_module,
     read_api_key_file,
 )
 from loraserve.server.config.llama_flags import add_llama_flags
@@ -51,6 +52,9 @@ class ServerConfig:
     lora: tuple[LoraSpec, ...] = ()
     lora_init_without_apply: bool = False
     lora_dirs: tuple[str, ...] = ()
+    lora_modules: tuple[tuple[str, str, str | None], ...] = ()  # vLLM's (name, path, base)
+    lora_max_loaded: int | None = None
+    lora_max_memory: float | None = None  # MiB of resident adapter weights
     n_parallel: int = AUTO_PARALLEL
     n_ctx: int = 0
     n_batch: int = 2048
@@ -228,7 +232,32 @@ def build_parser() -> argparse.ArgumentParser:
         dest="lora_dirs",
         action="append",
         metavar="DIR",
-        help="directory POST /lora-adapters/load may read from (repeatable)",
+        help="adapter catalogue: every GGUF LoRA file and PEFT folder in DIR is served by name "
+        "(request `model` or a `lora` entry's `name`), read on first use; the load endpoints "
+        "read only from these directories (repeatable)",
+    )
+    o.add_argument(
+        "--lora-modules",
+        dest="lora_modules",
+        action="extend",
+        nargs="+",
+        type=lora_module,
+        metavar="NAME=PATH|JSON",
+        help="vLLM's named adapters: name=path or "
+        '\'{"name": ..., "path": ..., "base_model_name": ...}\', read on first use',
+    )
+    o.add_argument(
+        "--lora-max-loaded",
+        type=int_in(1),
+        metavar="N",
+        help="at most N adapters resident in memory; idle ones are evicted least recently "
+        "used, never pinned ones or those in use (default: no limit)",
+    )
+    o.add_argument(
+        "--lora-max-memory",
+        type=float_in(0.0),
+        metavar="MiB",
+        help="budget for resident adapter weights, evicted as --lora-max-loaded (default: none)",
     )
     o.add_argument(
         "--dtype",
@@ -244,7 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_llama_flags(p)
     defaults = {f.name: f.default for f in fields(ServerConfig) if f.default is not MISSING}
-    p.set_defaults(**{**defaults, "n_parallel": -1, "lora_dirs": [], "chat_template_kwargs": None})
+    unset = {"n_parallel": -1, "lora_dirs": [], "lora_modules": [], "chat_template_kwargs": None}
+    p.set_defaults(**{**defaults, **unset})
     return p
 
 
@@ -263,6 +293,9 @@ def parse_server_args(argv: list[str]) -> ServerConfig:
     for d in ns.lora_dirs:
         if not os.path.isdir(d):
             parser.error(f"argument --lora-dir: not a directory: {d!r}")
+    names = [m[0].casefold() for m in ns.lora_modules]
+    if len(set(names)) != len(names):
+        parser.error("argument --lora-modules: a name is given twice")
     if ns.chat_template is not None and ns.chat_template_file is not None:
         parser.error("argument --chat-template-file: give it or --chat-template, not both")
     hosts = [h.strip() for h in ns.host.split(",")]
@@ -281,6 +314,7 @@ def parse_server_args(argv: list[str]) -> ServerConfig:
         chat_template_kwargs=ns.chat_template_kwargs or {},
         lora=tuple(ns.lora),
         lora_dirs=tuple(os.path.realpath(d) for d in ns.lora_dirs),
+        lora_modules=tuple(ns.lora_modules),
         n_parallel=AUTO_PARALLEL if ns.n_parallel == -1 else ns.n_parallel,
         n_ubatch=min(ns.n_ubatch, ns.n_batch),
         host=",".join(dict.fromkeys(hosts)),

@@ -1,5 +1,6 @@
 """Adapter endpoints: `GET/POST /lora-adapters` (the global scales, as llama-server) and,
-**ours**, `POST /lora-adapters/load` and `/unload` for run-time adapters.
+**ours**, `POST /lora-adapters/load` and `/unload` for run-time adapters. vLLM's and
+SGLang's shapes of load and unload are in `server/compat`, on the same engine calls.
 
 Loads read only from the `--lora-dir` directories: the path is resolved (symlinks
 included) and must stay inside one of them, and it must be a regular file or a PEFT
@@ -9,6 +10,7 @@ Every adapter action is an engine method: it runs on the engine thread, in arriv
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 from typing import Any
@@ -17,7 +19,9 @@ from fastapi import APIRouter
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
+from loraserve.engine.engine import Engine
 from loraserve.lora.adapter import Adapter
+from loraserve.lora.catalogue import Entry
 from loraserve.server.body import body_doc, read_body
 from loraserve.server.errors import (
     ApiError,
@@ -88,15 +92,39 @@ def resolve_adapter_path(lora_dirs: tuple[str, ...], path: str) -> str:
 
 
 def _adapter_json(a: Adapter, scale: float) -> dict[str, Any]:
-    return {"id": a.id, "name": a.name, "path": str(a.path), "scale": scale}
+    loaded = bool(a.weights)
+    return {
+        "id": a.id,
+        "name": a.name,
+        "path": str(a.path),
+        "scale": scale,
+        "loaded": loaded,
+        "pinned": a.pinned,
+    }
 
 
 @router.get("/lora-adapters")
 async def list_adapters(request: HttpRequest) -> Response:
-    """`[{id, path, scale, name}]`: every loaded adapter and its global scale."""
+    """`[{id, path, scale, name, loaded, pinned}]`: every registered adapter and its global
+    scale (`loaded`: its weights are in memory, else it is read again on its next use).
+    **Ours:** with `?catalogue=true`, also what the `--lora-dir` directories and
+    `--lora-modules` offer that no request used yet (`id` null)."""
     engine = get_state(request).require()
     listed = await wait(engine.list_adapters())
-    return JsonResponse([_adapter_json(a, scale) for a, scale in listed])
+    out = [_adapter_json(a, scale) for a, scale in listed]
+    if request.query_params.get("catalogue", "").lower() in ("1", "true"):
+        out += [
+            {"id": None, "name": e.name, "path": str(e.path), "scale": 0.0, "loaded": False}
+            for e in await unregistered(engine, [a for a, _ in listed])
+        ]
+    return JsonResponse(out)
+
+
+async def unregistered(engine: Engine, registered: list[Adapter]) -> list[Entry]:
+    """The catalogue's entries that name no registered adapter (read off the event loop)."""
+    taken = {a.name.casefold() for a in registered}
+    entries = await asyncio.to_thread(engine.catalogue_entries)
+    return [e for e in entries if e.name.casefold() not in taken]
 
 
 @router.post("/lora-adapters", openapi_extra=body_doc(LoraScales))
@@ -114,8 +142,9 @@ async def set_scales(request: HttpRequest) -> Response:
 
 @router.post("/lora-adapters/load", openapi_extra=body_doc(LoadAdapterRequest))
 async def load_adapter(request: HttpRequest) -> Response:
-    """**Ours:** load `{path, [scale], [name]}` from a `--lora-dir` directory, at global
-    scale 0 unless `scale` is given; names are unique (case ignored)."""
+    """**Ours:** load `{path, [scale], [name], [pinned]}` from a `--lora-dir` directory, at
+    global scale 0 unless `scale` is given; names are unique (case ignored); a `pinned`
+    adapter is never evicted."""
     state = get_state(request)
     engine = state.require()
     body = await read_body(request, LoadAdapterRequest)
@@ -123,7 +152,7 @@ async def load_adapter(request: HttpRequest) -> Response:
         raise not_supported("loading adapters at run time is off: start with --lora-dir DIR")
     real = resolve_adapter_path(state.cfg.lora_dirs, body.path)
     try:
-        adapter = await wait(engine.load_adapter(real, body.scale, body.name))
+        adapter = await wait(engine.load_adapter(real, body.scale, body.name, body.pinned))
     except ValueError as e:
         raise invalid_request(str(e)) from None
     return JsonResponse(_adapter_json(adapter, body.scale))
@@ -140,3 +169,34 @@ async def unload_adapter(request: HttpRequest) -> Response:
     except ValueError as e:
         raise invalid_request(f"id: {e}") from None
     return JsonResponse({"success": True})
+
+
+async def load_named(
+    request: HttpRequest, name: str, path: str, *, replace: bool = False, pinned: bool = False
+) -> Adapter:
+    """Load `path` (inside a `--lora-dir` directory, `resolve_adapter_path`) as adapter
+    `name` at global scale 0, or with `replace` into the adapter of that name, in place:
+    the one path under the load endpoints of other servers' shapes (`server/compat`).
+    `ApiError` in our shape: 501 without `--lora-dir`, 403/404/400 for the path, 400 for
+    a taken name or a file that does not fit the model, 503 while the adapter is in use."""
+    state = get_state(request)
+    engine = state.require()
+    if not state.cfg.lora_dirs:
+        raise not_supported("loading adapters at run time is off: start with --lora-dir DIR")
+    real = resolve_adapter_path(state.cfg.lora_dirs, path)
+    try:
+        return await wait(engine.load_adapter(real, 0.0, name, pinned, replace))
+    except ValueError as e:
+        raise invalid_request(str(e)) from None
+
+
+async def unload_named(request: HttpRequest, name: str) -> Adapter:
+    """Unload the adapter named `name` (case ignored) once no request uses it: 404 if no
+    registered adapter has it, 503 while it stays in use."""
+    engine = get_state(request).require()
+    listed = [a for a, _ in await wait(engine.list_adapters())]
+    found = next((a for a in listed if a.name.casefold() == name.casefold()), None)
+    if found is None:
+        raise not_found(f"no adapter named {name!r} is loaded")
+    await wait(engine.unload_adapter(found.id))
+    return found

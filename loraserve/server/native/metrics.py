@@ -147,6 +147,22 @@ def _items(
         ("loraserve:cache_misses_total", "Prefix-cache lookups that reused nothing", c.misses),
         ("loraserve:cache_hit_tokens_total", "Tokens found by prefix-cache lookups", c.hit_tokens),
         ("loraserve:cache_evictions_total", "KV blocks evicted from the prefix cache", c.evictions),
+        ("loraserve:lora_loads_total", "Adapter files read into memory", view.tiers.loads),
+        (
+            "loraserve:lora_load_failures_total",
+            "Adapter reads that failed",
+            view.tiers.load_failures,
+        ),
+        (
+            "loraserve:lora_load_seconds_total",
+            "Time spent reading adapter files (off the engine thread)",
+            view.tiers.load_seconds,
+        ),
+        (
+            "loraserve:lora_evictions_total",
+            "Adapters evicted from memory (--lora-max-loaded, --lora-max-memory)",
+            view.tiers.evictions,
+        ),
     ]
     gauges = [
         (
@@ -175,6 +191,17 @@ def _items(
         ("loraserve:kv_blocks_used", "KV blocks held by slots or the cache", used),
         ("loraserve:kv_blocks_cached", "KV blocks held only by the cache", view.blocks_cached),
         ("loraserve:kv_blocks_free", "KV blocks free", view.blocks_free),
+        (
+            "loraserve:lora_registered",
+            "Adapters registered, in memory or on disk",
+            view.lora_registered,
+        ),
+        ("loraserve:lora_resident", "Adapters whose weights are in memory", view.lora_resident),
+        (
+            "loraserve:lora_resident_bytes",
+            "Bytes of adapter weights in memory",
+            view.lora_resident_bytes,
+        ),
     ]
     return [("counter", *x) for x in counters] + [("gauge", *x) for x in gauges]
 

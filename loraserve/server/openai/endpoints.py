@@ -25,6 +25,7 @@ from loraserve.server.body import body_doc, read_body
 from loraserve.server.errors import JsonResponse
 from loraserve.server.flight import wait
 from loraserve.server.generation import chat_prompt, submit, tokenize_prompts
+from loraserve.server.native.lora_api import unregistered
 from loraserve.server.native.results import final_result
 from loraserve.server.output import Output, collect, logprob, stream, token_prob
 from loraserve.server.schemas import OAIChatRequest, OAICompletionRequest
@@ -233,7 +234,9 @@ async def chat_completions(request: HttpRequest) -> Response:
 @router.get("/v1/models")
 @router.get("/models")
 async def models(request: HttpRequest) -> Response:
-    """The model, then every loaded adapter as a model of its own (selectable by name)."""
+    """The model, then every adapter as a model of its own (selectable by name): the
+    registered ones, then what `--lora-dir` and `--lora-modules` offer (read on first use),
+    with vLLM's `root` (the adapter's path) and `parent` (the model)."""
     state = get_state(request)
     state.require()
     assert state.model is not None
@@ -255,16 +258,20 @@ async def models(request: HttpRequest) -> Response:
             },
         }
     ]
-    listed = [a for a, _ in await wait(state.require().list_adapters())]
+    engine = state.require()
+    listed = [a for a, _ in await wait(engine.list_adapters())]
+    offered = [(a.name, a.path, a.id, bool(a.weights)) for a in listed]
+    offered += [(e.name, e.path, None, False) for e in await unregistered(engine, listed)]
     data += [
         {
-            "id": a.name,
+            "id": a_name,
             "object": "model",
             "created": created,
             "owned_by": "loraserve",
+            "root": str(path),
             "parent": name,
-            "meta": {"lora_id": a.id},
+            "meta": {"lora_id": lora_id, "loaded": loaded},
         }
-        for a in listed
+        for a_name, path, lora_id, loaded in offered
     ]
     return JsonResponse({"object": "list", "data": data})

@@ -1,0 +1,166 @@
+"""Adapters on demand: a request whose mix holds adapters on disk waits, outside the
+scheduler, while their files are read off the engine thread; other requests keep decoding.
+
+`receive` resolves a submission's scales at receipt (the engine thread, in arrival order:
+names the catalogue offers are registered there); when every adapter of the mix is
+resident the requests enter the scheduler at once, else they are *parked* and each missing
+adapter is read once (`AdapterRegistry.read` on a small thread pool: concurrent requests for
+one adapter wait for the same read). The read's result comes back through the engine's
+inbox: the adapter is installed, the mix's cache key computed from the content just read,
+and the parked requests enter the scheduler in their arrival order, or fail with the
+read's error (a gone file: `UnknownModelName`, a bad one: `AdapterError`).
+
+After every install, and whenever a previous pass could not get under the limits, idle
+adapters are evicted to the tiers' limits (`lora.tiers.victims`): an adapter that a queued,
+running or parked request uses, or a pinned one, never.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from loraserve.engine.inbox import Inbox
+from loraserve.engine.request import Request
+from loraserve.engine.scheduler import Scheduler
+from loraserve.lora.adapter import Adapter
+from loraserve.lora.registry import AdapterRegistry, Mix
+from loraserve.lora.tiers import victims
+
+MAX_READS = 2  # adapter files read at once
+
+
+@dataclass
+class _Parked:
+    reqs: list[Request]
+    scales: dict[int, float]
+    named: str | None
+    received: Future[Mix]
+
+
+class AdapterLoads:
+    """The parked submissions and the adapter reads in flight of one engine."""
+
+    def __init__(self, registry: AdapterRegistry, scheduler: Scheduler, inbox: Inbox) -> None:
+        self.reg, self.sched, self.inbox = registry, scheduler, inbox
+        self._parked: list[_Parked] = []
+        self._reading: set[int] = set()
+        self._pool: ThreadPoolExecutor | None = None
+        self.overflow = False  # the last eviction pass left the limits exceeded
+
+    @property
+    def busy(self) -> bool:
+        """Whether requests wait for an adapter read."""
+        return bool(self._parked)
+
+    def receive(
+        self,
+        reqs: list[Request],
+        lora: Sequence[tuple[int | str, float]] | None,
+        adapter_name: str | None,
+        strict: bool,
+        received: Future[Mix],
+    ) -> None:
+        """Engine thread: fix the submission's scales now and queue its requests once their
+        adapters are resident (``received`` gets the `Mix`, or the error that refused it)."""
+        scales, named = self.reg.scales_of(lora, adapter_name, strict)
+        self.reg.touch(scales)
+        parked = _Parked(reqs, scales, named, received)
+        missing = self.reg.missing(scales)
+        if not missing:
+            self._admit(parked)
+            return
+        self._parked.append(parked)
+        for i in missing:
+            self._read(i)
+
+    def in_use(self) -> set[int]:
+        """Adapters that a queued, running or parked request uses."""
+        users = [*self.sched.waiting, *(r.req for r in self.sched.running)]
+        ids = {i for r in users for i in r.mix.scales}
+        return ids.union(*(p.scales for p in self._parked))
+
+    def enforce(self) -> list[Adapter]:
+        """Evict idle adapters, least recently used first, to the tiers' limits."""
+        gone = victims(self.reg.list(), self.in_use(), self.reg.limits)
+        for a in gone:
+            self.reg.evict(a.id)
+        resident = self.reg.resident
+        self.overflow = self.reg.limits.over(len(resident), self.reg.resident_bytes)
+        return gone
+
+    def close(self) -> None:
+        """Stop the read pool (reads in flight finish; their results are dropped)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def off_thread(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the read pool (at once here without an engine thread)."""
+        if not self.inbox.threaded:
+            fn()
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(MAX_READS, thread_name_prefix="loraserve-lora")
+        self._pool.submit(fn)
+
+    def _admit(self, p: _Parked) -> None:
+        mix = self.reg.make_mix(p.scales, p.named)
+        for r in p.reqs:
+            r.mix = mix
+            self.sched.add(r)
+        p.received.set_result(mix)
+
+    def _read(self, adapter_id: int) -> None:
+        if adapter_id in self._reading:
+            return  # one read for every request that waits for it
+        self._reading.add(adapter_id)
+        if not self.inbox.threaded:  # no engine thread (tests, the CLI): read here
+            self._done(adapter_id, *_timed(self.reg.read, adapter_id))
+            return
+
+        def job() -> None:
+            result = _timed(self.reg.read, adapter_id)
+            self.inbox.call(lambda: self._done(adapter_id, *result))
+
+        self.off_thread(job)
+
+    def _done(
+        self, adapter_id: int, loaded: Adapter | None, error: BaseException | None, dt: float
+    ) -> None:
+        """Engine thread: install a read adapter (or record its failure) and move on the
+        parked submissions that waited for it."""
+        self._reading.discard(adapter_id)
+        if loaded is not None:
+            self.reg.install(adapter_id, loaded, dt)
+        else:
+            self.reg.stats.load_failures += 1
+        still = []
+        for p in self._parked:
+            if adapter_id in p.scales and error is not None:
+                p.received.set_exception(error)
+            elif any(i in self._reading for i in p.scales):
+                still.append(p)
+            elif missing := self.reg.missing(p.scales):  # evicted while it waited: again
+                still.append(p)
+                for i in missing:
+                    self._read(i)
+            else:
+                self._admit(p)
+        self._parked = still
+        a = self.reg.get(adapter_id)
+        if error is not None and not a.content_id and adapter_id not in self.in_use():
+            self.reg.unload(adapter_id)  # never read: the catalogue entry stays as it was
+        self.enforce()
+
+
+def _timed(
+    fn: Callable[[int], Adapter], adapter_id: int
+) -> tuple[Adapter | None, BaseException | None, float]:
+    t0 = time.perf_counter()
+    try:
+        return fn(adapter_id), None, time.perf_counter() - t0
+    except Exception as e:  # handed to the requests that wait
+        return None, e, time.perf_counter() - t0
