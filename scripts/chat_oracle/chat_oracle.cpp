@@ -10,10 +10,12 @@
 //   {"op": "parse",  "template": PATH, "request": REQ, "text": STR, "is_partial": bool,
 //    "stream": bool}
 //       -> {"message": MSG} (and "prefixes": [[len, MSG], ...] when stream) or {"error": ...}
+//   {"op": "parse", ..., "texts": [STR, ...], "is_partial": bool}
+//       -> {"messages": [MSG | {"error": ...}, ...]} (one template apply for all texts)
 //
 // REQ holds the fields of a /v1/chat/completions body that reach common_chat_templates_apply:
 // messages, tools, tool_choice, parallel_tool_calls, add_generation_prompt,
-// continue_final_message, enable_thinking, reasoning_format, chat_template_kwargs.
+// continue_final_message, enable_thinking, reasoning_format, chat_template_kwargs, json_schema.
 #include "oracle_common.h"
 
 #include "chat.h"
@@ -71,6 +73,9 @@ static common_chat_templates_inputs make_inputs(const json & req) {
             in.chat_template_kwargs[item.key()] = item.value().dump();
         }
     }
+    if (req.contains("json_schema") && !req.at("json_schema").is_null()) {
+        in.json_schema = req.at("json_schema").dump();
+    }
     in.use_jinja = true;
     return in;
 }
@@ -98,9 +103,21 @@ static json answer(const json & q) {
             pp.reasoning_format = common_reasoning_format_from_name(q.at("parser_reasoning_format"));
         }
         pp.parse_tool_calls = q.value("parse_tool_calls", true);
-        const std::string text       = q.at("text");
-        const bool        is_partial = q.value("is_partial", false);
-        json              out        = json::object();
+        const bool is_partial = q.value("is_partial", false);
+        json       out        = json::object();
+        if (q.contains("texts")) {
+            auto msgs = json::array();
+            for (const auto & t : q.at("texts")) {
+                try {
+                    msgs.push_back(oracle_msg_json(common_chat_peg_parse(arena, t.get<std::string>(), is_partial, pp)));
+                } catch (const std::exception & e) {
+                    msgs.push_back(json::object({ { "error", e.what() } }));
+                }
+            }
+            out["messages"] = msgs;
+            return out;
+        }
+        const std::string text = q.at("text");
         out["message"] = oracle_msg_json(common_chat_peg_parse(arena, text, is_partial, pp));
         if (q.value("stream", false)) {
             auto prefixes = json::array();

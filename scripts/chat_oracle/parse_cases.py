@@ -2,7 +2,8 @@
 
 Runs the patched copy of the peer's test-chat (built by build.sh), which appends one JSON line
 per passed parser test case, then keeps the every-prefix streaming parses of a few
-representative cases per template (see `pick_streams`) and writes the JSON file.
+representative cases per template (see `pick_streams`), adds the round trips of every
+template (roundtrip.py) and writes the JSON file.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ def pick_streams(cases: list[dict]) -> set[int]:
 
 
 def record(peer: Path, bin_dir: Path, data: Path, meta: dict) -> None:
-    """Run test-chat-oracle in the peer tree and write data/parse_cases.json."""
-    from record import write_json
+    """Run test-chat-oracle in the peer tree, add the round trips, write parse_cases.json."""
+    import roundtrip
+    from record import TOKENS, Oracle, write_json
 
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "parse.jsonl"
@@ -90,7 +92,15 @@ def record(peer: Path, bin_dir: Path, data: Path, meta: dict) -> None:
         cases.append(case)
     doc = {"meta": {**meta, "source_test": "tests/test-chat.cpp"}, "grammars": grammars}
     doc["cases"] = cases
+    names = sorted(p.name for p in (peer / "models" / "templates").glob("*.jinja"))
+    oracle = Oracle(peer)
+    doc["roundtrip_request"] = roundtrip.request_template()
+    doc["roundtrip_turns"] = roundtrip.TURNS
+    doc["roundtrip"] = roundtrip.record_roundtrip(oracle, TOKENS, names)
+    oracle.close()
     out = data / "parse_cases.json"
     write_json(out, doc)
     print(f"wrote {out}: {len(cases)} cases over {len({c['template'] for c in cases})} templates,")
     print(f"  {len(streams)} with streams, {len(grammars)} grammars, {out.stat().st_size} bytes")
+    ok = sum(1 for r in doc["roundtrip"] if "input" in r)
+    print(f"  round trips: {ok} of {len(doc['roundtrip'])} parse back")

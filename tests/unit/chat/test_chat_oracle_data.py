@@ -153,3 +153,29 @@ def test_parse_streams_only_grow_and_end_in_the_whole_parse(key: str) -> None:
                 for new, old in zip(msg["tool_calls"], prev["tool_calls"], strict=False):
                     assert new["arguments"].startswith(old["arguments"]), case["id"]
             prev = msg
+
+
+def test_roundtrips_cover_every_template() -> None:
+    doc = _load("parse_cases.json")
+    files = {p.name for p in TEMPLATES.glob("*.jinja")}
+    rows, turns = doc["roundtrip"], doc["roundtrip_turns"]
+    assert {r["template"] for r in rows} == files
+    assert {r["turn"] for r in rows} == set(turns)
+    assert sum("input" in r for r in rows) >= 300
+    for row in rows:
+        if "error" in row:
+            assert "input" not in row and row["error"]
+            continue
+        assert set(row) == {"template", "turn", "enable_thinking", "input", "parsed", "tail"}
+        _check_msg(row["parsed"])
+        turn = turns[row["turn"]]
+        want = {
+            "content": turn.get("content") or "",
+            "reasoning_content": turn.get("reasoning_content") or "",
+            "tool_calls": [
+                {**c["function"], "id": row["parsed"]["tool_calls"][i]["id"]}
+                for i, c in enumerate(turn.get("tool_calls") or [])
+            ],
+        }
+        # the recorded parse is the turn the template rendered (as test-chat.cpp compares)
+        assert _strip_normalized(row["parsed"]) == _strip_normalized(want), row
