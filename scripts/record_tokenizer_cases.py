@@ -7,61 +7,50 @@ special=true, as /detokenize) and the end-of-generation ids it logged at load.
 
 Vocabularies: the real Gemma 3 270M GGUF, and tiny vocab-only GGUFs built here (committed next
 to the data): a SentencePiece one with add_space_prefix true, and byte-level BPE ones with the
-'gpt-2', 'llama-bpe', 'qwen2' and 'default' pre-tokenizers.
+'gpt-2', 'llama-bpe', 'qwen2' and 'default' pre-tokenizers (recorded with llama-tokenize), and
+one byte-level BPE per further pre-tokenizer in `SERVER_PRES` (scripts/tokenizer_vocabs.py),
+recorded with llama-server's /tokenize and /detokenize on a tiny random llama model carrying the
+vocabulary, over a shorter corpus (`build_compact_corpus`).
 
     python scripts/record_tokenizer_cases.py [--bin DIR] [--gemma PATH] [--only NAME ...]
+    python scripts/record_tokenizer_cases.py --unicode-table LLAMA_CPP_SRC
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import random
 import re
 import string
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
+from tokenizer_vocabs import (
+    BPE_CONTROL,
+    BPE_USER_DEFINED,
+    EXTRA_FIXED,
+    SPM_CONTROL,
+    SPM_USER_DEFINED,
+    WORDS,
+    bpe_vocab_metadata,
+    build_tiny_bpe,
+    build_tiny_spm,
+    vocab_metadata,
+    write_tiny_model,
+)
+
+from loraserve.model.gguf_write import write_gguf
+
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "tokenizer"
-DEFAULT_BIN = Path("/opt/peer/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin")
+PEER = Path.home() / ".cache/loraserve/peer/llama_cpp_python-0.3.36/vendor/llama.cpp"
+DEFAULT_BIN = PEER / "build" / "bin"
 DEFAULT_GEMMA = Path("/opt/models/gemma3-270m-q4_k_m.gguf")
-
-SPM_USER_DEFINED = ["<tool_call>", "</tool_call>", "\n\n", "\t\t", "<br>", "<<", ">>", "<b>"]
-SPM_CONTROL = ["<|im_start|>", "<|im_end|>", "<mask>", "<end_of_turn>"]
-BPE_CONTROL = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|im_start|>", "<|im_end|>"]
-BPE_USER_DEFINED = ["<think>", "</think>", "  \n"]
-
-WORDS = (
-    "the of and to in is that for it as was with be by on not he this are or his from at which "
-    "but have an they you were her she there been one all we their has would when if so no "
-    "will more what up out about who can said them some could into time only other new "
-    "tokenizer server model adapter cache request token batch prompt stream python llama "
-    "gemma hello world I'm you're we've they'll she'd it's don't can't won't isn't"
-).split()
-FOREIGN = [
-    "Привет мир", "Grüße aus Köln", "naïve café", "你好，世界", "こんにちは世界", "안녕하세요",
-    "مرحبا بالعالم", "שלום עולם", "नमस्ते दुनिया", "สวัสดีชาวโลก", "Γειά σου Κόσμε", "ǅemal",
-]  # fmt: skip
-
-
-def training_text() -> str:
-    """A deterministic corpus to train the tiny vocabularies on."""
-    rng = random.Random(1234)
-    lines = []
-    for _ in range(3000):
-        words = [rng.choice(WORDS) for _ in range(rng.randint(3, 14))]
-        if rng.random() < 0.2:
-            words.insert(rng.randrange(len(words)), str(rng.randint(0, 10 ** rng.randint(1, 6))))
-        if rng.random() < 0.15:
-            words.append(rng.choice(FOREIGN))
-        sep = rng.choice([" ", " ", " ", "  ", "\t"])
-        lines.append(sep.join(words) + rng.choice([".", ",", "!", "?", ":", ""]))
-    lines += ["def f(x):\n    return x ** 2", "for (int i = 0; i < n; ++i) {\n\tfoo();\n}"] * 20
-    return "\n".join(lines)
-
 
 FIXED = [
     "", " ", "  ", "   ", "    ", " " * 17, " " * 40, " " * 70, "\t", "\t\t", "\t\t\t\t\t", "\n",
@@ -148,83 +137,25 @@ def build_corpus(rng: random.Random, specials: list[str]) -> tuple[list[dict], l
     return cases, ["".join(detok[i : i + 20]) for i in range(0, len(detok), 20)]
 
 
-def build_tiny_spm(path: Path) -> None:
-    """Train a small SentencePiece BPE model and write it as a vocab-only 'llama' GGUF."""
-    import io
-
-    import gguf
-    import sentencepiece as spm
-    from sentencepiece import sentencepiece_model_pb2 as pb
-
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(training_text().splitlines()),
-        model_writer=model,
-        model_type="bpe",
-        vocab_size=900,
-        byte_fallback=True,
-        character_coverage=0.995,
-        user_defined_symbols=SPM_USER_DEFINED,
-        control_symbols=SPM_CONTROL,
-        remove_extra_whitespaces=False,
-        allow_whitespace_only_pieces=True,
-        split_digits=False,
-        minloglevel=2,
-    )
-    proto = pb.ModelProto()
-    proto.ParseFromString(model.getvalue())
-    writer = gguf.GGUFWriter(str(path), arch="llama")
-    writer.add_name("tiny-spm")
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list([p.piece for p in proto.pieces])
-    writer.add_token_scores([p.score for p in proto.pieces])
-    writer.add_token_types([int(p.type) for p in proto.pieces])
-    writer.add_unk_token_id(0)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
-    writer.add_add_space_prefix(True)
-    _close(writer)
-
-
-def build_tiny_bpe(path: Path, pre: str) -> None:
-    """Train a small byte-level BPE with `tokenizers`; write it as a vocab-only 'gpt2' GGUF."""
-    import gguf
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=1200,
-        special_tokens=BPE_CONTROL,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(training_text().splitlines(), trainer)
-    spec = json.loads(tok.to_str())
-    vocab = spec["model"]["vocab"]
-    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])] + BPE_USER_DEFINED
-    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
-    types = [3 if t in BPE_CONTROL else 4 if t in BPE_USER_DEFINED else 1 for t in tokens]
-    writer = gguf.GGUFWriter(str(path), arch="llama")
-    writer.add_name(f"tiny-bpe-{pre}")
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre)
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(tokens.index("<|begin_of_text|>"))
-    writer.add_eos_token_id(tokens.index("<|end_of_text|>"))
-    if pre == "qwen2":
-        writer.add_add_bos_token(False)
-    _close(writer)
-
-
-def _close(writer) -> None:
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.close()
+def build_compact_corpus(rng: random.Random, specials: list[str]) -> tuple[list[dict], list[str]]:
+    """A shorter corpus than `build_corpus`: the fixed strings and `EXTRA_FIXED` with
+    add_special and parse_special both ways, each special token in a few contexts, one long
+    text and 150 random strings."""
+    texts = FIXED + EXTRA_FIXED
+    for s in specials:
+        texts += [s, f"x{s}y", f" {s} ", f"{s}\n", f"  {s}  world", s[:-1]]
+    texts.append(" ".join(rng.choice(WORDS) for _ in range(400)))
+    cases = [
+        {"text": text, "add_special": add_special, "parse_special": parse_special}
+        for text in texts
+        for add_special in (True, False)
+        for parse_special in (True, False)
+    ]
+    for _ in range(150):
+        text = _random_text(rng, specials)
+        cases.append({"text": text, "add_special": rng.random() < 0.5,
+                      "parse_special": rng.random() < 0.7})  # fmt: skip
+    return cases, []
 
 
 _PIECE_HEAD = re.compile(rb" *(\d+) -> '")
@@ -287,9 +218,9 @@ class ServerOracle(CliOracle):
 
     def __enter__(self) -> ServerOracle:
         self.url = "http://127.0.0.1:18931"
-        cmd = [str(self.exe.parent / "llama-server"), "-m", str(self.model), "--port", "18931",
-               "-c", "1024", "-np", "1", "-t", "1", "--log-disable"]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            self._command(), stdout=subprocess.DEVNULL, stderr=self._stderr()
+        )
         for _ in range(600):
             try:
                 with urllib.request.urlopen(self.url + "/health") as r:
@@ -302,6 +233,13 @@ class ServerOracle(CliOracle):
         with urllib.request.urlopen(self.url + "/v1/models") as r:
             self.vocab_size = json.loads(r.read())["data"][0]["meta"]["n_vocab"]
         return self
+
+    def _command(self) -> list[str]:
+        return [str(self.exe.parent / "llama-server"), "-m", str(self.model), "--port", "18931",
+                "-c", "1024", "-np", "1", "-t", "1", "--log-disable"]  # fmt: skip
+
+    def _stderr(self):
+        return subprocess.DEVNULL
 
     def __exit__(self, *exc: object) -> None:
         self.proc.terminate()
@@ -334,14 +272,37 @@ class ServerOracle(CliOracle):
         return found
 
 
+class ModelServerOracle(ServerOracle):
+    """llama-server on a tiny random llama model carrying a vocab-only GGUF's vocabulary."""
+
+    def __init__(self, bin_dir: Path, vocab: Path, workdir: Path):
+        model = write_tiny_model(workdir / f"model-{vocab.stem}.gguf", vocab_metadata(vocab))
+        super().__init__(bin_dir, model)
+        self.log_path = workdir / f"server-{vocab.stem}.log"
+
+    def _command(self) -> list[str]:
+        return [str(self.exe.parent / "llama-server"), "-m", str(self.model), "--port", "18931",
+                "-c", "1024", "-np", "1", "-t", "1", "-v"]  # fmt: skip
+
+    def _stderr(self):
+        return open(self.log_path, "wb")
+
+    def eog_ids(self) -> list[int]:
+        """The EOG ids llama-server printed while loading (print_info: EOG token = N)."""
+        log = self.log_path.read_text("utf-8", "replace")
+        return sorted({int(m) for m in re.findall(r"print_info: EOG token +?= (\d+) ", log)})
+
+
 def _as_bytes(piece: str | list[int]) -> bytes:
     return piece.encode() if isinstance(piece, str) else bytes(piece)
 
 
-def record(name: str, oracle: CliOracle, vocab_file: str, specials: list[str]) -> None:
+def record(
+    name: str, oracle: CliOracle, vocab_file: str, specials: list[str], corpus=build_corpus
+) -> None:
     """Run every case of the corpus for one vocabulary and write <name>.json."""
     rng = random.Random(f"loraserve-tokenizer-{name}")
-    cases, detok_texts = build_corpus(rng, specials)
+    cases, detok_texts = corpus(rng, specials)
     for i, case in enumerate(cases):
         case["ids"] = oracle.tokenize(case["text"], case["add_special"], case["parse_special"])
         if i % 200 == 0:
@@ -350,7 +311,8 @@ def record(name: str, oracle: CliOracle, vocab_file: str, specials: list[str]) -
     for text in detok_texts:
         seen.update(oracle.pieces(text))
     if isinstance(oracle, ServerOracle):
-        seen.update(oracle.detokenize(rng.sample(range(oracle.vocab_size), 3000)))
+        n = oracle.vocab_size
+        seen.update(oracle.detokenize(rng.sample(range(n), 3000) if n > 3000 else range(n)))
     header = {
         "vocab": vocab_file,
         "source": f"llama.cpp {type(oracle).__name__}; pieces: token_to_piece(special=true)",
@@ -359,8 +321,65 @@ def record(name: str, oracle: CliOracle, vocab_file: str, specials: list[str]) -
     }
     lines = [json.dumps(case, ensure_ascii=False) for case in cases]
     text = json.dumps(header, ensure_ascii=False)[:-1] + ', "cases": [\n' + ",\n".join(lines)
-    (DATA / f"{name}.json").write_text(text + "\n]}\n")
+    if corpus is build_corpus:
+        (DATA / f"{name}.json").write_text(text + "\n]}\n")
+    else:  # the compact corpora are stored compressed
+        data = (text + "\n]}\n").encode()
+        (DATA / f"{name}.json.gz").write_bytes(gzip.compress(data, mtime=0))
     print(f"{name}: {len(cases)} cases, {len(seen)} pieces", file=sys.stderr)
+
+
+# One tiny vocabulary per further pre-tokenizer (one name for each distinct regex list, and the
+# flag variants: glm4 without BOS and with ignore_merges, dbrx without either)
+SERVER_PRES = [
+    "qwen35", "tekken", "gpt-4o", "deepseek-llm", "deepseek-coder", "deepseek-v3", "glm4", "dbrx",
+    "refact", "falcon", "poro-chat", "viking", "chameleon", "jais-2", "spark2_5", "youtu",
+    "granite-embed-multi-97m", "bailingmoe", "seed-coder", "ufakzeka", "laguna", "exaone-moe",
+    "minicpm5",
+]  # fmt: skip
+
+
+def _base36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+        if n == 0:
+            return out
+
+
+def write_unicode_table(src: Path) -> None:
+    """Rewrite loraserve/model/tokenizer_unicode.py's ranges from llama.cpp's unicode-data.cpp:
+    the code points whose flags are UNDEFINED (0x0001)."""
+    text = (src / "src" / "unicode-data.cpp").read_text()
+    body = text.split("unicode_ranges_flags = {", 1)[1].split("};", 1)[0]
+    pairs = [(int(a, 16), int(f, 16)) for a, f in re.findall(r"\{0x(\w+), 0x(\w+)\}", body)]
+    ranges: list[list[int]] = []
+    for (start, flags), (end, _) in zip(pairs, pairs[1:], strict=False):
+        if flags == 1:
+            if ranges and ranges[-1][1] == start:
+                ranges[-1][1] = end
+            else:
+                ranges.append([start, end])
+    items, prev = [], 0
+    for start, end in ranges:
+        items.append(f"{_base36(start - prev)}.{_base36(end - start)}")
+        prev = end
+    lines, line = [], ""
+    for item in items:
+        if len(line) + len(item) + 1 > 92:
+            lines.append(line)
+            line = item
+        else:
+            line = f"{line} {item}" if line else item
+    lines.append(line)
+    target = Path(__file__).resolve().parent.parent / "loraserve/model/tokenizer_unicode.py"
+    code = target.read_text()
+    head, rest = code.split("_RANGES = (\n", 1)
+    tail = rest.split("\n)\n", 1)[1]
+    quoted = "\n".join(f'    "{ln} "' for ln in lines[:-1]) + f'\n    "{lines[-1]}"'
+    target.write_text(head + "_RANGES = (\n" + quoted + "\n)\n" + tail)
 
 
 def main() -> None:
@@ -369,7 +388,11 @@ def main() -> None:
     parser.add_argument("--gemma", type=Path, default=DEFAULT_GEMMA)
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--rebuild-vocabs", action="store_true")
+    parser.add_argument("--unicode-table", type=Path, default=None)
     args = parser.parse_args()
+    if args.unicode_table is not None:
+        write_unicode_table(args.unicode_table)
+        return
     DATA.mkdir(parents=True, exist_ok=True)
     tiny: dict[str, tuple[Path, list[str]]] = {}
     spm_file = DATA / "tiny_spm.gguf"
@@ -384,6 +407,16 @@ def main() -> None:
     for name, (path, specials) in tiny.items():
         if args.only is None or name in args.only:
             record(name, CliOracle(args.bin, path), path.name, specials)
+    with tempfile.TemporaryDirectory() as workdir:
+        for pre in SERVER_PRES:
+            name, path = f"tiny_bpe_{pre}", DATA / f"tiny_bpe_{pre}.gguf"
+            if args.only is not None and name not in args.only:
+                continue
+            if args.rebuild_vocabs or not path.exists():
+                write_gguf(path, bpe_vocab_metadata(pre), {})
+            with ModelServerOracle(args.bin, path, Path(workdir)) as server:
+                specials = BPE_CONTROL + BPE_USER_DEFINED
+                record(name, server, path.name, specials, build_compact_corpus)
     if args.only is None or "gemma3" in args.only:
         gemma_specials = ["<bos>", "<eos>", "<pad>", "<unk>", "<mask>", "<start_of_turn>",
                           "<end_of_turn>", "</s>", "<start_of_image>", "[multimodal]",

@@ -1,10 +1,10 @@
 """Vocabularies run by the `tokenizers` library: GGUF 'gpt2' BPE and Hugging Face folders.
 
 llama.cpp splits each text fragment with the pre-tokenizer regexes of the vocabulary's
-`tokenizer.ggml.pre` (each regex splits the pieces of the previous one, keeping matches and the
-text between them), maps bytes to GPT-2's printable characters, then merges by rank. A
-`tokenizers` BPE with the same vocabulary, merges and `Split(..., "isolated")` pre-tokenizers
-followed by `ByteLevel` does the same.
+`tokenizer.ggml.pre` (`tokenizer_pretok`), maps bytes to GPT-2's printable characters, then
+merges by rank (a word that is a whole token is taken as it is where the pre-tokenizer says
+`ignore_merges`). A `tokenizers` BPE with the same vocabulary and merges after those splits and
+`ByteLevel` does the same.
 """
 
 from __future__ import annotations
@@ -15,40 +15,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, models, pre_tokenizers
 
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-_LLAMA3 = (
-    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2 = (
-    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_DEFAULT = [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"]
+from loraserve.model.tokenizer_pretok import PRE_TYPES, PreType, RegexSplitter
 
 UNKNOWN_CHAR = "\u0000<loraserve:unknown>"
-
-# tokenizer.ggml.pre -> (regexes as in llama.cpp's llm_tokenizer_bpe, ignore_merges, add_bos)
-PRE_TOKENIZERS: dict[str, tuple[list[str], bool, bool]] = {
-    "default": (_DEFAULT, False, False),
-    **{
-        name: ([_LLAMA3], True, True)
-        for name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "lfm2")
-    },
-    **{name: ([_LLAMA3], False, False) for name in ("dbrx", "smaug-bpe")},
-    **{name: ([_GPT2], False, False) for name in ("gpt-2", "gpt2", "phi-2", "mpt", "olmo")},
-    **{
-        name: ([r"\p{N}", _GPT2], False, False)
-        for name in ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone")
-    },
-    **{
-        name: ([_QWEN2], False, False)
-        for name in ("qwen2", "deepseek-r1-qwen", "stablelm2", "hunyuan")
-    },
-}
 
 
 @cache
@@ -89,27 +60,64 @@ def build_bpe(texts: Sequence[str], merges: Sequence[str], pre: str) -> tuple[To
     Returns the tokenizer (which knows no added tokens: special text is cut out before it runs)
     and whether llama.cpp adds BOS by default for this pre-tokenizer. A character missing from
     the vocabulary becomes id len(texts), which callers drop: llama.cpp keeps it as a symbol
-    that no merge crosses and emits nothing for it.
+    that no merge crosses and emits nothing for it. `BpeEncoder` wraps it with the split that
+    matches llama.cpp on every code point.
     """
-    if pre not in PRE_TOKENIZERS:
+    kind = pre_type(pre)
+    tok = _bpe_model(texts, merges, kind.ignore_merges)
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [RegexSplitter(kind.regexes).split, pre_tokenizers.ByteLevel(False, use_regex=False)]
+    )
+    return tok, kind.add_bos
+
+
+def pre_type(pre: str) -> PreType:
+    """The PreType of a `tokenizer.ggml.pre` value; ValueError for one not supported."""
+    if pre not in PRE_TYPES:
         raise ValueError(f"unsupported BPE pre-tokenizer {pre!r}")
-    regexes, ignore_merges, add_bos = PRE_TOKENIZERS[pre]
+    return PRE_TYPES[pre]
+
+
+def _bpe_model(texts: Sequence[str], merges: Sequence[str], ignore_merges: bool) -> Tokenizer:
     pairs = []
     for merge in merges:
         cut = merge.find(" ", 1)
         pairs.append((merge[:cut], merge[cut + 1 :]) if cut >= 0 else ("", ""))
     vocab = {text: i for i, text in enumerate(texts)}
     vocab[UNKNOWN_CHAR] = len(texts)
-    tok = Tokenizer(
-        models.BPE(
-            vocab, pairs, unk_token=UNKNOWN_CHAR, fuse_unk=False, ignore_merges=ignore_merges
-        )
+    model = models.BPE(
+        vocab, pairs, unk_token=UNKNOWN_CHAR, fuse_unk=False, ignore_merges=ignore_merges
     )
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
-        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-    )
-    return tok, add_bos
+    return Tokenizer(model)
+
+
+class BpeEncoder:
+    """llama.cpp's BPE tokenization of one text fragment (no special tokens), as token ids.
+
+    Text whose every code point llama.cpp and `tokenizers` classify alike runs through one
+    `tokenizers` call; other text is split through a copy (`RegexSplitter.words`) and its
+    pieces are then byte-level encoded and merged by the same model.
+    """
+
+    def __init__(self, texts: Sequence[str], merges: Sequence[str], pre: str):
+        self.pre = pre_type(pre)
+        self.n_vocab = len(texts)
+        self._fast, _ = build_bpe(texts, merges, pre)
+        self._splitter = RegexSplitter(self.pre.regexes)
+        self._words = _bpe_model(texts, merges, self.pre.ignore_merges)
+        self._words.pre_tokenizer = pre_tokenizers.ByteLevel(False, use_regex=False)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`."""
+        if self._splitter.needs_stand_ins(text):
+            words = self._splitter.words(text)
+            if not words:
+                return []
+            ids = self._words.encode(words, is_pretokenized=True, add_special_tokens=False).ids
+        else:
+            ids = self._fast.encode(text, add_special_tokens=False).ids
+        n = self.n_vocab
+        return [i for i in ids if i < n]
 
 
 def _chat_template(path: Path, config: dict[str, Any]) -> str | None:

@@ -1,0 +1,60 @@
+"""Every BPE pre-tokenizer against llama-server's recorded /tokenize and /detokenize answers.
+
+tests/data/tokenizer/tiny_bpe_<pre>.json.gz holds llama-server's ids for about a thousand edge
+cases (text, add_special, parse_special) on a tiny vocabulary trained for that pre-tokenizer
+(scripts/record_tokenizer_cases.py, `SERVER_PRES`), the bytes /detokenize gives each token, and
+the end-of-generation ids it logged at load. The vocabularies are the committed GGUFs beside them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loraserve.model.gguf import GGUFFile
+from loraserve.model.tokenizer import Tokenizer
+from loraserve.model.tokenizer_pretok import PRE_TYPES
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "tokenizer"
+RECORDED = sorted(p.name.removesuffix(".json.gz") for p in DATA.glob("tiny_bpe_*.json.gz"))
+
+
+def load(name: str) -> tuple[Tokenizer, dict[str, Any]]:
+    record = json.loads(gzip.decompress((DATA / f"{name}.json.gz").read_bytes()))
+    with GGUFFile(DATA / record["vocab"]) as f:
+        meta = dict(f.metadata)
+    return Tokenizer.from_gguf_metadata(meta), record
+
+
+@pytest.mark.parametrize("name", RECORDED)
+def test_encode_equals_llama_server(name: str) -> None:
+    tok, record = load(name)
+    wrong = []
+    for case in record["cases"]:
+        got = tok.encode(case["text"], case["add_special"], case["parse_special"])
+        if got != case["ids"]:
+            wrong.append((case["text"], case["add_special"], case["parse_special"], got))
+    assert not wrong, f"{len(wrong)}/{len(record['cases'])} differ from llama-server: {wrong[:3]}"
+
+
+@pytest.mark.parametrize("name", RECORDED)
+def test_detokenize_and_eog_equal_llama_server(name: str) -> None:
+    tok, record = load(name)
+    pieces = {int(k): bytes.fromhex(v) for k, v in record["pieces"].items()}
+    wrong = {i: (tok.token_bytes(i), b) for i, b in pieces.items() if tok.token_bytes(i) != b}
+    assert not wrong, f"token bytes differ from llama-server's /detokenize: {wrong}"
+    for case in record["cases"]:
+        if all(i in pieces for i in case["ids"]):
+            joined = b"".join(pieces[i] for i in case["ids"]).decode(errors="replace")
+            assert tok.decode(case["ids"]) == joined
+    assert sorted(tok.eog_ids) == record["eog_ids"]
+
+
+def test_every_recorded_pre_tokenizer_is_known() -> None:
+    assert len(RECORDED) >= 23
+    for name in RECORDED:
+        assert name.removeprefix("tiny_bpe_") in PRE_TYPES
