@@ -162,7 +162,16 @@ class _TrackingEnvironment(LlamaEnvironment):
         return self._access(obj, argument, super().getitem(obj, argument))
 
     def getattr(self, obj: Any, attribute: str) -> Any:
-        return self._access(obj, attribute, super().getattr(obj, attribute))
+        value = self._access(obj, attribute, super().getattr(obj, attribute))
+        if isinstance(obj, _TDict) and attribute == "get":
+            # the value `get` answers is used as llama.cpp's shared values are: by name later
+            def get(*args: Any) -> Any:
+                found = value(*args)
+                _mark(found)
+                return found
+
+            return get
+        return value
 
 
 _TRACKING = _TrackingEnvironment()

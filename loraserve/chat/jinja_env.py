@@ -1,7 +1,8 @@
 """The Jinja environment chat templates run in, with the semantics of llama.cpp's own engine
 (common/jinja/: runtime.cpp, value.cpp) where they differ from jinja2's.
 
-jinja2's sandbox (`ImmutableSandboxedEnvironment`, `trim_blocks` and `lstrip_blocks` on, as
+jinja2's sandbox (`SandboxedEnvironment`: lists and dicts may change, as in llama.cpp's
+engine, on a copy of the inputs made for each render; `trim_blocks` and `lstrip_blocks` on, as
 llama.cpp's lexer) parses and runs the template; what llama.cpp's engine does differently is
 put back:
 
@@ -25,9 +26,10 @@ from functools import lru_cache
 from typing import Any, NoReturn
 
 import jinja2
+import jinja2.ext
 from jinja2 import nodes
 from jinja2.compiler import CodeGenerator, Frame
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment
 
 
 class ChatTemplateError(ValueError):
@@ -61,6 +63,27 @@ def format_float(v: float) -> str:
     return out + "0" if out.endswith(".") else out
 
 
+def _elems(v: list | tuple) -> list[Any]:
+    """The items of a list without iterating it (a tracked list in `caps` records loops)."""
+    return [v[i] for i in range(len(v))]
+
+
+def repr_value(v: Any) -> str:
+    """A value inside a printed list or object (llama.cpp's `value_to_string_repr`: Python's
+    repr, strings with a quote written as JSON)."""
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False) if "'" in v else f"'{v}'"
+    if isinstance(v, list):
+        return "[" + ", ".join(repr_value(x) for x in _elems(v)) + "]"
+    if isinstance(v, tuple):
+        return "(" + ", ".join(repr_value(x) for x in v) + ("," if len(v) == 1 else "") + ")"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{repr_value(k)}: {repr_value(x)}" for k, x in v.items()) + "}"
+    if v is None:
+        return "None"
+    return as_text(v)
+
+
 def as_text(v: Any) -> str:
     """A value as `~` and `+` join it to a string (llama.cpp's `as_string`; none and
     undefined as "")."""
@@ -72,7 +95,27 @@ def as_text(v: Any) -> str:
         return "True" if v else "False"
     if isinstance(v, float):
         return format_float(v)
+    if isinstance(v, list | tuple | dict):
+        return repr_value(v)
     return str(v)
+
+
+def to_string(v: Any) -> str:
+    """The `string` and `safe` filters (llama.cpp's: numbers as JSON, none as "None",
+    undefined as "", no HTML markup)."""
+    if v is None:
+        return "None"
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return json.dumps(v)
+    return as_text(v)
+
+
+def _items(v: Any) -> list[tuple[Any, Any]]:
+    if v is None or isinstance(v, jinja2.Undefined):
+        return []
+    if not isinstance(v, dict):
+        raise TypeError(f"items() needs an object, got {type(v).__name__}")
+    return list(v.items())
 
 
 def finalize(v: Any) -> str:
@@ -82,7 +125,7 @@ def finalize(v: Any) -> str:
     if v is None or isinstance(v, jinja2.Undefined | dict):
         return ""
     if isinstance(v, list | tuple):
-        return "".join(finalize(x) for x in v)
+        return "".join(finalize(x) for x in _elems(v))
     return as_text(v)
 
 
@@ -111,7 +154,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [_plain(v) for v in _elems(value)]
     return value
 
 
@@ -136,6 +179,29 @@ def tojson(
     )
 
 
+class GenerationExtension(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` (transformers' assistant-mask markers): the
+    body, as llama.cpp runs it."""
+
+    tags = {"generation"}  # noqa: RUF012 - jinja2's class attribute
+
+    def parse(self, parser: Any) -> list[nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def _as_list(fn: Any) -> Any:
+    """A jinja2 filter that answers a generator, answering a list as llama.cpp's does (so
+    `length`, `tojson` and indexing work on it)."""
+
+    def run(*args: Any, **kwargs: Any) -> list[Any]:
+        return list(fn(*args, **kwargs))
+
+    if getattr(fn, "jinja_pass_arg", None) is not None:
+        run.jinja_pass_arg = fn.jinja_pass_arg  # type: ignore[attr-defined]
+    return run
+
+
 class _LlamaCodeGenerator(CodeGenerator):
     """`~` through the environment's `concat` (none and undefined as "")."""
 
@@ -147,7 +213,7 @@ class _LlamaCodeGenerator(CodeGenerator):
         self.write("))")
 
 
-class LlamaEnvironment(ImmutableSandboxedEnvironment):
+class LlamaEnvironment(SandboxedEnvironment):
     """jinja2's sandbox with llama.cpp's engine's semantics (see the module docstring)."""
 
     code_generator_class = _LlamaCodeGenerator
@@ -157,11 +223,15 @@ class LlamaEnvironment(ImmutableSandboxedEnvironment):
         super().__init__(
             trim_blocks=True,
             lstrip_blocks=True,
-            extensions=["jinja2.ext.loopcontrols"],
+            extensions=["jinja2.ext.loopcontrols", GenerationExtension],
             undefined=LenientUndefined,
             finalize=finalize,
         )
         self.filters["tojson"] = tojson
+        self.filters["string"] = self.filters["safe"] = to_string
+        self.filters["items"] = _items
+        for name in ("map", "select", "reject", "selectattr", "rejectattr"):
+            self.filters[name] = _as_list(self.filters[name])
         self.globals["raise_exception"] = _raise_exception
         self.globals["strftime_now"] = _strftime_now
         self.concat = concat

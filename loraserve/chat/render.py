@@ -17,10 +17,12 @@ A leading BOS / trailing EOS the tokenizer adds itself is cut from the result.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from loraserve.chat import special
 from loraserve.chat.caps import detect_caps
 from loraserve.chat.jinja_env import NOW_VAR, compile_template, render_source
 from loraserve.chat.messages import Msg, fix_messages, parse_messages, parse_tools, render_content
@@ -63,13 +65,13 @@ def _variables(
 ) -> dict[str, Any]:
     now = inp.now or datetime.now()
     v: dict[str, Any] = {
-        "messages": msgs,
+        "messages": copy.deepcopy(msgs),  # a template may change them (`append`...)
         "bos_token": tokens.bos,
         "eos_token": tokens.eos,
         "enable_thinking": inp.enable_thinking,
     }
     if tools:
-        v["tools"] = tools
+        v["tools"] = copy.deepcopy(tools)
     v["datetime"] = now.strftime("%b %d %Y")
     v["date_string"] = now.strftime("%d %b %Y")
     v.update(inp.kwargs)
@@ -139,6 +141,7 @@ def select_source(default: str, tool_use: str | None, tools: Any) -> str:
 def render(source: str, tokens: Tokens, inp: RenderInputs) -> str:
     """The prompt for `inp` with the Jinja template `source` (see the module docstring).
     ValueError naming the problem (malformed messages or tools, the template refusing)."""
+    source = special.patch_source(source)
     msgs = parse_messages(inp.messages)
     tools = parse_tools(inp.tools)
     if STEPFUN_MARK in source:
@@ -153,10 +156,20 @@ def render(source: str, tokens: Tokens, inp: RenderInputs) -> str:
             only_reasoning = cont.get("reasoning_content") and not cont.get("content")
             mode = "reasoning" if only_reasoning else "content"
     fixed = fix_messages(msgs, caps, source)
+    spec = special.find(source)
+    if spec is not None and spec.adjust is not None:
+        fixed = spec.adjust(fixed)
     prompt = direct_apply(source, tokens, fixed, tools, inp, add_gen)
+    if spec is not None and spec.name == "gpt_oss" and not add_gen:
+        at = prompt.rfind("<|return|>")  # llama.cpp's inference fix (its issue 15417)
+        prompt = prompt if at < 0 else prompt[:at] + "<|end|>" + prompt[at + len("<|return|>") :]
+    if spec is not None and spec.name == "gemma_4" and add_gen and prompt.endswith("<turn|>\n"):
+        prompt += "<|turn>model\n"
     if cont is None:
         return prompt
     gen = generation_prompt(source, tokens, fixed, tools, inp)
+    if spec is not None:
+        return prompt + spec.cont(prompt, gen, cont, mode == "content")
     start, end = inp.reasoning_markers
     if start:
         at = gen.find(start)

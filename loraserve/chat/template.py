@@ -37,6 +37,8 @@ from loraserve.chat.render import (
     select_source,
     supports_thinking_by_render,
 )
+from loraserve.chat.special import find as find_special
+from loraserve.chat.special import patch_source
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.errors import invalid_request
 
@@ -171,7 +173,10 @@ class ChatTemplate:
         """Whether the template knows reasoning (llama-server's `supports_thinking`)."""
         if self.builtin:
             return False
-        source = select_source(self.source, self.tool_use, tools)
+        source = patch_source(select_source(self.source, self.tool_use, tools))
+        spec = find_special(source)
+        if spec is not None:
+            return spec.supports_thinking
         fmt = self.chat_format(source, tokens)
         if fmt is not None:
             return bool(fmt.has_reasoning)
@@ -182,7 +187,7 @@ class ChatTemplate:
 
     def render(
         self,
-        tok: Tokenizer,
+        tok: Tokenizer | Tokens,
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         kwargs: dict[str, Any] | None = None,
@@ -193,14 +198,15 @@ class ChatTemplate:
         now: datetime | None = None,
     ) -> str:
         """The prompt text; ValueError naming the problem (messages, or the template).
-        `enable_thinking` None: whether the template supports thinking."""
+        `tok`: the model's tokenizer (or its special tokens as `Tokens`); `enable_thinking`
+        None: whether the template supports thinking."""
         if self.builtin:
             msgs = flat_messages(messages)
             if continuation != "none" and msgs:
                 head = render_builtin(self.source, msgs[:-1], True)
                 return head + msgs[-1]["content"]
             return render_builtin(self.source, msgs, add_generation_prompt)
-        tokens = token_strings(tok)
+        tokens = tok if isinstance(tok, Tokens) else token_strings(tok)
         source = select_source(self.source, self.tool_use, tools)
         fmt = self.chat_format(source, tokens)
         markers = (fmt.reasoning_start, fmt.reasoning_end) if fmt is not None else ("", "")

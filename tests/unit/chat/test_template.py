@@ -162,7 +162,7 @@ def test_template_helpers():
         ("{% for %}", "does not compile"),
         ("{{ raise_exception('nope') }}", "chat template error: nope"),
         ("{{ ''.__class__.__mro__ }}", "chat template error"),
-        ("{{ messages.append(1) }}", "chat template error"),
+        ("{{ messages.__class__ }}", "chat template error"),
         ("{{ messages[0]['content'] - 1 }}", "chat template error"),
     ],
 )
