@@ -20,7 +20,7 @@ from functools import cache
 
 from tokenizers import PreTokenizedString, Regex, pre_tokenizers
 
-from loraserve.model.tokenizer_unicode import undefined_pattern
+from loraserve.model.tokenizer_unicode import has_undefined, replace_undefined
 
 _C = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"  # contractions, any case
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -263,13 +263,11 @@ class RegexSplitter:
         """Whether `text` must be split through a copy (see the module's docstring)."""
         if text.isascii():
             return False
-        return bool(undefined_pattern().search(text)) or bool(
-            self._spaces is not None and self._spaces.search(text)
-        )
+        return has_undefined(text) or bool(self._spaces is not None and self._spaces.search(text))
 
     def words(self, text: str) -> list[str]:
         """The pieces of `text`, split through a copy where `needs_stand_ins`."""
-        copy = undefined_pattern().sub(_STAND_IN, text).translate(self._table)
+        copy = replace_undefined(text, _STAND_IN).translate(self._table)
         pre = PreTokenizedString(copy)
         self.split.pre_tokenize(pre)
         return [text[a:b] for _, (a, b), _ in pre.get_splits()]
