@@ -4,7 +4,8 @@
 //
 // Every query may carry "bos_token" and "eos_token" (the template's, "" when absent).
 //   {"op": "info",   "template": PATH}
-//       -> {"caps": {...}, "supports_enable_thinking": bool}
+//       -> {"caps": {...}, "supports_enable_thinking": bool, "source": the source llama.cpp
+//           renders (after its own patches), "analysis": {"specialized": bool, ...markers}}
 //   {"op": "render", "template": PATH, "request": REQ}
 //       -> common_chat_params as JSON (oracle_params_json) or {"error": "..."}
 //   {"op": "parse",  "template": PATH, "request": REQ, "text": STR, "is_partial": bool,
@@ -18,6 +19,7 @@
 // continue_final_message, enable_thinking, reasoning_format, chat_template_kwargs, json_schema.
 #include "oracle_common.h"
 
+#include "chat-auto-parser.h"
 #include "chat.h"
 #include "log.h"
 
@@ -54,6 +56,85 @@ static common_chat_templates * get_templates(const json & q) {
     return it->second.get();
 }
 
+template <typename E> static std::string enum_name(E e) {
+    std::ostringstream os;
+    os << e;
+    return os.str();
+}
+
+// Which path common_chat_templates_apply takes for this template, and for the differential
+// analyser's path its findings (chat-auto-parser.h), as llama-server computes them.
+static json analyze(const common_chat_templates * tmpls, const json & q) {
+    const std::string src = common_chat_templates_source(tmpls);
+    common_chat_template tmpl(src, q.value("bos_token", std::string()), q.value("eos_token", std::string()));
+    json out = json::object();
+    {
+        autoparser::generation_params params;
+        params.messages = json::array({ json::object({ { "role", "user" }, { "content", "hi" } }) });
+        params.add_generation_prompt = true;
+        try {
+            out["specialized"] = common_chat_try_specialized_template(tmpl, src, params).has_value();
+        } catch (const std::exception & e) {
+            out["specialized"] = true;  // a detector matched, then failed on this input
+        }
+    }
+    if (out["specialized"].get<bool>()) {
+        return out;
+    }
+    autoparser::autoparser ap;
+    try {
+        ap.analyze_template(tmpl);
+    } catch (const std::exception & e) {
+        out["error"] = e.what();
+        return out;
+    }
+    const auto & r = ap.reasoning;
+    const auto & c = ap.content;
+    const auto & t = ap.tools;
+    out["user_start"]      = ap.user_start;
+    out["assistant_start"] = ap.assistant_start;
+    out["reasoning"] = json::object({ { "mode", enum_name(r.mode) }, { "start", r.start }, { "end", r.end } });
+    out["content"]   = json::object({ { "mode", enum_name(c.mode) }, { "start", c.start }, { "end", c.end },
+                                      { "requires_nonnull_content", c.requires_nonnull_content } });
+    json fmt = json::object();
+    fmt["mode"]                   = enum_name(t.format.mode);
+    fmt["section_start"]          = t.format.section_start;
+    fmt["section_end"]            = t.format.section_end;
+    fmt["per_call_start"]         = t.format.per_call_start;
+    fmt["per_call_end"]           = t.format.per_call_end;
+    fmt["fun_name_is_key"]        = t.format.fun_name_is_key;
+    fmt["tools_array_wrapped"]    = t.format.tools_array_wrapped;
+    fmt["openai_wrapper_trigger"] = t.format.openai_wrapper_trigger;
+    fmt["function_field"]         = t.format.function_field;
+    fmt["name_field"]             = t.format.name_field;
+    fmt["args_field"]             = t.format.args_field;
+    fmt["id_field"]               = t.format.id_field;
+    fmt["gen_id_field"]           = t.format.gen_id_field;
+    fmt["parameter_order"]        = t.format.parameter_order;
+    json args = json::object();
+    args["start"]        = t.arguments.start;
+    args["end"]          = t.arguments.end;
+    args["name_prefix"]  = t.arguments.name_prefix;
+    args["name_suffix"]  = t.arguments.name_suffix;
+    args["value_prefix"] = t.arguments.value_prefix;
+    args["value_suffix"] = t.arguments.value_suffix;
+    args["separator"]    = t.arguments.separator;
+    args["tolerate_intertag_whitespace"] = t.arguments.tolerate_intertag_whitespace;
+    out["tools"] = json::object({
+        { "format", fmt },
+        { "function", json::object({ { "name_prefix", t.function.name_prefix },
+                                     { "name_suffix", t.function.name_suffix },
+                                     { "args_separator", t.function.args_separator },
+                                     { "close", t.function.close } }) },
+        { "arguments", args },
+        { "call_id", json::object({ { "pos", enum_name(t.call_id.pos) }, { "prefix", t.call_id.prefix },
+                                    { "suffix", t.call_id.suffix } }) },
+    });
+    out["preserved_tokens"] = ap.preserved_tokens;
+    out["additional_stops"] = ap.additional_stops;
+    return out;
+}
+
 static common_chat_templates_inputs make_inputs(const json & req) {
     common_chat_templates_inputs in;
     in.messages = common_chat_msgs_parse_oaicompat(req.at("messages"));
@@ -88,7 +169,10 @@ static json answer(const json & q) {
         for (const auto & [k, v] : common_chat_templates_get_caps(tmpl)) {
             caps[k] = v;
         }
-        return json::object({ { "caps", caps }, { "supports_enable_thinking", common_chat_templates_support_enable_thinking(tmpl) } });
+        return json::object({ { "caps", caps },
+                              { "supports_enable_thinking", common_chat_templates_support_enable_thinking(tmpl) },
+                              { "source", common_chat_templates_source(tmpl) },
+                              { "analysis", analyze(tmpl, q) } });
     }
     auto inputs = make_inputs(q.at("request"));
     auto params = common_chat_templates_apply(tmpl, inputs);

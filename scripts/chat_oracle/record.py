@@ -104,10 +104,15 @@ def record_render(peer: Path) -> None:
             "error": info.get("error"),
             "caps": info.get("caps"),
             "supports_enable_thinking": info.get("supports_enable_thinking"),
+            "analysis": info.get("analysis"),
+            "patched_source": None,
             "prompts": [],
             "outputs": [],
             "out": [],
         }
+        file_src = (tdir / name).read_text()  # jinja drops one trailing newline, as does llama.cpp
+        if info.get("source") not in (None, file_src.removesuffix("\n")):
+            entry["patched_source"] = info["source"]
         seen: dict[str, int] = {}
         prompt_ids: dict[str, int] = {}
         for case in cases:

@@ -38,6 +38,7 @@ OUTPUT_KEYS = {
     "additional_stops",
 }
 TRIGGER_TYPES = {"word", "pattern", "pattern_full", "token"}
+REASONING_MODES = {"NONE", "TAG_BASED", "TOOLS_ONLY"}
 MSG_KEYS = {"role", "content", "reasoning_content", "tool_calls"}
 
 
@@ -86,6 +87,9 @@ def test_render_cases_cover_every_template_and_case() -> None:
             entry["supports_enable_thinking"], bool
         )
         assert len(entry["out"]) == len(cases), name
+        analysis = entry["analysis"]
+        assert analysis["specialized"] or analysis["reasoning"]["mode"] in REASONING_MODES
+        assert entry["patched_source"] is None or entry["patched_source"] != ""
         assert set(entry["out"]) == set(range(len(entry["outputs"]))), f"{name}: orphan output"
         used_prompts = set()
         for out in entry["outputs"]:
