@@ -205,6 +205,12 @@ def _as_list(fn: Any) -> Any:
 class _LlamaCodeGenerator(CodeGenerator):
     """`~` through the environment's `concat` (none and undefined as "")."""
 
+    def _output_child_to_const(self, node: nodes.Expr, frame: Frame, finalize: Any) -> str:
+        """Constants are folded with Python's `str`, so a `~` is left to run time."""
+        if isinstance(node, nodes.Concat) or any(node.find_all(nodes.Concat)):
+            raise nodes.Impossible()
+        return super()._output_child_to_const(node, frame, finalize)
+
     def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:  # noqa: N802 - jinja2's
         self.write("environment.concat((")
         for arg in node.nodes:
