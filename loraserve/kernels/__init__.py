@@ -208,13 +208,29 @@ def qmatmul(
         return rowwise_torch(_dequantize_rows(xa), _float_weight(raw, ggml_type, k), out)
     if out.stride(1) != 1 or raw.stride(1) != 1:
         raise ValueError("qmatmul needs unit column strides")
+    if out.shape != (m, n):
+        raise ValueError(f"qmatmul: out {tuple(out.shape)} for [{m}, {n}]")
     bs32 = None if xa.bs32 is None else xa.bs32.data_ptr()
     rc = lib.ls_qmatmul(ggml_type, raw.data_ptr(), n, k, raw.stride(0), xa.q.data_ptr(),
                         xa.d.data_ptr(), xa.ms.data_ptr(), bs32, m, out.data_ptr(),
-                        out.stride(0), torch.get_num_threads())  # fmt: skip
+                        _ld(out), torch.get_num_threads())  # fmt: skip
+    if rc == -3:
+        raise ValueError(_SIZES.format(k=k, t=ggml_type, rb=raw.stride(0)))
     if rc != 0:
         raise ValueError(f"no quantized kernel for ggml type {ggml_type}")
     return out
+
+
+_SIZES = (
+    "quantized matmul: sizes do not fit: activations of width {k}, weight rows of type {t} "
+    "and {rb} bytes (shorter than {k} values, or not whole blocks), or outputs past their rows"
+)
+
+
+def _ld(t: torch.Tensor) -> int:
+    """A 2-D tensor's row stride as the kernels read it: a single row's stride may be any
+    value in torch, so it is the row's width there."""
+    return t.stride(0) if t.shape[0] > 1 else max(t.stride(0), t.shape[1])
 
 
 class QuantizedParts:
@@ -259,10 +275,14 @@ class QuantizedParts:
             )
         if x.stride(1) != 1:
             x = x.contiguous()
+        if out.shape[0] != m:
+            raise ValueError(f"QuantizedParts: out has {out.shape[0]} rows for {m}")
         rc = lib.ls_qmatmul_multi_f32(self._n, self._types, self._ws, self._ns, self._rb,
-                                      self._cols, k, x.data_ptr(), x.stride(0), m,
-                                      out.data_ptr(), out.stride(0),
+                                      self._cols, k, x.data_ptr(), _ld(x), m,
+                                      out.data_ptr(), _ld(out),
                                       torch.get_num_threads())  # fmt: skip
+        if rc == -3:
+            raise ValueError(_SIZES.format(k=k, t=list(self._types), rb=list(self._rb)))
         if rc != 0:
             raise ValueError(f"quantized matmul failed ({rc}): a refused type or no memory")
         return out

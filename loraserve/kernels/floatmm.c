@@ -35,10 +35,13 @@ static inline float dot_f(const float *w, const float *x, int64_t K) {
 }
 
 // y [M, N] (row stride ldy) = x [M, K] (row stride ldx) x weight rows w [N, K] of type F32,
-// F16 or BF16 (row stride ldw_bytes). Returns 0, or -1 for another type.
+// F16 or BF16 (row stride ldw_bytes). Returns 0, -1 for another type, -3 for sizes that do
+// not fit.
 int ls_fmatmul(int type, const uint8_t *w, int64_t N, int64_t K, int64_t ldw_bytes,
                const float *x, int64_t ldx, int64_t M, float *y, int64_t ldy, int nthreads) {
     if (type != T_F32 && type != T_F16 && type != T_BF16) return -1;
+    if (N < 0 || K < 0 || M < 0 || ldw_bytes < K * (type == T_F32 ? 4 : 2) || ldx < K || ldy < N)
+        return -3;  // sizes that do not fit: rows shorter than K, outputs past y's rows
     if (N * K * M < (1 << 16)) nthreads = 1;  // LoRA's small products: no thread wake-up
 #pragma omp parallel num_threads(nthreads)
     {
@@ -141,8 +144,12 @@ static void lora_h(const float *A, int64_t rank, const float *x, int64_t K, floa
 int ls_lora(int n_ad, const float *const *as, const float *const *bs, const float *const *bts,
             const int64_t *ranks, const float *s, const float *x, int64_t ldx, int64_t T,
             int64_t K, float *y, int64_t ldy, int64_t N, int nthreads) {
+    if (n_ad < 0 || T < 0 || K < 0 || N < 0 || ldx < K || ldy < N) return -3;
     int64_t work = 0;
-    for (int a = 0; a < n_ad; a++) work += ranks[a] * (K + N);
+    for (int a = 0; a < n_ad; a++) {
+        if (ranks[a] < 0) return -3;
+        work += ranks[a] * (K + N);
+    }
     if (work * T < (1 << 17)) nthreads = 1;
     // h of every (row, adapter) in the row's mix first, once (the 4 column ranges below all
     // read it): off[t * n_ad + a] is where it starts in h

@@ -54,11 +54,21 @@ def fmatmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -
         w = w.contiguous()
     if out.stride(1) != 1:
         raise ValueError("fmatmul needs a unit column stride for out")
-    gtype = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 30}[w.dtype]
-    lib.ls_fmatmul(gtype, w.data_ptr(), n, k, w.stride(0) * w.element_size(), x.data_ptr(),
-                   x.stride(0), m, out.data_ptr(), out.stride(0),
-                   torch.get_num_threads())  # fmt: skip
+    if out.shape != (m, n):
+        raise ValueError(f"fmatmul: out {tuple(out.shape)} for [{m}, {n}]")
+    gtype = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 30}.get(w.dtype)
+    if gtype is None:
+        raise ValueError(f"fmatmul: no kernel for {w.dtype} weights")
+    rc = lib.ls_fmatmul(gtype, w.data_ptr(), n, k, _ld(w) * w.element_size(), x.data_ptr(),
+                        _ld(x), m, out.data_ptr(), _ld(out), torch.get_num_threads())  # fmt: skip
+    if rc != 0:
+        raise ValueError(f"fmatmul: sizes do not fit (x [{m}, {k}], w [{n}, {k}]): {rc}")
     return out
+
+
+def _ld(t: torch.Tensor) -> int:
+    """A 2-D tensor's row stride as the kernels read it (a single row's: its width)."""
+    return t.stride(0) if t.shape[0] > 1 else max(t.stride(0), t.shape[1])
 
 
 def lora_delta(
@@ -85,13 +95,26 @@ def lora_delta(
     if y.stride(1) != 1:
         raise ValueError("lora_delta needs a unit column stride for y")
     n = len(pairs)
+    k, n_out = x.shape[1], y.shape[1]
+    for a, b in pairs:
+        fits = a.dim() == b.dim() == 2 and a.shape[1] == k and b.shape[0] == n_out
+        if not (fits and a.shape[0] == b.shape[1] and a.is_contiguous() and b.is_contiguous()):
+            raise ValueError(
+                f"lora_delta: A {tuple(a.shape)}, B {tuple(b.shape)} do not fit x [T, {k}] "
+                f"and y [T, {n_out}] (A [r, in], B [out, r], contiguous)"
+            )
+    if tuple(scales.shape) != (n, t) or y.shape[0] != t:
+        raise ValueError(f"lora_delta: scales {tuple(scales.shape)} for {n} adapters, {t} rows")
     as_ = (ctypes.c_void_p * n)(*[a.data_ptr() for a, _ in pairs])
     bs_ = (ctypes.c_void_p * n)(*[b.data_ptr() for _, b in pairs])
     ranks = (ctypes.c_int64 * n)(*[a.shape[0] for a, _ in pairs])
     scales = scales.contiguous()
-    rc = lib.ls_lora(n, as_, bs_, None, ranks, scales.data_ptr(), x.data_ptr(), x.stride(0), t,
-                     x.shape[1], y.data_ptr(), y.stride(0), y.shape[1],
+    scales = scales.float()
+    rc = lib.ls_lora(n, as_, bs_, None, ranks, scales.data_ptr(), x.data_ptr(), _ld(x), t,
+                     x.shape[1], y.data_ptr(), _ld(y), y.shape[1],
                      torch.get_num_threads())  # fmt: skip
+    if rc == -3:
+        raise ValueError("lora_delta: sizes do not fit")
     if rc != 0:
         raise MemoryError("lora_delta: out of memory")
     return y

@@ -50,6 +50,7 @@ typedef struct {
     const float *ffn_norm;        // [hidden]
     const float *post_ffn_norm;   // [hidden] or NULL
     int32_t sliding;              // 1: local rope tables and the sliding window
+    int64_t norm_n[5];  // the five norms' value counts, in the order above (0 for NULL)
 } ls_layer_t;
 
 typedef struct {
@@ -65,6 +66,7 @@ typedef struct {
     int64_t rank;
     float factor;  // multiplies the user scale
     const float *bt;  // B transposed [rank, out] (ls_lora's faster route, the same bits)
+    int64_t in, out;  // A's and B's widths: the part's input width and its row count
 } ls_lora_w;
 
 // The step's adapters (ascending id, as LoraBatch orders them): table [n_active, T] each
@@ -112,6 +114,10 @@ static int proj(const ls_proj_t *p, const float *x, int64_t K, int64_t T, float 
         for (int j = 0; j < lo->n_active; j++) {
             const ls_lora_w *w = &lo->ad[j][slot * 8 + k];
             if (w->a == NULL) continue;
+            if (w->in != K || w->out != p->ns[k] || w->rank < 1) {
+                rc = -3;  // an adapter that does not fit this part
+                break;
+            }
             as[n] = w->a;
             bs[n] = w->b;
             bts[n] = w->bt;
@@ -119,7 +125,7 @@ static int proj(const ls_proj_t *p, const float *x, int64_t K, int64_t T, float 
             for (int64_t t = 0; t < T; t++) sc[n * T + t] = lo->table[j * T + t] * w->factor;
             n++;
         }
-        if (n > 0)
+        if (n > 0 && rc == 0)
             rc = ls_lora(n, as, bs, bts, ranks, sc, x, K, T, K, y + p->cols[k], p->n_out,
                          p->ns[k], nthreads);
     }
@@ -135,10 +141,48 @@ static void add_rows(float *x, const float *a, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] + a[i];
 }
 
+// Whether projection p maps K inputs to n_out outputs: 1 to 8 parts side by side that
+// cover its columns, each no wider than its place (the rows' lengths against K are the
+// matmul's own check).
+static int proj_fits(const ls_proj_t *p, int64_t K, int64_t n_out) {
+    if (p->n_out != n_out || p->nparts < 1 || p->nparts > 8 || K < 1) return 0;
+    int64_t end = 0;
+    for (int k = 0; k < p->nparts; k++) {
+        if (p->cols[k] != end || p->ns[k] < 1) return 0;
+        end += p->ns[k];
+    }
+    return end == n_out;
+}
+
+// Whether the model's sizes fit each other: positive widths, heads that group, and every
+// layer's projections, norms and KV pools of the widths the buffers below are sized for.
+static int model_fits(const ls_model_t *m, const ls_step_t *st, int64_t T) {
+    const int64_t Hd = m->hidden, nq = m->n_heads, nkv = m->n_kv, D = m->head_dim, F = m->ffn;
+    if (T < 0 || m->n_layers < 0 || Hd < 1 || nq < 1 || nkv < 1 || nq % nkv || D < 2 || D % 2 ||
+        F < 1 || st->S < 0 || st->B < 0)
+        return 0;
+    for (int64_t i = 0; i < m->n_layers; i++) {
+        const ls_layer_t *L = &m->layers[i];
+        if (!proj_fits(&L->qkv, Hd, (nq + 2 * nkv) * D) || !proj_fits(&L->o, nq * D, Hd) ||
+            !proj_fits(&L->gate_up, Hd, 2 * F) || !proj_fits(&L->down, F, Hd))
+            return 0;
+        const float *norms[5] = {L->attn_norm, L->qk_norm, L->post_attn_norm, L->ffn_norm,
+                                 L->post_ffn_norm};
+        const int64_t want[5] = {Hd, (nq + nkv) * D, Hd, Hd, Hd};
+        for (int k = 0; k < 5; k++)
+            if (norms[k] == NULL ? (k == 0 || k == 3) : L->norm_n[k] != want[k]) return 0;
+        if (st->k_caches[i] == NULL || st->v_caches[i] == NULL) return 0;
+    }
+    return 1;
+}
+
 // x [T, hidden] float32, in place: every layer of the model for the step's T token rows.
-// Returns 0, -1 (a kernel refused its type or the metadata), -2 (out of memory).
+// Returns 0, -1 (a kernel refused its type or the metadata), -2 (out of memory), -3 (sizes
+// that do not fit: a projection, norm or adapter of another width than the model's, checked
+// before any buffer is sized).
 int ls_decoder_layers(const ls_model_t *m, const ls_step_t *st, float *x, int64_t T,
                       int nthreads) {
+    if (!model_fits(m, st, T)) return -3;
     const int64_t Hd = m->hidden, nq = m->n_heads, nkv = m->n_kv, D = m->head_dim;
     const int64_t nqkv = (nq + 2 * nkv) * D, F = m->ffn;
     float *h = malloc(sizeof(float) * (size_t)(T * Hd));

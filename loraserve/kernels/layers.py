@@ -30,7 +30,7 @@ class _Proj(ctypes.Structure):
 class _Layer(ctypes.Structure):
     _fields_ = [("qkv", _Proj), ("o", _Proj), ("gate_up", _Proj), ("down", _Proj),
                 ("attn_norm", _P), ("qk_norm", _P), ("post_attn_norm", _P), ("ffn_norm", _P),
-                ("post_ffn_norm", _P), ("sliding", _I32)]  # fmt: skip
+                ("post_ffn_norm", _P), ("sliding", _I32), ("norm_n", _I * 5)]  # fmt: skip
 
 
 class _Model(ctypes.Structure):
@@ -40,7 +40,8 @@ class _Model(ctypes.Structure):
 
 
 class _LoraW(ctypes.Structure):
-    _fields_ = [("a", _P), ("b", _P), ("rank", _I), ("factor", _F), ("bt", _P)]
+    _fields_ = [("a", _P), ("b", _P), ("rank", _I), ("factor", _F), ("bt", _P), ("in_", _I),
+                ("out", _I)]  # fmt: skip
 
 
 class _Lora(ctypes.Structure):
@@ -90,6 +91,35 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def _numel(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel()
+
+
+def _check_layer(i: int, L: LayerSpec, hidden: int, nq: int, nkv: int, d: int, ffn: int) -> None:
+    """Layer i's projections and norms have the widths the C call sizes its buffers for:
+    ValueError naming the first that does not (the C call checks the same, -3)."""
+    want = {"qkv": (L.qkv, (nq + 2 * nkv) * d), "o": (L.o, hidden),
+            "gate_up": (L.gate_up, 2 * ffn), "down": (L.down, hidden)}  # fmt: skip
+    for name, (p, n_out) in want.items():
+        rows = sum(raw.shape[0] for raw, _, _ in p.parts)
+        if p.n_out != n_out or rows != n_out:
+            raise ValueError(
+                f"fused layers: layer {i} {name} has {rows} output rows ({p.n_out} declared), "
+                f"the model's sizes need {n_out}"
+            )
+        if p.bias is not None and p.bias.numel() != n_out:
+            raise ValueError(f"fused layers: layer {i} {name} bias of {p.bias.numel()} values")
+    norms = {"attn_norm": (L.attn_norm, hidden), "qk_norm": (L.qk_norm, (nq + nkv) * d),
+             "post_attn_norm": (L.post_attn_norm, hidden), "ffn_norm": (L.ffn_norm, hidden),
+             "post_ffn_norm": (L.post_ffn_norm, hidden)}  # fmt: skip
+    for name, (t, n) in norms.items():
+        if t is not None and (t.numel() != n or t.dtype != torch.float32 or not t.is_contiguous()):
+            raise ValueError(
+                f"fused layers: layer {i} {name} holds {t.numel()} {t.dtype} values, the model's "
+                f"sizes need {n} contiguous float32"
+            )
+
+
 def _proj(p: ProjSpec) -> _Proj:
     s = _Proj()
     s.nparts, s.n_out, s.bias = len(p.parts), p.n_out, _ptr(p.bias)
@@ -111,6 +141,9 @@ class FusedLayers:
         self._specs = layers  # keeps every pointed-to tensor alive
         arr = (_Layer * len(layers))()
         for i, L in enumerate(layers):
+            _check_layer(i, L, hidden, n_heads, n_kv, head_dim, ffn)
+            arr[i].norm_n = (_I * 5)(*[_numel(t) for t in (L.attn_norm, L.qk_norm,
+                                       L.post_attn_norm, L.ffn_norm, L.post_ffn_norm)])  # fmt: skip
             arr[i].qkv, arr[i].o = _proj(L.qkv), _proj(L.o)
             arr[i].gate_up, arr[i].down = _proj(L.gate_up), _proj(L.down)
             arr[i].attn_norm, arr[i].qk_norm = _ptr(L.attn_norm), _ptr(L.qk_norm)
@@ -130,6 +163,14 @@ class FusedLayers:
             for k, name in enumerate(p.names)
         }
         self._adapters: dict[Hashable, tuple[Any, list[torch.Tensor]]] = {}
+        # each target's (input width, rows): the LoRA pairs are checked against them
+        widths = (hidden, n_heads * head_dim, hidden, ffn)
+        self._dims = {
+            name: (widths[j], raw.shape[0])
+            for L in layers
+            for j, p in enumerate((L.qkv, L.o, L.gate_up, L.down))
+            for name, (raw, _, _) in zip(p.names, p.parts, strict=False)
+        }
 
     def adapter_targets(self, key: Hashable, weights: Mapping[str, Any]) -> Any:
         """An adapter's targets as the C call reads them (built once per ``key``, e.g. the
@@ -144,10 +185,17 @@ class FusedLayers:
                 if slot is None:
                     continue
                 a, b = w.a.float().contiguous(), w.b.float().contiguous()
+                n_in, n_out = self._dims[name]
+                if a.dim() != 2 or b.dim() != 2 or a.shape[1] != n_in or b.shape[0] != n_out \
+                        or a.shape[0] != b.shape[1] or a.shape[0] < 1:  # fmt: skip
+                    raise ValueError(
+                        f"LoRA for {name!r}: A {tuple(a.shape)} and B {tuple(b.shape)} do not "
+                        f"fit its [{n_out}, {n_in}] weight"
+                    )
                 bt = b.t().contiguous()  # [r, out]: ls_lora's faster route, the same bits
                 keep += [a, b, bt]
                 arr[slot] = _LoraW(a.data_ptr(), b.data_ptr(), a.shape[0], float(w.factor),
-                                   bt.data_ptr())  # fmt: skip
+                                   bt.data_ptr(), n_in, n_out)  # fmt: skip
             self._adapters[key] = (arr, keep)
         return self._adapters[key][0]
 
@@ -189,6 +237,19 @@ class FusedLayers:
         the adapter). Raises ValueError on inconsistent metadata."""
         if len(kv) != len(self._specs):
             raise ValueError(f"{len(kv)} KV pools for {len(self._specs)} layers")
+        t, pool = x.shape[0], (kv[0][0].shape[0], self.n_kv, self.head_dim)
+        if x.dim() != 2 or x.shape[1] != self.hidden or x.dtype != torch.float32 \
+                or not x.is_contiguous():  # fmt: skip
+            raise ValueError(f"fused layers: x {tuple(x.shape)} {x.dtype}, not [T, {self.hidden}]")
+        for k, v in kv:
+            if tuple(k.shape) != pool or tuple(v.shape) != pool or not k.is_contiguous() \
+                    or not v.is_contiguous():  # fmt: skip
+                raise ValueError(f"fused layers: a KV pool is not [S, {pool[1]}, {pool[2]}]")
+        for c in (*rope_global, *rope_local):
+            if c.shape != (t, self.head_dim // 2) or not c.is_contiguous():
+                raise ValueError(f"fused layers: rope tables {tuple(c.shape)} for {t} rows")
+        if slot_mapping.numel() != t or row_seq.numel() != t or row_nkeys.numel() != t:
+            raise ValueError("fused layers: slot_mapping, row_seq, row_nkeys need T entries")
         slot_mapping, slots = slot_mapping.long().contiguous(), slots.long().contiguous()
         seq_off = seq_off.long().contiguous()
         row_seq = row_seq.to(torch.int32).contiguous()
@@ -214,6 +275,8 @@ class FusedLayers:
         )  # fmt: skip
         if rc == -2:
             raise MemoryError("fused layers: out of memory for the step's buffers")
+        if rc == -3:
+            raise ValueError("fused layers: a projection, norm or adapter of another width")
         if rc != 0:
             raise ValueError("fused layers: inconsistent step metadata or a refused type")
         return x

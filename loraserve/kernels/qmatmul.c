@@ -29,16 +29,32 @@ void ls_quantize_rows_k(const float *x, int64_t M, int64_t K, int64_t ldx, int8_
 // either way.
 #define COLS4_MAX_BYTES ((int64_t)8 << 20)
 
+// Whether the sizes of a matmul fit each other: 1 to 8 parts, each part's rows at least as
+// long as K values of its type (K whole blocks), its columns inside y's rows (cols[i] + ns[i]
+// <= ldy), M >= 0. Returns 0, -1 for a type without a kernel, -3 for sizes that do not fit.
+static int check_sizes(int nparts, const int *types, const int64_t *ns, const int64_t *row_bytes,
+                       const int64_t *cols, int64_t K, int64_t M, int64_t ldy) {
+    if (nparts < 1 || nparts > 8 || M < 0 || K < 1) return -3;
+    for (int i = 0; i < nparts; i++) {
+        const int64_t need = part_row_bytes(types[i], K);
+        if (need < 0) return unpacker(types[i] & ~PACKED, &(int){0}) == NULL ? -1 : -3;
+        if (row_bytes[i] < need || ns[i] < 0 || cols[i] < 0 || cols[i] + ns[i] > ldy) return -3;
+    }
+    return 0;
+}
+
 // Several matrices of one input side by side on the output columns (q|k|v, gate|up), in
 // one parallel region: y[:, cols[i] : cols[i] + ns[i]] = x W_i^T. The rows of all parts
-// form one range that the threads split. Returns 0, or -1 for a type without a kernel.
+// form one range that the threads split. Returns 0, -1 for a type without a kernel, -3 for
+// sizes that do not fit (`check_sizes`).
 static int qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws,
                          const int64_t *ns, const int64_t *row_bytes, const int64_t *cols,
                          int64_t K, const act_t *a, int64_t M, float *y, int64_t ldy,
                          int nthreads) {
     part_t parts[8];
     int64_t total = 0;
-    if (nparts < 1 || nparts > 8) return -1;
+    const int rc = check_sizes(nparts, types, ns, row_bytes, cols, K, M, ldy);
+    if (rc != 0) return rc;
     for (int i = 0; i < nparts; i++) {
         if (part_init(&parts[i], types[i], ws[i], ns[i], row_bytes[i], cols[i]) != 0) return -1;
         if (parts[i].kq ? (K % 256 != 0 || a->kq == NULL) : a->q == NULL) return -1;
@@ -96,11 +112,15 @@ static float *transpose_scales(const float *d, int64_t M, int64_t nc) {
 
 // The quantized matmul from float32 activations x [M, K] (row stride ldx), quantized here
 // in the forms the parts read, in one call (a decode step makes ~70 of these; each saved
-// round trip is ~15 us). Returns 0, -1 for a refused type, -2 when out of memory.
+// round trip is ~15 us). Returns 0, -1 for a refused type, -2 when out of memory, -3 for
+// sizes that do not fit (a weight row shorter than K values, columns past y's rows, ldx < K).
 int ls_qmatmul_multi_f32(int nparts, const int *types, const uint8_t *const *ws,
                          const int64_t *ns, const int64_t *row_bytes, const int64_t *cols,
                          int64_t K, const float *x, int64_t ldx, int64_t M, float *y,
                          int64_t ldy, int nthreads) {
+    const int sizes = check_sizes(nparts, types, ns, row_bytes, cols, K, M, ldy);
+    if (sizes != 0) return sizes;
+    if (ldx < K || K % 32 != 0) return -3;
     int legacy = 0, kq = 0, rows = 0;  // rows: a legacy part in the file's layout (reads dT)
     for (int i = 0; i < nparts && i < 8; i++) {
         if (is_kquant(types[i] & ~PACKED)) kq = 1;
@@ -137,8 +157,8 @@ int ls_qmatmul_multi_f32(int nparts, const int *types, const uint8_t *const *ws,
 
 // y [M, N] (row stride ldy) = quantized activations x weight rows w [N, row_bytes] of ggml
 // `type`: legacy types read (xq, xd, xms, xbs32 = bs) from ls_quantize_rows, K-quants read
-// (xq, xd, bs16, bs32) from ls_quantize_rows_k. Returns 0, or -1 for
-// a type without a kernel.
+// (xq, xd, bs16, bs32) from ls_quantize_rows_k. Returns 0, -1 for a type without a kernel,
+// -3 for sizes that do not fit (rows shorter than K values, ldy < N).
 int ls_qmatmul(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_bytes,
                const int8_t *xq, const float *xd, const void *xms, const int16_t *xbs32,
                int64_t M, float *y, int64_t ldy, int nthreads) {

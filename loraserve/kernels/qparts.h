@@ -40,6 +40,31 @@ typedef struct {
     int64_t n, row_bytes, col;  // rows, bytes per row, first output column
 } part_t;
 
+// The bytes of one weight row of K values of kernel type `type` (PACKED | ggml type: its
+// share of a packed group), or -1 for a type without a kernel or a K that is not whole blocks:
+// every matmul compares it with the row stride it is given before reading a row.
+static inline int64_t part_row_bytes(int type, int64_t K) {
+    if (type & PACKED) {
+        const int64_t gb = packed_group_bytes(type & ~PACKED, K);
+        return gb > 0 && K % (type == (PACKED | T_Q4_K) ? 256 : 32) == 0 ? gb / PK_ROWS : -1;
+    }
+    int64_t block = 32, size;
+    switch (type) {
+    case T_Q4_0: size = 18; break;
+    case T_Q4_1: size = 20; break;
+    case T_Q5_0: size = 22; break;
+    case T_Q5_1: size = 24; break;
+    case T_Q8_0: size = 34; break;
+    case T_Q2_K: block = 256, size = 84; break;
+    case T_Q3_K: block = 256, size = 110; break;
+    case T_Q4_K: block = 256, size = 144; break;
+    case T_Q5_K: block = 256, size = 176; break;
+    case T_Q6_K: block = 256, size = 210; break;
+    default: return -1;
+    }
+    return K > 0 && K % block == 0 ? K / block * size : -1;
+}
+
 static int part_init(part_t *p, int type, const uint8_t *w, int64_t n, int64_t row_bytes,
                      int64_t col) {
     p->packed = (type & PACKED) != 0;

@@ -43,7 +43,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     lib = _c()
     # cheap checks only: this runs ~90 times a decode step
     k = x.shape[-1]
-    if weight.shape[-1] != k or not (weight.dim() == 1 or weight.dim() == x.dim() == 2 + 1):
+    if weight.shape[-1] != k or not (weight.dim() == 1 or (weight.dim() == 2 and x.dim() == 3)):
         raise ValueError(f"rms_norm: weight {tuple(weight.shape)} for rows of {k} values")
     if lib is not None and x.dtype == torch.float32 and x.stride(-1) == 1:
         if x.dim() == 2:

@@ -12,7 +12,6 @@ has no embedding hook.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -74,11 +73,14 @@ def load_adapter(
     path = Path(path)
     if not path.exists():
         raise AdapterError(f"{path}: no such adapter file or folder")
-    if path.is_dir():
-        name, meta, pairs = _read_peft(path, model_config)
-    else:
-        name, meta, pairs = _read_gguf(path, model_config)
-    weights = {t: _check(path, t, a, b, f, base_shapes) for t, (a, b, f) in pairs.items()}
+    try:  # a crafted file is refused with its reason, never with Python's own error
+        if path.is_dir():
+            name, meta, pairs = _read_peft(path, model_config)
+        else:
+            name, meta, pairs = _read_gguf(path, model_config, base_shapes)
+        weights = {t: _check(path, t, a, b, f, base_shapes) for t, (a, b, f) in pairs.items()}
+    except (TypeError, ArithmeticError, RecursionError, re.error, KeyError, IndexError) as e:
+        raise AdapterError(f"{path}: unusable adapter: {type(e).__name__}: {e}") from None
     if not weights:
         raise AdapterError(f"{path}: the adapter has no LoRA tensors")
     return Adapter(name, path, _content_id(weights), weights, metadata=meta)
@@ -87,7 +89,9 @@ def load_adapter(
 Pairs = dict[str, tuple[torch.Tensor, torch.Tensor, float]]
 
 
-def _read_gguf(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs]:
+def _read_gguf(
+    path: Path, cfg: ModelConfig, base_shapes: dict[str, tuple[int, ...]] | None = None
+) -> tuple[str, dict[str, Any], Pairs]:
     try:
         gg = GGUFFile(path)
     except (ValueError, OSError) as e:
@@ -104,7 +108,11 @@ def _read_gguf(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs
             raise AdapterError(
                 f"{path}: adapter architecture {arch!r} does not match the model's {cfg.arch!r}"
             )
-        alpha = float(meta.get("adapter.lora.alpha", 0.0))
+        from loraserve.lora.validate import check_alpha, gguf_pairs
+
+        # every pair's ranks and shapes against the base before any tensor is dequantized
+        gguf_pairs(path, {n: i.shape for n, i in gg.tensors.items()}, base_shapes)
+        alpha = check_alpha(path, meta.get("adapter.lora.alpha", 0.0))
         halves: dict[str, dict[str, torch.Tensor]] = {}
         for tname in gg.tensors:
             base, dot, part = tname.rpartition(".")
@@ -134,16 +142,15 @@ def _read_gguf(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs
 def _read_peft(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs]:
     from safetensors import safe_open
 
+    from loraserve.lora.validate import read_peft_config
+
     cfg_file, st_file = path / "adapter_config.json", path / "adapter_model.safetensors"
     if not cfg_file.is_file():
         raise AdapterError(f"{path}: a PEFT adapter folder needs adapter_config.json")
     if not st_file.is_file():
         raise AdapterError(f"{path}: adapter_model.safetensors is missing")
-    try:
-        conf = json.loads(cfg_file.read_text())
-    except (OSError, ValueError) as e:
-        raise AdapterError(f"{cfg_file}: unreadable JSON: {e}") from None
-    if not isinstance(conf, dict) or conf.get("peft_type", "LORA") != "LORA":
+    conf = read_peft_config(path)  # bounded, its values and patterns checked
+    if conf.get("peft_type", "LORA") != "LORA":
         raise AdapterError(f"{cfg_file}: not a LoRA adapter (peft_type must be 'LORA')")
     for flag in ("use_dora", "lora_bias", "fan_in_fan_out"):
         if conf.get(flag):
@@ -195,12 +202,11 @@ def _module_key(module: str) -> str:
 
 
 def _lookup(conf: dict[str, Any], field_name: str, key: str, default: Any) -> Any:
-    """PEFT's rank/alpha pattern value for module ``key``: the first matching pattern wins."""
-    patterns = conf.get(field_name) or {}
-    for pat, value in patterns.items():
-        if re.match(rf"(.*\.)?({pat})$", key):
-            return value
-    return default
+    """PEFT's rank/alpha pattern value for module ``key``: the first matching pattern wins
+    (patterns compiled only when their matching time is bounded: `lora.validate`)."""
+    from loraserve.lora.validate import pattern_value
+
+    return pattern_value(conf, field_name, key, default)
 
 
 def _check(

@@ -10,7 +10,9 @@ from pathlib import Path
 from loraserve.lora.adapter import AdapterError
 from loraserve.lora.merge import MergeError
 from loraserve.lora.merge_inputs import Shapes, peek
+from loraserve.lora.validate import check_header
 from loraserve.model.config import ModelConfig
+from loraserve.model.validate import gguf_config
 
 
 class PreflightError(ValueError):
@@ -32,7 +34,8 @@ def model_header(path: Path) -> tuple[ModelConfig, Shapes | None]:
         with GGUFFile(path) as gg:
             if gg.metadata.get("general.type") == "adapter":
                 raise PreflightError(f"{path}: a LoRA adapter, not a model (pass it with --lora)")
-            cfg = ModelConfig.from_gguf(gg.metadata, set(gg.tensors))
+            # the whole header checked: hyper-parameters against every tensor's shape
+            cfg = gguf_config(path, gg.metadata, {n: i.shape for n, i in gg.tensors.items()})
             shapes = {n: tuple(i.shape) for n, i in gg.tensors.items() if len(i.shape) in (2, 3)}
     except PreflightError:
         raise
@@ -56,6 +59,7 @@ def check_adapter(path: Path, cfg: ModelConfig, shapes: Shapes | None) -> None:
         )
     if not src.shapes:
         raise AdapterError(f"{path}: the adapter has no LoRA tensors")
+    check_header(path, shapes)  # ranks, alpha, patterns; GGUF pairs against the base
     for target, shape in sorted(src.shapes.items()) if shapes is not None else ():
         if target not in shapes:
             raise AdapterError(f"{path}: LoRA target {target!r} does not exist in the model")

@@ -23,6 +23,13 @@ from .dequant import GGML_QUANT_SIZES, dequantize, type_name
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 GGML_MAX_DIMS = 4
+GGML_MAX_NAME = 64  # ggml's limit: a tensor name is at most 63 bytes (gguf.cpp refuses more)
+MAX_KEY_BYTES = 1 << 16  # a metadata key name
+MAX_ARRAY_DEPTH = 2  # an array of arrays at most (llama.cpp reads no nested array at all)
+# Arrays inside arrays cost a Python object each (~100 bytes) for 12 bytes of file: their
+# total per file is bounded, so a crafted file cannot amplify its size in memory.
+MAX_NESTED_ARRAYS = 1 << 16
+MAX_ELEMENTS = 1 << 48  # elements of one tensor (ggml: the product must fit an int64)
 
 # GGUF value type id -> (name, struct code / numpy dtype); 8 = string, 9 = array
 VALUE_TYPES: dict[int, tuple[str, str]] = {
@@ -61,6 +68,7 @@ class _Parser:
     def __init__(self, buf: mmap.mmap, size: int) -> None:
         self.buf, self.size, self.pos = buf, size, 0
         self.where = "header"
+        self.nested = 0  # arrays read inside arrays so far (bounded by MAX_NESTED_ARRAYS)
 
     def _truncated(self, need: int) -> GGUFError:
         return GGUFError(
@@ -90,11 +98,13 @@ class _Parser:
         if vtype == 8:
             return self.string()
         if vtype == 9:
-            return self.array()
+            return self.array(1)
         raise GGUFError(f"unknown metadata value type {vtype} in {self.where}")
 
-    def array(self) -> np.ndarray | list[Any]:
+    def array(self, depth: int) -> np.ndarray | list[Any]:
         vtype, count = self.scalar(4), self.scalar(10)
+        if count > self.size - self.pos:  # every element takes at least one byte
+            raise self._truncated(count)
         if vtype in _STRUCTS:
             nbytes = count * _STRUCTS[vtype].size
             if self.pos + nbytes > self.size:
@@ -106,7 +116,15 @@ class _Parser:
         if vtype == 8:
             return self.strings(count)
         if vtype == 9:
-            return [self.array() for _ in range(count)]
+            if depth >= MAX_ARRAY_DEPTH:
+                raise GGUFError(f"arrays nested deeper than {MAX_ARRAY_DEPTH} in {self.where}")
+            self.nested += count
+            if self.nested > MAX_NESTED_ARRAYS:
+                raise GGUFError(
+                    f"more than {MAX_NESTED_ARRAYS} arrays inside arrays in the metadata "
+                    f"({self.where})"
+                )
+            return [self.array(depth + 1) for _ in range(count)]
         raise GGUFError(f"unknown array element type {vtype} in {self.where}")
 
     def strings(self, count: int) -> list[str]:
@@ -176,10 +194,11 @@ class GGUFFile:
                 raise GGUFError("big-endian GGUF files are not supported")
             raise GGUFError(f"unsupported GGUF version {self.version} (supported: 2, 3)")
         n_tensors, n_kv = p.scalar(10), p.scalar(10)
-
         for i in range(n_kv):
             p.where = f"metadata entry {i}"
             key = p.string()
+            if not key or len(key) > MAX_KEY_BYTES:
+                raise GGUFError(f"metadata entry {i} has a key of {len(key)} bytes")
             p.where = f"metadata key {key!r}"
             if key in self.metadata:
                 raise GGUFError(f"duplicate metadata key {key!r}")
@@ -194,16 +213,43 @@ class GGUFFile:
         for i in range(n_tensors):
             p.where = f"tensor info {i}"
             name = p.string()
+            if not name or len(name.encode("utf-8", "surrogateescape")) >= GGML_MAX_NAME:
+                raise GGUFError(
+                    f"tensor info {i}: name of {len(name)} bytes (1 to {GGML_MAX_NAME - 1})"
+                )
             p.where = f"tensor info of {name!r}"
             n_dims = p.scalar(4)
-            if n_dims > GGML_MAX_DIMS:
-                raise GGUFError(f"tensor {name!r} has {n_dims} dims (max {GGML_MAX_DIMS})")
+            if not 1 <= n_dims <= GGML_MAX_DIMS:
+                raise GGUFError(f"tensor {name!r} has {n_dims} dims (1 to {GGML_MAX_DIMS})")
             ne = [p.scalar(10) for _ in range(n_dims)]
+            if min(ne) < 1 or math.prod(ne) > MAX_ELEMENTS:
+                raise GGUFError(
+                    f"tensor {name!r} has dims {ne}: each must be positive, their product at "
+                    f"most 2^48"
+                )
             infos.append((name, tuple(reversed(ne)), p.scalar(4), p.scalar(10)))
 
         self.data_offset: int = -(-p.pos // alignment) * alignment
         for name, shape, ggml_type, rel in infos:
             self.tensors[name] = self._check_tensor(name, shape, ggml_type, rel, size)
+        self._check_layout()
+
+    def _check_layout(self) -> None:
+        """The tensors tile the data section: in offset order, each starts where the one
+        before ends (padded to the alignment), as llama.cpp's reader requires (it also wants
+        table order). Two tensors that alias, a gap (a tensor whose type was changed to a
+        smaller one) or a tensor of another file's layout are refused."""
+        expect = self.data_offset
+        a = self.alignment
+        for info in sorted(self.tensors.values(), key=lambda t: t.offset):
+            if info.offset != expect:
+                what = "overlaps the tensor before it" if info.offset < expect else "leaves a gap"
+                raise GGUFError(
+                    f"tensor {info.name!r} starts at data offset {info.offset - self.data_offset},"
+                    f" expected {expect - self.data_offset}: it {what} (wrong type, shape or "
+                    f"offset in the tensor table)"
+                )
+            expect = info.offset + -(-info.nbytes // a) * a
 
     def _check_tensor(
         self, name: str, shape: tuple[int, ...], ggml_type: int, rel: int, size: int

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ from loraserve import kernels
 from loraserve.model.config import ModelConfig
 from loraserve.model.decoder import Decoder
 from loraserve.model.tokenizer import Tokenizer
+from loraserve.model.validate import ModelFileError, gguf_config
 from loraserve.model.weights import Precision, WeightSource, permute_qk, unpermute_qk
 
 __all__ = ["LoadedModel", "load_model", "permute_qk", "unpermute_qk"]
@@ -53,12 +54,12 @@ def load_model(path: str | Path, precision: Precision = "native") -> LoadedModel
 
         gg = opened = GGUFFile(path)
         meta = gg.metadata
-        cfg = ModelConfig.from_gguf(meta, set(gg.tensors))
-        if "token_embd.weight" in gg.tensors:
-            vocab = gg.tensors["token_embd.weight"].shape[0]
-            if vocab != cfg.vocab_size:
-                cfg = replace(cfg, vocab_size=vocab)
-        tok = Tokenizer.from_gguf_metadata(meta)
+        # every hyper-parameter and tensor shape checked before a layer is built
+        cfg = gguf_config(path, meta, {n: t.shape for n, t in gg.tensors.items()})
+        try:
+            tok = Tokenizer.from_gguf_metadata(meta)
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            raise ModelFileError(f"{path}: unusable tokenizer: {e}") from None
         name = str(meta.get("general.name") or path.stem)
     t1 = time.perf_counter()
     decoder = Decoder(cfg, WeightSource(opened, cfg, precision))

@@ -1,0 +1,332 @@
+"""A GGUF model checked whole before any kernel sees a weight: its hyper-parameters (types and
+ranges), the configuration derived from them, every tensor's shape against what the layers
+will use, per layer, and the embedding and output against the tokenizer.
+
+`gguf_config` is the one call the loader (and the start-up pre-flight) makes: it derives the
+`ModelConfig` and raises `ModelFileError`, one line naming the file and the first problem,
+for anything that does not fit. The file's own structure (types, offsets, extents, metadata
+bounds) is `GGUFFile`'s check (`gguf.py`).
+
+Expected shapes come from `SHAPES`: a tensor stem (``attn_q``, ``ffn_down``, ...) -> a
+function of the config and the layer index giving the shape in torch order ([out, in] for a
+matrix). It reads the config's per-layer values where it has them (`per_layer`: a field that
+is a tuple holds one value per layer), so an architecture with layers of different widths is
+checked layer by layer. An architecture file extends the table with its own stems (``extra``
+of `check_tensors`, or entries added to `SHAPES`); a stem the table does not know is left to
+the layer that reads it (its structure was checked with the file). A bias
+(``blk.N.STEM.bias``) must be one value per row of its weight.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loraserve.model.config import ModelConfig, UnsupportedModelError
+
+MAX_WIDTH = 1 << 20  # hidden size, head dim, FFN width, head counts
+MAX_LAYERS = 4096
+MAX_VOCAB = 1 << 24
+MAX_EXPERTS = 4096
+MAX_CONTEXT = 1 << 24
+
+Shape = tuple[int, ...]
+ShapeFn = Callable[[ModelConfig, int], Shape]
+
+
+class ModelFileError(ValueError):
+    """A model file that cannot be served; the message names the file and the problem."""
+
+
+def per_layer(cfg: ModelConfig, name: str, i: int, default: Any = None) -> Any:
+    """The config's ``name`` at layer ``i``: the field itself, or its i-th entry when the
+    field holds one value per layer; ``default`` when the config has no such field."""
+    v = getattr(cfg, name, default)
+    return v[i] if isinstance(v, (tuple, list)) else v
+
+
+def _heads(c: ModelConfig, i: int) -> tuple[int, int, int, int, int]:
+    """(hidden, q heads, kv heads, head dim, value head dim) at layer i."""
+    d = per_layer(c, "head_dim", i)
+    return (c.hidden_size, per_layer(c, "n_heads", i), per_layer(c, "n_kv_heads", i), d,
+            per_layer(c, "head_dim_v", i, d) or d)  # fmt: skip
+
+
+def _ffn(c: ModelConfig, i: int) -> int:
+    return per_layer(c, "ffn_dim", i)
+
+
+def _expert_ffn(c: ModelConfig, i: int) -> int:
+    return per_layer(c, "expert_ffn_dim", i, 0) or _ffn(c, i)
+
+
+def _n_experts(c: ModelConfig, i: int) -> int:
+    return per_layer(c, "n_experts", i, 0)
+
+
+# stem -> expected shape (torch order) at layer i
+SHAPES: dict[str, ShapeFn] = {
+    "attn_norm": lambda c, i: (c.hidden_size,),
+    "attn_q": lambda c, i: (_heads(c, i)[1] * _heads(c, i)[3], c.hidden_size),
+    "attn_k": lambda c, i: (_heads(c, i)[2] * _heads(c, i)[3], c.hidden_size),
+    "attn_v": lambda c, i: (_heads(c, i)[2] * _heads(c, i)[4], c.hidden_size),
+    "attn_output": lambda c, i: (c.hidden_size, _heads(c, i)[1] * _heads(c, i)[4]),
+    "attn_q_norm": lambda c, i: (_heads(c, i)[3],),
+    "attn_k_norm": lambda c, i: (_heads(c, i)[3],),
+    "post_attention_norm": lambda c, i: (c.hidden_size,),
+    "ffn_norm": lambda c, i: (c.hidden_size,),
+    "post_ffw_norm": lambda c, i: (c.hidden_size,),
+    "ffn_gate": lambda c, i: (_ffn(c, i), c.hidden_size),
+    "ffn_up": lambda c, i: (_ffn(c, i), c.hidden_size),
+    "ffn_down": lambda c, i: (c.hidden_size, _ffn(c, i)),
+    "ffn_gate_inp": lambda c, i: (_n_experts(c, i), c.hidden_size),
+    "ffn_gate_exps": lambda c, i: (_n_experts(c, i), _expert_ffn(c, i), c.hidden_size),
+    "ffn_up_exps": lambda c, i: (_n_experts(c, i), _expert_ffn(c, i), c.hidden_size),
+    "ffn_down_exps": lambda c, i: (_n_experts(c, i), c.hidden_size, _expert_ffn(c, i)),
+}
+
+
+def required_stems(cfg: ModelConfig, i: int) -> list[str]:
+    """The stems layer ``i`` cannot run without, from the config's flags."""
+    stems = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"]
+    if getattr(cfg, "qk_norm", False):
+        stems += ["attn_q_norm", "attn_k_norm"]
+    if getattr(cfg, "post_norms", False):
+        stems += ["post_attention_norm", "post_ffw_norm"]
+    moe = per_layer(cfg, "moe_layers", i, None)
+    if moe is None:
+        moe = _n_experts(cfg, i) > 0
+    if moe:
+        stems += ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
+    else:
+        stems += ["ffn_gate", "ffn_up", "ffn_down"]
+    return stems
+
+
+# ---- hyper-parameters --------------------------------------------------------------------
+
+# <arch>.KEY -> (lowest, highest) for the integer keys every architecture reads
+_INT_KEYS = {
+    "block_count": (1, MAX_LAYERS),
+    "embedding_length": (1, MAX_WIDTH),
+    "feed_forward_length": (1, MAX_WIDTH),
+    "attention.head_count": (1, MAX_WIDTH),
+    "attention.head_count_kv": (1, MAX_WIDTH),
+    "attention.key_length": (1, MAX_WIDTH),
+    "attention.value_length": (1, MAX_WIDTH),
+    "context_length": (1, MAX_CONTEXT),
+    "vocab_size": (1, MAX_VOCAB),
+    "expert_count": (0, MAX_EXPERTS),
+    "expert_used_count": (0, MAX_EXPERTS),
+    "expert_feed_forward_length": (0, MAX_WIDTH),
+    "attention.sliding_window": (0, MAX_CONTEXT),
+}
+_FLOAT_KEYS = ("attention.layer_norm_rms_epsilon", "rope.freq_base")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def check_hparams(meta: Mapping[str, Any]) -> None:
+    """The hyper-parameter keys of ``general.architecture`` have the right types and sane
+    ranges (integer scalars, finite positive floats); `ModelFileError` otherwise."""
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ModelFileError(f"general.architecture must be a string, got {_show(arch)}")
+    for key, (lo, hi) in _INT_KEYS.items():
+        v = meta.get(f"{arch}.{key}")
+        if v is not None and not (_is_int(v) and lo <= int(v) <= hi):
+            raise ModelFileError(f"{arch}.{key} = {_show(v)}: must be an integer from {lo} to {hi}")
+    for key in _FLOAT_KEYS:
+        v = meta.get(f"{arch}.{key}")
+        if v is not None and not (
+            isinstance(v, (int, float, np.number)) and math.isfinite(float(v)) and float(v) > 0
+        ):
+            raise ModelFileError(f"{arch}.{key} = {_show(v)}: must be a finite positive number")
+
+
+def check_config(cfg: ModelConfig) -> None:
+    """The derived configuration is one the layers can run (positive, bounded widths, heads
+    that group, an even head dim for rope, experts that route); `ModelFileError` otherwise."""
+    if not 1 <= cfg.n_layers <= MAX_LAYERS:
+        raise ModelFileError(f"{cfg.n_layers} layers (1 to {MAX_LAYERS})")
+    if not 1 <= cfg.hidden_size <= MAX_WIDTH:
+        raise ModelFileError(f"hidden size {cfg.hidden_size} (1 to {MAX_WIDTH})")
+    for i in range(cfg.n_layers):
+        h, nq, nkv, d, dv = _heads(cfg, i)
+        where = f"layer {i}: "
+        for what, v in (("heads", nq), ("KV heads", nkv), ("head dim", d), ("value dim", dv),
+                         ("FFN width", _ffn(cfg, i))):  # fmt: skip
+            if not (_is_int(v) and 1 <= v <= MAX_WIDTH):
+                raise ModelFileError(f"{where}{what} = {_show(v)} (1 to {MAX_WIDTH})")
+        if nq % nkv:
+            raise ModelFileError(f"{where}{nq} heads are not a multiple of {nkv} KV heads")
+        if d % 2:
+            raise ModelFileError(f"{where}head dim {d} is odd: rope rotates halves")
+        if nq * d > MAX_WIDTH:
+            raise ModelFileError(f"{where}{nq} heads x {d} exceed {MAX_WIDTH} columns")
+    n_exp, used = getattr(cfg, "n_experts", 0), getattr(cfg, "n_experts_used", 0)
+    if not 0 <= n_exp <= MAX_EXPERTS or (n_exp and not 1 <= used <= n_exp):
+        raise ModelFileError(f"{n_exp} experts with {used} used per token")
+    for what, v in (("RMSNorm epsilon", cfg.rms_eps), ("rope base", cfg.rope_theta),
+                    ("local rope base", cfg.rope_theta_local), ("attention scale", cfg.attn_scale),
+                    ("embedding scale", cfg.embed_scale)):  # fmt: skip
+        if not (math.isfinite(v) and v > 0):
+            raise ModelFileError(f"{what} {v} must be finite and positive")
+    if not 1 <= cfg.context_length <= MAX_CONTEXT or cfg.sliding_window < 0:
+        raise ModelFileError(
+            f"context length {cfg.context_length}, sliding window {cfg.sliding_window}"
+        )
+
+
+# ---- tensors -----------------------------------------------------------------------------
+
+_BLOCK = re.compile(r"^blk\.(\d+)\.(.+)\.(weight|bias)$")
+
+
+def check_tensors(
+    cfg: ModelConfig,
+    shapes: Mapping[str, Shape],
+    n_tokens: int | None,
+    extra: Mapping[str, ShapeFn] | None = None,
+) -> None:
+    """Every tensor's shape (``shapes``: name -> torch-order shape) against ``cfg``: each
+    layer's tensors against `SHAPES` (plus ``extra``), none missing that the layer needs, no
+    block past the last layer, the embedding, output norm and output against the hidden size,
+    and their rows against the tokenizer's ``n_tokens`` (when known); `ModelFileError`
+    naming the first tensor that does not fit."""
+    table = {**SHAPES, **(extra or {})}
+    h = cfg.hidden_size
+    for name, shape in shapes.items():
+        m = _BLOCK.match(name)
+        if m is None:
+            continue
+        i, stem, kind = int(m.group(1)), m.group(2), m.group(3)
+        if i >= cfg.n_layers:
+            raise ModelFileError(f"tensor {name!r} is past the last of {cfg.n_layers} layers")
+        if kind == "bias":
+            w = shapes.get(f"blk.{i}.{stem}.weight")
+            if w is not None and tuple(shape) != (w[-2] if len(w) >= 2 else w[0],):
+                raise ModelFileError(
+                    f"tensor {name!r} has shape {tuple(shape)}, expected one value per row of "
+                    f"its weight {tuple(w)}"
+                )
+            continue
+        fn = table.get(stem)
+        if fn is not None and tuple(shape) != (want := tuple(fn(cfg, i))):
+            raise ModelFileError(_mismatch(name, shape, want, cfg, i))
+    for i in range(cfg.n_layers):
+        for stem in required_stems(cfg, i):
+            if f"blk.{i}.{stem}.weight" not in shapes:
+                raise ModelFileError(f"the model lacks tensor 'blk.{i}.{stem}.weight'")
+    emb = shapes.get("token_embd.weight")
+    if emb is None or len(emb) != 2 or emb[1] != h:
+        raise ModelFileError(
+            f"token_embd.weight has shape {emb and tuple(emb)}, expected [vocab, {h}]"
+        )
+    norm = shapes.get("output_norm.weight")
+    if norm is None or tuple(norm) != (h,):
+        raise ModelFileError(f"output_norm.weight has shape {norm and tuple(norm)}, expected [{h}]")
+    out = shapes.get("output.weight")
+    if out is not None and tuple(out) != tuple(emb):
+        raise ModelFileError(
+            f"output.weight has shape {tuple(out)}, expected the embedding's {tuple(emb)}"
+        )
+    if n_tokens is not None and emb[0] < n_tokens:
+        raise ModelFileError(
+            f"token_embd.weight has {emb[0]} rows for a tokenizer of {n_tokens} tokens"
+        )
+
+
+def _mismatch(name: str, shape: Shape, want: Shape, cfg: ModelConfig, i: int) -> str:
+    _, nq, nkv, d, _ = _heads(cfg, i)
+    return (
+        f"tensor {name!r} has shape {tuple(shape)}, but the configuration expects "
+        f"{want} (hidden {cfg.hidden_size}, {nq} heads, {nkv} KV heads of {d}, FFN "
+        f"{_ffn(cfg, i)}): the metadata does not describe these weights"
+    )
+
+
+# ---- tokenizer ---------------------------------------------------------------------------
+
+
+def check_tokenizer(meta: Mapping[str, Any]) -> int:
+    """The tokenizer's metadata has the types and lengths the tokenizer reads: tokens a list
+    of strings, scores and types one per token, merges strings, special ids integers. Returns
+    the token count; `ModelFileError` otherwise."""
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        raise ModelFileError("the model has no tokenizer (tokenizer.ggml.tokens)")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise ModelFileError("tokenizer.ggml.tokens must be a non-empty array of strings")
+    n = len(tokens)
+    if n > MAX_VOCAB:
+        raise ModelFileError(f"tokenizer.ggml.tokens has {n} tokens (at most {MAX_VOCAB})")
+    model = meta.get("tokenizer.ggml.model")
+    if not isinstance(model, str):
+        raise ModelFileError(f"tokenizer.ggml.model must be a string, got {_show(model)}")
+    for key, kind in (("scores", "f"), ("token_type", "i")):
+        v = meta.get(f"tokenizer.ggml.{key}")
+        ok = v is None or (
+            isinstance(v, np.ndarray)
+            and v.ndim == 1
+            and len(v) == n
+            and v.dtype.kind in kind + "iu"
+        )
+        if not ok:
+            raise ModelFileError(f"tokenizer.ggml.{key} must be {n} numbers, one per token")
+    merges = meta.get("tokenizer.ggml.merges")
+    if merges is not None and not (
+        isinstance(merges, list) and all(isinstance(m, str) for m in merges)
+    ):
+        raise ModelFileError("tokenizer.ggml.merges must be an array of strings")
+    for key, v in meta.items():
+        if key.startswith("tokenizer.ggml.") and key.endswith("_token_id") and v is not None:
+            if not _is_int(v):
+                raise ModelFileError(f"{key} = {_show(v)}: must be an integer token id")
+    return n
+
+
+# ---- the one call ------------------------------------------------------------------------
+
+
+def gguf_config(
+    path: str | Path,
+    meta: Mapping[str, Any],
+    shapes: Mapping[str, Shape],
+    extra: Mapping[str, ShapeFn] | None = None,
+) -> ModelConfig:
+    """The `ModelConfig` of a GGUF model (metadata ``meta``, tensor shapes ``shapes`` by
+    name), its vocabulary the embedding's rows, after every check of this module;
+    `ModelFileError` naming ``path`` and the first problem (an unsupported architecture
+    stays `UnsupportedModelError`)."""
+    try:
+        n_tokens = check_tokenizer(meta)
+        check_hparams(meta)
+        try:
+            cfg = ModelConfig.from_gguf(dict(meta), set(shapes))
+        except UnsupportedModelError:
+            raise
+        except (ValueError, TypeError, ArithmeticError, KeyError, IndexError) as e:
+            raise ModelFileError(f"unusable hyper-parameters: {e}") from None
+        emb = shapes.get("token_embd.weight")
+        if emb is not None and len(emb) == 2 and emb[0] != cfg.vocab_size:
+            cfg = replace(cfg, vocab_size=emb[0])
+        check_config(cfg)
+        check_tensors(cfg, shapes, n_tokens, extra)
+    except ModelFileError as e:
+        raise ModelFileError(f"{path}: {e}") from None
+    return cfg
+
+
+def _show(v: Any) -> str:
+    """A metadata value in a message, bounded."""
+    s = repr(v.tolist() if isinstance(v, np.ndarray) else v)
+    return s if len(s) <= 60 else s[:57] + "..."

@@ -1,0 +1,178 @@
+"""Fuzz of model and adapter files: mutated GGUF headers, metadata and tensor tables (of a tiny
+quantized Gemma 3 whose layers run in the fused C call, of the tiny llama, and of the demo
+adapters' GGUF file) and mutated PEFT configurations (of the demo adapters' folder), each
+loaded in a child process (`fuzz_worker`: a model is loaded and generates 3 tokens, an adapter
+is loaded against its base's shapes) with its address space bounded. Zero crashes (no child
+dies by a signal), zero hangs (no case past its time), bounded memory (no MemoryError under
+the limit), and every refusal one of loraserve's own errors with a one-line message.
+
+Cases are batched per child (one torch import per batch, two children at a time); a batch
+whose child dies or stalls is resumed after the case it was running, and that case is rerun
+alone to name it. ``LORASERVE_FUZZ_CASES`` (default 800) sets the number of cases,
+``LORASERVE_FUZZ_SEED`` the seed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from safetensors import safe_open
+
+from tests.hardening.fuzz_gguf import fields, mutate, mutate_peft_config
+
+ROOT = Path(__file__).resolve().parents[2]
+ADAPTERS = ROOT / "loraserve" / "adapters"
+CASES = int(os.environ.get("LORASERVE_FUZZ_CASES", "800"))
+SEED = int(os.environ.get("LORASERVE_FUZZ_SEED", "0"))
+BATCH = 2000  # cases per child (its start-up, ~5-10 s, costs more than 100 cases)
+CASE_TIMEOUT_S = 20.0  # one case alone (a torch import included)
+START_S = 30.0  # a batch's child: torch import, kernels
+
+
+def _seed_models(folder: Path) -> dict[str, Path]:
+    from gguf import GGMLQuantizationType as Q
+
+    from tests.server_util import tiny_model_path
+    from tests.tiny import gguf_tensors, hf_model, write_gguf
+
+    m = hf_model("gemma3", seed=3)
+    mats = [n for n in gguf_tensors(m, "gemma3") if n.startswith("blk.") and "norm" not in n]
+    gemma = write_gguf(folder / "gemma_q8.gguf", m, "gemma3", {n: Q.Q8_0 for n in mats})
+    return {"gemma_q8": gemma, "llama": tiny_model_path()}
+
+
+def _base_shapes(adapter: Path) -> dict[str, list[int]]:
+    """The base tensors the demo adapter fits: (out, in) of each target, from its own pairs."""
+    with safe_open(str(adapter / "adapter_model.safetensors"), "pt") as st:
+        dims = {k: st.get_slice(k).get_shape() for k in st.keys()}
+    from loraserve.lora.adapter import _module_key
+    from loraserve.model.hf import hf_to_gguf_name
+
+    out = {}
+    for k, a in dims.items():
+        if ".lora_A." in k:
+            module = k.split(".lora_A.")[0]
+            b = dims[k.replace(".lora_A.", ".lora_B.")]
+            out[hf_to_gguf_name(_module_key(module) + ".weight", "gemma3")] = [b[0], a[1]]
+    return out
+
+
+def _cases(folder: Path, n: int) -> list[dict[str, Any]]:
+    """n mutated cases: 45% tiny Gemma Q8_0, 25% tiny llama, 20% the demo GGUF adapter,
+    10% the demo PEFT folder's configuration."""
+    rng = random.Random(SEED)
+    seeds = {**_seed_models(folder), "adapter": ADAPTERS / "titlecase.gguf"}
+    parsed = {k: (p.read_bytes(), *fields(p.read_bytes())) for k, p in seeds.items()}
+    peft = ADAPTERS / "titlecase"
+    conf = json.loads((peft / "adapter_config.json").read_text())
+    out = []
+    for i in range(n):
+        r = rng.random()
+        src = "gemma_q8" if r < 0.45 else "llama" if r < 0.70 else "adapter" if r < 0.9 else "peft"
+        if src == "peft":
+            case = folder / f"c{i}"
+            case.mkdir()
+            (case / "adapter_model.safetensors").symlink_to(peft / "adapter_model.safetensors")
+            (case / "adapter_config.json").write_text(mutate_peft_config(conf, rng))
+        else:
+            data, table, end = parsed[src]
+            case = folder / f"c{i}.gguf"
+            case.write_bytes(mutate(data, table, end, rng))
+        kind = "model" if src in ("gemma_q8", "llama") else "adapter"
+        out.append({"id": i, "kind": kind, "src": src, "path": str(case)})
+    return out
+
+
+def _run(cases: list[dict[str, Any]], spec: dict[str, Any], folder: Path, name: str,
+         timeout: float) -> tuple[dict[int, dict[str, Any]], int | None, str]:  # fmt: skip
+    """Run cases in one child: their outcomes, the case it was running when it died or
+    stalled (None if it finished), and how it ended."""
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps({**spec, "cases": cases}))
+    cmd = [sys.executable, "-m", "tests.hardening.fuzz_worker", str(path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+        stdout, ended = p.stdout, f"exit {p.returncode}"
+        if p.returncode < 0:
+            ended = f"signal {-p.returncode}"
+    except subprocess.TimeoutExpired as e:
+        raw = e.stdout or b""
+        stdout, ended = (raw.decode() if isinstance(raw, bytes) else raw), "timeout"
+    results, running = {}, None
+    for line in stdout.splitlines():
+        if not line.startswith("{"):
+            continue
+        rec = json.loads(line)
+        if "start" in rec:
+            running = rec["start"]
+        else:
+            results[rec["id"]] = rec
+            running = None
+    if ended == "exit 0" and running is None:
+        return results, None, ended
+    return results, running if running is not None else -1, ended
+
+
+def _batch(cases: list[dict[str, Any]], spec: dict[str, Any], folder: Path, tag: str
+           ) -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
+    """Every case's outcome; cases that crashed or hung (confirmed alone) as failures."""
+    results: dict[int, dict[str, Any]] = {}
+    failures: list[dict[str, Any]] = []
+    todo = cases
+    while todo:
+        got, culprit, ended = _run(todo, spec, folder, tag, START_S + CASE_TIMEOUT_S * len(todo))
+        results.update(got)
+        if culprit is None:
+            break
+        if culprit == -1:  # died before any case started
+            failures.append({"id": todo[0]["id"], "ended": f"worker {ended}"})
+            break
+        case = next(c for c in todo if c["id"] == culprit)
+        _, again, alone = _run([case], spec, folder, f"{tag}-alone", START_S + CASE_TIMEOUT_S)
+        failures.append({**case, "ended": ended, "alone": alone if again is not None else "ok"})
+        todo = todo[todo.index(case) + 1 :]
+    return results, failures
+
+
+def test_mutated_model_and_adapter_files_never_crash_hang_or_escape(tmp_path: Path) -> None:
+    cases = _cases(tmp_path, CASES)
+    spec = {"base_shapes": _base_shapes(ADAPTERS / "titlecase")}
+    size = min(BATCH, -(-len(cases) // 2))  # two children at a time
+    chunks = [cases[i : i + size] for i in range(0, len(cases), size)]
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(lambda a: _batch(a[1], spec, tmp_path, f"b{a[0]}"), enumerate(chunks)))
+    results = {k: v for r, _ in done for k, v in r.items()}
+    failures = [f for _, fs in done for f in fs]
+    bad = [r for r in results.values() if "error" in r and not (r["ours"] and "\n" not in r["msg"])]
+    by_src = Counter(c["src"] for c in cases)
+    loaded = Counter(c["src"] for c in cases if results.get(c["id"], {}).get("ok"))
+    errors = Counter(r["error"] for r in results.values() if "error" in r)
+    print(f"\nfile fuzz: {len(cases)} cases (seed {SEED}) {dict(by_src)}, loaded {dict(loaded)}, "
+          f"refused {dict(errors)}, crashes/hangs {len(failures)}")  # fmt: skip
+    assert not failures, f"cases that crashed or hung: {failures[:5]}"
+    assert not bad, f"refusals that are not one clear line of ours: {bad[:5]}"
+    assert len(results) == len(cases)
+    assert sum(loaded.values()) > 0 and sum(errors.values()) > len(cases) // 4
+
+
+@pytest.mark.parametrize("src", ["gemma_q8", "llama"])
+def test_the_seed_files_load_unmutated(tmp_path: Path, src: str) -> None:
+    """The fuzzer's seeds are valid: unmutated, each loads and generates in the worker."""
+    path = _seed_models(tmp_path)[src]
+    spec = {"base_shapes": _base_shapes(ADAPTERS / "titlecase")}
+    cases = [{"id": 0, "kind": "model", "path": str(path)},
+             {"id": 1, "kind": "adapter", "path": str(ADAPTERS / "titlecase.gguf")},
+             {"id": 2, "kind": "adapter", "path": str(ADAPTERS / "titlecase")}]  # fmt: skip
+    results, culprit, ended = _run(cases, spec, tmp_path, "seed", 120)
+    assert culprit is None, ended
+    assert all(results[i].get("ok") for i in range(3)), results
