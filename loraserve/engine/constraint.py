@@ -27,13 +27,14 @@ import torch
 
 from loraserve.model.tokenizer import Tokenizer
 
-GrammarKind = Literal["gbnf", "json_schema"]
+GrammarKind = Literal["gbnf", "json_schema", "lark"]
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types (GGUF tokenizer.ggml.token_type)
 
 
 @dataclass(frozen=True)
 class GrammarSpec:
-    """What a request asks for: GBNF text or a JSON schema (as JSON text)."""
+    """What a request asks for: GBNF text, a JSON schema (as JSON text), or llguidance's
+    Lark text (the tool-call grammars of `chat/formats/grammar.py`)."""
 
     kind: GrammarKind
     text: str
@@ -107,7 +108,7 @@ class Grammars:
                 raise ValueError(f"invalid JSON schema: {e}") from None
         else:
             try:
-                grammar = llguidance.grammar_from("gbnf", spec.text)
+                grammar = llguidance.grammar_from(spec.kind, spec.text)
             except (ValueError, TypeError) as e:
                 raise ValueError(f"invalid grammar: {e}") from None
         error = llguidance.LLMatcher.validate_grammar(grammar, self.lltok)

@@ -127,20 +127,25 @@ Messages = Annotated[list[dict[str, Any]], AfterValidator(parse_messages)]
 
 
 def check_chat_tools(tools: list[dict[str, Any]] | None, choice: Any) -> None:
-    """Chat completions' `tools` and `tool_choice`: OpenAI function tools, shown to the
-    template with `tool_choice` "none" (calling tools is `/v1/messages`); ValueError naming
-    the field otherwise."""
+    """Chat completions' `tools` (OpenAI function tools) and `tool_choice` (none, auto,
+    required, or `{"type": "function", "function": {"name": ...}}` naming one of them);
+    ValueError naming the field otherwise."""
     for i, tool in enumerate(tools or []):
         fn = tool.get("function")
         if tool.get("type") != "function" or not isinstance(fn, dict):
             raise ValueError(f'tools[{i}]: must be {{"type": "function", "function": {{...}}}}')
         if not isinstance(fn.get("name"), str) or not fn["name"]:
             raise ValueError(f"tools[{i}].function.name: must be a non-empty string")
-    if isinstance(choice, dict) or choice not in (None, "none", "auto", "required"):
-        raise ValueError("tool_choice: only none is supported here (/v1/messages calls tools)")
-    if tools and choice != "none":
-        raise ValueError(
-            f"tools: calling tools (tool_choice {choice or 'auto'}) is not supported on "
-            "/v1/chat/completions; with tool_choice none the template shows them, or use "
-            "/v1/messages"
-        )
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise ValueError(f"tools[{i}].function.parameters: must be a JSON schema object")
+    if isinstance(choice, dict):
+        fn = choice.get("function") if choice.get("type") == "function" else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str):
+            raise ValueError('tool_choice: must be {"type": "function", "function": {"name": ...}}')
+        if name not in {t["function"]["name"] for t in tools or []}:
+            raise ValueError(f"tool_choice: no function named {name!r} in tools")
+    elif choice not in (None, "none", "auto", "required"):
+        raise ValueError("tool_choice: must be none, auto, required or a function")
+    elif choice == "required" and not tools:
+        raise ValueError("tool_choice: required needs at least one tool in tools")

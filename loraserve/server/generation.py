@@ -158,19 +158,22 @@ async def submit(
     params: _GenerationParams,
     adapter_name: str | None = None,
     progress: bool = False,
+    grammar: str | None = None,
 ) -> Flight:
     """Submit `n` engine requests per prompt under one effective adapter mix (the engine
     resolves it at receipt: `Engine.submit`); a 400 naming `lora` if it refuses it.
     `adapter_name` is an OpenAI `model`: the model's own name (or alias) is no adapter's.
     Prompt-progress events come with `progress`, or a stream asking for `return_progress`
-    or `timings_per_token`."""
+    or `timings_per_token`. `grammar`: compiled grammar text that replaces the request's
+    constraint fields (a tool-call grammar, `server/tool_calls.py`)."""
     if adapter_name is not None and state.names_the_model(adapter_name):
         adapter_name = None
     check_limits(state, params)
     sp = sampling_params(state, params)
-    grammar = await request_grammar(
-        state, params.grammar, params.json_schema, params.response_format
-    )
+    if grammar is None:
+        grammar = await request_grammar(
+            state, params.grammar, params.json_schema, params.response_format
+        )
     scales = params.lora_scales()  # None: the global scales
     sub = state.require().submit(
         prompts,

@@ -8,7 +8,7 @@ clamp silently are errors here, except a negative `top_k`, which llama.cpp docum
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -265,9 +265,14 @@ class OAIChatRequest(_GenerationParams):
     continue_final_message: bool | None = None  # None: continue a last assistant message
     chat_template_kwargs: dict[str, Any] | None = None
     stream_options: StreamOptions | None = None
-    # OpenAI function tools: shown to the template; the answer is text (tool_choice "none")
+    # OpenAI function tools, parsed in the template's format (`server/tool_calls.py`)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    # where reasoning goes (over --reasoning-format); "none" effort turns thinking off
+    reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] | None = None
+    reasoning_effort: str | None = None
+    reasoning_budget_tokens: int | None = Field(None, ge=-1)
 
     @model_validator(mode="after")
     def _tools(self) -> Self:

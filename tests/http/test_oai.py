@@ -181,8 +181,9 @@ PYTHON_TOOL = {"type": "function", "function": {"name": "python", "parameters": 
 
 def test_chat_tools_with_tool_choice_none_reach_the_template() -> None:
     """`tools` with `tool_choice: none` are rendered by the template and the answer is text
-    (llama-server's suite: test_completion_without_tool_call_fast); calling tools is a 400
-    that says where tools are called; malformed tools are 400s naming the field."""
+    (llama-server's suite: test_completion_without_tool_call_fast); this template has no
+    tool-call format, so `auto` answers text and `required` a bare JSON call; malformed
+    tools are 400s naming the field."""
     with serve_in_thread(["--chat-template", TOOLS_TEMPLATE, "-np", "1"]) as s:
 
         def chat(content: str, **kw) -> dict:
@@ -198,9 +199,15 @@ def test_chat_tools_with_tool_choice_none_reach_the_template() -> None:
         assert message["content"] == rewritten["choices"][0]["message"]["content"]
         assert with_tools.json()["usage"]["prompt_tokens"] == rewritten["usage"]["prompt_tokens"]
         assert chat("hi").json()["usage"]["prompt_tokens"] < rewritten["usage"]["prompt_tokens"]
+        auto = chat("hi", tools=[PYTHON_TOOL]).json()["choices"][0]
+        assert auto["message"].get("tool_calls") is None and auto["finish_reason"] == "length"
+        bounded = {"type": "function", "function": {"name": "python", "parameters": {
+            "type": "object", "properties": {"n": {"type": "integer", "maximum": 9,
+            "minimum": 0}}, "required": ["n"]}}}  # fmt: skip
+        forced = chat("hi", tools=[bounded], tool_choice="required", max_tokens=64).json()
+        calls = forced["choices"][0]["message"].get("tool_calls") or []
+        assert calls and all(c["function"]["name"] == "python" for c in calls), forced
         for kw, word in [
-            ({"tools": [PYTHON_TOOL]}, "tool_choice auto"),
-            ({"tools": [PYTHON_TOOL], "tool_choice": "required"}, "tool_choice required"),
             ({"tools": [{"type": "function"}], "tool_choice": "none"}, "tools[0]"),
             (
                 {"tools": [{"type": "function", "function": {}}], "tool_choice": "none"},

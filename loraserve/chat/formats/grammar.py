@@ -6,9 +6,11 @@
   arguments; text after it; more calls only with `parallel_tool_calls`. Reasoning is parsed
   first, so a trigger written inside it constrains nothing. No trigger (Llama 3.x's bare
   JSON): no grammar, as in llama-server.
-- ``required`` / a named function: the call (of that function) right after any reasoning,
-  no text before it (**ours**: llama-server lets `required` write text first and treats a
-  named function as `auto`; OpenAI defines both as a forced call).
+- ``required`` / a named function: the call (of that function) right after the reasoning
+  the prompt opened, if any, with no text before it and no new reasoning block (**ours**:
+  llama-server lets `required` write text first and treats a named function as `auto`;
+  OpenAI defines both as a forced call, and a small model given the chance to start
+  reasoning can spend its whole budget there).
 
 Markers that are special tokens of the model's vocabulary are written as llguidance's
 `<token>` references (`special`), the rest as text.
@@ -24,6 +26,13 @@ from loraserve.chat.formats.calls import _is_string
 from loraserve.chat.formats.description import ChatFormat
 
 ANY = r"/(.|\n)*/"
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def _json(schema: dict[str, Any]) -> str:
+    """An embedded JSON value of `schema`, spaced as templates' `tojson` writes it (a free
+    whitespace choice lets a small model write spaces forever)."""
+    return "%json " + json.dumps({"x-guidance": JSON_STYLE, **schema})
 
 
 def _not_containing(*markers: str) -> str:
@@ -41,6 +50,14 @@ def _rx(text: str) -> str:
         else:
             out += c
     return out
+
+
+def _closed(params: dict[str, Any]) -> dict[str, Any]:
+    """A tool's parameters with no properties beyond those listed unless it allows them
+    (llama.cpp's json-schema-to-grammar reads a missing `additionalProperties` so)."""
+    if params.get("properties") and "additionalProperties" not in params:
+        return {**params, "additionalProperties": False}
+    return params
 
 
 class _Builder:
@@ -72,17 +89,17 @@ class _Builder:
         f = self.fmt
         fn = tool["function"]
         name = fn["name"]
-        params = fn.get("parameters") or {"type": "object"}
+        params = _closed(fn.get("parameters") or {"type": "object"})
         items = [self.q(f.call_start) if with_start else ""]
         if f.tool_mode == "json":
-            items.append("%json " + json.dumps(self._call_schema(name, params)))
+            items.append(_json(self._call_schema(name, params)))
         else:
             items += [self.q(f.name_prefix), json.dumps(name)]
             if f.name_id_index:
                 items.append('":" /[0-9]+/')
             items += [self.q(f.name_suffix), self.q(f.args_separator), self.q(f.args_start)]
             if f.tool_mode == "tag_json":
-                items.append("%json " + json.dumps(params))
+                items.append(_json(params))
             else:
                 items.append(self._tagged_args(params))
             items += ["WS", self.q(f.args_end), "WS", self.q(f.call_close)]
@@ -121,7 +138,7 @@ class _Builder:
             if _is_string(props[key]):
                 value = self.rule(f"TEXT {self.q(f.arg_value_suffix)}", lazy=True)
             else:
-                value = f"%json {json.dumps(props[key])} {self.q(f.arg_value_suffix)}"
+                value = f"{_json(props[key])} {self.q(f.arg_value_suffix)}"
             sep = self.q(f.arg_separator)
             arg = self.rule(f"{head} {value} {sep}".strip())
             out.append(arg if key in required else f"{arg}?")
@@ -169,7 +186,7 @@ def tool_grammar(
     body_calls = b.rule(first_calls)
     r_start, r_end = fmt.reasoning_start.strip(), fmt.reasoning_end.strip()
     think = ""
-    if reasoning and fmt.reasoning_mode != "none" and r_end:
+    if reasoning and fmt.reasoning_mode != "none" and r_end and (lazy or thinking_open):
         inner = b.rule(f"TEXT {b.q(r_end)}", lazy=True)
         if thinking_open or not r_start:
             think = inner

@@ -88,13 +88,16 @@ class ChatParser:
         if at < 0:  # undecided: the text so far may still become a call
             return msg
         scan = scan_calls(self.fmt, rest, at, partial, self.schemas)
+        if not partial:  # an unfinished call (the answer ran out of tokens) is no call
+            scan.calls = [c for c in scan.calls if _is_json(c.arguments)]
         if not partial and not scan.calls:
             self._content(rest, partial, msg, tail=False)
             return msg
         self._content(rest[:at], partial, msg, tail=True)
         msg.tool_calls = [ToolCall(c.name, c.arguments, c.id) for c in scan.calls]
-        if not partial and scan.end < len(rest) and rest[scan.end :].strip():
-            msg.content += rest[scan.end :]  # text after the calls llama.cpp would refuse
+        after = rest[scan.end :].strip() if not partial else ""
+        if after and not (self.trigger and after.startswith(self.trigger)):
+            msg.content += rest[scan.end :]  # text after the calls (an unfinished call: dropped)
         return msg
 
     def _reasoning(self, text: str, partial: bool, msg: ParsedMessage) -> int | None:
@@ -160,6 +163,14 @@ class ChatParser:
         elif tail or partial:
             text = text.rstrip()
         msg.content = text
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def arguments_object(arguments: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from loraserve import __version__
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.spec.config import SpecConfig
 from loraserve.server import cors
-from loraserve.server.config import spec_flags
+from loraserve.server.config import chat_flags, spec_flags
 from loraserve.server.config.api_flags import add_cors_flags, add_embedding_flags
 from loraserve.server.config.arg_types import (
     CsvAppend,
@@ -96,6 +96,9 @@ class ServerConfig:
     chat_template_origin: str = ""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict, compare=False)
     strict_model_names: bool = False
+    reasoning_format: str = "auto"  # chat parsing: see `server/config/chat_flags.py`
+    reasoning_budget: int = -1
+    skip_chat_parsing: bool = False
     spec: SpecConfig = SpecConfig()  # speculative decoding: see `server/config/spec_flags.py`
     ignored: tuple[str, ...] = field(default=(), compare=False)
 
@@ -271,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a request `model` naming neither the model nor a loaded adapter is a 404 "
         "(default: served by the base model, as llama-server does, with a warning)",
     )
+    chat_flags.add_flags(p)
     add_llama_flags(p)
     defaults = {f.name: f.default for f in fields(ServerConfig) if f.default is not MISSING}
     unset = {"n_parallel": -1, "lora_dirs": [], "lora_modules": [], "chat_template_kwargs": None}

@@ -4,7 +4,10 @@ They take /completion's fields too (`lora`, `cache_prompt`, `n_probs`...). **Our
 `model` may name a loaded adapter, which then runs at scale 1 (as vLLM and LoRAX do);
 any other `model` is echoed and ignored, as llama-server does. Streams end with
 `data: [DONE]`. The response pieces (object heads, usage, logprobs, finish reasons) are
-built here; submission and output go the same way as /completion's.
+built here; submission and output go the same way as /completion's. Chat answers are read
+in the template's own format (`server/tool_calls.py`): `reasoning_content`, `tool_calls`
+(streamed as OpenAI deltas: a call's index, id, type and name first, then argument
+fragments) and `finish_reason: "tool_calls"`.
 """
 
 from __future__ import annotations
@@ -19,17 +22,20 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from loraserve import __version__
+from loraserve.chat.formats.stream import MessageStream, message_dict
 from loraserve.engine.request import Event
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.body import body_doc, read_body
 from loraserve.server.errors import JsonResponse
 from loraserve.server.flight import wait
 from loraserve.server.generation import chat_prompt, submit, tokenize_prompts
+from loraserve.server.grammar import grammar_spec
 from loraserve.server.native.lora_api import unregistered
 from loraserve.server.native.results import final_result
 from loraserve.server.output import Output, collect, logprob, stream, token_prob
 from loraserve.server.schemas import OAIChatRequest, OAICompletionRequest
 from loraserve.server.state import get_state
+from loraserve.server.tool_calls import plan_reply, tool_choice_of
 
 router = APIRouter()
 FINISH = {"eos": "stop", "word": "stop", "limit": "length", "none": "stop"}
@@ -158,10 +164,16 @@ async def chat_completions(request: HttpRequest) -> Response:
     tok = state.require().tokenizer
     params = await read_body(request, OAIChatRequest)
     params = params.with_defaults(state.cfg.request_defaults())
-    # Jinja: off the loop; tools (with tool_choice none) are shown to the template
+    # Jinja: off the loop
     prompt = await asyncio.to_thread(chat_prompt, state, params, params.tools)
+    choice = tool_choice_of(params.tools, params.tool_choice)
+    constrained = grammar_spec(params.grammar, params.json_schema, params.response_format)
+    plan = await plan_reply(
+        state, prompt, params.tools, choice, params.parallel_tool_calls,
+        params.reasoning_format, constrained is not None,
+    )  # fmt: skip
     prompts = await tokenize_prompts(state, [prompt])
-    flight = await submit(state, prompts, params, adapter_name=params.model)
+    flight = await submit(state, prompts, params, adapter_name=params.model, grammar=plan.grammar)
     head = object_head(
         "chat.completion.chunk" if params.stream else "chat.completion",
         f"chatcmpl-{uuid.uuid4().hex}",
@@ -171,6 +183,7 @@ async def chat_completions(request: HttpRequest) -> Response:
     if params.stream:
         want_usage = bool(params.stream_options and params.stream_options.include_usage)
         started: set[int] = set()
+        readers: dict[int, MessageStream] = {}
 
         def chunk(i: int, out: Output, ev: Event) -> list[dict[str, Any]] | None:
             role = {"index": i, "delta": {"role": "assistant", "content": None}}
@@ -187,16 +200,29 @@ async def chat_completions(request: HttpRequest) -> Response:
                 )
                 started.add(i)
             delta: dict[str, Any] = {}
-            if ev.text:
+            if plan.parses:
+                reader = readers.setdefault(i, MessageStream(plan.parser(stream=True)))
+                deltas = reader.feed(ev.text) if ev.text else []
+                if ev.done:
+                    deltas += reader.finish()
+                *extra, delta = deltas or [{}]
+                lead += [{**head, "choices": [{"index": i, "delta": d, "logprobs": None,
+                          "finish_reason": None}]} for d in extra]  # fmt: skip
+            elif ev.text:
                 delta["content"] = ev.text
             if not delta and not ev.done and not (params.n_probs and ev.probs is not None):
                 return lead or None
+            final = readers[i].final if ev.done and plan.parses else None
             choice: dict[str, Any] = {
                 "index": i,
                 "delta": delta,
                 "logprobs": None,
-                "finish_reason": finish_reason(out) if ev.done else None,
+                "finish_reason": None,
             }
+            if ev.done:
+                choice["finish_reason"] = (
+                    "tool_calls" if final and final.tool_calls else finish_reason(out)
+                )
             if params.n_probs and ev.probs is not None and ev.token is not None:
                 choice["logprobs"] = chat_logprobs(tok, [(ev.token, token_prob(ev), ev.probs)])
             body = {**head, "choices": [choice]}
@@ -215,15 +241,19 @@ async def chat_completions(request: HttpRequest) -> Response:
 
         return stream(flight, chunk, tail, done_marker=True)
     outs = await collect(flight, request)
-    choices = [
-        {
-            "index": i,
-            "message": {"role": "assistant", "content": o.text},
-            "logprobs": chat_logprobs(tok, o.probs) if params.n_probs else None,
-            "finish_reason": finish_reason(o),
-        }
-        for i, o in enumerate(outs)
-    ]
+    choices = []
+    for i, o in enumerate(outs):
+        msg = {"role": "assistant", "content": o.text}
+        if plan.parses:
+            msg = message_dict(plan.parser().parse(o.text, partial=False))
+        choices.append(
+            {
+                "index": i,
+                "message": msg,
+                "logprobs": chat_logprobs(tok, o.probs) if params.n_probs else None,
+                "finish_reason": "tool_calls" if msg.get("tool_calls") else finish_reason(o),
+            }
+        )
     out = outs[0]
     body = {**head, "choices": choices, "usage": usage(outs, params.n), "timings": out.timings()}
     if state.cfg.verbose or params.verbose:  # as llama-server: the native result too

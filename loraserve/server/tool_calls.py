@@ -1,0 +1,150 @@
+"""How one chat request's answer is read and constrained: the template's chat format
+(`chat.formats`), the parser of the answer (content, `reasoning_content`, tool calls) and
+the tool-call grammar, shared by /v1/chat/completions, /v1/messages and /v1/responses.
+
+`tool_choice` here is "auto", "required", "none" or a function's name. Tools with a
+choice other than "none" are parsed in the template's own format; a template whose format
+has no tool calls answers plain content under "auto" (one warning at detection), and
+under "required" or a named function gets bare JSON calls (`{"name": .., "arguments": ..}`,
+the form every template's tool instructions describe), so a forced call works with any
+template. A grammar (`grammar`, `json_schema`, `response_format`) together with active
+tools is a 400, as in llama-server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from loraserve.chat.formats.description import PLAIN, ChatFormat
+from loraserve.chat.formats.grammar import tool_grammar
+from loraserve.chat.formats.parse import ChatParser
+from loraserve.chat.render import select_source
+from loraserve.chat.template import token_strings
+from loraserve.engine.constraint import GrammarSpec
+from loraserve.model.tokenizer import Tokenizer
+from loraserve.server.errors import invalid_request
+from loraserve.server.state import ServerState
+
+BARE_JSON = ChatFormat(detector="bare_json", tool_mode="json")
+"""Calls as bare JSON objects: the forced form for templates with no tool-call format."""
+
+
+def tool_choice_of(tools: list[dict[str, Any]] | None, choice: Any) -> str:
+    """OpenAI's `tool_choice` as "auto" / "required" / "none" / a function's name (default:
+    "auto" with tools, "none" without)."""
+    if isinstance(choice, dict):
+        return str((choice.get("function") or {}).get("name") or choice.get("name") or "")
+    if choice is None:
+        return "auto" if tools else "none"
+    return str(choice)
+
+
+@dataclass
+class ReplyPlan:
+    """What reads (and constrains) one request's answer."""
+
+    fmt: ChatFormat
+    tools: list[dict[str, Any]] | None  # the callable tools (None: calls are not parsed)
+    choice: str
+    reasoning_format: str
+    thinking_open: bool
+    lark: str | None = None  # the tool-call grammar (llguidance Lark text)
+    grammar: str | None = None  # ... compiled for the engine
+
+    @property
+    def parses(self) -> bool:
+        """Whether the answer is parsed (else it is plain content)."""
+        return self.tools is not None or (
+            self.reasoning_format != "none" and self.fmt.reasoning_mode != "none"
+        )
+
+    def parser(self, stream: bool = False) -> ChatParser:
+        """A parser of one answer (deepseek-legacy keeps reasoning inline in streams)."""
+        rf = self.reasoning_format
+        if stream and rf == "deepseek-legacy":
+            rf = "none"
+        return ChatParser(self.fmt, self.tools, rf, self.thinking_open)  # type: ignore[arg-type]
+
+
+def _special(tok: Tokenizer):  # noqa: ANN202 - Callable[[str], bool]
+    def special(marker: str) -> bool:
+        ids = tok.encode(marker, add_special=False, parse_special=True)
+        return len(ids) == 1 and ids != tok.encode(marker, add_special=False, parse_special=False)
+
+    return special
+
+
+def _opens_reasoning(fmt: ChatFormat, prompt: str) -> bool:
+    """Whether the prompt leaves the answer inside reasoning: the generation prompt (or a
+    continued assistant message) opened the reasoning block and did not close it."""
+    r_start, r_end = fmt.reasoning_start.strip(), fmt.reasoning_end.strip()
+    if not r_start:
+        return False
+    turn = prompt.rfind(fmt.assistant_start) if fmt.assistant_start else -1
+    tail = prompt[turn:] if turn >= 0 else prompt[-len(r_start) - 256 :]
+    at = tail.rfind(r_start)
+    return at >= 0 and (not r_end or tail.find(r_end, at) < 0)
+
+
+def chat_format(state: ServerState, tools: list[dict[str, Any]] | None) -> ChatFormat:
+    """The server template's format (for the variant `tools` select); PLAIN for a built-in."""
+    template = state.template()
+    if template.builtin:
+        return PLAIN
+    source = select_source(template.source, template.tool_use, tools)
+    fmt = template.chat_format(source, token_strings(state.require().tokenizer))
+    return fmt if isinstance(fmt, ChatFormat) else PLAIN
+
+
+async def plan_reply(
+    state: ServerState,
+    prompt: str,
+    tools: list[dict[str, Any]] | None,
+    choice: str,
+    parallel: bool = True,
+    reasoning_format: str | None = None,
+    has_grammar: bool = False,
+) -> ReplyPlan:
+    """The plan of one request: its format, parser settings and compiled tool grammar; a
+    400 for a grammar with active tools or a named function missing from `tools`."""
+    cfg = state.cfg
+    fmt = await asyncio.to_thread(chat_format, state, tools)
+    rf = reasoning_format or getattr(cfg, "reasoning_format", "auto")
+    active = tools if tools and choice != "none" else None
+    if getattr(cfg, "skip_chat_parsing", False):
+        return ReplyPlan(PLAIN, None, "none", "none", False)
+    if active and has_grammar:
+        raise invalid_request("Cannot specify grammar with tools")
+    if active and choice not in ("auto", "required"):
+        if not any(t["function"]["name"] == choice for t in active):
+            raise invalid_request(f"tool_choice: no function named {choice!r} in tools")
+    if active and not fmt.has_tools:
+        if choice == "auto":
+            active = None
+        else:
+            fmt = BARE_JSON.with_(
+                reasoning_mode=fmt.reasoning_mode,
+                reasoning_start=fmt.reasoning_start,
+                reasoning_end=fmt.reasoning_end,
+            )
+    thinking_open = rf != "none" and _opens_reasoning(fmt, prompt)
+    plan = ReplyPlan(fmt, active, choice, rf, thinking_open)
+    if active:
+        tok = state.require().tokenizer
+        engine = state.require()
+        for special in (_special(tok), lambda m: False):  # then: every marker as text
+            plan.lark = tool_grammar(fmt, active, choice, parallel, rf != "none",
+                                     thinking_open, special)  # fmt: skip
+            if plan.lark is None:
+                break
+            try:
+                spec = GrammarSpec("lark", plan.lark)
+                plan.grammar = await asyncio.to_thread(engine.compile_grammar, spec)
+                break
+            except ValueError as e:
+                error = e
+        else:
+            raise invalid_request(f"tools: the tool-call grammar is invalid: {error}")
+    return plan

@@ -1,0 +1,185 @@
+"""Tool calling and reasoning over HTTP on the tiny model (a random model: the schemas bound
+every string and number, else it writes digits until the token limit), with the Qwen3 (Hermes
+`<tool_call>` JSON, `<think>`) and Llama 3.1 (bare JSON) templates of llama.cpp's
+models/templates: `required` and a named function give calls whose arguments validate
+against the tool's schema (`jsonschema` is the oracle), streamed answers equal unstreamed
+ones, `none` answers text, `parallel_tool_calls: false` gives one call, reasoning formats,
+a grammar beside tools is a 400, and the official `openai` client reads the calls and sends
+a second turn with the tool's result."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from tests.server_util import serve_in_thread
+from tests.unit.chat.format_util import TEMPLATES
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        "unit": {"enum": ["c", "f"]},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "a": {"type": "integer", "minimum": 0, "maximum": 99},
+                    "b": {"type": "integer", "minimum": 0, "maximum": 99},
+                },
+                "required": ["a", "b"],
+            },
+        },
+    },
+]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+USER = [{"role": "user", "content": "Weather in Paris for 3 days?"}]
+
+
+QWEN3, LLAMA31 = "Qwen-Qwen3-0.6B.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja"
+
+
+@pytest.fixture(scope="module", params=[QWEN3, LLAMA31])
+def srv(request):
+    args = ["-np", "2", "-c", "8192", "--chat-template-file", str(TEMPLATES / request.param)]
+    with serve_in_thread(args) as s:
+        s.template_name = request.param
+        yield s
+
+
+def chat(srv, **body) -> dict:
+    body = {"messages": USER, "tools": TOOLS, "n_predict": 160, "temperature": 0, **body}
+    r = srv.client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def chat_stream(srv, **body) -> tuple[dict, str]:
+    """The streamed answer assembled from its deltas, and the finish reason."""
+    body = {"messages": USER, "tools": TOOLS, "n_predict": 160, "temperature": 0, **body}
+    msg: dict = {"content": "", "reasoning_content": "", "tool_calls": {}}
+    finish = None
+    with srv.client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[6:])["choices"]:
+                d = choice["delta"]
+                msg["content"] += d.get("content") or ""
+                msg["reasoning_content"] += d.get("reasoning_content") or ""
+                for c in d.get("tool_calls", []):
+                    call = msg["tool_calls"].setdefault(c["index"], {"arguments": ""})
+                    if "id" in c:
+                        assert "id" not in call, "index, id, type and name come once, first"
+                        call.update(id=c["id"], name=c["function"]["name"], type=c["type"])
+                    call["arguments"] += c["function"].get("arguments", "")
+                finish = choice["finish_reason"] or finish
+    return msg, finish
+
+
+def check_calls(message: dict) -> list[dict]:
+    calls = message.get("tool_calls") or []
+    for c in calls:
+        assert c["type"] == "function" and c["id"]
+        jsonschema.validate(json.loads(c["function"]["arguments"]), SCHEMAS[c["function"]["name"]])
+    return calls
+
+
+def test_required_gives_valid_calls(srv) -> None:
+    res = chat(srv, tool_choice="required")
+    choice = res["choices"][0]
+    calls = check_calls(choice["message"])
+    assert calls and choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] in (None, "")
+
+
+def test_named_function_is_called(srv) -> None:
+    res = chat(srv, tool_choice={"type": "function", "function": {"name": "add"}})
+    calls = check_calls(res["choices"][0]["message"])
+    assert calls and {c["function"]["name"] for c in calls} == {"add"}
+
+
+def test_parallel_false_gives_one_call(srv) -> None:
+    res = chat(srv, tool_choice="required", parallel_tool_calls=False)
+    assert len(check_calls(res["choices"][0]["message"])) == 1
+
+
+def test_streamed_equals_unstreamed(srv) -> None:
+    whole = chat(srv, tool_choice="required")["choices"][0]
+    msg, finish = chat_stream(srv, tool_choice="required")
+    assert finish == whole["finish_reason"] == "tool_calls"
+    want = [
+        (c["function"]["name"], c["function"]["arguments"]) for c in whole["message"]["tool_calls"]
+    ]
+    assert [(c["name"], c["arguments"]) for c in msg["tool_calls"].values()] == want
+    assert msg["content"] == (whole["message"]["content"] or "")
+
+
+def test_none_answers_text(srv) -> None:
+    choice = chat(srv, tool_choice="none", n_predict=8)["choices"][0]
+    assert "tool_calls" not in choice["message"] and choice["finish_reason"] != "tool_calls"
+
+
+def test_grammar_with_tools_is_400(srv) -> None:
+    body = {"messages": USER, "tools": TOOLS, "tool_choice": "auto", "grammar": 'root ::= "a"'}
+    r = srv.client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400 and "grammar" in r.text
+
+
+def test_unknown_named_function_is_400(srv) -> None:
+    body = {"messages": USER, "tools": TOOLS,
+            "tool_choice": {"type": "function", "function": {"name": "nope"}}}  # fmt: skip
+    assert srv.client.post("/v1/chat/completions", json=body).status_code == 400
+
+
+def test_reasoning_formats(srv) -> None:
+    """A prefill that opens `<think>` leaves the answer in reasoning: `reasoning_content`
+    by default, inline content with reasoning_format none (Qwen3 only: Llama has none)."""
+    if srv.template_name != QWEN3:
+        pytest.skip("the Llama 3.1 template has no reasoning markers")
+    msgs = [*USER, {"role": "assistant", "content": "<think>\nLet me"}]
+    body = {"messages": msgs, "n_predict": 12, "temperature": 0}
+    auto = srv.client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    none = srv.client.post(
+        "/v1/chat/completions", json={**body, "reasoning_format": "none"}
+    ).json()["choices"][0]["message"]
+    assert "reasoning_content" not in none
+    text = none["content"]
+    if "</think>" not in text:
+        assert auto.get("reasoning_content", "") == text.strip() and not auto["content"]
+
+
+def test_openai_client_second_turn(srv) -> None:
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x")
+    first = client.chat.completions.create(
+        model="m", messages=USER, tools=TOOLS, tool_choice="required", max_tokens=160,
+        temperature=0,
+    )  # fmt: skip
+    call = first.choices[0].message.tool_calls[0]
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    second = client.chat.completions.create(
+        model="m",
+        messages=[
+            *USER,
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21}'},
+        ],
+        tools=TOOLS,
+        max_tokens=8,
+        temperature=0,
+    )
+    assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
