@@ -21,6 +21,7 @@ import torch
 
 from .dequant import GGML_TYPE, type_name
 from .gguf import DEFAULT_ALIGNMENT, GGUF_MAGIC
+from .quantize import QUANTIZERS, quantize
 
 # GGUF value type ids
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY = range(10)
@@ -40,7 +41,10 @@ _STRUCT_CODES = {UINT8: "B", INT8: "b", UINT16: "H", INT16: "h", UINT32: "I", IN
                  FLOAT32: "f", BOOL: "?", UINT64: "Q", INT64: "q", FLOAT64: "d"}  # fmt: skip
 _TORCH_TYPES = {torch.float32: GGML_TYPE["F32"], torch.float16: GGML_TYPE["F16"],
                 torch.bfloat16: GGML_TYPE["BF16"]}  # fmt: skip
-WRITABLE_TYPES = frozenset(GGML_TYPE[n] for n in ("F32", "F16", "BF16", "Q8_0"))
+# float types, and the quantized ones `quantize` writes as ggml's reference quantizers do
+WRITABLE_TYPES = frozenset(
+    [GGML_TYPE[n] for n in ("F32", "F16", "BF16", "Q8_0")] + list(QUANTIZERS)
+)
 
 
 def _int_type(values: Sequence[int], key: str) -> int:
@@ -179,10 +183,15 @@ def _encode_tensor(
         data = a.astype("<f2", copy=False)
     elif ggml_type == GGML_TYPE["BF16"]:
         data = float_to_bf16_bits(a)
-    else:
+    elif ggml_type == GGML_TYPE["Q8_0"]:
         if shape[-1] % 32:
             raise ValueError(f"tensor {name!r}: Q8_0 needs rows of a multiple of 32, got {shape}")
         data = quantize_q8_0(a)
+    else:
+        try:
+            data = quantize(a, ggml_type)
+        except ValueError as e:
+            raise ValueError(f"tensor {name!r}: {e}") from None
     return shape, ggml_type, np.ascontiguousarray(data).tobytes()
 
 
@@ -199,7 +208,8 @@ def write_gguf(
     """Write a GGUF v3 file atomically (a temporary file in the same folder, then a rename).
 
     `tensors` map names to arrays in torch order; float32/float16/bfloat16 data is written as
-    F32/F16/BF16 unless `tensor_types` names another ggml type id (F32, F16, BF16 or Q8_0).
+    F32/F16/BF16 unless `tensor_types` names another ggml type id (F32, F16, BF16, or a
+    quantized type of `loraserve.model.quantize`: Q8_0, Q5_0, Q4_0, Q4_K, Q6_K).
     Tensors are stored in the given order, each aligned to `general.alignment` (default 32).
     Returns the path written.
     """

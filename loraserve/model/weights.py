@@ -108,7 +108,7 @@ class WeightSource:
         return (
             self._gg is not None
             and self.cfg.permuted_qk
-            and name.endswith((".attn_q.weight", ".attn_k.weight"))
+            and name.endswith((".attn_q.weight", ".attn_k.weight", ".attn_q.bias", ".attn_k.bias"))
         )
 
     def _unpermute(self, name: str, t: torch.Tensor) -> torch.Tensor:

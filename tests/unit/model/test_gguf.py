@@ -253,7 +253,8 @@ def test_writer_roundtrip_nested_arrays_and_overwrite(tmp_path: Path) -> None:
         ({"general.alignment": 48}, {}, None, "power of two"),
         ({}, {"w": torch.zeros(2, dtype=torch.int32)}, None, "'w': no default GGUF type"),
         ({}, {"w": torch.zeros(2, 16)}, {"w": 8}, "'w': Q8_0 needs rows of a multiple of 32"),
-        ({}, {"w": torch.zeros(2, 32)}, {"w": 12}, "'w': cannot write type Q4_K"),
+        ({}, {"w": torch.zeros(2, 32)}, {"w": 10}, "'w': cannot write type Q2_K"),
+        ({}, {"w": torch.zeros(2, 32)}, {"w": 12}, "'w': rows of 32 are not whole blocks"),
         ({}, {}, {"w": 8}, r"not given: \['w'\]"),
     ],
 )
