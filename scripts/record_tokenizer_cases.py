@@ -37,11 +37,13 @@ from tokenizer_vocabs import (
     EXTRA_FIXED,
     SPM_CONTROL,
     SPM_USER_DEFINED,
+    UGM_VARIANTS,
     WORDS,
     bpe_vocab_metadata,
     build_tiny_bpe,
     build_tiny_spm,
     hf_vocab_metadata,
+    ugm_vocab_metadata,
     vocab_metadata,
     write_tiny_model,
 )
@@ -427,6 +429,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         if args.only is None or "real_deepseek-v3" in args.only:
             record_real_deepseek(args.bin, Path(workdir))
+        for ugm_name, space_prefix, merge_spaces in UGM_VARIANTS:
+            name, path = f"tiny_{ugm_name}", DATA / f"tiny_{ugm_name}.gguf"
+            if args.only is not None and name not in args.only:
+                continue
+            if args.rebuild_vocabs or not path.exists():
+                write_gguf(path, ugm_vocab_metadata(ugm_name, space_prefix, merge_spaces), {})
+            with ModelServerOracle(args.bin, path, Path(workdir)) as server:
+                specials = SPM_USER_DEFINED + SPM_CONTROL
+                record(name, server, path.name, specials, build_compact_corpus)
         for pre in SERVER_PRES:
             name, path = f"tiny_bpe_{pre}", DATA / f"tiny_bpe_{pre}.gguf"
             if args.only is not None and name not in args.only:

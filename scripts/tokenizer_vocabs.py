@@ -307,3 +307,51 @@ def hf_vocab_metadata(folder: Path, pre: str) -> dict[str, Any]:
         if (i := token_of(f"{name}_token")) is not None:
             meta[f"tokenizer.ggml.{name}_token_id"] = np.uint32(i)
     return meta
+
+
+# UGM ('t5') vocabularies: (name, add_space_prefix, remove_extra_whitespaces)
+UGM_VARIANTS = [("t5", True, True), ("ugm_keep_spaces", False, False), ("ugm_prefix", True, False)]
+
+
+def ugm_vocab_metadata(name: str, space_prefix: bool, merge_spaces: bool) -> dict[str, Any]:
+    """GGUF metadata of a vocab-only 't5' (unigram) file: a SentencePiece unigram model trained
+    here with the nmt_nfkc normalization (its precompiled character map goes in the GGUF)."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(training_lines()),
+        model_writer=model,
+        model_type="unigram",
+        vocab_size=600,
+        character_coverage=0.995,
+        normalization_rule_name="nmt_nfkc",
+        user_defined_symbols=SPM_USER_DEFINED,
+        control_symbols=SPM_CONTROL,
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        remove_extra_whitespaces=merge_spaces,
+        allow_whitespace_only_pieces=True,
+        minloglevel=2,
+    )
+    proto = pb.ModelProto()
+    proto.ParseFromString(model.getvalue())
+    charsmap = proto.normalizer_spec.precompiled_charsmap
+    return {
+        "general.architecture": "llama",
+        "general.name": f"tiny-{name}",
+        "tokenizer.ggml.model": "t5",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": [p.piece for p in proto.pieces],
+        "tokenizer.ggml.scores": np.array([p.score for p in proto.pieces], np.float32),
+        "tokenizer.ggml.token_type": np.array([int(p.type) for p in proto.pieces], np.int32),
+        "tokenizer.ggml.precompiled_charsmap": np.frombuffer(charsmap, np.uint8),
+        "tokenizer.ggml.add_space_prefix": space_prefix,
+        "tokenizer.ggml.remove_extra_whitespaces": merge_spaces,
+        "tokenizer.ggml.eos_token_id": np.uint32(1),
+        "tokenizer.ggml.unknown_token_id": np.uint32(2),
+        "tokenizer.ggml.padding_token_id": np.uint32(0),
+    }

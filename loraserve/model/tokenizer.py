@@ -1,9 +1,10 @@
-"""Tokenizer equal to llama.cpp's: GGUF 'llama' (SentencePiece) and 'gpt2' (BPE) vocabularies.
+"""Tokenizer equal to llama.cpp's: GGUF 'llama' (SentencePiece), 'gpt2' (BPE), 't5' (unigram).
 
 Encoding follows llama_vocab::tokenize: special-token text is cut out of the input first
 (`SpecialSplitter`), each remaining fragment is encoded on its own by the vocabulary's model
-(`tokenizer_spm` / `tokenizer_bpe`), BOS/EOS are added as the vocabulary asks. Token bytes follow
-token_to_piece with special=true, as llama-server's /detokenize does.
+(`tokenizer_spm` / `tokenizer_bpe` with `tokenizer_pretok` / `tokenizer_ugm`), BOS/EOS are
+added as the vocabulary asks. Token bytes follow token_to_piece with special=true, as
+llama-server's /detokenize does.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from loraserve.model.tokenizer_special import (
     strip_ids,
 )
 from loraserve.model.tokenizer_spm import build_spm
+from loraserve.model.tokenizer_ugm import UgmEncoder
 
 
 def test_vocab(
@@ -132,6 +134,25 @@ class Tokenizer:
                 return bpe.encode(text)
 
             to_bytes = byte_level_decode
+        elif model == "t5":  # unigram (LLAMA_VOCAB_TYPE_UGM)
+            bos, eos, unk = token_id("bos", None), token_id("eos", 1), token_id("unknown", 2)
+            ugm = UgmEncoder(
+                texts,
+                scores,
+                types,
+                unk if unk is not None else 2,
+                np.asarray(key("precompiled_charsmap", [])).astype(np.uint8).tobytes(),
+                add_space_prefix=bool(key("add_space_prefix", True)),
+                remove_extra_whitespaces=bool(key("remove_extra_whitespaces", False)),
+            )
+
+            def encode_fragment(text: str, after_special: bool) -> list[int]:
+                return ugm.encode(text)
+
+            def to_bytes(text: str) -> bytes:
+                return text.replace("\u2581", " ").encode()
+
+            add_bos = False
         elif model == "test":  # llama.cpp's test models (LLAMA_VOCAB_TYPE_TEST)
             bos = eos = None
             encode_fragment, to_bytes = test_vocab(texts)
@@ -151,7 +172,7 @@ class Tokenizer:
             eos_id=eos,
             eog_ids=eog_ids,
             add_bos=bool(key("add_bos_token", add_bos)),
-            add_eos=bool(key("add_eos_token", False)),
+            add_eos=bool(key("add_eos_token", model == "t5")),
             chat_template=meta.get("tokenizer.chat_template"),
             lstrip_ids=lstrip,
             rstrip_ids=rstrip,
