@@ -40,9 +40,13 @@ from loraserve.chat.render import (
 from loraserve.chat.special import find as find_special
 from loraserve.chat.special import patch_source
 from loraserve.model.tokenizer import Tokenizer
-from loraserve.server.errors import invalid_request
 
-__all__ = ["CHATML_TEMPLATE", "ChatTemplate", "ChatTemplateError", "compile_template"]
+__all__ = [
+    "CHATML_TEMPLATE",
+    "ChatTemplate",
+    "ChatTemplateError",
+    "compile_template",
+]
 log = logging.getLogger("loraserve.server")
 
 CHATML_TEMPLATE = (
@@ -315,51 +319,10 @@ def resolve_chat_template(
     return chosen, warning
 
 
-def thinking_kwarg(kwargs: dict[str, Any]) -> bool | None:
-    """The `enable_thinking` template kwarg as llama-server reads it: a JSON boolean, else
-    None; a string is a 400."""
-    if "enable_thinking" not in kwargs:
-        return None
-    v = kwargs["enable_thinking"]
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str):
-        raise invalid_request('invalid type for "enable_thinking" (expected boolean, got string)')
-    return None
+def __getattr__(name: str) -> Any:
+    """`render_prompt` and `thinking_kwarg` (in `prompt`), still importable from here."""
+    if name in ("render_prompt", "thinking_kwarg"):
+        from loraserve.chat import prompt
 
-
-def render_prompt(
-    template: ChatTemplate,
-    tok: Tokenizer,
-    messages: list[dict[str, Any]],
-    add_generation_prompt: bool,
-    defaults: dict[str, Any] | None = None,
-    kwargs: dict[str, Any] | None = None,
-    *,
-    tools: list[dict[str, Any]] | None = None,
-    continuation: Continuation = "none",
-    reasoning: Reasoning = "auto",
-    reasoning_effort: str | None = None,
-) -> str:
-    """The chat prompt from the server's template, with the template kwargs `defaults`
-    (`--chat-template-kwargs`) updated by the request's `kwargs`, `enable_thinking` from
-    `reasoning` (`--reasoning`) and the template, then the kwargs and `reasoning_effort`;
-    a 400 naming the problem when the messages or the template fail."""
-    merged = {**(defaults or {}), **(kwargs or {})}
-    thinking = None if reasoning != "off" else False
-    if (kw := thinking_kwarg(merged)) is not None:
-        thinking = kw
-    if reasoning_effort == "none":
-        thinking = False
-        merged.pop("reasoning_effort", None)
-    elif reasoning_effort:
-        merged["reasoning_effort"] = reasoning_effort
-    try:
-        if thinking is None:
-            thinking = template.supports_thinking(token_strings(tok), tools)
-        return template.render(
-            tok, messages, add_generation_prompt, merged, tools=tools,
-            continuation=continuation, enable_thinking=thinking,
-        )  # fmt: skip
-    except ValueError as e:
-        raise invalid_request(str(e)) from None
+        return getattr(prompt, name)
+    raise AttributeError(name)

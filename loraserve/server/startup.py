@@ -179,7 +179,10 @@ def start(
             adapter = engine.load_adapter(path, scale, pinned=True).result()
             log.info("adapter %d: %s (%s) at scale %g", adapter.id, adapter.name, path, scale)
         template, warning = resolve_chat_template(
-            cfg.chat_template, cfg.chat_template_origin, model.tokenizer
+            cfg.chat_template,
+            cfg.chat_template_origin,
+            model.tokenizer,
+            model.metadata.get("tokenizer.chat_template.tool_use"),
         )
         if warning:
             log.warning("%s", warning)

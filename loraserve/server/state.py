@@ -54,8 +54,11 @@ class ServerState:
             from loraserve.chat.template import resolve_chat_template
 
             tok = self.require().tokenizer
+            tool_use = (
+                self.model.metadata.get("tokenizer.chat_template.tool_use") if self.model else None
+            )
             self.chat_template, _ = resolve_chat_template(
-                self.cfg.chat_template, self.cfg.chat_template_origin, tok
+                self.cfg.chat_template, self.cfg.chat_template_origin, tok, tool_use
             )
         return self.chat_template
 

@@ -64,7 +64,11 @@ async def props(request: HttpRequest) -> Response:
     out["model_alias"] = state.model_name
     out["is_sleeping"] = request.app.state.sleep.sleeping
     out["model_path"] = str(state.model.path)
-    out["chat_template"] = state.template().source  # a built-in's name, or Jinja text
+    template = state.template()
+    out["chat_template"] = template.source  # a built-in's name, or Jinja text
+    out["chat_template_caps"] = template.caps.to_map()  # as llama-server's (`jinja::caps`)
+    if template.tool_use:
+        out["chat_template_tool_use"] = template.tool_use
     out["bos_token"] = tok.piece(tok.bos_id) if tok.bos_id is not None else ""
     out["eos_token"] = tok.piece(tok.eos_id) if tok.eos_id is not None else ""
     return JsonResponse(out)
