@@ -43,6 +43,7 @@ from tokenizer_vocabs import (
     build_tiny_bpe,
     build_tiny_spm,
     hf_vocab_metadata,
+    rwkv_vocab_metadata,
     ugm_vocab_metadata,
     vocab_metadata,
     write_tiny_model,
@@ -438,6 +439,12 @@ def main() -> None:
             with ModelServerOracle(args.bin, path, Path(workdir)) as server:
                 specials = SPM_USER_DEFINED + SPM_CONTROL
                 record(name, server, path.name, specials, build_compact_corpus)
+        name, path = "tiny_rwkv", DATA / "tiny_rwkv.gguf"
+        if args.only is None or name in args.only:
+            if args.rebuild_vocabs or not path.exists():
+                write_gguf(path, rwkv_vocab_metadata(), {})
+            with ModelServerOracle(args.bin, path, Path(workdir)) as server:
+                record(name, server, path.name, ["<s>", "\n\n"], build_compact_corpus)
         for pre in SERVER_PRES:
             name, path = f"tiny_bpe_{pre}", DATA / f"tiny_bpe_{pre}.gguf"
             if args.only is not None and name not in args.only:

@@ -355,3 +355,40 @@ def ugm_vocab_metadata(name: str, space_prefix: bool, merge_spaces: bool) -> dic
         "tokenizer.ggml.unknown_token_id": np.uint32(2),
         "tokenizer.ggml.padding_token_id": np.uint32(0),
     }
+
+
+def rwkv_vocab_metadata() -> dict[str, Any]:
+    """GGUF metadata of a vocab-only 'rwkv' file laid out as convert_hf_to_gguf.py's world
+    vocabulary: '<s>' (CONTROL, BOS), every single byte, then the multi-byte tokens of a byte-level
+    BPE trained here (their bytes), each written as Python writes a bytes literal's inside, and
+    "[PAD<i>]" (UNUSED) up to a round size; "\\n\\n" is the EOT token."""
+    from loraserve.model.tokenizer_bpe import byte_level_decode
+
+    trained, _, _ = train_bpe("gpt-2", vocab_size=1500)
+    pieces = [bytes([b]) for b in range(256)]
+    seen = set(pieces)
+    for text in trained:
+        if text in BPE_CONTROL:
+            continue
+        data = byte_level_decode(text)
+        if len(data) > 1 and data not in seen and b"[UNK_BYTE" not in data:
+            pieces.append(data)
+            seen.add(data)
+    for extra in (b"\n\n", b"\\", b"'\"", b"\\x41", b"\xff\xfe", b"it's", b'"quoted"'):
+        if extra not in seen:
+            pieces.append(extra)
+            seen.add(extra)
+    tokens = ["<s>"] + [repr(p)[2:-1] for p in pieces]
+    types = [3] + [1] * len(pieces)
+    while len(tokens) % 64:
+        tokens.append(f"[PAD{len(tokens)}]")
+        types.append(5)
+    return {
+        "general.architecture": "llama",
+        "general.name": "tiny-rwkv-world",
+        "tokenizer.ggml.model": "rwkv",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": np.array(types, np.int32),
+        "tokenizer.ggml.bos_token_id": np.uint32(0),
+        "tokenizer.ggml.eot_token_id": np.uint32(1 + pieces.index(b"\n\n")),
+    }

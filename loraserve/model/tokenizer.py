@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 
 from loraserve.model.tokenizer_bpe import BpeEncoder, byte_level_decode, hf_dir_parts
+from loraserve.model.tokenizer_rwkv import RwkvEncoder
+from loraserve.model.tokenizer_rwkv import unescape as rwkv_unescape
 from loraserve.model.tokenizer_special import (
     BYTE,
     CONTROL,
@@ -78,8 +80,10 @@ class Tokenizer:
         chat_template: str | None = None,
         lstrip_ids: set[int] | None = None,
         rstrip_ids: set[int] | None = None,
+        raw_pieces: bool = False,
     ):
         self.vocab_size = len(texts)
+        self._raw_pieces = raw_pieces  # to_bytes gives every token's bytes, whatever its type
         self.bos_id, self.eos_id, self.eog_ids = bos_id, eos_id, eog_ids
         self.add_bos, self.add_eos = add_bos, add_eos
         self.chat_template = chat_template
@@ -113,6 +117,7 @@ class Tokenizer:
                 return int(value)
             return default if default is not None and default < n else None
 
+        raw_pieces = False
         if model == "llama":
             bos, eos, unk = token_id("bos", 1), token_id("eos", 2), token_id("unknown", 0)
             sp = build_spm(texts, scores, types, unk if unk is not None else 0)
@@ -153,6 +158,16 @@ class Tokenizer:
                 return text.replace("\u2581", " ").encode()
 
             add_bos = False
+        elif model == "rwkv":  # RWKV world (LLAMA_VOCAB_TYPE_RWKV): every piece is its bytes
+            bos, eos = token_id("bos", None), token_id("eos", None)
+            rwkv = RwkvEncoder(texts, token_id("unknown", None))
+
+            def encode_fragment(text: str, after_special: bool) -> list[int]:
+                return rwkv.encode(text)
+
+            to_bytes = rwkv_unescape
+            raw_pieces = True
+            add_bos = False
         elif model == "test":  # llama.cpp's test models (LLAMA_VOCAB_TYPE_TEST)
             bos = eos = None
             encode_fragment, to_bytes = test_vocab(texts)
@@ -176,6 +191,7 @@ class Tokenizer:
             chat_template=meta.get("tokenizer.chat_template"),
             lstrip_ids=lstrip,
             rstrip_ids=rstrip,
+            raw_pieces=raw_pieces,
         )
 
     @staticmethod
@@ -210,11 +226,14 @@ class Tokenizer:
 
         NORMAL: the text (U+2581 -> space for SentencePiece, byte-level decoded for BPE);
         CONTROL / USER_DEFINED / UNKNOWN: the stored text; BYTE: the raw byte; UNUSED: empty.
+        RWKV: every token's unescaped bytes.
         """
         if not 0 <= token_id < self.vocab_size:
             raise IndexError(f"token id {token_id} out of range [0, {self.vocab_size})")
         ttype = self._types[token_id]
         text = self._texts[token_id]
+        if self._raw_pieces:
+            return self._to_bytes(text)
         if ttype in (CONTROL, USER_DEFINED, UNKNOWN):
             return text.encode()
         if ttype == NORMAL:

