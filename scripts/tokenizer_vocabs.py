@@ -392,3 +392,70 @@ def rwkv_vocab_metadata() -> dict[str, Any]:
         "tokenizer.ggml.bos_token_id": np.uint32(0),
         "tokenizer.ggml.eot_token_id": np.uint32(1 + pieces.index(b"\n\n")),
     }
+
+
+def tiktoken_vocab_metadata(
+    ranks_file: Path, specials: list[str], pre: str, bos: str, eos: str, add_bos: bool
+) -> dict[str, Any]:
+    """GGUF metadata of a tiktoken BPE file (base64 token, rank per line) followed by `specials`
+    (CONTROL), as convert_hf_to_gguf.py writes one converted to tokenizer.json by transformers'
+    TikTokenConverter: tokens in byte-level text, and for each token every split into two
+    tokens (ordered by their ranks) as merges, in the order of the token's rank."""
+    import base64
+
+    from loraserve.model.tokenizer_bpe import byte_to_char
+
+    ranks: dict[bytes, int] = {}
+    for line in ranks_file.read_bytes().splitlines():
+        if line.strip():
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    table = byte_to_char()
+    text = {t: "".join(table[b] for b in t) for t in ranks}
+    merges = []
+    for token in sorted(ranks, key=ranks.__getitem__):
+        local = [
+            (token[:i], token[i:])
+            for i in range(1, len(token))
+            if token[:i] in ranks and token[i:] in ranks
+        ]
+        local.sort(key=lambda lr: (ranks[lr[0]], ranks[lr[1]]))
+        merges += [f"{text[a]} {text[b]}" for a, b in local]
+    tokens = [""] * len(ranks)
+    for t, r in ranks.items():
+        tokens[r] = text[t]
+    tokens += specials
+    types = [1] * len(ranks) + [3] * len(specials)
+    return {
+        "general.architecture": "llama",
+        "general.name": ranks_file.parent.name,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": np.array(types, np.int32),
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": np.uint32(tokens.index(bos)),
+        "tokenizer.ggml.eos_token_id": np.uint32(tokens.index(eos)),
+        "tokenizer.ggml.add_bos_token": add_bos,
+    }
+
+
+def llama3_specials() -> list[str]:
+    """The 256 special tokens after Llama 3's 128,000 (llama_models/llama3/tokenizer.py)."""
+    named = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+             "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|step_id|>",
+             "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>",
+             "<|python_tag|>", "<|image|>"]  # fmt: skip
+    return named + [f"<|reserved_special_token_{2 + i}|>" for i in range(256 - len(named))]
+
+
+def llama3_vocab_metadata(package_dir: Path) -> dict[str, Any]:
+    """Llama 3's real vocabulary from the llama-models package (pre-tokenizer llama-bpe)."""
+    return tiktoken_vocab_metadata(
+        package_dir / "llama3" / "tokenizer.model",
+        llama3_specials(),
+        "llama-bpe",
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        True,
+    )

