@@ -12,7 +12,7 @@ import asyncio
 import math
 from typing import Any
 
-from loraserve.chat.template import render_prompt
+from loraserve.chat.prompt import render_prompt
 from loraserve.engine.request import Submission
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.lora.registry import Mix, UnknownModelName
@@ -75,8 +75,7 @@ def chat_prompt(state: ServerState, body: Any, tools: list[dict[str, Any]] | Non
     add_gen = body.add_generation_prompt
     cont = getattr(body, "continue_final_message", None)
     last_is_assistant = bool(messages) and messages[-1].get("role") == "assistant"
-    prefill = getattr(cfg, "prefill_assistant", True)
-    if cont is None and prefill and last_is_assistant:
+    if cont is None and cfg.prefill_assistant and last_is_assistant:
         if len(messages) >= 2 and messages[-2].get("role") == "assistant":
             raise invalid_request(
                 "messages: Cannot have 2 or more assistant messages at the end of the list."
@@ -97,7 +96,7 @@ def chat_prompt(state: ServerState, body: Any, tools: list[dict[str, Any]] | Non
         body.chat_template_kwargs,
         tools=tools if tools is not None else getattr(body, "tools", None),
         continuation="auto" if cont else "none",
-        reasoning=getattr(cfg, "reasoning", "auto"),
+        reasoning=cfg.reasoning,  # type: ignore[arg-type]
         reasoning_effort=getattr(body, "reasoning_effort", None),
     )
 

@@ -290,12 +290,20 @@ class OAIChatRequest(_GenerationParams):
 
 
 class ApplyTemplateRequest(_Body):
-    """POST /apply-template: render `messages` with the chat template, no generation."""
+    """POST /apply-template: render `messages` with the chat template, no generation; as
+    llama-server, the chat request's rendering fields count (`tools`, `reasoning_effort`)."""
 
     messages: Messages
     add_generation_prompt: bool = True
     continue_final_message: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    reasoning_effort: str | None = None
+
+    @model_validator(mode="after")
+    def _tools(self) -> Self:
+        check_chat_tools(self.tools, None)
+        return self
 
 
 class LoadAdapterRequest(_Body):

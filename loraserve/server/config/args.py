@@ -99,6 +99,8 @@ class ServerConfig:
     reasoning_format: str = "auto"  # chat parsing: see `server/config/chat_flags.py`
     reasoning_budget: int = -1
     skip_chat_parsing: bool = False
+    reasoning: str = "auto"  # chat rendering: see `server/config/chat_flags.py`
+    prefill_assistant: bool = True
     spec: SpecConfig = SpecConfig()  # speculative decoding: see `server/config/spec_flags.py`
     ignored: tuple[str, ...] = field(default=(), compare=False)
 
@@ -315,7 +317,7 @@ def parse_server_args(argv: list[str]) -> ServerConfig:
             if ns.chat_template_file is not None
             else ""
         ),
-        chat_template_kwargs=ns.chat_template_kwargs or {},
+        chat_template_kwargs=chat_flags.template_kwargs(ns),
         lora=tuple(ns.lora),
         lora_dirs=tuple(os.path.realpath(d) for d in ns.lora_dirs),
         lora_modules=tuple(ns.lora_modules),

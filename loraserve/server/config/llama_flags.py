@@ -18,7 +18,7 @@ IGNORED_SWITCHES = """
     --no-cache-idle-slots --props --no-perf --check-tensors --reuse-port
     --offline --op-offload --no-op-offload --backend_sampling|--backend-sampling
 """.split()
-IGNORED_OPTIONAL_VALUE = "-fa|--flash-attn -fit|--fit --log-colors -rea|--reasoning".split()
+IGNORED_OPTIONAL_VALUE = "-fa|--flash-attn -fit|--fit --log-colors".split()
 IGNORED_WITH_VALUE = """
     -ngl|--gpu-layers|--n-gpu-layers -ctk|--cache-type-k -ctv|--cache-type-v
     -ctxcp|--ctx-checkpoints|--swa-checkpoints
