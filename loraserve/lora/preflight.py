@@ -35,12 +35,13 @@ def model_header(path: Path) -> tuple[ModelConfig, Shapes | None]:
             if gg.metadata.get("general.type") == "adapter":
                 raise PreflightError(f"{path}: a LoRA adapter, not a model (pass it with --lora)")
             # the whole header checked: hyper-parameters against every tensor's shape
-            cfg = gguf_config(path, gg.metadata, {n: i.shape for n, i in gg.tensors.items()})
+            cfg = gguf_config(path, gg.metadata, gg.tensors)
             shapes = {n: tuple(i.shape) for n, i in gg.tensors.items() if len(i.shape) in (2, 3)}
     except PreflightError:
         raise
     except (ValueError, OSError, KeyError) as e:
-        raise PreflightError(f"cannot use the model {path}: {e}") from None
+        said = str(e).removeprefix(f"{path}: ")  # the file's own errors name it already
+        raise PreflightError(f"cannot use the model {path}: {said}") from None
     if "output.weight" not in shapes and "token_embd.weight" in shapes:
         shapes["output.weight"] = shapes["token_embd.weight"]  # tied output projection
     return cfg, shapes

@@ -55,10 +55,10 @@ def load_model(path: str | Path, precision: Precision = "native") -> LoadedModel
         gg = opened = GGUFFile(path)
         meta = gg.metadata
         # every hyper-parameter and tensor shape checked before a layer is built
-        cfg = gguf_config(path, meta, {n: t.shape for n, t in gg.tensors.items()})
+        cfg = gguf_config(path, meta, gg.tensors)
         try:
             tok = Tokenizer.from_gguf_metadata(meta)
-        except (ValueError, TypeError, KeyError, IndexError) as e:
+        except (ValueError, TypeError, KeyError, IndexError, RuntimeError) as e:
             raise ModelFileError(f"{path}: unusable tokenizer: {e}") from None
         name = str(meta.get("general.name") or path.stem)
     t1 = time.perf_counter()

@@ -234,14 +234,14 @@ def check_tensors(
     norm = shapes.get("output_norm.weight")
     if norm is None or tuple(norm) != (h,):
         raise ModelFileError(f"output_norm.weight has shape {norm and tuple(norm)}, expected [{h}]")
+    if n_tokens is not None and emb[0] < n_tokens:
+        raise ModelFileError(
+            f"token_embd.weight has {emb[0]} rows for a tokenizer of {n_tokens} tokens"
+        )
     out = shapes.get("output.weight")
     if out is not None and tuple(out) != tuple(emb):
         raise ModelFileError(
             f"output.weight has shape {tuple(out)}, expected the embedding's {tuple(emb)}"
-        )
-    if n_tokens is not None and emb[0] < n_tokens:
-        raise ModelFileError(
-            f"token_embd.weight has {emb[0]} rows for a tokenizer of {n_tokens} tokens"
         )
 
 
@@ -297,23 +297,41 @@ def check_tokenizer(meta: Mapping[str, Any]) -> int:
 # ---- the one call ------------------------------------------------------------------------
 
 
+def check_types(types: Mapping[str, int], shapes: Mapping[str, Shape]) -> None:
+    """Every matrix (2-D or 3-D tensor) has a type the matmul kernels run (`MATRIX_TYPES`);
+    vectors are dequantized, whose own check names an unknown type."""
+    from loraserve.model.dequant import type_name
+
+    for name, t in types.items():
+        if len(shapes[name]) >= 2 and t not in MATRIX_TYPES:
+            raise ModelFileError(
+                f"tensor {name!r} has ggml type {type_name(t)}, which loraserve has no kernel "
+                f"for; supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K"
+            )
+
+
+MATRIX_TYPES = frozenset({0, 1, 30, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14})
+
+
 def gguf_config(
     path: str | Path,
     meta: Mapping[str, Any],
-    shapes: Mapping[str, Shape],
+    tensors: Mapping[str, Any],
     extra: Mapping[str, ShapeFn] | None = None,
 ) -> ModelConfig:
-    """The `ModelConfig` of a GGUF model (metadata ``meta``, tensor shapes ``shapes`` by
-    name), its vocabulary the embedding's rows, after every check of this module;
-    `ModelFileError` naming ``path`` and the first problem (an unsupported architecture
-    stays `UnsupportedModelError`)."""
+    """The `ModelConfig` of a GGUF model (metadata ``meta``; ``tensors`` by name: the file's
+    tensor table, `GGUFTensorInfo` each, or plain shapes), its vocabulary the embedding's rows,
+    after every check of this module; `ModelFileError` naming ``path`` and the first problem
+    (an unsupported architecture stays `UnsupportedModelError`)."""
+    shapes = {n: tuple(getattr(t, "shape", t)) for n, t in tensors.items()}
+    types = {n: t.ggml_type for n, t in tensors.items() if hasattr(t, "ggml_type")}
     try:
         n_tokens = check_tokenizer(meta)
         check_hparams(meta)
         try:
             cfg = ModelConfig.from_gguf(dict(meta), set(shapes))
-        except UnsupportedModelError:
-            raise
+        except UnsupportedModelError as e:
+            raise UnsupportedModelError(f"{path}: {e}") from None
         except (ValueError, TypeError, ArithmeticError, KeyError, IndexError) as e:
             raise ModelFileError(f"unusable hyper-parameters: {e}") from None
         emb = shapes.get("token_embd.weight")
@@ -321,6 +339,7 @@ def gguf_config(
             cfg = replace(cfg, vocab_size=emb[0])
         check_config(cfg)
         check_tensors(cfg, shapes, n_tokens, extra)
+        check_types(types, shapes)
     except ModelFileError as e:
         raise ModelFileError(f"{path}: {e}") from None
     return cfg
