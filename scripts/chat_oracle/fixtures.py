@@ -142,6 +142,7 @@ def _case(fixture: str, thinking: bool, tools: str | None = None, **over: object
         "add_generation_prompt": True,
         "continue_final_message": None,
         "reasoning_format": "deepseek",
+        "preserve_reasoning": True,
     }
     case.update(over)
     return case
@@ -171,6 +172,16 @@ def cases() -> list[dict]:
     out.append(_case("user", True, "empty"))
     out.append(_case("user", True, reasoning_format="none"))
     out.append(_case("user", True, "two", reasoning_format="none"))
+    # --no-reasoning-preserve (llama-server sends preserve_reasoning true unless told not to)
+    for fixture, thinking in (("reasoning", True), ("reasoning", False), ("tool_call", True)):
+        out.append(
+            _case(
+                fixture,
+                thinking,
+                "two" if fixture == "tool_call" else None,
+                preserve_reasoning=False,
+            )
+        )
     return out
 
 
@@ -183,6 +194,8 @@ def request(case: dict) -> dict:
         "enable_thinking": case["enable_thinking"],
         "add_generation_prompt": case["add_generation_prompt"],
         "reasoning_format": case["reasoning_format"],
+        # llama-server's default_template_kwargs (common/arg.cpp; --no-reasoning-preserve: false)
+        "chat_template_kwargs": {"preserve_reasoning": case["preserve_reasoning"]},
     }
     if case["tools"] is not None:
         req["tools"] = TOOLS[case["tools"]]

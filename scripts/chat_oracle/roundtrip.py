@@ -48,6 +48,7 @@ def _request(messages: list[dict], thinking: bool, agp: bool) -> dict:
         "enable_thinking": thinking,
         "add_generation_prompt": agp,
         "reasoning_format": "deepseek",
+        "chat_template_kwargs": {"preserve_reasoning": True},  # llama-server's default
     }
 
 

@@ -23,6 +23,7 @@ CASE_KEYS = {
     "add_generation_prompt",
     "continue_final_message",
     "reasoning_format",
+    "preserve_reasoning",
 }
 OUTPUT_KEYS = {
     "prompt",
