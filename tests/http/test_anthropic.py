@@ -39,7 +39,7 @@ TOOL = {
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     up = peft_folder(tmp_path_factory.mktemp("loras") / "up", 1)
-    args = ["-np", "2", "-c", "1024", "--temp", "0", "--chat-template", TEMPLATE]
+    args = ["-np", "2", "-c", "2048", "--temp", "0", "--chat-template", TEMPLATE]
     with serve_in_thread([*args, "--lora-scaled", f"{up}:0"]) as s:
         yield s
 
@@ -157,10 +157,16 @@ def test_tool_history_and_thinking_are_rendered(srv) -> None:
     assert res["content"][0]["text"] == text_of(chat(srv, want, max_tokens=4))
 
 
-@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "pick"}])
+@pytest.mark.parametrize(
+    "choice",
+    [
+        {"type": "any", "disable_parallel_tool_use": True},
+        {"type": "tool", "name": "pick", "disable_parallel_tool_use": True},
+    ],
+)
 def test_forced_tool_call(srv, client, choice) -> None:
     other = {**TOOL, "name": "other"}
-    kw = {"model": "m", "max_tokens": 40, "messages": HI, "tools": [TOOL, other]}
+    kw = {"model": "m", "max_tokens": 96, "messages": HI, "tools": [TOOL, other]}
     kw["tool_choice"] = choice
     res = client.messages.create(**kw)
     (block,) = res.content

@@ -175,7 +175,7 @@ def tool_grammar(
         calls = f'"[" {first} {more} "]"'
         first_calls = calls
     else:
-        more = f"(/[ \\t\\n]*/ {one})*" if parallel and fmt.call_start else ""
+        more = f"(WS {one})*" if parallel and fmt.call_start else ""
         calls = f"{first} {more}".strip()
         first_calls = calls
     section = fmt.section_start
@@ -209,6 +209,6 @@ def tool_grammar(
         lines.append(f"TAIL: {_not_containing(*avoid)}")
     else:
         lines.append(f"start: {think} WS {body_calls}".replace("  ", " "))
-    lines.append("WS: /[ \\t\\n]*/")
+    lines.append("WS: /( |\\n{1,2})?/")  # llama.cpp's `space`, bounded
     lines.append(f"TEXT: {ANY}")
     return "\n".join(lines + b.rules) + "\n"

@@ -96,7 +96,8 @@ class ChatParser:
         self._content(rest[:at], partial, msg, tail=True)
         msg.tool_calls = [ToolCall(c.name, c.arguments, c.id) for c in scan.calls]
         after = rest[scan.end :].strip() if not partial else ""
-        if after and not (self.trigger and after.startswith(self.trigger)):
+        closers = [m.strip() for m in (self.fmt.call_end, self.fmt.section_end, self.trigger)]
+        if after and not any(m and (after.startswith(m) or m.startswith(after)) for m in closers):
             msg.content += rest[scan.end :]  # text after the calls (an unfinished call: dropped)
         return msg
 

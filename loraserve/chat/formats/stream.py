@@ -16,16 +16,17 @@ from typing import Any
 from loraserve.chat.formats.parse import ChatParser, ParsedMessage, ToolCall
 
 
-def new_call_id() -> str:
-    """A fresh call id in OpenAI's form."""
-    return "call_" + uuid.uuid4().hex[:24]
+def new_call_id(prefix: str = "call_") -> str:
+    """A fresh call id (OpenAI's form; Anthropic's with prefix "toolu_")."""
+    return prefix + uuid.uuid4().hex[:24]
 
 
 class MessageStream:
     """The deltas of one answer (`feed` the generated text, then `finish`)."""
 
-    def __init__(self, parser: ChatParser) -> None:
+    def __init__(self, parser: ChatParser, id_prefix: str = "call_") -> None:
         self.parser = parser
+        self.id_prefix = id_prefix
         self.text = ""
         self.sent = ParsedMessage()
         self.ids: list[str] = []
@@ -41,7 +42,7 @@ class MessageStream:
         msg = self.parser.parse(self.text, partial=False)
         out = self._advance(msg)
         for i, call in enumerate(msg.tool_calls):
-            call.id = self.ids[i] if i < len(self.ids) else call.id or new_call_id()
+            call.id = self.ids[i] if i < len(self.ids) else call.id or new_call_id(self.id_prefix)
         self.final = msg
         return out
 
@@ -57,7 +58,7 @@ class MessageStream:
             out.append({"content": msg.content[len(sent.content) :]})
         for i, call in enumerate(msg.tool_calls):
             if i >= len(sent.tool_calls):
-                self.ids.append(call.id or new_call_id())
+                self.ids.append(call.id or new_call_id(self.id_prefix))
                 sent.tool_calls.append(ToolCall(call.name, "", self.ids[i]))
                 out.append(_call_delta(i, self.ids[i], call.name, call.arguments))
                 sent.tool_calls[i].arguments = call.arguments

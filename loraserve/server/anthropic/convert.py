@@ -8,8 +8,8 @@ OpenAI functions (rendered by a template that takes `tools`), `stop_sequences` i
 `max_tokens` defaults to 4096; the sampling fields, `lora` and `model` (naming an
 adapter) are /v1/chat/completions' own. **Ours:** a block of an unknown type, or an image
 (this server is text-only), is a 400 naming it (llama-server drops unknown blocks and
-answers 500 for an image); `tool_choice` any/tool constrains the answer to one call's JSON
-(`chat_parse.tool_call_schema`).
+answers 500 for an image); `tool_choice` any/tool forces a call in the template's own
+format (`server/tool_calls.py`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Any
 
 from pydantic import Field
 
-from loraserve.chat.parse import tool_call_schema
 from loraserve.server.errors import invalid_request, parse_body
 from loraserve.server.fields import Messages
 from loraserve.server.schemas import _GenerationParams
@@ -48,6 +47,7 @@ class Converted:
     params: MessagesRequest
     tools: list[dict[str, Any]] = field(default_factory=list)
     forced: bool = False
+    parallel: bool = True  # tool_choice.disable_parallel_tool_use false (the default)
 
 
 def _text(block: dict[str, Any], where: str, key: str = "text") -> str:
@@ -219,10 +219,10 @@ def convert(body: Any) -> Converted:
             raise invalid_request("stop_sequences: must be a list of strings")
         chat["stop"] = stop
     tools, forced = convert_tools(body)
+    choice = body.get("tool_choice")
+    parallel = not (isinstance(choice, dict) and choice.get("disable_parallel_tool_use"))
     grammars = ("grammar", "json_schema", "response_format")
     if tools and any(chat.get(k) is not None for k in grammars):
         raise invalid_request("Cannot specify grammar with tools")
-    if forced:
-        chat["json_schema"] = tool_call_schema(tools)
     params = parse_body(MessagesRequest, chat)
-    return Converted(params, tools, forced)
+    return Converted(params, tools, forced, parallel)

@@ -24,7 +24,8 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from loraserve.chat.parse import THINK_OPEN, Delta, MessageParser, ToolCall
+from loraserve.chat.formats.parse import ParsedMessage, ToolCall, arguments_object
+from loraserve.chat.formats.stream import MessageStream
 from loraserve.engine.request import Event
 from loraserve.server.anthropic.convert import Converted, MessagesRequest, convert
 from loraserve.server.errors import JsonResponse, invalid_request
@@ -32,6 +33,7 @@ from loraserve.server.generation import chat_prompt, submit, tokenize_prompt, to
 from loraserve.server.output import Output, collect, stream
 from loraserve.server.sse import sse_named
 from loraserve.server.state import ServerState, get_state
+from loraserve.server.tool_calls import ReplyPlan, plan_reply
 
 router = APIRouter()
 Body = dict[str, Any]
@@ -60,9 +62,19 @@ def prompt_of(state: ServerState, chat: Converted) -> str:
     return chat_prompt(state, chat.params, chat.tools)
 
 
-def parser_for(chat: Converted, prompt: str) -> MessageParser:
-    """The parser of this request's answer (a prompt ending in `<think>` starts in it)."""
-    return MessageParser(bool(chat.tools), chat.forced, prompt.rstrip().endswith(THINK_OPEN))
+async def plan_for(state: ServerState, chat: Converted, prompt: str) -> ReplyPlan:
+    """How this request's answer is read: in the template's own format, tools forced
+    (`any`, or `tool`: then `tools` holds just that one) or offered (`auto`)."""
+    p = chat.params
+    has_grammar = any(x is not None for x in (p.grammar, p.json_schema, p.response_format))
+    choice = "required" if chat.forced else "auto"
+    tools = chat.tools or None
+    return await plan_reply(state, prompt, tools, choice, chat.parallel, None, has_grammar)
+
+
+def reader(plan: ReplyPlan) -> MessageStream:
+    """A stream reader of one answer, with Anthropic's `toolu_` ids."""
+    return MessageStream(plan.parser(), id_prefix="toolu_")
 
 
 def stop_reason(out: Output, calls: list[ToolCall]) -> str:
@@ -97,16 +109,17 @@ def message(mid: str, model: str, content: list[Body], out: Output, calls: list[
     }
 
 
-def blocks(deltas: list[Delta], calls: list[ToolCall]) -> list[Body]:
+def blocks(msg: ParsedMessage) -> list[Body]:
     """The content blocks of a whole answer: thinking, text, then the tool calls."""
-    reasoning = "".join(t for k, t in deltas if k == "reasoning")
-    text = "".join(t for k, t in deltas if k == "content")
     out: list[Body] = []
-    if reasoning:
-        out.append({"type": "thinking", "thinking": reasoning, "signature": ""})
-    if text:
-        out.append({"type": "text", "text": text})
-    out += [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.input()} for c in calls]
+    if msg.reasoning_content:
+        out.append({"type": "thinking", "thinking": msg.reasoning_content, "signature": ""})
+    if msg.content:
+        out.append({"type": "text", "text": msg.content})
+    out += [
+        {"type": "tool_use", "id": c.id, "name": c.name, "input": arguments_object(c.arguments)}
+        for c in msg.tool_calls
+    ]
     return out
 
 
@@ -114,8 +127,8 @@ class StreamWriter:
     """The events of one streamed answer; blocks get consecutive indices, each closed
     before the next one opens."""
 
-    def __init__(self, mid: str, model: str, parser: MessageParser) -> None:
-        self.mid, self.model, self.parser = mid, model, parser
+    def __init__(self, mid: str, model: str, reader: MessageStream) -> None:
+        self.mid, self.model, self.reader = mid, model, reader
         self.started = False
         self.index = -1  # the open block's index
         self.kind: str | None = None  # the open block's kind (None: no block open)
@@ -144,8 +157,8 @@ class StreamWriter:
             )
             bodies[0]["message"]["usage"]["output_tokens"] = 0
         if ev.text:
-            for kind, text in self.parser.feed(ev.text):
-                bodies += self._delta(kind, text)
+            for delta in self.reader.feed(ev.text):
+                bodies += self._delta(delta)
         if ev.done:
             bodies += self._end(out)
         return bodies
@@ -168,8 +181,23 @@ class StreamWriter:
     def _event(self, delta: Body) -> Body:
         return {"type": "content_block_delta", "index": self.index, "delta": delta}
 
-    def _delta(self, kind: str, text: str) -> list[Body]:
-        out: list[Body] = []
+    def _delta(self, delta: Body) -> list[Body]:
+        """The events of one OpenAI-style delta (reasoning, content, or a call's head or
+        argument fragment)."""
+        if "tool_calls" in delta:
+            out: list[Body] = []
+            for c in delta["tool_calls"]:
+                if "id" in c:
+                    block = {"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
+                             "input": {}}  # fmt: skip
+                    out += self._open("tool_use", block)
+                fragment = c["function"].get("arguments", "")
+                if fragment:
+                    out.append(self._event({"type": "input_json_delta", "partial_json": fragment}))
+            return out
+        kind = "reasoning" if "reasoning_content" in delta else "content"
+        text = delta.get("reasoning_content") or delta.get("content") or ""
+        out = []
         if self.kind != kind:
             block = (
                 {"type": "thinking", "thinking": ""}
@@ -183,12 +211,9 @@ class StreamWriter:
 
     def _end(self, out: Output) -> list[Body]:
         assert out.final is not None
-        deltas, calls = self.parser.finish()
-        bodies = [b for kind, text in deltas for b in self._delta(kind, text)]
-        for c in calls:
-            block = {"type": "tool_use", "id": c.id, "name": c.name, "input": {}}
-            bodies += self._open("tool_use", block)
-            bodies.append(self._event({"type": "input_json_delta", "partial_json": c.arguments}))
+        bodies = [b for delta in self.reader.finish() for b in self._delta(delta)]
+        assert self.reader.final is not None
+        calls = self.reader.final.tool_calls
         bodies += self._close()
         delta = {"stop_reason": stop_reason(out, calls), "stop_sequence": None}
         delta["stop_sequence"] = out.final.stopping_word or None
@@ -206,18 +231,24 @@ async def messages(request: HttpRequest) -> Response:
     chat = await read_request(request)
     params: MessagesRequest = chat.params.with_defaults(state.cfg.request_defaults())
     prompt = await asyncio.to_thread(prompt_of, state, chat)  # Jinja: off the loop
+    plan = await plan_for(state, chat, prompt)
     prompts = await tokenize_prompts(state, [prompt])
     # a stream's progress events give message_start the cached prompt tokens
-    flight = await submit(state, prompts, params, adapter_name=params.model, progress=params.stream)
+    flight = await submit(
+        state, prompts, params, adapter_name=params.model, progress=params.stream,
+        grammar=plan.grammar,
+    )  # fmt: skip
     model = flight.mix.named or state.model_name  # the adapter `model` named, else the model
     mid = f"msg_{uuid.uuid4().hex}"
-    parser = parser_for(chat, prompt)
     if params.stream:
-        return stream(flight, StreamWriter(mid, model, parser).chunk, frame=sse_named)
+        return stream(flight, StreamWriter(mid, model, reader(plan)).chunk, frame=sse_named)
     (out,) = await collect(flight, request)
-    deltas = parser.feed(out.text)
-    rest, calls = parser.finish()
-    return JsonResponse(message(mid, model, blocks(deltas + rest, calls), out, calls))
+    read = reader(plan)
+    read.feed(out.text)
+    read.finish()
+    assert read.final is not None
+    calls = read.final.tool_calls
+    return JsonResponse(message(mid, model, blocks(read.final), out, calls))
 
 
 @router.post("/v1/messages/count_tokens")
