@@ -35,6 +35,8 @@ from tokenizer_vocabs import (
     BPE_CONTROL,
     BPE_USER_DEFINED,
     EXTRA_FIXED,
+    SPM_BPE_CONTROL,
+    SPM_BPE_USER_DEFINED,
     SPM_CONTROL,
     SPM_USER_DEFINED,
     UGM_VARIANTS,
@@ -46,6 +48,7 @@ from tokenizer_vocabs import (
     llama3_vocab_metadata,
     llama4_vocab_metadata,
     rwkv_vocab_metadata,
+    spm_bpe_vocab_metadata,
     ugm_vocab_metadata,
     vocab_metadata,
     write_tiny_model,
@@ -474,6 +477,15 @@ def main() -> None:
                 write_gguf(path, rwkv_vocab_metadata(), {})
             with ModelServerOracle(args.bin, path, Path(workdir)) as server:
                 record(name, server, path.name, ["<s>", "\n\n"], build_compact_corpus)
+        for pre in ("gemma4", "sarvam-moe"):
+            name, path = f"tiny_spm_bpe_{pre}", DATA / f"tiny_spm_bpe_{pre}.gguf"
+            if args.only is not None and name not in args.only:
+                continue
+            if args.rebuild_vocabs or not path.exists():
+                write_gguf(path, spm_bpe_vocab_metadata(pre), {})
+            with ModelServerOracle(args.bin, path, Path(workdir)) as server:
+                specials = SPM_BPE_CONTROL + SPM_BPE_USER_DEFINED
+                record(name, server, path.name, specials, build_compact_corpus)
         for pre in SERVER_PRES:
             name, path = f"tiny_bpe_{pre}", DATA / f"tiny_bpe_{pre}.gguf"
             if args.only is not None and name not in args.only:

@@ -479,3 +479,57 @@ def llama4_vocab_metadata(package_dir: Path) -> dict[str, Any]:
         "<|eot|>",
         True,
     )
+
+
+SPM_BPE_CONTROL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+SPM_BPE_USER_DEFINED = ["<think>", "</think>"]
+
+
+def spm_bpe_vocab_metadata(pre: str) -> dict[str, Any]:
+    """GGUF metadata of an SPM-style BPE vocabulary (Gemma 4's kind): a BPE over UTF-8
+    characters with spaces as U+2581, trained here, then the 256 `<0xXX>` byte tokens (BYTE)
+    and newline runs as tokens no merge makes; GGUF model 'gemma4' for pre 'gemma4', else
+    'gpt2' with `pre`."""
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|\n+"), "isolated")
+    trainer = trainers.BpeTrainer(
+        vocab_size=1100,
+        special_tokens=SPM_BPE_CONTROL,
+        limit_alphabet=300,
+        show_progress=False,
+    )
+    tok.train_from_iterator(training_lines(), trainer)
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+    types = [3 if t in SPM_BPE_CONTROL else 1 for t in tokens]
+    extras = ["\n" * k for k in (1, 2, 3, 4, 5, 8)] + ["\u2581\u2581", "\u2581" * 4]
+    for extra in extras:
+        if extra not in vocab:
+            tokens.append(extra)
+            types.append(1)
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [6] * 256
+    for text in SPM_BPE_USER_DEFINED:  # a trained token of that text becomes USER_DEFINED
+        if text in tokens:
+            types[tokens.index(text)] = 4
+        else:
+            tokens.append(text)
+            types.append(4)
+    return {
+        "general.architecture": "llama",
+        "general.name": f"tiny-spm-bpe-{pre}",
+        "tokenizer.ggml.model": "gemma4" if pre == "gemma4" else "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": np.array(types, np.int32),
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": np.uint32(tokens.index("<bos>")),
+        "tokenizer.ggml.eos_token_id": np.uint32(tokens.index("<eos>")),
+        "tokenizer.ggml.unknown_token_id": np.uint32(tokens.index("<unk>")),
+        "tokenizer.ggml.add_bos_token": False,
+    }

