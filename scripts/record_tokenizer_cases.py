@@ -348,47 +348,29 @@ SERVER_PRES = [
 ]  # fmt: skip
 
 
-def _base36(n: int) -> str:
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    out = ""
-    while True:
-        n, r = divmod(n, 36)
-        out = digits[r] + out
-        if n == 0:
-            return out
-
-
 def write_unicode_table(src: Path) -> None:
-    """Rewrite loraserve/model/tokenizer_unicode.py's ranges from llama.cpp's unicode-data.cpp:
-    the code points whose flags are UNDEFINED (0x0001)."""
+    """Rewrite loraserve/model/tokenizer_unicode.py's `_FLAGS` from llama.cpp's unicode-data.cpp:
+    each range's start (varint delta) and flag byte, zlib-compressed, base85."""
+    import base64
+    import zlib
+
     text = (src / "src" / "unicode-data.cpp").read_text()
     body = text.split("unicode_ranges_flags = {", 1)[1].split("};", 1)[0]
     pairs = [(int(a, 16), int(f, 16)) for a, f in re.findall(r"\{0x(\w+), 0x(\w+)\}", body)]
-    ranges: list[list[int]] = []
-    for (start, flags), (end, _) in zip(pairs, pairs[1:], strict=False):
-        if flags == 1:
-            if ranges and ranges[-1][1] == start:
-                ranges[-1][1] = end
-            else:
-                ranges.append([start, end])
-    items, prev = [], 0
-    for start, end in ranges:
-        items.append(f"{_base36(start - prev)}.{_base36(end - start)}")
-        prev = end
-    lines, line = [], ""
-    for item in items:
-        if len(line) + len(item) + 1 > 92:
-            lines.append(line)
-            line = item
-        else:
-            line = f"{line} {item}" if line else item
-    lines.append(line)
+    data, prev = bytearray(), 0
+    for start, flag in pairs:
+        delta, prev = start - prev, start
+        while True:
+            data.append((delta & 0x7F) | (0x80 if delta >> 7 else 0))
+            delta >>= 7
+            if not delta:
+                break
+        data.append(flag)
+    blob = base64.b85encode(zlib.compress(bytes(data), 9)).decode()
+    lines = "\n".join(f'    "{blob[i : i + 88]}"' for i in range(0, len(blob), 88))
     target = Path(__file__).resolve().parent.parent / "loraserve/model/tokenizer_unicode.py"
-    code = target.read_text()
-    head, rest = code.split("_RANGES = (\n", 1)
-    tail = rest.split("\n)\n", 1)[1]
-    quoted = "\n".join(f'    "{ln} "' for ln in lines[:-1]) + f'\n    "{lines[-1]}"'
-    target.write_text(head + "_RANGES = (\n" + quoted + "\n)\n" + tail)
+    head, rest = target.read_text().split("_FLAGS = (\n", 1)
+    target.write_text(head + "_FLAGS = (\n" + lines + "\n)\n" + rest.split("\n)\n", 1)[1])
 
 
 def record_real_deepseek(bin_dir: Path, workdir: Path) -> None:
