@@ -183,3 +183,40 @@ def test_openai_client_second_turn(srv) -> None:
         temperature=0,
     )
     assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_responses_function_tools(srv) -> None:
+    """/v1/responses: flat function tools, `function_call` items (whole and streamed)."""
+    tools = [{"type": "function", **t["function"]} for t in TOOLS]
+    body = {"input": USER[0]["content"], "tools": tools, "tool_choice": "required",
+            "max_output_tokens": 160, "temperature": 0}  # fmt: skip
+    res = srv.client.post("/v1/responses", json=body).json()
+    calls = [o for o in res["output"] if o["type"] == "function_call"]
+    assert calls, res
+    for c in calls:
+        jsonschema.validate(json.loads(c["arguments"]), SCHEMAS[c["name"]])
+    with srv.client.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
+        lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+    events = [json.loads(ln[6:]) for ln in lines]
+    args: dict[str, str] = {}
+    for e in events:
+        if e["type"] == "response.function_call_arguments.delta":
+            args[e["item_id"]] = args.get(e["item_id"], "") + e["delta"]
+    final = events[-1]["response"]["output"]
+    streamed = [o for o in final if o["type"] == "function_call"]
+    assert [(c["name"], c["arguments"]) for c in streamed] == [
+        (c["name"], c["arguments"]) for c in calls
+    ]
+    assert [args[c["id"]] for c in streamed] == [c["arguments"] for c in streamed]
+
+
+def test_messages_tools_in_the_models_format(srv) -> None:
+    """/v1/messages: a forced call comes back as a tool_use block valid for its schema."""
+    tools = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
+             for t in TOOLS]  # fmt: skip
+    body = {"messages": USER, "tools": tools, "max_tokens": 160, "temperature": 0,
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": True}}  # fmt: skip
+    res = srv.client.post("/v1/messages", json=body).json()
+    (block,) = res["content"]
+    assert block["type"] == "tool_use" and res["stop_reason"] == "tool_use"
+    jsonschema.validate(block["input"], SCHEMAS[block["name"]])

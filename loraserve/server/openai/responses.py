@@ -5,11 +5,13 @@ The request is converted as llama-server converts it (`server_chat_convert_respo
 tools/server/server-chat.cpp): `instructions` a system message, `input` a string (one user
 message) or items (messages with `input_text`/`output_text` parts, `function_call` and
 `function_call_output` items), `max_output_tokens` is `max_tokens`; the other fields are
-/v1/chat/completions' (`tools` included: refused there). `previous_response_id` is refused,
-as llama-server does. The answer is a `response` object with one `message` output item; a
-stream sends llama-server's named events (`response.created`, `response.in_progress`, with
-`prompt_progress` when asked, `response.output_item.added`, `response.content_part.added`,
-`response.output_text.delta`, then the `.done` events and `response.completed`).
+/v1/chat/completions'; function `tools` (Responses' flat form) are called in the template's
+own format (`server/tool_calls.py`). `previous_response_id` is refused, as llama-server
+does. The answer is a `response` object with its output items (`reasoning`, `message`,
+`function_call`: `responses_items.py`); a stream sends llama-server's named events
+(`response.created`, `response.in_progress`, with `prompt_progress` when asked, then per
+item `response.output_item.added` and its deltas, the `.done` events and
+`response.completed`).
 """
 
 from __future__ import annotations
@@ -24,13 +26,17 @@ from fastapi import APIRouter
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
+from loraserve.chat.formats.stream import MessageStream
 from loraserve.engine.request import Event
 from loraserve.server.errors import JsonResponse, invalid_request, parse_body
 from loraserve.server.generation import chat_prompt, submit, tokenize_prompts
+from loraserve.server.grammar import grammar_spec
+from loraserve.server.openai.responses_items import ItemEvents, chat_tools, output_items
 from loraserve.server.output import Output, collect, stream
 from loraserve.server.schemas import OAIChatRequest
 from loraserve.server.sse import sse_named
 from loraserve.server.state import get_state
+from loraserve.server.tool_calls import plan_reply, tool_choice_of
 
 router = APIRouter()
 Body = dict[str, Any]
@@ -80,6 +86,7 @@ def to_chat(body: Any) -> OAIChatRequest:
     if body.get("previous_response_id"):
         raise invalid_request("previous_response_id: not supported (as llama.cpp)")
     chat = {k: v for k, v in body.items() if k not in ("input", "instructions", "reasoning")}
+    chat["tools"], chat["tool_choice"] = chat_tools(body)
     messages: list[Body] = []
     if body.get("instructions") is not None:
         messages.append({"role": "system", "content": body["instructions"]})
@@ -106,20 +113,6 @@ def usage(out: Output) -> Body:
     }
 
 
-def text_part(text: str) -> Body:
-    return {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
-
-
-def message_item(mid: str, text: str) -> Body:
-    return {
-        "type": "message",
-        "status": "completed",
-        "id": mid,
-        "content": [text_part(text)],
-        "role": "assistant",
-    }
-
-
 @router.post("/v1/responses")
 @router.post("/responses")
 async def responses(request: HttpRequest) -> Response:
@@ -132,20 +125,36 @@ async def responses(request: HttpRequest) -> Response:
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise invalid_request(f"Invalid JSON in request body: {e}") from None
     params = to_chat(body).with_defaults(state.cfg.request_defaults())
-    prompt = await asyncio.to_thread(chat_prompt, state, params)  # Jinja: off the loop
+    # Jinja: off the loop
+    prompt = await asyncio.to_thread(chat_prompt, state, params, params.tools)
+    choice = tool_choice_of(params.tools, params.tool_choice)
+    constrained = grammar_spec(params.grammar, params.json_schema, params.response_format)
+    plan = await plan_reply(
+        state, prompt, params.tools, choice, params.parallel_tool_calls,
+        params.reasoning_format, constrained is not None,
+    )  # fmt: skip
     prompts = await tokenize_prompts(state, [prompt])
-    flight = await submit(state, prompts, params, adapter_name=params.model, progress=params.stream)
+    flight = await submit(
+        state, prompts, params, adapter_name=params.model, progress=params.stream,
+        grammar=plan.grammar,
+    )  # fmt: skip
     model = flight.mix.named or state.model_name
     rid, mid = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
     head = {"id": rid, "object": "response", "status": "in_progress"}
     if not params.stream:
         (out,) = await collect(flight, request)
         t = int(time.time())
-        output = [message_item(mid, out.text)] if out.text else []
+        reader = MessageStream(plan.parser())
+        reader.feed(out.text)
+        reader.finish()
+        assert reader.final is not None
+        output = output_items(reader.final, mid)
         res = {"completed_at": t, "created_at": t, "id": rid, "model": model}
         res |= {"object": "response", "output": output, "status": "completed"}
         return JsonResponse({**res, "usage": usage(out)})
-    seen = {"created": False, "text": False}
+    seen = {"created": False}
+    reader = MessageStream(plan.parser(stream=True))
+    items = ItemEvents(mid)
 
     def chunk(i: int, out: Output, ev: Event) -> list[Body]:
         events: list[Body] = []
@@ -155,29 +164,18 @@ async def responses(request: HttpRequest) -> Response:
             events += [{"type": "response.in_progress", "response": head}]
         elif ev.progress is not None and params.return_progress:
             events.append({"type": "response.in_progress", "response": head})
-        if ev.text:
-            if not seen["text"]:
-                seen["text"] = True
-                item = {"content": [], "id": mid, "role": "assistant", "status": "in_progress"}
-                item["type"] = "message"
-                events.append({"type": "response.output_item.added", "item": item})
-                part = {"type": "output_text", "text": ""}
-                events.append({"type": "response.content_part.added", "item_id": mid, "part": part})
-            delta = {"item_id": mid, "delta": ev.text}
-            events.append({"type": "response.output_text.delta", **delta})
+        deltas = reader.feed(ev.text) if ev.text else []
+        if ev.done:
+            deltas += reader.finish()
+        for d in deltas:
+            events += items.delta(d)
         if events and params.timings_per_token and ev.token is not None:
             events[-1]["timings"] = out.partial_timings()
         if events and ev.progress is not None and params.return_progress:
             events[-1]["prompt_progress"] = ev.progress.as_dict()
         if ev.done:
-            output = []
-            if out.text:
-                done = {"item_id": mid, "text": out.text}
-                events.append({"type": "response.output_text.done", **done})
-                part = text_part(out.text)
-                events.append({"type": "response.content_part.done", "item_id": mid, "part": part})
-                output = [message_item(mid, out.text)]
-                events.append({"type": "response.output_item.done", "item": output[0]})
+            closing, output = items.finish()
+            events += closing
             final = {**head, "created_at": int(time.time()), "status": "completed"}
             final |= {"model": model, "output": output, "usage": usage(out)}
             done = {"response": final, "timings": out.timings()}
