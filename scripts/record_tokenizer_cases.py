@@ -339,12 +339,13 @@ def record(
 
 
 # One tiny vocabulary per further pre-tokenizer (one name for each distinct regex list, and the
-# flag variants: glm4 without BOS and with ignore_merges, dbrx without either)
+# flag variants: glm4 without BOS and with ignore_merges, dbrx without either; the last four go
+# through llama.cpp's hand-written splitters)
 SERVER_PRES = [
     "qwen35", "tekken", "gpt-4o", "deepseek-llm", "deepseek-coder", "deepseek-v3", "glm4", "dbrx",
     "refact", "falcon", "poro-chat", "viking", "chameleon", "jais-2", "spark2_5", "youtu",
     "granite-embed-multi-97m", "bailingmoe", "seed-coder", "ufakzeka", "laguna", "exaone-moe",
-    "minicpm5",
+    "minicpm5", "kimi-k2", "afmoe", "tiny_aya", "superbpe",
 ]  # fmt: skip
 
 

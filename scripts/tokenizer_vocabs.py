@@ -171,9 +171,13 @@ def train_bpe(pre: str, vocab_size: int = 1200) -> tuple[list[str], list[int], l
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     from loraserve.model.tokenizer_pretok import PRE_TYPES, RegexSplitter
+    from loraserve.model.tokenizer_pretok_custom import CUSTOM_STEPS
 
     tok = Tokenizer(models.BPE())
-    split = RegexSplitter(PRE_TYPES[pre].regexes).split
+    # training needs no exact split: llama.cpp's hand-written steps are left out (Kimi K2's
+    # whole split stands in as gpt-4o's)
+    regexes = [r for r in PRE_TYPES[pre].regexes if r not in CUSTOM_STEPS]
+    split = RegexSplitter(regexes or PRE_TYPES["gpt-4o"].regexes).split
     tok.pre_tokenizer = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(False, False)])
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

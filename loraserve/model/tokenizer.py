@@ -145,7 +145,8 @@ class Tokenizer:
 
             add_bos = force_bos = spm_bpe.force_bos
         elif model == "gpt2":
-            bpe = BpeEncoder(texts, meta["tokenizer.ggml.merges"], key("pre", "default"))
+            merges = meta.get("tokenizer.ggml.merges", [])  # kimi-k2 may have none
+            bpe = BpeEncoder(texts, merges, key("pre", "default"))
             bos, eos = token_id("bos", None if bpe.pre.no_bos else 11), token_id("eos", 11)
             add_bos = bpe.pre.add_bos
 

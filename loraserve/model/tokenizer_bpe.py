@@ -18,6 +18,7 @@ from typing import Any
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from loraserve.model.tokenizer_pretok import PRE_TYPES, PreType, RegexSplitter
+from loraserve.model.tokenizer_pretok_custom import CUSTOM_STEPS
 
 UNKNOWN_CHAR = "\u0000<loraserve:unknown>"
 
@@ -102,10 +103,17 @@ class BpeEncoder:
     def __init__(self, texts: Sequence[str], merges: Sequence[str], pre: str):
         self.pre = pre_type(pre)
         self.n_vocab = len(texts)
-        self._fast, _ = build_bpe(texts, merges, pre)
-        self._splitter = RegexSplitter(self.pre.regexes)
         self._model_args = (texts, merges)
         self._words: Tokenizer | None = None  # built on the first text that needs it
+        regexes = self.pre.regexes
+        # llama.cpp's hand-written steps (kimi-k2, afmoe, tiny_aya, superbpe): every text goes
+        # through the steps here, one piece at a time
+        self._steps = None
+        if any(r in CUSTOM_STEPS for r in regexes):
+            self._steps = [CUSTOM_STEPS.get(r) or RegexSplitter([r]).words for r in regexes]
+            return
+        self._fast, _ = build_bpe(texts, merges, pre)
+        self._splitter = RegexSplitter(regexes)
 
     def _words_model(self) -> Tokenizer:
         if self._words is None:
@@ -115,7 +123,15 @@ class BpeEncoder:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`."""
-        if self._splitter.needs_stand_ins(text):
+        if self._steps is not None:
+            words = [text]
+            for step in self._steps:
+                words = [word for piece in words for word in step(piece)]
+            if not words:
+                return []
+            words_model = self._words_model()
+            ids = words_model.encode(words, is_pretokenized=True, add_special_tokens=False).ids
+        elif self._splitter.needs_stand_ins(text):
             words = self._splitter.words(text)
             if not words:
                 return []

@@ -140,6 +140,21 @@ _REGEXES: dict[str, list[str]] = {
         _C + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
     ],
 }
+# the custom splitters (tokenizer_pretok_custom.CUSTOM_STEPS) go by these exact strings
+_REGEXES["KIMI_K2"] = [r"\p{Han}+"]
+_REGEXES["AFMOE"] = [
+    r"\p{AFMoE_digits}",
+    "[\u4e00-\u9fff\u3400-\u4dbf\u8c48-\ufaff\u3040-\u309f\u30a0-\u30ff\uff65-\uff9f"
+    "\u2f00-\u2fdf\u0e40-\u0e7f\u0e80-\u0eff\u1780-\u17ff\u1000-\u109f\uaa60-\uaa7f"
+    "\ua9e0-\ua9ff\uac00-\ud7af\u1100-\u11ff]+",  # llama.cpp's text has U+8C48 where U+F900
+    _DEEPSEEK3,
+]
+_REGEXES["TINY_AYA"] = [
+    r"\d{1,3}(?=(?:\d{3})*\b)",
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_CASED}*{_LOWERCASED}+{_C}?|[^\r\n\p{{L}}\p{{N}}]?{_CASED}+"
+    rf"{_LOWERCASED}*{_C}?|\p{{N}}{{1,3}}| ?[^\s\p{{L}}\p{{N}}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+]
+_REGEXES["SUPERBPE"] = [r"\p{N}+", r"(?=(\d{3})+(?!\d))"]
 for _kind in ("REFACT", "COMMAND_R", "SMOLLM", "CODESHELL", "EXAONE", "MINERVA", "MELLUM2"):
     _REGEXES[_kind] = _REGEXES["STARCODER"]
 for _kind in ("MPT", "OLMO", "JAIS", "TRILLION", "GRANITE_DOCLING"):
@@ -170,9 +185,8 @@ def _names(kind: str, names: str, **flags: bool) -> dict[str, PreType]:
     return {name: PreType(kind, **flags) for name in names.split()}
 
 
-# tokenizer.ggml.pre -> PreType, as llama_vocab::impl::load maps them (byte-level BPE only: the
-# custom splitters of kimi-k2, afmoe, tiny_aya and superbpe and the non-byte-level gemma4,
-# sarvam-moe and whitespace are not here)
+# tokenizer.ggml.pre -> PreType, as llama_vocab::impl::load maps them (byte-level BPE only; the
+# SentencePiece-style gemma4 / sarvam-moe are tokenizer_bpe_spm's, whitespace is not supported)
 PRE_TYPES: dict[str, PreType] = {
     **_names("DEFAULT", "default"),
     **_names("MINICPM5", "minicpm5", ignore_merges=True),
@@ -234,6 +248,10 @@ PRE_TYPES: dict[str, PreType] = {
     **_names("MINIMAX_M2", "minimax-m2"),
     **_names("SOLAR_OPEN", "solar-open"),
     **_names("MELLUM2", "mellum2"),
+    **_names("KIMI_K2", "kimi-k2"),
+    **_names("AFMOE", "afmoe"),
+    **_names("TINY_AYA", "tiny_aya cohere2moe"),
+    **_names("SUPERBPE", "superbpe"),
 }
 
 _CATEGORY = re.compile(r"\\p\{L[ultmo]\}")

@@ -92,7 +92,7 @@ def test_detokenize_and_eog_equal_llama_server(name: str) -> None:
 
 def test_every_recorded_pre_tokenizer_is_known() -> None:
     bpe = [name for name in RECORDED if name.startswith("tiny_bpe_")]
-    assert len(bpe) >= 23
+    assert len(bpe) >= 27
     others = {"tiny_t5", "tiny_ugm_keep_spaces", "tiny_ugm_prefix", "tiny_rwkv"}
     assert others | {"tiny_spm_bpe_gemma4", "tiny_spm_bpe_sarvam-moe"} <= set(RECORDED)
     for name in bpe:
