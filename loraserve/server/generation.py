@@ -57,6 +57,9 @@ async def tokenize_prompts(state: ServerState, prompts: list[Prompt]) -> list[li
     return await asyncio.to_thread(run) if size > BIG_PROMPT_CHARS else run()
 
 
+CONTINUATION = {"content": "content", "reasoning_content": "reasoning"}
+
+
 def chat_prompt(state: ServerState, body: Any, tools: list[dict[str, Any]] | None = None) -> str:
     """A chat request's prompt, rendered as llama-server renders it (`chat.template`):
     ``body``'s ``messages`` and ``tools`` (the argument, else the body's) with the server's
@@ -68,7 +71,8 @@ def chat_prompt(state: ServerState, body: Any, tools: list[dict[str, Any]] | Non
     As llama-server: a last assistant message is continued (prefilled: the others are
     rendered without the generation prompt, then the generation prompt and its text follow)
     unless ``--no-prefill-assistant`` or the request sets ``continue_final_message`` false;
-    true asks for it explicitly and then needs ``add_generation_prompt`` false. Two
+    true asks for it explicitly and then needs ``add_generation_prompt`` false ("content"
+    or "reasoning_content": continue that part of it, the reasoning left open). Two
     assistant messages at the end, or continuing one with tool calls, are 400s."""
     cfg = state.cfg
     messages = body.messages
@@ -95,7 +99,7 @@ def chat_prompt(state: ServerState, body: Any, tools: list[dict[str, Any]] | Non
         cfg.chat_template_kwargs,
         body.chat_template_kwargs,
         tools=tools if tools is not None else getattr(body, "tools", None),
-        continuation="auto" if cont else "none",
+        continuation=CONTINUATION.get(cont, "auto" if cont else "none"),  # type: ignore[arg-type]
         reasoning=cfg.reasoning,  # type: ignore[arg-type]
         reasoning_effort=getattr(body, "reasoning_effort", None),
     )

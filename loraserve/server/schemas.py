@@ -262,7 +262,9 @@ class OAIChatRequest(_GenerationParams):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=N_PROBS_MAX)
     add_generation_prompt: bool = True
-    continue_final_message: bool | None = None  # None: continue a last assistant message
+    # None: continue a last assistant message; "content" / "reasoning_content": continue
+    # that part (llama-server's `common_chat_continuation_parse`)
+    continue_final_message: bool | Literal["content", "reasoning_content"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     stream_options: StreamOptions | None = None
     # OpenAI function tools, parsed in the template's format (`server/tool_calls.py`)
@@ -295,7 +297,7 @@ class ApplyTemplateRequest(_Body):
 
     messages: Messages
     add_generation_prompt: bool = True
-    continue_final_message: bool | None = None
+    continue_final_message: bool | Literal["content", "reasoning_content"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     reasoning_effort: str | None = None

@@ -6,7 +6,8 @@ deepseek-legacy: also, except in streams, where it stays inline), `--reasoning-b
 chat rendering: `-rea/--reasoning on|off|auto` (`enable_thinking` for the template; auto:
 on where the template supports thinking; llama.cpp's spellings: on/enabled/true/1,
 off/disabled/false/0, auto/-1), `--reasoning-effort LEVEL` (a template kwarg; "default"
-leaves it out) and `--prefill-assistant` / `--no-prefill-assistant` (whether a last
+leaves it out), `--[no-]reasoning-preserve` (the `preserve_reasoning` kwarg, on by default)
+and `--prefill-assistant` / `--no-prefill-assistant` (whether a last
 assistant message is continued)."""
 
 from __future__ import annotations
@@ -60,6 +61,13 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "'default' keeps the template's (default: default)",
     )
     r.add_argument(
+        "--reasoning-preserve",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="past reasoning kept in the prompt, for templates that can (the template kwarg "
+        "preserve_reasoning; default: on)",
+    )
+    r.add_argument(
         "--prefill-assistant",
         action=argparse.BooleanOptionalAction,
         help="continue a last assistant message instead of starting a new one "
@@ -73,9 +81,13 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 
 def template_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
-    """`--chat-template-kwargs`, with `--reasoning-effort`'s level (llama-server keeps both
-    in its default template kwargs)."""
+    """llama-server's default template kwargs: `--chat-template-kwargs`, with
+    `--reasoning-effort`'s level and `preserve_reasoning` (`--[no-]reasoning-preserve`, else
+    the kwargs', else true)."""
     kwargs = dict(ns.chat_template_kwargs or {})
+    if ns.reasoning_preserve is not None:
+        kwargs["preserve_reasoning"] = ns.reasoning_preserve
+    kwargs.setdefault("preserve_reasoning", True)
     effort = getattr(ns, "reasoning_effort", None)
     if effort == "default":
         kwargs.pop("reasoning_effort", None)

@@ -47,6 +47,7 @@ def _llama(name: str, **case: object) -> str:
 
 def _render(name: str, **kw: object) -> str:
     now = datetime.fromisoformat(_oracle()["meta"]["now_utc"].replace("Z", ""))
+    kw.setdefault("defaults", {"preserve_reasoning": True})  # llama-server's default kwargs
     return render_prompt(_template(name), TOKENS, USER, True, now=now, **kw)  # type: ignore[arg-type]
 
 

@@ -224,7 +224,8 @@ def test_chat_template_flags(tmp_path, capsys):
     assert parse("").chat_template is None and parse("").chat_template_origin == ""
     cfg = parse('--chat-template gemma --chat-template-kwargs {"enable_thinking":false}')
     assert (cfg.chat_template, cfg.chat_template_origin) == ("gemma", "--chat-template")
-    assert cfg.chat_template_kwargs == {"enable_thinking": False}
+    # llama-server adds preserve_reasoning true to its default kwargs (common/arg.cpp)
+    assert cfg.chat_template_kwargs == {"enable_thinking": False, "preserve_reasoning": True}
     jinja = tmp_path / "t.jinja"
     jinja.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
     cfg = parse(f"--jinja --chat-template-file {jinja}")
