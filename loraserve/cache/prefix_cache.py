@@ -1,10 +1,16 @@
-"""Prefix index over KV blocks, namespaced by the adapter cache key.
+"""Prefix index over KV blocks, namespaced by the adapter cache key of every position.
 
-A node is a block: its parent (the previous full block of the same sequence, or the
-root of its cache key) and the tokens it holds (``block_size`` of them, or fewer for a
-sequence's tail). Nodes are identified exactly by (parent, tokens), never by a hash,
-so two cache keys can never share a node and a lookup never returns KV computed under
-another adapter configuration — the invariant loraserve exists for.
+A sequence's key is one `CacheKey` for all its positions, or `Spans` when it changes
+along the sequence (an aLoRA adapter acts only from its invocation on: the positions
+before it are computed under the rest of the mix). A block's *block key* is the key of
+its own positions, as (offset in the block, key) segments. A node is a block: its parent
+(the previous full block of the same sequence, or the root), its block key and the
+tokens it holds (``block_size`` of them, or fewer for a sequence's tail). Nodes are
+identified exactly by (parent, block key, tokens), never by a hash, so KV is shared only
+where every position up to it was computed under the same key over the same tokens, and
+a lookup never returns KV computed under another adapter configuration — the invariant
+loraserve exists for. A partial match into a block reuses only positions whose key there
+is the requested one.
 
 Invariants (checked by `check`):
 - every indexed block is used in the pool; its parent is a root or an indexed full
@@ -20,13 +26,54 @@ Invariants (checked by `check`):
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from loraserve.cache.block_pool import BlockPool, OutOfBlocks
 
 CacheKey = tuple[tuple[str, float], ...]  # sorted (adapter content id, scale), scale != 0
-Parent = int | tuple[str, Hashable]  # block id, or ("root", cache key)
+Parent = int | str  # block id, or ROOT
+BlockKey = tuple[tuple[int, Hashable], ...]  # (offset in the block, key) segments
+ROOT = "root"
+
+
+@dataclass(frozen=True)
+class Spans:
+    """A key that changes along a sequence: ``parts`` are (first position, key), the first
+    at position 0, positions ascending, neighbours' keys different (made by `spans`)."""
+
+    parts: tuple[tuple[int, CacheKey], ...]
+
+    def block_key(self, lo: int, hi: int) -> BlockKey:
+        """The segments of positions lo..hi-1, offsets relative to ``lo``."""
+        out = []
+        for j, (start, key) in enumerate(self.parts):
+            end = self.parts[j + 1][0] if j + 1 < len(self.parts) else hi
+            if start < hi and end > lo:
+                out.append((max(start - lo, 0), key))
+        return tuple(out)
+
+
+def spans(parts: list[tuple[int, CacheKey]]) -> CacheKey | Spans:
+    """The key of a sequence whose key is ``parts[i][1]`` from position ``parts[i][0]`` on
+    (sorted, the first at 0): a plain `CacheKey` when it is one key throughout."""
+    out: list[tuple[int, CacheKey]] = []
+    for start, key in sorted(parts):
+        if out and out[-1][0] == start:
+            out[-1] = (start, key)
+        elif not out or out[-1][1] != key:
+            out.append((start, key))
+    return out[0][1] if len(out) == 1 else Spans(tuple(out))
+
+
+def block_key(key: Hashable, lo: int, hi: int) -> BlockKey:
+    """The block key of positions lo..hi-1 of a sequence whose key is ``key``."""
+    return key.block_key(lo, hi) if isinstance(key, Spans) else ((0, key),)
+
+
+def _head(bkey: BlockKey, n: int) -> BlockKey:
+    """A block key restricted to its first ``n`` positions."""
+    return tuple(seg for seg in bkey if seg[0] < n)
 
 
 @dataclass
@@ -42,9 +89,15 @@ class Match:
 @dataclass
 class _Node:
     parent: Parent
+    bkey: BlockKey
     tokens: tuple[int, ...]
     children: int = 0
     last_used: int = 0
+
+    @property
+    def slot(self) -> tuple[Parent, Hashable]:
+        """Where it is listed: its parent and the key at its first position."""
+        return (self.parent, self.bkey[0][1])
 
 
 @dataclass
@@ -63,37 +116,41 @@ class PrefixCache:
         self.bs = pool.block_size
         self.budget = budget_blocks  # None = unlimited (bounded by the pool)
         self._nodes: dict[int, _Node] = {}
-        self._children: dict[Parent, dict[tuple[int, ...], int]] = {}
+        # (parent, key at the block's first position) -> (block key, tokens) -> block
+        self._children: dict[tuple[Parent, Hashable], dict[tuple[BlockKey, tuple], int]] = {}
         self._clock = itertools.count(1)
         self._n_cached = 0  # indexed blocks with refcount 0
         self._evictable: set[int] = set()  # ...of them, those without children
         self.stats = CacheStats()
 
     # -- lookup -------------------------------------------------------------------
-    def match(self, key: CacheKey, tokens: Sequence[int], limit: int) -> Match:
+    def match(self, key: CacheKey | Spans, tokens: Sequence[int], limit: int) -> Match:
         """Longest cached prefix of ``tokens[:limit]`` computed under ``key``.
 
         Matched blocks are not referenced yet: the caller `acquire`s what it keeps.
         """
         m = Match()
-        parent: Parent = ("root", key)
+        parent: Parent = ROOT
         now = next(self._clock)
         i = 0
         while i < limit:
-            kids = self._children.get(parent)
+            want = block_key(key, i, i + self.bs)
+            kids = self._children.get((parent, want[0][1]))
             if not kids:
                 break
             chunk = tuple(tokens[i : i + self.bs])
-            if len(chunk) == self.bs and i + self.bs <= limit and chunk in kids:
-                b = kids[chunk]
-                self._nodes[b].last_used = now
-                m.blocks.append(b)
-                parent = b
+            full = kids.get((want, chunk)) if len(chunk) == self.bs else None
+            if full is not None and i + self.bs <= limit:
+                self._nodes[full].last_used = now
+                m.blocks.append(full)
+                parent = full
                 i += self.bs
                 continue
             best, best_len = None, 0  # longest common prefix with any child
-            for toks, b in kids.items():
+            for (bkey, toks), b in kids.items():
                 n = _common_prefix(toks, tokens, i, limit)
+                while n and _head(bkey, n) != _head(want, n):
+                    n -= 1  # only positions computed under the key wanted there
                 if n > best_len:
                     best, best_len = b, n
             if best is not None:
@@ -110,23 +167,24 @@ class PrefixCache:
         return m
 
     # -- insertion ------------------------------------------------------------------
-    def insert(self, key: CacheKey, tokens: Sequence[int], blocks: Sequence[int]) -> None:
+    def insert(self, key: CacheKey | Spans, tokens: Sequence[int], blocks: Sequence[int]) -> None:
         """Index a sequence's blocks holding KV for ``tokens`` (len <= len(blocks) * bs).
 
-        A block whose (parent, tokens) is already indexed is skipped (the indexed twin
-        stays the chain's node); the sequence keeps its own references either way.
+        A block whose (parent, block key, tokens) is already indexed is skipped (the indexed
+        twin stays the chain's node); the sequence keeps its own references either way.
         """
-        parent: Parent = ("root", key)
+        parent: Parent = ROOT
         now = next(self._clock)
         for j, b in enumerate(blocks):
             chunk = tuple(tokens[j * self.bs : (j + 1) * self.bs])
             if not chunk:
                 break
-            kids = self._children.setdefault(parent, {})
-            twin = kids.get(chunk)
+            bkey = block_key(key, j * self.bs, j * self.bs + len(chunk))
+            kids = self._children.setdefault((parent, bkey[0][1]), {})
+            twin = kids.get((bkey, chunk))
             if twin is None and b not in self._nodes:
-                kids[chunk] = b
-                self._nodes[b] = _Node(parent, chunk, last_used=now)
+                kids[(bkey, chunk)] = b
+                self._nodes[b] = _Node(parent, bkey, chunk, last_used=now)
                 if self.pool.refcount[b] == 0:
                     self._n_cached += 1
                     self._evictable.add(b)
@@ -188,17 +246,21 @@ class PrefixCache:
             raise OutOfBlocks("KV pool exhausted: every block is held by a running sequence")
         return self.pool.allocate()
 
-    def drop_key(self, pred: object) -> None:
-        """Un-index every block whose root cache key satisfies ``pred(key)`` (adapter unload)."""
-        doomed = [b for b in self._nodes if pred(self._root_key(b))]  # type: ignore[operator]
-        for b in sorted(doomed, key=lambda b: -self._depth(b)):
-            self._remove(b)
+    def drop_key(self, pred: Callable[[CacheKey], bool]) -> None:
+        """Un-index every block computed under a key that satisfies ``pred(key)`` at one of
+        its positions, with every block that follows it (adapter unload)."""
+        doomed: dict[int, bool] = {}
 
-    def _root_key(self, b: int) -> Hashable:
-        p = self._nodes[b].parent
-        while isinstance(p, int):
-            p = self._nodes[p].parent
-        return p[1]
+        def is_doomed(b: int) -> bool:
+            if b not in doomed:
+                node = self._nodes[b]
+                up = isinstance(node.parent, int) and is_doomed(node.parent)
+                doomed[b] = up or any(pred(k) for _, k in node.bkey)  # type: ignore[arg-type]
+            return doomed[b]
+
+        gone = [b for b in self._nodes if is_doomed(b)]
+        for b in sorted(gone, key=lambda b: -self._depth(b)):
+            self._remove(b)
 
     def _depth(self, b: int) -> int:
         d, p = 0, self._nodes[b].parent
@@ -209,16 +271,15 @@ class PrefixCache:
     def _remove(self, b: int) -> None:
         node = self._nodes.pop(b)
         self._evictable.discard(b)
-        kids = self._children[node.parent]
-        del kids[node.tokens]
+        kids = self._children[node.slot]
+        del kids[(node.bkey, node.tokens)]
         if not kids:
-            del self._children[node.parent]
+            del self._children[node.slot]
         if isinstance(node.parent, int):
             parent = self._nodes[node.parent]
             parent.children -= 1
             if parent.children == 0 and self.pool.refcount[node.parent] == 0:
                 self._evictable.add(node.parent)
-        self._children.pop(b, None)
         if self.pool.refcount[b] == 0:
             self._n_cached -= 1
             self.pool.free(b)
@@ -226,15 +287,20 @@ class PrefixCache:
     def check(self) -> None:
         """Assert the index invariants (used by tests)."""
         self.pool.check()
+        n_kids: dict[int, int] = {}
         for b, node in self._nodes.items():
             assert b in self.pool._used, f"indexed block {b} is free"
-            assert self._children[node.parent][node.tokens] == b
+            assert self._children[node.slot][(node.bkey, node.tokens)] == b
+            assert node.bkey and node.bkey[0][0] == 0 and _head(node.bkey, len(node.tokens))
             if isinstance(node.parent, int):
                 assert (
                     node.parent in self._nodes and len(self._nodes[node.parent].tokens) == self.bs
                 )
-            n_kids = len(self._children.get(b, {}))
-            assert n_kids == node.children, f"block {b} child count {node.children} != {n_kids}"
+                n_kids[node.parent] = n_kids.get(node.parent, 0) + 1
+        assert sum(len(k) for k in self._children.values()) == len(self._nodes)
+        for b, node in self._nodes.items():
+            n = n_kids.get(b, 0)
+            assert n == node.children, f"block {b} child count {node.children} != {n}"
         cached = {b for b in self._nodes if self.pool.refcount[b] == 0}
         assert self._n_cached == len(cached), "cached count out of step"
         assert self._evictable == {b for b in cached if self._nodes[b].children == 0}

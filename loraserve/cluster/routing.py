@@ -16,6 +16,7 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
+from loraserve.lora.catalogue import Catalogue
 from loraserve.lora.registry import AdapterRegistry
 
 BASE_KEY = "base"  # the routing key of the base model's mix (the empty cache key)
@@ -27,7 +28,8 @@ class _Entry:
 
     id: int
     name: str
-    content_id: str
+    content_id: str  # "" for an adapter registered on disk and never read yet
+    path: str = ""
 
 
 class RouteTable(AdapterRegistry):
@@ -36,6 +38,7 @@ class RouteTable(AdapterRegistry):
 
     def __init__(self, table: list[dict[str, Any]]) -> None:  # no model: mixes only
         self._adapters = {a["id"]: _Entry(a["id"], a["name"], a["content_id"]) for a in table}
+        self.catalogue = Catalogue()  # names the replicas never registered: no adapter
         self._global = {a["id"]: float(a["scale"]) for a in table}
         self._next_id = max(self._adapters, default=-1) + 1
 
@@ -46,7 +49,7 @@ class RouteTable(AdapterRegistry):
         try:
             data = json.loads(body) if body else {}
             lora = data.get("lora") if isinstance(data, dict) else None
-            items = [(int(x["id"]), float(x["scale"])) for x in lora] if lora else None
+            items = [(_ref(x), float(x["scale"])) for x in lora] if lora else None
             model = data.get("model") if isinstance(data, dict) else None
             mix = self.mix(items, model if isinstance(model, str) else None)
         except (ValueError, TypeError, KeyError, AttributeError):
@@ -54,6 +57,11 @@ class RouteTable(AdapterRegistry):
         if not mix.cache_key:
             return BASE_KEY
         return hashlib.sha256(repr(mix.cache_key).encode()).hexdigest()[:16]
+
+
+def _ref(item: dict[str, Any]) -> int | str:
+    """A `lora` entry's adapter: its id, or its name."""
+    return int(item["id"]) if "id" in item else str(item["name"])
 
 
 def rank(key: str, replica_ids: list[str]) -> list[str]:

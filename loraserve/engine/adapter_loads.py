@@ -73,8 +73,7 @@ class AdapterLoads:
             self._admit(parked)
             return
         self._parked.append(parked)
-        for i in missing:
-            self._read(i)
+        self._read(missing)
 
     def in_use(self) -> set[int]:
         """Adapters that a queued, running or parked request uses."""
@@ -110,22 +109,27 @@ class AdapterLoads:
         mix = self.reg.make_mix(p.scales, p.named)
         for r in p.reqs:
             r.mix = mix
+            keyed = self.reg.request_key(mix.scales, r.prompt)  # aLoRA: per position span
+            if keyed is not None:
+                r.spans_key, r.mixes = keyed
             self.sched.add(r)
         p.received.set_result(mix)
 
-    def _read(self, adapter_id: int) -> None:
-        if adapter_id in self._reading:
-            return  # one read for every request that waits for it
-        self._reading.add(adapter_id)
-        if not self.inbox.threaded:  # no engine thread (tests, the CLI): read here
-            self._done(adapter_id, *_timed(self.reg.read, adapter_id))
-            return
+    def _read(self, ids: list[int]) -> None:
+        """Start reading the adapters ``ids`` that are not being read already (all are
+        marked first: without an engine thread each read finishes inside this call)."""
+        new = [i for i in ids if i not in self._reading]  # one read for all who wait
+        self._reading.update(new)
+        for adapter_id in new:
+            if not self.inbox.threaded:  # no engine thread (tests, the CLI): read here
+                self._done(adapter_id, *_timed(self.reg.read, adapter_id))
+                continue
 
-        def job() -> None:
-            result = _timed(self.reg.read, adapter_id)
-            self.inbox.call(lambda: self._done(adapter_id, *result))
+            def job(adapter_id: int = adapter_id) -> None:
+                result = _timed(self.reg.read, adapter_id)
+                self.inbox.call(lambda: self._done(adapter_id, *result))
 
-        self.off_thread(job)
+            self.off_thread(job)
 
     def _done(
         self, adapter_id: int, loaded: Adapter | None, error: BaseException | None, dt: float
@@ -137,7 +141,9 @@ class AdapterLoads:
             self.reg.install(adapter_id, loaded, dt)
         else:
             self.reg.stats.load_failures += 1
-        still = []
+        still: list[_Parked] = []
+        ready: list[_Parked] = []
+        again: list[int] = []
         for p in self._parked:
             if adapter_id in p.scales and error is not None:
                 p.received.set_exception(error)
@@ -145,15 +151,18 @@ class AdapterLoads:
                 still.append(p)
             elif missing := self.reg.missing(p.scales):  # evicted while it waited: again
                 still.append(p)
-                for i in missing:
-                    self._read(i)
+                again += missing
             else:
-                self._admit(p)
+                ready.append(p)
         self._parked = still
+        for p in ready:  # in arrival order
+            self._admit(p)
         a = self.reg.get(adapter_id)
         if error is not None and not a.content_id and adapter_id not in self.in_use():
             self.reg.unload(adapter_id)  # never read: the catalogue entry stays as it was
         self.enforce()
+        if again:
+            self._read(again)
 
 
 def _timed(

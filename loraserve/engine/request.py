@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from loraserve.cache.prefix_cache import CacheKey
+from loraserve.cache.prefix_cache import CacheKey, Spans
 from loraserve.engine.constraint import Constraint
 from loraserve.engine.embedding import Pooler, Pooling
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.sampling.state import SamplerState
 from loraserve.engine.spec.config import SpecRequest
+from loraserve.lora.alora import PositionMixes
 from loraserve.lora.registry import BASE, Mix
 
 if TYPE_CHECKING:
@@ -145,11 +146,15 @@ class Request:
     leader: Request | None = None  # same prompt: wait for its prefill and share that KV (`n`)
     progress: bool = False  # send prompt-progress events (`Event.progress`)
     mix: Mix = field(default=BASE, init=False)
+    # with aLoRA adapters in the mix (`lora.alora`), set with `mix`: the key of each
+    # position span of the prompt, and the scales active from each span's first position
+    spans_key: CacheKey | Spans | None = field(default=None, init=False)
+    mixes: PositionMixes = field(default=(), init=False)
 
     @property
-    def cache_key(self) -> CacheKey:
-        """The prefix-cache key of the request's mix."""
-        return self.mix.cache_key
+    def cache_key(self) -> CacheKey | Spans:
+        """The prefix-cache key of the request's mix (per position span with aLoRA)."""
+        return self.mix.cache_key if self.spans_key is None else self.spans_key
 
 
 @dataclass

@@ -24,6 +24,8 @@ class BatchItem:
     hidden: tuple[int, int] | None = None  # offsets lo..hi-1 of the rows whose hidden
     # states an embedding request reads (`embedding.wanted_rows`)
     n_logits: int = 1  # with want_logits: logits of the last n_logits rows (a draft's rows)
+    # aLoRA (`lora.alora`): (first position, scales) spans that replace ``mix``
+    mixes: tuple[tuple[int, Mapping[int, float]], ...] = ()
 
 
 LoraBuilder = Callable[[list[tuple[int, int, Mapping[int, float]]]], LoraDelta | None]
@@ -120,8 +122,9 @@ class ModelRunner:
         if self.lora is not None:
             spans, r = [], 0
             for it in items:
-                if it.mix:
-                    spans.append((r, r + it.n, it.mix))
+                for lo, hi, mix in _mix_rows(it):
+                    if mix:
+                        spans.append((r + lo, r + hi, mix))
                 r += it.n
             lora = self.lora(spans) if spans else None
         ctx = StepContext(
@@ -155,3 +158,16 @@ class ModelRunner:
             self.hidden.append(ctx.hidden[off : off + h])
             off += h
         return logits
+
+
+def _mix_rows(it: BatchItem) -> list[tuple[int, int, Mapping[int, float]]]:
+    """An item's rows (offsets lo..hi-1) and the mix of each run of them."""
+    if not it.mixes:
+        return [(0, it.n, it.mix)]
+    out = []
+    for j, (first, mix) in enumerate(it.mixes):
+        end = it.mixes[j + 1][0] if j + 1 < len(it.mixes) else it.start + it.n
+        lo, hi = max(first, it.start) - it.start, min(end, it.start + it.n) - it.start
+        if lo < hi:
+            out.append((lo, hi, mix))
+    return out

@@ -11,7 +11,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from loraserve.cache.prefix_cache import CacheKey, Match, PrefixCache
+from loraserve.cache.prefix_cache import CacheKey, Match, PrefixCache, Spans
 from loraserve.engine.embedding import wanted_rows
 from loraserve.engine.request import Request, Run
 from loraserve.engine.runner import BatchItem
@@ -23,7 +23,7 @@ class Slot:
 
     id: int
     run: Run | None = None
-    cache_key: CacheKey = ()
+    cache_key: CacheKey | Spans = ()
     tokens: list[int] = field(default_factory=list)  # tokens whose KV `blocks` hold
     blocks: list[int] = field(default_factory=list)
     last_used: float = 0.0
@@ -201,5 +201,6 @@ class Scheduler:
             want_logits=start + n == len(run.tokens) + len(draft) and pooling is None,
             n_logits=1 + len(draft),
             mix=run.req.mix.scales,
+            mixes=run.req.mixes,
             hidden=None if pooling is None else wanted_rows(pooling, start, n, run.n_prompt),
         )

@@ -25,7 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from loraserve.cache.block_pool import OutOfBlocks
-from loraserve.cache.prefix_cache import CacheKey
+from loraserve.cache.prefix_cache import CacheKey, Spans, spans
 from loraserve.engine.runner import ModelRunner
 from loraserve.engine.scheduler import Scheduler
 from loraserve.model.loader import LoadedModel
@@ -42,7 +42,7 @@ class SlotImage:
     """A slot's retained sequence: its tokens, their KV per layer, and its cache key."""
 
     tokens: list[int]
-    cache_key: CacheKey
+    cache_key: CacheKey | Spans
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer ([n, kvh, hd], [n, kvh, hd])
 
 
@@ -123,7 +123,7 @@ def write(path: Path, image: SlotImage, fp: dict[str, object]) -> int:
     meta = {
         "format": FORMAT,
         "fingerprint": json.dumps(fp, sort_keys=True),
-        "cache_key": json.dumps([[c, s] for c, s in image.cache_key]),
+        "cache_key": json.dumps(_encode_key(image.cache_key)),
     }
     fd, tmp = tempfile.mkstemp(prefix=".slot-", dir=path.parent)
     os.close(fd)
@@ -145,7 +145,7 @@ def read(path: Path, fp: dict[str, object], max_tokens: int) -> SlotImage:
                 raise SlotFileError(f"{path.name}: not a loraserve slot file")
             if json.loads(meta.get("fingerprint", "null")) != fp:
                 raise SlotFileError(f"{path.name}: saved from another model")
-            cache_key = tuple((str(c), float(s)) for c, s in json.loads(meta["cache_key"]))
+            cache_key = _decode_key(json.loads(meta["cache_key"]))
             n_layers = int(fp["n_layers"])  # type: ignore[call-overload]
             shape = [int(fp["n_kv_heads"]), int(fp["head_dim"])]  # type: ignore[call-overload]
             (n,) = f.get_slice("tokens").get_shape()
@@ -165,3 +165,21 @@ def read(path: Path, fp: dict[str, object], max_tokens: int) -> SlotImage:
     if any(not 0 <= t < vocab for t in tokens):
         raise SlotFileError(f"{path.name}: token ids out of the vocabulary")
     return SlotImage(tokens, cache_key, kv)
+
+
+def _plain(key: object) -> CacheKey:
+    return tuple((str(c), float(s)) for c, s in key)  # type: ignore[attr-defined]
+
+
+def _encode_key(key: CacheKey | Spans) -> object:
+    """A cache key as JSON: [[content id, scale], ...], or {"spans": [[first position,
+    key], ...]} for a key per position span (aLoRA)."""
+    if isinstance(key, Spans):
+        return {"spans": [[start, [[c, s] for c, s in k]] for start, k in key.parts]}
+    return [[c, s] for c, s in key]
+
+
+def _decode_key(obj: object) -> CacheKey | Spans:
+    if isinstance(obj, dict):
+        return spans([(int(start), _plain(k)) for start, k in obj["spans"]])
+    return _plain(obj)

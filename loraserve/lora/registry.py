@@ -19,8 +19,9 @@ from pathlib import Path
 
 from torch import nn
 
-from loraserve.cache.prefix_cache import CacheKey
-from loraserve.lora.adapter import Adapter, load_adapter
+from loraserve.cache.prefix_cache import CacheKey, Spans
+from loraserve.lora.adapter import Adapter, AdapterError, load_adapter
+from loraserve.lora.alora import PositionMixes, invocation_tokens, position_mixes
 from loraserve.lora.catalogue import Catalogue
 from loraserve.lora.delta import LoraBatch, Span
 from loraserve.lora.tiers import TierLimits, TierStats, resident_bytes
@@ -108,7 +109,12 @@ class AdapterRegistry:
     def read_path(self, path: str | Path) -> Adapter:
         """Read an adapter file or PEFT folder (any thread; `AdapterError` if it does not
         fit the model)."""
-        return load_adapter(path, self.model.config, self.shapes)
+        adapter = load_adapter(path, self.model.config, self.shapes)
+        try:
+            adapter.alora = invocation_tokens(adapter.metadata)
+        except ValueError as e:
+            raise AdapterError(f"{path}: {e}") from None
+        return adapter
 
     def add_loaded(
         self,
@@ -338,6 +344,14 @@ class AdapterRegistry:
             request_lora = [*(request_lora or ()), (named.id, 1.0)]
         scales = self.resolve(request_lora)
         return scales, named.name if named is not None else None
+
+    def request_key(
+        self, scales: Mapping[int, float], prompt: Sequence[int]
+    ) -> tuple[CacheKey | Spans, PositionMixes] | None:
+        """A prompt's cache key per position span and the scales from each span on, when
+        ``scales`` hold aLoRA adapters (`lora.alora`); None when they hold none."""
+        inv = {i: self.get(i).alora for i in scales if self.get(i).alora}
+        return position_mixes(scales, inv, prompt, self.cache_key) if inv else None
 
     def uses_content(self, content_id: str) -> bool:
         """Whether a loaded adapter has this content identity."""

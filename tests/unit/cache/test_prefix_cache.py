@@ -1,10 +1,13 @@
 """The prefix cache never returns KV computed under another cache key or another prefix.
 
-Each block records, per token slot, the (cache key, token prefix) it was computed
-for — a stand-in for real KV. Random operation sequences (hypothesis) then check that
-every match only reuses slots computed for exactly the requested key and prefix, that
-the index and pool invariants hold, and (with an unlimited budget) that the match is
-the longest prefix ever computed under the key. A sequence may also write the KV of a
+Each block records, per token slot, the keys of every position up to it and the token
+prefix it was computed for — a stand-in for real KV (a key may change along a sequence,
+`Spans`: an aLoRA adapter acts from its invocation on, so a base conversation and an aLoRA
+continuation share the KV before the invocation, both ways). Random operation sequences
+(hypothesis) then check that every match only reuses slots computed for exactly the
+requested keys and prefix, that the index and pool invariants hold, and (with an
+unlimited budget) that the match is the longest prefix ever computed under the same key at
+every position. A sequence may also write the KV of a
 rejected speculative draft past its tokens and roll it back as the engine does (the blocks
 wholly past its tokens released, the rest never indexed beyond them): no match may ever
 return such a slot.
@@ -16,10 +19,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loraserve.cache.block_pool import BlockPool
-from loraserve.cache.prefix_cache import PrefixCache
+from loraserve.cache.prefix_cache import PrefixCache, Spans, spans
 
 BS = 4
-KEYS = [(), (("adapterA", 1.0),), (("adapterA", 0.5),), (("adapterA", 1.0), ("adapterB", -1.0))]
+PLAIN = [(), (("adapterA", 1.0),), (("adapterA", 0.5),), (("adapterA", 1.0), ("adapterB", -1.0))]
+ALORA = (("alora", 1.0),)
+KEYS = [
+    *PLAIN,
+    spans([(0, ()), (3, ALORA)]),  # an aLoRA invoked at position 3, over the base
+    spans([(0, ()), (6, ALORA)]),
+    spans([(0, PLAIN[1]), (5, (*PLAIN[1], *ALORA))]),  # over another adapter
+    spans([(0, ()), (4, ALORA)]),  # invoked at a block boundary
+]
+
+
+def key_at(key, pos: int):
+    """The key of position ``pos`` of a sequence under ``key``."""
+    if not isinstance(key, Spans):
+        return key
+    return [k for start, k in key.parts if start <= pos][-1]
+
+
+def keys_upto(key, i: int) -> tuple:
+    return tuple(key_at(key, p) for p in range(i + 1))
 
 
 class Sim:
@@ -51,17 +73,18 @@ class Sim:
             n = m.n_tokens
         # soundness: every reused slot was computed for this key and this exact prefix
         for i in range(n):
-            assert self.kv[(blocks[i // BS], i % BS)] == (key, tuple(prompt[: i + 1])), "stale KV"
+            want = (keys_upto(key, i), tuple(prompt[: i + 1]))
+            assert self.kv[(blocks[i // BS], i % BS)] == want, "stale KV"
         tokens = list(prompt) + [1000 + j for j in range(n_gen)]
         n_kv = len(tokens) - 1 if n_gen else len(tokens)
         for i in range(n, n_kv):
             if i // BS >= len(blocks):
                 blocks.append(self.cache.allocate())
-            self.kv[(blocks[i // BS], i % BS)] = (key, tuple(tokens[: i + 1]))
+            self.kv[(blocks[i // BS], i % BS)] = (keys_upto(key, i), tuple(tokens[: i + 1]))
         for i in range(n_kv, n_kv + n_draft):  # a rejected draft's rows: KV of other tokens
             if i // BS >= len(blocks):
                 blocks.append(self.cache.allocate())
-            self.kv[(blocks[i // BS], i % BS)] = (key, (*tokens[:n_kv], -1, i))
+            self.kv[(blocks[i // BS], i % BS)] = (keys_upto(key, i), (*tokens[:n_kv], -1, i))
         keep = (n_kv + BS - 1) // BS  # the rollback (`engine/spec/verify.py`)
         self.cache.release(blocks[keep:])
         del blocks[keep:]
@@ -116,10 +139,12 @@ def test_unlimited_match_is_longest_computed_prefix(seq_ops) -> None:
         limit = len(prompt) - 1 if cache_prompt else 0
         expect = 0
         for hkey, htoks in sim.history:
-            if hkey != key:
-                continue
             n = 0
-            while n < min(limit, len(htoks)) and htoks[n] == prompt[n]:
+            while (
+                n < min(limit, len(htoks))
+                and htoks[n] == prompt[n]
+                and key_at(hkey, n) == key_at(key, n)
+            ):
                 n += 1
             expect = max(expect, n)
         assert sim.run(key, prompt, n_gen, cache_prompt, n_draft) == expect

@@ -9,6 +9,7 @@ counters (`cache_n`).
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import threading
@@ -48,11 +49,17 @@ def lib(tiny, tmp_path_factory) -> tuple[Path, dict[str, torch.nn.Module]]:
     return root, peft
 
 
-def greedy(m: torch.nn.Module, prompt: list[int], n: int = N) -> list[int]:
+@functools.cache
+def _greedy(m: torch.nn.Module, prompt: tuple[int, ...], n: int) -> list[int]:
     ids = list(prompt)
     for _ in range(n):
         ids.append(int(hf_logits(m, ids)[-1].argmax()))
     return ids[len(prompt) :]
+
+
+def greedy(m: torch.nn.Module, prompt: list[int], n: int = N) -> list[int]:
+    """transformers' (or PEFT's) greedy tokens after ``prompt``."""
+    return _greedy(m, tuple(prompt), n)
 
 
 def engine(model: LoadedModel, root: Path, **kw) -> Engine:
