@@ -173,14 +173,20 @@ def serve(cfg: ServerConfig) -> None:
         log.warning("Vertex AI mode: AIP_HTTP_PORT %d replaces --port %d", port, cfg.port)
         cfg = dataclasses.replace(cfg, port=port)
     try:
-        check_files(cfg)
+        if not cfg.router:  # router mode: each engine's files are checked when it loads
+            check_files(cfg)
         socks = bind_all(cfg.host, cfg.port)
     except StartupError as e:
         log.error("cannot start: %s", e)
         sys.exit(1)
     if cfg.n_threads > 0:
         torch.set_num_threads(cfg.n_threads)
-    app = create_app(cfg, on_load_failure=lambda: _fail(app.state.server.load_error or "?"))
+    if cfg.router:
+        from loraserve.server.router.app import create_router_app
+
+        app = create_router_app(cfg)
+    else:
+        app = create_app(cfg, on_load_failure=lambda: _fail(app.state.server.load_error or "?"))
     config = uvicorn.Config(
         app,
         http=HTTP_IMPL,

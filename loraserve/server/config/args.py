@@ -16,7 +16,7 @@ from loraserve import __version__
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.spec.config import SpecConfig
 from loraserve.server import cors
-from loraserve.server.config import chat_flags, spec_flags
+from loraserve.server.config import chat_flags, router_flags, spec_flags
 from loraserve.server.config.api_flags import add_cors_flags, add_embedding_flags
 from loraserve.server.config.arg_types import (
     CsvAppend,
@@ -102,6 +102,12 @@ class ServerConfig:
     reasoning: str = "auto"  # chat rendering: see `server/config/chat_flags.py`
     prefill_assistant: bool = True
     spec: SpecConfig = SpecConfig()  # speculative decoding: see `server/config/spec_flags.py`
+    router: bool = False  # router mode (no -m, a router flag): see `server/config/router_flags.py`
+    models_dir: str | None = None
+    models_preset: str | None = None
+    models_max: int = router_flags.DEFAULT_MODELS_MAX
+    models_autoload: bool = True
+    argv: tuple[str, ...] = field(default=(), compare=False)  # as given (router: the children's)
     ignored: tuple[str, ...] = field(default=(), compare=False)
 
     def request_defaults(self) -> dict[str, Any]:
@@ -277,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: served by the base model, as llama-server does, with a warning)",
     )
     chat_flags.add_flags(p)
+    router_flags.add_flags(p)
     add_llama_flags(p)
     defaults = {f.name: f.default for f in fields(ServerConfig) if f.default is not MISSING}
     unset = {"n_parallel": -1, "lora_dirs": [], "lora_modules": [], "chat_template_kwargs": None}
@@ -333,5 +340,7 @@ def parse_server_args(argv: list[str]) -> ServerConfig:
         embedding=ns.embedding or ns.reranking,
         ignored=tuple(ns.ignored),
         spec=spec_flags.config(ns, parser),
+        argv=tuple(argv[1:] if argv[:1] == ["serve"] else argv),
     )
+    values.update(router_flags.config(ns, parser))
     return ServerConfig(**values)

@@ -1,0 +1,318 @@
+"""Router mode (`loraserve` without `-m`, with `--models-dir` / `--models-preset` /
+`--models-max` / `--[no-]models-autoload`): llama-server's router API over the engines of
+`pool` and the catalogue of `presets`.
+
+Own routes: `GET /health` (the router's; `?model=` asks that model's engine), `GET /props`
+(the router's `role: router` object; `?model=` forwards), `GET /models` and `/v1/models`
+(every model id with its `status`; `?reload=1` re-reads the sources), `POST /models/load`,
+`POST /models/unload`. Every other API route is forwarded, in-process, to the engine of the
+model its JSON body's `model` (GET: the `model` query parameter) names, loading it first
+unless `--no-models-autoload` (or `?autoload=false`); the body gets that preset's adapter mix
+and sampling defaults (`Preset.inject`). Errors and status codes are llama-server's
+(tools/server/server-models.cpp, `router_validate_model` and the `/models` handlers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import parse_qs
+
+import httpx
+from fastapi import FastAPI, Request
+from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
+
+from loraserve import __version__
+from loraserve.server import webui
+from loraserve.server.app import BodyLimitMiddleware
+from loraserve.server.auth import ApiKeyMiddleware
+from loraserve.server.config.args import ServerConfig
+from loraserve.server.cors import CorsMiddleware, cors_policy
+from loraserve.server.errors import ApiError, JsonResponse, install_error_handlers
+from loraserve.server.router.pool import Engine, Pool
+from loraserve.server.router.presets import Preset, load_catalog
+
+
+def _bad(message: str) -> ApiError:
+    return ApiError(400, "invalid_request_error", message)
+
+
+class Router:
+    """The catalogue (model id -> `Preset`) and the engine pool behind the router's routes."""
+
+    def __init__(self, cfg: ServerConfig) -> None:
+        self.cfg = cfg
+        self.pool = Pool(cfg.models_max)
+        self.catalog: dict[str, Preset] = load_catalog(cfg)
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def find(self, name: str) -> Preset | None:
+        """The preset `name` names (exactly, else ignoring case)."""
+        if name in self.catalog:
+            return self.catalog[name]
+        folded = {k.casefold(): p for k, p in self.catalog.items()}
+        return folded.get(name.casefold())
+
+    def engine_of(self, preset: Preset) -> Engine | None:
+        return None if preset.key is None else self.pool.engine(preset.key)
+
+    def running(self, preset: Preset) -> bool:
+        eng = self.engine_of(preset)
+        return eng is not None and eng.running
+
+    async def reload(self) -> None:
+        """Re-read the sources; running engines no preset uses any more are unloaded."""
+        self.catalog = load_catalog(self.cfg)
+        keys = {p.key for p in self.catalog.values()}
+        for cfg, eng in list(self.pool.engines.items()):
+            if cfg not in keys:
+                if eng.running:
+                    await self.pool.unload(eng, timeout=0.0)
+                del self.pool.engines[cfg]
+
+    # --- what serve() needs of app.state.server ---
+    @property
+    def flights(self) -> list[Any]:
+        return [f for e in self.pool.engines.values() if e.app for f in e.app.state.server.flights]
+
+    def abort_flights(self, message: str = "the server is shutting down") -> None:
+        for eng in self.pool.engines.values():
+            if eng.app is not None:
+                eng.app.state.server.abort_flights(message)
+
+    # --- answers ---
+    def props(self) -> dict[str, Any]:
+        """`GET /props` of the router itself (llama-server's `get_router_props`)."""
+        return {
+            "role": "router",
+            "max_instances": self.cfg.models_max,
+            "models_autoload": self.cfg.models_autoload,
+            "model_alias": "loraserve",
+            "model_path": "none",
+            "default_generation_settings": {"params": {}, "n_ctx": 0},
+            "ui_settings": {},
+            "build_info": f"b0-loraserve-{__version__}",  # llama-server's b<build>-<commit>
+            "cors_proxy_enabled": False,
+        }
+
+    async def model_entry(self, preset: Preset, created: int) -> dict[str, Any]:
+        """One `GET /models` item, as llama-server's `get_router_models` writes it."""
+        eng = self.engine_of(preset)
+        status: dict[str, Any] = {"value": eng.status if eng else "unloaded", "args": preset.args}
+        if preset.source == "preset":
+            status["preset"] = preset.ini
+        if preset.error is not None or (eng is not None and eng.failed):
+            status.update(failed=True, exit_code=1, error=preset.error or (eng and eng.error))
+        entry: dict[str, Any] = {
+            "id": preset.name,
+            "aliases": [],
+            "tags": [],
+            "object": "model",
+            "owned_by": "llamacpp",
+            "created": created,
+            "status": status,
+            "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+            "source": preset.source,
+            "can_remove": False,
+        }
+        if eng is not None and eng.status == "loaded" and eng.app is not None:
+            transport = httpx.ASGITransport(app=eng.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://engine") as c:
+                data = (await c.get("/v1/models")).json().get("data") or [{}]
+            for k, v in data[0].items():
+                entry.setdefault(k, v)
+        return entry
+
+
+class Forward:
+    """ASGI endpoint of every forwarded route: validate the model, load it if allowed, and
+    run the request through its engine's app with the preset's settings in the body."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._forward(scope, receive, send)
+        except ApiError as e:
+            await e.response()(scope, receive, send)
+
+    async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
+        r = self.router
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        raw = b""
+        body: Any = None
+        if scope["method"] == "POST":
+            raw = await _read_body(receive)
+            try:
+                body = json.loads(raw) if raw else {}
+            except ValueError:
+                raise _bad("malformed JSON in the request body") from None
+            name = body.get("model") if isinstance(body, dict) else None
+            name = name if isinstance(name, str) else ""
+        else:
+            name = query.get("model", [""])[0]
+        autoload = query.get("autoload", [None])[0]
+        load = r.cfg.models_autoload if autoload is None else autoload in ("true", "1")
+        if not name:
+            raise _bad("model name is missing from the request")
+        preset = r.find(name)
+        if preset is None:
+            raise _bad(f"model '{name}' not found")
+        if preset.key is None:
+            raise ApiError(500, "server_error", f"model name={preset.name} failed to load")
+        eng = r.pool.engine(preset.key)
+        if not load and not eng.running:
+            raise _bad("model is not loaded")
+        try:
+            await r.pool.ready(preset.key)
+        except RuntimeError:
+            raise ApiError(
+                500, "server_error", f"model name={preset.name} failed to load"
+            ) from None
+        if isinstance(body, dict):
+            raw = json.dumps(preset.inject(body)).encode()
+        headers = [
+            (k, v)
+            for k, v in scope.get("headers", [])
+            if k.lower() not in (b"origin", b"content-length")  # CORS is the router's
+        ]
+        headers.append((b"content-length", str(len(raw)).encode()))
+        inner = {**scope, "headers": headers}
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+            return await receive()
+
+        async with eng.use() as app:
+            await app(inner, replay, send)
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+FORWARDED_METHODS = ["GET", "POST", "DELETE"]
+
+
+def create_router_app(cfg: ServerConfig) -> FastAPI:
+    """The router's HTTP app (see the module docstring)."""
+    router = Router(cfg)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        router.loop = asyncio.get_running_loop()
+        for preset in router.catalog.values():
+            if preset.load_on_startup and preset.key is not None:
+                router.pool.start_load(preset.key)
+        try:
+            yield
+        finally:
+            await router.pool.close_all()
+
+    app = FastAPI(
+        title="loraserve router",
+        version=__version__,
+        lifespan=lifespan,
+        default_response_class=JsonResponse,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.server = router
+    app.state.router = router
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware)
+    if cfg.api_keys:
+        app.add_middleware(ApiKeyMiddleware, keys=cfg.api_keys)
+    app.add_middleware(CorsMiddleware, policy=cors_policy(cfg))
+    forward = Forward(router)
+
+    @app.get("/health")
+    @app.get("/v1/health")
+    async def health(request: Request) -> Any:
+        if request.query_params.get("model"):
+            return await _forwarded(forward, request)
+        return {"status": "ok"}
+
+    @app.get("/props")
+    async def props(request: Request) -> Any:
+        if request.query_params.get("model"):
+            return await _forwarded(forward, request)
+        return router.props()
+
+    @app.get("/models")
+    @app.get("/v1/models")
+    async def models(request: Request) -> Any:
+        if request.query_params.get("reload"):
+            await router.reload()
+        t = int(time.time())
+        data = [await router.model_entry(p, t) for p in router.catalog.values()]
+        return {"data": data, "object": "list"}
+
+    @app.post("/models/load")
+    async def models_load(request: Request) -> Any:
+        preset = router.find(_model_field(await request.body()))
+        if preset is None:
+            raise ApiError(404, "not_found_error", "model is not found")
+        if router.running(preset):
+            raise _bad("model is already running")
+        if preset.key is None:
+            raise ApiError(500, "server_error", f"model name={preset.name} failed to load")
+        router.pool.start_load(preset.key)
+        return {"success": True}
+
+    @app.post("/models/unload")
+    async def models_unload(request: Request) -> Any:
+        preset = router.find(_model_field(await request.body()))
+        if preset is None:
+            raise _bad("model is not found")
+        eng = router.engine_of(preset)
+        if eng is None or not eng.running:
+            raise _bad("model is not running")
+        await router.pool.unload(eng, timeout=preset.stop_timeout)
+        return {"success": True}
+
+    app.include_router(webui.router)
+    app.router.routes.append(Route("/{path:path}", endpoint=forward, methods=FORWARDED_METHODS))
+    return app
+
+
+def _model_field(raw: bytes) -> str:
+    try:
+        body = json.loads(raw) if raw else {}
+    except ValueError:
+        raise _bad("malformed JSON in the request body") from None
+    name = body.get("model") if isinstance(body, dict) else None
+    return name if isinstance(name, str) else ""
+
+
+async def _forwarded(forward: Forward, request: Request) -> Any:
+    """Run a GET that names a model through `forward`, collecting its answer."""
+    status, headers, chunks = 200, [], []
+
+    async def send(message: Message) -> None:
+        nonlocal status, headers
+        if message["type"] == "http.response.start":
+            status, headers = message["status"], message.get("headers", [])
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    await forward(request.scope, request.receive, send)
+    from starlette.responses import Response
+
+    kept = {k.decode(): v.decode() for k, v in headers if k.lower() != b"content-length"}
+    return Response(b"".join(chunks), status_code=status, headers=kept)

@@ -1,0 +1,194 @@
+"""The router's engines: one whole loraserve app (`create_app`: its own engine, KV pool,
+adapters and chat template) per engine configuration, hosted in the router's process and
+event loop, loaded on demand and unloaded least-recently-used past `--models-max`.
+
+In-process rather than llama-server's child processes: presets over one base must share one
+engine (one copy of the weights, one KV pool) whatever process hosts it, an in-process engine
+costs no second Python interpreter and torch runtime (hundreds of MiB per child) and no extra
+hop per request, and every failure we can meet while loading (a broken file, a model that
+does not fit) is an exception caught here, reported in `GET /models`, never the router's end.
+Engines over the same file with different settings (context, template) still share the
+weights: loaded models are kept by path while any engine uses them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from loraserve.model.loader import LoadedModel
+from loraserve.server.config.args import ServerConfig
+
+log = logging.getLogger("loraserve.router")
+POLL_S = 0.02
+
+
+@dataclass
+class Engine:
+    """One hosted engine app and its lifecycle: status `unloaded` / `loading` / `loaded`
+    (llama-server's words); `failed` with `error` after a load that did not go through."""
+
+    cfg: ServerConfig
+    status: str = "unloaded"
+    app: FastAPI | None = None
+    error: str | None = None
+    failed: bool = False
+    last_used: float = 0.0
+    busy: int = 0  # requests being served now (never evicted meanwhile)
+    holds_model: bool = False  # counted in the pool's shared weights
+    _life: AbstractAsyncContextManager[None] | None = field(default=None, repr=False)
+    _task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def running(self) -> bool:
+        return self.status in ("loading", "loaded")
+
+    def touch(self) -> None:
+        self.last_used = time.monotonic()
+
+    @asynccontextmanager
+    async def use(self) -> AsyncIterator[FastAPI]:
+        """The app, held busy (not evicted) while the caller serves a request with it."""
+        assert self.app is not None
+        self.busy += 1
+        self.touch()
+        try:
+            yield self.app
+        finally:
+            self.busy -= 1
+            self.touch()
+
+
+class Pool:
+    """Engines by configuration, at most `max_loaded` running (0: no limit)."""
+
+    def __init__(self, max_loaded: int) -> None:
+        self.max_loaded = max_loaded
+        self.engines: dict[ServerConfig, Engine] = {}
+        self._models: dict[tuple[str, str], tuple[LoadedModel, int]] = {}  # path -> (model, n)
+        self._lock = asyncio.Lock()  # one eviction decision at a time
+
+    def engine(self, cfg: ServerConfig) -> Engine:
+        """The engine of `cfg` (created unloaded on first sight)."""
+        if cfg not in self.engines:
+            self.engines[cfg] = Engine(cfg)
+        return self.engines[cfg]
+
+    def start_load(self, cfg: ServerConfig) -> Engine:
+        """Start loading `cfg`'s engine in the background (nothing if it runs already)."""
+        eng = self.engine(cfg)
+        if not eng.running:
+            eng.status, eng.failed, eng.error = "loading", False, None
+            eng.touch()
+            eng._task = asyncio.get_running_loop().create_task(self._load(eng))
+        return eng
+
+    async def ready(self, cfg: ServerConfig) -> Engine:
+        """`cfg`'s engine once loaded, loading it first if needed (RuntimeError if it fails)."""
+        eng = self.start_load(cfg)
+        while eng.status == "loading":
+            await asyncio.sleep(POLL_S)
+        if eng.status != "loaded":
+            raise RuntimeError(eng.error or "unloaded while loading")
+        return eng
+
+    async def _load(self, eng: Engine) -> None:
+        from loraserve.server.app import create_app
+        from loraserve.server.startup import check_files
+
+        try:
+            await self._make_room(eng)
+            await asyncio.to_thread(check_files, eng.cfg)
+            model = await asyncio.to_thread(self._model, eng.cfg)
+            eng.holds_model = True
+            app = create_app(eng.cfg, model)
+            life = app.router.lifespan_context(app)
+            await life.__aenter__()
+            eng.app, eng._life = app, life
+            state = app.state.server
+            while state.engine is None and state.load_error is None:
+                await asyncio.sleep(POLL_S)
+            if state.load_error is not None:
+                raise RuntimeError(state.load_error)
+            eng.status = "loaded"
+            log.info("router: engine for %s loaded", eng.cfg.alias[0] if eng.cfg.alias else "?")
+        except Exception as e:  # noqa: BLE001 (any load failure is reported, never raised)
+            eng.error = " ".join(str(e).split()) or type(e).__name__
+            log.error("router: cannot load %s: %s", eng.cfg.model, eng.error)
+            await self._close(eng)
+            eng.failed = True
+
+    def _model(self, cfg: ServerConfig) -> LoadedModel:
+        """The loaded weights of `cfg.model`, shared by every engine over the same file."""
+        from loraserve.model.loader import load_model
+
+        key = (str(cfg.model), cfg.dtype)
+        if key in self._models:
+            model, n = self._models[key]
+            self._models[key] = (model, n + 1)
+            return model
+        model = load_model(Path(str(cfg.model)), "float32" if cfg.dtype == "float32" else "native")
+        self._models[key] = (model, 1)
+        return model
+
+    def _release_model(self, cfg: ServerConfig) -> None:
+        key = (str(cfg.model), cfg.dtype)
+        if key in self._models:
+            model, n = self._models[key]
+            if n <= 1:
+                del self._models[key]
+            else:
+                self._models[key] = (model, n - 1)
+
+    async def _make_room(self, eng: Engine) -> None:
+        """Unload least-recently-used idle engines until `eng` fits under `max_loaded`;
+        waits while every other running engine is serving a request."""
+        if self.max_loaded <= 0:
+            return
+        async with self._lock:
+            while True:
+                others = [e for e in self.engines.values() if e.running and e is not eng]
+                if len(others) < self.max_loaded:
+                    return
+                idle = [e for e in others if e.busy == 0 and e.status == "loaded"]
+                if idle:
+                    victim = min(idle, key=lambda e: e.last_used)
+                    log.info(
+                        "router: --models-max %d: unloading %s", self.max_loaded, victim.cfg.alias
+                    )
+                    await self.unload(victim, timeout=0.0)
+                    continue
+                await asyncio.sleep(POLL_S)
+
+    async def unload(self, eng: Engine, timeout: float) -> None:
+        """Stop `eng`: requests in flight get up to `timeout` seconds, then are cancelled."""
+        deadline = time.monotonic() + timeout
+        while eng.busy and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_S)
+        if eng.app is not None and eng.busy:
+            eng.app.state.server.abort_flights("the model is being unloaded")
+        await self._close(eng)
+
+    async def _close(self, eng: Engine) -> None:
+        life = eng._life
+        eng.app, eng._life, eng.status = None, None, "unloaded"
+        if life is not None:
+            await life.__aexit__(None, None, None)
+        if eng.holds_model:
+            eng.holds_model = False
+            self._release_model(eng.cfg)
+
+    async def close_all(self) -> None:
+        """Stop every engine (the router's shutdown)."""
+        for eng in list(self.engines.values()):
+            if eng._task is not None and not eng._task.done():
+                eng._task.cancel()
+            if eng.app is not None:
+                await self._close(eng)

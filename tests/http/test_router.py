@@ -1,0 +1,208 @@
+"""Router mode (no `-m`, `--models-dir` / `--models-preset`) over HTTP, on tiny models:
+llama-server's lifecycle (load on request or on `POST /models/load`, `?autoload=false`, LRU
+unload past `--models-max`, unload, a broken file reported in `GET /models` while the router
+keeps serving) with its status codes and error bodies (tools/server/server-models.cpp), and
+**ours**: presets over one base share one engine, each answering bit-identically (greedy
+tokens and n_probs) to the same adapter mix sent to a single server, its prefix cache kept
+apart from the other presets' (a prompt warmed under one mix is never reused by another)."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from httpx import Response
+
+from loraserve.server.app import HTTP_IMPL
+from loraserve.server.config.args import parse_server_args
+from loraserve.server.router.app import create_router_app
+from tests.server_util import free_socket, peft_folder, serve_in_thread, tiny_model_path
+from tests.tiny import hf_model, write_gguf
+
+PROMPT = "hello world, the router"
+
+
+@contextmanager
+def router(args: list[str]) -> Iterator[tuple[httpx.Client, object]]:
+    """A router (`create_router_app` under uvicorn in a thread): a client and its state."""
+    app = create_router_app(parse_server_args(["-t", "1", *args]))
+    sock = free_socket()
+    server = uvicorn.Server(
+        uvicorn.Config(app, http=HTTP_IMPL, log_level="warning", timeout_graceful_shutdown=2)
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    client = httpx.Client(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", timeout=60)
+    try:
+        while not server.started:
+            time.sleep(0.01)
+        yield client, app.state.router
+    finally:
+        client.close()
+        server.should_exit = True
+        thread.join(15)
+        sock.close()
+
+
+def status(c: httpx.Client, name: str) -> dict:
+    items = {m["id"]: m for m in c.get("/models").json()["data"]}
+    return items[name]["status"]
+
+
+def wait_status(c: httpx.Client, name: str, want: str) -> dict:
+    deadline = time.monotonic() + 60
+    while (s := status(c, name))["value"] != want or s.get("failed") and want == "loaded":
+        assert time.monotonic() < deadline, s
+        time.sleep(0.02)
+    return s
+
+
+def error(r: httpx.Response, code: int, type_: str, message: str) -> None:
+    assert r.status_code == code, r.text
+    assert r.json() == {"error": {"code": code, "message": message, "type": type_}}
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("models")
+    shutil.copy(tiny_model_path(), d / "tiny.gguf")
+    write_gguf(d / "other.gguf", hf_model("llama", seed=11), "llama")
+    (d / "broken.gguf").write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)
+    (d / "mmproj-tiny.gguf").write_bytes(b"")  # a companion file: not a model
+    return d
+
+
+def complete(c: httpx.Client, model: str, path: str = "/completion", **kw: object) -> Response:
+    body = {"model": model, "prompt": PROMPT, "n_predict": 4, "temperature": 0, **kw}
+    return c.post(path, json={k: v for k, v in body.items() if v is not None})
+
+
+def test_router_lifecycle(models_dir: Path) -> None:
+    with router(["--models-dir", str(models_dir), "--models-max", "1", "-c", "256"]) as (c, _):
+        props = c.get("/props").json()
+        assert props["role"] == "router" and props["max_instances"] == 1
+        assert props["models_autoload"] is True
+        listed = c.get("/v1/models").json()
+        assert listed["object"] == "list"
+        assert sorted(m["id"] for m in listed["data"]) == ["broken", "other", "tiny"]
+        assert all(m["source"] == "models_dir" for m in listed["data"])
+        assert all(m["status"]["value"] == "unloaded" for m in listed["data"])
+        # llama-server's validation answers
+        error(c.post("/completion", json={"prompt": "x"}), 400, "invalid_request_error",
+              "model name is missing from the request")  # fmt: skip
+        error(complete(c, "nope"), 400, "invalid_request_error", "model 'nope' not found")
+        error(c.get("/props?model=tiny&autoload=false"), 400, "invalid_request_error",
+              "model is not loaded")  # fmt: skip
+        error(c.post("/models/load", json={"model": "nope"}), 404, "not_found_error",
+              "model is not found")  # fmt: skip
+        error(c.post("/models/unload", json={"model": "tiny"}), 400, "invalid_request_error",
+              "model is not running")  # fmt: skip
+        # autoload on first request, routed by `model`
+        r = complete(c, "tiny")
+        assert r.status_code == 200 and r.json()["tokens_predicted"] == 4
+        assert status(c, "tiny")["value"] == "loaded"
+        assert c.get("/health?model=tiny").json() == {"status": "ok"}
+        assert c.get("/props?model=tiny").json()["model_path"].endswith("tiny.gguf")
+        error(c.post("/models/load", json={"model": "tiny"}), 400, "invalid_request_error",
+              "model is already running")  # fmt: skip
+        # POST /models/load, LRU unload past --models-max 1
+        assert c.post("/models/load", json={"model": "other"}).json() == {"success": True}
+        wait_status(c, "other", "loaded")
+        assert status(c, "tiny")["value"] == "unloaded"
+        oai = complete(c, "other", "/v1/completions", max_tokens=2).json()
+        assert oai["object"] == "text_completion"
+        assert status(c, "tiny")["value"] == "unloaded"
+        # a broken file: reported, the router serves on
+        assert c.post("/models/load", json={"model": "broken"}).json() == {"success": True}
+        s = wait_status(c, "broken", "unloaded")
+        deadline = time.monotonic() + 60
+        while not s.get("failed"):
+            assert time.monotonic() < deadline
+            s = status(c, "broken")
+        assert s["exit_code"] == 1 and s["error"]
+        r = complete(c, "broken")
+        error(r, 500, "server_error", "model name=broken failed to load")
+        assert c.get("/health").json() == {"status": "ok"}
+        assert complete(c, "tiny").status_code == 200  # and past --models-max again
+        assert c.post("/models/unload", json={"model": "tiny"}).json() == {"success": True}
+        assert status(c, "tiny")["value"] == "unloaded"
+
+
+PRESETS = """
+version = 1
+[*]
+c = 256
+np = 2
+
+[plain]
+model = {base}
+
+[mix-a]
+model = {base}
+lora-scaled = {a}:0.7
+
+[mix-ab]
+model = {base}
+lora = {a}
+lora-scaled = {b}:0.5
+
+[short]
+model = {base}
+lora-scaled = {b}:1.5
+n-predict = 3
+
+[needs-file]
+c = 128
+"""
+
+
+def test_presets_share_one_engine(tmp_path: Path) -> None:
+    base = tiny_model_path()
+    a, b = peft_folder(tmp_path / "a", seed=1), peft_folder(tmp_path / "b", seed=2)
+    ini = tmp_path / "presets.ini"
+    ini.write_text(PRESETS.format(base=base, a=a, b=b))
+    mixes = {
+        "plain": [],
+        "mix-a": [{"id": 0, "scale": 0.7}],
+        "mix-ab": [{"id": 0, "scale": 1.0}, {"id": 1, "scale": 0.5}],
+    }
+    single_args = ["-c", "256", "-np", "2", "--lora", f"{a},{b}", "--lora-init-without-apply"]
+    with serve_in_thread(single_args) as single:
+        expected = {
+            name: single.client.post(
+                "/completion",
+                json={
+                    "prompt": PROMPT,
+                    "n_predict": 6,
+                    "temperature": 0,
+                    "n_probs": 3,
+                    "lora": mix,
+                },  # fmt: skip
+            ).json()
+            for name, mix in mixes.items()
+        }
+    with router(["--models-preset", str(ini), "--models-max", "1"]) as (c, state):
+        listed = {m["id"]: m for m in c.get("/models").json()["data"]}
+        assert listed["needs-file"]["status"]["failed"] is True  # no model: listed, failed
+        assert listed["mix-a"]["status"]["preset"].startswith("model = ")
+        for name in mixes:  # plain first: its prompt's KV must not serve the mixes
+            got = complete(c, name, n_predict=6, n_probs=3).json()
+            want = expected[name]
+            assert got["content"] == want["content"], name
+            assert got["completion_probabilities"] == want["completion_probabilities"], name
+        answers = {n: complete(c, n, n_predict=6).json()["content"] for n in mixes}
+        assert len(set(answers.values())) == 3  # the mixes really differ
+        short = complete(c, "short", n_predict=None).json()  # the preset's n-predict = 3
+        assert short["tokens_predicted"] == 3
+        assert complete(c, "short", n_predict=5).json()["tokens_predicted"] == 5
+        # one engine for the four presets of one base, under --models-max 1
+        running = [e for e in state.pool.engines.values() if e.running]
+        assert len(running) == 1 and len(running[0].cfg.lora) == 2
+        assert all(status(c, n)["value"] == "loaded" for n in [*mixes, "short"])
