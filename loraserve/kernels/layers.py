@@ -217,6 +217,12 @@ class FusedLayers:
     def _kv_arrays(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[Any, Any]:
         key = tuple(t.data_ptr() for pair in kv for t in pair)
         if key != self._kv_key or self._kv is None:
+            pool = (kv[0][0].shape[0], self.n_kv, self.head_dim)  # checked once per pool
+            for k, v in kv:
+                if tuple(k.shape) != pool or tuple(v.shape) != pool or not k.is_contiguous() \
+                        or not v.is_contiguous() or k.dtype != torch.float32 \
+                        or v.dtype != torch.float32:  # fmt: skip
+                    raise ValueError(f"fused layers: a KV pool is not [S, {pool[1]}, {pool[2]}]")
             n = len(kv)
             self._kv = ((_P * n)(*[k.data_ptr() for k, _ in kv]),
                         (_P * n)(*[v.data_ptr() for _, v in kv]))  # fmt: skip
@@ -237,14 +243,10 @@ class FusedLayers:
         the adapter). Raises ValueError on inconsistent metadata."""
         if len(kv) != len(self._specs):
             raise ValueError(f"{len(kv)} KV pools for {len(self._specs)} layers")
-        t, pool = x.shape[0], (kv[0][0].shape[0], self.n_kv, self.head_dim)
+        t = x.shape[0]
         if x.dim() != 2 or x.shape[1] != self.hidden or x.dtype != torch.float32 \
                 or not x.is_contiguous():  # fmt: skip
             raise ValueError(f"fused layers: x {tuple(x.shape)} {x.dtype}, not [T, {self.hidden}]")
-        for k, v in kv:
-            if tuple(k.shape) != pool or tuple(v.shape) != pool or not k.is_contiguous() \
-                    or not v.is_contiguous():  # fmt: skip
-                raise ValueError(f"fused layers: a KV pool is not [S, {pool[1]}, {pool[2]}]")
         for c in (*rope_global, *rope_local):
             if c.shape != (t, self.head_dim // 2) or not c.is_contiguous():
                 raise ValueError(f"fused layers: rope tables {tuple(c.shape)} for {t} rows")

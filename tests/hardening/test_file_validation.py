@@ -294,3 +294,38 @@ def test_bounded_patterns_still_work(gemma_base: Any, tmp_path: Path) -> None:
     q = next(w for t, w in ok.weights.items() if t.endswith("attn_q.weight"))
     v = next(w for t, w in ok.weights.items() if t.endswith("attn_v.weight"))
     assert np.isclose(q.factor, 4 * r / r) and np.isclose(v.factor, c["lora_alpha"] / r)
+
+
+def test_hostile_adapters_at_run_time_are_400s(tmp_path: Path) -> None:
+    """Over HTTP on the tiny llama: a PEFT folder whose rank pattern backtracks, one with JSON
+    nested 100,000 deep, one with r = 0, and a GGUF LoRA whose ranks disagree are each a 400
+    naming the problem (none a 500, none a hang), and the server keeps answering."""
+    from tests.server_util import peft_folder, serve_in_thread
+
+    lora_dir = tmp_path / "loras"
+    lora_dir.mkdir()
+    evil = peft_folder(lora_dir / "evil", seed=1)
+    conf = json.loads((evil / "adapter_config.json").read_text())
+    (evil / "adapter_config.json").write_text(json.dumps({**conf, "rank_pattern": {"(a+)+$": 2}}))
+    deep = peft_folder(lora_dir / "deep", seed=2)
+    (deep / "adapter_config.json").write_text("[" * 100_000 + "]" * 100_000)
+    zero = peft_folder(lora_dir / "zero", seed=3)
+    (zero / "adapter_config.json").write_text(json.dumps({**conf, "r": 0}))
+    g = torch.Generator().manual_seed(0)
+    write_gguf(
+        lora_dir / "ranks.gguf",
+        {"general.architecture": "llama", "general.type": "adapter", "adapter.type": "lora",
+         "adapter.lora.alpha": 8.0},
+        {"blk.0.attn_q.weight.lora_a": torch.randn(4, 64, generator=g),
+         "blk.0.attn_q.weight.lora_b": torch.randn(64, 3, generator=g)},
+    )  # fmt: skip
+    expected = {"evil": "a repeat inside a repeat", "deep": "nested 100000 deep",
+                "zero": "r = 0", "ranks.gguf": "rank 4 in A"}  # fmt: skip
+    with serve_in_thread(["-c", "256", "-n", "4", "--lora-dir", str(lora_dir)]) as srv:
+        for name, message in expected.items():
+            r = srv.client.post("/lora-adapters/load", json={"path": name})
+            assert r.status_code == 400, (name, r.status_code, r.text)
+            assert message in r.json()["error"]["message"], (name, r.text)
+        assert srv.client.get("/health").status_code == 200
+        ok = srv.client.post("/completion", json={"prompt": "the", "n_predict": 2})
+        assert ok.status_code == 200
