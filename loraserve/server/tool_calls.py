@@ -19,7 +19,7 @@ from typing import Any
 
 from loraserve.chat.formats.description import PLAIN, ChatFormat
 from loraserve.chat.formats.grammar import tool_grammar
-from loraserve.chat.formats.parse import ChatParser
+from loraserve.chat.formats.parse import ChatParser, turn_lead
 from loraserve.chat.render import select_source
 from loraserve.chat.template import token_strings
 from loraserve.engine.constraint import GrammarSpec
@@ -50,6 +50,7 @@ class ReplyPlan:
     choice: str
     reasoning_format: str
     thinking_open: bool
+    lead: str = ""  # the turn's start the prompt already wrote, parsed with the answer
     lark: str | None = None  # the tool-call grammar (llguidance Lark text)
     grammar: str | None = None  # ... compiled for the engine
 
@@ -65,7 +66,8 @@ class ReplyPlan:
         rf = self.reasoning_format
         if stream and rf == "deepseek-legacy":
             rf = "none"
-        return ChatParser(self.fmt, self.tools, rf, self.thinking_open)  # type: ignore[arg-type]
+        opened = self.thinking_open and not self.lead
+        return ChatParser(self.fmt, self.tools, rf, opened, self.lead)  # type: ignore[arg-type]
 
 
 def _special(tok: Tokenizer):  # noqa: ANN202 - Callable[[str], bool]
@@ -130,7 +132,8 @@ async def plan_reply(
                 reasoning_end=fmt.reasoning_end,
             )
     thinking_open = rf != "none" and _opens_reasoning(fmt, prompt)
-    plan = ReplyPlan(fmt, active, choice, rf, thinking_open)
+    lead = turn_lead(fmt, prompt) if rf != "none" or active else ""
+    plan = ReplyPlan(fmt, active, choice, rf, thinking_open, lead)
     if active:
         tok = state.require().tokenizer
         engine = state.require()

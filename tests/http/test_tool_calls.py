@@ -146,11 +146,13 @@ def test_unknown_named_function_is_400(srv) -> None:
 
 
 def test_reasoning_formats(srv) -> None:
-    """A prefill that opens `<think>` leaves the answer in reasoning: `reasoning_content`
-    by default, inline content with reasoning_format none (Qwen3 only: Llama has none)."""
+    """Continuing an assistant's reasoning leaves the answer in it. As llama-server parses
+    the turn's start with the answer: by default the prefill's text and the answer are
+    `reasoning_content`; with reasoning_format none the answer is plain content (Qwen3
+    only: Llama 3.1's template has no reasoning markers)."""
     if srv.template_name != QWEN3:
         pytest.skip("the Llama 3.1 template has no reasoning markers")
-    msgs = [*USER, {"role": "assistant", "content": "<think>\nLet me"}]
+    msgs = [*USER, {"role": "assistant", "content": "", "reasoning_content": "Let me"}]
     body = {"messages": msgs, "n_predict": 12, "temperature": 0}
     auto = srv.client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
     none = srv.client.post(
@@ -159,7 +161,9 @@ def test_reasoning_formats(srv) -> None:
     assert "reasoning_content" not in none
     text = none["content"]
     if "</think>" not in text:
-        assert auto.get("reasoning_content", "") == text.strip() and not auto["content"]
+        assert auto["reasoning_content"] == ("Let me" + text).strip() and not auto["content"]
+    msg, _ = chat_stream(srv, **body, tools=None)
+    assert msg["reasoning_content"] == auto["reasoning_content"]
 
 
 def test_openai_client_second_turn(srv) -> None:

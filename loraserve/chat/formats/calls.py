@@ -81,7 +81,10 @@ def scan_calls(
     """The calls of `text` from `at` (the trigger's position)."""
     out = CallScan(end=at)
     try:
-        i = _lit(text, at, fmt.section_start)
+        i = at
+        for m in fmt.optional_markers:
+            i = _opt(text, i, m)
+        i = _lit(text, i, fmt.section_start)
         if fmt.tool_mode == "json":
             _json_calls(fmt, text, i, out)
         else:
@@ -183,10 +186,13 @@ def _tag_calls(
 ) -> None:
     name_stops = (fmt.name_suffix, fmt.args_separator, fmt.args_start, "{")
     if fmt.tool_mode == "tag_tagged":
-        name_stops = (fmt.name_suffix, fmt.args_start, fmt.arg_name_prefix, "\n")
+        name_stops = (fmt.name_suffix, fmt.args_start, fmt.arg_name_prefix, "\n",
+                      fmt.call_close, fmt.call_end)  # fmt: skip
     while True:
         try:
-            if fmt.call_start:
+            if fmt.call_start and fmt.call_start_optional and not out.calls:
+                i = _opt(text, i, fmt.call_start)
+            elif fmt.call_start:
                 i = _lit(text, i, fmt.call_start)
             i = _lit(text, i, fmt.name_prefix) if fmt.name_prefix != fmt.call_start else i
         except Invalid:
@@ -223,7 +229,7 @@ def _tag_calls(
         out.calls.append(call)
         i = _lit(text, i, fmt.args_end)
         i = _lit(text, i, fmt.call_close)
-        i = _lit(text, i, fmt.call_end)
+        i = _opt(text, i, fmt.call_end) if fmt.optional_markers else _lit(text, i, fmt.call_end)
         out.end = i
         k = skip_ws(text, i)
         if k < len(text) and text[k] == "," and not fmt.call_start:

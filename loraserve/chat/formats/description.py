@@ -76,6 +76,9 @@ class ChatFormat:
     id_prefix: str = ""
     id_suffix: str = ""
     name_id_index: bool = False  # Kimi K2: the name is written `functions.NAME:N`, the id
+    call_start_optional: bool = False  # Qwen3-Coder: a first call may skip `call_start`
+    optional_markers: tuple[str, ...] = ()  # Kimi K2: a section marker the model may omit
+    reasoning_stops: tuple[str, ...] = ()  # markers that also end reasoning (a call's start)
     # turn markers and what the tokenizer must keep whole
     assistant_start: str = ""
     user_start: str = ""

@@ -25,13 +25,15 @@ _MINISTRAL = ChatFormat(
     detector="ministral_3", reasoning_mode="tag", reasoning_start="[THINK]",
     reasoning_end="[/THINK]", tool_mode="tag_json", call_start="[TOOL_CALLS]",
     name_suffix="[ARGS]", preserved_tokens=("[THINK]", "[/THINK]", "[TOOL_CALLS]", "[ARGS]"),
+    assistant_start="[/INST]",
 )  # fmt: skip
 _KIMI_K2 = ChatFormat(
     detector="kimi_k2", reasoning_mode="tag", reasoning_start="<think>", reasoning_end="</think>",
-    tool_mode="tag_json", section_start="<|tool_calls_section_begin|>",
-    section_end="<|tool_calls_section_end|>", call_start="<|tool_call_begin|>",
-    call_end="<|tool_call_end|>", name_prefix="functions.",
-    name_suffix="<|tool_call_argument_begin|>", name_id_index=True,
+    tool_mode="tag_json", call_start="<|tool_call_begin|>", call_end="<|tool_call_end|>",
+    optional_markers=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
+    name_prefix="functions.", name_suffix="<|tool_call_argument_begin|>", name_id_index=True,
+    reasoning_stops=("<|tool_calls_section_begin|>", "<|tool_call_begin|>"),
+    assistant_start="<|im_assistant|>assistant<|im_middle|>",
     preserved_tokens=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
                       "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
                       "<think>", "</think>"),
@@ -41,6 +43,7 @@ _QWEN3_CODER = ChatFormat(
     call_end="</tool_call>", name_prefix="<function=", name_suffix=">\n",
     call_close="</function>", arg_name_prefix="<parameter=", arg_name_suffix=">\n",
     arg_value_suffix="\n</parameter>\n", preserved_tokens=("<tool_call>", "</tool_call>"),
+    assistant_start="<|im_start|>assistant", call_start_optional=True,
 )  # fmt: skip
 _MINIMAX_M3 = ChatFormat(
     detector="minimax_m3", reasoning_mode="tag", reasoning_start="<think>",
@@ -69,9 +72,11 @@ def _qwen3_coder(src: str) -> ChatFormat:
     if "<think>" not in src:
         return _QWEN3_CODER
     return _QWEN3_CODER.with_(
+        call_start_optional=False,
         reasoning_mode="tag", reasoning_start="<think>", reasoning_end="</think>",
         preserved_tokens=("<tool_call>", "</tool_call>", "<think>", "</think>"),
         thinking_end_tags=("\n</think>", "</think>", "<tool_call>"),
+        reasoning_stops=("<tool_call>",),
     )  # fmt: skip
 
 

@@ -183,6 +183,9 @@ def tool_grammar(
         pre = "" if lazy else b.q(section)
         end = f"WS {b.q(fmt.section_end)}" if fmt.section_end else ""
         first_calls = f"{pre} {calls} {end}".strip()
+    if fmt.optional_markers:  # Kimi K2: the section's markers, which the model may omit
+        opt = [f"({b.q(m)})?" for m in fmt.optional_markers[:2]]
+        first_calls = f"{opt[0]} {first_calls} {' '.join(['WS', *opt[1:]])}"
     body_calls = b.rule(first_calls)
     r_start, r_end = fmt.reasoning_start.strip(), fmt.reasoning_end.strip()
     think = ""

@@ -57,8 +57,10 @@ class ChatParser:
         tools: list[dict[str, Any]] | None = None,
         reasoning_format: ReasoningFormat = "auto",
         thinking_open: bool = False,
+        lead: str = "",
     ) -> None:
         self.fmt = fmt
+        self.lead = lead
         self.tools = tools if tools and fmt.has_tools else None
         self.schemas = {
             t["function"]["name"]: t["function"].get("parameters") or {}
@@ -70,9 +72,15 @@ class ChatParser:
         self.r_start = fmt.reasoning_start.strip()
         self.r_end = fmt.reasoning_end.strip()
         self.trigger = fmt.trigger.strip()
+        self.triggers = [self.trigger]
+        if fmt.call_start_optional and fmt.name_prefix.strip():
+            self.triggers.append(fmt.name_prefix.strip())
+        self.triggers += [m.strip() for m in fmt.optional_markers]
 
     def parse(self, text: str, partial: bool) -> ParsedMessage:
-        """The message in `text`; with `partial`, only what later text cannot change."""
+        """The message in `text` (after `lead`, the turn's start the prompt already wrote);
+        with `partial`, only what later text cannot change."""
+        text = self.lead + text
         msg = ParsedMessage()
         pos = self._reasoning(text, partial, msg)
         if pos is None:
@@ -94,6 +102,8 @@ class ChatParser:
             self._content(rest, partial, msg, tail=False)
             return msg
         self._content(rest[:at], partial, msg, tail=True)
+        if self.fmt.optional_markers:
+            scan.end = _skip_markers(rest, scan.end, self.fmt.optional_markers)
         msg.tool_calls = [ToolCall(c.name, c.arguments, c.id) for c in scan.calls]
         after = rest[scan.end :].strip() if not partial else ""
         closers = [m.strip() for m in (self.fmt.call_end, self.fmt.section_end, self.trigger)]
@@ -108,9 +118,13 @@ class ChatParser:
             return 0
         start = 0
         if not self.thinking_open:
+            lead = _ws_start(text)
+            if self.r_end and text.startswith(self.r_end, lead):  # an empty, closed block
+                return _ws_start(text, lead + len(self.r_end))
+            if partial and self.r_end and self.r_end.startswith(text[lead:]):
+                return None
             if not self.r_start:
                 return 0
-            lead = _ws_start(text)
             if text.startswith(self.r_start, lead):
                 start = lead + len(self.r_start)
             elif partial and self.r_start.startswith(text[lead:]):
@@ -118,8 +132,7 @@ class ChatParser:
             else:
                 return 0
         ends = [self.r_end] if self.r_end else []
-        if self.tools and self.trigger:
-            ends.append(self.trigger)
+        ends += [m.strip() for m in self.fmt.reasoning_stops]
         found = [(text.find(e, start), e) for e in ends]
         found = [(i, e) for i, e in found if i >= 0]
         if not found:
@@ -130,16 +143,17 @@ class ChatParser:
             return None if partial else len(text)
         i, e = min(found)
         msg.reasoning_content = text[start:i].strip()
-        after = i + len(e) if e == self.r_end else i
+        after = i + len(e) if e == self.r_end else i  # a call's start stays for the calls
         return _ws_start(text, after)
 
     def _find_trigger(self, rest: str, partial: bool) -> int | None:
         """Where the calls start in `rest`: an index, None (no call, all content), or -1
         (a partial text that may still turn out to be a call)."""
         if self.trigger:
-            at = rest.find(self.trigger)
-            if at >= 0:
-                return at
+            found = [rest.find(t) for t in self.triggers]
+            found = [i for i in found if i >= 0]
+            if found:
+                return min(found)
             return None
         lead = _ws_start(rest)
         opener = "[" if self.fmt.array_wrapped else "{"
@@ -157,13 +171,31 @@ class ChatParser:
                 if e >= 0:
                     text = text[:e]
         if partial and not tail:
-            markers = [self.trigger] if self.tools and self.trigger else []
+            markers = list(self.triggers) if self.tools and self.trigger else []
             if self.extract and self.r_start and not msg.reasoning_content and not text.strip():
                 markers.append(self.r_start)
             text = text[: len(text) - held(text, markers)].rstrip()
         elif tail or partial:
             text = text.rstrip()
         msg.content = text
+
+
+def _skip_markers(text: str, i: int, markers: tuple[str, ...]) -> int:
+    j = _ws_start(text, i)
+    for m in markers:
+        if text.startswith(m.strip(), j):
+            return _skip_markers(text, j + len(m.strip()), markers)
+    return i
+
+
+def turn_lead(fmt: ChatFormat, prompt: str) -> str:
+    """What the prompt already wrote of the answer's turn, parsed with the answer as
+    llama.cpp parses `generation_prompt + output`: the prompt after its last assistant
+    marker (an opened reasoning block, a continued message), leading whitespace dropped;
+    "" when the format knows no assistant marker."""
+    start = fmt.assistant_start
+    at = prompt.rfind(start) if start else -1
+    return prompt[at + len(start) :].lstrip(" \t\n\r") if at >= 0 else ""
 
 
 def _is_json(text: str) -> bool:

@@ -1,0 +1,115 @@
+"""The parser against llama.cpp's own parses (tests/data/chat/parse_cases.json: the 463 PEG
+cases of its tests/test-chat.cpp, recorded by scripts/chat_oracle): each case's model
+output, after the part of the generation prompt llama.cpp parses with it, gives the
+message llama.cpp's test expects (content and reasoning compared stripped, arguments as
+JSON), whole; and fed byte by byte, the stream's deltas only grow and add up to it."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections import Counter
+
+from loraserve.chat.formats.description import ChatFormat
+from loraserve.chat.formats.detect import detect
+from loraserve.chat.formats.parse import ChatParser, turn_lead
+from loraserve.chat.formats.stream import MessageStream
+from loraserve.chat.render import RenderInputs, Tokens, render
+from tests.unit.chat.format_util import DATA, TEMPLATES
+
+CASES = json.loads((DATA / "parse_cases.json").read_text())["cases"]
+
+# Templates whose every case must agree (P0 and P1 formats the descriptions cover).
+EXACT = {
+    "Qwen-Qwen2.5-7B-Instruct.jinja", "Qwen-QwQ-32B.jinja", "Qwen3-Coder.jinja",
+    "Qwen3.5-4B.jinja", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja",
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", "StepFun3.5-Flash.jinja",
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "deepseek-ai-DeepSeek-V3.1.jinja",
+    "meta-llama-Llama-3.2-3B-Instruct.jinja", "meta-llama-Llama-3.3-70B-Instruct.jinja",
+    "Kimi-K2-Thinking.jinja", "Kimi-K2-Instruct.jinja", "moonshotai-Kimi-K2.jinja",
+    "MiniMax-M2.jinja", "GLM-4.6.jinja", "unsloth-mistral-Devstral-Small-2507.jinja",
+    "llama-cpp-deepseek-r1.jinja", "ibm-granite-granite-3.3-2B-Instruct.jinja",
+    "fireworks-ai-llama-3-firefunction-v2.jinja", "meetkai-functionary-medium-v3.1.jinja",
+}  # fmt: skip
+FLOOR = 245  # of 463: the rest are the specialised formats not ported yet (gpt-oss, Gemma 4,
+# DeepSeek V3.2/V4, MiniMax-M3, LFM2, Ling 3, Kimi K3, Cohere2, Muse, Functionary v3.2)
+# and response-format answers in ```json fences
+
+
+@functools.cache
+def _format(name: str) -> ChatFormat:
+    src = (TEMPLATES / name).read_text()
+    tokens = Tokens("<s>", "</s>")
+
+    def run(msgs: list, tools: list | None, gen: bool, think: bool) -> str:
+        inp = RenderInputs(msgs, tools=tools, add_generation_prompt=gen, enable_thinking=think)
+        return render(src, tokens, inp)
+
+    return detect(src, run)
+
+
+def _parser(case: dict) -> ChatParser:
+    fmt = _format(case["template"])
+    req = case["request"]
+    tools = req["tools"] if req["tool_choice"] != "none" else None
+    gp = case["params"]["generation_prompt"]
+    start = fmt.assistant_start
+    lead = turn_lead(fmt, gp) if not start or start in gp else gp.lstrip()
+    tag = fmt.reasoning_start.strip()
+    opened = not start and bool(tag) and gp.rstrip().endswith(tag)  # no marker to cut at
+    return ChatParser(fmt, tools, req["reasoning_format"], opened, lead)
+
+
+def _norm(msg: dict) -> tuple:
+    calls = []
+    for c in msg["tool_calls"]:
+        try:
+            args = json.loads(c["arguments"])
+        except ValueError:
+            args = c["arguments"]
+        calls.append((c["name"], args, c.get("id") or ""))
+    return msg["content"].strip(), msg["reasoning_content"].strip(), calls
+
+
+def _mine(parser: ChatParser, text: str, partial: bool) -> dict:
+    m = parser.parse(text, partial)
+    calls = [{"name": c.name, "arguments": c.arguments, "id": c.id} for c in m.tool_calls]
+    return {"content": m.content, "reasoning_content": m.reasoning_content, "tool_calls": calls}
+
+
+def test_parses_equal_llama_cpps() -> None:
+    logging.disable(logging.WARNING)
+    try:
+        agree, total, wrong = Counter(), Counter(), {}
+        for case in CASES:
+            total[case["template"]] += 1
+            mine = _mine(_parser(case), case["input"], case["is_partial"])
+            if _norm(mine) == _norm(case["expect"]):
+                agree[case["template"]] += 1
+            elif case["template"] in EXACT:
+                wrong[case["id"]] = (case["input"], _norm(mine), _norm(case["expect"]))
+    finally:
+        logging.disable(logging.NOTSET)
+    assert not wrong, wrong
+    assert sum(agree.values()) >= FLOOR, (sum(agree.values()), sorted(total - agree))
+
+
+def test_streams_grow_and_add_up() -> None:
+    """Every agreeing whole case of the exact templates, fed one character at a time."""
+    for case in CASES:
+        if case["template"] not in EXACT or case["is_partial"]:
+            continue
+        parser = _parser(case)
+        stream = MessageStream(parser)
+        deltas = [d for ch in case["input"] for d in stream.feed(ch)] + stream.finish()
+        final = stream.final
+        assert final is not None
+        assert "".join(d.get("content", "") for d in deltas) == final.content
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == final.reasoning_content
+        args: dict[int, str] = {}
+        for d in deltas:
+            for c in d.get("tool_calls", []):
+                args[c["index"]] = args.get(c["index"], "") + c["function"].get("arguments", "")
+        assert [args[i] for i in sorted(args)] == [c.arguments for c in final.tool_calls]
