@@ -96,6 +96,13 @@ def pack_rows(raw: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor | None:
     gb = lib.ls_packed_group_bytes(ggml_type, k)
     if gb <= 0:
         return None
+    from loraserve.model.dequant import GGML_QUANT_SIZES
+
+    block, size = GGML_QUANT_SIZES[ggml_type]
+    if k % block or raw.dim() != 2 or raw.shape[1] < k // block * size:
+        raise ValueError(
+            f"pack_rows: rows of {raw.shape[-1]} bytes for {k} values of type {ggml_type}"
+        )
     raw = raw.contiguous()
     out = torch.empty(n, gb // PACK_ROWS, dtype=torch.uint8)
     rc = lib.ls_repack(ggml_type, raw.data_ptr(), n, k, raw.stride(0), out.data_ptr(), 1,
