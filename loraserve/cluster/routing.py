@@ -1,9 +1,11 @@
 """Routing by adapter configuration: a request's routing key is the canonical cache key of
 its effective mix (`RouteTable`, the engine's own `AdapterRegistry.mix` over the replicas'
-adapter table), and `AffinityRouter`, a Ray Serve request router, sends each key to the
-replica that ranks first for it (rendezvous hashing: every router agrees without talking,
-and only the keys of a replica that left move), the next ranks taking the spill-over when
-that replica is saturated (`max_ongoing_requests`).
+adapter table), and `AffinityRouter`, a Ray Serve request router, sends each key to one
+replica, the next ranks taking the spill-over when that replica is saturated
+(`max_ongoing_requests`). The replica of a key is kept by `Balancer`: bounded-load
+rendezvous hashing, so that with K keys active in the last minute and R replicas no replica
+holds more than ceil(K / R) of them (four adapter mixes on two replicas land two and two),
+each key staying where it was first placed while it is active (its KV stays warm there).
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
+import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,13 +78,43 @@ def rank(key: str, replica_ids: list[str]) -> list[str]:
     return sorted(replica_ids, key=weight, reverse=True)
 
 
+class Balancer:
+    """Each active routing key's replica: a new key goes to the first replica in its
+    rendezvous order (`rank`) that holds fewer than ceil(K / R) of the K active keys
+    (itself included); a key keeps its replica while it stays active (used within
+    ``window_s``) and that replica is there."""
+
+    def __init__(self, window_s: float = 60.0) -> None:
+        self.window_s = window_s
+        self._where: dict[str, tuple[str, float]] = {}  # key -> (replica id, last used)
+
+    def order(self, key: str, replica_ids: list[str], now: float | None = None) -> list[str]:
+        """The replicas for ``key``, its own first, then the rest in rendezvous order."""
+        now = time.monotonic() if now is None else now
+        live = set(replica_ids)
+        self._where = {
+            k: (r, t) for k, (r, t) in self._where.items() if r in live and now - t <= self.window_s
+        }
+        ranked = rank(key, replica_ids)
+        placed = self._where.get(key)
+        if placed is None and ranked:
+            cap = math.ceil((len(self._where) + 1) / len(ranked))
+            held = Counter(r for r, _ in self._where.values())
+            placed = (next((r for r in ranked if held[r] < cap), ranked[0]), now)
+        if placed is None:
+            return ranked
+        self._where[key] = (placed[0], now)
+        return [placed[0], *(r for r in ranked if r != placed[0])]
+
+
 class AffinityRouter(RequestRouter):
-    """Ray Serve's router for the replica deployment: ``mode="affinity"`` ranks replicas
-    by `rank` of the request's multiplexed model id (its routing key); a request without
+    """Ray Serve's router for the replica deployment: ``mode="affinity"`` orders replicas
+    by `Balancer.order` of the request's multiplexed model id (its routing key); a request without
     one, or every request with ``mode="round_robin"``, starts at the next replica in turn."""
 
     mode = "affinity"
     _turn = itertools.count()
+    _balancer = Balancer()
 
     def initialize_state(self, mode: str = "affinity", **kwargs: Any) -> None:
         """Ray Serve passes `request_router_kwargs` here."""
@@ -87,6 +122,7 @@ class AffinityRouter(RequestRouter):
             raise ValueError(f"routing mode must be affinity or round_robin, got {mode!r}")
         self.mode = mode
         self._turn = itertools.count()
+        self._balancer = Balancer()
 
     async def choose_replicas(
         self,
@@ -98,7 +134,7 @@ class AffinityRouter(RequestRouter):
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         key = pending_request.metadata.multiplexed_model_id if pending_request else ""
         if key and self.mode == "affinity":
-            order = rank(key, list(by_id))
+            order = self._balancer.order(key, list(by_id))
         else:
             ids = sorted(by_id)
             start = next(self._turn) % len(ids) if ids else 0
