@@ -8,6 +8,7 @@ apart from the other presets' (a prompt warmed under one mix is never reused by 
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
@@ -197,8 +198,17 @@ def test_presets_share_one_engine(tmp_path: Path) -> None:
             want = expected[name]
             assert got["content"] == want["content"], name
             assert got["completion_probabilities"] == want["completion_probabilities"], name
+            assert got["model"] == name  # the preset's name, not the shared engine's
         answers = {n: complete(c, n, n_predict=6).json()["content"] for n in mixes}
         assert len(set(answers.values())) == 3  # the mixes really differ
+        chat = c.post("/v1/chat/completions", json={"model": "plain", "max_tokens": 2,
+                      "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+        assert chat.status_code == 200 and chat.json()["model"] == "plain"
+        stream = {"model": "plain", "prompt": "x", "max_tokens": 2, "stream": True}
+        text = c.post("/v1/completions", json=stream).text
+        events = [e for e in text.split("\n\n") if e.startswith("data: {")]
+        assert events and all(json.loads(e[6:])["model"] == "plain" for e in events)
+        assert c.get("/props?model=plain").json()["model_alias"] == "plain"
         short = complete(c, "short", n_predict=None).json()  # the preset's n-predict = 3
         assert short["tokens_predicted"] == 3
         assert complete(c, "short", n_predict=5).json()["tokens_predicted"] == 5

@@ -36,6 +36,7 @@ from loraserve.server.cors import CorsMiddleware, cors_policy
 from loraserve.server.errors import ApiError, JsonResponse, install_error_handlers
 from loraserve.server.router.pool import Engine, Pool
 from loraserve.server.router.presets import Preset, load_catalog
+from loraserve.server.router.rename import renaming_send
 
 
 def _bad(message: str) -> ApiError:
@@ -193,8 +194,9 @@ class Forward:
                 return {"type": "http.request", "body": raw, "more_body": False}
             return await receive()
 
+        own = preset.key.alias[0] if preset.key.alias else preset.name
         async with eng.use() as app:
-            await app(inner, replay, send)
+            await app(inner, replay, renaming_send(send, own, preset.name))
 
 
 async def _read_body(receive: Receive) -> bytes:
