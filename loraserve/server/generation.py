@@ -101,8 +101,17 @@ def chat_prompt(state: ServerState, body: Any, tools: list[dict[str, Any]] | Non
         tools=tools if tools is not None else getattr(body, "tools", None),
         continuation=CONTINUATION.get(cont, "auto" if cont else "none"),  # type: ignore[arg-type]
         reasoning=cfg.reasoning,  # type: ignore[arg-type]
-        reasoning_effort=getattr(body, "reasoning_effort", None),
+        reasoning_effort=_effort(cfg, body),
     )
+
+
+def _effort(cfg: Any, body: Any) -> str | None:
+    """The request's `reasoning_effort`; "none" (thinking off) under a reasoning budget of 0
+    (`reasoning_budget_tokens`, else `--reasoning-budget`)."""
+    budget = getattr(body, "reasoning_budget_tokens", None)
+    if budget is None:
+        budget = getattr(cfg, "reasoning_budget", -1)
+    return "none" if budget == 0 else getattr(body, "reasoning_effort", None)
 
 
 def check_tokens(state: ServerState, ids: list[int], where: str) -> None:

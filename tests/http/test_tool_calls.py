@@ -224,3 +224,20 @@ def test_messages_tools_in_the_models_format(srv) -> None:
     (block,) = res["content"]
     assert block["type"] == "tool_use" and res["stop_reason"] == "tool_use"
     jsonschema.validate(block["input"], SCHEMAS[block["name"]])
+
+
+def test_reasoning_off_by_effort_or_budget(srv) -> None:
+    """`reasoning_effort: "none"` and `reasoning_budget_tokens: 0` render the prompt with
+    thinking off (Qwen3's template then closes an empty <think> block), like
+    chat_template_kwargs enable_thinking false."""
+    if srv.template_name != QWEN3:
+        pytest.skip("the Llama 3.1 template has no reasoning markers")
+
+    def prompt_tokens(**kw) -> int:
+        body = {"messages": USER, "n_predict": 1, **kw}
+        return srv.client.post("/v1/chat/completions", json=body).json()["usage"]["prompt_tokens"]
+
+    off = prompt_tokens(chat_template_kwargs={"enable_thinking": False})
+    assert off > prompt_tokens()
+    assert prompt_tokens(reasoning_effort="none") == off
+    assert prompt_tokens(reasoning_budget_tokens=0) == off
