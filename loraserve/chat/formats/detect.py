@@ -63,7 +63,7 @@ _MINICPM5 = ChatFormat(
 _HARMONY = ChatFormat(
     detector="gpt_oss", dialect="harmony", reasoning_mode="tag",
     reasoning_start="<|channel|>analysis<|message|>", reasoning_end="<|end|>",
-    call_start=" to=functions.",
+    call_start=" to=functions.", assistant_start="<|start|>assistant",
     preserved_tokens=("<|channel|>", "<|constrain|>", "<|message|>", "<|start|>", "<|end|>"),
 )  # fmt: skip
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from loraserve.chat.formats.calls import CallScan, scan_calls
 from loraserve.chat.formats.description import ChatFormat
+from loraserve.chat.formats.harmony import parse_harmony
 from loraserve.chat.formats.scan import held
 
 ReasoningFormat = Literal["none", "auto", "deepseek", "deepseek-legacy"]
@@ -82,6 +83,8 @@ class ChatParser:
         with `partial`, only what later text cannot change."""
         text = self.lead + text
         msg = ParsedMessage()
+        if self.fmt.dialect == "harmony":
+            return self._harmony(text, partial, msg)
         pos = self._reasoning(text, partial, msg)
         if pos is None:
             return msg
@@ -109,6 +112,16 @@ class ChatParser:
         closers = [m.strip() for m in (self.fmt.call_end, self.fmt.section_end, self.trigger)]
         if after and not any(m and (after.startswith(m) or m.startswith(after)) for m in closers):
             msg.content += rest[scan.end :]  # text after the calls (an unfinished call: dropped)
+        return msg
+
+    def _harmony(self, text: str, partial: bool, msg: ParsedMessage) -> ParsedMessage:
+        content, reasoning, calls = parse_harmony(
+            text, partial, self.tools is not None, self.extract
+        )
+        msg.content, msg.reasoning_content = content, reasoning
+        msg.tool_calls = [ToolCall(n, a) for n, a in calls if not partial or a]
+        if not partial:
+            msg.tool_calls = [c for c in msg.tool_calls if _is_json(c.arguments)]
         return msg
 
     def _reasoning(self, text: str, partial: bool, msg: ParsedMessage) -> int | None:
