@@ -161,6 +161,11 @@ n-predict = 3
 
 [needs-file]
 c = 128
+
+[narrow]
+model = {base}
+c = 128
+np = 1
 """
 
 
@@ -216,3 +221,8 @@ def test_presets_share_one_engine(tmp_path: Path) -> None:
         running = [e for e in state.pool.engines.values() if e.running]
         assert len(running) == 1 and len(running[0].cfg.lora) == 2
         assert all(status(c, n)["value"] == "loaded" for n in [*mixes, "short"])
+        # other engine settings: an engine of its own (LRU-unloading the shared one)
+        assert complete(c, "narrow").status_code == 200
+        assert (
+            status(c, "narrow")["value"] == "loaded" and status(c, "plain")["value"] == "unloaded"
+        )
