@@ -1,6 +1,7 @@
 """The file fuzzer's child process: ``python -m tests.hardening.fuzz_worker CASES.json``
-loads each case (a mutated model file: load, then generate 3 tokens; a mutated adapter: load
-it against its base's shapes) under an address-space limit, and prints one JSON line when a
+loads each case (a mutated model file: load, then generate 3 tokens; a mutated demo adapter:
+load it against its base's shapes; a mutated tiny adapter: load it into the tiny Gemma's
+engine and generate with it) under an address-space limit, and prints one JSON line when a
 case starts and one with its outcome (loaded, or the exception's type, whether it is one of
 loraserve's own errors, and its message). A crash or hang shows as a start line without an
 outcome; the parent (`test_fuzz_files.py`) reruns that case alone to name it."""
@@ -46,10 +47,21 @@ def main() -> None:
     limit = vm + MEMORY_BUDGET
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
+    tiny: list[Engine] = []  # the unmutated tiny model, for adapters of its shapes
+
     def run(kind: str, path: str) -> None:
         if kind == "model":
             m = load_model(path)
             run_and_drain(Engine(m), [ask([1, 5, 9, 12], n=3)])
+        elif kind == "tiny_adapter":  # loaded into the tiny model's engine, then generating
+            if not tiny:
+                tiny.append(Engine(load_model(spec["tiny_model"])))
+            eng = tiny[0]
+            a = eng.load_adapter(path, 0.0).result()
+            try:
+                run_and_drain(eng, [ask([1, 5, 9, 12], n=3, mix={a.id: 1.0})])
+            finally:
+                eng.unload_adapter(a.id).result()
         else:
             load_adapter(path, gemma, shapes)
 

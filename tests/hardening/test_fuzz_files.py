@@ -87,6 +87,24 @@ def _tiny(path: Path, arch: str) -> Path:
     return write_gguf(path, meta, tensors, q8)
 
 
+def _tiny_lora(path: Path) -> Path:
+    """A GGUF LoRA of rank 4 for the tiny Gemma's q, v and down projections."""
+    import torch
+
+    from loraserve.model.gguf_write import write_gguf
+
+    g = torch.Generator().manual_seed(6)
+    meta = {"general.architecture": "gemma3", "general.type": "adapter",
+            "adapter.type": "lora", "adapter.lora.alpha": 8.0}  # fmt: skip
+    tensors = {}
+    for i in range(2):
+        for stem, (out, inp) in (("attn_q", (128, 64)), ("attn_v", (64, 64)),
+                                 ("ffn_down", (64, 96))):  # fmt: skip
+            tensors[f"blk.{i}.{stem}.weight.lora_a"] = torch.randn(4, inp, generator=g) * 0.1
+            tensors[f"blk.{i}.{stem}.weight.lora_b"] = torch.randn(out, 4, generator=g) * 0.1
+    return write_gguf(path, meta, tensors)
+
+
 def _seed_models(folder: Path) -> dict[str, Path]:
     return {"gemma_q8": _tiny(folder / "gemma_q8.gguf", "gemma3"),
             "llama": _tiny(folder / "llama.gguf", "llama")}  # fmt: skip
@@ -108,21 +126,25 @@ def _base_shapes(adapter: Path) -> dict[str, list[int]]:
     return out
 
 
+_KINDS = {"gemma_q8": "model", "llama": "model", "tiny_lora": "tiny_adapter"}
+
+
 def _cases(folder: Path, n: int) -> list[dict[str, Any]]:
-    """n mutated cases: 45% tiny Gemma Q8_0, 25% tiny llama, 20% the demo GGUF adapter,
-    10% the demo PEFT folder's configuration."""
+    """n mutated cases: 40% tiny Gemma Q8_0, 20% tiny llama, 15% the demo GGUF adapter, 15%
+    a tiny Gemma GGUF LoRA (generating with it), 10% the demo PEFT folder's configuration."""
     rng = random.Random(SEED)
-    seeds = {**_seed_models(folder), "adapter": ADAPTERS / "titlecase.gguf"}
+    seeds = {**_seed_models(folder), "adapter": ADAPTERS / "titlecase.gguf",
+             "tiny_lora": _tiny_lora(folder / "tiny_lora.gguf")}  # fmt: skip
     parsed = {k: (p.read_bytes(), *fields(p.read_bytes())) for k, p in seeds.items()}
     peft = ADAPTERS / "titlecase"
     conf = json.loads((peft / "adapter_config.json").read_text())
     # the seeds themselves first: each must load (and generate) unmutated
-    out = [{"id": i, "kind": "model" if k in ("gemma_q8", "llama") else "adapter",
-            "src": "seed", "path": str(p)}
+    out = [{"id": i, "kind": _KINDS.get(k, "adapter"), "src": "seed", "path": str(p)}
            for i, (k, p) in enumerate([*seeds.items(), ("peft", peft)])]  # fmt: skip
     for i in range(len(out), len(out) + n):
         r = rng.random()
-        src = "gemma_q8" if r < 0.45 else "llama" if r < 0.70 else "adapter" if r < 0.9 else "peft"
+        src = ("gemma_q8" if r < 0.4 else "llama" if r < 0.6 else "adapter" if r < 0.75
+               else "tiny_lora" if r < 0.9 else "peft")  # fmt: skip
         if src == "peft":
             case = folder / f"c{i}"
             case.mkdir()
@@ -132,8 +154,7 @@ def _cases(folder: Path, n: int) -> list[dict[str, Any]]:
             data, table, end = parsed[src]
             case = folder / f"c{i}.gguf"
             case.write_bytes(mutate(data, table, end, rng))
-        kind = "model" if src in ("gemma_q8", "llama") else "adapter"
-        out.append({"id": i, "kind": kind, "src": src, "path": str(case)})
+        out.append({"id": i, "kind": _KINDS.get(src, "adapter"), "src": src, "path": str(case)})
     return out
 
 
@@ -191,7 +212,8 @@ def _batch(cases: list[dict[str, Any]], spec: dict[str, Any], folder: Path, tag:
 
 def test_mutated_model_and_adapter_files_never_crash_hang_or_escape(tmp_path: Path) -> None:
     cases = _cases(tmp_path, CASES)
-    spec = {"base_shapes": _base_shapes(ADAPTERS / "titlecase")}
+    spec = {"base_shapes": _base_shapes(ADAPTERS / "titlecase"),
+            "tiny_model": str(tmp_path / "gemma_q8.gguf")}  # fmt: skip
     size = min(BATCH, -(-len(cases) // 2))  # two children at a time
     chunks = [cases[i : i + size] for i in range(0, len(cases), size)]
     with ThreadPoolExecutor(2) as pool:
