@@ -131,6 +131,11 @@ def test_router_lifecycle(models_dir: Path) -> None:
         r = complete(c, "broken")
         error(r, 500, "server_error", "model name=broken failed to load")
         assert c.get("/health").json() == {"status": "ok"}
+        # unloaded right after a load request (while loading, most likely): stays unloaded
+        assert c.post("/models/load", json={"model": "other"}).json() == {"success": True}
+        assert c.post("/models/unload", json={"model": "other"}).json() == {"success": True}
+        time.sleep(0.5)
+        assert status(c, "other") == {"value": "unloaded", "args": status(c, "other")["args"]}
         assert complete(c, "tiny").status_code == 200  # and past --models-max again
         assert c.post("/models/unload", json={"model": "tiny"}).json() == {"success": True}
         assert status(c, "tiny")["value"] == "unloaded"

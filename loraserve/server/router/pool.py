@@ -14,6 +14,7 @@ weights: loaded models are kept by path while any engine uses them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -106,7 +107,7 @@ class Pool:
         try:
             await self._make_room(eng)
             await asyncio.to_thread(check_files, eng.cfg)
-            model = await asyncio.to_thread(self._model, eng.cfg)
+            model = await self._model(eng.cfg)
             eng.holds_model = True
             app = create_app(eng.cfg, model)
             life = app.router.lifespan_context(app)
@@ -119,23 +120,28 @@ class Pool:
                 raise RuntimeError(state.load_error)
             eng.status = "loaded"
             log.info("router: engine for %s loaded", eng.cfg.alias[0] if eng.cfg.alias else "?")
+        except asyncio.CancelledError:  # unloaded while loading
+            await self._close(eng)
+            raise
         except Exception as e:  # noqa: BLE001 (any load failure is reported, never raised)
             eng.error = " ".join(str(e).split()) or type(e).__name__
             log.error("router: cannot load %s: %s", eng.cfg.model, eng.error)
             await self._close(eng)
             eng.failed = True
 
-    def _model(self, cfg: ServerConfig) -> LoadedModel:
-        """The loaded weights of `cfg.model`, shared by every engine over the same file."""
+    async def _model(self, cfg: ServerConfig) -> LoadedModel:
+        """The loaded weights of `cfg.model`, shared by every engine over the same file
+        (counted here, on the event loop, so a load cancelled meanwhile counts nothing)."""
         from loraserve.model.loader import load_model
 
         key = (str(cfg.model), cfg.dtype)
-        if key in self._models:
-            model, n = self._models[key]
-            self._models[key] = (model, n + 1)
-            return model
-        model = load_model(Path(str(cfg.model)), "float32" if cfg.dtype == "float32" else "native")
-        self._models[key] = (model, 1)
+        if key not in self._models:
+            dtype = "float32" if cfg.dtype == "float32" else "native"
+            model = await asyncio.to_thread(load_model, Path(str(cfg.model)), dtype)
+            if key not in self._models:  # else loaded meanwhile by another engine: that one
+                self._models[key] = (model, 0)
+        model, n = self._models[key]
+        self._models[key] = (model, n + 1)
         return model
 
     def _release_model(self, cfg: ServerConfig) -> None:
@@ -169,6 +175,11 @@ class Pool:
 
     async def unload(self, eng: Engine, timeout: float) -> None:
         """Stop `eng`: requests in flight get up to `timeout` seconds, then are cancelled."""
+        task = eng._task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         deadline = time.monotonic() + timeout
         while eng.busy and time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
@@ -186,9 +197,7 @@ class Pool:
             self._release_model(eng.cfg)
 
     async def close_all(self) -> None:
-        """Stop every engine (the router's shutdown)."""
+        """Stop every engine, loading ones included (the router's shutdown)."""
         for eng in list(self.engines.values()):
-            if eng._task is not None and not eng._task.done():
-                eng._task.cancel()
-            if eng.app is not None:
-                await self._close(eng)
+            if eng.running or eng.app is not None:
+                await self.unload(eng, timeout=0.0)
