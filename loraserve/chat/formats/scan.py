@@ -8,6 +8,9 @@ import json
 import re
 from typing import Any
 
+_BODY = r'(?:[^"\\]++|\\.)*+'  # a string's inside, possessive: runs of plain characters at once
+_STRING = re.compile(rf'"{_BODY}"', re.S)
+_TOKENS = re.compile(rf'"{_BODY}(?P<open>\\?\Z)?"?|[{{}}\[\]]', re.S)
 _SCALAR = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null")
 WS = " \t\n\r"
 
@@ -34,33 +37,22 @@ def value_end(text: str, i: int) -> int:
         raise Incomplete
     c = text[i]
     if c == '"':
-        j = i + 1
-        while j < len(text):
-            if text[j] == "\\":
-                j += 2
-                continue
-            if text[j] == '"':
-                return j + 1
-            j += 1
-        raise Incomplete
+        m = _STRING.match(text, i)
+        if m is None:
+            raise Incomplete
+        return m.end()
     if c in "{[":
-        depth, j, in_str = 0, i, False
-        while j < len(text):
-            ch = text[j]
-            if in_str:
-                if ch == "\\":
-                    j += 1
-                elif ch == '"':
-                    in_str = False
-            elif ch == '"':
-                in_str = True
-            elif ch in "{[":
+        depth = 0
+        for m in _TOKENS.finditer(text, i):  # strings skipped whole, at C speed
+            tok = m.group(0)
+            if tok in "{[":
                 depth += 1
-            elif ch in "}]":
+            elif tok in "}]":
                 depth -= 1
                 if depth == 0:
-                    return j + 1
-            j += 1
+                    return m.end()
+            elif m.group("open") is not None or not tok.endswith('"') or len(tok) < 2:
+                raise Incomplete  # a string the text ends inside
         raise Incomplete
     m = _SCALAR.match(text, i)
     if m is None:
