@@ -3,15 +3,18 @@
 Operations: set the global mix; completions with and without `lora` (empty lists, zero
 scales, repeated ids); shared and diverging prefixes; cache_prompt on and off; `id_slot`;
 concurrent requests across slots; adapter load, unload and reload of changed weights under
-the same name; slot save and restore. Every greedy completion must equal the same request
-run alone with the cache off, and `cache_n` must equal the longest prefix computed under the
-same cache key that is still retained (the budget is unlimited, so retained = computed,
+the same name; an aLoRA adapter (`inv`, active from its invocation [41, 42] on: before it,
+positions run under the rest of the mix, so their KV is shared with that mix's requests);
+slot save and restore. Every greedy completion must equal the same request run alone with
+the cache off, and `cache_n` must equal the longest prefix computed under the same key at
+every position that is still retained (the budget is unlimited, so retained = computed,
 minus what unloading an adapter dropped). The same holds with speculative decoding on.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 from pathlib import Path
 
@@ -24,7 +27,9 @@ from loraserve.engine.sampling.params import SamplingParams
 from tests.engine_util import run_one
 from tests.server_util import concurrently, peft_folder, serve_in_thread, tiny_model
 
-FILES = ("a", "b", "a2")  # a2: the same name as a, changed weights
+FILES = ("a", "b", "a2", "inv")  # a2: the same name as a, changed weights; inv: an aLoRA
+INV = [41, 42]
+BS = 16  # the server's KV block size
 PREFIXES = ([1, 40, 41, 42, 43, 44, 45, 46], [1, 40, 41, 42, 50, 51], [1, 60, 61, 62, 63, 64, 65])
 N_PREDICT = 4
 
@@ -34,8 +39,12 @@ def adapter_dir() -> Path:
     import tempfile
 
     d = Path(tempfile.mkdtemp(prefix="loraserve-prop-"))
-    for name, seed in (("a", 21), ("b", 22), ("a2", 23)):
+    for name, seed in (("a", 21), ("b", 22), ("a2", 23), ("inv", 24)):
         peft_folder(d / name, seed)
+    conf = json.loads((d / "inv" / "adapter_config.json").read_text())
+    (d / "inv" / "adapter_config.json").write_text(
+        json.dumps({**conf, "alora_invocation_tokens": INV})
+    )
     return d
 
 
@@ -64,6 +73,9 @@ completion = st.fixed_dictionaries(
         "lora": st.one_of(
             st.none(),
             st.just([]),
+            # the global mix without the aLoRA adapter, and with it alone: their KV is
+            # shared before its invocation (and everywhere in a prompt without one)
+            st.sampled_from([[(0, 1.0), (1, 1.0)], [(2, 1.0)], [(0, 1.0), (1, 1.0), (2, 0.5)]]),
             st.lists(st.tuples(st.integers(0, 3), scales), min_size=1, max_size=3),
         ),
         "cache_prompt": st.booleans(),
@@ -94,21 +106,29 @@ class Model:
         self.slot_last: dict[int, tuple[tuple, tuple[int, ...]]] = {}
         self.saved: dict[int, tuple[tuple, tuple[int, ...]]] = {}
 
-    def mix(self, lora: list[tuple[int, float]] | None) -> tuple[tuple[str, float], ...]:
+    def mix(
+        self, lora: list[tuple[int, float]] | None, drop_inv: bool = False
+    ) -> tuple[tuple[str, float], ...]:
         chosen = dict(lora) if lora else dict(self.glob)
         total: dict[str, float] = {}
         for i, s in chosen.items():
-            if s:
+            if s and not (drop_inv and self.loaded[i] == "inv"):
                 total[self.loaded[i]] = total.get(self.loaded[i], 0.0) + s
         return tuple(sorted((f, s) for f, s in total.items() if s))
 
-    def expected_cache_n(self, key: tuple, prompt: list[int]) -> int:
+    def keys(self, lora: list[tuple[int, float]] | None, prompt: list[int], n: int) -> tuple:
+        """The key of each of the first ``n`` positions: the mix, without the aLoRA adapter
+        before the last invocation in the prompt (and everywhere without one)."""
+        starts = [i for i in range(len(prompt) - 1) if prompt[i : i + 2] == INV]
+        start = starts[-1] if starts else n
+        before, after = self.mix(lora, drop_inv=True), self.mix(lora)
+        return tuple(before if p < start else after for p in range(n))
+
+    def expected_cache_n(self, keys: tuple, prompt: list[int]) -> int:
         best = 0
         for k, toks in self.retained:
-            if k != key:
-                continue
             n = 0
-            while n < min(len(prompt) - 1, len(toks)) and toks[n] == prompt[n]:
+            while n < min(len(prompt) - 1, len(toks)) and toks[n] == prompt[n] and k[n] == keys[n]:
                 n += 1
             best = max(best, n)
         return best
@@ -124,7 +144,8 @@ def run_completion(srv, m: Model, c: dict, check_cache: bool) -> None:
         assert srv.client.post("/completion", json=body).status_code == 400
         return
     key = m.mix(lora)
-    expect_n = m.expected_cache_n(key, prompt) if c["cache_prompt"] else 0
+    keys = m.keys(lora, prompt, len(prompt) + N_PREDICT)
+    expect_n = m.expected_cache_n(keys, prompt) if c["cache_prompt"] else 0
     body = {
         "prompt": prompt,
         "n_predict": N_PREDICT,
@@ -144,7 +165,7 @@ def run_completion(srv, m: Model, c: dict, check_cache: bool) -> None:
     if check_cache:
         assert res["timings"]["cache_n"] == expect_n
         assert res["timings"]["prompt_n"] == len(prompt) - expect_n
-    computed = (key, tuple(prompt + res["tokens"][:-1]))
+    computed = (keys, tuple(prompt + res["tokens"][:-1]))
     m.retained.append(computed)
     m.slot_last[res["id_slot"]] = computed
 
@@ -183,10 +204,12 @@ def test_every_answer_equals_cache_off_and_cache_n_is_exact(tmp_path_factory, sp
         str(d / "a"),
         "--lora",
         str(d / "b"),
+        "--lora",
+        str(d / "inv"),
         *spec,
     ]
     m = Model()
-    m.loaded, m.next_id, m.glob = {0: "a", 1: "b"}, 2, {0: 1.0, 1: 1.0}
+    m.loaded, m.next_id, m.glob = {0: "a", 1: "b", 2: "inv"}, 3, {0: 1.0, 1: 1.0, 2: 1.0}
     m.names = dict(m.loaded)
     with serve_in_thread(args) as srv:
         for kind, arg in ops:
@@ -212,8 +235,8 @@ def test_every_answer_equals_cache_off_and_cache_n_is_exact(tmp_path_factory, sp
                 f = m.loaded.pop(arg)
                 m.names.pop(arg)
                 m.glob.pop(arg, None)
-                if f not in m.loaded.values():
-                    m.retained = [(k, t) for k, t in m.retained if f not in dict(k)]
+                if f not in m.loaded.values():  # its blocks go, and every block after them
+                    m.retained = [_drop(k, t, f) for k, t in m.retained]
             elif kind == "load":
                 # names are unique: a2 asks for a's name (refused while it is taken, else
                 # a reload of changed weights under that name); a and b again get a suffix
@@ -243,3 +266,11 @@ def test_every_answer_equals_cache_off_and_cache_n_is_exact(tmp_path_factory, sp
                 assert r.status_code == 200, r.text
                 m.retained.append(m.saved[arg])
                 m.slot_last[1 - arg] = m.saved[arg]
+
+
+def _drop(keys: tuple, toks: tuple, f: str) -> tuple[tuple, tuple]:
+    """What stays of a retained sequence once adapter file ``f`` is unloaded: the whole
+    blocks before the first position computed with it."""
+    first = next((p for p, k in enumerate(keys) if f in dict(k)), len(toks))
+    keep = min(len(toks), first // BS * BS)
+    return keys[:keep], toks[:keep]
