@@ -33,8 +33,35 @@ function messageItem(m, i) {
   info.className = "info";
   renderInfo(info, m.info);
   li.append(role, content, info);
+  renderExtras(li, m);
   if (m.role === "user") li.append(button("Edit", `Edit message ${i + 1}`, () => edit(i)));
   return li;
+}
+
+/** A model message's reasoning (folded) above its text, and its tool calls below it. */
+function renderExtras(li, m) {
+  const content = li.querySelector(".content");
+  if (m.reasoning) {
+    let box = li.querySelector("details.reasoning");
+    if (!box) {
+      box = document.createElement("details");
+      box.className = "reasoning";
+      const summary = document.createElement("summary");
+      summary.textContent = "Reasoning";
+      box.append(summary, document.createElement("div"));
+      li.insertBefore(box, content);
+    }
+    box.lastElementChild.textContent = m.reasoning;
+  }
+  if (m.tool_calls?.length) {
+    let pre = li.querySelector("pre.tool-calls");
+    if (!pre) {
+      pre = document.createElement("pre");
+      pre.className = "tool-calls";
+      content.after(pre);
+    }
+    pre.textContent = m.tool_calls.map((t) => `${t.name}(${t.arguments})`).join("\n");
+  }
 }
 
 function renderList() {
@@ -102,11 +129,23 @@ async function generate() {
   let usage = null;
   try {
     for await (const chunk of sse("/v1/chat/completions", body, controller.signal)) {
-      const delta = chunk.choices?.[0]?.delta?.content;
+      const d = chunk.choices?.[0]?.delta ?? {};
+      const delta = d.content;
       if (delta) {
         tFirst ??= performance.now();
         m.content += delta;
         renderMarkdown(content, m.content);
+      }
+      if (d.reasoning_content || d.tool_calls) {
+        tFirst ??= performance.now();
+        m.reasoning = (m.reasoning ?? "") + (d.reasoning_content ?? "");
+        for (const t of d.tool_calls ?? []) {
+          m.tool_calls ??= [];
+          const call = (m.tool_calls[t.index] ??= { name: "", arguments: "" });
+          if (t.function?.name) call.name = t.function.name;
+          call.arguments += t.function?.arguments ?? "";
+        }
+        renderExtras(li, m);
       }
       if (chunk.usage) usage = chunk.usage;
       if (chunk.timings) Object.assign(info, chunk.timings, { measured: false });
