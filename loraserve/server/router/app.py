@@ -78,8 +78,11 @@ class Router:
 
     # --- what serve() needs of app.state.server ---
     @property
-    def flights(self) -> list[Any]:
-        return [f for e in self.pool.engines.values() if e.app for f in e.app.state.server.flights]
+    def flights(self) -> range:
+        """As many items as requests in flight over all engines (`serve` counts them)."""
+        return range(
+            sum(len(e.app.state.server.flights) for e in self.pool.engines.values() if e.app)
+        )
 
     def abort_flights(self, message: str = "the server is shutting down") -> None:
         for eng in self.pool.engines.values():

@@ -106,6 +106,7 @@ class Pool:
 
         try:
             await self._make_room(eng)
+            await asyncio.to_thread(_assemble_default, eng.cfg)
             await asyncio.to_thread(check_files, eng.cfg)
             model = await self._model(eng.cfg)
             eng.holds_model = True
@@ -201,3 +202,11 @@ class Pool:
         for eng in list(self.engines.values()):
             if eng.running or eng.app is not None:
                 await self.unload(eng, timeout=0.0)
+
+
+def _assemble_default(cfg: ServerConfig) -> None:
+    """The default model's file is assembled from its package on its first load."""
+    from loraserve.model.default import FILE_NAME, cache_dir, default_model_path
+
+    if Path(str(cfg.model)) == (cache_dir() / FILE_NAME).resolve():
+        default_model_path()

@@ -6,8 +6,9 @@ INI: `key = value` lines under `[section]` headers, `;` and `#` comments; a sect
 (its name is the model id clients send), `[*]` holds settings every preset inherits, keys are
 flags without dashes (long or short form, or a `LLAMA_ARG_*` environment name), `true` /
 `false` for switches. `load-on-startup`, `stop-timeout` and `dedup-cache-models` belong to the
-router. A section named like a `--models-dir` model configures that model. Precedence, as
-llama-server: the router's command line, then the preset's section, then `[*]`.
+router. A section named like a `--models-dir` model (or the default model, listed as
+llama-server lists its download cache when its package is installed) configures that model.
+Precedence, as llama-server: the router's command line, then the preset's section, then `[*]`.
 
 **Ours: presets share engines.** Each preset's flags are parsed into a `ServerConfig`; its
 adapters (`lora`, `lora-scaled`) and its sampling defaults (`temp`, `top-k`, `n-predict`, ...)
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.util
 import io
 import os
 from dataclasses import dataclass, field
@@ -165,6 +167,17 @@ def models_dir_entries(folder: str) -> dict[str, str]:
     return out
 
 
+def default_model_entry() -> tuple[str, str] | None:
+    """The default model (its package installed) as the router's one cached model, listed
+    as llama-server lists its download cache: (name, path; assembled when first loaded)."""
+    from loraserve.model.default import FILE_NAME, cache_dir
+    from loraserve.server.startup import DEFAULT_MODEL_PACKAGE
+
+    if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
+        return None
+    return FILE_NAME.removesuffix(".gguf"), str(cache_dir() / FILE_NAME)
+
+
 def load_catalog(cfg: ServerConfig) -> dict[str, Preset]:
     """Every model id the router serves, from `--models-dir` and `--models-preset`; a preset
     that cannot be served is listed with its `error` (it never stops the router)."""
@@ -174,6 +187,9 @@ def load_catalog(cfg: ServerConfig) -> dict[str, Preset]:
         ini = read_ini(Path(cfg.models_preset).read_text())
     common = ini.get("*", {})
     sections: dict[str, tuple[str, dict[str, str]]] = {}
+    default = default_model_entry()
+    if default is not None:
+        sections[default[0]] = ("cache", {"model": default[1]})
     if cfg.models_dir:
         for name, path in models_dir_entries(cfg.models_dir).items():
             sections[name] = ("models_dir", {"model": path})
