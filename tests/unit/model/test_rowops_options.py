@@ -1,7 +1,8 @@
 """Row operations the new architectures bring (loraserve/kernels/rowops.c and its fallback):
 gpt-oss's clamped gated activation (llama.cpp's ggml_swiglu_oai), logit soft-capping
-(gemma2's final logits) and LayerNorm (cohere2). Each equals its float64 formula, and a value's bits do not depend on
-its row's neighbours or on where it lies in the row (vector lanes or the tail).
+(gemma2's final logits) and LayerNorm (cohere2). Each equals its float64 formula, and a
+value's bits do not depend on its row's neighbours or on where it lies in the row (vector
+lanes or the tail).
 """
 
 from __future__ import annotations
