@@ -102,6 +102,7 @@ def test_router_lifecycle(models_dir: Path) -> None:
         error(complete(c, "nope"), 400, "invalid_request_error", "model 'nope' not found")
         error(c.get("/props?model=tiny&autoload=false"), 400, "invalid_request_error",
               "model is not loaded")  # fmt: skip
+        error(c.get("/health?model=tiny"), 503, "unavailable_error", "model is not loaded")
         error(c.post("/models/load", json={"model": "nope"}), 404, "not_found_error",
               "model is not found")  # fmt: skip
         error(c.post("/models/unload", json={"model": "tiny"}), 400, "invalid_request_error",
@@ -232,3 +233,21 @@ def test_presets_share_one_engine(tmp_path: Path) -> None:
         assert (
             status(c, "narrow")["value"] == "loaded" and status(c, "plain")["value"] == "unloaded"
         )
+
+
+def test_router_api_key(models_dir: Path) -> None:
+    """The key guards the router's routes and the forwarded ones; the public ones (health,
+    the model list) never load a model."""
+    with router(["--models-dir", str(models_dir), "--api-key", "sk-r"]) as (c, state):
+        assert c.get("/models").status_code == 200
+        for r in (
+            c.post("/models/load", json={"model": "tiny"}),
+            c.post("/models/unload", json={"model": "tiny"}),
+            complete(c, "tiny"),
+            c.get("/props?model=tiny"),
+        ):
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert c.get("/health?model=tiny").status_code == 503
+        assert not any(e.running for e in state.pool.engines.values())
+        key = {"Authorization": "Bearer sk-r"}
+        assert c.post("/models/load", json={"model": "tiny"}, headers=key).status_code == 200

@@ -249,9 +249,19 @@ def create_router_app(cfg: ServerConfig) -> FastAPI:
     @app.get("/health")
     @app.get("/v1/health")
     async def health(request: Request) -> Any:
-        if request.query_params.get("model"):
-            return await _forwarded(forward, request)
-        return {"status": "ok"}
+        name = request.query_params.get("model")
+        if not name:
+            return {"status": "ok"}
+        preset = router.find(name)  # public route: it reports, it never loads
+        if preset is None:
+            raise _bad(f"model '{name}' not found")
+        eng = router.engine_of(preset)
+        if eng is None or eng.status != "loaded":
+            loading = eng is not None and eng.status == "loading"
+            raise ApiError(
+                503, "unavailable_error", "Loading model" if loading else "model is not loaded"
+            )
+        return await _forwarded(forward, request)
 
     @app.get("/props")
     async def props(request: Request) -> Any:
