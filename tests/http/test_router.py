@@ -148,6 +148,7 @@ version = 1
 [*]
 c = 256
 np = 2
+chat-template-file = {template}
 
 [plain]
 model = {base}
@@ -169,6 +170,10 @@ n-predict = 3
 [needs-file]
 c = 128
 
+[kwargs]
+model = {base}
+chat-template-kwargs = {{"extra": "yes"}}
+
 [narrow]
 model = {base}
 c = 128
@@ -180,7 +185,11 @@ def test_presets_share_one_engine(tmp_path: Path) -> None:
     base = tiny_model_path()
     a, b = peft_folder(tmp_path / "a", seed=1), peft_folder(tmp_path / "b", seed=2)
     ini = tmp_path / "presets.ini"
-    ini.write_text(PRESETS.format(base=base, a=a, b=b))
+    template = tmp_path / "t.jinja"
+    template.write_text(
+        "{% for m in messages %}{{ m.content }};{% endfor %}{{ extra | default('-') }}"
+    )
+    ini.write_text(PRESETS.format(base=base, a=a, b=b, template=template))
     mixes = {
         "plain": [],
         "mix-a": [{"id": 0, "scale": 0.7}],
@@ -224,6 +233,14 @@ def test_presets_share_one_engine(tmp_path: Path) -> None:
         short = complete(c, "short", n_predict=None).json()  # the preset's n-predict = 3
         assert short["tokens_predicted"] == 3
         assert complete(c, "short", n_predict=5).json()["tokens_predicted"] == 5
+        # template kwargs per preset, over the request's own, on the same engine
+        msgs = {"messages": [{"role": "user", "content": "hi"}]}
+        own = {"chat_template_kwargs": {"extra": "own"}}
+        prompts = [
+            c.post("/apply-template", json={"model": n, **msgs, **kw}).json()["prompt"]
+            for n, kw in [("plain", {}), ("kwargs", {}), ("kwargs", own)]
+        ]
+        assert prompts == ["hi;-", "hi;yes", "hi;own"]
         # one engine for the four presets of one base, under --models-max 1
         running = [e for e in state.pool.engines.values() if e.running]
         assert len(running) == 1 and len(running[0].cfg.lora) == 2

@@ -11,11 +11,12 @@ llama-server lists its download cache when its package is installed) configures 
 Precedence, as llama-server: the router's command line, then the preset's section, then `[*]`.
 
 **Ours: presets share engines.** Each preset's flags are parsed into a `ServerConfig`; its
-adapters (`lora`, `lora-scaled`) and its sampling defaults (`temp`, `top-k`, `n-predict`, ...)
-are taken out as the preset's per-request settings, and what is left (model file, context,
-slots, chat template, ...) is the engine's key: presets with equal keys run on one engine that
-holds the union of their adapters at scale 0, and each request under a preset gets that
-preset's adapter mix and defaults (`Preset.inject`), so its cache key is its own mix's.
+adapters (`lora`, `lora-scaled`), its sampling defaults (`temp`, `top-k`, `n-predict`, ...)
+and its `chat-template-kwargs` are taken out as the preset's per-request settings, and what is
+left (model file, context, slots, chat template, ...) is the engine's key: presets with equal
+keys run on one engine that holds the union of their adapters at scale 0, and each request
+under a preset gets that preset's adapter mix and defaults (`Preset.inject`), so its cache key
+is its own mix's.
 """
 
 from __future__ import annotations
@@ -73,13 +74,17 @@ class Preset:
 
     def inject(self, body: dict[str, Any]) -> dict[str, Any]:
         """`body` with this preset's adapter mix (as `lora` ids of its engine, unless the
-        request gives its own `lora`) and sampling defaults (unless the request sets them)."""
+        request gives its own `lora`), sampling defaults (unless the request sets them) and
+        chat template kwargs (under the request's own)."""
         out = dict(body)
         if self.lora and "lora" not in out and self.engine_cfg is not None:
             ids = {spec.path: i for i, spec in enumerate(self.engine_cfg.lora)}
             out["lora"] = [{"id": ids[s.path], "scale": s.scale} for s in self.lora]
         for k, v in self.defaults.items():
-            out.setdefault(k, v)
+            if k == "chat_template_kwargs" and isinstance(out.get(k), dict):
+                out[k] = {**v, **out[k]}  # the request's own over the preset's
+            else:
+                out.setdefault(k, v)
         return out
 
 
@@ -224,12 +229,15 @@ def _preset(
     defaults = {
         k: getattr(child, k) for k in _REQUEST_KEYS if getattr(child, k) != getattr(base, k)
     }
+    if child.chat_template_kwargs != base.chat_template_kwargs:  # per request, over the engine's
+        defaults["chat_template_kwargs"] = dict(child.chat_template_kwargs)
     engine = dataclasses.replace(
         child,
         model=os.path.realpath(os.path.expanduser(str(child.model))),
         lora=(),
         lora_init_without_apply=True,
         alias=(),
+        chat_template_kwargs=base.chat_template_kwargs,
         **{k: getattr(base, k) for k in _REQUEST_KEYS},
     )
     lora = tuple(LoraSpec(os.path.realpath(s.path), s.scale) for s in child.lora)
