@@ -212,9 +212,14 @@ def main() -> None:
                 tmpl = tdir / f"{arch}-{v}.gguf"
                 if tmpl.exists():
                     print(f"{arch} ({v})")
-                    variants[v] = record_variant(arch, tmpl, work, args.seed, args.stdev,
-                                                 args.port)  # fmt: skip
+                    try:
+                        variants[v] = record_variant(arch, tmpl, work, args.seed, args.stdev,
+                                                     args.port)  # fmt: skip
+                    except Exception as e:  # one architecture's failure does not stop the rest
+                        print(f"  {arch} ({v}) not recorded: {type(e).__name__}: {e}")
                     tmpl.unlink()
+            if not variants:
+                continue
             rec = {"arch": arch, "peer": "llama.cpp from the llama-cpp-python 0.3.36 sdist",
                    "n_predict": N_PREDICT, "variants": variants}  # fmt: skip
             (OUT / f"{arch}.json").write_text(json.dumps(rec, separators=(",", ":")) + "\n")

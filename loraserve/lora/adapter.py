@@ -130,7 +130,7 @@ def _read_gguf(
                 missing = "lora_b" if "lora_a" in ab else "lora_a"
                 raise AdapterError(f"{path}: {base}.{missing} is missing (its pair is present)")
             a, b = ab["lora_a"], ab["lora_b"]
-            if cfg.arch == "llama" and base.endswith((".attn_q.weight", ".attn_k.weight")):
+            if cfg.permuted_qk and base.endswith((".attn_q.weight", ".attn_k.weight")):
                 heads = cfg.n_heads if ".attn_q." in base else cfg.n_kv_heads
                 if b.dim() == 2 and b.shape[0] % (2 * heads) == 0:
                     b = unpermute_qk(b, heads)  # the converter permuted B's rows as the base's

@@ -48,12 +48,42 @@ class ModelConfig:
     n_experts: int = 0  # 0 = dense FFN
     n_experts_used: int = 0
     expert_ffn_dim: int = 0  # routed experts' width (0: ffn_dim)
+    expert_norm: bool = True  # the chosen experts' weights renormalised to sum 1
+    expert_scale: float = 0.0  # the chosen weights times this (0 or 1: unscaled)
+    # q/k RMSNorm (with qk_norm): "head" per head before rope; "full" over all heads' width
+    # before rope (olmo2, olmoe, minimax-m2); "head_after_rope" per head after rope (hunyuan)
+    qk_norm_mode: str = "head"
+    # dense FFN: "gated" (ffn_gate, ffn_up), "fused" (ffn_up holds gate|up: glm4, phi3) or
+    # "plain" (act(ffn_up) alone: starcoder2)
+    ffn_kind: str = "gated"
+    pre_norms: bool = True  # False: no norm before attention and FFN (olmo2: post norms only)
+    residual_scale: float = 1.0  # attention and FFN outputs times this before each residual add
+    # GGUF tensor stems that differ from `archs.TENSORS` (role -> stem), e.g. a pre-FFN norm
+    # stored as post_attention_norm (seed_oss)
+    tensor_names: tuple[tuple[str, str], ...] = ()
     # llama.cpp's rope layout: "norm" (adjacent pairs: GGUF q/k rows unpermuted at load) or
     # "neox" (halves, what the decoder rotates)
     rope_type: str = ""  # "": the architecture's (`archs`)
     # layer kinds by depth (empty: the same kind at every depth)
     rope_layers: tuple[bool, ...] = field(default=())  # per layer: q/k rotated (False: no rope)
     moe_layers: tuple[bool, ...] = field(default=())  # per layer: routed experts (else dense)
+    # attention, norm and output variants (gemma2, gpt-oss, phi3, cohere2)
+    attn_softcap: float = 0.0  # > 0: each score s -> cap * tanh(s / cap) (gemma2)
+    attn_sinks: bool = False  # a learned sink logit per head joins the softmax (gpt-oss)
+    final_softcap: float = 0.0  # > 0: the same capping of the logits (gemma2)
+    logit_scale: float = 1.0  # the logits times this (cohere2; granite: 1 / its logit_scale)
+    norm: str = "rms"  # "rms", or "layer": LayerNorm (mean removed) with rms_eps (cohere2)
+    parallel: bool = False  # FFN reads the attention's input norm; both join the residual
+    ffn_norm_name: str = "ffn_norm"  # the pre-FFN norm's tensor (gpt-oss: post_attention_norm)
+    # routed experts' weights: "softmax" (softmax, top-k, renormalised: llama), "softmax_weight"
+    # (top-k logits, softmax over them: gpt-oss), "sigmoid" (sigmoid, top-k: deepseek2)
+    expert_gating: str = "softmax"
+    # multi-head latent attention (deepseek2; 0: none): the cache row is the compressed KV
+    # (kv_lora_rank) and the rope key (rope_dim), head_dim = their sum with one KV head
+    kv_lora_rank: int = 0
+    rope_dim: int = 0  # rotated dims when not head_dim (latent attention's rope part)
+    qk_nope_dim: int = 0  # a latent-attention head's query dims without rope
+    v_head_dim: int = 0  # a latent-attention head's value dims
 
     def __post_init__(self) -> None:
         arch = archs.get(self.arch)  # refuses an unknown architecture
@@ -78,6 +108,10 @@ class ModelConfig:
     @property
     def is_moe(self) -> bool:
         return self.n_experts > 0
+
+    def tensor(self, role: str) -> str:
+        """The GGUF stem of a tensor role (`archs.TENSORS`) in this architecture."""
+        return dict(self.tensor_names).get(role, role)
 
     @property
     def permuted_qk(self) -> bool:
@@ -123,6 +157,12 @@ class ModelConfig:
             n_experts_used=int(keys.get("expert_used_count", 0)) if n_experts else 0,
             expert_ffn_dim=int(keys.get("expert_feed_forward_length", 0)) if n_experts else 0,
         )
+        n_rot = keys.get("rope.dimension_count")
+        if n_rot is not None and int(n_rot) != fields["head_dim"] and not arch.partial_rope:
+            raise UnsupportedModelError(
+                f"{arch.name}: rope on {n_rot} of {fields['head_dim']} head dimensions "
+                "(partial rope) is not supported"
+            )
         fields.update(_flags(arch, hidden))
         if arch.gguf is not None:
             fields.update(arch.gguf(keys, n_layers))

@@ -13,7 +13,9 @@ from torch import nn
 
 from loraserve import kernels
 from loraserve.kernels.layers import FusedLayers, LayerSpec, ProjSpec
+from loraserve.kernels.rowops import layer_norm, softcap_
 from loraserve.model.attn import paged_attention
+from loraserve.model.attn.mla import LatentAttention
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
 from loraserve.model.ffn import MoE
@@ -41,53 +43,116 @@ class Block(nn.Module):
                 )
             return Projection(p + name + ".weight", parts, bias)
 
-        # q|k|v and gate|up each run as one projection of one input
-        self.qkv = proj(("attn_q", "attn_k", "attn_v"), "attn_qkv")
-        self.o = proj(("attn_output",), "attn_output")
-        self.attn_norm = _req(w, p + "attn_norm.weight").float()
+        # q|k|v and gate|up each run as one projection of one input (phi3 stores them fused:
+        # attn_qkv, and ffn_up holding gate|up)
+        self.mla = LatentAttention(cfg, i, w) if cfg.kv_lora_rank else None  # deepseek2
+        if self.mla is None:
+            qkv = ("attn_qkv",) if w.has(p + "attn_qkv.weight") else ("attn_q", "attn_k", "attn_v")
+            self.qkv = proj(qkv, "attn_qkv")
+            self.o = proj(("attn_output",), "attn_output")
+        self.attn_norm = (  # none: attention reads the residual as is (olmo2)
+            _req(w, p + cfg.tensor("attn_norm") + ".weight").float() if cfg.pre_norms else None
+        )
+        self.attn_norm_b = _f32(w.float(p + cfg.tensor("attn_norm") + ".bias"))  # LayerNorm's
+        self.rope = cfg.rope_layers[i]
+        self.sinks = _req(w, p + "attn_sinks.weight").float() if cfg.attn_sinks else None
         self.qk_norm = None  # [n_heads + n_kv_heads, head_dim]: q's norm, then k's, per head
-        if cfg.qk_norm:
+        self.qk_full: tuple[torch.Tensor, torch.Tensor] | None = None  # [nq D], [nkv D]
+        if cfg.qk_norm and cfg.qk_norm_mode == "full":
+            self.qk_full = (_req(w, p + "attn_q_norm.weight"), _req(w, p + "attn_k_norm.weight"))
+        elif cfg.qk_norm:
             qn, kn = _req(w, p + "attn_q_norm.weight"), _req(w, p + "attn_k_norm.weight")
             self.qk_norm = torch.cat(
                 (qn.expand(cfg.n_heads, -1), kn.expand(cfg.n_kv_heads, -1))
             ).contiguous()
         self.post_attn_norm = _req(w, p + "post_attention_norm.weight") if cfg.post_norms else None
-        self.ffn_norm = _req(w, p + "ffn_norm.weight").float()
+        self.ffn_norm = (  # none when parallel: the FFN reads the attention's input norm
+            None
+            if cfg.parallel or not cfg.pre_norms
+            else _req(w, p + cfg.ffn_norm_name + ".weight").float()
+        )
+        self.ffn_norm_b = _f32(w.float(p + cfg.ffn_norm_name + ".bias"))
         self.post_ffn_norm = _req(w, p + "post_ffw_norm.weight") if cfg.post_norms else None
         self.sliding = cfg.sliding_window > 0 and cfg.sliding_layers[i]
         if cfg.moe_layers[i]:
             self.moe: MoE | None = MoE(cfg, p, w)
         else:
             self.moe = None
-            self.gate_up = proj(("ffn_gate", "ffn_up"), "ffn_gate_up")
+            fused = not w.has(p + "ffn_gate.weight")
+            up_rows = w.shape(p + "ffn_up.weight")[0] if fused else 0
+            self.plain_ffn = fused and up_rows == cfg.ffn_dim  # act(up) alone (starcoder2)
+            self.gate_up = proj(("ffn_up",) if fused else ("ffn_gate", "ffn_up"), "ffn_gate_up")
             self.down = proj(("ffn_down",), "ffn_down")
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """x: [T, hidden]; rope: this layer's (cos, sin) tables for the step's positions."""
         cfg, ctx = self.cfg, get_context()
         eps = cfg.rms_eps
-        h = rms_norm(x, self.attn_norm, eps)
+        h = norm(cfg, x, self.attn_norm, self.attn_norm_b)
+        if self.mla is not None:  # latent attention over the compressed cache (deepseek2)
+            return self._residual(x, h, self.mla(h, self.i, rope))
         t, nq, nkv, d = h.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         qkv = self.qkv(h)  # [T, (nq + 2 nkv) d]
         qk = qkv[:, : (nq + nkv) * d].view(t, nq + nkv, d)  # q and k heads, normed and
         v = qkv[:, (nq + nkv) * d :].view(t, nkv, d)  # rotated together below
-        qk = apply_rope(qk, *rope, norm=self.qk_norm, eps=eps)  # qk norm (if any) and rope
+        if self.qk_full is not None:  # each of q and k normed over all its heads at once
+            qn = rms_norm(qkv[:, : nq * d].contiguous(), self.qk_full[0], eps)  # [T, nq D]
+            kn = rms_norm(qkv[:, nq * d : (nq + nkv) * d].contiguous(), self.qk_full[1], eps)
+            qk = torch.cat((qn, kn), 1).view(t, nq + nkv, d)
+        after = cfg.qk_norm_mode == "head_after_rope"
+        if self.rope:  # qk norm (if any, unless after) and rope
+            qk = apply_rope(qk, *rope, norm=None if after else self.qk_norm, eps=eps)
+        if self.qk_norm is not None and (after or not self.rope):
+            qk = rms_norm(qk, self.qk_norm, eps)
         q, k = qk[:, :nq], qk[:, nq:]
         k_cache, v_cache = ctx.kv_caches[self.i]
-        a = paged_attention(q, k, v, k_cache, v_cache, ctx, cfg.attn_scale, self.sliding)
-        a = self.o(a.reshape(t, cfg.n_heads * cfg.head_dim))
+        a = paged_attention(q, k, v, k_cache, v_cache, ctx, cfg.attn_scale, self.sliding,
+                            cfg.attn_softcap, self.sinks)  # fmt: skip
+        return self._residual(x, h, self.o(a.reshape(t, cfg.n_heads * cfg.head_dim)))
+
+    def _residual(self, x: torch.Tensor, h: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """The layer's output from its input x, the attention's normed input h and the
+        attention's output a (all [T, hidden]): post-norm, residuals and the FFN."""
+        cfg = self.cfg
         if self.post_attn_norm is not None:
-            a = rms_norm(a, self.post_attn_norm, eps)
-        x = x + a
-        h = rms_norm(x, self.ffn_norm, eps)
+            a = rms_norm(a, self.post_attn_norm, cfg.rms_eps)
+        if cfg.parallel:  # the FFN reads the attention's input norm
+            return x + self._ffn(h) + a
+        x = x + self._scaled(a)
+        return x + self._scaled(self._ffn(norm(cfg, x, self.ffn_norm, self.ffn_norm_b)))
+
+    def _scaled(self, a: torch.Tensor) -> torch.Tensor:
+        """A branch's output [T, hidden] times the residual scale (granite), else as is."""
+        rs = self.cfg.residual_scale
+        return a if rs == 1.0 else a * torch.tensor(rs, dtype=torch.float32)
+
+    def _ffn(self, h: torch.Tensor) -> torch.Tensor:
+        """The feed-forward of the normed h [T, hidden] -> [T, hidden], post-norm included."""
+        cfg = self.cfg
         if self.moe is not None:
             f = self.moe(h)
         else:
-            gate, up = self.gate_up(h).chunk(2, dim=-1)
+            if self.plain_ffn:  # act(x) as act(x) * 1, exactly
+                up = self.gate_up(h)
+                gate, up = up, torch.ones_like(up)
+            else:
+                gate, up = self.gate_up(h).chunk(2, dim=-1)
             f = self.down(gated_act(gate, up, cfg.act))
         if self.post_ffn_norm is not None:
-            f = rms_norm(f, self.post_ffn_norm, eps)
-        return x + f
+            f = rms_norm(f, self.post_ffn_norm, cfg.rms_eps)
+        return f
+
+
+def norm(
+    cfg: ModelConfig, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The architecture's input norm of x [T, hidden]: RMSNorm, or LayerNorm (cohere2); none
+    where the architecture has no pre-norms (weight None: olmo2)."""
+    if weight is None:
+        return x
+    if cfg.norm == "layer":
+        return layer_norm(x, weight, bias, cfg.rms_eps)
+    return rms_norm(x, weight, cfg.rms_eps)
 
 
 class Decoder(nn.Module):
@@ -105,6 +170,7 @@ class Decoder(nn.Module):
             self.embed = _req(w, "token_embd.weight")  # [V, hidden] float32
         self.blocks = nn.ModuleList(Block(cfg, i, w) for i in range(cfg.n_layers))
         self.norm = _req(w, "output_norm.weight").float()
+        self.norm_b = _f32(w.float("output_norm.bias"))  # LayerNorm bias (starcoder2)
         if not cfg.tied_output:
             out = _matrix(w, "output.weight")
         elif isinstance(self.embed, torch.Tensor):
@@ -116,9 +182,11 @@ class Decoder(nn.Module):
         self.use_fused = True
         self._fused_built: list[FusedLayers | None] = []
         n = min(cfg.context_length, 8192)
-        self.rope_global = Rope(cfg.head_dim, cfg.rope_theta, n)
+        factors = w.float("rope_factors_short.weight")  # phi3 (long ones: past the trained ctx)
+        rd = cfg.rope_dim or cfg.head_dim  # latent attention rotates its rope part only
+        self.rope_global = Rope(rd, cfg.rope_theta, n, factors)
         self.rope_local = (
-            Rope(cfg.head_dim, cfg.rope_theta_local, n)
+            Rope(rd, cfg.rope_theta_local, n, factors)
             if cfg.rope_theta_local != cfg.rope_theta
             else self.rope_global
         )
@@ -151,13 +219,25 @@ class Decoder(nn.Module):
             x = fused(x.contiguous(), ctx.slot_mapping, a.slots, a.seq_off, a.row_seq,
                       a.row_nkeys, a.window, rope_global, rope_local, kv, lora_in)  # fmt: skip
         else:
+            none = None
             for blk in self.blocks:
-                x = blk(x, rope_local if blk.sliding else rope_global)
+                if not blk.rope:  # identity tables: x * 1 - y * 0 is x, bit for bit
+                    if none is None:
+                        c = rope_global[0]
+                        none = (torch.ones_like(c), torch.zeros_like(c))
+                    x = blk(x, none)
+                else:
+                    x = blk(x, rope_local if blk.sliding else rope_global)
+        cfg = self.cfg
         if ctx.hidden_rows is not None:  # embeddings hook: see StepContext.hidden_rows
-            ctx.hidden = rms_norm(x.index_select(0, ctx.hidden_rows), self.norm, self.cfg.rms_eps)
-        x = x.index_select(0, ctx.logits_rows)
-        x = rms_norm(x, self.norm, self.cfg.rms_eps)
-        return self.output(x)
+            ctx.hidden = norm(cfg, x.index_select(0, ctx.hidden_rows), self.norm, self.norm_b)
+        x = norm(cfg, x.index_select(0, ctx.logits_rows), self.norm, self.norm_b)
+        logits = self.output(x)  # [S, V]
+        if cfg.final_softcap > 0.0:
+            softcap_(logits, cfg.final_softcap)
+        if cfg.logit_scale != 1.0:  # one multiply per value: the same bits anywhere
+            logits.mul_(cfg.logit_scale)
+        return logits
 
     def _fused(self) -> FusedLayers | None:
         """The fused layers, built on first use; None where a layer needs the Python path
@@ -169,6 +249,11 @@ class Decoder(nn.Module):
 
 def _build_fused(d: Decoder) -> FusedLayers | None:
     cfg = d.cfg
+    if (cfg.residual_scale != 1.0 or cfg.qk_norm_mode != "head" or not cfg.pre_norms
+            or cfg.attn_softcap or cfg.attn_sinks or cfg.kv_lora_rank or cfg.norm != "rms"
+            or cfg.parallel or not all(cfg.rope_layers)
+            or cfg.act not in ("silu", "gelu_tanh")):  # fmt: skip
+        return None  # layer kinds the fused C layers do not have: the per-layer path
 
     def spec(p: Projection) -> ProjSpec | None:
         if p._qparts is None or not all(m.quantized for m in p.parts) or len(p.parts) > 8:

@@ -37,11 +37,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class Rope(nn.Module):
-    """Rotary embedding, NeoX layout (rotate halves), as HF-layout weights expect."""
+    """Rotary embedding, NeoX layout (rotate halves), as HF-layout weights expect.
 
-    def __init__(self, head_dim: int, theta: float, max_pos: int) -> None:
+    ``factors`` [D/2] (phi3's rope_factors_short/long): frequency i divided by factors[i],
+    as llama.cpp's rope freq factors."""
+
+    def __init__(
+        self, head_dim: int, theta: float, max_pos: int, factors: torch.Tensor | None = None
+    ) -> None:
         super().__init__()
         inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        if factors is not None:
+            inv = inv / factors.float().reshape(-1)
         self.inv_freq = inv  # [D/2]
         self.head_dim = head_dim
         self._cos = torch.empty(0)

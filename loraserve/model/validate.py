@@ -70,20 +70,36 @@ def _n_experts(c: ModelConfig, i: int) -> int:
     return per_layer(c, "n_experts", i, 0)
 
 
+def _v_width(c: ModelConfig, i: int) -> int:
+    """A head's value width into the output projection (a latent head's: deepseek2)."""
+    return getattr(c, "v_head_dim", 0) or _heads(c, i)[4]
+
+
+def _ffn_kind(c: ModelConfig) -> str:
+    return getattr(c, "ffn_kind", "gated")
+
+
+def _qk_norm_width(c: ModelConfig, i: int, which: int) -> int:
+    """A q (which 1) or k (2) norm's width: one head's, or all its heads' ("full")."""
+    h = _heads(c, i)
+    return h[which] * h[3] if getattr(c, "qk_norm_mode", "head") == "full" else h[3]
+
+
 # stem -> expected shape (torch order) at layer i
 SHAPES: dict[str, ShapeFn] = {
     "attn_norm": lambda c, i: (c.hidden_size,),
     "attn_q": lambda c, i: (_heads(c, i)[1] * _heads(c, i)[3], c.hidden_size),
     "attn_k": lambda c, i: (_heads(c, i)[2] * _heads(c, i)[3], c.hidden_size),
     "attn_v": lambda c, i: (_heads(c, i)[2] * _heads(c, i)[4], c.hidden_size),
-    "attn_output": lambda c, i: (c.hidden_size, _heads(c, i)[1] * _heads(c, i)[4]),
-    "attn_q_norm": lambda c, i: (_heads(c, i)[3],),
-    "attn_k_norm": lambda c, i: (_heads(c, i)[3],),
+    "attn_output": lambda c, i: (c.hidden_size, _heads(c, i)[1] * _v_width(c, i)),
+    "attn_kv_a_mqa": lambda c, i: (c.kv_lora_rank + c.rope_dim, c.hidden_size),
+    "attn_q_norm": lambda c, i: (_qk_norm_width(c, i, 1),),
+    "attn_k_norm": lambda c, i: (_qk_norm_width(c, i, 2),),
     "post_attention_norm": lambda c, i: (c.hidden_size,),
     "ffn_norm": lambda c, i: (c.hidden_size,),
     "post_ffw_norm": lambda c, i: (c.hidden_size,),
     "ffn_gate": lambda c, i: (_ffn(c, i), c.hidden_size),
-    "ffn_up": lambda c, i: (_ffn(c, i), c.hidden_size),
+    "ffn_up": lambda c, i: (_ffn(c, i) * (2 if _ffn_kind(c) == "fused" else 1), c.hidden_size),
     "ffn_down": lambda c, i: (c.hidden_size, _ffn(c, i)),
     "ffn_gate_inp": lambda c, i: (_n_experts(c, i), c.hidden_size),
     "ffn_gate_exps": lambda c, i: (_n_experts(c, i), _expert_ffn(c, i), c.hidden_size),
@@ -94,7 +110,13 @@ SHAPES: dict[str, ShapeFn] = {
 
 def required_stems(cfg: ModelConfig, i: int) -> list[str]:
     """The stems layer ``i`` cannot run without, from the config's flags."""
-    stems = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"]
+    stems = ["attn_q", "attn_k", "attn_v", "attn_output"]
+    if getattr(cfg, "kv_lora_rank", 0):  # latent attention (deepseek2); q by attn_q or q_a/q_b
+        stems = ["attn_kv_a_mqa", "attn_kv_a_norm", "attn_k_b", "attn_v_b", "attn_output"]
+    if getattr(cfg, "pre_norms", True):  # olmo2, exaone4: post norms only
+        stems += ["attn_norm"]
+        if not getattr(cfg, "parallel", False):
+            stems += [getattr(cfg, "ffn_norm_name", "ffn_norm")]
     if getattr(cfg, "qk_norm", False):
         stems += ["attn_q_norm", "attn_k_norm"]
     if getattr(cfg, "post_norms", False):
@@ -105,7 +127,7 @@ def required_stems(cfg: ModelConfig, i: int) -> list[str]:
     if moe:
         stems += ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
     else:
-        stems += ["ffn_gate", "ffn_up", "ffn_down"]
+        stems += (["ffn_gate"] if _ffn_kind(cfg) == "gated" else []) + ["ffn_up", "ffn_down"]
     return stems
 
 
@@ -147,8 +169,10 @@ def check_hparams(meta: Mapping[str, Any]) -> None:
     for key in _FLOAT_KEYS:
         v = meta.get(f"{arch}.{key}")
         if v is not None and not (
-            isinstance(v, (int, float, np.number)) and math.isfinite(float(v)) and float(v) > 0
-        ):
+            isinstance(v, (int, float, np.number))
+            and math.isfinite(float(v))
+            and (float(v) > 0 or (key.endswith("epsilon") and float(v) == 0))
+        ):  # an epsilon of 0: an architecture with LayerNorm (cohere2) leaves the RMS one 0
             raise ModelFileError(f"{arch}.{key} = {_show(v)}: must be a finite positive number")
 
 
@@ -213,7 +237,8 @@ def check_tensors(
             raise ModelFileError(f"tensor {name!r} is past the last of {cfg.n_layers} layers")
         if kind == "bias":
             w = shapes.get(f"blk.{i}.{stem}.weight")
-            if w is not None and tuple(shape) != (w[-2] if len(w) >= 2 else w[0],):
+            want = tuple(w[:2]) if w is not None and len(w) == 3 else None  # experts' [E, rows]
+            if w is not None and tuple(shape) != (want or (w[-2] if len(w) >= 2 else w[0],)):
                 raise ModelFileError(
                     f"tensor {name!r} has shape {tuple(shape)}, expected one value per row of "
                     f"its weight {tuple(w)}"
@@ -223,7 +248,10 @@ def check_tensors(
         if fn is not None and tuple(shape) != (want := tuple(fn(cfg, i))):
             raise ModelFileError(_mismatch(name, shape, want, cfg, i))
     for i in range(cfg.n_layers):
+        fused_exps = f"blk.{i}.ffn_gate_up_exps.weight" in shapes  # gate|up in one (deepseek2)
         for stem in required_stems(cfg, i):
+            if fused_exps and stem in ("ffn_gate_exps", "ffn_up_exps"):
+                continue
             if f"blk.{i}.{stem}.weight" not in shapes:
                 raise ModelFileError(f"the model lacks tensor 'blk.{i}.{stem}.weight'")
     emb = shapes.get("token_embd.weight")

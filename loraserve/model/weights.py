@@ -43,6 +43,14 @@ class WeightSource:
             return name in self._gg.tensors
         return name in self._hf.names()  # type: ignore[union-attr]
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape (torch order), without reading its values from a GGUF file."""
+        if self._gg is not None:
+            return tuple(self._gg.tensors[name].shape)
+        t = self._hf.tensor(name)  # type: ignore[union-attr]
+        assert t is not None
+        return tuple(t.shape)
+
     def float(self, name: str) -> torch.Tensor | None:
         """The tensor as float32 (dequantized), or None if the model lacks it."""
         if not self.has(name):

@@ -59,6 +59,17 @@ class Keys:
         return f"{self.arch}.{key}" in self.meta
 
 
+def swa_layers(keys: Keys, n_layers: int, n_pattern: int) -> tuple[bool, ...]:
+    """Which layers use the sliding window, as llama.cpp's ``load_swa_pattern``: the per-layer
+    array ``attention.sliding_window_pattern`` when the file has one, else a pattern of
+    ``n_pattern`` (the key's scalar value if any): layer i slides when ``i % n < n - 1``."""
+    v = keys.get("attention.sliding_window_pattern")
+    if v is not None and not isinstance(v, (int, float)) and len(v) == n_layers:
+        return tuple(bool(x) for x in v)
+    n = int(v) if isinstance(v, (int, float)) else n_pattern
+    return tuple(n == 0 or i % n < n - 1 for i in range(n_layers))
+
+
 Hook = Callable[[Keys, int], dict[str, Any]]
 HFHook = Callable[[dict[str, Any], int], dict[str, Any]]
 
@@ -77,10 +88,13 @@ class Arch:
     qk_norm: bool = False  # per-head RMSNorm of q and k before rope
     qkv_bias: bool = False
     post_norms: bool = False  # RMSNorm on the attention and FFN outputs (gemma)
-    act: Literal["silu", "gelu_tanh"] = "silu"  # of the gated FFN
+    act: Literal["silu", "gelu_tanh", "swiglu_oai"] = "silu"  # of the gated FFN
     embed_scale_sqrt: bool = False  # embeddings times sqrt(hidden) (gemma)
     # routed experts: "none", "optional" (when <arch>.expert_count > 0) or "required"
     experts: Literal["none", "optional", "required"] = "none"
     tied_default: bool = False  # output tied to token_embd when nothing says otherwise
+    # the architecture reads rope.dimension_count itself (else one different from the head
+    # size, a partial rope, is refused)
+    partial_rope: bool = False
     gguf: Hook | None = None
     hf: HFHook | None = None

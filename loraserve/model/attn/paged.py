@@ -25,11 +25,14 @@ def paged_attention(
     ctx: StepContext,
     scale: float,
     sliding: bool,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [T, H, D], k/v: [T, Hkv, D]; caches: [S, Hkv, D] flat slots -> out [T, H, D].
 
     Sliding-window layers: each row attends only its last ``ctx.attn.window`` keys.
     The new keys are written first and read back from the pool, exactly as stored.
+    softcap > 0 caps the scores (gemma2); sinks [H] join each head's softmax (gpt-oss).
     """
     k_cache.index_copy_(0, ctx.slot_mapping, k.to(k_cache.dtype))
     v_cache.index_copy_(0, ctx.slot_mapping, v.to(v_cache.dtype))
@@ -44,5 +47,7 @@ def paged_attention(
         a.row_nkeys,
         scale,
         a.window if sliding else 0,
+        softcap,
+        sinks,
     )  # [T, H, D] float32
     return out.to(q.dtype)

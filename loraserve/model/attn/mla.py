@@ -1,0 +1,133 @@
+"""Multi-head latent attention (deepseek2, llama.cpp src/models/deepseek2.cpp, MLA path) over
+a compressed KV cache.
+
+Each token's cache row holds its compressed KV, ``c = RMSNorm(x W_kv_a[:rank])`` (``rank`` =
+kv_lora_rank, 512), and its rotated rope key ``k_pe`` (64), shared by every head: 576 floats a
+token instead of heads x (192 + 128). Queries absorb the key up-projection (``attn_k_b``): head
+h's query is ``[q_nope_h W_k_b[h]^T | rope(q_pe_h)]`` against the cache rows, the values are the
+rows' first ``rank`` columns (a view of the same pool, read by the attention kernel at its own
+stride), and each head's weighted latent goes through ``attn_v_b[h]`` before the output
+projection. This is llama.cpp's absorbed form, whose numbers it computes in the same order.
+
+Rope on adjacent pairs (llama.cpp's "norm"): the rope columns of ``attn_q_b`` (``attn_q``) and
+``attn_kv_a_mqa``'s outputs are taken in halves order (`weights.unpermute_qk`'s order), so that
+rotating halves is the same rotation; the weights stay as stored, so adapters on them apply as
+they are. Every projection here takes LoRA: the per-head ``attn_k_b`` / ``attn_v_b`` as
+``attn_k_b.weight`` (one head) or per head like experts.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from loraserve.kernels.attention import attention
+from loraserve.model.config import ModelConfig
+from loraserve.model.context import get_context
+from loraserve.model.layers import apply_rope, rms_norm
+from loraserve.model.projection import Matrix, Projection, matmul
+from loraserve.model.weights import WeightSource, unpermute_qk
+
+
+class LatentAttention(nn.Module):
+    """deepseek2's attention of layer ``i``: h [T, hidden] -> [T, hidden] (output projected).
+
+    The layer's KV pool is [S, 1, rank + rope_dim] (``cfg.head_dim``, one KV head); its V pool
+    is not used.
+    """
+
+    def __init__(self, cfg: ModelConfig, i: int, w: WeightSource) -> None:
+        super().__init__()
+        p = f"blk.{i}."
+        self.cfg, self.rank, self.rope_dim = cfg, cfg.kv_lora_rank, cfg.rope_dim
+        self.nope, self.dv, h = cfg.qk_nope_dim, cfg.v_head_dim, cfg.n_heads
+        qd = self.nope + self.rope_dim
+        q_rows = torch.arange(h * qd).view(h, qd)
+        q_rows[:, self.nope :] = unpermute_qk(q_rows[:, self.nope :].T.contiguous(), 1).T
+        self.q_rows = q_rows.reshape(-1)  # output columns in halves order
+        self.q_a: Projection | None = None
+        if w.has(p + "attn_q_a.weight"):
+            self.q_a = _proj(w, p + "attn_q_a.weight")
+            self.q_a_norm = _float(w, p + "attn_q_a_norm.weight")
+            self.q = _proj(w, p + "attn_q_b.weight")
+        else:
+            self.q = _proj(w, p + "attn_q.weight")
+        self.kv_rows = torch.arange(self.rank + self.rope_dim)
+        self.kv_rows[self.rank :] = unpermute_qk(self.kv_rows[self.rank :], 1)
+        self.kv_a = _proj(w, p + "attn_kv_a_mqa.weight")  # [rank + rope, hidden]
+        self.kv_a_norm = _float(w, p + "attn_kv_a_norm.weight")
+        self.k_b = _heads(w, p + "attn_k_b.weight", h)  # H x [rank, nope]
+        self.v_b = _heads(w, p + "attn_v_b.weight", h)  # H x [dv, rank]
+        self.o = _proj(w, p + "attn_output.weight")
+
+    def forward(
+        self, h: torch.Tensor, layer: int, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        """h: [T, hidden] normed; rope: (cos, sin) [T, rope_dim / 2] -> [T, hidden]."""
+        cfg, ctx = self.cfg, get_context()
+        t, nh, eps = h.shape[0], cfg.n_heads, cfg.rms_eps
+        if self.q_a is not None:
+            q = self.q(rms_norm(self.q_a(h), self.q_a_norm, eps))  # [T, H (nope + rope)]
+        else:
+            q = self.q(h)
+        q = q.index_select(1, self.q_rows).view(t, nh, self.nope + self.rope_dim)
+        kv = self.kv_a(h).index_select(1, self.kv_rows)  # [T, rank + rope]
+        c = rms_norm(kv[:, : self.rank], self.kv_a_norm, eps)  # [T, rank]
+        pe = torch.cat((q[:, :, self.nope :], kv[:, None, self.rank :]), 1)  # [T, H + 1, rope]
+        pe = apply_rope(pe.contiguous(), *rope)
+        qa = torch.empty(t, nh, self.rank + self.rope_dim)  # [T, H, rank + rope]
+        for j in range(nh):  # the key up-projection absorbed into each head's query
+            qa[:, j, : self.rank] = _head(self.k_b, j, q[:, j, : self.nope].contiguous())
+        qa[:, :, self.rank :] = pe[:, :nh]
+        k = torch.cat((c, pe[:, nh]), 1)  # [T, rank + rope]: the compressed cache row
+        k_cache, _ = ctx.kv_caches[layer]
+        k_cache.index_copy_(0, ctx.slot_mapping, k.unsqueeze(1).to(k_cache.dtype))
+        a = ctx.attn
+        lat = attention(qa, k_cache, k_cache[:, :, : self.rank], a.slots, a.seq_off, a.row_seq,
+                        a.row_nkeys, cfg.attn_scale)  # fmt: skip  # [T, H, rank]
+        out = torch.empty(t, nh * self.dv)  # [T, H dv]
+        for j in range(nh):
+            out[:, j * self.dv : (j + 1) * self.dv] = _head(self.v_b, j, lat[:, j].contiguous())
+        return self.o(out)
+
+
+def _matrix(w: WeightSource, name: str) -> Matrix:
+    m = w.matrix(name)
+    if m is None:
+        raise ValueError(f"model file lacks tensor {name!r}")
+    return m
+
+
+def _float(w: WeightSource, name: str) -> torch.Tensor:
+    t = w.float(name)
+    if t is None:
+        raise ValueError(f"model file lacks tensor {name!r}")
+    return t.float().contiguous()
+
+
+def _proj(w: WeightSource, name: str) -> Projection:
+    return Projection(name, [_matrix(w, name)])
+
+
+def _heads(w: WeightSource, name: str, n_heads: int) -> list[Matrix] | Projection:
+    """A per-head stack [H, out, in] as one matrix per head; stored 2-D (one head), a
+    projection."""
+    t = w.float(name)
+    if t is not None and t.dim() == 2 and n_heads == 1:
+        return _proj(w, name)
+    ms = w.experts(name) if t is not None else None
+    if ms is None or len(ms) != n_heads:
+        raise ValueError(f"model file lacks tensor {name!r} with {n_heads} heads")
+    return ms
+
+
+def _head(m: list[Matrix] | Projection, j: int, x: torch.Tensor) -> torch.Tensor:
+    """Head j's matrix of a per-head stack on x [T, in] -> [T, out], its LoRA delta included
+    (a stacked target's head j, as an expert's)."""
+    if isinstance(m, Projection):
+        return m(x)
+    y = matmul(x, m[j])
+    lora = get_context().lora
+    if lora is not None:
+        y = lora.apply_expert(m[j].name, j, x, y, torch.arange(x.shape[0]))
+    return y
