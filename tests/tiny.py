@@ -33,7 +33,7 @@ def tiny_vocab() -> tuple[list[str], list[float], list[int]]:
 
 
 def hf_model(arch: str, **over: Any) -> torch.nn.Module:
-    """A random float32 transformers model: llama, gemma3, qwen2, qwen3 or mixtral."""
+    """A random float32 transformers model: llama, gemma2, gemma3, qwen2, qwen3 or mixtral."""
     import transformers as tf
 
     torch.manual_seed(over.pop("seed", 0))
@@ -90,12 +90,27 @@ def hf_model(arch: str, **over: Any) -> torch.nn.Module:
             }
         )
         m = tf.Gemma3ForCausalLM(cfg)
+    elif arch == "gemma2":  # small caps, so that soft-capping shapes the scores and logits
+        cfg = tf.Gemma2Config(
+            **{
+                **common,
+                "head_dim": 32,
+                "query_pre_attn_scalar": 32,
+                "sliding_window": 5,
+                "tie_word_embeddings": True,
+                "attn_logit_softcapping": 2.0,
+                "final_logit_softcapping": 3.0,
+                **over,
+            }
+        )
+        cfg._attn_implementation = "eager"  # the one transformers attention with capping
+        m = tf.Gemma2ForCausalLM(cfg)
     else:
         raise ValueError(arch)
     with torch.no_grad():  # larger weights than the default init: logits that disagree loudly
         for n, p in m.named_parameters():
             if "norm" in n:
-                p.copy_(torch.randn_like(p) * 0.2 + (0.0 if arch == "gemma3" else 1.0))
+                p.copy_(torch.randn_like(p) * 0.2 + (0.0 if arch.startswith("gemma") else 1.0))
             else:
                 p.copy_(torch.randn_like(p) * 0.1)
     return m.float().eval()
@@ -124,7 +139,7 @@ def gguf_tensors(m: torch.nn.Module, arch: str) -> dict[str, torch.Tensor]:
         if garch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = cfg.num_attention_heads if "attn_q" in name else cfg.num_key_value_heads
             v = permute_qk(v, heads)
-        if arch == "gemma3" and name.endswith("norm.weight"):
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
             v = v + 1.0
         out[name] = v
     if arch == "mixtral":
@@ -158,6 +173,11 @@ def write_gguf(
     if arch == "gemma3":
         w.add_rope_freq_base(1e6)
         w.add_sliding_window(cfg.sliding_window)
+    elif arch == "gemma2":
+        w.add_rope_freq_base(10000.0)
+        w.add_sliding_window(cfg.sliding_window)
+        w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
     else:
         w.add_rope_freq_base(float(getattr(cfg, "rope_theta", None) or 10000.0))
     if arch == "mixtral":

@@ -57,7 +57,7 @@ def hf_to_gguf_name(name: str, arch: str) -> str | None:
         return None
     layer, rest = m.groups()
     stem, _, kind = rest.rpartition(".")
-    table = {**_COMMON, **(_GEMMA if arch == "gemma3" else _LLAMA)}
+    table = {**_COMMON, **(_GEMMA if arch in ("gemma2", "gemma3") else _LLAMA)}
     if stem in table:
         return f"blk.{layer}.{table[stem]}.{kind}"
     return None
@@ -117,6 +117,6 @@ class HFCheckpoint:
         if name not in self._where:
             return None
         t = self._read(*self._where[name], stored)
-        if self.config.arch == "gemma3" and name.endswith("norm.weight"):
+        if self.config.arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
             t = t + 1.0  # GGUF stores Gemma's norms as (1 + w)
         return t

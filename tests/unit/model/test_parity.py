@@ -38,6 +38,7 @@ CASES = {
             "blk.5.ffn_up.weight": Q.Q4_K,
         },
     ),
+    "gemma2": ("gemma2", {}, None),  # soft-capped scores and logits, alternating windows
     "qwen2": ("qwen2", {}, None),
     "qwen3": ("qwen3", {}, None),
     "mixtral": ("mixtral", {}, None),
