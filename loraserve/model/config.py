@@ -51,7 +51,8 @@ class ModelConfig:
     expert_norm: bool = True  # the chosen experts' weights renormalised to sum 1
     expert_scale: float = 0.0  # the chosen weights times this (0 or 1: unscaled)
     # q/k RMSNorm (with qk_norm): "head" per head before rope; "full" over all heads' width
-    # before rope (olmo2, olmoe, minimax-m2); "head_after_rope" per head after rope (hunyuan)
+    # before rope (olmo2, olmoe, minimax-m2); "head_after_rope" per head after rope (hunyuan);
+    # "head_if_present": per head before rope in the layers whose file has them (glm4moe)
     qk_norm_mode: str = "head"
     # dense FFN: "gated" (ffn_gate, ffn_up), "fused" (ffn_up holds gate|up: glm4, phi3) or
     # "plain" (act(ffn_up) alone: starcoder2)

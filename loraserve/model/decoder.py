@@ -60,7 +60,9 @@ class Block(nn.Module):
         self.qk_full: tuple[torch.Tensor, torch.Tensor] | None = None  # [nq D], [nkv D]
         if cfg.qk_norm and cfg.qk_norm_mode == "full":
             self.qk_full = (_req(w, p + "attn_q_norm.weight"), _req(w, p + "attn_k_norm.weight"))
-        elif cfg.qk_norm:
+        elif cfg.qk_norm or (
+            cfg.qk_norm_mode == "head_if_present" and w.has(p + "attn_q_norm.weight")
+        ):
             qn, kn = _req(w, p + "attn_q_norm.weight"), _req(w, p + "attn_k_norm.weight")
             self.qk_norm = torch.cat(
                 (qn.expand(cfg.n_heads, -1), kn.expand(cfg.n_kv_heads, -1))
