@@ -137,9 +137,11 @@ async def plan_reply(
     if active:
         tok = state.require().tokenizer
         engine = state.require()
+        trigger = fmt.trigger.strip()
+        started = bool(trigger) and lead.rstrip().endswith(trigger)  # a prefill wrote it
         for special in (_special(tok), lambda m: False):  # then: every marker as text
             plan.lark = tool_grammar(fmt, active, choice, parallel, rf != "none",
-                                     thinking_open, special)  # fmt: skip
+                                     thinking_open, special, started)  # fmt: skip
             if plan.lark is None:
                 break
             try:

@@ -241,3 +241,14 @@ def test_reasoning_off_by_effort_or_budget(srv) -> None:
     assert off > prompt_tokens()
     assert prompt_tokens(reasoning_effort="none") == off
     assert prompt_tokens(reasoning_budget_tokens=0) == off
+
+
+def test_prefilled_trigger_constrains_the_rest_of_the_call(srv) -> None:
+    """tool_choice auto: an assistant prefill ending in the format's trigger (Qwen3's
+    `<tool_call>`) makes the answer the rest of a call, constrained and parsed with it."""
+    if srv.template_name != QWEN3:
+        pytest.skip("the Llama 3.1 format has no trigger marker")
+    msgs = [*USER, {"role": "assistant", "content": "<tool_call>\n"}]
+    res = chat(srv, messages=msgs, tool_choice="auto", parallel_tool_calls=False)
+    choice = res["choices"][0]
+    assert check_calls(choice["message"]) and choice["finish_reason"] == "tool_calls"

@@ -153,9 +153,12 @@ def tool_grammar(
     reasoning: bool = True,
     thinking_open: bool = False,
     special: Callable[[str], bool] = lambda s: False,
+    started: bool = False,
 ) -> str | None:
     """llguidance Lark text constraining an answer with these tools under `choice`
-    ("auto", "required", or a function's name), or None when nothing is constrained."""
+    ("auto", "required", or a function's name), or None when nothing is constrained.
+    `started`: the prompt already wrote the trigger (an assistant prefill), so the answer
+    is the rest of the calls, whatever the choice."""
     if not fmt.has_tools or fmt.dialect or not tools or choice == "none":
         return None
     if choice not in ("auto", "required"):
@@ -166,8 +169,8 @@ def tool_grammar(
     if choice == "auto" and not trigger:
         return None
     b = _Builder(fmt, special)
-    lazy = choice == "auto"
-    with_start = not (fmt.section_start == "" and lazy)
+    lazy = choice == "auto" and not started
+    with_start = not (fmt.section_start == "" and (lazy or started))
     first = b.rule(" | ".join(b.call(t, with_start) for t in tools))
     one = b.rule(" | ".join(b.call(t, True) for t in tools)) if not with_start else first
     if fmt.array_wrapped:
@@ -180,7 +183,7 @@ def tool_grammar(
         first_calls = calls
     section = fmt.section_start
     if section:
-        pre = "" if lazy else b.q(section)
+        pre = "" if lazy or started else b.q(section)
         end = f"WS {b.q(fmt.section_end)}" if fmt.section_end else ""
         first_calls = f"{pre} {calls} {end}".strip()
     if fmt.optional_markers:  # Kimi K2: the section's markers, which the model may omit
@@ -196,7 +199,9 @@ def tool_grammar(
         else:
             think = f"({b.q(r_start)} {inner})?"
     lines = ["%llguidance {}"]
-    if lazy:
+    if started:
+        lines.append(f"start: WS {body_calls}")
+    elif lazy:
         trig = trigger.strip()
         avoid = [trig] + ([r_start] if r_start and not b.special(r_start) else [])
         tail = "TAIL"
