@@ -24,6 +24,12 @@ def nearest_int(v: np.ndarray) -> np.ndarray:
     return (bits & 0x007FFFFF) - 0x00400000
 
 
+def _seqsum(a: np.ndarray) -> np.ndarray:
+    """Row sums of a [N, n] float32, added left to right one by one as a C loop does
+    (``np.add.accumulate`` is that recurrence; ``np.sum`` adds pairwise)."""
+    return np.add.accumulate(a.astype(F32, copy=False), axis=1, dtype=F32)[:, -1]
+
+
 def _f16(v: np.ndarray) -> np.ndarray:
     return v.astype(F32).astype(np.float16)
 
@@ -78,15 +84,8 @@ def _make_qkx2(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """make_qkx2_quants (use_mad false) on every row of x, w [N, n] -> L [N, n], scale [N],
     the_min [N]."""
-    n = x.shape[1]
-    mn, mx = x[:, 0].copy(), x[:, 0].copy()
-    sum_w = w[:, 0].copy()
-    sum_x = sum_w * x[:, 0]
-    for i in range(1, n):
-        mn = np.where(x[:, i] < mn, x[:, i], mn)
-        mx = np.where(x[:, i] > mx, x[:, i], mx)
-        sum_w = sum_w + w[:, i]
-        sum_x = sum_x + w[:, i] * x[:, i]
+    mn, mx = x.min(axis=1), x.max(axis=1)
+    sum_w, sum_x = _seqsum(w), _seqsum(w * x)
     mn = np.where(mn > 0, F32(0), mn).astype(F32)
     flat = mx == mn
     rng = np.where(flat, F32(1), mx - mn).astype(F32)
@@ -94,25 +93,16 @@ def _make_qkx2(
     scale = (F32(1) / iscale).astype(F32)
     xm = (x - mn[:, None]).astype(F32)
     L = np.clip(nearest_int(iscale[:, None] * xm), 0, nmax)
-    Lf = L.astype(F32)
-    best = np.zeros_like(scale)
-    for i in range(n):
-        diff = scale * Lf[:, i] + mn - x[:, i]
-        best = best + w[:, i] * (diff * diff)
+    diff = scale[:, None] * L.astype(F32) + mn[:, None] - x
+    best = _seqsum(w * (diff * diff))
     for s in range(nstep + 1):  # a better min found here moves the next steps' grid (as in C)
         rng = np.where(flat, F32(1), mx - mn).astype(F32)
         xm = (x - mn[:, None]).astype(F32)
         isc = ((F32(rmin) + F32(rdelta) * F32(s) + F32(nmax)) / rng).astype(F32)
         la = np.clip(nearest_int(isc[:, None] * xm), 0, nmax)
         laf = la.astype(F32)
-        sl = np.zeros_like(scale)
-        sl2 = np.zeros_like(scale)
-        sxl = np.zeros_like(scale)
-        for i in range(n):
-            wl = w[:, i] * laf[:, i]
-            sl = sl + wl
-            sl2 = sl2 + wl * laf[:, i]
-            sxl = sxl + wl * x[:, i]
+        wl = w * laf
+        sl, sl2, sxl = _seqsum(wl), _seqsum(wl * laf), _seqsum(wl * x)
         D = sum_w * sl2 - sl * sl
         ok = D > 0
         Ds = np.where(ok, D, F32(1)).astype(F32)
@@ -122,10 +112,8 @@ def _make_qkx2(
         with np.errstate(divide="ignore", invalid="ignore"):
             this_scale = np.where(pos, sxl / sl2, this_scale).astype(F32)
         this_min = np.where(pos, F32(0), this_min).astype(F32)
-        cur = np.zeros_like(scale)
-        for i in range(n):
-            diff = this_scale * laf[:, i] + this_min - x[:, i]
-            cur = cur + w[:, i] * (diff * diff)
+        diff = this_scale[:, None] * laf + this_min[:, None] - x
+        cur = _seqsum(w * (diff * diff))
         better = ok & (cur < best) & ~flat
         L = np.where(better[:, None], la, L)
         best = np.where(better, cur, best)
@@ -140,9 +128,7 @@ def quantize_q4_K(x: np.ndarray) -> np.ndarray:
     """x [N, 256] super-blocks -> [N, 144] uint8 (d, dmin f16, 12 scale bytes, 128 nibbles)."""
     nb = x.shape[0]
     sub = x.reshape(nb * 8, 32)
-    sum_x2 = np.zeros(nb * 8, F32)
-    for i in range(32):
-        sum_x2 = sum_x2 + sub[:, i] * sub[:, i]
+    sum_x2 = _seqsum(sub * sub)
     av_x = np.sqrt(sum_x2 / F32(32)).astype(F32)
     w = (av_x[:, None] + np.abs(sub)).astype(F32)
     L, scales, mins = _make_qkx2(sub, w, 15, -1.0, 0.1, 20)
@@ -181,7 +167,6 @@ def quantize_q4_K(x: np.ndarray) -> np.ndarray:
 def _make_qx_rmse1(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     """make_qx_quants(n, nmax, x, L, rmse_type=1, NULL) on every row of x [N, n] -> L [N, n]
     (0 .. 2 nmax - 1), scale [N]."""
-    n = x.shape[1]
     mx = _absmax_signed(x)
     zero = np.abs(mx) < GROUP_MAX_EPS
     mxs = np.where(zero, F32(1), mx).astype(F32)
@@ -189,13 +174,8 @@ def _make_qx_rmse1(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     def sums(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         lq = np.clip(nearest_int(iscale[:, None] * x), -nmax, nmax - 1)
         lf = lq.astype(F32)
-        sumlx = np.zeros(x.shape[0], F32)
-        suml2 = np.zeros(x.shape[0], F32)
-        for i in range(n):
-            wv = x[:, i] * x[:, i]
-            sumlx = sumlx + wv * x[:, i] * lf[:, i]
-            suml2 = suml2 + wv * lf[:, i] * lf[:, i]
-        return lq + nmax, sumlx, suml2
+        wv = x * x
+        return lq + nmax, _seqsum(wv * x * lf), _seqsum(wv * lf * lf)
 
     L, sumlx, suml2 = sums((F32(-nmax) / mxs).astype(F32))
     with np.errstate(divide="ignore", invalid="ignore"):
