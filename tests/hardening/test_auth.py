@@ -131,3 +131,31 @@ def test_key_parsing_and_compare() -> None:
     assert presented_key([(b"authorization", b"bearer  k1 ")]) == b"k1"
     assert presented_key([(b"x-api-key", b"k2")]) == b"k2"
     assert presented_key([(b"authorization", b"Token k1")]) is None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--api-key", ""], ["--api-key", "  "], ["--api-key", "k1,"], ["--api-key", "k1, ,k2"]],
+)
+def test_empty_api_key_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """An empty key would run the server open: the start fails (status 2) with one line."""
+    with pytest.raises(SystemExit) as exc:
+        parse_server_args(argv)
+    assert exc.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--api-key" in line and "empty API key" in line
+
+
+@pytest.mark.parametrize("text", ["", "   \n", "\n", "# a comment only\n\n"])
+def test_keyless_api_key_file_refused(
+    tmp_path, text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "keys.txt"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        parse_server_args(["--api-key-file", str(path)])
+    assert exc.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--api-key-file" in line and "holds no key" in line and str(path) in line
+    path.write_text("# comment\n\n k1 \n")
+    assert parse_server_args(["--api-key-file", str(path)]).api_keys == ("k1",)

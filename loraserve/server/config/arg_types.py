@@ -85,6 +85,19 @@ class CsvAppend(argparse.Action):
         setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), *csv(values)])
 
 
+class ApiKeyAppend(CsvAppend):
+    """`--api-key KEY[,KEY]`: an empty or blank key is refused (it would leave the server
+    open without a word)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None):
+        if not all(item.strip() for item in str(values).split(",")):
+            parser.error(
+                f"argument {option_string}: empty API key {values!r} "
+                "(it would leave the server open; give a key, or no --api-key)"
+            )
+        super().__call__(parser, namespace, values, option_string)
+
+
 def json_object(text: str) -> dict[str, Any]:
     """A JSON object (`--chat-template-kwargs`)."""
     try:
@@ -139,10 +152,17 @@ def chat_template_file(path: str) -> str:
 
 def read_api_key_file(parser: argparse.ArgumentParser, path: str) -> list[str]:
     """The keys of an `--api-key-file` (one per line; blank lines and `#` comments skipped);
-    an unreadable file is a command-line error naming it."""
+    an unreadable file, or one holding no key, is a command-line error naming it."""
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
-    except OSError as exc:
-        parser.error(f"argument --api-key-file: cannot read {path!r}: {exc.strerror}")
-    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else str(exc)
+        parser.error(f"argument --api-key-file: cannot read {path!r}: {why}")
+    keys = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    if not keys:
+        parser.error(
+            f"argument --api-key-file: {path!r} holds no key (empty, blank or comment lines "
+            "only; it would leave the server open)"
+        )
+    return keys

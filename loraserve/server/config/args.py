@@ -19,6 +19,7 @@ from loraserve.server import cors
 from loraserve.server.config import chat_flags, router_flags, spec_flags
 from loraserve.server.config.api_flags import add_cors_flags, add_embedding_flags
 from loraserve.server.config.arg_types import (
+    ApiKeyAppend,
     CsvAppend,
     LoraAction,
     LoraSpec,
@@ -196,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--slot-save-path", metavar="DIR", help="directory for POST /slots/{id}?action=save")
     a("--host", help=f"listen addresses, comma-separated {d}")
     a("--port", type=int_in(0, 65535), help=f"listen port {d}")
-    a("--api-key", dest="api_keys", action=CsvAppend, metavar="KEY[,KEY]", help="API keys")
+    a("--api-key", dest="api_keys", action=ApiKeyAppend, metavar="KEY[,KEY]", help="API keys")
     a("--api-key-file", metavar="FILE", help="API keys, one per line, # starts a comment")
     a("--metrics", action="store_true", help="enable GET /metrics")
     a("--webui", "--ui", action=argparse.BooleanOptionalAction, help=f"the web UI at / {d}")
