@@ -4,8 +4,10 @@ loaded (or why loading failed), and the flights in progress."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 from starlette.requests import Request as HttpRequest
@@ -19,6 +21,9 @@ from loraserve.server.errors import unavailable
 from loraserve.server.flight import Flights
 
 log = logging.getLogger("loraserve.server")
+
+WARNED_MODELS_MAX = 256  # unknown `model` names remembered for the once-per-name warning
+NAME_KEY_MAX = 128  # a longer name is remembered by its SHA-256, and logged cut
 
 
 class ServerState:
@@ -38,7 +43,8 @@ class ServerState:
         self.started = time.time()
         self.flights = Flights()
         self.listeners: list[Callable[[Run, Event], None]] = []  # added at `attach`
-        self._warned_models: set[str] = set()
+        self._warned_models: OrderedDict[str, None] = OrderedDict()  # LRU, WARNED_MODELS_MAX
+        self.unknown_model_requests = 0  # requests whose `model` named nothing known
 
     def attach(self, model: LoadedModel, engine: Engine) -> None:
         """Make a started engine serve requests (called once, from the loading thread);
@@ -88,15 +94,32 @@ class ServerState:
         return name.casefold() in {n.casefold() for n in names if n}
 
     def warn_unknown_model(self, name: str) -> None:
-        """Log, once per name, that a `model` naming nothing known is served by the model."""
-        if name not in self._warned_models:
-            self._warned_models.add(name)
-            log.warning(
-                "model %r names neither the model nor a loaded adapter: served by %s "
-                "(--strict-model-names makes it a 404)",
-                name,
-                self.model_name,
-            )
+        """Count a `model` naming nothing known (it is served by the model) and log it once
+        per name among the last WARNED_MODELS_MAX names (bounded memory whatever clients
+        send; a long name is kept as its hash and logged cut)."""
+        self.unknown_model_requests += 1
+        key = name if len(name) <= NAME_KEY_MAX else hashlib.sha256(name.encode()).hexdigest()
+        if key in self._warned_models:
+            self._warned_models.move_to_end(key)
+            return
+        self._warned_models[key] = None
+        if len(self._warned_models) > WARNED_MODELS_MAX:
+            self._warned_models.popitem(last=False)
+        shown = (
+            name if len(name) <= NAME_KEY_MAX else f"{name[:NAME_KEY_MAX]}... ({len(name)} chars)"
+        )
+        log.warning(
+            "model %r names neither the model nor a loaded adapter: served by %s "
+            "(--strict-model-names makes it a 404)",
+            shown,
+            self.model_name,
+        )
+
+    @property
+    def warned_model_names(self) -> int:
+        """How many unknown model names are remembered for the warning (at most
+        WARNED_MODELS_MAX)."""
+        return len(self._warned_models)
 
     def abort_flights(self, message: str = "the server is shutting down") -> None:
         """Event loop: end every flight now; its unfinished requests are cancelled and
