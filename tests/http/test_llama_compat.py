@@ -64,11 +64,24 @@ def test_responses_api(srv) -> None:
     ).json()["choices"][0]["message"]["content"]
     assert res.id.startswith("resp_") and res.output[0].id.startswith("msg_")
     assert res.output_text == want and res.usage.output_tokens == 4
+    # the limit cut the answer: OpenAI's `incomplete` (parsed by the openai client's types)
+    assert res.status == "incomplete" and res.incomplete_details.reason == "max_output_tokens"
     text, done = "", None
     for ev in client.responses.create(**kw, stream=True):
         text += ev.delta if ev.type == "response.output_text.delta" else ""
-        done = ev if ev.type == "response.completed" else done
+        done = ev if ev.type in ("response.completed", "response.incomplete") else done
     assert done is not None and text == done.response.output_text == want
+    assert done.type == "response.incomplete" and done.response.status == "incomplete"
+    assert done.response.incomplete_details.reason == "max_output_tokens"
+    # an answer that ends by itself (a stop word here) is `completed`, with no details
+    stop = client.responses.create(
+        **{**kw, "max_output_tokens": 64}, extra_body={"stop": [want[:1]]}
+    )
+    assert stop.status == "completed" and stop.incomplete_details is None
+    kinds = [
+        e.type for e in client.responses.create(**kw, stream=True, extra_body={"stop": [want[:1]]})
+    ]
+    assert kinds[-1] == "response.completed"
     image = [{"role": "user", "content": [IMAGE]}]
     for bad, words in [
         ({"max_output_tokens": 2}, "input"),

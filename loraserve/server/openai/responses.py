@@ -11,7 +11,8 @@ does. The answer is a `response` object with its output items (`reasoning`, `mes
 `function_call`: `responses_items.py`); a stream sends llama-server's named events
 (`response.created`, `response.in_progress`, with `prompt_progress` when asked, then per
 item `response.output_item.added` and its deltas, the `.done` events and
-`response.completed`).
+`response.completed`, or `response.incomplete` with `incomplete_details` when the token limit cut
+the answer).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from loraserve.chat.formats.stream import MessageStream
-from loraserve.engine.request import Event
+from loraserve.engine.request import Event, StopType
 from loraserve.server.errors import JsonResponse, invalid_request, parse_body
 from loraserve.server.generation import chat_prompt, submit, tokenize_prompts
 from loraserve.server.grammar import grammar_spec
@@ -103,6 +104,14 @@ def to_chat(body: Any) -> OAIChatRequest:
     return parse_body(OAIChatRequest, chat)
 
 
+def ending(out: Output) -> dict[str, Any]:
+    """`status` and `incomplete_details` of a finished response, as OpenAI's: an answer the
+    token limit cut is `incomplete` for `max_output_tokens` (streamed: `response.incomplete`)."""
+    if out.final is not None and out.final.stop_type == StopType.LIMIT:
+        return {"status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}}
+    return {"status": "completed", "incomplete_details": None}
+
+
 def usage(out: Output) -> Body:
     cached = out.final.n_cached if out.final is not None else 0
     return {
@@ -150,7 +159,7 @@ async def responses(request: HttpRequest) -> Response:
         assert reader.final is not None
         output = output_items(reader.final, mid)
         res = {"completed_at": t, "created_at": t, "id": rid, "model": model}
-        res |= {"object": "response", "output": output, "status": "completed"}
+        res |= {"object": "response", "output": output, **ending(out)}
         return JsonResponse({**res, "usage": usage(out)})
     seen = {"created": False}
     reader = MessageStream(plan.parser(stream=True))
@@ -176,10 +185,10 @@ async def responses(request: HttpRequest) -> Response:
         if ev.done:
             closing, output = items.finish()
             events += closing
-            final = {**head, "created_at": int(time.time()), "status": "completed"}
+            final = {**head, "created_at": int(time.time()), **ending(out)}
             final |= {"model": model, "output": output, "usage": usage(out)}
             done = {"response": final, "timings": out.timings()}
-            events.append({"type": "response.completed", **done})
+            events.append({"type": f"response.{final['status']}", **done})
         return events
 
     return stream(flight, chunk, frame=sse_named)
