@@ -2,17 +2,21 @@
 
 A slot file is a safetensors file: `tokens` [n] int64 and per layer `k.{i}`, `v.{i}`
 [n, n_kv_heads, head_dim] in the KV dtype, with metadata naming the format, the model
-(architecture and KV shape) and the **cache key** the KV was computed under. A restore
+(architecture, KV shape and the SHA-256 of its weight files, so a slot never restores onto
+other weights) and the **cache key** the KV was computed under. A restore
 indexes the KV in the prefix cache under that saved key, so only a request whose
 effective adapter configuration has the same key can reuse it.
 
 `capture`, `install` and `erase` touch engine state: the engine runs them on its thread
 (`Engine.save_slot`, `restore_slot`, `erase_slot`). They return None when the slot is
-busy. `write` and `read` are plain file I/O for any thread.
+busy. `write` and `read` are plain file I/O for any thread; `write` never replaces a file that is
+not a slot file (a client naming `notes.txt` gets an error, the file stays).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import tempfile
@@ -46,10 +50,34 @@ class SlotImage:
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer ([n, kvh, hd], [n, kvh, hd])
 
 
+def weights_sha256(path: Path) -> str:
+    """The SHA-256 of a model's weights: of the GGUF file itself, or for an HF folder of its
+    config and weight files' names and SHA-256s (in name order). Computed once per file
+    version (reads the whole model: call it off the event loop)."""
+    path = Path(os.path.realpath(path))
+    if not path.is_dir():
+        return _file_sha256(str(path), path.stat().st_size, path.stat().st_mtime_ns)
+    h = hashlib.sha256()
+    for p in sorted(path.iterdir()):
+        if p.is_file() and (p.suffix in (".safetensors", ".bin") or p.name == "config.json"):
+            h.update(p.name.encode() + b"\0")
+            h.update(bytes.fromhex(_file_sha256(str(p), p.stat().st_size, p.stat().st_mtime_ns)))
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=64)
+def _file_sha256(name: str, size: int, mtime_ns: int) -> str:
+    """A file's SHA-256 (cached per name, size and modification time)."""
+    with open(name, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def fingerprint(model: LoadedModel) -> dict[str, object]:
-    """What a slot file must match to be restored into an engine serving `model`."""
+    """What a slot file must match to be restored into an engine serving `model` (reads
+    the weights once to hash them: call it off the event loop)."""
     cfg = model.config
     return {
+        "weights_sha256": weights_sha256(model.path),
         "model": model.name,
         "arch": cfg.arch,
         "n_layers": cfg.n_layers,
@@ -114,9 +142,21 @@ def erase(sched: Scheduler, slot_id: int) -> int | None:
     return n
 
 
+def is_slot_file(path: Path) -> bool:
+    """Whether `path` is a slot file of ours (safetensors with our format in its header)."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            return (f.metadata() or {}).get("format") == FORMAT
+    except Exception:  # safetensors raises its own types on other files
+        return False
+
+
 def write(path: Path, image: SlotImage, fp: dict[str, object]) -> int:
     """Write `image` atomically to `path` (a symlink there is replaced, not followed);
-    returns the bytes written."""
+    returns the bytes written. `SlotFileError` if a regular file there is not a slot file
+    of ours (it is left as it is)."""
+    if path.is_file() and not path.is_symlink() and not is_slot_file(path):
+        raise SlotFileError(f"{path.name}: exists and is not a loraserve slot file; not replaced")
     tensors = {"tokens": torch.tensor(image.tokens, dtype=torch.int64)}
     for i, (k, v) in enumerate(image.kv):
         tensors[f"k.{i}"], tensors[f"v.{i}"] = k.contiguous(), v.contiguous()
@@ -143,8 +183,11 @@ def read(path: Path, fp: dict[str, object], max_tokens: int) -> SlotImage:
             meta = f.metadata() or {}
             if meta.get("format") != FORMAT:
                 raise SlotFileError(f"{path.name}: not a loraserve slot file")
-            if json.loads(meta.get("fingerprint", "null")) != fp:
-                raise SlotFileError(f"{path.name}: saved from another model")
+            saved = json.loads(meta.get("fingerprint", "null"))
+            if saved != fp:
+                raise SlotFileError(
+                    f"{path.name}: saved from another model ({_differs(saved, fp)})"
+                )
             cache_key = _decode_key(json.loads(meta["cache_key"]))
             n_layers = int(fp["n_layers"])  # type: ignore[call-overload]
             shape = [int(fp["n_kv_heads"]), int(fp["head_dim"])]  # type: ignore[call-overload]
@@ -165,6 +208,14 @@ def read(path: Path, fp: dict[str, object], max_tokens: int) -> SlotImage:
     if any(not 0 <= t < vocab for t in tokens):
         raise SlotFileError(f"{path.name}: token ids out of the vocabulary")
     return SlotImage(tokens, cache_key, kv)
+
+
+def _differs(saved: object, here: dict[str, object]) -> str:
+    """Which fingerprint entries differ, as `key: file's != this server's`."""
+    if not isinstance(saved, dict):
+        return "no fingerprint"
+    keys = [k for k in sorted({*saved, *here}) if saved.get(k) != here.get(k)]
+    return "; ".join(f"{k}: {saved.get(k)!r} in the file, {here.get(k)!r} here" for k in keys)
 
 
 def _plain(key: object) -> CacheKey:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -116,3 +117,34 @@ def test_metrics_counters_move(srv) -> None:
     assert delta["loraserve:cache_hits_total"] >= 1
     assert delta["loraserve:cache_evictions_total"] >= 1  # --cache-ram 0: erased blocks go
     assert after["llamacpp:requests_processing"] == 0
+
+
+def test_save_never_replaces_a_file_that_is_not_a_slot(srv, slot_dir) -> None:
+    """Issue 31: `{"filename": "notes.txt"}` over the operator's file is a 400 naming it;
+    the file stays byte for byte. A slot file of ours is replaced as before."""
+    notes = slot_dir / "notes.txt"
+    notes.write_bytes(b"the operator's notes\n")
+    complete(srv, cache_prompt=False)
+    err = action(srv, "save", "notes.txt", 400)["error"]
+    assert err["type"] == "invalid_request_error" and "notes.txt" in err["message"]
+    assert notes.read_bytes() == b"the operator's notes\n"
+    first = action(srv, "save", "twice.bin")["n_written"]
+    assert action(srv, "save", "twice.bin")["n_written"] == first
+
+
+def test_slot_from_other_weights_does_not_restore(srv, slot_dir) -> None:
+    """The slot file records the SHA-256 of the weights (checked against hashlib over the
+    served file); a file whose hash differs (same name and shapes) is a 400 naming it."""
+    complete(srv, cache_prompt=False)
+    action(srv, "save", "w.bin")
+    with safe_open(str(slot_dir / "w.bin"), "pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    fp = json.loads(meta["fingerprint"])
+    model_path = srv.app.state.server.model.path
+    assert fp["weights_sha256"] == hashlib.sha256(model_path.read_bytes()).hexdigest()
+    meta["fingerprint"] = json.dumps({**fp, "weights_sha256": "0" * 64}, sort_keys=True)
+    save_file(tensors, str(slot_dir / "other-weights.bin"), metadata=meta)
+    err = action(srv, "restore", "other-weights.bin", 400)["error"]
+    assert "another model" in err["message"] and "weights_sha256" in err["message"]
+    assert action(srv, "restore", "w.bin")["n_restored"] == len(tensors["tokens"])

@@ -159,11 +159,14 @@ async def slot_action(request: HttpRequest, id_slot: int, action: str = "") -> R
     if action not in ("save", "restore"):
         raise invalid_request(f"action: expected save, restore or erase, got {action!r}")
     filename = (await read_body(request, SlotFileRequest)).filename
-    fp = engine.slot_fingerprint()
+    fp = await asyncio.to_thread(engine.slot_fingerprint)  # hashes the weights once
     if action == "save":
         path = _slot_path(state, filename, must_exist=False)
         image = await wait(engine.save_slot(id_slot))
-        n_written = await asyncio.to_thread(slot_io.write, path, image, fp)
+        try:
+            n_written = await asyncio.to_thread(slot_io.write, path, image, fp)
+        except slot_io.SlotFileError as e:
+            raise invalid_request(str(e)) from None
         ms = (time.perf_counter() - t0) * 1000
         return JsonResponse(
             {
