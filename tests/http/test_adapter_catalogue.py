@@ -185,11 +185,17 @@ def test_sglang_endpoints(srv, lora_dir) -> None:
     assert body["loaded_adapters"]["pin"] == str(lora_dir.resolve() / "s-down")
     assert registered(srv)["pin"]["pinned"]
     r = post("/load_lora_adapter", json={"lora_name": "pin", "lora_path": "up"})
-    assert r.status_code == 400 and r.json() == {
-        "success": False,
-        "error_message": "Failed to load LoRA adapter pin because it is already loaded",
-        "loaded_adapters": None,
-    }
+    message = "Failed to load LoRA adapter pin because it is already loaded"
+    assert (
+        r.status_code == 400
+        and {
+            "success": False,
+            "error_message": message,
+            "loaded_adapters": None,
+        }.items()
+        <= r.json().items()
+    )
+    assert r.json()["error"] == {"code": 400, "message": message, "type": "invalid_request_error"}
     for name in ("up", "down", "up"):  # --lora-max-loaded 1: the pinned one stays
         complete(srv, lora=[{"name": name, "scale": 1.0}])
     complete(srv)

@@ -2,7 +2,8 @@
 pinned}` and `POST /unload_lora_adapter {lora_name}`, answered as SGLang answers
 (python/sglang/srt/entrypoints/http_server.py, `LoRAUpdateOutput`): `{"success",
 "error_message", "loaded_adapters"}` with status 200, or 400 with `success` false and the
-reason. `loaded_adapters` maps each registered adapter's name to its path. A `pinned`
+reason (**ours:** plus the contract's `error` object, as every error answer here has).
+`loaded_adapters` maps each registered adapter's name to its path. A `pinned`
 adapter is never evicted (`--lora-max-loaded`, `--lora-max-memory`).
 
 **Ours:** paths are read only under `--lora-dir`, and an adapter is used by naming it in a
@@ -18,7 +19,7 @@ from fastapi import APIRouter
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from loraserve.server.errors import ApiError, JsonResponse
+from loraserve.server.errors import ApiError, JsonResponse, error_body
 from loraserve.server.flight import wait
 from loraserve.server.native.lora_api import load_named, unload_named
 from loraserve.server.state import get_state
@@ -27,7 +28,13 @@ router = APIRouter()
 
 
 def _output(success: bool, message: str | None, loaded: dict[str, str] | None) -> Response:
-    body = {"success": success, "error_message": message, "loaded_adapters": loaded}
+    body: dict[str, object] = {
+        "success": success,
+        "error_message": message,
+        "loaded_adapters": loaded,
+    }
+    if not success:  # **ours:** the contract's error object too (SGLang clients ignore it)
+        body["error"] = error_body(message or "failed", "invalid_request_error", 400)["error"]
     return JsonResponse(body, status_code=200 if success else 400)
 
 
