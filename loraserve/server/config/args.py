@@ -152,13 +152,16 @@ def build_parser() -> argparse.ArgumentParser:
     """The argparse parser behind `parse_server_args` (exposed for `--help` rendering)."""
     p = argparse.ArgumentParser(
         prog="loraserve",
-        usage="loraserve [serve] [flags] | loraserve generate ... | loraserve merge ...",
+        usage="loraserve [serve] [flags] | loraserve {generate,merge,ray,build-kernels} ...",
         allow_abbrev=False,
         description="llama-server compatible LLM server built for multi-LoRA serving.\n\n"
         "commands:\n"
-        "  serve     run the HTTP server (the default: `loraserve [flags]` is `loraserve serve`)\n"
-        "  generate  one completion from the shell (`loraserve generate --help`)\n"
-        "  merge     combine LoRA adapters into one (`loraserve merge --help`)",
+        "  serve          run the HTTP server (the default: `loraserve [flags]` is "
+        "`loraserve serve`)\n"
+        "  generate       one completion from the shell (`loraserve generate --help`)\n"
+        "  merge          combine LoRA adapters into one (`loraserve merge --help`)\n"
+        "  ray            replicas on Ray Serve (`loraserve ray --help`)\n"
+        "  build-kernels  compile the C kernels now (`loraserve build-kernels --help`)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"loraserve {__version__}")

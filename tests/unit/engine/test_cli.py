@@ -52,3 +52,15 @@ def test_generate_checks_adapters_before_the_weights_load(monkeypatch, capsys) -
     with pytest.raises(SystemExit):
         main(["generate", "-m", str(tiny_model_path()), "-p", "x", "--lora", str(gemma)])
     assert "architecture 'gemma3' does not match the model's 'llama'" in capsys.readouterr().err
+
+
+def test_help_lists_every_command(capsys) -> None:
+    """`loraserve --help` names every command the dispatch knows (`cli.COMMANDS`)."""
+    from loraserve.cli import COMMANDS
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    listed = {line.split()[0] for line in out.split("commands:")[1].splitlines() if line.strip()}
+    assert set(COMMANDS) <= listed, out
