@@ -11,6 +11,7 @@ import json
 import logging
 import math
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -188,6 +189,11 @@ def _http_error_type(status: int) -> str:
     return "server_error" if status >= 500 else "invalid_request_error"
 
 
+# "METHOD /path from host:port" of the HTTP request being answered (set by `_CatchAll`;
+# read by the log lines of requests that end early, `flight.Flight`)
+current_endpoint: ContextVar[str] = ContextVar("current_endpoint", default="-")
+
+
 class _CatchAll:
     """ASGI middleware: an exception no handler took becomes a logged 500 `server_error`
     answer (or, once a streamed response has started, a logged, closed stream)."""
@@ -200,6 +206,9 @@ class _CatchAll:
             await self.app(scope, receive, send)
             return
         started = False
+        client = scope.get("client")
+        where = f"{client[0]}:{client[1]}" if client else "-"
+        current_endpoint.set(f"{scope.get('method')} {scope.get('path')} from {where}")
 
         async def send_wrapper(message: Message) -> None:
             nonlocal started
@@ -217,6 +226,16 @@ class _CatchAll:
                 )
 
 
+def log_refusal(request: Request, status: int, message: str) -> None:
+    """One log line for a refused request (4xx): client, endpoint, status and reason (cut
+    to 200 characters: a reason may quote the request)."""
+    client = f"{request.client.host}:{request.client.port}" if request.client else "-"
+    reason = message if len(message) <= 200 else f"{message[:200]}..."
+    log.info(
+        "refused %s %s from %s: %d %s", request.method, request.url.path, client, status, reason
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Make every error `app` answers take the contract's shape: `ApiError` → its body;
     invalid or malformed request body → 400 naming the field; unknown route → 404;
@@ -224,12 +243,16 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
+        if 400 <= exc.status < 500:
+            log_refusal(request, exc.status, exc.message)
         return exc.response()
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError | ValidationError)
         located = isinstance(exc, RequestValidationError)
-        return invalid_request(validation_message(exc.errors(), located=located)).response()
+        err = invalid_request(validation_message(exc.errors(), located=located))
+        log_refusal(request, err.status, err.message)
+        return err.response()
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)

@@ -9,6 +9,7 @@ flight then reads its requests' event queues on the event loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
@@ -20,7 +21,9 @@ from loraserve.engine.engine import Engine
 from loraserve.engine.inbox import EngineBusy
 from loraserve.engine.request import Event, Request, Run
 from loraserve.lora.registry import BASE
-from loraserve.server.errors import unavailable
+from loraserve.server.errors import current_endpoint, unavailable
+
+log = logging.getLogger("loraserve.server")
 
 T = TypeVar("T")
 POLL_S = 0.5  # safety net: a flight re-checks its queues at least this often
@@ -90,6 +93,7 @@ class Flight:
         self._finished: set[int] = set()
         self._gone = False  # the client disconnected
         self._aborted: str | None = None  # set by `abort`: the unfinished requests' error
+        self.endpoint = current_endpoint.get()  # for the log line of a client that left
 
     def wake_threadsafe(self) -> None:
         """Any thread: an event arrived on one of the requests' queues."""
@@ -141,6 +145,7 @@ class Flight:
         while (await http.receive())["type"] != "http.disconnect":
             pass
         self._gone = True
+        self._log_left()
         self._cancel()
         self._wake.set()
 
@@ -151,9 +156,21 @@ class Flight:
         self._wake.set()
 
     def close(self) -> None:
-        """Cancel what has not finished and stop following the requests (idempotent)."""
+        """Cancel what has not finished and stop following the requests (idempotent); the
+        first close with requests unfinished (the client left, or stopped reading) logs one
+        line naming them and the endpoint."""
+        if self._aborted is None:
+            self._log_left()
         self._cancel()
         self._flights._forget(self)
+
+    def _log_left(self) -> None:
+        """One line naming the requests about to be cancelled unfinished, if any."""
+        reqs = self.requests
+        left = [r.id for i, r in enumerate(reqs) if i not in self._finished and not r.cancelled]
+        if left:
+            ids = ",".join(map(str, left))
+            log.info("client left %s: requests %s cancelled unfinished", self.endpoint, ids)
 
     def _cancel(self) -> None:
         for i, r in enumerate(self.requests):
