@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TypeVar
 
+from loraserve.cache.prefix_cache import Spans
 from loraserve.engine import slot_io
 from loraserve.engine.adapter_loads import AdapterLoads
 from loraserve.engine.constraint import GrammarSpec
@@ -240,7 +241,7 @@ class Engine:
             cid = adapter.content_id
             if not self.core.adapters.uses_content(cid):
                 self.core.cache.drop_key(lambda key: any(c == cid for c, _ in key))
-                self.core.spec.drop(lambda key: any(c == cid for c, _ in key))
+                self.core.spec.drop(lambda key: _mentions(key, cid))
             return adapter
 
         busy = f"adapter {adapter_id} is in use by queued or running requests"
@@ -336,3 +337,10 @@ def _chain(src: Future[T], dst: Future[T]) -> None:
         dst.set_exception(e)
     else:
         dst.set_result(src.result())
+
+
+def _mentions(key: object, content_id: object) -> bool:
+    """Whether a sequence's cache key (plain, or an aLoRA `Spans` of keys along its
+    positions) uses the adapter content ``content_id`` anywhere."""
+    parts = key.parts if isinstance(key, Spans) else ((0, key),)
+    return any(c == content_id for _, k in parts for c, _ in k)  # type: ignore[union-attr]

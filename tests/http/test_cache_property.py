@@ -271,6 +271,8 @@ def test_every_answer_equals_cache_off_and_cache_n_is_exact(tmp_path_factory, sp
 def _drop(keys: tuple, toks: tuple, f: str) -> tuple[tuple, tuple]:
     """What stays of a retained sequence once adapter file ``f`` is unloaded: the whole
     blocks before the first position computed with it."""
-    first = next((p for p, k in enumerate(keys) if f in dict(k)), len(toks))
-    keep = min(len(toks), first // BS * BS)
+    first = next((p for p, k in enumerate(keys[: len(toks)]) if f in dict(k)), None)
+    if first is None:  # never computed with it: every block stays
+        return keys, toks
+    keep = first // BS * BS
     return keys[:keep], toks[:keep]
