@@ -60,7 +60,7 @@ class Mix:
 BASE = Mix()  # the base model: no adapter
 
 
-def _scale(adapter_id: int, s: float) -> float:
+def _scale(adapter_id: int | str, s: float) -> float:
     s = float(s)
     if not math.isfinite(s):
         raise ValueError(f"LoRA adapter {adapter_id}: scale must be finite, got {s}")
@@ -270,15 +270,24 @@ class AdapterRegistry:
         """A copy of the global map, every loaded id included (0 for off)."""
         return dict(self._global)
 
-    def set_global(self, items: Iterable[tuple[int, float]]) -> None:
-        """Replace the global map: listed ids get their scale, unlisted ones 0.
+    def set_global(self, items: Iterable[tuple[int | str, float]]) -> None:
+        """Replace the global map: listed adapters (by id, or by name: a catalogue entry is
+        registered on disk, read on its first use) get their scale, unlisted ones 0.
 
-        Validates everything first (unknown id or non-finite scale: ValueError naming it),
-        so a bad list changes nothing. Duplicate ids: the last one wins.
+        Validates everything first (unknown id or name, non-finite scale: ValueError naming
+        it), so a bad list changes nothing. Duplicate ids: the last one wins.
         """
+        items = list(items)
+        for ref, s in items:
+            if isinstance(ref, str):
+                if self.find(ref) is None and self.catalogue.lookup(ref) is None:
+                    raise UnknownModelName(f"lora: no adapter named {ref!r}{self._offered()}")
+            else:
+                self.get(ref)
+            _scale(ref, s)
         new = dict.fromkeys(self._adapters, 0.0)
-        for i, s in items:
-            self.get(i)
+        for ref, s in items:
+            i = self._id_of(ref)
             new[i] = _scale(i, s)
         self._global = new
 

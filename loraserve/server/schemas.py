@@ -116,8 +116,9 @@ def _check_unique_ids(items: list[LoraScaleItem]) -> list[LoraScaleItem]:
     return items
 
 
-class LoraScales(RootModel[list[LoraScaleItem]]):
-    """The body of POST /lora-adapters: a JSON array of `{id, scale}`, ids unique."""
+class LoraScales(RootModel[list[LoraUseItem]]):
+    """The body of POST /lora-adapters: a JSON array of `{id, scale}`, ids unique. **Ours:**
+    an entry may give the adapter's `name` instead (one under `--lora-dir` included)."""
 
     model_config = ConfigDict(strict=True)
 
@@ -130,7 +131,7 @@ class LoraScales(RootModel[list[LoraScaleItem]]):
 
     @model_validator(mode="after")
     def _unique(self) -> Self:
-        _check_unique_ids(self.root)
+        _check_unique_refs(self.root)
         return self
 
 

@@ -205,3 +205,25 @@ def test_sglang_endpoints(srv, lora_dir) -> None:
     r = post("/unload_lora_adapter", json={"lora_name": "pin"})
     assert r.status_code == 400 and r.json()["success"] is False
     assert "pin" in r.json()["error_message"]
+
+
+def test_global_scales_by_name(srv) -> None:
+    """`POST /lora-adapters` takes `{name, scale}` entries beside `{id, scale}`: a catalogue
+    adapter named there answers requests without a `lora` list as if each named it; an
+    unknown name is a 400 naming it that changes nothing."""
+    base = complete(srv)["content"]
+    named = complete(srv, lora=[{"name": "down", "scale": 1.0}])["content"]
+    try:
+        r = srv.client.post("/lora-adapters", json=[{"name": "DOWN", "scale": 1.0}])
+        assert r.status_code == 200, r.text
+        assert complete(srv)["content"] == named != base
+        down = registered(srv)["down"]
+        assert down["scale"] == 1.0
+        r = srv.client.post("/lora-adapters", json=[{"name": "nope", "scale": 1.0}])
+        assert r.status_code == 400 and "'nope'" in r.json()["error"]["message"]
+        r = srv.client.post("/lora-adapters", json=[{"id": down["id"], "name": "down"}])
+        assert r.status_code == 400
+        assert complete(srv)["content"] == named  # the bad lists changed nothing
+    finally:
+        assert srv.client.post("/lora-adapters", json=[]).status_code == 200
+    assert complete(srv)["content"] == base

@@ -129,10 +129,12 @@ async def unregistered(engine: Engine, registered: list[Adapter]) -> list[Entry]
 
 @router.post("/lora-adapters", openapi_extra=body_doc(LoraScales))
 async def set_scales(request: HttpRequest) -> Response:
-    """Set the global scales: `[{id, scale}]`, unlisted adapters to 0. **Ours:** an unknown
-    id, a non-number scale or a non-array body is a 400 that changes nothing."""
+    """Set the global scales: `[{id, scale}]`, unlisted adapters to 0. **Ours:** an entry may
+    name its adapter (`{name, scale}`: a loaded one, or one under `--lora-dir`, whose weights
+    are read on its first use); an unknown id or name, a non-number scale or a non-array body
+    is a 400 that changes nothing."""
     engine = get_state(request).require()
-    items = [(x.id, x.scale) for x in (await read_body(request, LoraScales)).root]
+    items = [(x.ref, x.scale) for x in (await read_body(request, LoraScales)).root]
     try:
         await wait(engine.set_global_scales(items))
     except ValueError as e:
