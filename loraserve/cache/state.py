@@ -1,0 +1,127 @@
+"""Per-sequence recurrent state beside the KV blocks, and its snapshots at block boundaries.
+
+A recurrent layer (`model/recurrent/`) carries a state from one token to the next instead of
+keys that later tokens attend. Its state after a prefix cannot be cut out of KV blocks at any
+token, so it is kept in two places:
+
+- the **live** state of each running sequence, keyed by its slot and request id, at the
+  position its next step starts from (and the position before its last step, so that a step
+  that failure isolation runs again alone starts from the same state);
+- a **snapshot** of every layer's state after each full block a sequence computed, stored
+  under that block's id. A block id in the prefix index names (parent chain, adapter block key,
+  tokens) exactly, so a snapshot lives under the same cache key as the KV it follows, is freed
+  when its block is freed or evicted (`drop`, called by the prefix cache), and its bytes are
+  counted in each block's size (`snapshot_bytes`, added to the cache budget's block size).
+
+Invariants: a step reads a state only from the same sequence's live state at exactly its start
+position, or from the snapshot of the block that ends exactly there (a prefix-cache hit, whose
+match the prefix cache cuts to blocks that have one), or zeros at position 0; anything else is
+`StateMissing` (the step fails, never runs on a wrong state). States are committed only after
+the whole forward pass returned (`commit`), never half-written by a failed step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+class StateMissing(RuntimeError):
+    """No exact recurrent state exists for the position a step starts from."""
+
+
+States = dict[int, torch.Tensor]  # recurrent layer index -> its state (shape per layer kind)
+
+
+@dataclass
+class SeqStep:
+    """One sequence's part of a step, as the recurrent layers read and write it.
+
+    Rows ``lo..hi-1`` of the flat batch are its tokens; ``state`` is every recurrent layer's
+    state before row ``lo``. Each layer writes its state after row ``hi - 1`` into ``out`` and,
+    for each ``(r, block)`` of ``cuts``, its state after row ``lo + r`` into ``snaps[block]``.
+    """
+
+    lo: int
+    hi: int
+    state: States
+    cuts: list[tuple[int, int]]
+    out: States = field(default_factory=dict)
+    snaps: dict[int, States] = field(default_factory=dict)
+
+
+@dataclass
+class _Live:
+    seq: int  # the request id running in the slot
+    at: dict[int, States]  # position -> states there (the last two positions)
+
+
+class StateStore:
+    """Live states of running sequences and block-boundary snapshots of one model.
+
+    ``shapes``: recurrent layer index -> the shape of its state for one sequence.
+    """
+
+    def __init__(self, shapes: dict[int, tuple[int, ...]], block_size: int) -> None:
+        self.shapes = dict(shapes)
+        self.bs = block_size
+        self.live: dict[int, _Live] = {}  # slot -> its sequence's states
+        self.snaps: dict[int, States] = {}  # block id -> states after the block's last token
+
+    @property
+    def snapshot_bytes(self) -> int:
+        """Bytes of one snapshot (every recurrent layer's float32 state)."""
+        return sum(4 * _numel(s) for s in self.shapes.values())
+
+    def has(self, block: int) -> bool:
+        """Whether a snapshot follows ``block`` (a prefix hit may end there)."""
+        return block in self.snaps
+
+    def drop(self, block: int) -> None:
+        """Forget the snapshot of ``block`` (freed or evicted with it)."""
+        self.snaps.pop(block, None)
+
+    def prepare(
+        self, slot: int, seq: int, start: int, n: int, blocks: Sequence[int], lo: int
+    ) -> SeqStep:
+        """The step of sequence ``seq`` in ``slot``: tokens ``start..start+n-1`` at rows
+        ``lo..lo+n-1``, its KV in ``blocks``; `StateMissing` when no exact state exists."""
+        live = self.live.get(slot)
+        if start == 0:
+            state = {i: torch.zeros(s) for i, s in self.shapes.items()}
+        elif live is not None and live.seq == seq and start in live.at:
+            state = live.at[start]
+        elif start % self.bs == 0 and blocks[start // self.bs - 1] in self.snaps:
+            state = self.snaps[blocks[start // self.bs - 1]]
+        else:
+            raise StateMissing(f"no recurrent state of this sequence at position {start}")
+        first = start // self.bs + 1  # the first block boundary after start
+        cuts = [
+            (b * self.bs - start - 1, blocks[b - 1])
+            for b in range(first, (start + n) // self.bs + 1)
+        ]
+        return SeqStep(lo, lo + n, state, cuts)
+
+    def commit(self, slot: int, seq: int, start: int, step: SeqStep) -> None:
+        """Keep a finished step's states: live at its end position (with the states at its
+        start, for a rerun), snapshots under their blocks."""
+        live = self.live.get(slot)
+        if live is None or live.seq != seq:
+            live = self.live[slot] = _Live(seq, {})
+        end = start + step.hi - step.lo
+        live.at = {start: step.state, end: step.out}
+        for block, states in step.snaps.items():
+            self.snaps[block] = states
+
+    def forget(self, slot: int) -> None:
+        """Drop the live states of ``slot``'s sequence."""
+        self.live.pop(slot, None)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
