@@ -1,0 +1,38 @@
+"""Parsers of the formats whose answers the `ChatFormat` fields cannot describe, one module
+each (llama.cpp's common/parsers/*.cpp), chosen by the format's `dialect`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial as bind
+from typing import Any
+
+from loraserve.chat.formats.harmony import parse_harmony
+from loraserve.chat.formats.special import dsml, gemma4
+from loraserve.chat.formats.special.text import Parsed
+
+Calls = list[tuple[str, str, str]]
+_Parse = Callable[[str, bool, dict | None, bool], Parsed]
+
+
+def _harmony(text: str, partial: bool, schemas: dict | None, extract: bool) -> Parsed:
+    content, reasoning, calls = parse_harmony(text, partial, schemas is not None, extract)
+    return Parsed(content, reasoning, [[n, a, ""] for n, a in calls])
+
+
+DIALECTS: dict[str, _Parse] = {
+    "harmony": _harmony,
+    "gemma_4": gemma4.parse,
+    "deepseek_v3_2": bind(dsml.parse, v4=False),
+    "deepseek_v4": bind(dsml.parse, v4=True),
+}
+
+
+def parse_dialect(
+    dialect: str, text: str, partial: bool, schemas: dict[str, Any] | None, extract: bool
+) -> tuple[str, str, Calls]:
+    """(content, reasoning, calls as (name, arguments JSON, id)) of `text` in `dialect`;
+    `schemas`: the tools' parameter schemas by name, None when calls are not parsed;
+    `extract`: reasoning goes to its own field (else it stays in the content)."""
+    got = DIALECTS[dialect](text, partial, schemas, extract)
+    return got.content, got.reasoning, [(n, a, i) for n, a, i in got.calls]

@@ -1,0 +1,96 @@
+"""DeepSeek V3.2 / V4 answers (llama.cpp common/parsers/deepseek.cpp, the DSML markup):
+`<think>` reasoning closed by `</think>` or cut short by the calls, content, then
+`<｜DSML｜function_calls>` (V4: `tool_calls`) holding `<｜DSML｜invoke name="NAME">` calls
+whose arguments are `<｜DSML｜parameter name="K" string="true|false">VALUE</｜DSML｜parameter>`:
+a raw string when `string="true"`, else a JSON value."""
+
+from __future__ import annotations
+
+import json
+
+from loraserve.chat.formats.special.text import (
+    Args,
+    Invalid,
+    Need,
+    Parsed,
+    at,
+    lit,
+    name_until,
+    skip_ws,
+    until,
+)
+
+DSML = "｜DSML｜"
+THINK, THINK_END = "<think>", "</think>"
+INVOKE, INVOKE_END = f'<{DSML}invoke name="', f"</{DSML}invoke>"
+PARAM, PARAM_END = f'<{DSML}parameter name="', f"</{DSML}parameter>"
+
+
+def block(v4: bool) -> tuple[str, str]:
+    """The calls block's start and end markers."""
+    name = "tool_calls" if v4 else "function_calls"
+    return f"<{DSML}{name}>", f"</{DSML}{name}>"
+
+
+def parse(text: str, partial: bool, schemas: dict | None, extract: bool, v4: bool) -> Parsed:
+    """The message in `text` (after the turn's `<｜Assistant｜>`)."""
+    out = Parsed()
+    start, end = block(v4)
+    tools = schemas is not None
+    try:
+        i = 0
+        if extract and at(text, 0, THINK):
+            stops = (THINK_END, start) if tools else (THINK_END,)
+            body, k, stop = until(text, len(THINK), stops, partial)
+            out.reasoning = body
+            if k < 0:
+                return out
+            i = k + len(THINK_END) if stop == THINK_END else k
+        elif extract and at(text, 0, THINK_END):
+            i = len(THINK_END)
+        if not tools:
+            body, _, _ = until(text, i, (), partial)
+            out.content = body
+            return out
+        body, k, _ = until(text, i, (start,), partial)
+        out.content = body
+        if k < 0:
+            return out
+        _calls(text, k + len(start), end, out)
+    except (Need, Invalid):
+        pass
+    return out
+
+
+def _calls(text: str, i: int, end: str, out: Parsed) -> None:
+    while True:
+        j = skip_ws(text, i)
+        if at(text, j, end):
+            return
+        name, i = name_until(text, lit(text, j, INVOKE), '">')
+        args = Args(out.call(name))
+        while True:
+            j = skip_ws(text, i)
+            if at(text, j, INVOKE_END):
+                args.close()
+                i = j + len(INVOKE_END)
+                break
+            key, i = name_until(text, lit(text, j, PARAM), '"')
+            i = lit(text, i, ' string="', ws=False)
+            kind, i = name_until(text, i, '">')
+            args.key(key)
+            value, k, _ = until(text, i, (PARAM_END,), True)
+            if kind == "true":
+                args.string(value, k >= 0)
+            elif k >= 0:
+                args.value(_json(value))
+            if k < 0:
+                raise Need
+            i = k + len(PARAM_END)
+
+
+def _json(raw: str) -> str:
+    try:
+        return json.dumps(json.loads(raw), ensure_ascii=False)
+    except ValueError:
+        return json.dumps(raw.strip(), ensure_ascii=False)

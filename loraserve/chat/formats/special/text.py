@@ -1,0 +1,152 @@
+"""Scanning helpers shared by the specialised formats' parsers: a cursor over the answer
+that raises `Need` where the text ends before something can be decided, and the tagged
+arguments' JSON text built as it streams (only ever growing)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from loraserve.chat.formats.scan import Incomplete, Invalid, held, skip_ws, value_end
+
+WS = " \t\n\r"
+
+
+class Need(Exception):
+    """The text ends before this can be decided."""
+
+
+@dataclass
+class Parsed:
+    """What a specialised parser found: content, reasoning, calls as [name, args, id]."""
+
+    content: str = ""
+    reasoning: str = ""
+    calls: list[list[str]] = field(default_factory=list)
+
+    def call(self, name: str, id_: str = "") -> list[str]:
+        """A new call of `name`, its arguments empty so far."""
+        self.calls.append([name, "", id_])
+        return self.calls[-1]
+
+
+def lit(text: str, i: int, marker: str, ws: bool = True) -> int:
+    """Past `marker` at `i` (whitespace before it skipped with `ws`); Need when the text
+    ends inside it, Invalid when something else is there."""
+    j = skip_ws(text, i) if ws else i
+    if text.startswith(marker, j):
+        return j + len(marker)
+    if marker.startswith(text[j:]):
+        raise Need
+    raise Invalid
+
+
+def opt(text: str, i: int, marker: str, ws: bool = True) -> int:
+    """Past `marker` when it is at `i`, else `i` (Need when the text ends inside it)."""
+    try:
+        return lit(text, i, marker, ws)
+    except Invalid:
+        return i
+
+
+def at(text: str, i: int, marker: str) -> bool:
+    """Whether `marker` starts at `i`; Need when the text ends inside it."""
+    if text.startswith(marker, i):
+        return True
+    if i < len(text) and marker.startswith(text[i:]) or i >= len(text):
+        raise Need
+    return False
+
+
+def until(text: str, i: int, stops: tuple[str, ...], partial: bool) -> tuple[str, int, str]:
+    """The text from `i` to the first of `stops`: (body, the stop's position, the stop).
+    Without a stop: a partial text's body without what may start one, position -1, stop ""
+    (a whole text's body runs to its end)."""
+    found = [(text.find(s, i), s) for s in stops]
+    found = [(k, s) for k, s in found if k >= 0]
+    if found:
+        k, s = min(found)
+        return text[i:k], k, s
+    body = text[i:]
+    if partial:
+        body = body[: len(body) - held(body, stops)]
+    return body, -1, ""
+
+
+def name_until(text: str, i: int, stop: str) -> tuple[str, int]:
+    """A name from `i` up to `stop`: (name, position after `stop`); Need without `stop`."""
+    k = text.find(stop, i)
+    if k < 0:
+        raise Need
+    return text[i:k].strip(), k + len(stop)
+
+
+def json_value(text: str, i: int) -> tuple[str, int]:
+    """The JSON value at `i` (whitespace skipped): (its text, its end); Need while the text
+    ends inside it."""
+    v = skip_ws(text, i)
+    try:
+        return text[v : value_end(text, v)], value_end(text, v)
+    except Incomplete:
+        raise Need from None
+
+
+class Args:
+    """The JSON object text of a call's arguments, built member by member: it only grows
+    while the text streams, a string value's characters joining as they come."""
+
+    def __init__(self, call: list[str]) -> None:
+        self.call = call
+        self.n = 0
+
+    def key(self, key: str) -> None:
+        """Start the member `key`."""
+        head = "{" if self.n == 0 else ", "
+        self.call[1] += head + json.dumps(key, ensure_ascii=False) + ": "
+        self.n += 1
+
+    def value(self, value_json: str) -> None:
+        """The member's value, as JSON text."""
+        self.call[1] += value_json
+
+    def string(self, raw: str, closed: bool) -> None:
+        """The member's string value `raw` (so far, when not `closed`)."""
+        self.call[1] += json.dumps(raw, ensure_ascii=False)[: None if closed else -1]
+
+    def close(self) -> None:
+        """The object's end."""
+        self.call[1] = (self.call[1] or "{") + "}"
+
+
+def typed(raw: str, schema: Any) -> str:
+    """A tagged value as JSON text: the JSON value it spells when the schema allows more
+    than a string, else the string as written."""
+    types = _types(schema)
+    if types and types != {"string"}:
+        try:
+            return json.dumps(json.loads(raw), ensure_ascii=False)
+        except ValueError:
+            pass
+    return json.dumps(raw, ensure_ascii=False)
+
+
+def _types(schema: Any) -> set[str]:
+    if not isinstance(schema, dict):
+        return set()
+    t = schema.get("type")
+    out = set(t) if isinstance(t, list) else ({t} if isinstance(t, str) else set())
+    for key in ("anyOf", "oneOf"):
+        for sub in schema.get(key) or []:
+            out |= _types(sub)
+    return out
+
+
+def may_be_string(schema: Any) -> bool:
+    """Whether the schema allows a string (or says nothing of the type)."""
+    types = _types(schema)
+    return not types or "string" in types
+
+
+__all__ = ["WS", "Args", "Invalid", "Need", "Parsed", "at", "held", "json_value", "lit",
+           "may_be_string", "name_until", "opt", "skip_ws", "typed", "until"]  # fmt: skip
