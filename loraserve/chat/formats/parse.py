@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from loraserve.chat.formats.calls import CallScan, scan_calls
 from loraserve.chat.formats.description import ChatFormat
-from loraserve.chat.formats.harmony import parse_harmony
 from loraserve.chat.formats.scan import held
+from loraserve.chat.formats.special import parse_dialect
 
 ReasoningFormat = Literal["none", "auto", "deepseek", "deepseek-legacy"]
 
@@ -83,8 +83,8 @@ class ChatParser:
         with `partial`, only what later text cannot change."""
         text = self.lead + text
         msg = ParsedMessage()
-        if self.fmt.dialect == "harmony":
-            return self._harmony(text, partial, msg)
+        if self.fmt.dialect:
+            return self._dialect(text, partial, msg)
         pos = self._reasoning(text, partial, msg)
         if pos is None:
             return msg
@@ -114,12 +114,13 @@ class ChatParser:
             msg.content += rest[scan.end :]  # text after the calls (an unfinished call: dropped)
         return msg
 
-    def _harmony(self, text: str, partial: bool, msg: ParsedMessage) -> ParsedMessage:
-        content, reasoning, calls = parse_harmony(
-            text, partial, self.tools is not None, self.extract
+    def _dialect(self, text: str, partial: bool, msg: ParsedMessage) -> ParsedMessage:
+        schemas = self.schemas if self.tools is not None else None
+        content, reasoning, calls = parse_dialect(
+            self.fmt.dialect, text, partial, schemas, self.extract
         )
         msg.content, msg.reasoning_content = content, reasoning
-        msg.tool_calls = [ToolCall(n, a) for n, a in calls if not partial or a]
+        msg.tool_calls = [ToolCall(n, a, i) for n, a, i in calls if not partial or a]
         if not partial:
             msg.tool_calls = [c for c in msg.tool_calls if _is_json(c.arguments)]
         return msg
