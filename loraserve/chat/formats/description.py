@@ -86,6 +86,9 @@ class ChatFormat:
     additional_stops: tuple[str, ...] = ()
     supports_parallel: bool = True
     thinking_end_tags: tuple[str, ...] = field(default=())
+    # the lazy grammar's regex triggers where a word cannot start the calls (gpt-oss's
+    # ` to=functions` after a channel, Functionary's `>>>NAME`); `trigger` is then ""
+    trigger_patterns: tuple[str, ...] = ()
 
     @property
     def has_tools(self) -> bool:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from loraserve.chat.formats.analyze import Render
 from loraserve.chat.formats.autoformat import analyze
 from loraserve.chat.formats.description import PLAIN, ChatFormat
+from loraserve.chat.formats.special import dsml
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +64,34 @@ _MINICPM5 = ChatFormat(
 _HARMONY = ChatFormat(
     detector="gpt_oss", dialect="harmony", reasoning_mode="tag",
     reasoning_start="<|channel|>analysis<|message|>", reasoning_end="<|end|>",
-    call_start=" to=functions.", assistant_start="<|start|>assistant",
+    assistant_start="<|start|>assistant",
     preserved_tokens=("<|channel|>", "<|constrain|>", "<|message|>", "<|start|>", "<|end|>"),
+    trigger_patterns=(
+        r"^\s+to$", r"^<\|channel\|>(?:commentary|analysis)\s+to=functions$",
+        r"<\|start\|>assistant(\s+to)",
+        r"<\|start\|>assistant(<\|channel\|>(?:commentary|analysis)\s+to)",
+    ),
 )  # fmt: skip
+_GEMMA_4 = ChatFormat(
+    detector="gemma_4", dialect="gemma_4", reasoning_mode="tag",
+    reasoning_start="<|channel>thought", reasoning_end="<channel|>", call_start="<|tool_call>",
+    call_end="<tool_call|>", name_prefix="call:", assistant_start="<|turn>model",
+    user_start="<|turn>user",
+    preserved_tokens=("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|turn>"),
+)  # fmt: skip
+
+
+def _deepseek_v3_2(src: str) -> ChatFormat:
+    v4 = "function_calls" not in src  # V4 names the block tool_calls
+    start, end = dsml.block(v4)
+    return ChatFormat(
+        detector="deepseek_v3_2", dialect="deepseek_v4" if v4 else "deepseek_v3_2",
+        reasoning_mode="tag", reasoning_start="<think>", reasoning_end="</think>",
+        thinking_end_tags=("</think>", start), section_start=start, section_end=end,
+        name_prefix=dsml.INVOKE, call_close=dsml.INVOKE_END, arg_name_prefix=dsml.PARAM,
+        arg_value_suffix=dsml.PARAM_END, assistant_start="<｜Assistant｜>",
+        user_start="<｜User｜>", preserved_tokens=(dsml.DSML, "<think>", "</think>"),
+    )  # fmt: skip
 
 
 def _qwen3_coder(src: str) -> ChatFormat:
@@ -108,8 +134,8 @@ SPECIALISED: tuple[tuple[str, Callable[[str], bool], Callable[[str], ChatFormat]
     ("minimax_m3", lambda s: "]<]minimax[>[" in s and "<tool_call>" in s
      and "<invoke name=" in s, lambda s: _MINIMAX_M3),
     ("deepseek_v3_2", lambda s: "dsml_token" in s and "DSML" in s
-     and ("function_calls" in s or "tool_calls" in s), _named("deepseek_v3_2")),
-    ("gemma_4", lambda s: "'<|tool_call>call:'" in s, _named("gemma_4")),
+     and ("function_calls" in s or "tool_calls" in s), _deepseek_v3_2),
+    ("gemma_4", lambda s: "'<|tool_call>call:'" in s, lambda s: _GEMMA_4),
     ("minicpm5", lambda s: "Tool usage guidelines:" in s and '<function name="' in s
      and '<param name="' in s, lambda s: _MINICPM5),
     ("qwen3_coder", lambda s: "<tool_call>" in s and "<function=" in s and "<parameter=" in s

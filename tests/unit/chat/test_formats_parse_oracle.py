@@ -32,10 +32,12 @@ EXACT = {
     "MiniMax-M2.jinja", "GLM-4.6.jinja", "unsloth-mistral-Devstral-Small-2507.jinja",
     "llama-cpp-deepseek-r1.jinja", "ibm-granite-granite-3.3-2B-Instruct.jinja",
     "fireworks-ai-llama-3-firefunction-v2.jinja", "meetkai-functionary-medium-v3.1.jinja",
+    "google-gemma-4-31B-it.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
+    "deepseek-ai-DeepSeek-V4.jinja", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
 }  # fmt: skip
 HARMONY = "openai-gpt-oss-120b.jinja"
-FLOOR = 261  # of 463: the rest are the specialised formats not ported yet (Gemma 4,
-# DeepSeek V3.2/V4, MiniMax-M3, LFM2, Ling 3, Kimi K3, Cohere2, Muse, Functionary v3.2)
+FLOOR = 311  # of 463: the rest are the specialised formats not ported yet (MiniMax-M3,
+# LFM2, Ling 3, Kimi K3, Cohere2, Muse, Functionary v3.2)
 # and response-format answers in ```json fences
 
 
