@@ -107,13 +107,14 @@ class StateStore:
     def commit(self, slot: int, seq: int, start: int, step: SeqStep) -> None:
         """Keep a finished step's states: live at its end position (with the states at its
         start, for a rerun), snapshots under their blocks."""
+        for block, states in step.snaps.items():
+            self.snaps[block] = states
+        if slot < 0:  # a pass outside the engine (tests): no sequence to continue
+            return
         live = self.live.get(slot)
         if live is None or live.seq != seq:
             live = self.live[slot] = _Live(seq, {})
-        end = start + step.hi - step.lo
-        live.at = {start: step.state, end: step.out}
-        for block, states in step.snaps.items():
-            self.snaps[block] = states
+        live.at = {start: step.state, start + step.hi - step.lo: step.out}
 
     def forget(self, slot: int) -> None:
         """Drop the live states of ``slot``'s sequence."""

@@ -1,0 +1,69 @@
+"""Short convolution (lfm2; llama.cpp ``build_shortconv_block`` with ``ggml_ssm_conv``).
+
+``in_proj`` gives three [T, C] parts b, c, x; the causal depthwise convolution of b*x over the
+last L positions (kernel ``shortconv.conv`` [C, L]) is gated by c and projected by
+``out_proj``. The state of a sequence is its last L-1 rows of b*x ([L-1, C], zeros at the
+start). Each output element is sum_j xpad[t+j] * w[:, j] accumulated in order j = 0..L-1 as
+separate elementwise products and adds over whole rows, so a row's bits depend on its own
+window alone: the same alone, batched, chunked anywhere and resumed from a snapshot.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from loraserve.model.config import ModelConfig
+from loraserve.model.context import get_context
+from loraserve.model.projection import Matrix, Projection
+from loraserve.model.weights import WeightSource
+
+
+class ShortConv(nn.Module):
+    """The short-convolution mixer of layer ``i``: [T, hidden] -> [T, hidden]."""
+
+    def __init__(self, cfg: ModelConfig, i: int, w: WeightSource) -> None:
+        super().__init__()
+        p = f"blk.{i}.shortconv."
+        self.i = i
+        self.in_proj = Projection(p + "in_proj.weight", [_matrix(w, p + "in_proj.weight")])
+        self.out_proj = Projection(p + "out_proj.weight", [_matrix(w, p + "out_proj.weight")])
+        conv = w.float(p + "conv.weight")
+        if conv is None:
+            raise ValueError(f"model file lacks tensor {p + 'conv.weight'!r}")
+        self.taps = [c.contiguous() for c in conv.float().t()]  # L x [C]: tap j over channels
+        self.k = len(self.taps)
+
+    @staticmethod
+    def state_shape(cfg: ModelConfig) -> tuple[int, ...]:
+        """[L-1, hidden]: the last L-1 rows of b*x."""
+        return (cfg.conv_kernel - 1, cfg.hidden_size)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """h: [T, hidden] (normed) -> [T, hidden]; reads and writes ``ctx.states``."""
+        ctx = get_context()
+        if ctx.states is None:
+            raise RuntimeError("a recurrent layer ran without its sequences' states")
+        bcx = self.in_proj(h)  # [T, 3C]
+        b, c, x = bcx.chunk(3, dim=-1)
+        bx = b * x  # [T, C]
+        conv = torch.empty_like(bx)
+        k = self.k
+        for seq in ctx.states:
+            n = seq.hi - seq.lo
+            xpad = torch.cat((seq.state[self.i], bx[seq.lo : seq.hi]))  # [L-1+n, C]
+            acc = xpad[0:n] * self.taps[0]
+            for j in range(1, k):
+                acc = acc + xpad[j : j + n] * self.taps[j]
+            conv[seq.lo : seq.hi] = acc
+            seq.out[self.i] = xpad[n:].clone()  # the last L-1 rows
+            for r, block in seq.cuts:  # state after row lo + r: rows r+1 .. r+L-1 of xpad
+                seq.snaps.setdefault(block, {})[self.i] = xpad[r + 1 : r + k].clone()
+        return self.out_proj(c * conv)
+
+
+def _matrix(w: WeightSource, name: str) -> Matrix:
+    m = w.matrix(name)
+    if m is None:
+        raise ValueError(f"model file lacks tensor {name!r}")
+    return m
