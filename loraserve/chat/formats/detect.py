@@ -18,7 +18,7 @@ from collections.abc import Callable
 from loraserve.chat.formats.analyze import Render
 from loraserve.chat.formats.autoformat import analyze
 from loraserve.chat.formats.description import PLAIN, ChatFormat
-from loraserve.chat.formats.special import dsml
+from loraserve.chat.formats.special import dsml, minimax_m3
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +47,12 @@ _QWEN3_CODER = ChatFormat(
     assistant_start="<|im_start|>assistant", call_start_optional=True,
 )  # fmt: skip
 _MINIMAX_M3 = ChatFormat(
-    detector="minimax_m3", reasoning_mode="tag", reasoning_start="<think>",
-    reasoning_end="</think>", tool_mode="tag_tagged", section_start="<tool_call>",
-    section_end="</tool_call>", name_prefix='<invoke name="', name_suffix='">',
-    call_close="</invoke>", arg_name_prefix='<parameter name="', arg_name_suffix='">',
-    arg_value_suffix="</parameter>", tolerate_intertag_whitespace=True,
+    detector="minimax_m3", dialect="minimax_m3", reasoning_mode="tag",
+    reasoning_start=minimax_m3.THINK, reasoning_end=minimax_m3.THINK_END,
+    section_start=minimax_m3.START, section_end=minimax_m3.END, name_prefix=minimax_m3.INVOKE,
+    call_close=minimax_m3.INVOKE_END, assistant_start="]~b]ai", user_start="]~b]user",
+    preserved_tokens=(minimax_m3.NS, "<tool_call>", "</tool_call>", minimax_m3.THINK,
+                      minimax_m3.THINK_END),
 )  # fmt: skip
 _MINICPM5 = ChatFormat(
     detector="minicpm5", reasoning_mode="tag", reasoning_start="<think>",
@@ -94,6 +95,20 @@ def _deepseek_v3_2(src: str) -> ChatFormat:
     )  # fmt: skip
 
 
+def _lfm2(src: str, tool_list: bool) -> ChatFormat:
+    tokens = ("<|tool_call_start|>", "<|tool_call_end|>", "<think>", "</think>")
+    if tool_list:
+        tokens += ("<|tool_list_start|>", "<|tool_list_end|>")
+    return ChatFormat(
+        detector="lfm2" if tool_list else "lfm2_5",
+        dialect="lfm2" if "<think>" in src else "lfm2_plain", reasoning_mode="tag",
+        reasoning_start="<think>", reasoning_end="</think>", call_start="<|tool_call_start|>",
+        call_end="<|tool_call_end|>", assistant_start="<|im_start|>assistant",
+        user_start="<|im_start|>user",
+        preserved_tokens=tokens,
+    )  # fmt: skip
+
+
 def _qwen3_coder(src: str) -> ChatFormat:
     if "<think>" not in src:
         return _QWEN3_CODER
@@ -126,9 +141,10 @@ SPECIALISED: tuple[tuple[str, Callable[[str], bool], Callable[[str], ChatFormat]
     ("ling_3", lambda s: "<role>ASSISTANT</role>" in s and "<arg_key>" in s, _named("ling_3")),
     ("cohere2_moe", lambda s: "<|START_TEXT|>" in s and "<|START_ACTION|>" in s,
      _named("cohere2_moe")),
-    ("lfm2", lambda s: "<|tool_list_start|>" in s and "<|tool_list_end|>" in s, _named("lfm2")),
+    ("lfm2", lambda s: "<|tool_list_start|>" in s and "<|tool_list_end|>" in s,
+     lambda s: _lfm2(s, True)),
     ("lfm2_5", lambda s: "List of tools: [" in s and "<|tool_list_start|>" not in s,
-     _named("lfm2_5")),
+     lambda s: _lfm2(s, False)),
     ("gigachat_3", lambda s: "<|role_sep|>" in s and "<|message_sep|>" in s
      and "<|function_call|>" not in s, _named("gigachat_3")),
     ("minimax_m3", lambda s: "]<]minimax[>[" in s and "<tool_call>" in s

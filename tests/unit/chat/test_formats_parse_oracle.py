@@ -34,10 +34,11 @@ EXACT = {
     "fireworks-ai-llama-3-firefunction-v2.jinja", "meetkai-functionary-medium-v3.1.jinja",
     "google-gemma-4-31B-it.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
     "deepseek-ai-DeepSeek-V4.jinja", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
+    "LFM2-8B-A1B.jinja", "LFM2.5-8B-A1B.jinja", "LFM2.5-Instruct.jinja", "MiniMax-M3.jinja",
 }  # fmt: skip
 HARMONY = "openai-gpt-oss-120b.jinja"
-FLOOR = 311  # of 463: the rest are the specialised formats not ported yet (MiniMax-M3,
-# LFM2, Ling 3, Kimi K3, Cohere2, Muse, Functionary v3.2)
+FLOOR = 381  # of 463: the rest are the specialised formats not ported yet (Ling 3,
+# Kimi K3, Cohere2, Muse, Functionary v3.2)
 # and response-format answers in ```json fences
 
 

@@ -8,7 +8,7 @@ from functools import partial as bind
 from typing import Any
 
 from loraserve.chat.formats.harmony import parse_harmony
-from loraserve.chat.formats.special import dsml, gemma4
+from loraserve.chat.formats.special import dsml, gemma4, lfm2, minimax_m3
 from loraserve.chat.formats.special.text import Parsed
 
 Calls = list[tuple[str, str, str]]
@@ -25,6 +25,9 @@ DIALECTS: dict[str, _Parse] = {
     "gemma_4": gemma4.parse,
     "deepseek_v3_2": bind(dsml.parse, v4=False),
     "deepseek_v4": bind(dsml.parse, v4=True),
+    "lfm2": bind(lfm2.parse, think=True),
+    "lfm2_plain": bind(lfm2.parse, think=False),
+    "minimax_m3": minimax_m3.parse,
 }
 
 
