@@ -16,7 +16,7 @@ from loraserve import __version__
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.spec.config import SpecConfig
 from loraserve.server import cors
-from loraserve.server.config import chat_flags, router_flags, spec_flags
+from loraserve.server.config import chat_flags, router_flags, spec_flags, tools_flags
 from loraserve.server.config.api_flags import add_cors_flags, add_embedding_flags
 from loraserve.server.config.arg_types import (
     ApiKeyAppend,
@@ -108,6 +108,7 @@ class ServerConfig:
     models_preset: str | None = None
     models_max: int = router_flags.DEFAULT_MODELS_MAX
     models_autoload: bool = True
+    tools: tools_flags.ToolsConfig = field(default=tools_flags.ToolsConfig(), compare=False)
     argv: tuple[str, ...] = field(default=(), compare=False)  # as given (router: the children's)
     ignored: tuple[str, ...] = field(default=(), compare=False)
 
@@ -288,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chat_flags.add_flags(p)
     router_flags.add_flags(p)
+    tools_flags.add_flags(p)
     add_llama_flags(p)
     defaults = {f.name: f.default for f in fields(ServerConfig) if f.default is not MISSING}
     unset = {"n_parallel": -1, "lora_dirs": [], "lora_modules": [], "chat_template_kwargs": None}
@@ -347,4 +349,5 @@ def parse_server_args(argv: list[str]) -> ServerConfig:
         argv=tuple(argv[1:] if argv[:1] == ["serve"] else argv),
     )
     values.update(router_flags.config(ns, parser))
+    values.update(tools_flags.config(ns, parser, values))
     return ServerConfig(**values)
