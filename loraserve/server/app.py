@@ -42,6 +42,7 @@ from loraserve.server.openai import responses, token_count
 from loraserve.server.sleep import SleepMiddleware, SleepWatch
 from loraserve.server.startup import StartupError, bind_all, check_files, load_from_config, start
 from loraserve.server.state import ServerState
+from loraserve.server.tools.routes import ToolsMiddleware, stop_all
 from loraserve.server.vertex import gcp
 
 log = logging.getLogger("loraserve.server")
@@ -127,6 +128,7 @@ def create_app(
     app.state.sleep = SleepWatch(cfg.sleep_idle_seconds)
     state.listeners.append(stats.listener)
     install_error_handlers(app)
+    app.add_middleware(ToolsMiddleware, cfg=cfg)  # /tools, /cors-proxy: inside the API key
     app.add_middleware(BodyLimitMiddleware)
     if cfg.api_keys:
         app.add_middleware(ApiKeyMiddleware, keys=cfg.api_keys)
@@ -210,6 +212,7 @@ def serve(cfg: ServerConfig) -> None:
             SHUTDOWN_GRACE_S,
         )
         if state.loop is not None:
+            state.loop.call_soon_threadsafe(stop_all)  # MCP calls in flight end now
             state.loop.call_soon_threadsafe(state.loop.call_later, SHUTDOWN_GRACE_S, abort)
 
     server.on_exit = abort_at_grace_end
