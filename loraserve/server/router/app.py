@@ -37,6 +37,7 @@ from loraserve.server.errors import ApiError, JsonResponse, install_error_handle
 from loraserve.server.router.pool import Engine, Pool
 from loraserve.server.router.presets import Preset, load_catalog
 from loraserve.server.router.rename import renaming_send
+from loraserve.server.tools.routes import ToolsMiddleware
 
 
 def _bad(message: str) -> ApiError:
@@ -101,7 +102,7 @@ class Router:
             "default_generation_settings": {"params": {}, "n_ctx": 0},
             "ui_settings": {},
             "build_info": f"b0-loraserve-{__version__}",  # llama-server's b<build>-<commit>
-            "cors_proxy_enabled": False,
+            "cors_proxy_enabled": self.cfg.tools.ui_mcp_proxy,
         }
 
     async def model_entry(self, preset: Preset, created: int) -> dict[str, Any]:
@@ -240,6 +241,7 @@ def create_router_app(cfg: ServerConfig) -> FastAPI:
     app.state.server = router
     app.state.router = router
     install_error_handlers(app)
+    app.add_middleware(ToolsMiddleware, cfg=cfg)  # /tools, /cors-proxy: not forwarded
     app.add_middleware(BodyLimitMiddleware)
     if cfg.api_keys:
         app.add_middleware(ApiKeyMiddleware, keys=cfg.api_keys)
