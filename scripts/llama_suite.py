@@ -149,6 +149,9 @@ def run_target(target: str, tests: Path, work: Path, model: Path, args: argparse
         "PORT": str(free_port()),
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        # the tools tests read and write the tree and /tmp by absolute path: loraserve's
+        # tools refuse paths outside --tools-root (default: the working directory)
+        "LORASERVE_TOOLS_ROOT": "/",
     }
     cmd = [
         sys.executable,
