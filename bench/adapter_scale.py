@@ -1,0 +1,275 @@
+"""Thousands of adapters: `python -m bench.adapter_scale [--quick] [--sizes 8,64,512,2000]`.
+
+The real model with N distinct random LoRA adapters (rank 8 and 16 alternating, all seven
+projections of every layer) under one `--lora-dir`, served by name on first use with
+`--lora-max-loaded 64`. 8 closed-loop clients send greedy streamed completions; each request
+names one adapter drawn by Zipf popularity (s = 1.1) over the N. The same load with every
+request on one adapter is the reference: the ratio is aggregate decode throughput at N
+against it, measured in the same run. TTFT p50/p95 are split by whether the adapter was
+resident (used within the last 64 distinct adapters the client side sent, an LRU model of
+the server's tier) or had to be read from disk. Peak RSS (VmHWM) and the server's
+`loraserve:lora_resident_bytes` at the end are reported beside the budget.
+
+llama-server takes part in the 8-adapter case only, as its reference: all adapters loaded
+at start (`--lora ... --lora-init-without-apply`), each request with the full `lora` list.
+The servers run one at a time, never together. Writes `bench/results/adapter_scale_<ts>.json`
+and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.client import BenchError, Completion, body, stream_completion
+from bench.peer import find_peer
+from bench.servers import free_port, launch, loraserve_kind, machine, peer_kind, server_argv
+from bench.workloads import AdapterShapes, adapter_tensors, percentile, sentence, zipf_choices
+
+MODEL = Path.home() / ".cache" / "loraserve" / "gemma3-270m-q4_k_m.gguf"
+POOL = Path.home() / ".cache" / "loraserve" / "scale-adapters"
+RESULTS = Path(__file__).parent / "results"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The workload's sizes; `--quick` is a short check that everything runs."""
+
+    sizes: tuple[int, ...] = (8, 64, 512, 2000)
+    clients: int = 8
+    requests: int = 96  # per size
+    n_predict: int = 32
+    prompt_words: int = 40
+    max_loaded: int = 64
+    parallel: int = 8
+    ctx: int = 8192
+    seed: int = 0
+
+    @staticmethod
+    def quick() -> Plan:
+        return Plan(sizes=(8, 64), requests=16, n_predict=4, prompt_words=8)
+
+
+def adapter_pool(n: int) -> list[Path]:
+    """`n` adapters `a0000.gguf`... in the shared pool (written once, reused after)."""
+    from loraserve.model.gguf_write import write_gguf
+
+    POOL.mkdir(parents=True, exist_ok=True)
+    shapes = AdapterShapes()
+    paths = []
+    for i in range(n):
+        rank = 8 if i % 2 == 0 else 16
+        path = POOL / f"a{i:04d}.gguf"
+        if not path.is_file():
+            meta = {
+                "general.architecture": "gemma3",
+                "general.type": "adapter",
+                "adapter.type": "lora",
+                "adapter.lora.alpha": float(rank),
+            }
+            tmp = path.with_suffix(".part")
+            write_gguf(tmp, meta, adapter_tensors(1000 + i, shapes, rank))
+            tmp.rename(path)
+        if (i + 1) % 250 == 0:
+            print(f"adapters: {i + 1}/{n} written", file=sys.stderr)
+        paths.append(path)
+    return paths
+
+
+def lora_dir(n: int) -> Path:
+    """A directory holding exactly the first `n` pool adapters (hard links)."""
+    folder = POOL.parent / f"scale-dir-{n}"
+    folder.mkdir(exist_ok=True)
+    for path in adapter_pool(n):
+        link = folder / path.name
+        if not link.exists():
+            os.link(path, link)
+    return folder
+
+
+def prompts(plan: Plan) -> list[str]:
+    """One distinct prompt per request (no prefix shared between requests)."""
+    rng = random.Random(plan.seed)
+    return [f"{i}: " + sentence(rng, plan.prompt_words) for i in range(plan.requests)]
+
+
+def resident_flags(picks: list[int], capacity: int) -> list[bool]:
+    """For each request in send order: was its adapter among the last `capacity` distinct
+    adapters used before it (an LRU model of the server's tier)."""
+    lru: OrderedDict[int, None] = OrderedDict()
+    out = []
+    for a in picks:
+        out.append(a in lru)
+        lru[a] = None
+        lru.move_to_end(a)
+        if len(lru) > capacity:
+            lru.popitem(last=False)
+    return out
+
+
+async def closed_loop(url: str, payloads: list[dict[str, Any]], clients: int) -> tuple:
+    """`clients` workers each send the next payload when their last one ends; returns the
+    completions (in payload order), the errors and the wall time."""
+    results = [Completion(sent=0.0) for _ in payloads]
+    errors: list[str] = []
+    queue = list(range(len(payloads)))[::-1]
+    limits = httpx.Limits(max_connections=clients + 2)
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600)) as client:
+        t0 = time.perf_counter()
+
+        async def worker() -> None:
+            while queue:
+                i = queue.pop()
+                results[i].sent = time.perf_counter()
+                try:
+                    await stream_completion(client, url, payloads[i], results[i])
+                except (BenchError, httpx.HTTPError) as e:
+                    errors.append(str(e)[:200])
+
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        wall = time.perf_counter() - t0
+    return results, errors, wall
+
+
+def summarize(results: list[Completion], errors: list[str], wall: float, resident: list[bool]):
+    """Throughput and TTFT split by resident / read from disk."""
+    done = [r for r in results if r.done is not None]
+    ttft = {True: [], False: []}
+    for r, warm in zip(results, resident, strict=True):
+        if r.ttft is not None:
+            ttft[warm].append(r.ttft)
+    return {
+        "finished": len(done),
+        "requests": len(results),
+        "wall_s": wall,
+        "tokens_per_s": sum(r.n_tokens for r in done) / wall if wall else None,
+        "ttft_resident_p50": percentile(ttft[True], 50),
+        "ttft_resident_p95": percentile(ttft[True], 95),
+        "ttft_cold_p50": percentile(ttft[False], 50),
+        "ttft_cold_p95": percentile(ttft[False], 95),
+        "n_cold": len(ttft[False]),
+        "errors": sorted(set(errors))[:5],
+    }
+
+
+def metric(url: str, name: str) -> float | None:
+    """One sample of the server's /metrics, or None."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def run_loraserve(plan: Plan, model: Path, n: int, single: bool) -> dict[str, Any]:
+    """One loraserve server over `n` adapters; Zipf picks, or adapter 0 alone."""
+    picks = [0] * plan.requests if single else zipf_choices(n, plan.requests, plan.seed)
+    payloads = []
+    for text, a in zip(prompts(plan), picks, strict=True):
+        p = body([], plan.n_predict, [{"name": f"a{a:04d}", "scale": 1.0}])  # type: ignore[list-item]
+        p["prompt"] = text
+        payloads.append(p)
+    kind = loraserve_kind(
+        ("--lora-dir", str(lora_dir(n)), "--metrics", "--lora-max-loaded", str(plan.max_loaded))
+    )
+    port = free_port()
+    argv = server_argv(kind, model, port, threads=2, parallel=plan.parallel, ctx=plan.ctx,
+                       cache_ram=-1)  # fmt: skip
+    with launch(kind.name, argv, port, timeout=300) as server:
+        out = summarize(*asyncio.run(closed_loop(server.url, payloads, plan.clients)),
+                        resident_flags(picks, plan.max_loaded))  # fmt: skip
+        out["resident_bytes"] = metric(server.url, "loraserve:lora_resident_bytes")
+        out["peak_rss_mib"] = server.peak_rss_mib()
+    return {"server": "loraserve", "adapters": 1 if single else n, **out}
+
+
+def run_peer(plan: Plan, model: Path, binary: Path, n: int) -> dict[str, Any]:
+    """llama-server with `n` adapters loaded at start, the same Zipf picks by id."""
+    picks = zipf_choices(n, plan.requests, plan.seed)
+    payloads = []
+    for text, a in zip(prompts(plan), picks, strict=True):
+        lora = [{"id": i, "scale": 1.0 if i == a else 0.0} for i in range(n)]
+        p = body([], plan.n_predict, lora)
+        p["prompt"] = text
+        payloads.append(p)
+    kind = peer_kind(binary)
+    port = free_port()
+    argv = server_argv(kind, model, port, threads=2, parallel=plan.parallel, ctx=plan.ctx,
+                       cache_ram=-1, adapters=adapter_pool(n))  # fmt: skip
+    with launch(kind.name, argv, port, timeout=300) as server:
+        out = summarize(*asyncio.run(closed_loop(server.url, payloads, plan.clients)),
+                        [True] * len(picks))  # fmt: skip
+        out["peak_rss_mib"] = server.peak_rss_mib()
+    return {"server": "llama-server", "adapters": n, **out}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: one row per run, the ratio against loraserve's single-adapter run."""
+    ref = next(r for r in rows if r["server"] == "loraserve" and r["adapters"] == 1)
+
+    def f(v: Any, d: int = 2) -> str:
+        return "-" if v is None else f"{v:.{d}f}"
+
+    out = [
+        "| server | adapters | tok/s | vs 1 adapter | TTFT resident p50/p95 s | "
+        "TTFT cold p50/p95 s (n) | resident MiB | peak RSS MiB | finished |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ratio = r["tokens_per_s"] / ref["tokens_per_s"] if r["tokens_per_s"] else None
+        res = r.get("resident_bytes")
+        out.append(
+            f"| {r['server']} | {r['adapters']} | {f(r['tokens_per_s'], 1)} | {f(ratio)}x "
+            f"| {f(r['ttft_resident_p50'])}/{f(r['ttft_resident_p95'])} "
+            f"| {f(r['ttft_cold_p50'])}/{f(r['ttft_cold_p95'])} ({r['n_cold']}) "
+            f"| {f(res / 2**20 if res else None, 0)} | {f(r['peak_rss_mib'], 0)} "
+            f"| {r['finished']}/{r['requests']} |"
+        )
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run every size, the single-adapter reference and the peer's 8-adapter case."""
+    ap = argparse.ArgumentParser(prog="python -m bench.adapter_scale", description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="a short check that it all runs")
+    ap.add_argument("--model", type=Path, default=MODEL)
+    ap.add_argument("--sizes", help="comma-separated adapter counts (default 8,64,512,2000)")
+    ap.add_argument("--requests", type=int, help="requests per size")
+    ap.add_argument("--no-peer", action="store_true", help="skip llama-server")
+    args = ap.parse_args(argv)
+    plan = Plan.quick() if args.quick else Plan()
+    if args.sizes:
+        plan = replace(plan, sizes=tuple(int(x) for x in args.sizes.split(",")))
+    if args.requests:
+        plan = replace(plan, requests=args.requests)
+    adapter_pool(max(plan.sizes))
+    rows = [run_loraserve(plan, args.model, 1, single=True)]
+    print(json.dumps(rows[-1]), file=sys.stderr)
+    for n in plan.sizes:
+        rows.append(run_loraserve(plan, args.model, n, single=False))
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    binary = None if args.no_peer else find_peer()
+    if binary is not None and 8 in plan.sizes:
+        rows.append(run_peer(plan, args.model, binary, 8))
+    RESULTS.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y-%m-%d_%H%M%S")
+    path = RESULTS / f"adapter_scale_{stamp}{'_quick' if args.quick else ''}.json"
+    doc = {"plan": asdict(plan), "machine": machine(), "rows": rows}
+    path.write_text(json.dumps(doc, indent=1))
+    print(table(rows))
+    print(f"\nwritten: {path}")
+
+
+if __name__ == "__main__":
+    main()
