@@ -18,7 +18,7 @@ from collections.abc import Callable
 from loraserve.chat.formats.analyze import Render
 from loraserve.chat.formats.autoformat import analyze
 from loraserve.chat.formats.description import PLAIN, ChatFormat
-from loraserve.chat.formats.special import dsml, minimax_m3
+from loraserve.chat.formats.special import dsml, kimi_k3, minimax_m3
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,26 @@ def _lfm2(src: str, tool_list: bool) -> ChatFormat:
     )  # fmt: skip
 
 
+_LING_3 = ChatFormat(
+    detector="ling_3", dialect="ling_3", reasoning_mode="tag", reasoning_start="<think>",
+    reasoning_end="</think>", thinking_end_tags=("</think>", "<tool_call>"),
+    call_start="<tool_call>", call_end="</tool_call>", arg_name_prefix="<arg_key>",
+    arg_name_suffix="</arg_key>", arg_value_prefix="<arg_value>",
+    arg_value_suffix="</arg_value>", assistant_start="<role>ASSISTANT</role>",
+    user_start="<role>HUMAN</role>", additional_stops=("<|role_end|>",),
+    preserved_tokens=("<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>",
+                      "</arg_key>", "<arg_value>", "</arg_value>", "<|role_end|>"),
+)  # fmt: skip
+_KIMI_K3 = ChatFormat(
+    detector="kimi_k3", dialect="kimi_k3", reasoning_mode="tag", reasoning_start=kimi_k3.THINK,
+    reasoning_end=kimi_k3.THINK_END, section_start=kimi_k3.TOOLS, section_end=kimi_k3.TOOLS_END,
+    call_start=kimi_k3.CALL, call_end=kimi_k3.CALL_END, content_start=kimi_k3.RESP,
+    content_end=kimi_k3.RESP_END, assistant_start=kimi_k3.MSG,
+    user_start='<|open|>message role="user"<|sep|>',
+    preserved_tokens=("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"),
+)  # fmt: skip
+
+
 def _qwen3_coder(src: str) -> ChatFormat:
     if "<think>" not in src:
         return _QWEN3_CODER
@@ -137,8 +157,9 @@ SPECIALISED: tuple[tuple[str, Callable[[str], bool], Callable[[str], ChatFormat]
     ("kimi_k2", lambda s: "<|tool_calls_section_begin|>" in s and "<|tool_call_begin|>" in s,
      lambda s: _KIMI_K2),
     ("kimi_k3", lambda s: all(t in s for t in ("<|open|>", "<|close|>", "<|end_of_msg|>")),
-     _named("kimi_k3")),
-    ("ling_3", lambda s: "<role>ASSISTANT</role>" in s and "<arg_key>" in s, _named("ling_3")),
+     lambda s: _KIMI_K3),
+    ("ling_3", lambda s: "<role>ASSISTANT</role>" in s and "<arg_key>" in s,
+     lambda s: _LING_3),
     ("cohere2_moe", lambda s: "<|START_TEXT|>" in s and "<|START_ACTION|>" in s,
      _named("cohere2_moe")),
     ("lfm2", lambda s: "<|tool_list_start|>" in s and "<|tool_list_end|>" in s,

@@ -35,10 +35,11 @@ EXACT = {
     "google-gemma-4-31B-it.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
     "deepseek-ai-DeepSeek-V4.jinja", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
     "LFM2-8B-A1B.jinja", "LFM2.5-8B-A1B.jinja", "LFM2.5-Instruct.jinja", "MiniMax-M3.jinja",
+    "Kimi-K3.jinja", "inclusionai-ling-3.0-flash.jinja",
 }  # fmt: skip
 HARMONY = "openai-gpt-oss-120b.jinja"
-FLOOR = 381  # of 463: the rest are the specialised formats not ported yet (Ling 3,
-# Kimi K3, Cohere2, Muse, Functionary v3.2)
+FLOOR = 410  # of 463: the rest are the specialised formats not ported yet (Cohere2,
+# Muse, Functionary v3.2, GigaChat 3)
 # and response-format answers in ```json fences
 
 

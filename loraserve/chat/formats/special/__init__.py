@@ -8,7 +8,7 @@ from functools import partial as bind
 from typing import Any
 
 from loraserve.chat.formats.harmony import parse_harmony
-from loraserve.chat.formats.special import dsml, gemma4, lfm2, minimax_m3
+from loraserve.chat.formats.special import dsml, gemma4, kimi_k3, lfm2, ling3, minimax_m3
 from loraserve.chat.formats.special.text import Parsed
 
 Calls = list[tuple[str, str, str]]
@@ -28,6 +28,8 @@ DIALECTS: dict[str, _Parse] = {
     "lfm2": bind(lfm2.parse, think=True),
     "lfm2_plain": bind(lfm2.parse, think=False),
     "minimax_m3": minimax_m3.parse,
+    "ling_3": ling3.parse,
+    "kimi_k3": kimi_k3.parse,
 }
 
 

@@ -119,34 +119,23 @@ class Args:
         self.call[1] = (self.call[1] or "{") + "}"
 
 
-def typed(raw: str, schema: Any) -> str:
-    """A tagged value as JSON text: the JSON value it spells when the schema allows more
-    than a string, else the string as written."""
-    types = _types(schema)
-    if types and types != {"string"}:
-        try:
-            return json.dumps(json.loads(raw), ensure_ascii=False)
-        except ValueError:
-            pass
-    return json.dumps(raw, ensure_ascii=False)
-
-
-def _types(schema: Any) -> set[str]:
+def types_of(schema: Any) -> set[str]:
+    """The JSON types a schema names (its anyOf/oneOf alternatives included)."""
     if not isinstance(schema, dict):
         return set()
     t = schema.get("type")
     out = set(t) if isinstance(t, list) else ({t} if isinstance(t, str) else set())
     for key in ("anyOf", "oneOf"):
         for sub in schema.get(key) or []:
-            out |= _types(sub)
+            out |= types_of(sub)
     return out
 
 
 def may_be_string(schema: Any) -> bool:
     """Whether the schema allows a string (or says nothing of the type)."""
-    types = _types(schema)
+    types = types_of(schema)
     return not types or "string" in types
 
 
 __all__ = ["WS", "Args", "Invalid", "Need", "Parsed", "at", "held", "json_value", "lit",
-           "may_be_string", "name_until", "opt", "skip_ws", "typed", "until"]  # fmt: skip
+           "may_be_string", "name_until", "opt", "skip_ws", "types_of", "until"]  # fmt: skip

@@ -1,0 +1,96 @@
+"""Ling 3.0 answers (llama.cpp common/parsers/ling3.cpp): the generation prompt opens
+`<think>`, so reasoning runs to `</think>` or to a call's `<tool_call>`; content; calls
+`<tool_call>NAME <arg_key>K</arg_key> <arg_value>V</arg_value> ... </tool_call>` (whitespace
+between the tags optional) with content after them; a trailing `<|role_end|>` is dropped.
+A value is raw text where the schema allows only strings, JSON where it allows no string,
+and JSON falling back to the raw text otherwise."""
+
+from __future__ import annotations
+
+import json
+
+from loraserve.chat.formats.special.text import (
+    Args,
+    Invalid,
+    Need,
+    Parsed,
+    at,
+    lit,
+    name_until,
+    skip_ws,
+    types_of,
+    until,
+)
+
+THINK, THINK_END, ROLE_END = "<think>", "</think>", "<|role_end|>"
+CALL, CALL_END = "<tool_call>", "</tool_call>"
+KEY, KEY_END, VALUE, VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
+
+
+def parse(text: str, partial: bool, schemas: dict | None, extract: bool) -> Parsed:
+    """The message in `text` (after the turn's `<role>ASSISTANT</role>`)."""
+    out = Parsed()
+    tools = schemas is not None
+    try:
+        i = skip_ws(text, 0)
+        if at(text, i, THINK):
+            stops = (THINK_END, CALL) if tools else (THINK_END,)
+            body, k, stop = until(text, i + len(THINK), stops, partial)
+            if extract:
+                out.reasoning = body
+            else:
+                out.content = body
+            if k < 0:
+                return out
+            i = k + len(THINK_END) if stop == THINK_END else k
+        stops = (CALL, ROLE_END) if tools else (ROLE_END,)
+        body, k, stop = until(text, i, stops, partial)
+        out.content += body
+        if stop == CALL:
+            i = _calls(text, k, schemas or {}, out)
+            out.content += until(text, skip_ws(text, i), (ROLE_END,), partial)[0]
+    except (Need, Invalid):
+        pass
+    return out
+
+
+def _calls(text: str, i: int, schemas: dict, out: Parsed) -> int:
+    while True:
+        j = skip_ws(text, i)
+        if not at(text, j, CALL):
+            return j
+        j += len(CALL)
+        _, k, _ = until(text, j, ("\n", KEY, CALL_END), False)
+        if k < 0:
+            raise Need
+        name = text[j:k].strip()
+        args = Args(out.call(name))
+        props = (schemas.get(name) or {}).get("properties") or {}
+        i = k
+        while True:
+            j = skip_ws(text, i)
+            if at(text, j, CALL_END):
+                args.close()
+                i = j + len(CALL_END)
+                break
+            key, i = name_until(text, lit(text, j, KEY), KEY_END)
+            i = lit(text, i, VALUE)
+            args.key(key)
+            raw, k, _ = until(text, i, (VALUE_END,), True)
+            kinds = types_of(props.get(key))
+            if kinds == {"string"}:
+                args.string(raw, k >= 0)
+            elif k >= 0:
+                args.value(_value(raw, "string" in kinds or not kinds))
+            if k < 0:
+                raise Need
+            i = k + len(VALUE_END)
+
+
+def _value(raw: str, may_be_string: bool) -> str:
+    try:
+        return json.dumps(json.loads(raw), ensure_ascii=False)
+    except ValueError:
+        if not may_be_string:
+            raise Invalid from None
+        return json.dumps(raw, ensure_ascii=False)
