@@ -35,12 +35,13 @@ EXACT = {
     "google-gemma-4-31B-it.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
     "deepseek-ai-DeepSeek-V4.jinja", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
     "LFM2-8B-A1B.jinja", "LFM2.5-8B-A1B.jinja", "LFM2.5-Instruct.jinja", "MiniMax-M3.jinja",
-    "Kimi-K3.jinja", "inclusionai-ling-3.0-flash.jinja",
+    "Kimi-K3.jinja", "inclusionai-ling-3.0-flash.jinja", "GigaChat3-10B-A1.8B.jinja",
+    "meetkai-functionary-medium-v3.2.jinja", "muse-glimmer.jinja",
 }  # fmt: skip
 HARMONY = "openai-gpt-oss-120b.jinja"
-FLOOR = 410  # of 463: the rest are the specialised formats not ported yet (Cohere2,
-# Muse, Functionary v3.2, GigaChat 3)
-# and response-format answers in ```json fences
+FLOOR = 432  # of 463: the rest are auto-analysed formats' corner cases (Command R7B, GLM 4.7,
+# Apriel 1.6, Spark 2.5, Mistral Small 3.2, ...), response-format answers in ```json fences,
+# a partial Cohere2 call before its arguments, and continued gpt-oss/Ministral/MiniCPM5 turns
 
 
 @functools.cache

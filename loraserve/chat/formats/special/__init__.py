@@ -8,7 +8,17 @@ from functools import partial as bind
 from typing import Any
 
 from loraserve.chat.formats.harmony import parse_harmony
-from loraserve.chat.formats.special import dsml, gemma4, kimi_k3, lfm2, ling3, minimax_m3
+from loraserve.chat.formats.special import (
+    cohere2,
+    dsml,
+    functionary,
+    gemma4,
+    kimi_k3,
+    lfm2,
+    ling3,
+    minimax_m3,
+    muse,
+)
 from loraserve.chat.formats.special.text import Parsed
 
 Calls = list[tuple[str, str, str]]
@@ -30,6 +40,9 @@ DIALECTS: dict[str, _Parse] = {
     "minimax_m3": minimax_m3.parse,
     "ling_3": ling3.parse,
     "kimi_k3": kimi_k3.parse,
+    "cohere2_moe": cohere2.parse,
+    "functionary_v3_2": functionary.parse,
+    "muse_glimmer": muse.parse,
 }
 
 
