@@ -13,6 +13,14 @@ For each architecture (and its dense / MoE variants), as llama.cpp's own test do
    the comparison) and require llama-server's top-1 wherever its top-1/top-2 gap is >= 0.5.
 
     python scripts/record_arch_cases.py [ARCH ...] [--seed 1] [--stdev 0.5]
+    python scripts/record_arch_cases.py ARCH --tag NAME --set KEY=TYPE:VALUE ... [--ctx N]
+
+With ``--tag``, the template's metadata is changed as ``--set`` says (``KEY`` without the
+``<arch>.`` prefix, ``TYPE`` a GGUF type name such as UINT32, FLOAT32, STRING or
+ARRAY:INT32 with a JSON value) and the answers go to ``tests/data/archs/<arch>+<tag>.json``:
+a variant llama.cpp's generator does not write (a partial rope, YaRN, long rope factors).
+``--ctx`` sets llama-server's context (recorded as ``n_ctx``: llama.cpp picks phi3's long rope
+factors from it); ``--prompt-lens`` the prompts' lengths (long ones reach llama4's chunks).
 
 Needs the peer's build (llama-server, llama-quantize, test-llama-archs) in
 ~/.cache/loraserve/peer/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin. Model files are
@@ -95,15 +103,17 @@ def used_tensors(path: Path) -> set[str]:
     return seen
 
 
-def prompts(seed: int, n_vocab: int) -> list[list[int]]:
+def prompts(seed: int, n_vocab: int, lens: tuple[int, ...] = PROMPT_LENS) -> list[list[int]]:
     rng = np.random.default_rng([seed, 7])
-    return [rng.integers(0, n_vocab, n).tolist() for n in PROMPT_LENS]
+    return [rng.integers(0, n_vocab, n).tolist() for n in lens]
 
 
-def serve_and_ask(model: Path, cases: list[list[int]], port: int) -> list[dict[str, Any]]:
+def serve_and_ask(
+    model: Path, cases: list[list[int]], port: int, ctx: int = 256
+) -> list[dict[str, Any]]:
     """llama-server's greedy tokens and top-2 log-probabilities for each prompt."""
     cmd = [str(PEER / "llama-server"), "-m", str(model), "--port", str(port), "-t", "2",
-           "-np", "1", "-c", "256", "--no-warmup"]  # fmt: skip
+           "-np", "1", "-c", str(ctx), "--no-warmup"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -159,9 +169,22 @@ def vocab_cases(model: Path, port: int) -> dict[str, Any]:
         proc.wait(timeout=30)
 
 
-def record_variant(arch: str, tmpl: Path, work: Path, seed: int, stdev: float,
-                   port: int) -> dict[str, Any]:  # fmt: skip
+def override(spec: dict[str, Any], arch: str, sets: list[str]) -> None:
+    """Change the spec's metadata as ``--set KEY=TYPE:VALUE`` entries say (added if absent)."""
+    meta = spec["metadata"]
+    for item in sets:
+        key, _, tv = item.partition("=")
+        vtype, _, raw = tv.partition(":")
+        value = raw if vtype == "STRING" else json.loads(raw)
+        full = f"{arch}.{key}"
+        meta[:] = [m for m in meta if m[0] != full] + [[full, vtype, value]]
+
+
+def record_variant(arch: str, tmpl: Path, work: Path, seed: int, stdev: float, port: int,
+                   sets: list[str] = (), ctx: int = 256,
+                   lens: tuple[int, ...] = PROMPT_LENS) -> dict[str, Any]:  # fmt: skip
     spec = template_spec(tmpl)
+    override(spec, arch, list(sets))
     spec["generator"] = {"seed": seed, "stdev": stdev, "template": tmpl.name}
     full = write_model(spec, work / "full.gguf")
     keep = used_tensors(full)
@@ -181,10 +204,10 @@ def record_variant(arch: str, tmpl: Path, work: Path, seed: int, stdev: float,
         print(f"  {qtype}: types {sorted(set(types.values()))}, our quantizer exact: {same}")
         files[qtype] = {"tensors_sha256": digest, "types": types, "ours_exact": same}
         paths[qtype] = q
-    cases = prompts(seed, 128)
+    cases = prompts(seed, 128, lens)
     answers = {}
     for t, p in paths.items():
-        answers[t] = serve_and_ask(p, cases, port)
+        answers[t] = serve_and_ask(p, cases, port, ctx)
         gaps = [a[0][1] - a[1][1] for c in answers[t] for a in c["top2"]]
         print(f"  {t}: {sum(g >= 0.5 for g in gaps)}/{len(gaps)} positions decided")
     return {**spec, "files": files, "answers": answers}
@@ -197,7 +220,16 @@ def main() -> None:
     ap.add_argument("--stdev", type=float, default=0.5)
     ap.add_argument("--port", type=int, default=18491)
     ap.add_argument("--vocab", action="store_true", help="also record the test vocabulary")
+    ap.add_argument("--tag", default="", help="a variant's name: tests/data/archs/ARCH+TAG.json")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=TYPE:VALUE",
+                    help="change a metadata key of the template (with --tag)")  # fmt: skip
+    ap.add_argument("--ctx", type=int, default=256, help="llama-server's context size")
+    ap.add_argument("--prompt-lens", default=",".join(map(str, PROMPT_LENS)))
+    ap.add_argument("--variants", default="dense,moe", help="which templates to record")
     args = ap.parse_args()
+    if args.set and not args.tag:
+        ap.error("--set needs --tag (the variant's name)")
+    lens = tuple(int(n) for n in args.prompt_lens.split(","))
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -210,20 +242,24 @@ def main() -> None:
             variants = {}
             for v in ("dense", "moe"):
                 tmpl = tdir / f"{arch}-{v}.gguf"
-                if tmpl.exists():
+                if tmpl.exists() and v in args.variants.split(","):
                     print(f"{arch} ({v})")
                     try:
                         variants[v] = record_variant(arch, tmpl, work, args.seed, args.stdev,
-                                                     args.port)  # fmt: skip
+                                                     args.port, args.set, args.ctx,
+                                                     lens)  # fmt: skip
                     except Exception as e:  # one architecture's failure does not stop the rest
                         print(f"  {arch} ({v}) not recorded: {type(e).__name__}: {e}")
                     tmpl.unlink()
             if not variants:
                 continue
             rec = {"arch": arch, "peer": "llama.cpp from the llama-cpp-python 0.3.36 sdist",
-                   "n_predict": N_PREDICT, "variants": variants}  # fmt: skip
-            (OUT / f"{arch}.json").write_text(json.dumps(rec, separators=(",", ":")) + "\n")
-            print(f"wrote {OUT / f'{arch}.json'}")
+                   "n_predict": N_PREDICT, "n_ctx": args.ctx, "variants": variants}  # fmt: skip
+            name = f"{arch}+{args.tag}" if args.tag else arch
+            if args.tag:
+                rec["tag"], rec["overrides"] = args.tag, args.set
+            (OUT / f"{name}.json").write_text(json.dumps(rec, separators=(",", ":")) + "\n")
+            print(f"wrote {OUT / f'{name}.json'}")
         if args.vocab:
             first = next(work.glob("*-F32.gguf"))
             (OUT / "test_vocab.json").write_text(

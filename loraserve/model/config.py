@@ -13,6 +13,7 @@ from typing import Any
 
 from loraserve.model import archs
 from loraserve.model.archs import UnsupportedModelError
+from loraserve.model.attn.rope_scaling import RopeScaling, read_scaling
 
 __all__ = ["SUPPORTED_ARCHS", "ModelConfig", "UnsupportedModelError"]
 
@@ -82,9 +83,25 @@ class ModelConfig:
     # multi-head latent attention (deepseek2; 0: none): the cache row is the compressed KV
     # (kv_lora_rank) and the rope key (rope_dim), head_dim = their sum with one KV head
     kv_lora_rank: int = 0
-    rope_dim: int = 0  # rotated dims when not head_dim (latent attention's rope part)
+    # rotated dims when not head_dim: latent attention's rope part, or a partial rope (the
+    # first rope_dim dims of each q/k head rotated, in the architecture's layout, the rest not)
+    rope_dim: int = 0
     qk_nope_dim: int = 0  # a latent-attention head's query dims without rope
     v_head_dim: int = 0  # a latent-attention head's value dims
+    # llama4: sliding_layers attend in chunks of attn_chunk positions (a query sees the keys of
+    # its own chunk only); no-rope layers scale q by 1 + s log(floor((pos + o) / f) + 1) with
+    # attn_temp = (f, s, o); q and k RMS-normed without weight after rope on rope layers
+    attn_chunk: int = 0
+    attn_temp: tuple[float, ...] = ()
+    qk_l2_norm: bool = False
+    # llama4: a routed expert's weight multiplies its input (not its output), and the top-k
+    # is chosen by the router's raw logits
+    expert_weight_input: bool = False
+    # rope frequency scaling (linear, YaRN, LongRoPE: `attn.rope_scaling`) of the global
+    # layers; sliding layers keep the frequencies unscaled unless local_rope_scaled (llama.cpp's
+    # rope_freq_scale_train_swa)
+    rope_scaling: RopeScaling = RopeScaling()
+    local_rope_scaled: bool = False
 
     def __post_init__(self) -> None:
         arch = archs.get(self.arch)  # refuses an unknown architecture
@@ -115,9 +132,15 @@ class ModelConfig:
         return dict(self.tensor_names).get(role, role)
 
     @property
+    def partial_rope(self) -> bool:
+        """Whether q/k heads rotate only their first ``rope_dim`` dims (not latent attention)."""
+        return not self.kv_lora_rank and 0 < self.rope_dim < self.head_dim
+
+    @property
     def permuted_qk(self) -> bool:
-        """Whether a GGUF file stores q/k rows in llama.cpp's converter order (rope "norm")."""
-        return self.rope_type == "norm"
+        """Whether a GGUF file stores q/k rows in llama.cpp's converter order (rope "norm")
+        that loading un-permutes; a partial rope rotates the stored adjacent pairs as they are."""
+        return self.rope_type == "norm" and not self.partial_rope
 
     @staticmethod
     def from_gguf(meta: dict[str, Any], tensor_names: set[str] | None = None) -> ModelConfig:
@@ -160,10 +183,12 @@ class ModelConfig:
         )
         n_rot = keys.get("rope.dimension_count")
         if n_rot is not None and int(n_rot) != fields["head_dim"] and not arch.partial_rope:
-            raise UnsupportedModelError(
-                f"{arch.name}: rope on {n_rot} of {fields['head_dim']} head dimensions "
-                "(partial rope) is not supported"
-            )
+            if not 0 < int(n_rot) < fields["head_dim"] or int(n_rot) % 2:
+                raise UnsupportedModelError(
+                    f"{arch.name}: rope on {n_rot} of {fields['head_dim']} head dimensions"
+                )
+            fields["rope_dim"] = int(n_rot)  # partial rope: the first n_rot dims of each head
+        fields["rope_scaling"] = read_scaling(keys, fields["context_length"])
         fields.update(_flags(arch, hidden))
         if arch.gguf is not None:
             fields.update(arch.gguf(keys, n_layers))

@@ -16,6 +16,8 @@ from loraserve.kernels.layers import FusedLayers, LayerSpec, ProjSpec
 from loraserve.kernels.rowops import layer_norm, softcap_
 from loraserve.model.attn import paged_attention
 from loraserve.model.attn.mla import LatentAttention
+from loraserve.model.attn.rope_scaling import RopeScaling, ScaledRope
+from loraserve.model.attn.variants import partial_rope, temperature
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
 from loraserve.model.ffn import MoE
@@ -76,6 +78,8 @@ class Block(nn.Module):
         self.ffn_norm_b = _f32(w.float(p + cfg.ffn_norm_name + ".bias"))
         self.post_ffn_norm = _req(w, p + "post_ffw_norm.weight") if cfg.post_norms else None
         self.sliding = cfg.sliding_window > 0 and cfg.sliding_layers[i]
+        self.chunk = cfg.attn_chunk if cfg.sliding_layers[i] else 0  # llama4's chunked layers
+        self.local_rope = self.sliding or self.chunk > 0  # the local rope base (if any)
         if cfg.moe_layers[i]:
             self.moe: MoE | None = MoE(cfg, p, w)
         else:
@@ -102,14 +106,22 @@ class Block(nn.Module):
             kn = rms_norm(qkv[:, nq * d : (nq + nkv) * d].contiguous(), self.qk_full[1], eps)
             qk = torch.cat((qn, kn), 1).view(t, nq + nkv, d)
         after = cfg.qk_norm_mode == "head_after_rope"
-        if self.rope:  # qk norm (if any, unless after) and rope
+        if self.rope and cfg.partial_rope:  # the first rope_dim dims of each head rotated
+            if self.qk_norm is not None and not after:
+                qk = rms_norm(qk, self.qk_norm, eps)
+            qk = partial_rope(qk, *rope, cfg.rope_dim, cfg.rope_type == "norm")
+        elif self.rope:  # qk norm (if any, unless after) and rope
             qk = apply_rope(qk, *rope, norm=None if after else self.qk_norm, eps=eps)
         if self.qk_norm is not None and (after or not self.rope):
             qk = rms_norm(qk, self.qk_norm, eps)
+        if self.rope and cfg.qk_l2_norm:  # llama4: q and k RMS-normed without weight
+            qk = rms_norm(qk, torch.ones(d), eps)
         q, k = qk[:, :nq], qk[:, nq:]
+        if not self.rope and cfg.attn_temp:  # llama4: q times the position's temperature
+            q = q * temperature(ctx.attn.row_nkeys.long() - 1, cfg.attn_temp)
         k_cache, v_cache = ctx.kv_caches[self.i]
         a = paged_attention(q, k, v, k_cache, v_cache, ctx, cfg.attn_scale, self.sliding,
-                            cfg.attn_softcap, self.sinks)  # fmt: skip
+                            cfg.attn_softcap, self.sinks, self.chunk)  # fmt: skip
         return self._residual(x, h, self.o(a.reshape(t, cfg.n_heads * cfg.head_dim)))
 
     def _residual(self, x: torch.Tensor, h: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
@@ -183,15 +195,36 @@ class Decoder(nn.Module):
         # steps run every layer in one C call (`kernels.layers`), LoRA included, same bits
         self.use_fused = True
         self._fused_built: list[FusedLayers | None] = []
+        # frequency factors: rope_freqs (llama 3, llama4), else phi3's short ones, or its long
+        # ones for a context past the trained one (`set_context_size`)
+        self._factors = w.float("rope_freqs.weight")
+        self._factors_long = None
+        if self._factors is None:
+            self._factors = w.float("rope_factors_short.weight")
+            self._factors_long = w.float("rope_factors_long.weight")
+        self._build_rope(self._factors)
+
+    def _build_rope(self, factors: torch.Tensor | None) -> None:
+        cfg = self.cfg
         n = min(cfg.context_length, 8192)
-        factors = w.float("rope_factors_short.weight")  # phi3 (long ones: past the trained ctx)
         rd = cfg.rope_dim or cfg.head_dim  # latent attention rotates its rope part only
-        self.rope_global = Rope(rd, cfg.rope_theta, n, factors)
+        rs = cfg.rope_scaling
+        local = rs if cfg.local_rope_scaled else rs.unscaled()
+        self.rope_global = _rope(rd, cfg.rope_theta, n, factors, rs)
         self.rope_local = (
-            Rope(rd, cfg.rope_theta_local, n, factors)
-            if cfg.rope_theta_local != cfg.rope_theta
+            _rope(rd, cfg.rope_theta_local, n, factors, local)
+            if cfg.rope_theta_local != cfg.rope_theta or local != rs
             else self.rope_global
         )
+
+    def set_context_size(self, n_ctx_seq: int) -> None:
+        """Tell the decoder each sequence's context size: past the trained one
+        (``rope.scaling.original_context_length``), phi3's long rope factors replace the short
+        ones, as llama.cpp's ``get_rope_factors`` chooses them for the whole context."""
+        if self._factors_long is None:
+            return
+        long = n_ctx_seq > (self.cfg.rope_scaling.ctx_orig or self.cfg.context_length)
+        self._build_rope(self._factors_long if long else self._factors)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -229,7 +262,7 @@ class Decoder(nn.Module):
                         none = (torch.ones_like(c), torch.zeros_like(c))
                     x = blk(x, none)
                 else:
-                    x = blk(x, rope_local if blk.sliding else rope_global)
+                    x = blk(x, rope_local if blk.local_rope else rope_global)
         cfg = self.cfg
         if ctx.hidden_rows is not None:  # embeddings hook: see StepContext.hidden_rows
             ctx.hidden = norm(cfg, x.index_select(0, ctx.hidden_rows), self.norm, self.norm_b)
@@ -253,7 +286,8 @@ def _build_fused(d: Decoder) -> FusedLayers | None:
     cfg = d.cfg
     if (cfg.residual_scale != 1.0 or cfg.qk_norm_mode != "head" or not cfg.pre_norms
             or cfg.attn_softcap or cfg.attn_sinks or cfg.kv_lora_rank or cfg.norm != "rms"
-            or cfg.parallel or not all(cfg.rope_layers)
+            or cfg.parallel or not all(cfg.rope_layers) or cfg.partial_rope
+            or cfg.attn_chunk or cfg.qk_l2_norm
             or cfg.act not in ("silu", "gelu_tanh")):  # fmt: skip
         return None  # layer kinds the fused C layers do not have: the per-layer path
 
@@ -279,6 +313,14 @@ def _build_fused(d: Decoder) -> FusedLayers | None:
     fused = FusedLayers(layers, cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                         ffn, cfg.rms_eps, cfg.attn_scale, cfg.act)  # fmt: skip
     return fused if fused.available and kernels.backend() == "c" else None
+
+
+def _rope(dim: int, theta: float, n: int, factors: torch.Tensor | None,
+          scaling: RopeScaling) -> Rope:  # fmt: skip
+    """The rope tables of one base: plain, or scaled as the file says."""
+    if scaling.identity:
+        return Rope(dim, theta, n, factors)
+    return ScaledRope(dim, theta, n, factors, scaling)
 
 
 def _f32(t: torch.Tensor | None) -> torch.Tensor | None:

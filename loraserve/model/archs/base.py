@@ -93,8 +93,8 @@ class Arch:
     # routed experts: "none", "optional" (when <arch>.expert_count > 0) or "required"
     experts: Literal["none", "optional", "required"] = "none"
     tied_default: bool = False  # output tied to token_embd when nothing says otherwise
-    # the architecture reads rope.dimension_count itself (else one different from the head
-    # size, a partial rope, is refused)
+    # the architecture reads rope.dimension_count itself (else one smaller than the head size
+    # is a partial rope: `ModelConfig.rope_dim`)
     partial_rope: bool = False
     gguf: Hook | None = None
     hf: HFHook | None = None

@@ -7,22 +7,35 @@ experts.
 
 The file's ``attention.key_length`` / ``value_length`` are the cache row and the latent (576 /
 512); ``key_length_mla`` / ``value_length_mla`` a head's query and value dims (192 / 128).
-YaRN rope scaling (DeepSeek-V2's long context) is not implemented: such files are refused.
+YaRN rope scaling (DeepSeek-V2's long context, `attn.rope_scaling`): the file's
+``rope.scaling.yarn_log_multiplier`` is 0.1 mscale_all_dim; as llama.cpp does, the rope's own
+magnitude cancels to 1 and the softmax scale becomes ``mscale^2 / sqrt(192)``, mscale =
+``1 + 0.1 mscale_all_dim ln(factor)``.
 """
 
 import math
 from typing import Any
 
+import numpy as np
+
 from loraserve.model.archs.base import Arch, Keys, UnsupportedModelError
+from loraserve.model.attn.rope_scaling import read_scaling
 
 _GATING = {0: "softmax", 1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
 
 
+def _attn(keys: Keys, qk: int) -> dict[str, Any]:
+    """The rope scaling and softmax scale (deepseek2.cpp's kq_scale), in float32 as there."""
+    f32 = np.float32
+    log_mul = float(f32(keys.get("rope.scaling.yarn_log_multiplier", 0.0)) / f32(0.1))
+    rs = read_scaling(keys, int(keys.get("context_length", 2048)), log_mul, True)
+    ln = f32(math.log(1.0 / rs.freq_scale))
+    org = f32(rs.attn_factor) * (f32(1.0) + f32(0.1) * ln)
+    mscale = org * (f32(1.0) + f32(0.1) * f32(log_mul) * ln)
+    return {"rope_scaling": rs, "attn_scale": float(mscale * mscale / f32(math.sqrt(qk)))}
+
+
 def _gguf(keys: Keys, n_layers: int) -> dict[str, Any]:
-    if str(keys.get("rope.scaling.type", "none")) == "yarn" and (
-        float(keys.get("rope.scaling.factor", 0.0) or 0.0) > 1.0
-    ):
-        raise UnsupportedModelError("deepseek2: YaRN rope scaling is not supported yet")
     rank = int(keys.req("attention.kv_lora_rank"))
     rope = int(keys.req("rope.dimension_count"))
     qk = int(keys.req("attention.key_length_mla"))
@@ -37,7 +50,7 @@ def _gguf(keys: Keys, n_layers: int) -> dict[str, Any]:
         v_head_dim=int(keys.req("attention.value_length_mla")),
         head_dim=rank + rope,
         n_kv_heads=1,
-        attn_scale=1.0 / math.sqrt(qk),
+        **_attn(keys, qk),
         moe_layers=tuple(i >= lead for i in range(n_layers)),
         expert_gating=_GATING[gating],
         expert_norm=bool(keys.get("expert_weights_norm", False)),

@@ -18,6 +18,7 @@ def _gguf(keys: Keys, n_layers: int) -> dict[str, Any]:
             sliding_layers=sliding,
             rope_layers=sliding,
             rope_theta_local=float(keys.get("rope.freq_base_swa", base)),
+            local_rope_scaled=True,
         )
     return out
 

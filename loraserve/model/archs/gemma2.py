@@ -16,6 +16,7 @@ def _gguf(keys: Keys, n_layers: int) -> dict[str, Any]:
     head_dim = int(keys.get("attention.key_length", 0)) or hidden // heads
     base = float(keys.get("rope.freq_base", 10000.0))
     return dict(
+        local_rope_scaled=True,  # llama.cpp: rope_freq_scale_train_swa = the global one
         rope_theta_local=float(keys.get("rope.freq_base_swa", base)),
         sliding_window=int(keys.get("attention.sliding_window", 4096)),
         sliding_layers=swa_layers(keys, n_layers, 2),

@@ -13,6 +13,7 @@ from loraserve.model.archs.base import Arch, Keys, swa_layers
 def _gguf(keys: Keys, n_layers: int) -> dict[str, Any]:
     base = float(keys.get("rope.freq_base", 10000.0))
     return dict(
+        local_rope_scaled=True,  # llama.cpp: rope_freq_scale_train_swa = the global one
         rope_theta_local=float(keys.get("rope.freq_base_swa", base)),
         sliding_window=int(keys.req("attention.sliding_window")),
         sliding_layers=swa_layers(keys, n_layers, 2),

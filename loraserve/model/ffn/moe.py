@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from loraserve.model.config import ModelConfig
-from loraserve.model.context import get_context
+from loraserve.model.context import LoraDelta, get_context
 from loraserve.model.layers import gated_act
 from loraserve.model.projection import Matrix, Projection, matmul
 from loraserve.model.weights import WeightSource
@@ -47,7 +47,8 @@ class MoE(nn.Module):
         if router is None:
             raise ValueError(f"model file lacks tensor {prefix + 'ffn_gate_inp.weight'!r}")
         self.router = router  # [E, hidden]
-        if w.has(prefix + "ffn_gate_up_exps.weight"):  # gate|up stored fused: split at load
+        self.fused = w.has(prefix + "ffn_gate_up_exps.weight")
+        if self.fused:  # gate|up stored fused: split at load
             fused = experts("ffn_gate_up_exps.weight")  # E x [2 ffn, hidden], gate first
             n = fused[0].shape[0] // 2
             self.gate = [m.rows(torch.arange(n)).pack() for m in fused]
@@ -78,6 +79,20 @@ class MoE(nn.Module):
                                                         gate.reshape(1, -1))
         )  # fmt: skip
 
+    def _lora_gate_up(
+        self, lora: LoraDelta, e: int, x: torch.Tensor, g: torch.Tensor, u: torch.Tensor,
+        tok: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Expert e's gate and up outputs g, u [n, ffn] with their adapters' deltas: on the
+        stored ``ffn_gate_up_exps`` (gate rows first) where the file fuses them, else on
+        ``ffn_gate_exps`` and ``ffn_up_exps``."""
+        if self.fused:
+            gu = lora.apply_expert(self.prefix + "ffn_gate_up_exps.weight", e, x,
+                                   torch.cat((g, u), 1), tok)  # fmt: skip
+            return gu[:, : g.shape[1]], gu[:, g.shape[1] :]
+        g = lora.apply_expert(self.prefix + "ffn_gate_exps.weight", e, x, g, tok)
+        return g, lora.apply_expert(self.prefix + "ffn_up_exps.weight", e, x, u, tok)
+
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """h: [T, hidden] -> [T, hidden]."""
         cfg = self.cfg
@@ -91,6 +106,8 @@ class MoE(nn.Module):
         else:
             probs = logits.softmax(-1)
         select = probs if self.select_bias is None else probs + self.select_bias
+        if cfg.expert_weight_input:  # llama4: chosen by the raw logits
+            select = logits
         _, experts = torch.topk(select, cfg.n_experts_used, dim=-1)  # [T, k]
         weights = probs.gather(1, experts)  # [T, k]
         if cfg.expert_gating == "softmax_weight":
@@ -101,14 +118,16 @@ class MoE(nn.Module):
             weights = weights * torch.tensor(cfg.expert_scale, dtype=torch.float32)
         out = torch.zeros_like(h)
         lora = get_context().lora
+        before = cfg.expert_weight_input  # llama4: the weight scales the expert's input
         for e in torch.unique(experts).tolist():
             tok, slot = torch.nonzero(experts == e, as_tuple=True)  # tokens routed to e
             x = h.index_select(0, tok)  # [n, hidden]
+            if before:
+                x = x * weights[tok, slot].unsqueeze(1)
             g = matmul(x, self.gate[e])
             u = matmul(x, self.up[e])
             if lora is not None:
-                g = lora.apply_expert(self.prefix + "ffn_gate_exps.weight", e, x, g, tok)
-                u = lora.apply_expert(self.prefix + "ffn_up_exps.weight", e, x, u, tok)
+                g, u = self._lora_gate_up(lora, e, x, g, u, tok)
             if self.gate_bias is not None:
                 g = g + self.gate_bias[e]
             if self.up_bias is not None:
@@ -119,7 +138,7 @@ class MoE(nn.Module):
                 d = lora.apply_expert(self.prefix + "ffn_down_exps.weight", e, a, d, tok)
             if self.down_bias is not None:
                 d = d + self.down_bias[e]
-            out.index_add_(0, tok, d * weights[tok, slot].unsqueeze(1))
+            out.index_add_(0, tok, d if before else d * weights[tok, slot].unsqueeze(1))
         if self.shared_gate_up is not None and self.shared_down is not None:
             gate, up = self.shared_gate_up(h).chunk(2, dim=-1)
             s = self.shared_down(gated_act(gate, up, "silu"))  # [T, hidden]

@@ -2,7 +2,9 @@
 
 tests/data/archs/<arch>.json (scripts/record_arch_cases.py) holds each model's spec (metadata and
 tensor table from `test-llama-archs`, seed, stdev), the sha256 of the files llama.cpp ran and
-llama-server's greedy tokens with top-2 log-probabilities. Here:
+llama-server's greedy tokens with top-2 log-probabilities; <arch>+<tag>.json the same for a
+variant of the template's metadata that llama.cpp's generator does not write (a partial rope,
+YaRN, long rope factors: its ``overrides``), answered at llama-server's context ``n_ctx``. Here:
 
 - the F32 file is rebuilt by loraserve's GGUF writer (same sha256), and Q8_0 / Q4_K_M by
   loraserve's quantizer with llama-quantize's tensor types (same bytes, sha256 of the tensors);
@@ -51,6 +53,13 @@ _FILES: dict[tuple[str, str, str], Path] = {}
 
 def _id(p: tuple[str, ...]) -> str:
     return "-".join(p)
+
+
+def load(path: Path, key: str) -> Any:
+    """The model at ``path``, told the context llama-server ran it with (phi3's long factors)."""
+    model = load_model(path)
+    model.decoder.set_context_size(int(RECORDS[key].get("n_ctx", 256)))
+    return model
 
 
 def model_file(tmp: Path, arch: str, variant: str, qtype: str) -> Path:
@@ -106,7 +115,7 @@ def answers(eng: Engine, prefixes: list[list[int]], **kw: Any) -> list[tuple[int
 @pytest.mark.parametrize("qtype", TYPES)
 def test_greedy_equals_llama_server(tmp: Path, arch: str, variant: str, qtype: str) -> None:
     rec = RECORDS[arch]["variants"][variant]
-    model = load_model(model_file(tmp, arch, variant, qtype))
+    model = load(model_file(tmp, arch, variant, qtype), arch)
     cases = rec["answers"][qtype]
     ours = forced_logits(ModelRunner(model.decoder, 16, torch.float32), cases).argmax(-1)
     ref = [
@@ -136,7 +145,9 @@ def test_greedy_equals_llama_server(tmp: Path, arch: str, variant: str, qtype: s
 
 
 def _random_adapter(rec: dict[str, Any], seed: int) -> dict[str, Any]:
-    """Random LoRA pairs (HF layout: A [r, in], B [out, r]) on every 2-D projection."""
+    """Random LoRA pairs (HF layout: A [r, in], B [out, r]) on every 2-D projection, and on
+    every stacked expert tensor (routed experts: A [E, r, in], B [E, out, r], as llama.cpp's
+    ``build_lora_mm_id`` applies them)."""
     g = torch.Generator().manual_seed(seed)
     pairs = {}
     for name, shape, _ in rec["tensors"]:
@@ -150,6 +161,10 @@ def _random_adapter(rec: dict[str, Any], seed: int) -> dict[str, Any]:
             a = torch.randn(4, shape[1], generator=g) * 0.05
             b = torch.randn(shape[0], 4, generator=g) * 0.05
             pairs[name] = (a, b)
+        elif len(shape) == 3 and stem in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+            a = torch.randn(shape[0], 4, shape[2], generator=g) * 0.05
+            b = torch.randn(shape[0], shape[1], 4, generator=g) * 0.05
+            pairs[name] = (a, b)
     return pairs
 
 
@@ -157,24 +172,26 @@ def _random_adapter(rec: dict[str, Any], seed: int) -> dict[str, Any]:
 def test_adapter_mix_equals_merged_weights(tmp: Path, arch: str, variant: str) -> None:
     rec = RECORDS[arch]["variants"][variant]
     path = model_file(tmp, arch, variant, "F32")
-    model = load_model(path)
+    model = load(path, arch)
+    name_arch = RECORDS[arch]["arch"]  # arch is the record's key: <arch> or <arch>+<tag>
     cfg = model.config
     heads = (cfg.n_heads, cfg.n_kv_heads)
     p1, p2 = _random_adapter(rec, 1), _random_adapter(rec, 2)
-    write_gguf_lora(tmp / f"{arch}-{variant}-a1.gguf", arch, p1, qk_heads=heads)
-    write_gguf_lora(tmp / f"{arch}-{variant}-a2.gguf", arch, p2, qk_heads=heads)
+    write_gguf_lora(tmp / f"{arch}-{variant}-a1.gguf", name_arch, p1, qk_heads=heads)
+    write_gguf_lora(tmp / f"{arch}-{variant}-a2.gguf", name_arch, p2, qk_heads=heads)
     mix = {0: 0.8, 1: -0.5}
     values = tensor_values(rec)
     for scale, pairs in ((0.8, p1), (-0.5, p2)):
         for name, (a, b) in pairs.items():
             # the file's B, as llama.cpp applies it to the file's W (write_gguf_lora permutes
             # q/k rows for a llama base, as llama.cpp's converter does; others as given)
-            if arch == "llama" and name.endswith((".attn_q.weight", ".attn_k.weight")):
+            if name_arch == "llama" and name.endswith((".attn_q.weight", ".attn_k.weight")):
                 b = permute_qk(b, heads[0] if ".attn_q." in name else heads[1])
-            values[name] = values[name] + scale * (b.double() @ a.double()).float().numpy()
+            delta = b.double() @ a.double()  # [out, in], or [E, out, in] per expert
+            values[name] = values[name] + scale * delta.float().numpy()
     merged_path = write_gguf(tmp / f"{arch}-{variant}-merged.gguf", typed_metadata(rec["metadata"]),
                              values)  # fmt: skip
-    merged = load_model(merged_path)
+    merged = load(merged_path, arch)
     eng = Engine(model, EngineConfig(n_slots=4, n_ctx=4 * 128, block_size=16))
     eng.load_adapter(tmp / f"{arch}-{variant}-a1.gguf", 0.0).result()
     eng.load_adapter(tmp / f"{arch}-{variant}-a2.gguf", 0.0).result()
