@@ -18,7 +18,9 @@ from loraserve.chat.formats.parse import ChatParser, arguments_object
 from loraserve.chat.formats.stream import MessageStream
 from tests.unit.chat.format_util import TEMPLATES, assistant_text, grammar_accepts, render_for
 
-# P0 and P1 templates whose calls the formats describe
+# P0 and P1 templates whose calls the formats describe, and the specialised formats whose
+# templates write a call in the assistant turn (LFM2's put calls in the content; gpt-oss's
+# turn ends in <|call|>, a stop token the model's output never holds)
 FORMATS = [
     "Qwen-Qwen3-0.6B.jinja", "Qwen-QwQ-32B.jinja", "Qwen-Qwen2.5-7B-Instruct.jinja",
     "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja",
@@ -26,7 +28,11 @@ FORMATS = [
     "Qwen3-Coder.jinja", "Qwen3.5-4B.jinja", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
     "mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
     "GLM-4.6.jinja", "GLM-4.7-Flash.jinja", "MiniMax-M2.jinja", "deepseek-ai-DeepSeek-V3.1.jinja",
-    "moonshotai-Kimi-K2.jinja",
+    "moonshotai-Kimi-K2.jinja", "google-gemma-4-31B-it.jinja",
+    "google-gemma-4-31B-it-interleaved.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
+    "deepseek-ai-DeepSeek-V4.jinja", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
+    "MiniMax-M3.jinja", "Kimi-K3.jinja", "inclusionai-ling-3.0-flash.jinja", "Cohere2MoE.jinja",
+    "GigaChat3-10B-A1.8B.jinja", "muse-glimmer.jinja",
 ]  # fmt: skip
 
 NAMES = st.from_regex(r"[a-z][a-z_]{0,10}", fullmatch=True)
