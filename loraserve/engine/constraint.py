@@ -25,6 +25,7 @@ import llguidance
 import numpy as np
 import torch
 
+from loraserve.engine.budget import ReasoningBudget, split
 from loraserve.model.tokenizer import Tokenizer
 
 GrammarKind = Literal["gbnf", "json_schema", "lark"]
@@ -62,6 +63,7 @@ class _Vocab:
         self.bos_token_id = tok.bos_id
         self.tokens = _token_bytes(tok)
         self.special_token_ids = [i for i, b in enumerate(self.tokens) if b[:1] == b"\xff"]
+        self.single = {b[0]: i for i, b in enumerate(self.tokens) if len(b) == 1}  # byte tokens
 
     def __call__(self, text: bytes | str) -> list[int]:
         """The text's tokens as they continue a sequence: without SentencePiece's dummy
@@ -69,8 +71,16 @@ class _Vocab:
         s = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
         fragment = getattr(self.tok, "_encode_fragment", None)  # tokenizer internals
         if fragment is not None:
-            return list(fragment(s, False))
-        return self.tok.encode(s, add_special=False, parse_special=False)
+            ids = list(fragment(s, False))
+        else:
+            ids = self.tok.encode(s, add_special=False, parse_special=False)
+        data = s.encode()
+        if b"".join(self.tokens[i] for i in ids) == data:
+            return ids
+        # SentencePiece reads a written U+2581 as its space: byte tokens keep the bytes
+        if all(b in self.single for b in data):
+            return [self.single[b] for b in data]
+        return ids
 
 
 class Grammars:
@@ -119,22 +129,40 @@ class Grammars:
 
 
 class Constraint:
-    """One request's grammar state (engine thread)."""
+    """One request's grammar state (engine thread), with its reasoning budget when the
+    grammar text carries one (`engine.budget`): a forced token then overrides the
+    grammar's mask, and a budget alone constrains nothing else."""
 
     def __init__(self, grammars: Grammars, grammar: str) -> None:
         lltok = grammars.lltok
-        self.matcher = llguidance.LLMatcher(lltok, grammar, log_level=0)
+        spec, grammar = split(grammar)
+        self.budget = ReasoningBudget(spec, grammars.tok.token_bytes) if spec else None
+        self.matcher = llguidance.LLMatcher(lltok, grammar, log_level=0) if grammar else None
         self.vocab = lltok.vocab_size
         self._bits = torch.full(((self.vocab + 31) // 32,), -1, dtype=torch.int32)
 
     def mask(self, row: torch.Tensor) -> None:
         """Set to -inf the logits [V] of the tokens the grammar does not allow next."""
-        self.apply(row, self.compute())
+        forced = self.budget.forced if self.budget is not None else None
+        if forced is not None:
+            values = row.numpy() if row.dtype == torch.float32 and row.is_contiguous() else None
+            if values is not None:  # the row's memory (an inference tensor refuses torch's)
+                keep = float(values[forced])
+                values[:] = -np.inf
+                values[forced] = keep
+            else:
+                with torch.inference_mode():
+                    keep_t = row[forced].clone()
+                    row.fill_(float("-inf"))
+                    row[forced] = keep_t
+        elif self.matcher is not None:
+            self.apply(row, self.compute())
 
     def compute(self) -> torch.Tensor:
         """The allowed next tokens as llguidance's bitmask [ceil(V / 32)] int32."""
         bits = self._bits
-        self.matcher.unsafe_compute_mask_ptr(bits.data_ptr(), bits.numel() * 4)
+        if self.matcher is not None:
+            self.matcher.unsafe_compute_mask_ptr(bits.data_ptr(), bits.numel() * 4)
         return bits
 
     def apply(self, row: torch.Tensor, bits: torch.Tensor) -> None:
@@ -153,14 +181,17 @@ class Constraint:
 
     def accept(self, token: int) -> bool:
         """Advance past ``token``; False if the grammar refuses it."""
-        return bool(self.matcher.consume_token(token))
+        if self.budget is not None:
+            self.budget.accept(token)
+        return self.matcher is None or bool(self.matcher.consume_token(token))
 
     @property
     def finished(self) -> bool:
         """Whether the grammar allows nothing more (the request should stop)."""
-        return bool(self.matcher.is_stopped())
+        return self.matcher is not None and bool(self.matcher.is_stopped())
 
     @property
     def error(self) -> str:
         """Why the matcher failed (empty if it did not)."""
-        return self.matcher.get_error() if self.matcher.is_error() else ""
+        m = self.matcher
+        return m.get_error() if m is not None and m.is_error() else ""

@@ -22,9 +22,11 @@ from loraserve.chat.formats.grammar import tool_grammar
 from loraserve.chat.formats.parse import ChatParser, turn_lead
 from loraserve.chat.render import select_source
 from loraserve.chat.template import token_strings
+from loraserve.engine.budget import BudgetSpec
 from loraserve.engine.constraint import GrammarSpec
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.errors import invalid_request
+from loraserve.server.grammar import request_grammar
 from loraserve.server.state import ServerState
 
 BARE_JSON = ChatFormat(detector="bare_json", tool_mode="json")
@@ -53,12 +55,16 @@ class ReplyPlan:
     lead: str = ""  # the turn's start the prompt already wrote, parsed with the answer
     lark: str | None = None  # the tool-call grammar (llguidance Lark text)
     grammar: str | None = None  # ... compiled for the engine
+    budget: BudgetSpec | None = None  # the reasoning budget (`engine.budget`)
+    response_format: bool = False  # a JSON answer was asked for (```json fences unwrapped)
 
     @property
     def parses(self) -> bool:
         """Whether the answer is parsed (else it is plain content)."""
-        return self.tools is not None or (
-            self.reasoning_format != "none" and self.fmt.reasoning_mode != "none"
+        return (
+            self.tools is not None
+            or self.response_format
+            or (self.reasoning_format != "none" and self.fmt.reasoning_mode != "none")
         )
 
     def parser(self, stream: bool = False) -> ChatParser:
@@ -67,7 +73,52 @@ class ReplyPlan:
         if stream and rf == "deepseek-legacy":
             rf = "none"
         opened = self.thinking_open and not self.lead
-        return ChatParser(self.fmt, self.tools, rf, opened, self.lead)  # type: ignore[arg-type]
+        return ChatParser(self.fmt, self.tools, rf, opened, self.lead,  # type: ignore[arg-type]
+                          self.response_format)  # fmt: skip
+
+    async def engine_grammar(self, state: ServerState, params: Any) -> str | None:
+        """The grammar text the engine gets: the tool-call grammar, else the request's own
+        (`grammar`, `json_schema`, `response_format`), carrying the reasoning budget; None
+        when there is neither a budget nor a tool-call grammar (`submit` then compiles the
+        request's own)."""
+        if self.budget is None:
+            return self.grammar
+        grammar = self.grammar
+        if grammar is None:
+            grammar = await request_grammar(
+                state, params.grammar, params.json_schema, params.response_format
+            )
+        return self.budget.wrap(grammar)
+
+
+def is_response_format(constrained: tuple[str, Any] | None) -> bool:
+    """Whether a request's constraint (`grammar_spec`'s answer) asks for a JSON answer."""
+    return constrained is not None and constrained[0] != "grammar"
+
+
+def reasoning_budget(cfg: Any, body: Any) -> int:
+    """The request's reasoning budget in tokens (`reasoning_budget_tokens`, else
+    `--reasoning-budget`; -1: none), as llama-server reads it."""
+    budget = getattr(body, "reasoning_budget_tokens", None)
+    if budget is None or budget == -1:
+        budget = getattr(cfg, "reasoning_budget", -1)
+    return -1 if budget is None else int(budget)
+
+
+def _budget(tok: Tokenizer, fmt: ChatFormat, prompt: str, budget: int) -> BudgetSpec | None:
+    """The budget's markers as tokens: the reasoning start arms it, the end marker (or a
+    marker that also ends reasoning) ends it, and the end marker is forced when it is spent
+    (llama-server's thinking_start_tag / thinking_end_tags)."""
+    start, end = fmt.reasoning_start.strip(), fmt.reasoning_end.rstrip()
+    if budget < 0 or not start or not end.strip():
+        return None
+
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(tok.encode(text, add_special=False, parse_special=True))
+
+    ends = [end, end.strip(), *(m.strip() for m in fmt.reasoning_stops)]
+    return BudgetSpec(budget, (ids(start),), tuple(ids(e) for e in dict.fromkeys(ends) if e),
+                      ids(end), _opens_reasoning(fmt, prompt))  # fmt: skip
 
 
 def _special(tok: Tokenizer):  # noqa: ANN202 - Callable[[str], bool]
@@ -108,9 +159,13 @@ async def plan_reply(
     parallel: bool = True,
     reasoning_format: str | None = None,
     has_grammar: bool = False,
+    budget: int = -1,
+    response_format: bool = False,
 ) -> ReplyPlan:
-    """The plan of one request: its format, parser settings and compiled tool grammar; a
-    400 for a grammar with active tools or a named function missing from `tools`."""
+    """The plan of one request: its format, parser settings, compiled tool grammar and
+    reasoning budget (`budget` tokens; -1: none); a 400 for a grammar with active tools or
+    a named function missing from `tools`. `response_format`: a JSON answer was asked for
+    (`json_schema`, `response_format`), whose ```json fences the parser unwraps."""
     cfg = state.cfg
     fmt = await asyncio.to_thread(chat_format, state, tools)
     rf = reasoning_format or getattr(cfg, "reasoning_format", "auto")
@@ -134,8 +189,10 @@ async def plan_reply(
     thinking_open = rf != "none" and _opens_reasoning(fmt, prompt)
     lead = turn_lead(fmt, prompt) if rf != "none" or active else ""
     plan = ReplyPlan(fmt, active, choice, rf, thinking_open, lead)
+    tok = state.require().tokenizer
+    plan.budget = _budget(tok, fmt, prompt, budget)
+    plan.response_format = response_format and not active
     if active:
-        tok = state.require().tokenizer
         engine = state.require()
         trigger = fmt.trigger.strip()
         started = bool(trigger) and lead.rstrip().endswith(trigger)  # a prefill wrote it

@@ -96,8 +96,11 @@ class _Builder:
         else:
             items += [self.q(f.name_prefix), json.dumps(name)]
             if f.name_id_index:
-                items.append('":" /[0-9]+/')
-            items += [self.q(f.name_suffix), self.q(f.args_separator), self.q(f.args_start)]
+                items.append('":" /[0-9]{1,2}/')  # the call's index, bounded
+            items += [self.q(f.name_suffix), self.q(f.args_separator)]
+            if f.id_position == "between_name_and_args" and f.id_prefix:  # Mistral Small 3.2
+                items += [self.q(f.id_prefix), "/[a-zA-Z0-9]{9}/", self.q(f.id_suffix)]
+            items.append(self.q(f.args_start))
             if f.tool_mode == "tag_json":
                 items.append(_json(params))
             else:
@@ -159,12 +162,16 @@ def tool_grammar(
     ("auto", "required", or a function's name), or None when nothing is constrained.
     `started`: the prompt already wrote the trigger (an assistant prefill), so the answer
     is the rest of the calls, whatever the choice."""
-    if not fmt.has_tools or fmt.dialect or not tools or choice == "none":
+    if not fmt.has_tools or not tools or choice == "none":
         return None
     if choice not in ("auto", "required"):
         tools = [t for t in tools if t["function"]["name"] == choice]
         if not tools:
             raise ValueError(f"tool_choice names a function that is not in tools: {choice}")
+    if fmt.dialect == "harmony":
+        return _harmony(fmt, tools, choice, thinking_open and reasoning, special)
+    if fmt.dialect:
+        return None
     trigger = fmt.trigger
     if choice == "auto" and not trigger:
         return None
@@ -218,5 +225,38 @@ def tool_grammar(
     else:
         lines.append(f"start: {think} WS {body_calls}".replace("  ", " "))
     lines.append("WS: /( |\\n{1,2})?/")  # llama.cpp's `space`, bounded
+    lines.append(f"TEXT: {ANY}")
+    return "\n".join(lines + b.rules) + "\n"
+
+
+def _harmony(
+    fmt: ChatFormat,
+    tools: list[dict[str, Any]],
+    choice: str,
+    thinking_open: bool,
+    special: Callable[[str], bool],
+) -> str | None:
+    """gpt-oss under `required` / a named function: the call as its template writes one
+    (` to=functions.NAME<|channel|>commentary json<|message|>ARGS`, one call per message)
+    right after the generation prompt's `<|start|>assistant`, or after the analysis message
+    the prompt opened. `auto` is not constrained (llama-server's lazy grammar starts at
+    pattern triggers spread over special tokens; the parser reads the calls)."""
+    if choice == "auto":
+        return None
+    b = _Builder(fmt, special)
+    calls = []
+    for t in tools:
+        fn = t["function"]
+        params = _closed(fn.get("parameters") or {"type": "object"})
+        head = json.dumps(" to=functions." + fn["name"])
+        channel = f'{b.q("<|channel|>")} "commentary json" {b.q("<|message|>")}'
+        calls.append(b.rule(f"{head} {channel} {_json(params)}"))
+    call = b.rule(" | ".join(calls))
+    lines = ["%llguidance {}"]
+    if thinking_open:
+        end = b.rule(f"TEXT {b.q(fmt.reasoning_end)}", lazy=True)
+        lines.append(f'start: {end} {b.q("<|start|>")} "assistant" {call}')
+    else:
+        lines.append(f"start: {call}")
     lines.append(f"TEXT: {ANY}")
     return "\n".join(lines + b.rules) + "\n"

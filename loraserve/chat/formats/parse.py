@@ -59,9 +59,11 @@ class ChatParser:
         reasoning_format: ReasoningFormat = "auto",
         thinking_open: bool = False,
         lead: str = "",
+        response_format: bool = False,
     ) -> None:
         self.fmt = fmt
         self.lead = lead
+        self.response_format = response_format
         self.tools = tools if tools and fmt.has_tools else None
         self.schemas = {
             t["function"]["name"]: t["function"].get("parameters") or {}
@@ -109,7 +111,9 @@ class ChatParser:
             scan.end = _skip_markers(rest, scan.end, self.fmt.optional_markers)
         msg.tool_calls = [ToolCall(c.name, c.arguments, c.id) for c in scan.calls]
         after = rest[scan.end :].strip() if not partial else ""
-        closers = [m.strip() for m in (self.fmt.call_end, self.fmt.section_end, self.trigger)]
+        f = self.fmt  # what may follow the calls: closers, or an unfinished next call
+        closers = [m.strip() for m in (f.call_end, f.section_end, self.trigger, f.call_start)]
+        closers += [","] if f.array_wrapped else []
         if after and not any(m and (after.startswith(m) or m.startswith(after)) for m in closers):
             msg.content += rest[scan.end :]  # text after the calls (an unfinished call: dropped)
         return msg
@@ -120,7 +124,7 @@ class ChatParser:
             self.fmt.dialect, text, partial, schemas, self.extract
         )
         msg.content, msg.reasoning_content = content, reasoning
-        msg.tool_calls = [ToolCall(n, a, i) for n, a, i in calls if not partial or a]
+        msg.tool_calls = [ToolCall(n, a, i) for n, a, i in calls]
         if not partial:
             msg.tool_calls = [c for c in msg.tool_calls if _is_json(c.arguments)]
         return msg
@@ -191,7 +195,24 @@ class ChatParser:
             text = text[: len(text) - held(text, markers)].rstrip()
         elif tail or partial:
             text = text.rstrip()
-        msg.content = text
+        msg.content = _unfence(text, partial) if self.response_format else text
+
+
+FENCE_OPEN, FENCE_CLOSE = "```json", "```"
+
+
+def _unfence(text: str, partial: bool) -> str:
+    """A response-format answer without the ```json fence a model may wrap it in, and
+    without surrounding whitespace, as llama.cpp's response-format parser reads it; a
+    partial text holds back what may still become a fence."""
+    body = text.strip() if not partial else text.lstrip()
+    if body.startswith(FENCE_OPEN):
+        body = body[len(FENCE_OPEN) :].lstrip()
+        body = body.rstrip().removesuffix(FENCE_CLOSE)
+        return body[: len(body) - held(body, (FENCE_CLOSE,))].rstrip() if partial else body.rstrip()
+    if partial and FENCE_OPEN.startswith(body):
+        return ""
+    return body
 
 
 def _skip_markers(text: str, i: int, markers: tuple[str, ...]) -> int:

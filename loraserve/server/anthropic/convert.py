@@ -218,6 +218,9 @@ def convert(body: Any) -> Converted:
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
             raise invalid_request("stop_sequences: must be a list of strings")
         chat["stop"] = stop
+    thinking = body.get("thinking") or {}
+    if thinking.get("type") == "enabled" and chat.get("reasoning_budget_tokens") is None:
+        chat["reasoning_budget_tokens"] = thinking.get("budget_tokens", 10000)  # llama-server's
     tools, forced = convert_tools(body)
     choice = body.get("tool_choice")
     parallel = not (isinstance(choice, dict) and choice.get("disable_parallel_tool_use"))

@@ -33,7 +33,7 @@ from loraserve.server.generation import chat_prompt, submit, tokenize_prompt, to
 from loraserve.server.output import Output, collect, stream
 from loraserve.server.sse import sse_named
 from loraserve.server.state import ServerState, get_state
-from loraserve.server.tool_calls import ReplyPlan, plan_reply
+from loraserve.server.tool_calls import ReplyPlan, plan_reply, reasoning_budget
 
 router = APIRouter()
 Body = dict[str, Any]
@@ -69,7 +69,8 @@ async def plan_for(state: ServerState, chat: Converted, prompt: str) -> ReplyPla
     has_grammar = any(x is not None for x in (p.grammar, p.json_schema, p.response_format))
     choice = "required" if chat.forced else "auto"
     tools = chat.tools or None
-    return await plan_reply(state, prompt, tools, choice, chat.parallel, None, has_grammar)
+    budget = reasoning_budget(state.cfg, p)
+    return await plan_reply(state, prompt, tools, choice, chat.parallel, None, has_grammar, budget)
 
 
 def reader(plan: ReplyPlan) -> MessageStream:
@@ -236,7 +237,7 @@ async def messages(request: HttpRequest) -> Response:
     # a stream's progress events give message_start the cached prompt tokens
     flight = await submit(
         state, prompts, params, adapter_name=params.model, progress=params.stream,
-        grammar=plan.grammar,
+        grammar=await plan.engine_grammar(state, params),
     )  # fmt: skip
     model = flight.mix.named or state.model_name  # the adapter `model` named, else the model
     mid = f"msg_{uuid.uuid4().hex}"

@@ -35,7 +35,12 @@ from loraserve.server.native.results import final_result
 from loraserve.server.output import Output, collect, logprob, stream, token_prob
 from loraserve.server.schemas import OAIChatRequest, OAICompletionRequest
 from loraserve.server.state import get_state
-from loraserve.server.tool_calls import plan_reply, tool_choice_of
+from loraserve.server.tool_calls import (
+    is_response_format,
+    plan_reply,
+    reasoning_budget,
+    tool_choice_of,
+)
 
 router = APIRouter()
 FINISH = {"eos": "stop", "word": "stop", "limit": "length", "none": "stop"}
@@ -171,9 +176,16 @@ async def chat_completions(request: HttpRequest) -> Response:
     plan = await plan_reply(
         state, prompt, params.tools, choice, params.parallel_tool_calls,
         params.reasoning_format, constrained is not None,
+        reasoning_budget(state.cfg, params), is_response_format(constrained),
     )  # fmt: skip
     prompts = await tokenize_prompts(state, [prompt])
-    flight = await submit(state, prompts, params, adapter_name=params.model, grammar=plan.grammar)
+    flight = await submit(
+        state,
+        prompts,
+        params,
+        adapter_name=params.model,
+        grammar=await plan.engine_grammar(state, params),
+    )
     head = object_head(
         "chat.completion.chunk" if params.stream else "chat.completion",
         f"chatcmpl-{uuid.uuid4().hex}",

@@ -37,7 +37,12 @@ from loraserve.server.output import Output, collect, stream
 from loraserve.server.schemas import OAIChatRequest
 from loraserve.server.sse import sse_named
 from loraserve.server.state import get_state
-from loraserve.server.tool_calls import plan_reply, tool_choice_of
+from loraserve.server.tool_calls import (
+    is_response_format,
+    plan_reply,
+    reasoning_budget,
+    tool_choice_of,
+)
 
 router = APIRouter()
 Body = dict[str, Any]
@@ -141,11 +146,12 @@ async def responses(request: HttpRequest) -> Response:
     plan = await plan_reply(
         state, prompt, params.tools, choice, params.parallel_tool_calls,
         params.reasoning_format, constrained is not None,
+        reasoning_budget(state.cfg, params), is_response_format(constrained),
     )  # fmt: skip
     prompts = await tokenize_prompts(state, [prompt])
     flight = await submit(
         state, prompts, params, adapter_name=params.model, progress=params.stream,
-        grammar=plan.grammar,
+        grammar=await plan.engine_grammar(state, params),
     )  # fmt: skip
     model = flight.mix.named or state.model_name
     rid, mid = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"

@@ -1,0 +1,140 @@
+"""The reasoning budget (`--reasoning-budget N`, `reasoning_budget_tokens`): after N tokens
+inside a reasoning block the end marker is forced, as llama.cpp's reasoning-budget sampler
+(common/reasoning-budget.cpp) does.
+
+States, as llama.cpp's: IDLE (watching for the start marker's tokens) → COUNTING (N tokens
+left; the end marker written by the model ends it) → WAITING_UTF8 (the budget is spent but
+the last token left a UTF-8 character unfinished) → FORCING (only the forced tokens, one by
+one: the budget message, then the first end marker) → DONE (free again; a new start marker
+re-arms it). The prompt's tokens count as llama.cpp's prefill: a generation prompt that
+opens the reasoning block starts the request in COUNTING (`counting`).
+
+A budget travels with the request as a first line of its grammar text
+(``%reasoning_budget {json}``, `BudgetSpec.wrap`), so a request can carry a budget, a
+grammar, or both through the engine unchanged; `engine.constraint.Constraint` reads it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+HEADER = "%reasoning_budget "
+
+
+@dataclass(frozen=True)
+class BudgetSpec:
+    """A request's reasoning budget in tokens of the model's vocabulary."""
+
+    budget: int
+    starts: tuple[tuple[int, ...], ...]  # markers that open reasoning (its start marker)
+    ends: tuple[tuple[int, ...], ...]  # markers that end reasoning (the first is forced)
+    forced: tuple[int, ...]  # what is forced when the budget is spent
+    counting: bool = False  # the prompt left the answer inside reasoning
+
+    def wrap(self, grammar: str | None) -> str:
+        """The grammar text carrying this budget (`grammar`: llguidance's text, or None)."""
+        head = {"budget": self.budget, "starts": [list(s) for s in self.starts],
+                "counting": self.counting,
+                "ends": [list(e) for e in self.ends], "forced": list(self.forced)}  # fmt: skip
+        return HEADER + json.dumps(head) + "\n" + (grammar or "")
+
+
+def split(grammar: str) -> tuple[BudgetSpec | None, str]:
+    """(the budget a grammar text carries, the grammar without it)."""
+    if not grammar.startswith(HEADER):
+        return None, grammar
+    line, _, rest = grammar.partition("\n")
+    d = json.loads(line[len(HEADER) :])
+    ends = tuple(tuple(e) for e in d["ends"])
+    starts = tuple(tuple(s) for s in d["starts"])
+    spec = BudgetSpec(d["budget"], starts, ends, tuple(d["forced"]), d["counting"])
+    return spec, rest
+
+
+_LEADS = ((0x80, 0x00), (0xE0, 0xC0), (0xF0, 0xE0), (0xF8, 0xF0))  # (mask, value) by length
+
+
+def utf8_complete(piece: bytes) -> bool:
+    """Whether `piece` ends on a whole UTF-8 character (llama.cpp's common_utf8_is_complete)."""
+    for back in range(1, min(4, len(piece)) + 1):
+        b = piece[-back]
+        if b & 0xC0 == 0x80:  # a continuation byte: look further back for the lead
+            continue
+        need = next((n for n, (m, v) in enumerate(_LEADS, 1) if b & m == v), 1)
+        return back >= need
+    return not piece
+
+
+IDLE, COUNTING, WAITING_UTF8, FORCING, DONE = range(5)
+
+
+class _Matcher:
+    """Whether a token sequence just ended with one of `seqs` (reset after a match)."""
+
+    def __init__(self, seqs: tuple[tuple[int, ...], ...]) -> None:
+        self.seqs = [s for s in seqs if s]
+        self.n = max((len(s) for s in self.seqs), default=0)
+        self.recent: list[int] = []
+
+    def advance(self, token: int) -> bool:
+        self.recent = (self.recent + [token])[-self.n :] if self.n else []
+        if any(tuple(self.recent[-len(s) :]) == s for s in self.seqs):
+            self.recent = []
+            return True
+        return False
+
+    def reset(self) -> None:
+        self.recent = []
+
+
+class ReasoningBudget:
+    """One request's budget state (engine thread); `piece(token)` gives a token's bytes."""
+
+    def __init__(self, spec: BudgetSpec, piece) -> None:  # noqa: ANN001 - Callable[[int], bytes]
+        self.spec = spec
+        self.piece = piece
+        self.starts = _Matcher(spec.starts)
+        self.ends = _Matcher(spec.ends)
+        self.state = IDLE
+        self.remaining = spec.budget
+        self.pos = 0
+        if spec.counting:
+            self._arm()
+
+    def _arm(self) -> None:
+        self.state, self.remaining = COUNTING, self.spec.budget
+        self.ends.reset()
+        if self.remaining <= 0:
+            self.state, self.pos = FORCING, 0
+
+    @property
+    def forced(self) -> int | None:
+        """The one token allowed next, or None when the budget constrains nothing now."""
+        if self.state == FORCING and self.pos < len(self.spec.forced):
+            return self.spec.forced[self.pos]
+        return None
+
+    def accept(self, token: int) -> None:
+        """Advance past a generated token."""
+        if self.state in (IDLE, DONE):
+            if self.starts.advance(token):
+                self._arm()
+        elif self.state in (COUNTING, WAITING_UTF8):
+            if self.ends.advance(token):
+                self.state = DONE
+                return
+            complete = utf8_complete(self.piece(token))
+            if self.state == WAITING_UTF8:
+                if complete:
+                    self.state, self.pos = FORCING, 0
+            else:
+                self.remaining -= 1
+                if self.remaining <= 0:
+                    self.state = FORCING if complete else WAITING_UTF8
+                    self.pos = 0
+                    self.ends.reset()
+        elif self.state == FORCING:
+            self.pos += 1
+            if self.pos >= len(self.spec.forced):
+                self.state = DONE
