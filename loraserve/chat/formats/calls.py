@@ -276,6 +276,11 @@ def _tagged_arg(
     key = text[k:e].strip()
     v = _lit(text, _lit(text, e, fmt.arg_name_suffix), fmt.arg_value_prefix)
     head = json.dumps(key, ensure_ascii=False) + ": "
+    if fmt.cdata_values and _is_string(props.get(key)):
+        got = _cdata(text, v, head, parts)
+        if got is not None:
+            return got if got < 0 else _opt(text, _lit(text, got, fmt.arg_value_suffix),
+                                            fmt.arg_separator)  # fmt: skip
     stop = fmt.arg_value_suffix.strip()
     end = text.find(stop, v) if stop else -1
     raw = text[v:] if end < 0 else text[v:end]
@@ -289,6 +294,27 @@ def _tagged_arg(
     raw = raw[:-1] if raw.endswith("\n") else raw
     parts.append(head + _typed(raw, props.get(key)))
     return _opt(text, _lit(text, end, fmt.arg_value_suffix), fmt.arg_separator)
+
+
+def _cdata(text: str, v: int, head: str, parts: list[str]) -> int | None:
+    """A string value wrapped in `<![CDATA[..]]>` at `v` (MiniCPM5: it may hold the closing
+    tag) appended to `parts`: the position after `]]>`, -1 when the text ends inside it,
+    None when the value is not wrapped."""
+    if not text.startswith(_CDATA, v):
+        if _CDATA.startswith(text[v:]):
+            raise _Need
+        return None
+    end = text.find("]]>", v + len(_CDATA))
+    raw = text[v + len(_CDATA) : end if end >= 0 else len(text)]
+    if end < 0:
+        raw = raw[: len(raw) - held(raw, ("]]>",))]
+        parts.append(head + json.dumps(raw, ensure_ascii=False)[:-1])
+        return -1
+    parts.append(head + json.dumps(raw, ensure_ascii=False))
+    return end + 3
+
+
+_CDATA = "<![CDATA["
 
 
 def _types(schema: Any) -> set[str]:

@@ -71,6 +71,7 @@ class ChatFormat:
     arg_value_suffix: str = ""
     arg_separator: str = ""
     tolerate_intertag_whitespace: bool = False
+    cdata_values: bool = False  # MiniCPM5: a string value may be wrapped in <![CDATA[..]]>
     # call ids written by the model
     id_position: IdPosition = "none"
     id_prefix: str = ""

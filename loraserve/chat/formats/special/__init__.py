@@ -27,7 +27,7 @@ _Parse = Callable[[str, bool, dict | None, bool], Parsed]
 
 def _harmony(text: str, partial: bool, schemas: dict | None, extract: bool) -> Parsed:
     content, reasoning, calls = parse_harmony(text, partial, schemas is not None, extract)
-    return Parsed(content, reasoning, [[n, a, ""] for n, a in calls])
+    return Parsed(content, reasoning, [[n, a, ""] for n, a in calls if a or not partial])
 
 
 DIALECTS: dict[str, _Parse] = {

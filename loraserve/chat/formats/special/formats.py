@@ -49,7 +49,7 @@ _MINICPM5 = ChatFormat(
     reasoning_end="</think>", tool_mode="tag_tagged", name_prefix=' name="',
     name_suffix='">', call_close="</function>", call_start="<function",
     arg_name_prefix='<param name="', arg_name_suffix='">', arg_value_suffix="</param>",
-    tolerate_intertag_whitespace=True,
+    tolerate_intertag_whitespace=True, cdata_values=True, assistant_start="<|im_start|>assistant",
     preserved_tokens=("<function", "<param", "</function>", "</param>", "<think>", "</think>"),
 )  # fmt: skip
 _HARMONY = ChatFormat(
