@@ -36,12 +36,13 @@ EXACT = {
     "deepseek-ai-DeepSeek-V4.jinja", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
     "LFM2-8B-A1B.jinja", "LFM2.5-8B-A1B.jinja", "LFM2.5-Instruct.jinja", "MiniMax-M3.jinja",
     "Kimi-K3.jinja", "inclusionai-ling-3.0-flash.jinja", "GigaChat3-10B-A1.8B.jinja",
-    "meetkai-functionary-medium-v3.2.jinja", "muse-glimmer.jinja",
+    "meetkai-functionary-medium-v3.2.jinja", "muse-glimmer.jinja", "Cohere2MoE.jinja",
+    "openbmb-MiniCPM5-1B.jinja",
 }  # fmt: skip
 HARMONY = "openai-gpt-oss-120b.jinja"
-FLOOR = 432  # of 463: the rest are auto-analysed formats' corner cases (Command R7B, GLM 4.7,
+FLOOR = 435  # of 463: the rest are auto-analysed formats' corner cases (Command R7B, GLM 4.7,
 # Apriel 1.6, Spark 2.5, Mistral Small 3.2, ...), response-format answers in ```json fences,
-# a partial Cohere2 call before its arguments, and continued gpt-oss/Ministral/MiniCPM5 turns
+# and a gpt-oss turn continued after its analysis message
 
 
 @functools.cache
