@@ -25,6 +25,8 @@ Invariants (checked by `check`):
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import itertools
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +66,26 @@ def spans(parts: list[tuple[int, CacheKey]]) -> CacheKey | Spans:
         elif not out or out[-1][1] != key:
             out.append((start, key))
     return out[0][1] if len(out) == 1 else Spans(tuple(out))
+
+
+SALT_TAG = "salt:"  # the first element of a salted key: ("salt:<sha256 of the salt>", 0.0)
+
+
+@functools.lru_cache(maxsize=1024)
+def _salt_entry(salt: str) -> tuple[str, float]:
+    return (SALT_TAG + hashlib.sha256(salt.encode()).hexdigest(), 0.0)
+
+
+def salted(key: CacheKey | Spans, salt: str) -> CacheKey | Spans:
+    """``key`` in the namespace of tenant ``salt`` ('' is the shared namespace: ``key``
+    itself). The salt's digest leads the key of every position, so two tenants never share
+    a block, whatever their prompts and adapters (vLLM's `cache_salt`)."""
+    if not salt:
+        return key
+    tag = _salt_entry(salt)
+    if isinstance(key, Spans):
+        return Spans(tuple((start, (tag, *k)) for start, k in key.parts))
+    return (tag, *key)
 
 
 def block_key(key: Hashable, lo: int, hi: int) -> BlockKey:

@@ -25,7 +25,7 @@ from loraserve.engine.embedding import Pooler
 from loraserve.engine.isolation import forward_isolated, sample_isolated, scrub_kv
 from loraserve.engine.output import TextOutput
 from loraserve.engine.request import Event, Progress, Run, StopType
-from loraserve.engine.runner import ModelRunner
+from loraserve.engine.runner import BatchItem, ModelRunner
 from loraserve.engine.sampling.state import SamplerState
 from loraserve.engine.scheduler import Scheduler
 from loraserve.engine.spec.config import SpecConfig
@@ -76,6 +76,7 @@ class EngineConfig:
     lora_modules: tuple[tuple[str, str, str | None], ...] = ()
     lora_max_loaded: int | None = None  # --lora-max-loaded
     lora_max_mib: float | None = None  # --lora-max-memory
+    max_queue: int = 0  # --max-queue: requests waiting for a slot at most (0: unbounded)
 
 
 class EngineCore:
@@ -105,6 +106,7 @@ class EngineCore:
             self.n_ctx_slot,
             config.ubatch,
             self.cache,
+            config.max_queue,
         )
         mib = config.lora_max_mib
         self.adapters = AdapterRegistry(
@@ -128,24 +130,20 @@ class EngineCore:
         return bool(self.scheduler.running or self.scheduler.waiting)
 
     def step(self) -> bool:
-        """One scheduling round; returns whether a forward pass ran."""
+        """One scheduling round; returns whether a forward pass ran. An exception in one
+        request's admission, scheduling, post-processing or events fails that request alone
+        (`_guard`); the others go on as if it had never been there."""
         sched = self.scheduler
         for slot in sched.slots:
             if slot.run is not None and slot.run.req.cancelled:
-                self._finish(slot.run, StopType.NONE, send=False)
+                self._guard(slot.run, "cancelling", self._finish, slot.run, StopType.NONE, False)
         for run in sched.admit():
-            if run.req.pooling is not None:
-                run.pooler = Pooler(run.req.pooling)
-                continue
-            run.sampler = SamplerState(run.req.sampling, run.req.prompt, set(run.req.eog_ids))
-            self._outputs[run.req.id] = TextOutput(self.tokenizer, run.req.stop)
-            if run.req.grammar is not None:
-                run.constraint = Constraint(self.grammars, run.req.grammar)
-            if run.req.progress:
-                self._progress(run)
+            self._guard(run, "admission", self._setup, run)
+        self._take_failures()
         if self.config.spec.enabled:
             self.spec.propose(sched.running, sched.token_budget)
         work = sched.schedule()
+        self._take_failures()
         if not work:
             return False
         copies = sched.take_copies()
@@ -157,23 +155,70 @@ class EngineCore:
         self.n_forward += 1
         self.n_busy_rows += len(work)
         for run, message in step.failed:
-            self.fail(run, message)
+            self._guard(run, "failing", self.fail, run, message)
         sampling: list[tuple[Run, int]] = []  # (run, its first logits row)
         row = 0
         for i, (run, item) in enumerate(step.done):
-            was_prefilling = run.prefilling
-            run.n_computed += item.n - (item.n_logits - 1)  # a draft's rows: once verified
-            if run.pooler is not None:
-                self._pool(run, step.hidden[i] if i < len(step.hidden) else None)
-            else:
-                if was_prefilling and run.req.progress:
-                    self._progress(run)
-                if run.n_computed >= run.n_prompt and item.want_logits:
+            hidden = step.hidden[i] if i < len(step.hidden) else None
+            if self._guard(run, "post-processing", self._advance, run, item, hidden):
+                if run.pooler is None and run.n_computed >= run.n_prompt and item.want_logits:
                     sampling.append((run, row))
             row += item.n_logits if item.want_logits else 0
         if sampling:
             verify(self, sampling, step.logits, step.top)
         return True
+
+    def _setup(self, run: Run) -> None:
+        """A request just admitted: its pooler, or its sampler, text output and grammar."""
+        if run.req.pooling is not None:
+            run.pooler = Pooler(run.req.pooling)
+            return
+        run.sampler = SamplerState(run.req.sampling, run.req.prompt, set(run.req.eog_ids))
+        self._outputs[run.req.id] = TextOutput(self.tokenizer, run.req.stop)
+        if run.req.grammar is not None:
+            run.constraint = Constraint(self.grammars, run.req.grammar)
+        if run.req.progress:
+            self._progress(run)
+
+    def _advance(self, run: Run, item: BatchItem, hidden: torch.Tensor | None) -> None:
+        """A run's item of the step ran: count its computed tokens, feed its pooler or report
+        its prompt's progress."""
+        was_prefilling = run.prefilling
+        run.n_computed += item.n - (item.n_logits - 1)  # a draft's rows: once verified
+        if run.pooler is not None:
+            self._pool(run, hidden)
+        elif was_prefilling and run.req.progress:
+            self._progress(run)
+
+    def _take_failures(self) -> None:
+        """Send their error to the requests refused at admission and fail the runs broken
+        while scheduling (`Scheduler.take_failures`)."""
+        refused, broken = self.scheduler.take_failures()
+        for req, message in refused:
+            log.error("request %d: %s", req.id, message)
+            self._emit(Run(req=req, slot=-1, tokens=[]), Event(done=True, error=message))
+        for run, message in broken:
+            log.error("request %d: %s", run.req.id, message)
+            self._guard(run, "failing", self.fail, run, message)
+
+    def _guard(self, run: Run, what: str, fn: Callable[..., object], *args: object) -> bool:
+        """``fn(*args)``, or, if it raises, ``run`` fails alone with an error naming ``what``
+        (its client gets the error; every other request goes on). Whether it succeeded."""
+        try:
+            fn(*args)
+            return True
+        except Exception as e:
+            log.exception("request %d failed in %s", run.req.id, what)
+            message = f"internal error in {what}: {type(e).__name__}: {e}"
+        try:
+            self.fail(run, message)
+        except Exception:  # last resort: free the slot, send the error
+            log.exception("request %d could not be failed cleanly", run.req.id)
+            slot = self.scheduler.slots[run.slot] if run.slot >= 0 else None
+            if slot is not None and slot.run is run:
+                slot.run = None
+            self._emit(run, Event(done=True, error=message, id_slot=run.slot))
+        return False
 
     def _progress(self, run: Run) -> None:
         """Tell a generation request how far its prompt is (before its first token)."""
@@ -194,14 +239,17 @@ class EngineCore:
         self._finish(run, StopType.NONE, embedding=run.pooler.result())
 
     def _sample(self, runs: list[Run], logits: torch.Tensor) -> None:
+        masked = [True] * len(runs)
         for i, run in enumerate(runs):
             if run.constraint is not None:  # the grammar's mask first, as llama.cpp
-                run.constraint.mask(logits[i])
+                masked[i] = self._guard(run, "the grammar", run.constraint.mask, logits[i])
         results = sample_isolated(logits, [s.sampler for s in runs])  # type: ignore[misc]
         now = time.perf_counter()
-        for run, res in zip(runs, results, strict=True):
+        for run, res, ok in zip(runs, results, masked, strict=True):
+            if not ok:
+                continue
             if isinstance(res, str):
-                self.fail(run, res)
+                self._guard(run, "failing", self.fail, run, res)
                 continue
             if not run.generated:
                 run.t_first = now
@@ -215,6 +263,13 @@ class EngineCore:
         tok: int,
         probs: list[tuple[int, float]] | None,
         prob: float | None = None,
+    ) -> None:
+        """Take a sampled token (detokenize it, check the stops, send it); an error in that
+        fails this run alone."""
+        self._guard(run, "post-processing", self._take, run, tok, probs, prob)
+
+    def _take(
+        self, run: Run, tok: int, probs: list[tuple[int, float]] | None, prob: float | None
     ) -> None:
         req = run.req
         run.generated.append(tok)
@@ -240,9 +295,18 @@ class EngineCore:
             self._finish(run, StopType.LIMIT, truncated=True)
 
     def _emit(self, run: Run, ev: Event) -> None:
-        run.req.events.put(ev)
+        """Send ``ev`` to the request's reader (nothing after its final event); a listener
+        that raises is logged, never fails the step."""
+        req = run.req
+        if req.ended:
+            return
+        req.ended = ev.done
+        req.events.put(ev)
         for fn in self.listeners:
-            fn(run, ev)
+            try:
+                fn(run, ev)
+            except Exception:
+                log.exception("event listener failed for request %d", req.id)
 
     def _finish(
         self,
@@ -278,9 +342,11 @@ class EngineCore:
             log.info("%s", request_line(run, stop, self.adapters))
 
     def fail(self, run: Run, message: str) -> None:
-        """End a running sequence with an error event; its suspect KV is never reused."""
+        """End a sequence with an error event; its suspect KV is never reused. A run no
+        longer in its slot (it finished, or failed already) only gets the event."""
         self._outputs.pop(run.req.id, None)
-        run.n_computed = min(run.n_computed, run.n_cached)  # never index suspect KV
-        scrub_kv(self.runner, run.blocks, run.n_cached)  # nor keep non-finite values in it
-        self.scheduler.finish(run)
+        if run.slot >= 0 and self.scheduler.slots[run.slot].run is run:
+            run.n_computed = min(run.n_computed, run.n_cached)  # never index suspect KV
+            scrub_kv(self.runner, run.blocks, run.n_cached)  # nor keep non-finite values
+            self.scheduler.finish(run)
         self._emit(run, Event(done=True, error=message, id_slot=run.slot))

@@ -22,6 +22,7 @@ from typing import TypeVar
 from loraserve.cache.prefix_cache import Spans
 from loraserve.engine import slot_io
 from loraserve.engine.adapter_loads import AdapterLoads
+from loraserve.engine.admission import QueueBudget, current_client, current_tenant
 from loraserve.engine.constraint import GrammarSpec
 from loraserve.engine.core import EngineConfig, EngineCore, slot_context
 from loraserve.engine.embedding import Pooling
@@ -87,6 +88,8 @@ class Engine:
         n: int = 1,
         strict_name: bool = False,
         progress: bool = False,
+        client: str | None = None,
+        cache_salt: str = "",
     ) -> Submission:
         """Queue ``n`` requests per prompt (prompt-major), all under one effective adapter mix.
 
@@ -112,9 +115,17 @@ class Engine:
         ``spec`` holds the request's `speculative.*` fields (the server's with None).
         With ``progress``, a generation request also gets prompt-progress events
         (`Event.progress`, no token) at admission and after each prefill chunk.
+
+        Admission (`admission`): ``client`` (default: the caller's `current_client`) is who
+        asked, for the fair sharing of slots; ``cache_salt`` and the caller's
+        `current_tenant` (`--cache-isolation key`) put the requests' KV in their tenant's
+        namespace of the prefix cache. `QueueFull` if the queue cannot take them all.
         """
         if pooling is not None and not pooling.reuses_cache:
             cache_prompt = False
+        if client is None:
+            client = current_client.get()
+        salt = "\x00".join(s for s in (current_tenant.get(), cache_salt) if s)
         reqs: list[Request] = []
         for p in prompts:
             first: Request | None = None
@@ -133,11 +144,16 @@ class Engine:
                     spec=spec,
                     leader=first,
                     progress=progress,
+                    client=client,
+                    cache_salt=salt,
                 )
                 first = first or req
                 reqs.append(req)
 
+        queue = self.core.scheduler.queue
+        queue.reserve(reqs)  # QueueFull: nothing was queued
         received: Future[Mix] = Future()
+        received.add_done_callback(lambda f: _unqueue(f, reqs, queue))
 
         def receive() -> None:
             try:
@@ -329,6 +345,13 @@ class Engine:
             if not ran:
                 self._inbox.wake.wait(0.05)
                 self._inbox.wake.clear()
+
+
+def _unqueue(received: Future[Mix], reqs: list[Request], queue: QueueBudget) -> None:
+    """A refused submission's requests never queue: their places are given back."""
+    if received.exception() is not None:
+        for r in reqs:
+            queue.release(r)
 
 
 def _chain(src: Future[T], dst: Future[T]) -> None:

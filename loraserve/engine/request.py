@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from loraserve.cache.prefix_cache import CacheKey, Spans
+from loraserve.cache.prefix_cache import CacheKey, Spans, salted
 from loraserve.engine.constraint import Constraint
 from loraserve.engine.embedding import Pooler, Pooling
 from loraserve.engine.sampling.params import SamplingParams
@@ -145,6 +145,9 @@ class Request:
     spec: SpecRequest | None = None  # the request's `speculative.*` fields
     leader: Request | None = None  # same prompt: wait for its prefill and share that KV (`n`)
     progress: bool = False  # send prompt-progress events (`Event.progress`)
+    client: str = ""  # who asked (API key digest or peer address): fair admission
+    cache_salt: str = ""  # tenant namespace of the prefix cache (`cache_salt`, vLLM's)
+    ended: bool = field(default=False, init=False)  # its final event was sent
     mix: Mix = field(default=BASE, init=False)
     # with aLoRA adapters in the mix (`lora.alora`), set with `mix`: the key of each
     # position span of the prompt, and the scales active from each span's first position
@@ -153,8 +156,10 @@ class Request:
 
     @property
     def cache_key(self) -> CacheKey | Spans:
-        """The prefix-cache key of the request's mix (per position span with aLoRA)."""
-        return self.mix.cache_key if self.spans_key is None else self.spans_key
+        """The prefix-cache key of the request's mix (per position span with aLoRA), in its
+        tenant's namespace (`cache_salt`): KV is shared only within one salt."""
+        key = self.mix.cache_key if self.spans_key is None else self.spans_key
+        return salted(key, self.cache_salt)
 
 
 @dataclass

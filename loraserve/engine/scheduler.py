@@ -8,10 +8,11 @@ counts belong to the pool, the index to the prefix cache.
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from loraserve.cache.prefix_cache import CacheKey, Match, PrefixCache, Spans
+from loraserve.engine.admission import QueueBudget, fair_order
 from loraserve.engine.embedding import wanted_rows
 from loraserve.engine.request import Request, Run
 from loraserve.engine.runner import BatchItem
@@ -43,6 +44,7 @@ class Scheduler:
         n_ctx_slot: int,
         token_budget: int,
         cache: PrefixCache,
+        max_queue: int = 0,
     ):
         self.slots = [Slot(i) for i in range(n_slots)]
         self.n_ctx_slot = n_ctx_slot
@@ -51,6 +53,13 @@ class Scheduler:
         self.bs = cache.bs
         self.waiting: deque[Request] = deque()
         self.copies: list[tuple[int, int, int]] = []  # (src, dst, n) copy-on-write for runner
+        self.queue = QueueBudget(max_queue)  # requests submitted, not yet in a slot
+        self._served: dict[str, int] = {}  # client -> turn of its last admission (fairness)
+        self._turn = 0
+        # requests whose admission raised, and runs whose step could not be prepared, with
+        # the error: the engine fails each one alone (`take_failures`)
+        self.refused: list[tuple[Request, str]] = []
+        self.broken: list[tuple[Run, str]] = []
 
     @property
     def running(self) -> list[Run]:
@@ -79,25 +88,49 @@ class Scheduler:
         return max(idle, key=score)
 
     def admit(self) -> list[Run]:
-        """Move waiting requests into idle slots (FIFO; a request pinned to a busy slot waits,
-        and so does one whose `leader` is queued or still computing the shared prompt)."""
+        """Move waiting requests into idle slots, fairly between clients (`fair_order`); a
+        request pinned to a busy slot waits, and so does one whose `leader` is queued or
+        still computing the shared prompt. Cancelled requests are dropped. A request whose
+        admission raises goes to `refused` (failed alone by the engine); the waiting queue
+        stays whole whatever happens."""
+        live = [r for r in self.waiting if not r.cancelled]
+        for r in self.waiting:
+            if r.cancelled:
+                self.queue.release(r)
+        self.waiting = deque(live)
         admitted: list[Run] = []
-        kept: deque[Request] = deque()
-        pending = {r.id for r in self.waiting}
-        while self.waiting:
-            req = self.waiting.popleft()
-            if req.cancelled:
-                pending.discard(req.id)
-                continue
+        if not live or all(s.busy for s in self.slots):
+            return admitted
+        pending = {r.id for r in live}
+        held = Counter(run.req.client for run in self.running)
+        active = held.keys() | {r.client for r in live}
+        self._served = {c: t for c, t in self._served.items() if c in active}  # bounded
+        for req in fair_order(live, held, self._served):
+            if all(s.busy for s in self.slots):
+                break
             lead = self._leader_run(req, pending)
             slot = None if lead is False else self._pick_slot(req)
             if slot is None:
-                kept.append(req)
                 continue
             pending.discard(req.id)
-            admitted.append(self._start(slot, req, lead or None))
-        self.waiting = kept
+            self.queue.release(req)
+            try:
+                admitted.append(self._start(slot, req, lead or None))
+            except Exception as e:  # this request fails alone, the queue goes on
+                self.refused.append((req, f"internal error at admission: {_describe(e)}"))
+            else:
+                held[req.client] += 1
+                self._turn += 1
+                self._served[req.client] = self._turn
+        self.waiting = deque(r for r in live if r.id in pending)
         return admitted
+
+    def take_failures(self) -> tuple[list[tuple[Request, str]], list[tuple[Run, str]]]:
+        """The requests refused at admission and the runs broken while scheduling, since the
+        last call (the engine sends each its error)."""
+        out = (self.refused, self.broken)
+        self.refused, self.broken = [], []
+        return out
 
     def _leader_run(self, req: Request, pending: set[int]) -> Run | None | bool:
         """For a request that shares its leader's prompt (`n` > 1): False while the leader
@@ -128,14 +161,22 @@ class Scheduler:
         else:
             m = self.cache.match(req.cache_key, req.prompt, limit) if limit > 0 else None
         if m is not None:
-            for b in m.blocks:
-                self.cache.acquire(b)
-            run.blocks = list(m.blocks)
-            if m.partial_block is not None:
-                self.cache.acquire(m.partial_block)  # keep it alive across the copy
-                dst = self.cache.allocate()
-                self.copies.append((m.partial_block, dst, m.partial_len))
-                run.blocks.append(dst)
+            held: list[int] = []
+            try:  # all or nothing: on an error every reference taken here is given back
+                for b in m.blocks:
+                    self.cache.acquire(b)
+                    held.append(b)
+                if m.partial_block is not None:
+                    self.cache.acquire(m.partial_block)  # keep it alive across the copy
+                    held.append(m.partial_block)
+                    dst = self.cache.allocate()
+                    self.copies.append((m.partial_block, dst, m.partial_len))
+                    held.pop()  # the copy job now holds the source (`release_copy_sources`)
+                    held.append(dst)
+            except BaseException:
+                self.cache.release(held)
+                raise
+            run.blocks = held
             run.n_computed = run.n_cached = m.n_tokens
         self._release_slot(slot)
         slot.run, slot.last_request = run, req
@@ -170,7 +211,8 @@ class Scheduler:
         self.cache.release(extra)  # then the cache budget holds again
 
     def schedule(self) -> list[tuple[Run, BatchItem]]:
-        """Decode tokens of running sequences, then prefill chunks, within the budget."""
+        """Decode tokens of running sequences, then prefill chunks, within the budget. A run
+        whose item cannot be prepared (no block left for it) goes to `broken`, alone."""
         budget = self.token_budget
         out: list[tuple[Run, BatchItem]] = []
         running = self.running
@@ -178,14 +220,22 @@ class Scheduler:
             if not run.prefilling and budget > 0:
                 # a speculative draft rides along as extra rows of the decode item
                 del run.draft[max(budget - 1, 0) :]
-                out.append((run, self._item(run, run.n_computed, 1 + len(run.draft))))
-                budget -= 1 + len(run.draft)
+                if self._add(out, run, run.n_computed, 1 + len(run.draft)):
+                    budget -= 1 + len(run.draft)
         for run in running:
             if run.prefilling and budget > 0:
                 n = min(run.n_prompt - run.n_computed, budget)
-                out.append((run, self._item(run, run.n_computed, n)))
-                budget -= n
+                if self._add(out, run, run.n_computed, n):
+                    budget -= n
         return out
+
+    def _add(self, out: list[tuple[Run, BatchItem]], run: Run, start: int, n: int) -> bool:
+        try:
+            out.append((run, self._item(run, start, n)))
+        except Exception as e:  # this run fails alone
+            self.broken.append((run, f"internal error preparing the step: {_describe(e)}"))
+            return False
+        return True
 
     def _item(self, run: Run, start: int, n: int) -> BatchItem:
         need = (start + n + self.bs - 1) // self.bs
@@ -204,3 +254,7 @@ class Scheduler:
             mixes=run.req.mixes,
             hidden=None if pooling is None else wanted_rows(pooling, start, n, run.n_prompt),
         )
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"

@@ -21,6 +21,9 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from loraserve.engine.admission import QueueFull
+from loraserve.server.clients import bind_client
+
 log = logging.getLogger("loraserve.server")
 
 STATUS_OF_TYPE: dict[str, int] = {
@@ -40,11 +43,19 @@ M = TypeVar("M", bound=BaseModel)
 class ApiError(Exception):
     """An error answer: HTTP status, contract `type`, message and extra fields of `error`."""
 
-    def __init__(self, status: int, type: str, message: str, **extra: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        type: str,
+        message: str,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.type = type
         self.message = message
+        self.headers = headers or {}
         self.extra = extra
 
     def body(self) -> dict[str, Any]:
@@ -53,7 +64,7 @@ class ApiError(Exception):
 
     def response(self) -> JSONResponse:
         """The body as a JSON response with this error's status."""
-        return JsonResponse(self.body(), status_code=self.status)
+        return JsonResponse(self.body(), status_code=self.status, headers=self.headers or None)
 
 
 def error_body(
@@ -209,6 +220,7 @@ class _CatchAll:
         client = scope.get("client")
         where = f"{client[0]}:{client[1]}" if client else "-"
         current_endpoint.set(f"{scope.get('method')} {scope.get('path')} from {where}")
+        bind_client(scope)
 
         async def send_wrapper(message: Message) -> None:
             nonlocal started
@@ -268,6 +280,12 @@ def install_error_handlers(app: FastAPI) -> None:
             resp.headers[key] = value
         return resp
 
+    async def on_queue_full(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, QueueFull)
+        log.info("refused %s %s: 503 %s", request.method, request.url.path, exc)
+        headers = {"Retry-After": str(exc.retry_after_s)}
+        return ApiError(503, "unavailable_error", str(exc), headers).response()
+
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error("unhandled error on %s %s: %r", request.method, request.url.path, exc)
         return server_error(f"Internal server error: {type(exc).__name__}").response()
@@ -276,5 +294,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(ValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(QueueFull, on_queue_full)
     app.add_exception_handler(Exception, on_unexpected)
     app.add_middleware(_CatchAll)

@@ -3,7 +3,9 @@ future (`wait`), and following one HTTP request's engine requests (`Flight`) fro
 submission to their final events.
 
 The engine thread wakes a flight through `Flights.listener` (an engine listener); the
-flight then reads its requests' event queues on the event loop.
+flight then reads its requests' event queues on the event loop. A waiting flight is only
+ever woken by an event (no polling): every event is put on its queue before the wake-up, and
+the flight looks at its queues after clearing its wake-up flag and before waiting on it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from loraserve.server.errors import current_endpoint, unavailable
 log = logging.getLogger("loraserve.server")
 
 T = TypeVar("T")
-POLL_S = 0.5  # safety net: a flight re-checks its queues at least this often
 
 
 async def wait(fut: Future[T]) -> T:
@@ -97,7 +98,10 @@ class Flight:
 
     def wake_threadsafe(self) -> None:
         """Any thread: an event arrived on one of the requests' queues."""
-        self._loop.call_soon_threadsafe(self._wake.set)
+        try:
+            self._loop.call_soon_threadsafe(self._wake.set)
+        except RuntimeError:  # the loop is closed: nobody reads any more
+            pass
 
     async def events(self, http: HttpRequest | None = None) -> AsyncIterator[tuple[int, Event]]:
         """(index, event) pairs as the engine sends them, until every request is done.
@@ -132,10 +136,7 @@ class Flight:
                 self._wake.clear()
                 if any(not r.events.empty() for r in reqs):
                     continue
-                try:
-                    await asyncio.wait_for(self._wake.wait(), POLL_S)
-                except TimeoutError:
-                    pass
+                await self._wake.wait()
         finally:
             if watcher is not None:
                 watcher.cancel()

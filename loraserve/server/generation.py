@@ -201,6 +201,7 @@ async def submit(
         n=params.n,
         strict_name=state.cfg.strict_model_names,
         progress=progress or params.stream and (params.return_progress or params.timings_per_token),
+        cache_salt=params.cache_salt or "",
     )
     flight = await start_flight(state, sub)
     if adapter_name is not None and flight.mix.named is None:

@@ -141,6 +141,9 @@ def _schema(v: Any) -> Any:
     return v
 
 
+MAX_CACHE_SALT = 1024  # characters of a `cache_salt`
+
+
 class _GenerationParams(_Body):
     """Fields every generation endpoint shares; defaults are llama-server's."""
 
@@ -183,6 +186,9 @@ class _GenerationParams(_Body):
     timings_per_token: bool = False  # streams: `timings` with every token
     lora: Annotated[list[LoraUseItem], AfterValidator(_check_unique_refs)] | None = None
     n: int = Field(1, ge=1, le=INT32_MAX, validation_alias=AliasChoices("n", "n_cmpl"))
+    # the request's tenant in the prefix cache (vLLM's): KV is reused only from requests
+    # with the same salt, so no other tenant's prompt can be probed through `tokens_cached`
+    cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT)
     # speculative decoding (`server/config/spec_flags.py`), llama-server's dotted names
     spec_n_max: int | None = Field(None, ge=0, le=INT32_MAX, validation_alias="speculative.n_max")
     spec_n_min: int | None = Field(None, ge=0, le=INT32_MAX, validation_alias="speculative.n_min")

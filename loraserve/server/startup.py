@@ -106,6 +106,7 @@ def build_engine(cfg: ServerConfig, model: LoadedModel, draft: LoadedModel | Non
             lora_modules=cfg.lora_modules,
             lora_max_loaded=cfg.lora_max_loaded,
             lora_max_mib=cfg.lora_max_memory,
+            max_queue=cfg.max_queue,
         ),
         draft=draft,
     )

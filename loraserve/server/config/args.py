@@ -16,7 +16,13 @@ from loraserve import __version__
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.spec.config import SpecConfig
 from loraserve.server import cors
-from loraserve.server.config import chat_flags, router_flags, spec_flags, tools_flags
+from loraserve.server.config import (
+    admission_flags,
+    chat_flags,
+    router_flags,
+    spec_flags,
+    tools_flags,
+)
 from loraserve.server.config.api_flags import add_cors_flags, add_embedding_flags
 from loraserve.server.config.arg_types import (
     ApiKeyAppend,
@@ -56,6 +62,8 @@ class ServerConfig:
     lora_modules: tuple[tuple[str, str, str | None], ...] = ()  # vLLM's (name, path, base)
     lora_max_loaded: int | None = None
     lora_max_memory: float | None = None  # MiB of resident adapter weights
+    max_queue: int = admission_flags.DEFAULT_MAX_QUEUE  # see `server/config/admission_flags.py`
+    cache_isolation: str = "none"
     n_parallel: int = AUTO_PARALLEL
     n_ctx: int = 0
     n_batch: int = 2048
@@ -227,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cors_flags(p)
     add_embedding_flags(p)
     spec_flags.add_flags(p)
+    admission_flags.add_flags(p)
     a(
         "--chat-template",
         type=chat_template_flag,
@@ -349,5 +358,6 @@ def parse_server_args(argv: list[str]) -> ServerConfig:
         argv=tuple(argv[1:] if argv[:1] == ["serve"] else argv),
     )
     values.update(router_flags.config(ns, parser))
+    values.update(admission_flags.config(ns))
     values.update(tools_flags.config(ns, parser, values))
     return ServerConfig(**values)

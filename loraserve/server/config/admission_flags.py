@@ -1,0 +1,39 @@
+"""Admission and tenant flags (ours, not llama-server's): `--max-queue` bounds the requests
+waiting for a slot (past it a 503 with `Retry-After`, `engine/admission.py`), and
+`--cache-isolation key` makes each API key a tenant of its own in the prefix cache (as a
+`cache_salt` per key: a client never reuses, nor learns of, another key's prompts)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from loraserve.server.config.arg_types import int_in
+
+DEFAULT_MAX_QUEUE = 1024  # requests waiting for a slot; 0 = unbounded
+ISOLATION = ("none", "key")
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """Register the admission flags (their defaults come from `ServerConfig`)."""
+    g = p.add_argument_group("admission and tenants")
+    a = g.add_argument
+    a(
+        "--max-queue",
+        type=int_in(0),
+        metavar="N",
+        help="requests waiting for a slot at most; past it a request is refused at once "
+        f"with 503 and Retry-After, 0 = unbounded (default: {DEFAULT_MAX_QUEUE})",
+    )
+    a(
+        "--cache-isolation",
+        choices=ISOLATION,
+        help="key: the prefix cache is shared only between requests with the same API key "
+        "(each key a tenant, as a cache_salt); none: shared by all, a request's cache_salt "
+        "aside (default: none)",
+    )
+
+
+def config(ns: argparse.Namespace) -> dict[str, Any]:
+    """The `ServerConfig` values of the admission flags."""
+    return {"max_queue": ns.max_queue, "cache_isolation": ns.cache_isolation}

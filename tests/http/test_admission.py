@@ -1,0 +1,152 @@
+"""Admission control over HTTP on the tiny model (issue 31 item 12): `--max-queue` refuses a
+request past the bound at once with llama-server's 503 error shape and `Retry-After`, the
+queued ones are served; slots go round-robin between clients (API keys), so one client's
+many requests cannot keep another waiting behind all of them.
+
+The engine thread is held on a barrier (an engine call that waits) while requests queue,
+so what is queued when is exact, not a matter of timing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from loraserve.engine.request import Event, Run
+from tests.server_util import Served, serve_in_thread
+
+KEYS = ("key-a", "key-b")
+
+
+@pytest.fixture(scope="module")
+def srv() -> Iterator[Served]:
+    args = ["-np", "1", "-c", "256", "--max-queue", "3", "--api-key", KEYS[0], "--api-key", KEYS[1]]
+    with serve_in_thread(args) as s:
+        yield s
+
+
+def _engine(srv: Served):
+    return srv.app.state.server.engine
+
+
+class Held:
+    """The engine thread waiting on an event (between steps) until `release`."""
+
+    def __init__(self, srv: Served) -> None:
+        self.gate = threading.Event()
+        self.engine = _engine(srv)
+        self.done = self.engine.call(self.gate.wait)
+
+    def wait_queued(self, n: int) -> None:
+        deadline = time.monotonic() + 30
+        while self.engine.core.scheduler.queue.queued < n:
+            assert time.monotonic() < deadline, "requests did not queue"
+            time.sleep(0.005)
+
+    def release(self) -> None:
+        self.gate.set()
+        self.done.result(10)
+
+
+def _post(srv: Served, key: str, body: dict[str, Any], out: list, path: str = "/completion"):
+    def run() -> None:
+        out.append(
+            httpx.post(
+                f"{srv.url}{path}",
+                json=body,
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=60,
+            )
+        )
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+BODY = {"prompt": "the cat", "n_predict": 2, "temperature": 0}
+
+
+def test_past_the_bound_a_503_with_retry_after(srv: Served) -> None:
+    held = Held(srv)
+    answers: list[httpx.Response] = []
+    try:
+        threads = [_post(srv, KEYS[0], BODY, answers) for _ in range(3)]
+        held.wait_queued(3)
+        auth = {"Authorization": f"Bearer {KEYS[1]}"}
+        refused = [
+            srv.client.post("/completion", json=BODY, headers=auth),
+            srv.client.post("/v1/completions", json={**BODY, "stream": True}, headers=auth),
+            srv.client.post(
+                "/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+                headers=auth,
+            ),
+        ]
+    finally:
+        held.release()
+    for t in threads:
+        t.join(60)
+    for r in refused:
+        assert r.status_code == 503, r.text
+        assert int(r.headers["Retry-After"]) >= 1
+        err = r.json()["error"]
+        assert err["code"] == 503 and err["type"] == "unavailable_error"
+        assert "--max-queue 3" in err["message"]
+    assert [a.status_code for a in answers] == [200] * 3  # the queued ones are served
+    assert _engine(srv).core.scheduler.queue.queued == 0
+    assert srv.client.post("/completion", json=BODY, headers=auth).status_code == 200
+
+
+def test_n_counts_every_choice_against_the_bound(srv: Served) -> None:
+    held = Held(srv)
+    answers: list[httpx.Response] = []
+    try:
+        t = _post(srv, KEYS[0], BODY, answers)
+        held.wait_queued(1)
+        auth = {"Authorization": f"Bearer {KEYS[0]}"}
+        # 3 prompts: 1 + 3 > 3
+        r = srv.client.post("/completion", json={**BODY, "prompt": ["a", "b", "c"]}, headers=auth)
+    finally:
+        held.release()
+    t.join(60)
+    assert r.status_code == 503 and r.json()["error"]["type"] == "unavailable_error"
+    assert answers[0].status_code == 200
+
+
+def test_slots_go_round_robin_between_clients(srv: Served) -> None:
+    """One slot; client A queues 3 requests, then client B 2: they alternate, A, B, A, B, A
+    (or B first, if A was served more recently by the tests before); FIFO would run A, A,
+    A, B, B."""
+    order: list[str] = []
+    engine = _engine(srv)
+
+    def listen(run: Run, ev: Event) -> None:
+        if run.req.id not in seen:
+            seen.add(run.req.id)
+            order.append(run.req.client)
+
+    seen: set[int] = set()
+    engine.listeners.append(listen)
+    engine.core.scheduler.queue.limit = 0  # 5 queue here
+    held = Held(srv)
+    answers: list[httpx.Response] = []
+    threads = []
+    try:
+        for i, key in enumerate([KEYS[0]] * 3 + [KEYS[1]] * 2):
+            threads.append(_post(srv, key, BODY, answers))
+            held.wait_queued(i + 1)  # arrival order is exact
+    finally:
+        held.release()
+        for t in threads:
+            t.join(60)
+        engine.listeners.remove(listen)
+        engine.core.scheduler.queue.limit = 3
+    assert [a.status_code for a in answers] == [200] * 5
+    # alternating while both wait (who starts depends on who was served last before)
+    assert all(order[i] != order[i + 1] for i in range(3)), order
+    assert order.count(order[4]) == 3  # then the one with requests left: A
