@@ -37,12 +37,13 @@ EXACT = {
     "LFM2-8B-A1B.jinja", "LFM2.5-8B-A1B.jinja", "LFM2.5-Instruct.jinja", "MiniMax-M3.jinja",
     "Kimi-K3.jinja", "inclusionai-ling-3.0-flash.jinja", "GigaChat3-10B-A1.8B.jinja",
     "meetkai-functionary-medium-v3.2.jinja", "muse-glimmer.jinja", "Cohere2MoE.jinja",
-    "openbmb-MiniCPM5-1B.jinja",
+    "openbmb-MiniCPM5-1B.jinja", "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
+    "meta-llama-Llama-3.1-8B-Instruct.jinja",
 }  # fmt: skip
 HARMONY = "openai-gpt-oss-120b.jinja"
-FLOOR = 435  # of 463: the rest are auto-analysed formats' corner cases (Command R7B, GLM 4.7,
-# Apriel 1.6, Spark 2.5, Mistral Small 3.2, ...), response-format answers in ```json fences,
-# and a gpt-oss turn continued after its analysis message
+FLOOR = 437  # of 463: the rest are auto-analysed formats' corner cases (Command R7B, GLM 4.7,
+# Apriel 1.6, Spark 2.5, Mistral Small 3.2, ...) and a gpt-oss turn continued after its
+# analysis message
 
 
 @functools.cache
@@ -66,7 +67,8 @@ def _parser(case: dict) -> ChatParser:
     lead = turn_lead(fmt, gp) if not start or start in gp else gp.lstrip()
     tag = fmt.reasoning_start.strip()
     opened = not start and bool(tag) and gp.rstrip().endswith(tag)  # no marker to cut at
-    return ChatParser(fmt, tools, req["reasoning_format"], opened, lead)
+    schema = bool(req.get("json_schema"))
+    return ChatParser(fmt, tools, req["reasoning_format"], opened, lead, response_format=schema)
 
 
 def _norm(msg: dict) -> tuple:
