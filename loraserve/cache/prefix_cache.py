@@ -20,7 +20,10 @@ Invariants (checked by `check`):
   are evicted, least recently used first; both sets are kept incrementally at every
   reference, child and index change (so references go through `acquire`/`release`);
 - indexed blocks are immutable: sequences write only into blocks they allocated and
-  that are not indexed yet (a partial match is copied, copy-on-write).
+  that are not indexed yet (a partial match is copied, copy-on-write);
+- with recurrent layers (``states``, `cache.state`), a match ends only after a full block
+  that has a state snapshot (the exact state there, under the same key), and a block's
+  snapshot is dropped when the block is freed.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from loraserve.cache.block_pool import BlockPool, OutOfBlocks
+from loraserve.cache.state import StateStore
 
 CacheKey = tuple[tuple[str, float], ...]  # sorted (adapter content id, scale), scale != 0
 Parent = int | str  # block id, or ROOT
@@ -133,8 +137,11 @@ class CacheStats:
 class PrefixCache:
     """Maps (cache key, token prefix) to KV blocks, with an LRU budget for unheld blocks."""
 
-    def __init__(self, pool: BlockPool, budget_blocks: int | None) -> None:
+    def __init__(
+        self, pool: BlockPool, budget_blocks: int | None, states: StateStore | None = None
+    ) -> None:
         self.pool = pool
+        self.states = states  # recurrent models: state snapshots that follow blocks
         self.bs = pool.block_size
         self.budget = budget_blocks  # None = unlimited (bounded by the pool)
         self._nodes: dict[int, _Node] = {}
@@ -180,6 +187,11 @@ class PrefixCache:
                 m.partial_block, m.partial_len = best, best_len
                 i += best_len
             break
+        if self.states is not None:  # resume only where an exact state follows the prefix
+            m.partial_block, m.partial_len = None, 0
+            while m.blocks and not self.states.has(m.blocks[-1]):
+                m.blocks.pop()
+            i = len(m.blocks) * self.bs
         m.n_tokens = i
         if i:
             self.stats.hits += 1
@@ -234,7 +246,7 @@ class PrefixCache:
         for b in blocks:
             if self.pool.decref(b) == 0:
                 if b not in self._nodes:
-                    self.pool.free(b)
+                    self._free(b)
                     continue
                 self._n_cached += 1
                 if self._nodes[b].children == 0:
@@ -304,7 +316,12 @@ class PrefixCache:
                 self._evictable.add(node.parent)
         if self.pool.refcount[b] == 0:
             self._n_cached -= 1
-            self.pool.free(b)
+            self._free(b)
+
+    def _free(self, b: int) -> None:
+        self.pool.free(b)
+        if self.states is not None:
+            self.states.drop(b)
 
     def check(self) -> None:
         """Assert the index invariants (used by tests)."""

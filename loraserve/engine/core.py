@@ -20,6 +20,7 @@ import torch
 
 from loraserve.cache.block_pool import BlockPool
 from loraserve.cache.prefix_cache import PrefixCache
+from loraserve.cache.state import StateStore
 from loraserve.engine.constraint import Constraint, Grammars
 from loraserve.engine.embedding import Pooler
 from loraserve.engine.isolation import forward_isolated, sample_isolated, scrub_kv
@@ -35,6 +36,7 @@ from loraserve.lora.catalogue import Catalogue
 from loraserve.lora.registry import AdapterRegistry
 from loraserve.lora.tiers import TierLimits
 from loraserve.model.loader import LoadedModel
+from loraserve.model.recurrent import state_shapes
 
 log = logging.getLogger("loraserve.engine")
 
@@ -92,6 +94,15 @@ class EngineCore:
         self.n_ctx_slot = slot_context(config)
         per_slot = (self.n_ctx_slot + bs - 1) // bs + 1
         block_bytes = 2 * cfg.n_layers * bs * cfg.n_kv_heads * cfg.head_dim * kv_dtype.itemsize
+        # recurrent layers: each block may carry the state snapshot that follows it
+        states = StateStore(state_shapes(cfg), bs) if cfg.recurrent else None
+        if states is not None:
+            if config.spec.enabled:
+                raise ValueError(
+                    f"speculative decoding cannot roll back the recurrent state of {cfg.arch} "
+                    "layers yet: start without a draft model or --spec-type"
+                )
+            block_bytes += states.snapshot_bytes
         held = config.n_slots * (per_slot + 1)
         if config.cache_ram_mib < 0:
             budget = None
@@ -100,7 +111,7 @@ class EngineCore:
             budget = int(config.cache_ram_mib * 2**20 // block_bytes)
             max_blocks = held + budget
         self.pool = BlockPool(bs, max_blocks, initial_blocks=min(held, 256))
-        self.cache = PrefixCache(self.pool, budget)
+        self.cache = PrefixCache(self.pool, budget, states)
         self.scheduler = Scheduler(
             config.n_slots,
             self.n_ctx_slot,
@@ -114,7 +125,9 @@ class EngineCore:
             Catalogue(config.lora_dirs, config.lora_modules),
             TierLimits(config.lora_max_loaded, None if mib is None else int(mib * 2**20)),
         )
-        self.runner = ModelRunner(model.decoder, bs, kv_dtype, lora=self.adapters.build_delta)
+        self.runner = ModelRunner(
+            model.decoder, bs, kv_dtype, lora=self.adapters.build_delta, states=states
+        )
         self.runner.ensure_capacity(self.pool.capacity)
         self.tokenizer = model.tokenizer
         self._outputs: dict[int, TextOutput] = {}
@@ -146,6 +159,8 @@ class EngineCore:
         self._take_failures()
         if not work:
             return False
+        for run, item in work:  # whose recurrent state each item continues
+            item.slot, item.seq = run.slot, run.req.id
         copies = sched.take_copies()
         self.runner.ensure_capacity(self.pool.capacity)
         for src, dst, n in copies:

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
+from loraserve.cache.state import SeqStep, StateStore
 from loraserve.model.context import AttnMeta, LoraDelta, StepContext, set_context
 from loraserve.model.decoder import Decoder
+from loraserve.model.recurrent import state_shapes
 
 
 @dataclass
@@ -26,6 +28,9 @@ class BatchItem:
     n_logits: int = 1  # with want_logits: logits of the last n_logits rows (a draft's rows)
     # aLoRA (`lora.alora`): (first position, scales) spans that replace ``mix``
     mixes: tuple[tuple[int, Mapping[int, float]], ...] = ()
+    # recurrent models (`cache.state`): the slot and request id whose live state continues
+    slot: int = -1
+    seq: int = -1
 
 
 LoraBuilder = Callable[[list[tuple[int, int, Mapping[int, float]]]], LoraDelta | None]
@@ -35,7 +40,8 @@ class ModelRunner:
     """KV pool tensors per layer ``[capacity * block_size, n_kv_heads, head_dim]``.
 
     ``lora`` builds a step's LoRA delta from its row spans (``(start, end, mix)`` for the
-    rows whose mix is not empty); without it every row runs the base model.
+    rows whose mix is not empty); without it every row runs the base model. A model with
+    recurrent layers keeps their states in ``states`` (its own store unless given one).
     """
 
     def __init__(
@@ -44,6 +50,7 @@ class ModelRunner:
         block_size: int,
         kv_dtype: torch.dtype,
         lora: LoraBuilder | None = None,
+        states: StateStore | None = None,
     ) -> None:
         self.decoder = decoder
         self.cfg = decoder.cfg
@@ -52,6 +59,9 @@ class ModelRunner:
         self.capacity = 0
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.lora = lora
+        if states is None and decoder.cfg.recurrent:
+            states = StateStore(state_shapes(decoder.cfg), block_size)
+        self.states = states
 
     def ensure_capacity(self, n_blocks: int) -> None:
         """Grow the KV tensors to ``n_blocks`` blocks, keeping their contents."""
@@ -135,6 +145,13 @@ class ModelRunner:
             kv_caches=self.kv,
             hidden_rows=torch.tensor(hidden_rows, dtype=torch.long) if hidden_rows else None,
         )
+        if self.states is not None:  # each sequence's exact state (or StateMissing)
+            ctx.states, r = [], 0
+            for it in items:
+                ctx.states.append(
+                    self.states.prepare(it.slot, it.seq, it.start, it.n, it.blocks, r)
+                )
+                r += it.n
         return torch.tensor(ids, dtype=torch.long), positions, ctx
 
     def forward(self, items: Sequence[BatchItem]) -> torch.Tensor:
@@ -147,6 +164,10 @@ class ModelRunner:
             logits = self.decoder(input_ids, positions)
         finally:
             set_context(None)
+        if self.states is not None:  # the pass returned: keep its states
+            steps: list[SeqStep] = ctx.states or []
+            for it, step in zip(items, steps, strict=True):
+                self.states.commit(it.slot, it.seq, it.start, step)
         self.hidden: list[torch.Tensor | None] = []
         off = 0
         for it in items:

@@ -137,7 +137,7 @@ class Scheduler:
         waits or computes the prompt's KV, then its `Run` to share from; None when there is
         none to share (no leader, or it already finished: its KV is in the prefix cache)."""
         lead = req.leader
-        if lead is None:
+        if lead is None or self.cache.states is not None:  # recurrent: no state mid-block
             return None
         if lead.id in pending:
             return False

@@ -32,6 +32,7 @@ from loraserve.cache.block_pool import OutOfBlocks
 from loraserve.cache.prefix_cache import CacheKey, Spans, spans
 from loraserve.engine.runner import ModelRunner
 from loraserve.engine.scheduler import Scheduler
+from loraserve.model import archs
 from loraserve.model.loader import LoadedModel
 
 FORMAT = "loraserve-slot-1"
@@ -151,10 +152,21 @@ def is_slot_file(path: Path) -> bool:
         return False
 
 
+def _refuse_recurrent(fp: dict[str, object]) -> None:
+    """`SlotFileError` for a model with recurrent layers: a slot file holds KV only, and
+    resuming without the layers' state would answer wrongly."""
+    arch = archs.ARCHS.get(str(fp.get("arch")))
+    if arch is not None and arch.recurrent:
+        raise SlotFileError(
+            f"slot save/restore does not carry the recurrent state of {arch.name} layers yet"
+        )
+
+
 def write(path: Path, image: SlotImage, fp: dict[str, object]) -> int:
     """Write `image` atomically to `path` (a symlink there is replaced, not followed);
     returns the bytes written. `SlotFileError` if a regular file there is not a slot file
-    of ours (it is left as it is)."""
+    of ours (it is left as it is), or if the model has recurrent layers."""
+    _refuse_recurrent(fp)
     if path.is_file() and not path.is_symlink() and not is_slot_file(path):
         raise SlotFileError(f"{path.name}: exists and is not a loraserve slot file; not replaced")
     tensors = {"tokens": torch.tensor(image.tokens, dtype=torch.int64)}
@@ -178,6 +190,7 @@ def write(path: Path, image: SlotImage, fp: dict[str, object]) -> int:
 
 def read(path: Path, fp: dict[str, object], max_tokens: int) -> SlotImage:
     """Read and check a slot file written by `write` for a model with fingerprint `fp`."""
+    _refuse_recurrent(fp)
     try:
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}

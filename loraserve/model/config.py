@@ -88,6 +88,10 @@ class ModelConfig:
     rope_dim: int = 0
     qk_nope_dim: int = 0  # a latent-attention head's query dims without rope
     v_head_dim: int = 0  # a latent-attention head's value dims
+    # recurrent layers (`model/recurrent/`): per layer "attn" or a recurrent kind
+    # ("shortconv"); empty: attention at every depth
+    layer_kinds: tuple[str, ...] = field(default=())
+    conv_kernel: int = 0  # short convolution's kernel length (lfm2: shortconv.l_cache)
     # llama4: sliding_layers attend in chunks of attn_chunk positions (a query sees the keys of
     # its own chunk only); no-rope layers scale q by 1 + s log(floor((pos + o) / f) + 1) with
     # attn_temp = (f, s, o); q and k RMS-normed without weight after rope on rope layers
@@ -111,13 +115,15 @@ class ModelConfig:
             object.__setattr__(self, "sliding_layers", (False,) * self.n_layers)
         if not self.rope_layers:
             object.__setattr__(self, "rope_layers", (True,) * self.n_layers)
+        if not self.layer_kinds:
+            object.__setattr__(self, "layer_kinds", ("attn",) * self.n_layers)
         if not self.moe_layers:
             object.__setattr__(self, "moe_layers", (self.n_experts > 0,) * self.n_layers)
         if self.rope_theta_local == 0.0:
             object.__setattr__(self, "rope_theta_local", self.rope_theta)
         if self.attn_scale == 0.0:
             object.__setattr__(self, "attn_scale", 1.0 / math.sqrt(self.head_dim))
-        for name in ("sliding_layers", "rope_layers", "moe_layers"):
+        for name in ("sliding_layers", "rope_layers", "moe_layers", "layer_kinds"):
             if len(getattr(self, name)) != self.n_layers:
                 raise UnsupportedModelError(f"{name} must have one entry per layer")
         if self.n_heads % self.n_kv_heads:
@@ -137,6 +143,11 @@ class ModelConfig:
         return not self.kv_lora_rank and 0 < self.rope_dim < self.head_dim
 
     @property
+    def recurrent(self) -> bool:
+        """Whether some layer keeps per-sequence recurrent state (`cache.state`)."""
+        return any(k != "attn" for k in self.layer_kinds)
+
+    @property
     def permuted_qk(self) -> bool:
         """Whether a GGUF file stores q/k rows in llama.cpp's converter order (rope "norm")
         that loading un-permutes; a partial rope rotates the stored adjacent pairs as they are."""
@@ -150,8 +161,10 @@ class ModelConfig:
         keys = archs.Keys(meta, arch.name)
         tensor_names = tensor_names or set()
         hidden = int(keys.req("embedding_length"))
-        n_heads = int(keys.req("attention.head_count"))
+        n_heads = _heads(arch, keys.req("attention.head_count"))
         n_kv = keys.get("attention.head_count_kv", n_heads)
+        if arch.recurrent:  # per-layer counts, 0 at recurrent layers: the attention's
+            n_kv = _heads(arch, n_kv)
         if isinstance(n_kv, list) or hasattr(n_kv, "shape"):
             raise UnsupportedModelError("per-layer head_count_kv is not supported")
         n_layers = int(keys.req("block_count"))
@@ -236,6 +249,17 @@ def _flags(arch: archs.Arch, hidden: int) -> dict[str, Any]:
         embed_scale=math.sqrt(hidden) if arch.embed_scale_sqrt else 1.0,
         rope_type=arch.rope,
     )
+
+
+def _heads(arch: archs.Arch, v: Any) -> int:
+    """A head count: per layer in a recurrent architecture (0 at its recurrent layers), the
+    attention layers' (they must agree); else one value."""
+    if arch.recurrent and (isinstance(v, list) or hasattr(v, "shape")):
+        counts = {int(x) for x in v} - {0}
+        if len(counts) != 1:
+            raise UnsupportedModelError(f"{arch.name}: attention layers with head counts {v}")
+        return counts.pop()
+    return int(v)
 
 
 def _hf_rope_theta(cfg: dict[str, Any]) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -66,6 +66,8 @@ class StepContext:
     # hidden states of rows ``hidden_rows`` [H] long in ``hidden`` [H, hidden_size]
     hidden_rows: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
+    # recurrent layers (`model/recurrent/`): one `cache.state.SeqStep` per sequence of the step
+    states: list[Any] | None = None
 
 
 # Thread-local: each engine thread runs its own forward passes (tests and tools may run

@@ -23,6 +23,7 @@ from loraserve.model.context import get_context
 from loraserve.model.ffn import MoE
 from loraserve.model.layers import Rope, RowEmbedding, apply_rope, gated_act, rms_norm
 from loraserve.model.projection import Matrix, Projection
+from loraserve.model.recurrent import build as build_recurrent
 from loraserve.model.weights import WeightSource
 
 
@@ -48,7 +49,8 @@ class Block(nn.Module):
         # q|k|v and gate|up each run as one projection of one input (phi3 stores them fused:
         # attn_qkv, and ffn_up holding gate|up)
         self.mla = LatentAttention(cfg, i, w) if cfg.kv_lora_rank else None  # deepseek2
-        if self.mla is None:
+        self.mixer = build_recurrent(cfg, i, w)  # a recurrent layer in place of attention
+        if self.mla is None and self.mixer is None:
             qkv = ("attn_qkv",) if w.has(p + "attn_qkv.weight") else ("attn_q", "attn_k", "attn_v")
             self.qkv = proj(qkv, "attn_qkv")
             self.o = proj(("attn_output",), "attn_output")
@@ -60,10 +62,12 @@ class Block(nn.Module):
         self.sinks = _req(w, p + "attn_sinks.weight").float() if cfg.attn_sinks else None
         self.qk_norm = None  # [n_heads + n_kv_heads, head_dim]: q's norm, then k's, per head
         self.qk_full: tuple[torch.Tensor, torch.Tensor] | None = None  # [nq D], [nkv D]
-        if cfg.qk_norm and cfg.qk_norm_mode == "full":
+        attn = self.mixer is None  # q/k norms belong to attention layers
+        if attn and cfg.qk_norm and cfg.qk_norm_mode == "full":
             self.qk_full = (_req(w, p + "attn_q_norm.weight"), _req(w, p + "attn_k_norm.weight"))
-        elif cfg.qk_norm or (
-            cfg.qk_norm_mode == "head_if_present" and w.has(p + "attn_q_norm.weight")
+        elif attn and (
+            cfg.qk_norm
+            or (cfg.qk_norm_mode == "head_if_present" and w.has(p + "attn_q_norm.weight"))
         ):
             qn, kn = _req(w, p + "attn_q_norm.weight"), _req(w, p + "attn_k_norm.weight")
             self.qk_norm = torch.cat(
@@ -97,6 +101,8 @@ class Block(nn.Module):
         h = norm(cfg, x, self.attn_norm, self.attn_norm_b)
         if self.mla is not None:  # latent attention over the compressed cache (deepseek2)
             return self._residual(x, h, self.mla(h, self.i, rope))
+        if self.mixer is not None:  # recurrent (`model/recurrent/`)
+            return self._residual(x, h, self.mixer(h))
         t, nq, nkv, d = h.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         qkv = self.qkv(h)  # [T, (nq + 2 nkv) d]
         qk = qkv[:, : (nq + nkv) * d].view(t, nq + nkv, d)  # q and k heads, normed and
@@ -183,8 +189,9 @@ class Decoder(nn.Module):
         else:
             self.embed = _req(w, "token_embd.weight")  # [V, hidden] float32
         self.blocks = nn.ModuleList(Block(cfg, i, w) for i in range(cfg.n_layers))
-        self.norm = _req(w, "output_norm.weight").float()
-        self.norm_b = _f32(w.float("output_norm.bias"))  # LayerNorm bias (starcoder2)
+        out_norm = cfg.tensor("output_norm")  # lfm2: token_embd_norm
+        self.norm = _req(w, out_norm + ".weight").float()
+        self.norm_b = _f32(w.float(out_norm + ".bias"))  # LayerNorm bias (starcoder2)
         if not cfg.tied_output:
             out = _matrix(w, "output.weight")
         elif isinstance(self.embed, torch.Tensor):
@@ -286,7 +293,7 @@ def _build_fused(d: Decoder) -> FusedLayers | None:
     cfg = d.cfg
     if (cfg.residual_scale != 1.0 or cfg.qk_norm_mode != "head" or not cfg.pre_norms
             or cfg.attn_softcap or cfg.attn_sinks or cfg.kv_lora_rank or cfg.norm != "rms"
-            or cfg.parallel or not all(cfg.rope_layers) or cfg.partial_rope
+            or cfg.recurrent or cfg.parallel or not all(cfg.rope_layers) or cfg.partial_rope
             or cfg.attn_chunk or cfg.qk_l2_norm
             or cfg.act not in ("silu", "gelu_tanh")):  # fmt: skip
         return None  # layer kinds the fused C layers do not have: the per-layer path

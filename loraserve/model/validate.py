@@ -102,6 +102,9 @@ SHAPES: dict[str, ShapeFn] = {
     "ffn_up": lambda c, i: (_ffn(c, i) * (2 if _ffn_kind(c) == "fused" else 1), c.hidden_size),
     "ffn_down": lambda c, i: (c.hidden_size, _ffn(c, i)),
     "ffn_gate_inp": lambda c, i: (_n_experts(c, i), c.hidden_size),
+    "shortconv.in_proj": lambda c, i: (3 * c.hidden_size, c.hidden_size),
+    "shortconv.out_proj": lambda c, i: (c.hidden_size, c.hidden_size),
+    "shortconv.conv": lambda c, i: (c.hidden_size, c.conv_kernel),
     "ffn_gate_exps": lambda c, i: (_n_experts(c, i), _expert_ffn(c, i), c.hidden_size),
     "ffn_up_exps": lambda c, i: (_n_experts(c, i), _expert_ffn(c, i), c.hidden_size),
     "ffn_down_exps": lambda c, i: (_n_experts(c, i), c.hidden_size, _expert_ffn(c, i)),
@@ -111,13 +114,16 @@ SHAPES: dict[str, ShapeFn] = {
 def required_stems(cfg: ModelConfig, i: int) -> list[str]:
     """The stems layer ``i`` cannot run without, from the config's flags."""
     stems = ["attn_q", "attn_k", "attn_v", "attn_output"]
-    if getattr(cfg, "kv_lora_rank", 0):  # latent attention (deepseek2); q by attn_q or q_a/q_b
+    kind = per_layer(cfg, "layer_kinds", i, "attn")
+    if kind == "shortconv":  # a recurrent layer in place of attention (`model/recurrent/`)
+        stems = ["shortconv.in_proj", "shortconv.out_proj", "shortconv.conv"]
+    elif getattr(cfg, "kv_lora_rank", 0):  # latent attention (deepseek2); q by attn_q or q_a/q_b
         stems = ["attn_kv_a_mqa", "attn_kv_a_norm", "attn_k_b", "attn_v_b", "attn_output"]
     if getattr(cfg, "pre_norms", True):  # olmo2, exaone4: post norms only
         stems += ["attn_norm"]
         if not getattr(cfg, "parallel", False):
             stems += [getattr(cfg, "ffn_norm_name", "ffn_norm")]
-    if getattr(cfg, "qk_norm", False):
+    if getattr(cfg, "qk_norm", False) and kind == "attn":
         stems += ["attn_q_norm", "attn_k_norm"]
     if getattr(cfg, "post_norms", False):
         stems += ["post_attention_norm", "post_ffw_norm"]
@@ -164,6 +170,8 @@ def check_hparams(meta: Mapping[str, Any]) -> None:
         raise ModelFileError(f"general.architecture must be a string, got {_show(arch)}")
     for key, (lo, hi) in _INT_KEYS.items():
         v = meta.get(f"{arch}.{key}")
+        if key.startswith("attention.head_count") and _per_layer_heads(arch, v):
+            continue  # one per layer, 0 at recurrent layers (`ModelConfig.from_gguf` reads them)
         if v is not None and not (_is_int(v) and lo <= int(v) <= hi):
             raise ModelFileError(f"{arch}.{key} = {_show(v)}: must be an integer from {lo} to {hi}")
     for key in _FLOAT_KEYS:
@@ -174,6 +182,18 @@ def check_hparams(meta: Mapping[str, Any]) -> None:
             and (float(v) > 0 or (key.endswith("epsilon") and float(v) == 0))
         ):  # an epsilon of 0: an architecture with LayerNorm (cohere2) leaves the RMS one 0
             raise ModelFileError(f"{arch}.{key} = {_show(v)}: must be a finite positive number")
+
+
+def _per_layer_heads(arch: str, v: Any) -> bool:
+    """Whether ``v`` is a valid per-layer head count of a recurrent architecture."""
+    from loraserve.model import archs
+
+    a = archs.ARCHS.get(arch)
+    if a is None or not a.recurrent or not isinstance(v, (list, np.ndarray)):
+        return False
+    if len(v) > MAX_LAYERS or not all(_is_int(x) and 0 <= int(x) <= MAX_WIDTH for x in v):
+        raise ModelFileError(f"{arch} per-layer head counts {_show(v)}: integers 0 to {MAX_WIDTH}")
+    return True
 
 
 def check_config(cfg: ModelConfig) -> None:
@@ -259,9 +279,10 @@ def check_tensors(
         raise ModelFileError(
             f"token_embd.weight has shape {emb and tuple(emb)}, expected [vocab, {h}]"
         )
-    norm = shapes.get("output_norm.weight")
+    out_norm = cfg.tensor("output_norm") + ".weight"  # lfm2: token_embd_norm
+    norm = shapes.get(out_norm)
     if norm is None or tuple(norm) != (h,):
-        raise ModelFileError(f"output_norm.weight has shape {norm and tuple(norm)}, expected [{h}]")
+        raise ModelFileError(f"{out_norm} has shape {norm and tuple(norm)}, expected [{h}]")
     if n_tokens is not None and emb[0] < n_tokens:
         raise ModelFileError(
             f"token_embd.weight has {emb[0]} rows for a tokenizer of {n_tokens} tokens"

@@ -96,5 +96,8 @@ class Arch:
     # the architecture reads rope.dimension_count itself (else one smaller than the head size
     # is a partial rope: `ModelConfig.rope_dim`)
     partial_rope: bool = False
+    # some layers are recurrent (`model/recurrent/`): per-layer head counts, 0 at those layers,
+    # whose kinds the gguf hook names (`ModelConfig.layer_kinds`)
+    recurrent: bool = False
     gguf: Hook | None = None
     hf: HFHook | None = None

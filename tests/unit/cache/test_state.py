@@ -1,0 +1,115 @@
+"""Recurrent state snapshots: a prefix hit resumes from the exact state of that prefix under
+the same cache key, or from nothing.
+
+A stand-in state records what produced it: the (key, token) of every position before it, as an
+id into a table. Random request sequences (hypothesis) under random keys, shared prefixes and
+cache budgets then run as the engine runs them (match, resume, compute block by block with a
+snapshot at each boundary, index, release): every resumed state must be the one of exactly the
+matched prefix under the request's key, every match must end on a block boundary with a
+snapshot, and every snapshot must belong to a block that is in use.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loraserve.cache.block_pool import BlockPool
+from loraserve.cache.prefix_cache import PrefixCache
+from loraserve.cache.state import StateMissing, StateStore
+
+BS = 4
+KEYS = [(), (("adapterA", 1.0),), (("adapterA", 0.5),), (("adapterA", 1.0), ("adapterB", -1.0))]
+
+
+class Ids:
+    """Histories (tuples of (key, token)) <-> small integer ids stored in a state tensor."""
+
+    def __init__(self) -> None:
+        self.ids: dict[tuple, int] = {(): 0}
+        self.back: list[tuple] = [()]
+
+    def state(self, history: tuple) -> dict[int, torch.Tensor]:
+        if history not in self.ids:
+            self.ids[history] = len(self.back)
+            self.back.append(history)
+        return {0: torch.tensor([float(self.ids[history])])}
+
+    def history(self, state: dict[int, torch.Tensor]) -> tuple:
+        return self.back[int(state[0][0])]
+
+
+def test_prepare_cuts_and_reruns() -> None:
+    store = StateStore({0: (1,)}, BS)
+    blocks = [7, 8, 9]
+    step = store.prepare(0, 1, 0, 9, blocks, 0)
+    assert float(step.state[0][0]) == 0.0  # zeros at position 0
+    assert step.cuts == [(3, 7), (7, 8)]  # after positions 3 and 7: the ends of blocks 7, 8
+    step.out[0] = torch.tensor([9.0])
+    step.snaps = {7: {0: torch.tensor([4.0])}, 8: {0: torch.tensor([8.0])}}
+    store.commit(0, 1, 0, step)
+    assert float(store.prepare(0, 1, 9, 1, blocks, 0).state[0][0]) == 9.0  # continues
+    assert float(store.prepare(0, 1, 0, 9, blocks, 0).state[0][0]) == 0.0  # a rerun
+    # another request in the slot: only a snapshot at a block boundary, never the live state
+    assert float(store.prepare(0, 2, 8, 1, blocks, 0).state[0][0]) == 8.0
+    with pytest.raises(StateMissing):
+        store.prepare(0, 2, 9, 1, blocks, 0)
+    store.drop(8)
+    with pytest.raises(StateMissing):
+        store.prepare(0, 2, 8, 1, blocks, 0)
+
+
+def test_snapshot_counted_in_bytes() -> None:
+    assert StateStore({1: (2, 256), 3: (2, 256)}, BS).snapshot_bytes == 2 * 2 * 256 * 4
+
+
+requests = st.lists(
+    st.tuples(
+        st.sampled_from(range(len(KEYS))),
+        st.integers(0, 2),  # which shared stem
+        st.lists(st.integers(0, 3), min_size=1, max_size=11),  # own tail
+    ),
+    min_size=1,
+    max_size=14,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(requests, st.sampled_from([0, 1, 3, None]), st.integers(1, 6))
+def test_resumed_state_is_the_prefix_state(reqs: list, budget: int | None, ubatch: int) -> None:
+    stems = [[1, 2, 3, 1, 2, 3, 1, 2, 3], [1, 2, 3, 1, 0, 0], [2] * 10]
+    pool = BlockPool(BS, 400)
+    store = StateStore({0: (1,)}, BS)
+    cache = PrefixCache(pool, budget, store)
+    ids = Ids()
+    seen: set = set()
+    for seq, (k, stem, tail) in enumerate(reqs):
+        key, tokens = KEYS[k], stems[stem] + tail
+        hist = tuple((key, t) for t in tokens)
+        m = cache.match(key, tokens, len(tokens) - 1)
+        assert m.partial_block is None and m.n_tokens % BS == 0
+        if budget is None and (key, tuple(tokens)) in seen:  # everything kept: a full resume
+            assert m.n_tokens == (len(tokens) - 1) // BS * BS
+        seen.add((key, tuple(tokens)))
+        for b in m.blocks:
+            cache.acquire(b)
+        blocks, pos = list(m.blocks), m.n_tokens
+        while pos < len(tokens):  # chunks of ``ubatch`` tokens, as the scheduler makes them
+            n = min(ubatch, len(tokens) - pos)
+            while len(blocks) * BS < pos + n:
+                blocks.append(cache.allocate())
+            step = store.prepare(0, seq, pos, n, blocks, 0)
+            assert ids.history(step.state) == hist[:pos], "resumed from another prefix's state"
+            step.out = ids.state(hist[: pos + n])
+            for r, b in step.cuts:
+                step.snaps[b] = ids.state(hist[: pos + r + 1])
+            store.commit(0, seq, pos, step)
+            pos += n
+        cache.insert(key, tokens, blocks)
+        cache.release(blocks)
+        cache.check()
+        for b, st_ in store.snaps.items():  # a snapshot lives only with its block
+            assert b in pool._used
+            assert len(ids.history(st_)) % BS == 0
