@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import heapq
 import re
-from bisect import bisect_right
 from collections.abc import Callable, Iterable
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -124,35 +123,33 @@ class SpecialSplitter:
         if not heap:
             return [text]
         heapq.heapify(heap)
-        begins: list[int] = []
-        ends: list[int] = []
-        claimed: list[int] = []
+        # claimed[i]: character i belongs to a claim (a token's text or the whitespace it
+        # strips). Checking and marking cost the claim's length, so the split is linear in
+        # the text (times the longest special text), however the claims interleave.
+        claimed = bytearray(n)
+        claims: list[tuple[int, int, int]] = []  # (begin, end, id)
         while heap:
             neg_size, tid, pos, word = heapq.heappop(heap)
-            i = bisect_right(begins, pos)
-            if i and ends[i - 1] > pos:
+            if claimed[pos]:
                 continue  # every text starting here overlaps that claim too
             end = pos - neg_size
-            if i < len(begins) and begins[i] < end:
+            if claimed.find(1, pos, end) >= 0:
                 shorter = self._shorter(word)
                 if shorter is not None:
                     heapq.heappush(heap, (-len(shorter), ids[shorter], pos, shorter))
                 continue
             begin = pos
             if tid in self._lstrip:
-                floor = ends[i - 1] if i else 0
-                while begin > floor and text[begin - 1] in _C_SPACE:
+                while begin > 0 and not claimed[begin - 1] and text[begin - 1] in _C_SPACE:
                     begin -= 1
             if tid in self._rstrip:
-                ceiling = begins[i] if i < len(begins) else len(text)
-                while end < ceiling and text[end] in _C_SPACE:
+                while end < n and not claimed[end] and text[end] in _C_SPACE:
                     end += 1
-            begins.insert(i, begin)
-            ends.insert(i, end)
-            claimed.insert(i, tid)
+            claimed[begin:end] = b"\x01" * (end - begin)
+            claims.append((begin, end, tid))
         out: list[str | int] = []
         cursor = 0
-        for begin, end, tid in zip(begins, ends, claimed, strict=True):
+        for begin, end, tid in sorted(claims):
             if begin > cursor:
                 out.append(text[cursor:begin])
             out.append(tid)

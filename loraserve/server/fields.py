@@ -19,7 +19,8 @@ from loraserve.chat.template import normalize_messages
 INT32_MAX = 2**31 - 1
 MAX_STOP = 16  # stop strings per request
 MAX_STOP_LEN = 1024  # characters per stop string
-MAX_LOGIT_BIAS = 1024  # logit_bias entries per request
+MAX_LOGIT_BIAS = 1024  # logit_bias entries per request (token texts: after tokenizing)
+MAX_BIAS_TEXT = 256  # characters of a logit_bias token text
 MAX_PROMPTS = 1024  # prompts in one /completion request
 
 Prompt = str | list[int | str]
@@ -87,6 +88,11 @@ def parse_logit_bias(v: Any) -> list[tuple[int | str, float]]:
         if isinstance(tok, str):
             if not tok:
                 raise ValueError(f"{where}: the token text is empty")
+            if len(tok) > MAX_BIAS_TEXT:
+                raise ValueError(
+                    f"{where[:40]}: a token text is at most {MAX_BIAS_TEXT} characters, "
+                    f"got {len(tok)}"
+                )
         else:
             check_token(tok, where)
         if bias is False:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from loraserve.chat.prompt import render_prompt
 from loraserve.engine.request import Submission
@@ -18,11 +19,13 @@ from loraserve.engine.sampling.params import SamplingParams
 from loraserve.lora.registry import Mix, UnknownModelName
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.errors import exceed_context_size, invalid_request, not_found
+from loraserve.server.fields import MAX_LOGIT_BIAS
 from loraserve.server.flight import Flight, wait
 from loraserve.server.grammar import request_grammar
 from loraserve.server.schemas import Prompt, _GenerationParams
 from loraserve.server.state import ServerState
 
+T = TypeVar("T")
 BIG_PROMPT_CHARS = 20_000  # longer prompts are tokenized off the event loop
 
 
@@ -40,6 +43,20 @@ def tokenize_prompt(tok: Tokenizer, prompt: Prompt) -> list[int]:
     return out
 
 
+def prompt_chars(prompt: Prompt) -> int:
+    """What tokenizing a prompt costs, in characters: a string's length; in a list, each
+    string's length and 8 per token id."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(x) if isinstance(x, str) else 8 for x in prompt)
+
+
+async def off_loop(fn: Callable[[], T], size: int) -> T:
+    """``fn()``, in a worker thread when ``size`` (characters to tokenize) is large enough
+    to hold the event loop up: other clients (`/health`) are answered meanwhile."""
+    return await asyncio.to_thread(fn) if size > BIG_PROMPT_CHARS else fn()
+
+
 async def tokenize_prompts(state: ServerState, prompts: list[Prompt]) -> list[list[int]]:
     """Tokenize and check every prompt: token ids in the vocabulary, not empty, and
     shorter than a slot's context (else 400 `exceed_context_size_error`)."""
@@ -53,8 +70,7 @@ async def tokenize_prompts(state: ServerState, prompts: list[Prompt]) -> list[li
             check_tokens(state, ids, where(i))
         return out
 
-    size = sum(len(p) if isinstance(p, str) else len(p) * 8 for p in prompts)
-    return await asyncio.to_thread(run) if size > BIG_PROMPT_CHARS else run()
+    return await off_loop(run, sum(prompt_chars(p) for p in prompts))
 
 
 CONTINUATION = {"content": "content", "reasoning_content": "reasoning"}
@@ -129,13 +145,21 @@ def check_tokens(state: ServerState, ids: list[int], where: str) -> None:
 
 def logit_bias(state: ServerState, params: _GenerationParams) -> list[tuple[int, float]]:
     """The request's `logit_bias` by token id: a token text's bias goes to every token it
-    tokenizes to (without special tokens, as llama-server)."""
+    tokenizes to (without special tokens, as llama-server); at most MAX_LOGIT_BIAS entries
+    after tokenizing (a 400 past it). Tokenized once per request (kept on ``params``)."""
+    if params._bias_ids is not None:
+        return list(params._bias_ids)
     tok = state.require().tokenizer
     out: list[tuple[int, float]] = []
     for t, bias in params.logit_bias:
         ids = [t] if isinstance(t, int) else tok.encode(t, add_special=False, parse_special=False)
         out += [(i, bias) for i in ids]
-    return out
+        if len(out) > MAX_LOGIT_BIAS:
+            raise invalid_request(
+                f"logit_bias: its token texts tokenize to more than {MAX_LOGIT_BIAS} tokens"
+            )
+    params._bias_ids = out
+    return list(out)
 
 
 def sampling_params(state: ServerState, params: _GenerationParams) -> SamplingParams:
@@ -148,6 +172,11 @@ def sampling_params(state: ServerState, params: _GenerationParams) -> SamplingPa
     except ValueError as e:
         raise invalid_request(str(e)) from None
     return sp
+
+
+def bias_text_chars(params: _GenerationParams) -> int:
+    """Characters of `logit_bias` token texts: what tokenizing them costs."""
+    return sum(len(t) for t, _ in params.logit_bias if isinstance(t, str))
 
 
 def check_limits(state: ServerState, params: _GenerationParams) -> None:
@@ -181,7 +210,10 @@ async def submit(
     if adapter_name is not None and state.names_the_model(adapter_name):
         adapter_name = None
     check_limits(state, params)
-    sp = sampling_params(state, params)
+    if bias_text_chars(params) > BIG_PROMPT_CHARS // 10:  # tokenized off the event loop
+        sp = await asyncio.to_thread(sampling_params, state, params)
+    else:
+        sp = sampling_params(state, params)
     if grammar is None:
         grammar = await request_grammar(
             state, params.grammar, params.json_schema, params.response_format

@@ -17,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainValidator,
+    PrivateAttr,
     RootModel,
     model_validator,
 )
@@ -189,6 +190,8 @@ class _GenerationParams(_Body):
     # the request's tenant in the prefix cache (vLLM's): KV is reused only from requests
     # with the same salt, so no other tenant's prompt can be probed through `tokens_cached`
     cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT)
+    # `logit_bias` by token id, once resolved (`generation.logit_bias`: tokenized once)
+    _bias_ids: list[tuple[int, float]] | None = PrivateAttr(None)
     # speculative decoding (`server/config/spec_flags.py`), llama-server's dotted names
     spec_n_max: int | None = Field(None, ge=0, le=INT32_MAX, validation_alias="speculative.n_max")
     spec_n_min: int | None = Field(None, ge=0, le=INT32_MAX, validation_alias="speculative.n_min")

@@ -34,7 +34,13 @@ from loraserve.server.errors import (
     not_supported,
 )
 from loraserve.server.fields import Prompt, parse_mixed, parse_prompts
-from loraserve.server.generation import check_tokens, start_flight, tokenize_prompt
+from loraserve.server.generation import (
+    check_tokens,
+    off_loop,
+    prompt_chars,
+    start_flight,
+    tokenize_prompt,
+)
 from loraserve.server.output import collect
 from loraserve.server.schemas import LoraScaleItem, _Body, _check_unique_ids
 from loraserve.server.state import ServerState, get_state
@@ -178,7 +184,8 @@ async def _embeddings(request: HttpRequest, oai: bool) -> Response:
         raise invalid_request(
             "Pooling type 'none' is not OAI compatible. Please use a different pooling type"
         )
-    prompts = [tokenize_prompt(engine.tokenizer, p) for p in inputs]
+    size = sum(prompt_chars(p) for p in inputs)
+    prompts = await off_loop(lambda: [tokenize_prompt(engine.tokenizer, p) for p in inputs], size)
     results = await _embed(state, request, prompts, body, pooling)
     vectors = [
         (v if pooling is Pooling.NONE else normalize(v, body.embd_normalize), n) for v, n in results
@@ -212,15 +219,16 @@ async def embeddings_oai(request: HttpRequest) -> Response:
     return await _embeddings(request, oai=True)
 
 
-def rerank_prompt(state: ServerState, query: str, doc: str) -> list[int]:
-    """llama.cpp's rerank input without a `rerank` template: BOS (if the vocabulary adds
-    it), the query, EOS (if it adds it), SEP (likewise), the document, EOS."""
+def rerank_prompts(state: ServerState, query: str, docs: list[str]) -> list[list[int]]:
+    """llama.cpp's rerank inputs without a `rerank` template: BOS (if the vocabulary adds
+    it), the query, EOS (if it adds it), SEP (likewise), the document, EOS. The query is
+    tokenized once for all the documents."""
     tok = state.require().tokenizer
     q = tok.encode(query, add_special=False, parse_special=False)
-    d = tok.encode(doc, add_special=False, parse_special=False)
     bos = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
     eos = [tok.eos_id] if tok.add_eos and tok.eos_id is not None else []
-    return [*bos, *q, *eos, *d, *eos]
+    head = [*bos, *q, *eos]
+    return [[*head, *tok.encode(d, add_special=False, parse_special=False), *eos] for d in docs]
 
 
 @router.post("/rerank", openapi_extra=body_doc(RerankRequest))
@@ -238,7 +246,8 @@ async def rerank(request: HttpRequest) -> Response:
     docs = body.texts if tei else body.documents
     if not docs:
         raise invalid_request('"documents" must be a non-empty string array')
-    prompts = [rerank_prompt(state, body.query, d) for d in docs]
+    size = len(body.query) + sum(map(len, docs))
+    prompts = await off_loop(lambda: rerank_prompts(state, body.query, docs), size)
     results = await _embed(state, request, prompts, body, Pooling.RANK)
     label = "score" if tei else "relevance_score"
     items = []
