@@ -23,6 +23,8 @@ from loraserve.chat.formats.scan import (
     skip_ws,
     value_end,
 )
+from loraserve.chat.formats.values import cdata, typed
+from loraserve.chat.formats.values import is_string as _is_string  # grammar.py reads it here
 
 
 @dataclass
@@ -80,6 +82,10 @@ def scan_calls(
 ) -> CallScan:
     """The calls of `text` from `at` (the trigger's position)."""
     out = CallScan(end=at)
+    if fmt.array_wrapped and fmt.call_start and not fmt.section_start:
+        # Nemotron Nano v2's `<TOOLCALL>[{..}, {..}]</TOOLCALL>`: one marker pair around the array
+        fmt = fmt.with_(section_start=fmt.call_start, section_end=fmt.call_end, call_start="",
+                        call_end="")  # fmt: skip
     try:
         i = at
         for m in fmt.optional_markers:
@@ -168,8 +174,8 @@ def _json_call(fmt: ChatFormat, text: str, members: list) -> ScannedCall | None:
     if args is not None and args[1] is not None and text[args[0]] == '"':
         arguments = json.loads(arguments)  # arguments written as a JSON string
     id_ = ""
-    if fmt.id_field:
-        got = _member(text, members, fmt.id_field)
+    if fmt.id_field or fmt.gen_id_field:  # an id the model wrote, or one it generated
+        got = _member(text, members, fmt.id_field or fmt.gen_id_field)
         if got is not None and got[1] is not None:
             value = json.loads(text[got[0] : got[1]])
             id_ = value if isinstance(value, str) else json.dumps(value)
@@ -188,6 +194,8 @@ def _tag_calls(
     if fmt.tool_mode == "tag_tagged":
         name_stops = (fmt.name_suffix, fmt.args_start, fmt.arg_name_prefix, "\n",
                       fmt.call_close, fmt.call_end)  # fmt: skip
+    between = fmt.id_position == "between_name_and_args" and fmt.id_prefix.strip()
+    id_stops = (fmt.id_prefix.strip(),) if between and fmt.tool_mode == "tag_json" else ()
     while True:
         try:
             if fmt.call_start and fmt.call_start_optional and not out.calls:
@@ -200,14 +208,21 @@ def _tag_calls(
                 break
             raise
         n = skip_ws(text, i)
-        e = _until(text, n, *name_stops)
+        e = _until(text, n, *name_stops, *id_stops)
         name, id_ = text[n:e].strip(), ""
         if fmt.name_id_index:
             id_ = fmt.name_prefix.strip() + name
             name = name.rpartition(":")[0] or name
-        i = _lit(text, e, fmt.name_suffix)
+        if id_stops and text.startswith(id_stops[0], e):  # Mistral Small 3.2: NAME[CALL_ID]ID[ARGS]
+            k = e + len(id_stops[0])
+            e = _until(text, k, fmt.id_suffix, fmt.args_start, "{")
+            id_, i = text[k:e].strip(), _opt(text, e, fmt.id_suffix)
+            if fmt.name_suffix.strip() != fmt.id_suffix.strip():
+                i = _lit(text, i, fmt.name_suffix)
+        else:
+            i = _lit(text, e, fmt.name_suffix)
         i = _lit(text, i, fmt.args_separator)
-        if fmt.id_position == "between_name_and_args" and fmt.id_prefix:
+        if fmt.id_position == "between_name_and_args" and fmt.id_prefix and not id_:
             k = _opt(text, i, fmt.id_prefix)
             if k != i:
                 e = _until(text, k, fmt.id_suffix, fmt.args_start, "{")
@@ -277,7 +292,9 @@ def _tagged_arg(
     v = _lit(text, _lit(text, e, fmt.arg_name_suffix), fmt.arg_value_prefix)
     head = json.dumps(key, ensure_ascii=False) + ": "
     if fmt.cdata_values and _is_string(props.get(key)):
-        got = _cdata(text, v, head, parts)
+        got = cdata(text, v, head, parts)
+        if got == -2:
+            raise _Need
         if got is not None:
             return got if got < 0 else _opt(text, _lit(text, got, fmt.arg_value_suffix),
                                             fmt.arg_separator)  # fmt: skip
@@ -292,58 +309,5 @@ def _tagged_arg(
         parts.append(head + json.dumps(raw, ensure_ascii=False)[:-1])
         return -1
     raw = raw[:-1] if raw.endswith("\n") else raw
-    parts.append(head + _typed(raw, props.get(key)))
+    parts.append(head + typed(raw, props.get(key)))
     return _opt(text, _lit(text, end, fmt.arg_value_suffix), fmt.arg_separator)
-
-
-def _cdata(text: str, v: int, head: str, parts: list[str]) -> int | None:
-    """A string value wrapped in `<![CDATA[..]]>` at `v` (MiniCPM5: it may hold the closing
-    tag) appended to `parts`: the position after `]]>`, -1 when the text ends inside it,
-    None when the value is not wrapped."""
-    if not text.startswith(_CDATA, v):
-        if _CDATA.startswith(text[v:]):
-            raise _Need
-        return None
-    end = text.find("]]>", v + len(_CDATA))
-    raw = text[v + len(_CDATA) : end if end >= 0 else len(text)]
-    if end < 0:
-        raw = raw[: len(raw) - held(raw, ("]]>",))]
-        parts.append(head + json.dumps(raw, ensure_ascii=False)[:-1])
-        return -1
-    parts.append(head + json.dumps(raw, ensure_ascii=False))
-    return end + 3
-
-
-_CDATA = "<![CDATA["
-
-
-def _types(schema: Any) -> set[str]:
-    if not isinstance(schema, dict):
-        return set()
-    t = schema.get("type")
-    out = set(t) if isinstance(t, list) else ({t} if isinstance(t, str) else set())
-    for key in ("anyOf", "oneOf"):
-        for sub in schema.get(key) or []:
-            out |= _types(sub)
-    if "enum" in schema and not out:
-        out |= {type(v).__name__ for v in schema["enum"]} & {"str"} and {"string"} or set()
-    return out
-
-
-def _is_string(schema: Any) -> bool:
-    """Whether a value of this schema is written raw (only strings, or no type known)."""
-    types = _types(schema)
-    return not types or types == {"string"}
-
-
-def _typed(raw: str, schema: Any) -> str:
-    """A tagged value as JSON text: a string as written when the schema says string only,
-    else the JSON value it spells (a string when it spells none)."""
-    if not _is_string(schema):
-        if raw in ("True", "False") and "boolean" in _types(schema):
-            return "true" if raw == "True" else "false"  # Python's spelling (jinja2 `string`)
-        try:
-            return json.dumps(json.loads(raw), ensure_ascii=False)
-        except ValueError:
-            pass
-    return json.dumps(raw, ensure_ascii=False)

@@ -38,10 +38,10 @@ EXACT = {
     "Kimi-K3.jinja", "inclusionai-ling-3.0-flash.jinja", "GigaChat3-10B-A1.8B.jinja",
     "meetkai-functionary-medium-v3.2.jinja", "muse-glimmer.jinja", "Cohere2MoE.jinja",
     "openbmb-MiniCPM5-1B.jinja", "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
-    "meta-llama-Llama-3.1-8B-Instruct.jinja",
+    "meta-llama-Llama-3.1-8B-Instruct.jinja", "NVIDIA-Nemotron-Nano-v2.jinja",
 }  # fmt: skip
 HARMONY = "openai-gpt-oss-120b.jinja"
-FLOOR = 437  # of 463: the rest are auto-analysed formats' corner cases (Command R7B, GLM 4.7,
+FLOOR = 445  # of 463: the rest are auto-analysed formats' corner cases (Command R7B, GLM 4.7,
 # Apriel 1.6, Spark 2.5, Mistral Small 3.2, ...) and a gpt-oss turn continued after its
 # analysis message
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loraserve.chat.formats.scan import Incomplete, Invalid, held, skip_ws, value_end
+from loraserve.chat.formats.values import types_of
 
 WS = " \t\n\r"
 
@@ -117,18 +118,6 @@ class Args:
     def close(self) -> None:
         """The object's end."""
         self.call[1] = (self.call[1] or "{") + "}"
-
-
-def types_of(schema: Any) -> set[str]:
-    """The JSON types a schema names (its anyOf/oneOf alternatives included)."""
-    if not isinstance(schema, dict):
-        return set()
-    t = schema.get("type")
-    out = set(t) if isinstance(t, list) else ({t} if isinstance(t, str) else set())
-    for key in ("anyOf", "oneOf"):
-        for sub in schema.get(key) or []:
-            out |= types_of(sub)
-    return out
 
 
 def may_be_string(schema: Any) -> bool:
