@@ -58,7 +58,8 @@ def build(argv: list[str], cc: ClusterConfig, n_slots: int) -> serve.Application
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=100_000,
     )
-    return ingress.bind(replica.bind(argv, COORDINATOR, NAMESPACE), COORDINATOR, NAMESPACE)
+    replicas = replica.bind(argv, COORDINATOR, NAMESPACE)
+    return ingress.bind(replicas, COORDINATOR, NAMESPACE, argv)
 
 
 def start(argv: list[str], cc: ClusterConfig, n_slots: int) -> None:

@@ -9,9 +9,11 @@
   key as its multiplexed model id (`routing.RouteTable.key`), so `routing.AffinityRouter`
   sends a mix where its KV is warm. The answer streams back as the replica's app sent it.
 
-Every answer carries `X-Loraserve-Replica`. A replica that dies while it serves a request
-answers it with a 503 (or, once a stream has begun, a last SSE event carrying the 503
-error), never a hang; Ray Serve replaces the replica.
+Before anything is read or forwarded, `guard.IngressGuard` checks the API key and the body
+size (a refused request reaches neither the coordinator's log nor a replica; its body is
+never parsed). Every forwarded answer carries `X-Loraserve-Replica`. A replica that dies
+while it serves a request answers it with a 503 (or, once a stream has begun, a last SSE
+event carrying the 503 error), never a hang; Ray Serve replaces the replica.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import ray
@@ -30,6 +32,7 @@ from starlette.responses import Response, StreamingResponse
 
 from loraserve.cluster import merge
 from loraserve.cluster.asgi_host import HttpAnswer, HttpCall
+from loraserve.cluster.guard import BodyTooLarge, IngressGuard
 from loraserve.cluster.replica import REPLICA_MESSAGE
 from loraserve.cluster.routing import RouteTable
 from loraserve.server.errors import unavailable
@@ -49,7 +52,15 @@ def _died(replica: str) -> str:
 class Ingress:
     """Ray Serve's ingress deployment of `loraserve ray` (one replica, no CPU of its own)."""
 
-    def __init__(self, replicas: DeploymentHandle, coordinator: str, namespace: str) -> None:
+    def __init__(
+        self,
+        replicas: DeploymentHandle,
+        coordinator: str,
+        namespace: str,
+        argv: Sequence[str] = (),
+    ) -> None:
+        """``argv``: the replicas' `loraserve serve` flags (their API keys guard this door)."""
+        self.guard = IngressGuard.from_argv(argv)
         self.replicas = replicas
         self.coordinator = ray.get_actor(coordinator, namespace=namespace)
         self.version, table = ray.get(self.coordinator.table_after.remote(0, 0.0))
@@ -72,9 +83,16 @@ class Ingress:
         """Answer one HTTP request of the loraserve API."""
         if self._watch is None or self._watch.done():
             self._watch = asyncio.ensure_future(self._follow_table())
+        refused = self.guard.refuse(request)
+        if refused is not None:
+            return refused
+        try:
+            body = await self.guard.read_body(request)
+        except BodyTooLarge:
+            return self.guard.too_big().response()
         path = request.url.path
         full = f"{path}?{request.url.query}" if request.url.query else path
-        call = HttpCall(request.method, full, list(request.headers.items()), await request.body())
+        call = HttpCall(request.method, full, list(request.headers.items()), body)
         if call.method == "POST" and path in GLOBAL_WRITES:
             answers = await self.coordinator.broadcast.remote(call, "log")
             self._set_table(*await self.coordinator.table_after.remote(self.version, 0.0))
