@@ -92,6 +92,8 @@ class ModelConfig:
     # ("shortconv"); empty: attention at every depth
     layer_kinds: tuple[str, ...] = field(default=())
     conv_kernel: int = 0  # short convolution's kernel length (lfm2: shortconv.l_cache)
+    # Mamba-2 layers: (d_conv, d_inner, d_state, heads, groups) from <arch>.ssm.*
+    ssm: tuple[int, ...] = ()
     # llama4: sliding_layers attend in chunks of attn_chunk positions (a query sees the keys of
     # its own chunk only); no-rope layers scale q by 1 + s log(floor((pos + o) / f) + 1) with
     # attn_temp = (f, s, o); q and k RMS-normed without weight after rope on rope layers

@@ -105,6 +105,11 @@ SHAPES: dict[str, ShapeFn] = {
     "shortconv.in_proj": lambda c, i: (3 * c.hidden_size, c.hidden_size),
     "shortconv.out_proj": lambda c, i: (c.hidden_size, c.hidden_size),
     "shortconv.conv": lambda c, i: (c.hidden_size, c.conv_kernel),
+    # Mamba-2: ssm = (d_conv, d_inner, d_state, heads, groups)
+    "ssm_in": lambda c, i: (2 * c.ssm[1] + 2 * c.ssm[4] * c.ssm[2] + c.ssm[3], c.hidden_size),
+    "ssm_out": lambda c, i: (c.hidden_size, c.ssm[1]),
+    "ssm_conv1d": lambda c, i: (c.ssm[1] + 2 * c.ssm[4] * c.ssm[2], c.ssm[0]),
+    "ssm_norm": lambda c, i: (c.ssm[4], c.ssm[1] // c.ssm[4]),
     "ffn_gate_exps": lambda c, i: (_n_experts(c, i), _expert_ffn(c, i), c.hidden_size),
     "ffn_up_exps": lambda c, i: (_n_experts(c, i), _expert_ffn(c, i), c.hidden_size),
     "ffn_down_exps": lambda c, i: (_n_experts(c, i), c.hidden_size, _expert_ffn(c, i)),
@@ -117,6 +122,8 @@ def required_stems(cfg: ModelConfig, i: int) -> list[str]:
     kind = per_layer(cfg, "layer_kinds", i, "attn")
     if kind == "shortconv":  # a recurrent layer in place of attention (`model/recurrent/`)
         stems = ["shortconv.in_proj", "shortconv.out_proj", "shortconv.conv"]
+    elif kind == "mamba2":
+        stems = ["ssm_in", "ssm_out", "ssm_conv1d", "ssm_norm"]
     elif getattr(cfg, "kv_lora_rank", 0):  # latent attention (deepseek2); q by attn_q or q_a/q_b
         stems = ["attn_kv_a_mqa", "attn_kv_a_norm", "attn_k_b", "attn_v_b", "attn_output"]
     if getattr(cfg, "pre_norms", True):  # olmo2, exaone4: post norms only

@@ -12,10 +12,11 @@ from __future__ import annotations
 from torch import nn
 
 from loraserve.model.config import ModelConfig
+from loraserve.model.recurrent.mamba2 import Mamba2
 from loraserve.model.recurrent.shortconv import ShortConv
 from loraserve.model.weights import WeightSource
 
-__all__ = ["ShortConv", "build", "state_shapes"]
+__all__ = ["Mamba2", "ShortConv", "build", "state_shapes"]
 
 
 def build(cfg: ModelConfig, i: int, w: WeightSource) -> nn.Module | None:
@@ -25,6 +26,8 @@ def build(cfg: ModelConfig, i: int, w: WeightSource) -> nn.Module | None:
         return None
     if kind == "shortconv":
         return ShortConv(cfg, i, w)
+    if kind == "mamba2":
+        return Mamba2(cfg, i, w)
     raise ValueError(f"unknown layer kind {kind!r}")
 
 
@@ -34,4 +37,6 @@ def state_shapes(cfg: ModelConfig) -> dict[int, tuple[int, ...]]:
     for i, kind in enumerate(cfg.layer_kinds):
         if kind == "shortconv":
             out[i] = ShortConv.state_shape(cfg)
+        elif kind == "mamba2":
+            out[i] = Mamba2.state_shape(cfg)
     return out

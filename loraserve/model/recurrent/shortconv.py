@@ -26,8 +26,8 @@ class ShortConv(nn.Module):
         super().__init__()
         p = f"blk.{i}.shortconv."
         self.i = i
-        self.in_proj = Projection(p + "in_proj.weight", [_matrix(w, p + "in_proj.weight")])
-        self.out_proj = Projection(p + "out_proj.weight", [_matrix(w, p + "out_proj.weight")])
+        self.in_proj = Projection(p + "in_proj.weight", [matrix(w, p + "in_proj.weight")])
+        self.out_proj = Projection(p + "out_proj.weight", [matrix(w, p + "out_proj.weight")])
         conv = w.float(p + "conv.weight")
         if conv is None:
             raise ValueError(f"model file lacks tensor {p + 'conv.weight'!r}")
@@ -52,17 +52,24 @@ class ShortConv(nn.Module):
         for seq in ctx.states:
             n = seq.hi - seq.lo
             xpad = torch.cat((seq.state[self.i], bx[seq.lo : seq.hi]))  # [L-1+n, C]
-            acc = xpad[0:n] * self.taps[0]
-            for j in range(1, k):
-                acc = acc + xpad[j : j + n] * self.taps[j]
-            conv[seq.lo : seq.hi] = acc
+            conv[seq.lo : seq.hi] = causal_conv(xpad, self.taps)
             seq.out[self.i] = xpad[n:].clone()  # the last L-1 rows
             for r, block in seq.cuts:  # state after row lo + r: rows r+1 .. r+L-1 of xpad
                 seq.snaps.setdefault(block, {})[self.i] = xpad[r + 1 : r + k].clone()
         return self.out_proj(c * conv)
 
 
-def _matrix(w: WeightSource, name: str) -> Matrix:
+def causal_conv(xpad: torch.Tensor, taps: list[torch.Tensor]) -> torch.Tensor:
+    """xpad [L-1+n, C] (the state, then n new rows), taps L x [C] -> [n, C]: row t is
+    sum_j xpad[t+j] * taps[j], accumulated in order j = 0..L-1 (as ggml_ssm_conv)."""
+    n = xpad.shape[0] - len(taps) + 1
+    acc = xpad[0:n] * taps[0]
+    for j in range(1, len(taps)):
+        acc = acc + xpad[j : j + n] * taps[j]
+    return acc
+
+
+def matrix(w: WeightSource, name: str) -> Matrix:
     m = w.matrix(name)
     if m is None:
         raise ValueError(f"model file lacks tensor {name!r}")

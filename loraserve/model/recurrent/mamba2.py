@@ -1,0 +1,107 @@
+"""Mamba-2 (llama.cpp ``build_mamba2_layer``: ``ggml_ssm_conv`` then ``ggml_ssm_scan``).
+
+``ssm_in`` gives z [d_inner], xBC [d_inner + 2 G N] and dt [H]. xBC goes through the causal
+depthwise convolution (kernel ``ssm_conv1d`` [conv_dim, d_conv], plus bias, SiLU), then splits
+into x [H, P] (P = d_inner / H), B and C [G, N] (head h reads group h // (H / G)). With
+dt' = softplus(dt + dt_bias) and dA = exp(dt' A) per head, the state s [H, P, N] of a sequence
+runs s <- s dA + B (x dt') and each token reads y = sum_n s C, then y + x D, times SiLU(z), a
+grouped RMSNorm (``ssm_norm`` [G, d_inner / G]) and ``ssm_out``.
+
+Row independence: the scan runs token by token per sequence in a fixed order, on tensors whose
+shapes never depend on the batch or the chunking, so a sequence's bits are the same alone,
+batched, in any prefill chunks, and resumed from a snapshot (its state is exactly the one the
+uncut sequence had there). A sequence's state is one flat tensor: the conv rows, then s.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from loraserve.model.config import ModelConfig
+from loraserve.model.context import get_context
+from loraserve.model.layers import gated_act, rms_norm
+from loraserve.model.projection import Projection
+from loraserve.model.recurrent.shortconv import causal_conv, matrix
+from loraserve.model.weights import WeightSource
+
+
+class Mamba2(nn.Module):
+    """The Mamba-2 mixer of layer ``i``: [T, hidden] -> [T, hidden]."""
+
+    def __init__(self, cfg: ModelConfig, i: int, w: WeightSource) -> None:
+        super().__init__()
+        p = f"blk.{i}."
+        self.i, self.eps = i, cfg.rms_eps
+        self.k, self.d_inner, self.n, self.h, self.g = _dims(cfg)
+        self.conv_dim = self.d_inner + 2 * self.g * self.n
+        self.in_proj = Projection(p + "ssm_in.weight", [matrix(w, p + "ssm_in.weight")])
+        self.out_proj = Projection(p + "ssm_out.weight", [matrix(w, p + "ssm_out.weight")])
+        conv = _req(w, p + "ssm_conv1d.weight")  # [conv_dim, d_conv]
+        self.taps = [c.contiguous() for c in conv.t()]
+        self.conv_b = _req(w, p + "ssm_conv1d.bias")  # [conv_dim]
+        self.dt_b = _req(w, p + "ssm_dt.bias").reshape(-1)  # [H]
+        self.a = _req(w, p + "ssm_a").reshape(-1)  # [H] (negative: -exp(A_log))
+        self.d = _req(w, p + "ssm_d").reshape(-1, 1)  # [H, 1]
+        self.norm = _req(w, p + "ssm_norm.weight").reshape(self.g, -1).contiguous()  # [G, d/G]
+
+    @staticmethod
+    def state_shape(cfg: ModelConfig) -> tuple[int, ...]:
+        """[(d_conv - 1) * conv_dim + H * P * N]: the conv rows, then the scan state."""
+        k, d_inner, n, h, g = _dims(cfg)
+        return ((k - 1) * (d_inner + 2 * g * n) + d_inner * n,)
+
+    def forward(self, hs: torch.Tensor) -> torch.Tensor:
+        """hs: [T, hidden] (normed) -> [T, hidden]; reads and writes ``ctx.states``."""
+        ctx = get_context()
+        if ctx.states is None:
+            raise RuntimeError("a recurrent layer ran without its sequences' states")
+        t = hs.shape[0]
+        di, n, h, g, k = self.d_inner, self.n, self.h, self.g, self.k
+        zxbcdt = self.in_proj(hs)  # [T, 2 d_inner + 2 G N + H]
+        z = zxbcdt[:, :di]
+        xbc_in = zxbcdt[:, di : di + self.conv_dim]
+        dt_raw = zxbcdt[:, di + self.conv_dim :]  # [T, H]
+        y = torch.empty(t, h, di // h)
+        xbc = torch.empty(t, self.conv_dim)
+        n_conv = (k - 1) * self.conv_dim
+        for seq in ctx.states:
+            lo, hi = seq.lo, seq.hi
+            st = seq.state[self.i]
+            xpad = torch.cat((st[:n_conv].view(k - 1, self.conv_dim), xbc_in[lo:hi]))
+            pre = causal_conv(xpad, self.taps) + self.conv_b
+            xbc[lo:hi] = gated_act(pre, torch.ones_like(pre), "silu")  # SiLU, row-invariant
+            s = st[n_conv:].view(h, di // h, n)  # [H, P, N]
+            cuts = dict(seq.cuts)
+            for r in range(hi - lo):
+                row = lo + r  # softplus and exp on [H] alone: the same bits in any batch
+                dt = F.softplus(dt_raw[row] + self.dt_b)  # [H]
+                da = torch.exp(dt * self.a)  # [H]
+                x = xbc[row, :di].view(h, -1)  # [H, P]
+                b = xbc[row, di : di + g * n].view(g, 1, n).repeat_interleave(h // g, 0)
+                c = xbc[row, di + g * n :].view(g, 1, n).repeat_interleave(h // g, 0)
+                s = s * da.view(h, 1, 1) + b * (x * dt.view(h, 1)).unsqueeze(-1)
+                y[row] = (s * c).sum(-1)  # [H, P]
+                if r in cuts:
+                    snap = torch.cat((xpad[r + 1 : r + k].reshape(-1), s.reshape(-1)))
+                    seq.snaps.setdefault(cuts[r], {})[self.i] = snap
+            seq.out[self.i] = torch.cat((xpad[hi - lo :].reshape(-1), s.reshape(-1)))
+        x = xbc[:, :di].view(t, h, -1)
+        zc = torch.empty(t, di).copy_(z)  # rows of di: the C kernel's layout even at T = 1
+        out = gated_act(zc, (y + x * self.d).view(t, di), "silu")  # [T, d_inner]
+        out = rms_norm(out.reshape(t, g, di // g).contiguous(), self.norm, self.eps)
+        return self.out_proj(out.view(t, di))
+
+
+def _dims(cfg: ModelConfig) -> tuple[int, int, int, int, int]:
+    """(d_conv, d_inner, d_state, heads, groups) of the config's Mamba-2 layers."""
+    k, d_inner, n, h, g = cfg.ssm
+    return k, d_inner, n, h, g
+
+
+def _req(w: WeightSource, name: str) -> torch.Tensor:
+    t = w.float(name)
+    if t is None:
+        raise ValueError(f"model file lacks tensor {name!r}")
+    return t.float()
