@@ -29,6 +29,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -40,6 +41,22 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fPIC", "-sh
 # -ffp-contract=off: no fused multiply-adds the source did not ask for, so every output's
 # float operations are exactly the ones written, whatever the compiler's scheduling
 
+
+def _load_trust():  # type: ignore[no-untyped-def]
+    """`loraserve/kernels/trust.py`, loaded without the kernels package (which imports
+    torch: this module must not)."""
+    name = "loraserve.kernels.trust"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, SRC_DIR / "trust.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+trust = _load_trust()
 _LOCK = threading.Lock()
 _LIBS: dict[str, ctypes.CDLL | None] = {}
 _DISABLED_ENV = "LORASERVE_NO_C_KERNELS"  # set to 1 to force the pure-torch fallbacks
@@ -157,6 +174,7 @@ class _Build:
                 log.warning("linking the C kernels failed, using the slower pure-torch path:"
                             "\n%s", link.stderr.decode(errors="replace")[-2000:])  # fmt: skip
                 return False
+            trust.record(self.out, tmp_out)  # the hash a load checks (`trust.open_verified`)
             os.replace(tmp_out, self.out)  # atomic: concurrent starts never see half
             log.info("compiled the C kernels for this CPU (%s)", self.out)
             return True
@@ -167,8 +185,10 @@ class _Build:
 _BUILD: list[_Build] = []  # the compile in flight, if any
 
 
-def _output() -> tuple[Path, str] | None:
-    """(library path, compiler), or None without a compiler or with the kernels disabled."""
+def _output(prebuilt: bool = True) -> tuple[Path, str] | None:
+    """(library path, compiler), or None without a compiler, with the kernels disabled, or
+    no private directory to build in (`trust.private_dir`). The package's prebuilt library
+    when it is there with its hash (and ``prebuilt``), else the user's cache."""
     if os.environ.get(_DISABLED_ENV) == "1":
         return None
     cc = _compiler()
@@ -176,15 +196,22 @@ def _output() -> tuple[Path, str] | None:
         log.warning("no C compiler found: the kernels run on the slower pure-torch path")
         return None
     name = f"{LIBRARY}-{_key(cc)}.so"
-    if (prebuilt_dir() / name).is_file():
+    if prebuilt and trust.recorded(prebuilt_dir() / name) and trust.trusted_dir(prebuilt_dir()):
         return prebuilt_dir() / name, cc
-    out = cache_dir() / name
-    if not out.is_file():
+    try:
+        out = trust.private_dir(cache_dir()) / name
+    except OSError:  # an unwritable home: build into the temporary directory instead
         try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-        except OSError:  # an unwritable home: build into the temporary directory instead
-            out = Path(tempfile.gettempdir()) / f"loraserve-kernels-{os.getuid()}" / out.name
-            out.parent.mkdir(parents=True, exist_ok=True)
+            out = (
+                trust.private_dir(Path(tempfile.gettempdir()) / f"loraserve-kernels-{os.getuid()}")
+                / name
+            )
+        except (OSError, trust.UntrustedPath) as e:
+            log.warning("C kernels not built: %s; the kernels run on the slower pure-torch path", e)
+            return None
+    except trust.UntrustedPath as e:
+        log.warning("C kernels not built: %s; the kernels run on the slower pure-torch path", e)
+        return None
     return out, cc
 
 
@@ -206,12 +233,40 @@ def _build() -> ctypes.CDLL | None:
     if where is None:
         return None
     out, cc = where
+    if out.parent == prebuilt_dir():
+        try:
+            return _load(out, prebuilt=True)
+        except trust.UntrustedPath as e:
+            log.warning("the prebuilt C kernels are not loaded: %s", e)
+        where = _output(prebuilt=False)
+        if where is None:
+            return None
+        out, cc = where
     build = _BUILD.pop() if _BUILD else None
     if build is None and not out.is_file():
         build = _Build(cc, out)
     if build is not None and not build.finish():
         return None
-    return ctypes.CDLL(str(out))
+    try:
+        return _load(out, prebuilt=False)
+    except trust.UntrustedPath as e:
+        log.warning("rebuilding the C kernels: %s", e)  # our own private folder
+    if not _Build(cc, out).finish():
+        return None
+    try:
+        return _load(out, prebuilt=False)
+    except trust.UntrustedPath as e:
+        log.warning("C kernels not loaded: %s", e)
+        return None
+
+
+def _load(lib: Path, prebuilt: bool) -> ctypes.CDLL:
+    """The library at ``lib``, loaded only once `trust.open_verified` accepts it."""
+    path, fd = trust.open_verified(lib, allow_root=prebuilt)
+    try:
+        return ctypes.CDLL(path)
+    finally:
+        os.close(fd)
 
 
 def build_into_package() -> Path | None:
@@ -221,7 +276,7 @@ def build_into_package() -> Path | None:
     if cc is None or os.environ.get(_DISABLED_ENV) == "1":
         return None
     out = prebuilt_dir() / f"{LIBRARY}-{_key(cc)}.so"
-    if not out.is_file():
+    if not trust.recorded(out):
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
             probe = out.parent / f".probe-{os.getpid()}"
@@ -229,8 +284,8 @@ def build_into_package() -> Path | None:
             probe.unlink()
         except OSError:  # a read-only install: the user cache, as a first start would
             log.warning("%s is not writable: building into %s", out.parent, cache_dir())
-            lib = library()
-            return None if lib is None else Path(lib._name)
+            where = _output() if library() is not None else None
+            return None if where is None else where[0]
         if not _Build(cc, out).finish():
             return None
     return out
