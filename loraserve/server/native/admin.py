@@ -71,6 +71,7 @@ async def props(request: HttpRequest) -> Response:
         out["chat_template_tool_use"] = template.tool_use
     out["bos_token"] = tok.piece(tok.bos_id) if tok.bos_id is not None else ""
     out["eos_token"] = tok.piece(tok.eos_id) if tok.eos_id is not None else ""
+    out["lora_loading"] = bool(state.cfg.lora_dirs)  # ours: /lora-adapters/load is served
     return JsonResponse(out)
 
 

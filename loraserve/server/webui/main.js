@@ -54,6 +54,8 @@ async function start() {
       "This model has no chat template of its own: chat mode formats messages with a generic ChatML fallback, which a base model was not trained on. Completion mode sends your text as is.";
     note.hidden = false;
   }
+  // no --lora-dir: the server cannot load adapters at run time, so the form is not offered
+  $("load-form").hidden = props.lora_loading === false;
   initSettings(props.default_generation_settings?.params || {});
   try {
     await refreshAdapters();
