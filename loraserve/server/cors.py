@@ -2,10 +2,21 @@
 `--cors-credentials`): an ASGI middleware outside authentication and the loading check.
 
 Every response gets `Access-Control-Allow-Origin`: the request's `Origin` echoed when the
-origins are `*` with credentials (llama-server's default), only a localhost `Origin` echoed
-for the special value `localhost`, else the configured list as given. Every `OPTIONS`
-request is a preflight answered 200 here, before the API key is checked (browsers send no
-`Authorization` on a preflight), with the credentials, methods and headers allowed.
+origins are `*` (`*` itself when there is none: never an empty value), only a localhost
+`Origin` echoed for the special value `localhost`, else the configured list as given.
+Every `OPTIONS` request is a preflight answered 200 here, before the API key is checked
+(browsers send no `Authorization` on a preflight), with the credentials, methods and
+headers allowed.
+
+**Ours** (issue 31 item 4: a web page the operator visits must not drive the server):
+- credentials are never allowed from any origin: under `*`,
+  `Access-Control-Allow-Credentials` is false whatever `--cors-credentials` says
+  (llama-server allows them with every origin echoed); they are allowed only for an
+  explicit list or `localhost`;
+- a state-changing request (POST, PUT, PATCH, DELETE) that a browser sends cross-site (an
+  `Origin` that is not this server's own host) must carry a JSON content type, so that the
+  browser had to preflight it; a form, text or bodyless one is a 415 before any handler
+  runs. Clients that send no `Origin` (curl, SDKs) are not affected.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ DEFAULT_ORIGINS = "*"
 DEFAULT_METHODS = "GET, POST, DELETE, OPTIONS"
 DEFAULT_HEADERS = "*"
 LOCALHOST_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def origin_is_localhost(origin: str) -> bool:
@@ -39,13 +51,18 @@ class CorsPolicy:
     headers: str = DEFAULT_HEADERS
     credentials: bool = True
 
+    @property
+    def allows_credentials(self) -> bool:
+        """Credentials only for named origins: never from any origin (`*`)."""
+        return self.credentials and self.origins != "*"
+
     def allow_origin(self, origin: str) -> str | None:
         """The `Access-Control-Allow-Origin` value for a request's `Origin` (None: none)."""
-        if self.credentials and self.origins == "*":
-            return origin
+        if self.origins == "*":  # as llama-server, but never an empty header
+            return origin if self.credentials and origin else "*"
         if self.origins == "localhost":
             return origin if origin and origin_is_localhost(origin) else None
-        return self.origins
+        return self.origins or None
 
     def headers_for(self, origin: str, preflight: bool) -> list[tuple[bytes, bytes]]:
         """The CORS response headers of one request (named as llama-server writes them:
@@ -55,8 +72,9 @@ class CorsPolicy:
         if allowed is not None:
             out.append((b"Access-Control-Allow-Origin", allowed.encode("latin-1", "replace")))
         if preflight:
+            credentials = b"true" if self.allows_credentials else b"false"
             out += [
-                (b"Access-Control-Allow-Credentials", b"true" if self.credentials else b"false"),
+                (b"Access-Control-Allow-Credentials", credentials),
                 (b"Access-Control-Allow-Methods", self.methods.encode("latin-1", "replace")),
                 (b"Access-Control-Allow-Headers", self.headers.encode("latin-1", "replace")),
             ]
@@ -93,6 +111,10 @@ class CorsMiddleware:
             await send({"type": "http.response.body", "body": b""})
             return
         extra = self.policy.headers_for(origin, preflight=False)
+        if scope["method"] in STATE_CHANGING and origin and not _json_body(scope):
+            if cross_site(origin, scope):
+                await _refuse_form(scope, receive, send, extra)
+                return
 
         async def send_with_cors(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -102,3 +124,47 @@ class CorsMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_cors)
+
+
+def _header(scope: Scope, name: bytes) -> str:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return ""
+
+
+def _json_body(scope: Scope) -> bool:
+    """Whether the request's content type is JSON (application/json, or a +json type): one
+    a browser sends cross-site only after a preflight."""
+    kind = _header(scope, b"content-type").split(";")[0].strip().lower()
+    return kind == "application/json" or (
+        kind.startswith("application/") and kind.endswith("+json")
+    )
+
+
+def cross_site(origin: str, scope: Scope) -> bool:
+    """Whether a request's `Origin` is another site than the server it was sent to (its
+    `Host`): a page of the server itself (the web UI) is not cross-site; "null" is."""
+    try:
+        parts = urlsplit(origin)
+    except ValueError:
+        return True
+    return not parts.netloc or parts.netloc.lower() != _header(scope, b"host").lower()
+
+
+async def _refuse_form(
+    scope: Scope, receive: Receive, send: Send, cors: list[tuple[bytes, bytes]]
+) -> None:
+    from loraserve.server.errors import ApiError
+
+    kind = _header(scope, b"content-type") or "none"
+    err = ApiError(
+        415,
+        "invalid_request_error",
+        f"a cross-site {scope['method']} must have Content-Type application/json "
+        f"(got {kind[:100]}): a web page cannot change this server's state without a preflight",
+    )
+    response = err.response()
+    for name, value in cors:
+        response.headers[name.decode()] = value.decode("latin-1")
+    await response(scope, receive, send)

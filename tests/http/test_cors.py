@@ -1,6 +1,7 @@
 """CORS as llama-server: preflights answer 200 before the API key is checked, every answer
-carries Access-Control-Allow-Origin (echoed under the default `*` with credentials, only
-localhost origins under `--cors-origins localhost`, the list as given otherwise)."""
+carries Access-Control-Allow-Origin (echoed under the default `*`, but without credentials:
+ours, `tests/http/test_cors_default.py`; only localhost origins under `--cors-origins
+localhost`, the list as given otherwise)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def srv():
     [
         ("localhost", "access-control-allow-origin", "localhost"),
         ("web.mydomain.fr", "access-control-allow-origin", "web.mydomain.fr"),
-        ("origin", "access-control-allow-credentials", "true"),
+        ("origin", "access-control-allow-credentials", "false"),  # ours: never from any origin
         ("web.mydomain.fr", "access-control-allow-methods", "GET, POST, DELETE, OPTIONS"),
         ("web.mydomain.fr", "access-control-allow-headers", "*"),
     ],

@@ -24,7 +24,8 @@ def add_cors_flags(p: argparse.ArgumentParser) -> None:
     a(
         "--cors-credentials",
         action=argparse.BooleanOptionalAction,
-        help="allow credentials; with origins '*' the Origin is echoed (default: %(default)s)",
+        help="allow credentials, for a list of origins or 'localhost' only: never from any "
+        "origin ('*') (default: %(default)s)",
     )
 
 
