@@ -17,7 +17,8 @@ DATA = Path(__file__).resolve().parents[2] / "data" / "chat"
 TEMPLATES = DATA / "templates"
 END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>", "<｜end▁of▁sentence｜>",
                "<|endoftext|>", "<|user|>", "<|observation|>", "[/TOOL_CALLS]", "<|im_assistant|>",
-               "]~b]", "<|im_user|>", "<|end|>", "[e~[", "<|message_sep|>")  # fmt: skip
+               "]~b]", "<|im_user|>", "<|end|>", "[e~[", "<|message_sep|>", "<|tool_response>",
+               "<turn|>")  # fmt: skip
 
 
 def _raise(msg: str) -> None:
@@ -67,7 +68,9 @@ def assistant_text(source: str, message: dict[str, Any], tools: list[dict[str, A
             common -= 1
         prompt = prompt[:common]
     text = full[len(prompt) :]
-    cut = [text.find(m, 1) for m in END_MARKERS if text.find(m, 1) > 0]
+    if text.rstrip().endswith("</s>"):  # only there: a call's `<s>` argument closes so too
+        text = text.rstrip()[:-4]
+    cut = [text.find(m, 1) for m in END_MARKERS if m != "</s>" and text.find(m, 1) > 0]
     return text[: min(cut)] if cut else text
 
 

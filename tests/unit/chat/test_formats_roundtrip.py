@@ -12,11 +12,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from loraserve.chat.formats.description import ChatFormat
 from loraserve.chat.formats.detect import detect
 from loraserve.chat.formats.grammar import tool_grammar
 from loraserve.chat.formats.parse import ChatParser, arguments_object
+from loraserve.chat.formats.special.grammars import dialect_grammar
 from loraserve.chat.formats.stream import MessageStream
 from tests.unit.chat.format_util import TEMPLATES, assistant_text, grammar_accepts, render_for
+from tests.unit.chat.test_formats_parse_oracle import CASES
 
 # P0 and P1 templates whose calls the formats describe, and the specialised formats whose
 # templates write a call in the assistant turn (LFM2's put calls in the content; gpt-oss's
@@ -84,6 +87,15 @@ def _check_stream(parser: ChatParser, text: str) -> dict:
     return calls
 
 
+def _named_token(fmt: ChatFormat):  # noqa: ANN202 - Callable[[str], bool]
+    """Whether a marker is one of the dialect's tokens llguidance can name (`<..>`): those
+    are single special tokens in the test vocabulary. Field-described formats keep every
+    marker as text, as their grammar tests always have."""
+    if not fmt.dialect:
+        return lambda m: False
+    return lambda m: m in fmt.preserved_tokens and m[0] == "<" and m[-1] == ">"
+
+
 @pytest.mark.parametrize("name", FORMATS)
 def test_template_written_call_parses_back(name: str) -> None:
     src = (TEMPLATES / name).read_text()
@@ -108,11 +120,76 @@ def test_template_written_call_parses_back(name: str) -> None:
         streamed = _check_stream(parser, text)
         assert json.loads(streamed[0]["arguments"]) == args
         lark = tool_grammar(fmt, [tool], "required", thinking_open=False)
+        lark = lark or dialect_grammar(fmt, [tool], "required", special=_named_token(fmt))
         python_bools = fmt.tool_mode == "tag_tagged" and any(
             isinstance(v, bool) for v in args.values()
         )
         if lark is not None and not whole.reasoning_content and not python_bools:
             body = text[text.find(fmt.trigger.strip()) :] if fmt.trigger else text.lstrip()
-            assert grammar_accepts(lark, body) is None, (text, lark)
+            specials = tuple(t for t in fmt.preserved_tokens if _named_token(fmt)(t))
+            assert grammar_accepts(lark, body, specials) is None, (text, lark)
 
     check()
+
+
+# dialects whose `required` grammar is built (special/grammars.py)
+DIALECT_GRAMMARS = (
+    "google-gemma-4-31B-it.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
+    "deepseek-ai-DeepSeek-V4.jinja", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
+)  # fmt: skip
+
+
+def _dialect_format(name: str) -> ChatFormat:
+    src = (TEMPLATES / name).read_text()
+    return detect(src, render_for(src))
+
+
+def test_dialect_grammar_accepts_llama_cpps_calls() -> None:
+    """Every whole call of llama.cpp's parse cases for these dialects, from its trigger on,
+    is accepted by the grammar `required` builds for the case's tools."""
+    checked = 0
+    for case in CASES:
+        req = case["request"]
+        if case["template"] not in DIALECT_GRAMMARS or case["is_partial"] or not req["tools"]:
+            continue
+        if not case["expect"]["tool_calls"]:
+            continue
+        fmt = _dialect_format(case["template"])
+        named = _named_token(fmt)
+        lark = dialect_grammar(fmt, req["tools"], "required", special=named)
+        body = case["input"][case["input"].find(fmt.trigger) :]
+        specials = tuple(t for t in fmt.preserved_tokens if named(t))
+        assert grammar_accepts(lark, body, specials) is None, (case["id"], body)
+        checked += 1
+    assert checked >= 30
+
+
+TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer"}},
+    "required": ["city", "n"]}}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "good", "bad"),
+    [
+        ("google-gemma-4-31B-it.jinja", '<|tool_call>call:get_time{city:<|"|>Oslo<|"|>,n:3}'
+         "<tool_call|>", '<|tool_call>call:get_time{city:<|"|>Oslo<|"|>,n:<|"|>3<|"|>}'),
+        ("deepseek-ai-DeepSeek-V3.2.jinja", '<｜DSML｜function_calls>\n<｜DSML｜invoke name="'
+         'get_time">\n<｜DSML｜parameter name="city" string="true">Oslo</｜DSML｜parameter>\n'
+         '<｜DSML｜parameter name="n" string="false">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+         "</｜DSML｜function_calls>", '<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_time">'
+         '\n<｜DSML｜parameter name="city" string="true">Oslo</｜DSML｜parameter>\n<｜DSML｜'
+         'parameter name="n" string="false">"3"'),
+    ],
+)  # fmt: skip
+def test_dialect_grammar_enforces_the_schema(name: str, good: str, bad: str) -> None:
+    """The call as the schema allows it is accepted; a string for an integer, or another
+    function's name, is not."""
+    fmt = _dialect_format(name)
+    named = _named_token(fmt)
+    specials = tuple(t for t in fmt.preserved_tokens if named(t))
+    lark = dialect_grammar(fmt, [TOOL], "required", special=named)
+    assert grammar_accepts(lark, good, specials) is None
+    assert grammar_accepts(lark, bad, specials) is not None
+    other = good.replace("get_time", "get_date")
+    assert grammar_accepts(lark, other, specials) is not None
