@@ -358,3 +358,6 @@ int ls_attention(const float *q, int64_t ldq, const float *k_cache, const float 
                            row_seq, row_nkeys, window, scale, 0.0f, NULL, out, T, H, Hkv, D,
                            D, nthreads);
 }
+
+// the f16 KV pool (llama.cpp numerics): its own header, same unit
+#include "attention_f16.h"

@@ -42,7 +42,8 @@ def _lib() -> ctypes.CDLL | None:
             f32 = ctypes.c_float
             args = [p, i64, p, i64, p, i64, i64, p, p, i64, p, p, i32, f32, f32, p, p, i64,
                     i64, i64, i64, i64, ctypes.c_int]  # fmt: skip
-            lib = bind({"ls_attention_ex": (args, ctypes.c_int)})
+            lib = bind({"ls_attention_ex": (args, ctypes.c_int),
+                        "ls_attention_f16": (args, ctypes.c_int)})  # fmt: skip
             if lib is not None:
                 log.info("attention: C kernel (batch-invariant, fixed reduction order)")
             else:
@@ -83,10 +84,14 @@ def attention(
     ValueError on inconsistent metadata (a key count past its sequence's slots, a slot
     outside the pool).
     """
-    f32 = torch.float32
     args = (q, k_cache, v_cache, slots, seq_off, row_seq, row_nkeys, scale, window, softcap,
             sinks)  # fmt: skip
-    if _lib() is None or k_cache.dtype != f32 or v_cache.dtype != f32:
+    f16 = k_cache.dtype == v_cache.dtype == torch.float16
+    if _lib() is None or not (f16 or k_cache.dtype == v_cache.dtype == torch.float32):
+        if f16:
+            from loraserve.kernels.attention_f16 import attention_f16_torch
+
+            return attention_f16_torch(*args)
         return attention_torch(*args)
     return attention_c(*args)
 
@@ -104,7 +109,8 @@ def attention_c(
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``attention`` by the C kernel (float32 KV pool); raises RuntimeError without one."""
+    """``attention`` by the C kernel; raises RuntimeError without one. A float32 pool runs
+    the fixed-order softmax, an float16 pool llama.cpp's f16 numerics (``attention_f16.h``)."""
     lib = _lib()
     if lib is None:
         raise RuntimeError("the attention C kernel is not available here")
@@ -113,8 +119,11 @@ def attention_c(
     if q.stride(2) != 1 or (h > 1 and q.stride(1) != d) or t == 0:
         q = q.contiguous()
     kc, vc = _rows(k_cache), _rows(v_cache)  # [S, Hkv, D], [S, Hkv, Dv] float32
-    if kc.dtype != torch.float32 or vc.dtype != torch.float32 or kc.shape[:2] != vc.shape[:2]:
-        raise ValueError("the KV pool must be two float32 tensors [S, Hkv, D], [S, Hkv, Dv]")
+    f16 = kc.dtype == vc.dtype == torch.float16
+    if not (f16 or kc.dtype == vc.dtype == torch.float32) or kc.shape[:2] != vc.shape[:2]:
+        raise ValueError(
+            "the KV pool must be two float32 (or two float16) tensors [S, Hkv, D], [S, Hkv, Dv]"
+        )
     if kc.shape[2] != d:
         raise ValueError(f"head_dim {d} of q differs from the pool's {kc.shape[2]}")
     sk = _sinks(sinks, h)
@@ -125,7 +134,8 @@ def attention_c(
         raise ValueError("row_seq and row_nkeys need one entry per query row")
     dv = vc.shape[2]
     out = torch.empty(t, h, dv, dtype=torch.float32)  # [T, H, Dv]
-    rc = lib.ls_attention_ex(
+    fn = lib.ls_attention_f16 if f16 else lib.ls_attention_ex
+    rc = fn(
         q.data_ptr(), q.stride(0), kc.data_ptr(), kc.stride(0), vc.data_ptr(), vc.stride(0),
         kc.shape[0], slots.data_ptr(), seq_off.data_ptr(), seq_off.numel() - 1,
         row_seq.data_ptr(), row_nkeys.data_ptr(), int(window), float(scale), float(softcap),
