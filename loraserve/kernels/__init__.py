@@ -1,7 +1,7 @@
 """Row-independent matmul kernels on GGUF weights in their own format (C, with torch fallbacks).
 
-`quantize_rows` turns float32 activations into int8 blocks of 32 (one scale per block, as
-llama.cpp's Q8_0) or, for the K-quant weights, of 256 (llama.cpp's Q8_K, whose one scale
+`quantize_rows` turns float32 activations into int8 blocks of 32 (one fp16-rounded scale per
+block, as llama.cpp's Q8_0) or, for the K-quant weights, of 256 (llama.cpp's Q8_K, whose one scale
 per 256 makes a super-block's dot product one exact integer: `kquant.h`); `qmatmul`
 multiplies them by quantized weight rows straight from the file's bytes, or from the same
 bytes repacked once at load 8 rows to a group (`pack_rows`: Q4_0, Q5_0, Q8_0, Q4_K; a
@@ -40,7 +40,8 @@ from loraserve.kernels.floatmm import rowwise_torch
 log = logging.getLogger("loraserve.kernels")
 
 FLOAT_TYPES = frozenset({0, 1, 30})  # F32, F16, BF16
-QUANT_TYPES = frozenset({2, 3, 6, 7, 8, 10, 11, 12, 13, 14})  # Q4_0 .. Q6_K
+# Q4_0 .. Q6_K; IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4 (quant_nl.h)
+QUANT_TYPES = frozenset({2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 34, 35, 39})
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -74,7 +75,8 @@ def backend() -> str:
     return "c" if _c() is not None else "torch"
 
 
-K_QUANTS = frozenset({10, 11, 12, 13, 14})  # Q2_K .. Q6_K: activations per 256 values
+# Q2_K .. Q6_K, IQ4_XS, TQ1_0, TQ2_0: activations per 256 values (llama.cpp's Q8_K)
+K_QUANTS = frozenset({10, 11, 12, 13, 14, 23, 34, 35})
 PACKED = 256  # a kernel type code `PACKED | ggml type`: rows repacked by `pack_rows`
 PACKABLE = frozenset({2, 6, 8, 12})  # Q4_0, Q5_0, Q8_0, Q4_K
 PACK_ROWS = 8
@@ -176,11 +178,15 @@ def _quantize_torch(
     m, k = x.shape
     xb = x.reshape(m, k // block, block)
     amax = xb.abs().amax(-1)  # [M, K/block]
-    dd = amax / 127.0
-    inv = torch.where(dd != 0, 1.0 / dd, torch.zeros_like(dd))
+    nz = amax != 0
+    inv = torch.where(nz, 127.0 / torch.where(nz, amax, 1.0), 0.0)  # ggml's id = 127 / amax
     v = xb * inv.unsqueeze(-1)
-    qi = (torch.sign(v) * torch.floor(v.abs() + 0.5)).nan_to_num(0.0)  # C's roundf
+    qi = torch.round(v).nan_to_num(0.0)  # ties to even, as C's rintf
     q.copy_(qi.reshape(m, k))
+    if block == 32:  # Q8_0: an fp16 scale; Q8_K: 1 / id in float32
+        dd = torch.where(nz, (amax / 127.0).half().float(), 0.0)
+    else:
+        dd = torch.where(nz, 1.0 / torch.where(nz, inv, 1.0), 0.0)
     bad = ~torch.isfinite(xb).all(-1)
     d.copy_(torch.where(bad, torch.full_like(dd, float("nan")), dd))
     sums = qi.reshape(m, k // 16, 16).sum(-1)  # exact small integers

@@ -14,7 +14,9 @@ typedef struct {
     int ahead;  // few activation rows (a decode step): in-place rows prefetch ahead (simd.h)
 } kprep_t;
 
-static inline int is_kquant(int type) { return type >= T_Q2_K && type <= T_Q6_K; }
+static inline int is_kquant(int type) {
+    return (type >= T_Q2_K && type <= T_Q6_K) || is_nl_kform(type);
+}
 static inline int k_has_min(int type) {
     return type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
 }
@@ -70,6 +72,13 @@ static void k_prepare(int type, const uint8_t *r, int64_t K, kprep_t *p, int unp
                 sc[j] = (int8_t)x[192 + j];
                 mn[j] = 0;
             }
+            break;
+        }
+        default: {  // IQ4_XS, TQ1_0, TQ2_0 (quant_nl.h)
+            int64_t blk;
+            p->d[b] = nl_k_scales(type, r + nl_block_bytes(type, &blk) * b, sc);
+            p->dm[b] = 0.0f;
+            for (int j = 0; j < 16; j++) mn[j] = 0;
             break;
         }
         }

@@ -60,7 +60,9 @@ static inline int64_t part_row_bytes(int type, int64_t K) {
     case T_Q4_K: block = 256, size = 144; break;
     case T_Q5_K: block = 256, size = 176; break;
     case T_Q6_K: block = 256, size = 210; break;
-    default: return -1;
+    default:
+        size = nl_block_bytes(type, &block);
+        if (size == 0) return -1;
     }
     return K > 0 && K % block == 0 ? K / block * size : -1;
 }

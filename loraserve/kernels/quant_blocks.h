@@ -213,6 +213,8 @@ static void unpack_q6_k(const uint8_t *r, int64_t K, int8_t *q, float *s, float 
     }
 }
 
+#include "quant_nl.h"
+
 static inline unpack_fn unpacker(int type, int *has_min) {
     *has_min = type == T_Q4_1 || type == T_Q5_1 || type == T_Q2_K || type == T_Q4_K ||
                type == T_Q5_K;
@@ -227,7 +229,7 @@ static inline unpack_fn unpacker(int type, int *has_min) {
     case T_Q4_K: return unpack_q4_k;
     case T_Q5_K: return unpack_q5_k;
     case T_Q6_K: return unpack_q6_k;
-    default: return NULL;
+    default: return nl_unpacker(type);
     }
 }
 

@@ -13,6 +13,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from loraserve.model import dequant_nl
+
 # name -> ggml type id (ggml.h); ids 4, 5 and 31-33 are retired
 GGML_TYPE: dict[str, int] = {
     "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q8_1": 9,
@@ -198,7 +200,7 @@ def _q6_k(b: torch.Tensor, out: torch.Tensor) -> None:
 
 _BLOCK_FNS: dict[int, Callable[[torch.Tensor, torch.Tensor], None]] = {
     2: _q4_0, 3: _q4_1, 6: _q5_0, 7: _q5_1, 8: _q8_0,
-    10: _q2_k, 11: _q3_k, 12: _q4_k, 13: _q5_k, 14: _q6_k,
+    10: _q2_k, 11: _q3_k, 12: _q4_k, 13: _q5_k, 14: _q6_k, **dequant_nl.BLOCK_FNS,
 }  # fmt: skip
 SUPPORTED_TYPES: frozenset[int] = frozenset({0, 1, 30, *_BLOCK_FNS})
 

@@ -27,10 +27,12 @@ from loraserve.model.dequant import (
 HALF_FIELDS: dict[str, tuple[int, ...]] = {
     "F16": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
     "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
-    "F32": (), "BF16": (),
+    "F32": (), "BF16": (), "IQ4_NL": (0,), "IQ4_XS": (0,), "MXFP4": (), "TQ1_0": (52,),
+    "TQ2_0": (64,),
 }  # fmt: skip
 SUPPORTED = sorted(GGML_TYPE_NAME[t] for t in SUPPORTED_TYPES)
-QUANTIZABLE = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+QUANTIZABLE = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "TQ1_0",
+               "TQ2_0"]  # fmt: skip
 
 
 def reference(raw: np.ndarray, name: str, shape: tuple[int, ...]) -> np.ndarray:

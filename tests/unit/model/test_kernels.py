@@ -15,11 +15,13 @@ import loraserve.kernels.floatmm as FM
 from loraserve.model.dequant import GGML_QUANT_SIZES, GGML_TYPE
 from loraserve.model.projection import Matrix
 
-QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+         "IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0"]  # fmt: skip
 # f16 scale fields (offsets in the block) set to small finite halves in random blocks
 HALVES = {
     "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
     "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+    "IQ4_NL": (0,), "IQ4_XS": (0,), "MXFP4": (), "TQ1_0": (52,), "TQ2_0": (64,),
 }  # fmt: skip
 
 
@@ -31,6 +33,8 @@ def random_rows(rng: np.random.Generator, name: str, n: int, k: int) -> np.ndarr
     for off in HALVES[name]:
         h = (rng.standard_normal((n, k // block)) * 0.02).astype(np.float16)
         raw[..., off : off + 2] = h.view(np.uint8).reshape(n, k // block, 2)
+    if name == "MXFP4":
+        raw[..., 0] = rng.integers(120, 127, size=(n, k // block))
     return raw.reshape(n, -1)
 
 
@@ -130,10 +134,12 @@ def test_float_kernel_is_exact_in_float64_terms_and_row_independent(dtype, backe
 
 
 @pytest.mark.parametrize("block", [32, 256])
-def test_activation_quantizer_rounds_exactly_as_roundf(block: int) -> None:
-    """The vectorised quantizer gives C's roundf (half away from zero) of x * (127 / amax),
-    the float32 product, on every value, ties and near-ties included; its per-16 sums are
-    exact; a block with inf or NaN gets q = 0 and a NaN scale."""
+def test_activation_quantizer_rounds_as_ggml(block: int) -> None:
+    """The vectorised quantizer gives ggml-cpu's numbers (x86 quantize_row_q8_0,
+    quantize_row_q8_K_ref): q = x * (127 / amax) as a float32 product rounded half to even,
+    on every value, ties and near-ties included; the scale fp16(amax / 127) for blocks of 32
+    (Q8_0 stores it in fp16), 1 / (127 / amax) for 256 (Q8_K); per-16 sums exact; a block
+    with inf or NaN gets q = 0 and a NaN scale."""
     if K.backend() != "c":
         pytest.skip("no C compiler on this machine")
     rng = np.random.default_rng(block)
@@ -150,14 +156,19 @@ def test_activation_quantizer_rounds_exactly_as_roundf(block: int) -> None:
     nb = k // block
     xb = x.reshape(m, nb, block)
     amax = np.abs(xb).max(-1)
-    dd = (amax / np.float32(127.0)).astype(np.float32)
-    inv = np.where(dd != 0, np.float32(1.0) / np.where(dd != 0, dd, 1), 0).astype(np.float32)
+    inv = np.where(amax != 0, np.float32(127.0) / np.where(amax != 0, amax, 1), 0)
+    inv = inv.astype(np.float32)
     with np.errstate(invalid="ignore"):  # the inf and NaN blocks
-        v = (xb * inv[..., None]).astype(np.float32).astype(np.float64)  # float32 product
-    ref = np.trunc(v + np.copysign(0.5, v))  # roundf, exactly (float64 holds v + 0.5)
+        v = (xb * inv[..., None]).astype(np.float32)  # float32 product
+    ref = np.rint(v)  # ties to even
+    if block == 32:
+        dd = (amax / np.float32(127.0)).astype(np.float16).astype(np.float32)
+    else:
+        dd = np.where(inv != 0, np.float32(1.0) / np.where(inv != 0, inv, 1), 0)
     bad = ~np.isfinite(xb).all(-1)
     ref[bad] = 0
     q = xa.q.numpy().reshape(m, nb, block)
+    assert (q[1, 0] != np.trunc(v[1, 0] + np.copysign(0.5, v[1, 0]))).any(), "no tie tested"
     assert (q == ref).all()
     d = xa.d.numpy()
     assert np.isnan(d[bad]).all() and (d[~bad] == dd[~bad]).all()
@@ -170,8 +181,8 @@ def test_activation_quantizer_rounds_exactly_as_roundf(block: int) -> None:
 
 
 def test_activation_quantization_matches_llama_cpp_q8_0() -> None:
-    """Per-32 blocks quantized as ggml's reference Q8_0 does (d = amax/127, round half away
-    from zero): the same integers as gguf-py's quantizer."""
+    """Per-32 blocks as ggml's Q8_0: the same integers as gguf-py's quantizer (ggml's
+    reference, whose roundf and 1 / d differ from the x86 path only at exact ties)."""
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((5, 128)) * rng.uniform(0.01, 10, (5, 1))).astype(np.float32)
     x[0, :32] = 0.0
