@@ -4,6 +4,10 @@ answers each one's body (or error object) in order; the API key applies to the w
 
 from __future__ import annotations
 
+import json
+import socket
+import time
+
 import pytest
 
 from loraserve.server.vertex.gcp import format_of
@@ -65,3 +69,25 @@ def test_bad_calls_and_the_key(srv) -> None:
         r = srv.client.post("/predict", json=body, headers=AUTH)
         assert r.status_code == 400 and word in r.json()["error"]["message"], r.text
     assert srv.client.get("/ping", headers=AUTH).json() == srv.client.get("/health").json()
+
+
+def test_a_client_that_leaves_cancels_its_instances(srv) -> None:
+    """The instances run as in-process requests: when the `/predict` client disconnects,
+    they see it as a direct client's request would, and stop generating."""
+    inst = {"@requestFormat": "completion", "prompt": "the", "n_predict": 240}
+    body = json.dumps({"instances": [{**inst, "ignore_eos": True, "id_slot": 1}]})
+    host, port = srv.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(
+            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body.encode()
+        )
+        deadline = time.monotonic() + 10
+        while not srv.client.get("/slots", headers=AUTH).json()[1]["is_processing"]:
+            assert time.monotonic() < deadline
+    deadline = time.monotonic() + 10
+    while (slot := srv.client.get("/slots", headers=AUTH).json()[1])["is_processing"]:
+        assert time.monotonic() < deadline, "the instance went on after its client left"
+        time.sleep(0.02)
+    assert slot["n_tokens"] < 200  # stopped early: cancelled, not completed

@@ -80,8 +80,13 @@ def install(app: FastAPI) -> None:
         if len(instances) > MAX_INSTANCES:
             raise invalid_request(f"instances array exceeds maximum size of {MAX_INSTANCES}")
         headers = [(k, v) for k, v in request.headers.raw if k.lower() in FORWARDED_HEADERS]
-        tasks = [_one(request.app, aliases, posts, headers, inst) for inst in instances]
-        return JsonResponse({"predictions": list(await asyncio.gather(*tasks))})
+        gone = asyncio.Event()  # the client left: every instance's request is cancelled
+        watch = asyncio.create_task(_watch_disconnect(request, gone))
+        try:
+            tasks = [_one(request.app, aliases, posts, headers, inst, gone) for inst in instances]
+            return JsonResponse({"predictions": list(await asyncio.gather(*tasks))})
+        finally:
+            watch.cancel()
 
     router.add_api_route(predict_path, predict, methods=["POST"])
     app.include_router(router)
@@ -99,8 +104,21 @@ def _routes(routes: list[Any], prefix: str = "") -> Iterator[tuple[str, set[str]
             yield prefix + route.path, set(route.methods or ()), route.endpoint
 
 
+async def _watch_disconnect(request: HttpRequest, gone: asyncio.Event) -> None:
+    """Set ``gone`` when the client disconnects (the body is already read, so the next
+    ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
+
+
 async def _one(
-    app: Any, aliases: dict[str, str], posts: set[str], headers: list, instance: Any
+    app: Any,
+    aliases: dict[str, str],
+    posts: set[str],
+    headers: list,
+    instance: Any,
+    gone: asyncio.Event,
 ) -> Any:
     """One instance's answer: its endpoint's JSON body, or an error object."""
     if not isinstance(instance, dict):
@@ -113,7 +131,7 @@ async def _one(
         return error_body(f"no handler registered for @requestFormat: {fmt}")
     payload = {k: v for k, v in instance.items() if k != "@requestFormat"}
     payload["stream"] = False  # the predict route answers whole bodies only
-    status, body = await _call(app, path, headers, json.dumps(payload).encode())
+    status, body = await _call(app, path, headers, json.dumps(payload).encode(), gone)
     try:
         return json.loads(body) if body else None
     except ValueError:
@@ -124,8 +142,12 @@ async def _one(
         )
 
 
-async def _call(app: Any, path: str, headers: list, body: bytes) -> tuple[int, bytes]:
-    """POST `body` to `path` through the ASGI app, in process: (status, body)."""
+async def _call(
+    app: Any, path: str, headers: list, body: bytes, gone: asyncio.Event
+) -> tuple[int, bytes]:
+    """POST `body` to `path` through the ASGI app, in process: (status, body). When
+    ``gone`` is set (the outer client left), the inner request sees a disconnect, so its
+    generation stops as a direct request's would."""
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
         "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
@@ -138,8 +160,9 @@ async def _call(app: Any, path: str, headers: list, body: bytes) -> tuple[int, b
 
     async def receive() -> dict[str, Any]:
         nonlocal delivered
-        if delivered:  # the body is read: wait as a client that stays connected
-            await asyncio.Event().wait()
+        if delivered:  # the body is read: wait until the outer client leaves
+            await gone.wait()
+            return {"type": "http.disconnect"}
         delivered = True
         return {"type": "http.request", "body": body, "more_body": False}
 
