@@ -151,6 +151,7 @@ class ServerConfig:
             "endpoint_metrics": self.metrics,
             "build_info": f"loraserve {__version__}",
             "is_sleeping": False,
+            "cors_proxy_enabled": self.tools.ui_mcp_proxy,  # the web UI's MCP proxy
         }
         if self.alias:
             props["model_alias"] = self.alias[0]
