@@ -90,6 +90,7 @@ class McpTransport:
         except (ValueError, OSError):  # a line over LINE_LIMIT, a broken pipe
             pass
         self._fail_pending("transport closed")
+        self.kill()  # no reader, no answers: the next call starts a fresh server
 
     async def _drain_err(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
