@@ -20,6 +20,7 @@ from typing import Any
 from loraserve.chat.formats.description import PLAIN, ChatFormat
 from loraserve.chat.formats.grammar import tool_grammar
 from loraserve.chat.formats.parse import ChatParser, turn_lead
+from loraserve.chat.formats.stream import MessageStream
 from loraserve.chat.render import select_source
 from loraserve.chat.template import token_strings
 from loraserve.engine.budget import BudgetSpec
@@ -57,6 +58,7 @@ class ReplyPlan:
     grammar: str | None = None  # ... compiled for the engine
     budget: BudgetSpec | None = None  # the reasoning budget (`engine.budget`)
     response_format: bool = False  # a JSON answer was asked for (```json fences unwrapped)
+    continuation: bool = False  # the prompt continues the last assistant message
 
     @property
     def parses(self) -> bool:
@@ -64,6 +66,7 @@ class ReplyPlan:
         return (
             self.tools is not None
             or self.response_format
+            or bool(self.lead)
             or (self.reasoning_format != "none" and self.fmt.reasoning_mode != "none")
         )
 
@@ -75,6 +78,10 @@ class ReplyPlan:
         opened = self.thinking_open and not self.lead
         return ChatParser(self.fmt, self.tools, rf, opened, self.lead,  # type: ignore[arg-type]
                           self.response_format)  # fmt: skip
+
+    def reader(self, stream: bool = True, id_prefix: str = "call_") -> MessageStream:
+        """The deltas of one answer (a continued message's prefill is not sent again)."""
+        return MessageStream(self.parser(stream), id_prefix, self.continuation and stream)
 
     async def engine_grammar(self, state: ServerState, params: Any) -> str | None:
         """The grammar text the engine gets: the tool-call grammar, else the request's own
@@ -89,6 +96,18 @@ class ReplyPlan:
                 state, params.grammar, params.json_schema, params.response_format
             )
         return self.budget.wrap(grammar)
+
+
+def continues(cfg: Any, body: Any) -> bool:
+    """Whether the request continues its last assistant message, as `chat_prompt` decides
+    (an explicit `continue_final_message`, else the prefill of a last assistant message)."""
+    msgs = getattr(body, "messages", None) or []
+    last = msgs[-1] if msgs else None
+    role = last.get("role") if isinstance(last, dict) else getattr(last, "role", None)
+    cont = getattr(body, "continue_final_message", None)
+    if cont is None:
+        return bool(getattr(cfg, "prefill_assistant", True)) and role == "assistant"
+    return bool(cont) and role == "assistant"
 
 
 def is_response_format(constrained: tuple[str, Any] | None) -> bool:
@@ -161,6 +180,7 @@ async def plan_reply(
     has_grammar: bool = False,
     budget: int = -1,
     response_format: bool = False,
+    continuation: bool = False,
 ) -> ReplyPlan:
     """The plan of one request: its format, parser settings, compiled tool grammar and
     reasoning budget (`budget` tokens; -1: none); a 400 for a grammar with active tools or
@@ -187,14 +207,16 @@ async def plan_reply(
                 reasoning_end=fmt.reasoning_end,
             )
     thinking_open = rf != "none" and _opens_reasoning(fmt, prompt)
-    lead = turn_lead(fmt, prompt) if rf != "none" or active else ""
-    plan = ReplyPlan(fmt, active, choice, rf, thinking_open, lead)
+    lead = turn_lead(fmt, prompt)  # llama.cpp parses the generation prompt with the answer
+    trigger = fmt.trigger.strip()
+    if not lead and trigger and prompt.rstrip().endswith(trigger):  # no assistant marker
+        lead = trigger  # (Mistral's turns): a prefill that wrote the trigger
+    plan = ReplyPlan(fmt, active, choice, rf, thinking_open, lead, continuation=continuation)
     tok = state.require().tokenizer
     plan.budget = _budget(tok, fmt, prompt, budget)
     plan.response_format = response_format and not active
     if active:
         engine = state.require()
-        trigger = fmt.trigger.strip()
         started = bool(trigger) and lead.rstrip().endswith(trigger)  # a prefill wrote it
         for special in (_special(tok), lambda m: False):  # then: every marker as text
             plan.lark = tool_grammar(fmt, active, choice, parallel, rf != "none",

@@ -147,9 +147,10 @@ def test_unknown_named_function_is_400(srv) -> None:
 
 def test_reasoning_formats(srv) -> None:
     """Continuing an assistant's reasoning leaves the answer in it. As llama-server parses
-    the turn's start with the answer: by default the prefill's text and the answer are
-    `reasoning_content`; with reasoning_format none the answer is plain content (Qwen3
-    only: Llama 3.1's template has no reasoning markers)."""
+    the turn's start with the answer (llama.cpp's parse cases 1 and 21): by default the
+    prefill's text and the answer are `reasoning_content`; with reasoning_format none the
+    whole turn is the content, its `<think>` included; a stream does not send the prefill
+    again (Qwen3 only: Llama 3.1's template has no reasoning markers)."""
     if srv.template_name != QWEN3:
         pytest.skip("the Llama 3.1 template has no reasoning markers")
     msgs = [*USER, {"role": "assistant", "content": "", "reasoning_content": "Let me"}]
@@ -160,10 +161,12 @@ def test_reasoning_formats(srv) -> None:
     ).json()["choices"][0]["message"]
     assert "reasoning_content" not in none
     text = none["content"]
+    assert text.startswith("<think>") and "Let me" in text
     if "</think>" not in text:
-        assert auto["reasoning_content"] == ("Let me" + text).strip() and not auto["content"]
+        assert auto["reasoning_content"] == text.removeprefix("<think>").strip()
+        assert not auto["content"]
     msg, _ = chat_stream(srv, **body, tools=None)
-    assert msg["reasoning_content"] == auto["reasoning_content"]
+    assert "Let me" + msg["reasoning_content"] == auto["reasoning_content"]
 
 
 def test_openai_client_second_turn(srv) -> None:

@@ -109,6 +109,14 @@ class _Builder:
         items += ["WS", self.q(f.call_end)] if f.call_end else []
         return self.rule(" ".join(x for x in items if x))
 
+    def _text_value(self, schema: dict[str, Any]) -> str:
+        """A tagged string value and its end marker (bounded as its schema says)."""
+        end = self.q(self.fmt.arg_value_suffix)
+        bounded = _bounded(schema)
+        if bounded is None:
+            return self.rule(f"TEXT {end}", lazy=True)
+        return f"{bounded} {end}"
+
     def _call_schema(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
         f = self.fmt
         if f.fun_name_is_key:
@@ -139,13 +147,27 @@ class _Builder:
                       self.q(f.arg_value_prefix))  # fmt: skip
             head = " ".join(x for x in pieces if x)
             if _is_string(props[key]):
-                value = self.rule(f"TEXT {self.q(f.arg_value_suffix)}", lazy=True)
+                value = self._text_value(props[key])
             else:
                 value = f"{_json(props[key])} {self.q(f.arg_value_suffix)}"
             sep = self.q(f.arg_separator)
             arg = self.rule(f"{head} {value} {sep}".strip())
             out.append(arg if key in required else f"{arg}?")
         return " ".join(out)
+
+
+def _bounded(schema: dict[str, Any]) -> str | None:
+    """A tagged string value's own rule when the schema bounds it (enum, const, maxLength),
+    else None (free text up to the value's end marker)."""
+    options = schema.get("enum") or (["const"] if "const" in schema else None)
+    if options:
+        values = [schema["const"]] if "const" in schema else options
+        return "(" + " | ".join(json.dumps(str(v)) for v in values) + ")"
+    top = schema.get("maxLength")
+    if isinstance(top, int):
+        low = schema.get("minLength", 0)
+        return f"/(.|\\n){{{low if isinstance(low, int) else 0},{top}}}/"
+    return None
 
 
 def tool_grammar(

@@ -5,7 +5,9 @@ re-parses its output each step) and sends the difference from the last parse:
 `reasoning_content` and `content` text, and for tool calls first `{index, id, type, name}`
 and then argument fragments. `finish` parses the text as complete and sends the rest; the
 deltas add up to the final message. A call the model gives no id gets a generated one,
-fixed at its first delta.
+fixed at its first delta. Continuing a prefilled assistant message, the deltas start
+from the prefill's own parse (llama-server's `is_continuation` without `echo`), while the
+whole message includes it.
 """
 
 from __future__ import annotations
@@ -24,11 +26,16 @@ def new_call_id(prefix: str = "call_") -> str:
 class MessageStream:
     """The deltas of one answer (`feed` the generated text, then `finish`)."""
 
-    def __init__(self, parser: ChatParser, id_prefix: str = "call_") -> None:
+    def __init__(
+        self, parser: ChatParser, id_prefix: str = "call_", continuation: bool = False
+    ) -> None:
         self.parser = parser
         self.id_prefix = id_prefix
         self.text = ""
         self.sent = ParsedMessage()
+        if continuation:  # llama-server: a prefilled message is not sent again as deltas
+            self.sent = parser.parse("", partial=True)
+            self.sent.tool_calls = []
         self.ids: list[str] = []
         self.final: ParsedMessage | None = None
 

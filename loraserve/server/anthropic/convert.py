@@ -38,6 +38,7 @@ class MessagesRequest(_GenerationParams):
     add_generation_prompt: bool = True
     continue_final_message: bool | None = None  # a last assistant message is continued
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_budget_tokens: int | None = Field(None, ge=-1)  # from `thinking.budget_tokens`
 
 
 @dataclass

@@ -33,7 +33,7 @@ from loraserve.server.generation import chat_prompt, submit, tokenize_prompt, to
 from loraserve.server.output import Output, collect, stream
 from loraserve.server.sse import sse_named
 from loraserve.server.state import ServerState, get_state
-from loraserve.server.tool_calls import ReplyPlan, plan_reply, reasoning_budget
+from loraserve.server.tool_calls import ReplyPlan, continues, plan_reply, reasoning_budget
 
 router = APIRouter()
 Body = dict[str, Any]
@@ -70,12 +70,15 @@ async def plan_for(state: ServerState, chat: Converted, prompt: str) -> ReplyPla
     choice = "required" if chat.forced else "auto"
     tools = chat.tools or None
     budget = reasoning_budget(state.cfg, p)
-    return await plan_reply(state, prompt, tools, choice, chat.parallel, None, has_grammar, budget)
+    return await plan_reply(
+        state, prompt, tools, choice, chat.parallel, None, has_grammar, budget,
+        continuation=continues(state.cfg, p),
+    )  # fmt: skip
 
 
 def reader(plan: ReplyPlan) -> MessageStream:
     """A stream reader of one answer, with Anthropic's `toolu_` ids."""
-    return MessageStream(plan.parser(), id_prefix="toolu_")
+    return plan.reader(id_prefix="toolu_")
 
 
 def stop_reason(out: Output, calls: list[ToolCall]) -> str:

@@ -36,6 +36,7 @@ from loraserve.server.output import Output, collect, logprob, stream, token_prob
 from loraserve.server.schemas import OAIChatRequest, OAICompletionRequest
 from loraserve.server.state import get_state
 from loraserve.server.tool_calls import (
+    continues,
     is_response_format,
     plan_reply,
     reasoning_budget,
@@ -177,6 +178,7 @@ async def chat_completions(request: HttpRequest) -> Response:
         state, prompt, params.tools, choice, params.parallel_tool_calls,
         params.reasoning_format, constrained is not None,
         reasoning_budget(state.cfg, params), is_response_format(constrained),
+        continues(state.cfg, params),
     )  # fmt: skip
     prompts = await tokenize_prompts(state, [prompt])
     flight = await submit(
@@ -213,7 +215,7 @@ async def chat_completions(request: HttpRequest) -> Response:
                 started.add(i)
             delta: dict[str, Any] = {}
             if plan.parses:
-                reader = readers.setdefault(i, MessageStream(plan.parser(stream=True)))
+                reader = readers.setdefault(i, plan.reader())
                 deltas = reader.feed(ev.text) if ev.text else []
                 if ev.done:
                     deltas += reader.finish()

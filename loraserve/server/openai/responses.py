@@ -27,7 +27,6 @@ from fastapi import APIRouter
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from loraserve.chat.formats.stream import MessageStream
 from loraserve.engine.request import Event, StopType
 from loraserve.server.errors import JsonResponse, invalid_request, parse_body
 from loraserve.server.generation import chat_prompt, submit, tokenize_prompts
@@ -38,6 +37,7 @@ from loraserve.server.schemas import OAIChatRequest
 from loraserve.server.sse import sse_named
 from loraserve.server.state import get_state
 from loraserve.server.tool_calls import (
+    continues,
     is_response_format,
     plan_reply,
     reasoning_budget,
@@ -147,6 +147,7 @@ async def responses(request: HttpRequest) -> Response:
         state, prompt, params.tools, choice, params.parallel_tool_calls,
         params.reasoning_format, constrained is not None,
         reasoning_budget(state.cfg, params), is_response_format(constrained),
+        continues(state.cfg, params),
     )  # fmt: skip
     prompts = await tokenize_prompts(state, [prompt])
     flight = await submit(
@@ -159,7 +160,7 @@ async def responses(request: HttpRequest) -> Response:
     if not params.stream:
         (out,) = await collect(flight, request)
         t = int(time.time())
-        reader = MessageStream(plan.parser())
+        reader = plan.reader(stream=False)
         reader.feed(out.text)
         reader.finish()
         assert reader.final is not None
@@ -168,7 +169,7 @@ async def responses(request: HttpRequest) -> Response:
         res |= {"object": "response", "output": output, **ending(out)}
         return JsonResponse({**res, "usage": usage(out)})
     seen = {"created": False}
-    reader = MessageStream(plan.parser(stream=True))
+    reader = plan.reader()
     items = ItemEvents(mid)
 
     def chunk(i: int, out: Output, ev: Event) -> list[Body]:
