@@ -19,6 +19,7 @@ from loraserve.chat.formats.scan import (
     Incomplete,
     Invalid,
     held,
+    loads,
     object_members,
     skip_ws,
     value_end,
@@ -161,7 +162,7 @@ def _json_call(fmt: ChatFormat, text: str, members: list) -> ScannedCall | None:
         found = _member(text, members, name_path)
     if found is None or found[1] is None:
         return ScannedCall("", "")
-    name = json.loads(text[found[0] : found[1]])
+    name = loads(text[found[0] : found[1]])
     prefix = name_path.rpartition(".")[0]
     args = None
     for field_ in (fmt.args_field, "arguments", "parameters"):
@@ -172,12 +173,12 @@ def _json_call(fmt: ChatFormat, text: str, members: list) -> ScannedCall | None:
                 break
     arguments = "" if args is None else text[args[0] : len(text) if args[1] is None else args[1]]
     if args is not None and args[1] is not None and text[args[0]] == '"':
-        arguments = json.loads(arguments)  # arguments written as a JSON string
+        arguments = loads(arguments)  # arguments written as a JSON string
     id_ = ""
     if fmt.id_field or fmt.gen_id_field:  # an id the model wrote, or one it generated
         got = _member(text, members, fmt.id_field or fmt.gen_id_field)
         if got is not None and got[1] is not None:
-            value = json.loads(text[got[0] : got[1]])
+            value = loads(text[got[0] : got[1]])
             id_ = value if isinstance(value, str) else json.dumps(value)
     return ScannedCall(str(name), arguments, id_)
 

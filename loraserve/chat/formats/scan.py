@@ -83,7 +83,7 @@ def object_members(text: str, i: int) -> tuple[list[tuple[str, int, int | None]]
             k_end = value_end(text, j)
         except Incomplete:
             return out, None
-        key = json.loads(text[j:k_end])
+        key = loads(text[j:k_end])
         j = skip_ws(text, k_end)
         if j >= len(text):
             return out, None

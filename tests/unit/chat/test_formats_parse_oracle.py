@@ -11,6 +11,10 @@ import json
 import logging
 from collections import Counter
 
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from loraserve.chat.formats.description import ChatFormat
 from loraserve.chat.formats.detect import detect
 from loraserve.chat.formats.parse import ChatParser, turn_lead
@@ -122,3 +126,48 @@ def test_streams_grow_and_add_up() -> None:
             for c in d.get("tool_calls", []):
                 args[c["index"]] = args.get(c["index"], "") + c["function"].get("arguments", "")
         assert [args[i] for i in sorted(args)] == [c.arguments for c in final.tool_calls]
+
+
+MARKERS = ['<|"|>', "｜DSML｜", "]<]minimax[>[", "<|sep|>", "<|open|>", "<|close|>", "to=",
+           "<|message|>", "<|eom|>", ">>>", "\\u", "\\", '"', "'", "{", "}", "[", "]", "(", ")",
+           ":", ",", "=", "<", ">", "</", "\n", "True", "null"]  # fmt: skip
+
+
+EDIT = st.tuples(st.floats(0, 1), st.sampled_from(MARKERS), st.booleans())
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.sampled_from(CASES), st.lists(EDIT, min_size=1, max_size=3))
+def test_mangled_answers_never_raise(case: dict, edits: list) -> None:
+    """A case's answer with markers inserted or text cut out still parses, whole and as
+    every prefix, without an exception (a model's odd output is content, never a 500)."""
+    text = case["input"]
+    for where, marker, insert in edits:
+        k = int(where * len(text))
+        text = text[:k] + marker + text[k:] if insert else text[:k] + text[k + len(marker) :]
+    logging.disable(logging.WARNING)
+    try:
+        parser = _parser(case)
+        for k in range(0, len(text) + 1, max(1, len(text) // 16)):
+            parser.parse(text[:k], True)
+        parser.parse(text, False)
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("Qwen-Qwen2.5-7B-Instruct.jinja", '<tool_call>\n{"na\\_me": "f", "arguments": {}}'),
+        ("Qwen-Qwen2.5-7B-Instruct.jinja", '<tool_call>\n{"name": "f\\_", "arguments": {}}'),
+        ("Qwen-Qwen2.5-7B-Instruct.jinja", '<tool_call>\n{"name": "f", "arguments": "{\\_"}'),
+        ("Cohere2MoE.jinja", '<|START_ACTION|>[{"tool_call_id": "0", "tool_\\uname": "f"}]'),
+        ("LFM2-8B-A1B.jinja", '<|tool_call_start|>[f(code="\\uzzzz")]<|tool_call_end|>'),
+    ],
+)
+def test_invalid_escapes_are_no_call(name: str, text: str) -> None:
+    """JSON (or Python) strings with escapes their grammar has not: no call, no exception."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    parser = ChatParser(_format(name), tools)
+    for partial in (True, False):
+        assert parser.parse(text, partial).tool_calls == [] or partial

@@ -3,6 +3,7 @@ each (llama.cpp's common/parsers/*.cpp), chosen by the format's `dialect`."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from functools import partial as bind
 from typing import Any
@@ -21,6 +22,7 @@ from loraserve.chat.formats.special import (
 )
 from loraserve.chat.formats.special.text import Parsed
 
+log = logging.getLogger(__name__)
 Calls = list[tuple[str, str, str]]
 _Parse = Callable[[str, bool, dict | None, bool], Parsed]
 
@@ -52,5 +54,9 @@ def parse_dialect(
     """(content, reasoning, calls as (name, arguments JSON, id)) of `text` in `dialect`;
     `schemas`: the tools' parameter schemas by name, None when calls are not parsed;
     `extract`: reasoning goes to its own field (else it stays in the content)."""
-    got = DIALECTS[dialect](text, partial, schemas, extract)
+    try:
+        got = DIALECTS[dialect](text, partial, schemas, extract)
+    except (ValueError, IndexError, KeyError, TypeError) as exc:  # never a 500 for odd text
+        log.warning("chat format %s: unparsable answer (%s); kept as content", dialect, exc)
+        return ("" if partial else text), "", []
     return got.content, got.reasoning, [(n, a, i) for n, a, i in got.calls]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from loraserve.chat.formats.scan import Incomplete, object_members
+from loraserve.chat.formats.scan import Incomplete, loads, object_members
 from loraserve.chat.formats.special.text import Invalid, Need, Parsed, at, skip_ws, until
 
 THINK, THINK_END = "<|START_THINKING|>", "<|END_THINKING|>"
@@ -59,9 +59,9 @@ def _calls(text: str, i: int, out: Parsed) -> None:
         name, args, id_ = found.get("tool_name"), found.get("parameters"), found.get("tool_call_id")
         if name is None or name[1] is None:
             raise Need
-        call = out.call(str(json.loads(text[name[0] : name[1]])))
+        call = out.call(str(loads(text[name[0] : name[1]])))
         if id_ is not None and id_[1] is not None:
-            value = json.loads(text[id_[0] : id_[1]])
+            value = loads(text[id_[0] : id_[1]])
             call[2] = value if isinstance(value, str) else json.dumps(value)
         if args is not None:
             call[1] = text[args[0] : len(text) if args[1] is None else args[1]]

@@ -132,8 +132,14 @@ def _string(text: str, i: int) -> tuple[str, int]:
             if k + 1 >= len(text):
                 raise Need
             nxt = text[k + 1]
-            if nxt == "u" and k + 6 <= len(text):
-                chars.append(chr(int(text[k + 2 : k + 6], 16)))
+            if nxt == "u":
+                code = text[k + 2 : k + 6]
+                if len(code) < 4:
+                    raise Need
+                try:
+                    chars.append(chr(int(code, 16)))
+                except ValueError:
+                    raise Invalid from None
                 k += 6
                 continue
             chars.append(escapes.get(nxt, nxt))
