@@ -8,7 +8,9 @@ from typing import Any
 from loraserve.model.archs.base import Arch, Keys
 
 
-def _gguf(keys: Keys, n_layers: int) -> dict[str, Any]:
+def shortconv(keys: Keys, n_layers: int) -> dict[str, Any]:
+    """Layer kinds (short convolution where the KV head count is 0), the kernel length, the
+    output norm's name and the attention layers' window (lfm2, lfm2moe)."""
     kv = keys.req("attention.head_count_kv")
     kv = list(kv) if hasattr(kv, "__len__") else [kv] * n_layers
     kinds = tuple("shortconv" if int(n) == 0 else "attn" for n in kv)
@@ -23,4 +25,4 @@ def _gguf(keys: Keys, n_layers: int) -> dict[str, Any]:
     return out
 
 
-ARCH = Arch(name="lfm2", qk_norm=True, recurrent=True, gguf=_gguf)
+ARCH = Arch(name="lfm2", qk_norm=True, recurrent=True, gguf=shortconv)

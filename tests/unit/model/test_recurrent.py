@@ -1,0 +1,215 @@
+"""Recurrent and hybrid architectures: the engine's answers are bit-identical whatever the
+batch, the prefill chunking and the cache state, on the models llama-server answered on.
+
+The greedy tokens themselves are checked against llama-server by tests/unit/model/test_archs.py
+(the records under tests/data/archs/ of the recurrent architectures are among its cases). Here,
+on each recorded recurrent model (Q4_K_M, rebuilt from its spec):
+
+- answers (tokens and top-2 probabilities) alone with the cache off, batched with prefill
+  chunks that end inside blocks, and resumed from the prefix cache are all the same bits, and
+  a resume starts only on a block boundary whose state snapshot exists;
+- hypothesis: random request sequences with shared prefixes, random adapter mixes (per request
+  and global switches), prefill chunk sizes and cache budgets: every answer equals its cache-off
+  answer, bit for bit;
+- an adapter on the recurrent layers' in/out projections equals it merged into the weights;
+- speculative decoding and slot files, which cannot carry the state yet, are refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from loraserve.engine import slot_io
+from loraserve.engine.core import EngineConfig
+from loraserve.engine.engine import Engine
+from loraserve.engine.runner import BatchItem, ModelRunner
+from loraserve.engine.sampling.params import SamplingParams
+from loraserve.engine.spec.config import SpecConfig
+from loraserve.lora.adapter_write import write_gguf_lora
+from loraserve.model import archs
+from loraserve.model.gguf_write import write_gguf
+from loraserve.model.loader import LoadedModel, load_model
+from tests.arch_models import tensor_values, typed_metadata, write_model
+from tests.engine_util import ask, run_and_drain
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "archs"
+RECORDS = {
+    p.stem: r
+    for p in sorted(DATA.glob("*.json"))
+    if (r := json.loads(p.read_text())).get("arch") in archs.ARCHS
+    and archs.get(r["arch"]).recurrent
+}
+VARIANTS = [(a, v) for a, r in RECORDS.items() for v in r["variants"]]
+PROBS = SamplingParams(temperature=0.0, n_probs=2)
+RECURRENT_STEMS = ("shortconv.in_proj", "shortconv.out_proj", "ssm_in", "ssm_out")
+_MODELS: dict[tuple[str, str, str], LoadedModel] = {}
+
+
+def _id(p: tuple[str, ...]) -> str:
+    return "-".join(p)
+
+
+def model(tmp: Path, arch: str, variant: str, qtype: str = "Q4_K_M") -> LoadedModel:
+    key = (arch, variant, qtype)
+    if key not in _MODELS:
+        rec = RECORDS[arch]["variants"][variant]
+        types = None
+        if qtype != "F32":
+            types = {k: int(t) for k, t in rec["files"][qtype]["types"].items()}
+        _MODELS[key] = load_model(write_model(rec, tmp / f"{arch}-{variant}-{qtype}.gguf", types))
+    return _MODELS[key]
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("recurrent")
+
+
+def answers(eng: Engine, asks: list[dict[str, Any]]) -> list[tuple[list, list, int]]:
+    """Each request's generated tokens, their top-2 probabilities and its cached prompt tokens."""
+    out = []
+    for evs in run_and_drain(eng, asks):
+        assert evs[-1].error is None, evs[-1].error
+        gen = [e for e in evs if e.token is not None]
+        out.append(([e.token for e in gen], [e.probs for e in gen], evs[-1].n_cached))
+    return out
+
+
+@pytest.mark.parametrize("arch,variant", VARIANTS, ids=map(_id, VARIANTS))
+def test_alone_batched_chunked_resumed_identical(tmp: Path, arch: str, variant: str) -> None:
+    m = model(tmp, arch, variant)
+    cases = RECORDS[arch]["variants"][variant]["answers"]["Q4_K_M"]
+    prompts = [c["prompt"] + c["tokens"][:i] for c in cases[1:] for i in (0, 13)]
+    asks = [ask(p, 3, sampling=PROBS) for p in prompts]
+    alone = Engine(m, EngineConfig(n_slots=1, n_ctx=128, block_size=4))
+    ref = [answers(alone, [ask(p, 3, sampling=PROBS, cache_prompt=False)])[0] for p in prompts]
+    for ubatch in (7, 64):  # prefill chunks ending inside blocks, and whole prompts
+        eng = Engine(m, EngineConfig(n_slots=6, n_ctx=6 * 128, block_size=4, ubatch=ubatch))
+        first = answers(eng, asks)
+        again = answers(eng, asks)  # the same prompts: resumed from the prefix cache
+        assert [a[:2] for a in first] == [r[:2] for r in ref], f"batched (ubatch {ubatch})"
+        assert [a[:2] for a in again] == [r[:2] for r in ref], f"resumed (ubatch {ubatch})"
+        cached = [a[2] for a in again]
+        assert all(n % 4 == 0 for n in cached), "resumed inside a block: no exact state there"
+        assert sum(cached) > 0, "nothing resumed from the prefix cache"
+
+
+def _adapter(rec: dict[str, Any], seed: int, stems: tuple[str, ...]) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(seed)
+    pairs = {}
+    for name, shape, _ in rec["tensors"]:
+        if name.startswith("blk.") and name.endswith(".weight") and len(shape) == 2:
+            if name.split(".", 2)[2].removesuffix(".weight") in stems:
+                pairs[name] = (torch.randn(4, shape[1], generator=g) * 0.05,
+                               torch.randn(shape[0], 4, generator=g) * 0.05)  # fmt: skip
+    return pairs
+
+
+@pytest.mark.parametrize("arch,variant", VARIANTS, ids=map(_id, VARIANTS))
+def test_adapter_on_recurrent_projections_equals_merged(tmp: Path, arch: str, variant: str) -> None:
+    rec = RECORDS[arch]["variants"][variant]
+    m = model(tmp, arch, variant, "F32")
+    pairs = _adapter(rec, 3, RECURRENT_STEMS)
+    assert pairs, "no recurrent projection to adapt"
+    write_gguf_lora(tmp / f"{arch}-rec.gguf", arch, pairs, qk_heads=(m.config.n_heads,) * 2)
+    values = tensor_values(rec)
+    for name, (a, b) in pairs.items():
+        values[name] = values[name] + 0.7 * (b.double() @ a.double()).float().numpy()
+    merged = load_model(write_gguf(tmp / f"{arch}-rec-merged.gguf",
+                                   typed_metadata(rec["metadata"]), values))  # fmt: skip
+    eng = Engine(m, EngineConfig(n_slots=2, n_ctx=256, block_size=16))
+    eng.load_adapter(tmp / f"{arch}-rec.gguf", 0.0).result()
+
+    def forced(runner: ModelRunner, mix: dict[int, float]) -> torch.Tensor:
+        c = rec["answers"]["F32"][-1]
+        seq = c["prompt"] + c["tokens"][:-1]
+        runner.ensure_capacity(8)
+        item = BatchItem(seq, 0, len(seq), list(range(8)), True, mix, n_logits=len(seq))
+        return runner.forward([item]).log_softmax(-1)
+
+    got = forced(eng.core.runner, {0: 0.7})
+    want = forced(ModelRunner(merged.decoder, 16, torch.float32), {})
+    base = forced(ModelRunner(m.decoder, 16, torch.float32), {})
+    assert (base - want).abs().max() > 0.01, "the adapter changes nothing: no test"
+    assert (got - want).abs().max() < 2e-3
+
+
+@pytest.mark.parametrize("arch,variant", VARIANTS[:1], ids=map(_id, VARIANTS[:1]))
+def test_state_carriers_not_yet_supported_are_refused(tmp: Path, arch: str, variant: str) -> None:
+    m = model(tmp, arch, variant)
+    with pytest.raises(ValueError, match="recurrent state"):
+        Engine(m, EngineConfig(spec=SpecConfig(types=("ngram-simple",))))
+    fp = {"arch": m.config.arch}
+    image = slot_io.SlotImage([1, 2], (), [])
+    with pytest.raises(slot_io.SlotFileError, match="recurrent state"):
+        slot_io.write(tmp / "slot.bin", image, fp)
+    assert not (tmp / "slot.bin").exists()
+    with pytest.raises(slot_io.SlotFileError, match="recurrent state"):
+        slot_io.read(tmp / "slot.bin", fp, 100)
+
+
+STEMS = [[5, 9, 14, 2, 77, 31, 8, 8, 100, 64, 3], [5, 9, 14, 2, 77, 6], [40] * 9]
+request = st.tuples(
+    st.integers(0, len(STEMS) - 1),
+    st.lists(st.integers(0, 127), max_size=6),  # own tail after the shared stem
+    st.sampled_from([None, {0: 0.5}, {1: -0.7}, {0: 1.0, 1: 0.5}]),  # None: the global mix
+)
+action = st.one_of(
+    st.lists(request, min_size=1, max_size=4),  # requests submitted together
+    st.sampled_from([[(0, 0.0), (1, 0.0)], [(0, 0.8)], [(0, 0.5), (1, -0.7)]]),  # global switch
+)
+
+
+@pytest.mark.skipif(not VARIANTS, reason="no recorded recurrent architecture")
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(action, min_size=1, max_size=5),
+    st.sampled_from([2, 5, 16]),  # prefill chunk (ubatch)
+    st.sampled_from([0.0, 0.05, 8.0]),  # --cache-ram MiB: nothing, a few blocks, plenty
+    st.integers(1, 3),  # slots
+)
+def test_cache_on_equals_cache_off(
+    tmp: Path, actions: list, ubatch: int, cache_mib: float, n_slots: int
+) -> None:
+    arch, variant = VARIANTS[0]
+    m = model(tmp, arch, variant)
+    rec = RECORDS[arch]["variants"][variant]
+    paths = []
+    for seed in (1, 2):
+        p = tmp / f"{arch}-prop{seed}.gguf"
+        if not p.exists():
+            pairs = _adapter(rec, seed, RECURRENT_STEMS + ("attn_q", "attn_v", "ffn_up"))
+            write_gguf_lora(p, arch, pairs, qk_heads=(m.config.n_heads,) * 2)
+        paths.append(p)
+    cfg = EngineConfig(n_slots=n_slots, n_ctx=n_slots * 64, block_size=4, ubatch=ubatch,
+                       cache_ram_mib=cache_mib)  # fmt: skip
+    eng = Engine(m, cfg)
+    ref = Engine(m, EngineConfig(n_slots=1, n_ctx=64, block_size=4))
+    for e in (eng, ref):
+        for p in paths:
+            e.load_adapter(p, 0.0).result()
+    scales: dict[int, float] = {0: 0.0, 1: 0.0}
+    for act in actions:
+        if len(act[0]) == 2:  # a global switch (unlisted adapters 0)
+            eng.set_global_scales(act).result()
+            scales = {0: 0.0, 1: 0.0, **dict(act)}
+            continue
+        asks, refs = [], []
+        for stem, tail, mix in act:
+            prompt = STEMS[stem] + tail
+            eff = dict(scales) if not mix else {0: 0.0, 1: 0.0, **mix}  # {}: the global ones
+            asks.append(ask(prompt, 3, mix, sampling=PROBS))
+            refs.append(ask(prompt, 3, list(eff.items()), sampling=PROBS, cache_prompt=False))
+        got = answers(eng, asks)
+        want = [answers(ref, [r])[0] for r in refs]
+        assert [g[:2] for g in got] == [w[:2] for w in want]
+        assert all(g[2] % 4 == 0 for g in got)
