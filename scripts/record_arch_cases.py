@@ -181,8 +181,8 @@ def override(spec: dict[str, Any], arch: str, sets: list[str]) -> None:
 
 
 def record_variant(arch: str, tmpl: Path, work: Path, seed: int, stdev: float, port: int,
-                   sets: list[str] = (), ctx: int = 256,
-                   lens: tuple[int, ...] = PROMPT_LENS) -> dict[str, Any]:  # fmt: skip
+                   sets: list[str] = (), ctx: int = 256, lens: tuple[int, ...] = PROMPT_LENS,
+                   types: tuple[str, ...] = TYPES) -> dict[str, Any]:  # fmt: skip
     spec = template_spec(tmpl)
     override(spec, arch, list(sets))
     spec["generator"] = {"seed": seed, "stdev": stdev, "template": tmpl.name}
@@ -194,7 +194,7 @@ def record_variant(arch: str, tmpl: Path, work: Path, seed: int, stdev: float, p
     digest, _ = tensor_digest(f32)
     files = {"F32": {"sha256": file_sha256(f32), "tensors_sha256": digest}}
     paths = {"F32": f32}
-    for qtype in TYPES:
+    for qtype in types:
         q = work / f"{arch}-{qtype}.gguf"
         subprocess.run([str(PEER / "llama-quantize"), str(f32), str(q), qtype], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -226,10 +226,12 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=256, help="llama-server's context size")
     ap.add_argument("--prompt-lens", default=",".join(map(str, PROMPT_LENS)))
     ap.add_argument("--variants", default="dense,moe", help="which templates to record")
+    ap.add_argument("--types", default=",".join(TYPES), help="quantized files besides F32")
     args = ap.parse_args()
     if args.set and not args.tag:
         ap.error("--set needs --tag (the variant's name)")
     lens = tuple(int(n) for n in args.prompt_lens.split(","))
+    types = tuple(t for t in args.types.split(",") if t)
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -246,8 +248,8 @@ def main() -> None:
                     print(f"{arch} ({v})")
                     try:
                         variants[v] = record_variant(arch, tmpl, work, args.seed, args.stdev,
-                                                     args.port, args.set, args.ctx,
-                                                     lens)  # fmt: skip
+                                                     args.port, args.set, args.ctx, lens,
+                                                     types)  # fmt: skip
                     except Exception as e:  # one architecture's failure does not stop the rest
                         print(f"  {arch} ({v}) not recorded: {type(e).__name__}: {e}")
                     tmpl.unlink()

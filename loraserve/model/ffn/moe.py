@@ -4,11 +4,12 @@ Router logits -> probabilities (softmax or sigmoid, `ModelConfig.expert_gating`;
 "softmax_weight", the top-k logits softmaxed among themselves); the top-k by
 probability plus an optional selection bias (``exp_probs_b``, which never enters the weights);
 the chosen probabilities renormalised to sum 1 when the architecture asks (``expert_norm``) and
-scaled by ``expert_scale`` (when not 0 or 1); gated experts with the architecture's activation
-(SiLU, or gpt-oss's clamped swiglu_oai), with router and expert biases where the file has them
-(gpt-oss: the bias of each projection after it). Shared experts (``*_shexp``)
-run on every token and are added, gated by ``sigmoid(x . ffn_gate_inp_shexp)`` where that
-tensor exists (qwen2moe).
+scaled by ``expert_scale`` (when not 0 or 1); llama4 (``expert_weight_input``) chooses by the
+raw logits and multiplies each chosen expert's input, not its output, by the weight; gated
+experts with the architecture's activation (SiLU, or gpt-oss's clamped swiglu_oai), with router
+and expert biases where the file has them (gpt-oss: the bias of each projection after it).
+Shared experts (``*_shexp``) run on every token and are added, gated by
+``sigmoid(x . ffn_gate_inp_shexp)`` where that tensor exists (qwen2moe).
 """
 
 from __future__ import annotations
