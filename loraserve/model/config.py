@@ -94,6 +94,7 @@ class ModelConfig:
     conv_kernel: int = 0  # short convolution's kernel length (lfm2: shortconv.l_cache)
     # Mamba-2 layers: (d_conv, d_inner, d_state, heads, groups) from <arch>.ssm.*
     ssm: tuple[int, ...] = ()
+    ffn_layers: tuple[bool, ...] = field(default=())  # per layer: has an FFN (mamba2: none)
     # llama4: sliding_layers attend in chunks of attn_chunk positions (a query sees the keys of
     # its own chunk only); no-rope layers scale q by 1 + s log(floor((pos + o) / f) + 1) with
     # attn_temp = (f, s, o); q and k RMS-normed without weight after rope on rope layers
@@ -117,6 +118,8 @@ class ModelConfig:
             object.__setattr__(self, "sliding_layers", (False,) * self.n_layers)
         if not self.rope_layers:
             object.__setattr__(self, "rope_layers", (True,) * self.n_layers)
+        if not self.ffn_layers:
+            object.__setattr__(self, "ffn_layers", (True,) * self.n_layers)
         if not self.layer_kinds:
             object.__setattr__(self, "layer_kinds", ("attn",) * self.n_layers)
         if not self.moe_layers:
@@ -125,7 +128,7 @@ class ModelConfig:
             object.__setattr__(self, "rope_theta_local", self.rope_theta)
         if self.attn_scale == 0.0:
             object.__setattr__(self, "attn_scale", 1.0 / math.sqrt(self.head_dim))
-        for name in ("sliding_layers", "rope_layers", "moe_layers", "layer_kinds"):
+        for name in ("sliding_layers", "rope_layers", "moe_layers", "layer_kinds", "ffn_layers"):
             if len(getattr(self, name)) != self.n_layers:
                 raise UnsupportedModelError(f"{name} must have one entry per layer")
         if self.n_heads % self.n_kv_heads:

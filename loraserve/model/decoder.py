@@ -76,7 +76,7 @@ class Block(nn.Module):
         self.post_attn_norm = _req(w, p + "post_attention_norm.weight") if cfg.post_norms else None
         self.ffn_norm = (  # none when parallel: the FFN reads the attention's input norm
             None
-            if cfg.parallel or not cfg.pre_norms
+            if cfg.parallel or not cfg.pre_norms or not cfg.ffn_layers[i]
             else _req(w, p + cfg.ffn_norm_name + ".weight").float()
         )
         self.ffn_norm_b = _f32(w.float(p + cfg.ffn_norm_name + ".bias"))
@@ -84,8 +84,11 @@ class Block(nn.Module):
         self.sliding = cfg.sliding_window > 0 and cfg.sliding_layers[i]
         self.chunk = cfg.attn_chunk if cfg.sliding_layers[i] else 0  # llama4's chunked layers
         self.local_rope = self.sliding or self.chunk > 0  # the local rope base (if any)
-        if cfg.moe_layers[i]:
+        self.has_ffn = cfg.ffn_layers[i]  # none: the mixer and its residual alone (mamba2)
+        if cfg.moe_layers[i] and self.has_ffn:
             self.moe: MoE | None = MoE(cfg, p, w)
+        elif not self.has_ffn:
+            self.moe = None
         else:
             self.moe = None
             fused = not w.has(p + "ffn_gate.weight")
@@ -139,6 +142,8 @@ class Block(nn.Module):
         if cfg.parallel:  # the FFN reads the attention's input norm
             return x + self._ffn(h) + a
         x = x + self._scaled(a)
+        if not self.has_ffn:
+            return x
         return x + self._scaled(self._ffn(norm(cfg, x, self.ffn_norm, self.ffn_norm_b)))
 
     def _scaled(self, a: torch.Tensor) -> torch.Tensor:

@@ -58,6 +58,10 @@ def _heads(c: ModelConfig, i: int) -> tuple[int, int, int, int, int]:
             per_layer(c, "head_dim_v", i, d) or d)  # fmt: skip
 
 
+def _has_ffn(c: ModelConfig, i: int) -> bool:
+    return bool(per_layer(c, "ffn_layers", i, True))
+
+
 def _ffn(c: ModelConfig, i: int) -> int:
     return per_layer(c, "ffn_dim", i)
 
@@ -128,7 +132,7 @@ def required_stems(cfg: ModelConfig, i: int) -> list[str]:
         stems = ["attn_kv_a_mqa", "attn_kv_a_norm", "attn_k_b", "attn_v_b", "attn_output"]
     if getattr(cfg, "pre_norms", True):  # olmo2, exaone4: post norms only
         stems += ["attn_norm"]
-        if not getattr(cfg, "parallel", False):
+        if not getattr(cfg, "parallel", False) and _has_ffn(cfg, i):
             stems += [getattr(cfg, "ffn_norm_name", "ffn_norm")]
     if getattr(cfg, "qk_norm", False) and kind == "attn":
         stems += ["attn_q_norm", "attn_k_norm"]
@@ -137,7 +141,9 @@ def required_stems(cfg: ModelConfig, i: int) -> list[str]:
     moe = per_layer(cfg, "moe_layers", i, None)
     if moe is None:
         moe = _n_experts(cfg, i) > 0
-    if moe:
+    if not _has_ffn(cfg, i):  # the mixer and its residual alone (mamba2)
+        pass
+    elif moe:
         stems += ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
     else:
         stems += (["ffn_gate"] if _ffn_kind(cfg) == "gated" else []) + ["ffn_up", "ffn_down"]
@@ -214,7 +220,7 @@ def check_config(cfg: ModelConfig) -> None:
         h, nq, nkv, d, dv = _heads(cfg, i)
         where = f"layer {i}: "
         for what, v in (("heads", nq), ("KV heads", nkv), ("head dim", d), ("value dim", dv),
-                         ("FFN width", _ffn(cfg, i))):  # fmt: skip
+                         ("FFN width", _ffn(cfg, i) if _has_ffn(cfg, i) else 1)):  # fmt: skip
             if not (_is_int(v) and 1 <= v <= MAX_WIDTH):
                 raise ModelFileError(f"{where}{what} = {_show(v)} (1 to {MAX_WIDTH})")
         if nq % nkv:
