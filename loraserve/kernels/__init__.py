@@ -40,8 +40,10 @@ from loraserve.kernels.floatmm import rowwise_torch
 log = logging.getLogger("loraserve.kernels")
 
 FLOAT_TYPES = frozenset({0, 1, 30})  # F32, F16, BF16
-# Q4_0 .. Q6_K; IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4 (quant_nl.h)
-QUANT_TYPES = frozenset({2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 34, 35, 39})
+# Q4_0 .. Q6_K; IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4 (quant_nl.h); the IQ2/IQ3/IQ1 grid types
+# (quant_iq.h)
+IQ_GRID_TYPES = frozenset({16, 17, 18, 19, 21, 22, 29})
+QUANT_TYPES = frozenset({2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 34, 35, 39, *IQ_GRID_TYPES})
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -75,8 +77,8 @@ def backend() -> str:
     return "c" if _c() is not None else "torch"
 
 
-# Q2_K .. Q6_K, IQ4_XS, TQ1_0, TQ2_0: activations per 256 values (llama.cpp's Q8_K)
-K_QUANTS = frozenset({10, 11, 12, 13, 14, 23, 34, 35})
+# Q2_K .. Q6_K, IQ4_XS, TQ1_0, TQ2_0, the grid types: activations per 256 values (Q8_K)
+K_QUANTS = frozenset({10, 11, 12, 13, 14, 23, 34, 35, *IQ_GRID_TYPES})
 PACKED = 256  # a kernel type code `PACKED | ggml type`: rows repacked by `pack_rows`
 PACKABLE = frozenset({2, 6, 8, 12})  # Q4_0, Q5_0, Q8_0, Q4_K
 PACK_ROWS = 8

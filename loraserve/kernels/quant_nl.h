@@ -10,6 +10,8 @@
 
 #pragma once
 
+#include "quant_iq.h"
+
 enum { T_IQ4_NL = 20, T_IQ4_XS = 23, T_TQ1_0 = 34, T_TQ2_0 = 35, T_MXFP4 = 39 };
 
 static const int8_t KV_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
@@ -17,8 +19,9 @@ static const int8_t KV_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
 static const int8_t KV_MXFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 // the K-form types: per-256 activations, integer scales per 16 (nl_k_scales)
+// (and the grid types of quant_iq.h)
 static inline int is_nl_kform(int type) {
-    return type == T_IQ4_XS || type == T_TQ1_0 || type == T_TQ2_0;
+    return type == T_IQ4_XS || type == T_TQ1_0 || type == T_TQ2_0 || iq_block_bytes(type) > 0;
 }
 
 // bytes per block (of 32 or 256 values), or 0 for another type
@@ -30,7 +33,7 @@ static inline int64_t nl_block_bytes(int type, int64_t *block) {
     case T_IQ4_XS: return 136;
     case T_TQ1_0: return 54;
     case T_TQ2_0: return 66;
-    default: return 0;
+    default: return iq_block_bytes(type);
     }
 }
 
@@ -68,6 +71,7 @@ static void unpack_mxfp4(const uint8_t *r, int64_t K, int8_t *q, float *s, float
 
 // The integer scales per 16 values of super-block x of a K-form type, and its d.
 static inline float nl_k_scales(int type, const uint8_t *x, int16_t *sc) {
+    if (iq_block_bytes(type) > 0) return iq_k_scales(type, x, sc);
     if (type == T_IQ4_XS) {
         uint16_t sh;
         memcpy(&sh, x + 2, 2);
@@ -132,6 +136,6 @@ static inline unpack_fn nl_unpacker(int type) {
     case T_IQ4_XS: return unpack_iq4_xs;
     case T_TQ1_0: return unpack_tq1_0;
     case T_TQ2_0: return unpack_tq2_0;
-    default: return NULL;
+    default: return iq_unpacker(type);
     }
 }

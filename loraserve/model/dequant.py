@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from loraserve.model import dequant_nl
+from loraserve.model import dequant_iq, dequant_nl
 
 # name -> ggml type id (ggml.h); ids 4, 5 and 31-33 are retired
 GGML_TYPE: dict[str, int] = {
@@ -201,6 +201,7 @@ def _q6_k(b: torch.Tensor, out: torch.Tensor) -> None:
 _BLOCK_FNS: dict[int, Callable[[torch.Tensor, torch.Tensor], None]] = {
     2: _q4_0, 3: _q4_1, 6: _q5_0, 7: _q5_1, 8: _q8_0,
     10: _q2_k, 11: _q3_k, 12: _q4_k, 13: _q5_k, 14: _q6_k, **dequant_nl.BLOCK_FNS,
+    **dequant_iq.BLOCK_FNS,
 }  # fmt: skip
 SUPPORTED_TYPES: frozenset[int] = frozenset({0, 1, 30, *_BLOCK_FNS})
 

@@ -59,7 +59,8 @@ class Matrix:
             raise ValueError(
                 f"tensor {name!r} has ggml type {type_name(ggml_type)}, which loraserve has no "
                 f"kernel for; supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, "
-                f"Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0"
+                f"Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0, IQ2_XXS, "
+                f"IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M"
             )
         rows = raw.reshape(shape[0], -1)  # [n_out, row_bytes]
         if ggml_type in FLOAT_TYPES:

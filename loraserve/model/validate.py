@@ -369,12 +369,14 @@ def check_types(types: Mapping[str, int], shapes: Mapping[str, Shape]) -> None:
             raise ModelFileError(
                 f"tensor {name!r} has ggml type {type_name(t)}, which loraserve has no kernel "
                 f"for; supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, "
-                f"IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0"
+                f"IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, "
+                f"IQ1_S, IQ1_M"
             )
 
 
 # kernels.QUANT_TYPES and the float types (kept literal: validation imports no kernels)
-MATRIX_TYPES = frozenset({0, 1, 30, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 34, 35, 39})
+MATRIX_TYPES = frozenset({0, 1, 30, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 34, 35, 39, 16, 17,
+                          18, 19, 21, 22, 29})  # fmt: skip
 
 
 def gguf_config(

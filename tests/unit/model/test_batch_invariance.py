@@ -61,16 +61,28 @@ class Seq:
         self.tokens, self.mix, self.blocks, self.done = tokens, mix, blocks, 0
 
 
-def run_alone(model: LoadedModel, reg: AdapterRegistry, s: Seq) -> torch.Tensor:
-    """Logits [len, V] at every position from one prefill chunk, alone in a fresh runner."""
-    return our_logits(model, s.tokens, len(s.tokens), s.mix, reg.build_delta)
+def run_alone(
+    model: LoadedModel, reg: AdapterRegistry, s: Seq, kv: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Logits [len, V] at every position from one prefill chunk, alone in a fresh runner
+    (KV pool of dtype ``kv``)."""
+    if kv == torch.float32:
+        return our_logits(model, s.tokens, len(s.tokens), s.mix, reg.build_delta)
+    runner = ModelRunner(model.decoder, BS, kv, lora=reg.build_delta)
+    need = -(-len(s.tokens) // BS)
+    runner.ensure_capacity(need + 1)
+    blocks = list(range(1, need + 1))[::-1]
+    item = BatchItem(s.tokens, 0, len(s.tokens), blocks, True, s.mix, n_logits=len(s.tokens))
+    return runner.forward([item])
 
 
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(data=st.data())
-def test_logits_bitwise_equal_alone_batched_chunked_and_resumed(setup, data) -> None:
+@pytest.mark.parametrize("kv", [torch.float32, torch.float16], ids=["kv-f32", "kv-f16"])
+def test_logits_bitwise_equal_alone_batched_chunked_and_resumed(setup, kv, data) -> None:
+    """kv-f16: the f16 KV pool with llama.cpp's f16 attention numerics (attention_f16.h)."""
     model, reg = setup
     draw = data.draw
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
@@ -84,7 +96,7 @@ def test_logits_bitwise_equal_alone_batched_chunked_and_resumed(setup, data) -> 
     if share:
         seqs[1].mix = seqs[0].mix
         seqs[1].tokens = seqs[0].tokens[: BS * share] + seqs[1].tokens
-    runner = ModelRunner(model.decoder, BS, torch.float32, lora=reg.build_delta)
+    runner = ModelRunner(model.decoder, BS, kv, lora=reg.build_delta)
     next_block = 0
     for s in seqs:
         need = -(-len(s.tokens) // BS)
@@ -113,6 +125,6 @@ def test_logits_bitwise_equal_alone_batched_chunked_and_resumed(setup, data) -> 
             for (j, p), row in zip(owners, logits, strict=True):
                 got[j][p] = row
     for j, s in enumerate(seqs):
-        ref = run_alone(model, reg, s)
+        ref = run_alone(model, reg, s, kv)
         for p, row in got[j].items():
             assert torch.equal(row, ref[p]), f"sequence {j} (mix {s.mix}) position {p} differs"

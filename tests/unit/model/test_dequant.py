@@ -28,7 +28,8 @@ HALF_FIELDS: dict[str, tuple[int, ...]] = {
     "F16": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
     "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
     "F32": (), "BF16": (), "IQ4_NL": (0,), "IQ4_XS": (0,), "MXFP4": (), "TQ1_0": (52,),
-    "TQ2_0": (64,),
+    "TQ2_0": (64,), "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,),
+    "IQ1_S": (0,), "IQ1_M": (),
 }  # fmt: skip
 SUPPORTED = sorted(GGML_TYPE_NAME[t] for t in SUPPORTED_TYPES)
 QUANTIZABLE = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "TQ1_0",
@@ -59,6 +60,11 @@ def random_blocks(rng: np.random.Generator, name: str, n_rows: int, blocks_per_r
     for off in HALF_FIELDS[name]:
         halves = rng.standard_normal((n_rows, blocks_per_row)).astype(np.float16)
         raw[..., off : off + 2] = halves.view(np.uint8).reshape(n_rows, blocks_per_row, 2)
+    if name == "IQ1_M":  # its fp16 d lies in the top nibbles of the four scale words
+        h = rng.standard_normal((n_rows, blocks_per_row)).astype(np.float16).view(np.uint16)
+        for i in range(4):
+            hi = raw[..., 49 + 2 * i] & 0x0F | (((h >> (4 * i)) & 0xF) << 4).astype(np.uint8)
+            raw[..., 49 + 2 * i] = hi
     if name == "F32":
         raw = rng.standard_normal((n_rows, blocks_per_row)).astype(np.float32).view(np.uint8)
     return raw.reshape(n_rows, -1)
@@ -148,8 +154,8 @@ def test_read_only_input_is_not_copied_or_warned_about(recwarn: pytest.WarningsR
 
 
 def test_unsupported_type_names_tensor_and_type() -> None:
-    with pytest.raises(UnsupportedQuantError, match=r"blk\.0\.ffn_up\.weight.*IQ2_XXS"):
-        dequantize(np.zeros(66, np.uint8), GGML_TYPE["IQ2_XXS"], (256,), name="blk.0.ffn_up.weight")
+    with pytest.raises(UnsupportedQuantError, match=r"blk\.0\.ffn_up\.weight.*NVFP4"):
+        dequantize(np.zeros(144, np.uint8), GGML_TYPE["NVFP4"], (256,), name="blk.0.ffn_up.weight")
     with pytest.raises(UnsupportedQuantError, match="type99"):
         dequantize(np.zeros(4, np.uint8), 99, (1,))
     assert issubclass(UnsupportedQuantError, ValueError)
