@@ -85,7 +85,7 @@ def write_with_gguf_py(path: Path, alignment: int | None = None) -> None:
     x = RNG.standard_normal((6, 64)).astype(np.float32)
     for qtype in (Q.Q8_0, Q.Q4_0, Q.Q5_1, Q.BF16):
         w.add_tensor(qtype.name.lower(), quants.quantize(x, qtype), raw_dtype=qtype)
-    for qtype, size, halves in ((Q.Q4_K, 144, 0), (Q.Q6_K, 210, 208), (Q.IQ2_XXS, 66, 0)):
+    for qtype, size, halves in ((Q.Q4_K, 144, 0), (Q.Q6_K, 210, 208), (Q.NVFP4, 36 * 4, 0)):
         raw = RNG.integers(0, 256, (2, size), dtype=np.uint8)
         raw[:, halves : halves + 4 if qtype == Q.Q4_K else halves + 2] = 60  # finite f16 scales
         w.add_tensor(qtype.name.lower(), raw, raw_dtype=qtype)
@@ -113,7 +113,7 @@ def test_reads_what_gguf_py_writes(tmp_path: Path, alignment: int | None) -> Non
         assert ours.metadata["scalar.float32"] == float(np.float32(0.1))
         assert ours.metadata["array.bool"].dtype == np.bool_
         for t in r.tensors:
-            if t.tensor_type != Q.IQ2_XXS:
+            if t.tensor_type != Q.NVFP4:
                 assert_dequant_matches(ours, t)
         assert all(info.offset % (alignment or 32) == 0 for info in ours.tensors.values())
 
@@ -129,9 +129,9 @@ def test_reads_v2(oracle_file: Path) -> None:
 
 def test_unsupported_tensor_type(oracle_file: Path) -> None:
     with GGUFFile(oracle_file) as f:
-        assert f.raw("iq2_xxs").nbytes == 2 * 66
-        with pytest.raises(UnsupportedQuantError, match=r"'iq2_xxs'.*IQ2_XXS"):
-            f.tensor("iq2_xxs")
+        assert f.raw("nvfp4").nbytes == 2 * 36 * 4
+        with pytest.raises(UnsupportedQuantError, match=r"'nvfp4'.*NVFP4"):
+            f.tensor("nvfp4")
         with pytest.raises(KeyError, match="no tensor named 'nope'"):
             f.raw("nope")
     with pytest.raises(ValueError, match="closed"):
@@ -145,7 +145,7 @@ def test_unsupported_tensor_type(oracle_file: Path) -> None:
         (lambda d: b"", "empty file"),
         (lambda d: d[:3], "bad magic"),
         (lambda d: d[:60], r"truncated file: metadata key 'general.architecture' needs"),
-        (lambda d: d[:-100], r"tensor 'iq2_xxs' .* extends beyond the end of the file"),
+        (lambda d: d[:-100], r"tensor 'nvfp4' .* extends beyond the end of the file"),
         (lambda d: d[:4] + struct.pack("<I", 1) + d[8:], "unsupported GGUF version 1"),
         (lambda d: d[:4] + struct.pack(">I", 3) + d[8:], "big-endian"),
         (lambda d: d.replace(b"llama", b"llam\xff"), None),
