@@ -25,7 +25,7 @@ TOOLS = [{"type": "function", "function": {"name": "write", "parameters": PARAMS
 def main() -> None:
     src = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
     fmt = detect(src, render_for(src))
-    words = " ".join(f"word{i}" for i in range(1500))
+    words = " ".join(f"word{i}" for i in range(830))
     call = json.dumps({"name": "write", "arguments": {"text": words}})
     text = f"<think>\n{words}\n</think>\n\n{words[:4000]}\n<tool_call>\n{call}\n</tool_call>"
     pieces = [text[i : i + 4] for i in range(0, len(text), 4)]

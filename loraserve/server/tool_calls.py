@@ -135,9 +135,21 @@ def _budget(tok: Tokenizer, fmt: ChatFormat, prompt: str, budget: int) -> Budget
     def ids(text: str) -> tuple[int, ...]:
         return tuple(tok.encode(text, add_special=False, parse_special=True))
 
+    fragment = getattr(tok, "_encode_fragment", None)  # tokenizer internals
+
+    def spellings(text: str) -> list[tuple[int, ...]]:
+        """The marker's tokens, and (SentencePiece) without the dummy space prefix: the
+        model writes a marker inside its answer, not at a text's start."""
+        out = [ids(text)]
+        if fragment is not None:
+            out.append(tuple(fragment(text, False)))
+        return out
+
     ends = [end, end.strip(), *(m.strip() for m in fmt.reasoning_stops)]
-    return BudgetSpec(budget, (ids(start),), tuple(ids(e) for e in dict.fromkeys(ends) if e),
-                      ids(end), _opens_reasoning(fmt, prompt))  # fmt: skip
+    end_seqs = [s for e in dict.fromkeys(ends) if e for s in spellings(e)]
+    return BudgetSpec(budget, tuple(dict.fromkeys(spellings(start))),
+                      tuple(dict.fromkeys(end_seqs)), ids(end),
+                      _opens_reasoning(fmt, prompt))  # fmt: skip
 
 
 def _special(tok: Tokenizer):  # noqa: ANN202 - Callable[[str], bool]

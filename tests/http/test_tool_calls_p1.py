@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 
 from loraserve.chat.formats.detect import detect
+from loraserve.chat.formats.grammar import tool_grammar
 from tests.http.test_tool_calls import SCHEMAS, TOOLS, USER, chat, chat_stream, check_calls
 from tests.server_util import serve_in_thread
 from tests.unit.chat.format_util import TEMPLATES, render_for
@@ -43,7 +44,10 @@ N = 320  # the tiny vocabulary spells markers such as <｜tool▁call▁end｜> 
 def srv(request):
     source = (TEMPLATES / request.param).read_text()
     fmt = detect(source, render_for(source))
-    if request.param in PENDING and (not fmt.has_tools or fmt.dialect not in ("", "harmony")):
+    if request.param in PENDING and tool_grammar(fmt, TOOLS, "required") is not None:
+        pytest.skip("its dialect grammar (special/grammars.py) does not yet bind values to the "
+                    "schema (repeated keys, endless numbers and strings)")  # fmt: skip
+    if request.param in PENDING:
         pytest.skip("no tool-call grammar for the template's format yet")
     args = ["-np", "1", "-c", "16384", "--chat-template-file", str(TEMPLATES / request.param),
             "--reasoning-budget", str(BUDGET)]  # fmt: skip
@@ -149,7 +153,7 @@ def test_prefilled_trigger_constrains_the_rest_of_the_call(srv) -> None:
     answer the rest of a call, constrained and parsed with the prefill."""
     source = (TEMPLATES / srv.template_name).read_text()
     fmt = detect(source, render_for(source))
-    if fmt.dialect or not fmt.trigger.strip():
+    if fmt.dialect or not fmt.trigger.strip():  # harmony, Gemma 4, DSML: forced calls only
         pytest.skip("no textual trigger (harmony's calls start at pattern triggers)")
     msgs = [*USER, {"role": "assistant", "content": fmt.trigger}]
     res = chat(srv, messages=msgs, tool_choice="auto", parallel_tool_calls=False, n_predict=N)

@@ -24,6 +24,7 @@ from typing import Any
 
 from loraserve.chat.formats.calls import _is_string
 from loraserve.chat.formats.description import ChatFormat
+from loraserve.chat.formats.special.grammars import dialect_grammar
 
 ANY = r"/(.|\n)*/"
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -192,8 +193,8 @@ def tool_grammar(
             raise ValueError(f"tool_choice names a function that is not in tools: {choice}")
     if fmt.dialect == "harmony":
         return _harmony(fmt, tools, choice, thinking_open and reasoning, special)
-    if fmt.dialect:
-        return None
+    if fmt.dialect:  # the specialised formats' own grammars (None where there is none yet)
+        return dialect_grammar(fmt, tools, choice, parallel, thinking_open and reasoning, special)
     trigger = fmt.trigger
     if choice == "auto" and not trigger:
         return None
