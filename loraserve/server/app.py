@@ -160,8 +160,8 @@ class _Server(uvicorn.Server):
             self.on_exit()
 
 
-def _fail(message: str) -> None:
-    log.error("cannot start: %s", message)
+def _exit_failed() -> None:
+    """The model could not load (the loading thread logged why, once): exit status 1."""
     logging.shutdown()
     os._exit(1)
 
@@ -189,7 +189,7 @@ def serve(cfg: ServerConfig) -> None:
 
         app = create_router_app(cfg)
     else:
-        app = create_app(cfg, on_load_failure=lambda: _fail(app.state.server.load_error or "?"))
+        app = create_app(cfg, on_load_failure=_exit_failed)
     config = uvicorn.Config(
         app,
         http=HTTP_IMPL,

@@ -34,20 +34,30 @@ def check_files(cfg: ServerConfig) -> None:
     """The model and `--lora` files, from their headers (no weights read): `StartupError`
     naming the first that cannot be served."""
     from loraserve.lora.preflight import PreflightError, preflight
-    from loraserve.model.default import INSTALL_HINT
+    from loraserve.model.default import FILE_NAME, INSTALL_HINT, cache_dir
 
     if cfg.spec.draft_model:  # -md: its header too (its vocabulary is checked at load)
         try:
             preflight(Path(cfg.spec.draft_model).expanduser(), [])
         except PreflightError as e:
             raise StartupError(f"draft model: {e}") from None
-    if cfg.model is None:
+    model = Path(cfg.model).expanduser() if cfg.model is not None else None
+    if model is None:
         if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
             raise StartupError(" ".join(INSTALL_HINT.split()))
-        return  # the default model and its demo adapters are assembled by the loader
+        # the default model is assembled by the loader; once it has been, its header
+        # checks the --lora files as any model's would, else they must at least exist
+        model = cache_dir() / FILE_NAME
+        if not model.is_file():
+            for spec in cfg.lora:
+                if not Path(spec.path).exists():
+                    raise StartupError(f"adapter {spec.path}: no such adapter file or folder")
+            return
     try:
-        preflight(Path(cfg.model).expanduser(), [spec.path for spec in cfg.lora])
+        preflight(model, [spec.path for spec in cfg.lora])
     except PreflightError as e:
+        if cfg.model is None and not str(e).startswith("adapter "):
+            return  # a default model assembled only in part: the loader assembles it again
         raise StartupError(str(e)) from None
 
 

@@ -194,6 +194,15 @@ def test_bad_files_are_refused_from_their_headers_before_the_weights_load(tmp_pa
     assert_one_clear_failure(model, "cannot use the model", str(noise))
 
 
+def test_a_bad_lora_on_the_default_model_is_one_line_before_it_loads(tmp_path) -> None:
+    """Without `-m` (the default model), a `--lora` that is missing is refused before the
+    model loads, in one line, exit 1 (it was reported twice, after the load, exit 0)."""
+    missing = tmp_path / "missing.gguf"
+    cmd = [sys.executable, "-m", "loraserve.cli", "-t", "1", "--port", "0", "--lora", str(missing)]
+    done = subprocess.run(cmd, capture_output=True, timeout=120, text=True)
+    assert_one_clear_failure(done, str(missing), "no such adapter")
+
+
 def test_ctrl_c_says_what_it_waits_for_and_a_second_one_exits_at_once() -> None:
     proc, url = start_process(["-np", "1", "-c", "8192", "--temp", "0"])
     lines: list[str] = []
