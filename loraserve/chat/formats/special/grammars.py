@@ -11,80 +11,17 @@ from collections.abc import Callable
 from typing import Any
 
 from loraserve.chat.formats.description import ChatFormat
-from loraserve.chat.formats.special import dsml, gemma4
+from loraserve.chat.formats.special import dsml, gemma4, kimi_k3
+from loraserve.chat.formats.special.grammars_tagged import (
+    cohere2_body,
+    kimi_k3_body,
+    ling3_body,
+)
+from loraserve.chat.formats.special.lark import NUMBER, Lark, closed, json_value, members
 from loraserve.chat.formats.special.text import may_be_string, types_of
 
-_STYLE = {"whitespace_flexible": True, "whitespace_pattern": "[ ]?"}  # bounded: one space
-_NUMBER = r"/-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?/"
 
-
-class _Lark:
-    """Rules under construction; markers that are special tokens written as `<token>`."""
-
-    def __init__(self, special: Callable[[str], bool], pieces: tuple[str, ...] = ()) -> None:
-        self.special = special
-        self.pieces = pieces  # special tokens that sit inside longer markers (｜DSML｜)
-        self.rules: list[str] = []
-        self.named: dict[str, str] = {}
-
-    def q(self, text: str) -> str:
-        """`text` as grammar items, its special tokens as token references (llguidance names
-        a token by its text when that is `<..>`; any other special token stays text)."""
-        for piece in (text, *self.pieces):
-            if piece and piece in text and _named(piece) and self.special(piece):
-                head, _, tail = text.partition(piece)
-                items = (self.q(head) if head else "", piece, self.q(tail) if tail else "")
-                return " ".join(x for x in items if x)
-        return json.dumps(text)
-
-    def rule(self, body: str, lazy: bool = False) -> str:
-        name = f"d{len(self.rules) + 1}"
-        self.rules.append(f"{name}{'[lazy]' if lazy else ''}: {body}")
-        return name
-
-    def text_until(self, end: str) -> str:
-        """Free text up to and including `end` (text never holds a special token, so one
-        ends it without a lazy rule, which may hold none)."""
-        marker = self.q(end)
-        return self.rule(f"TEXT {marker}", lazy=marker.startswith('"'))
-
-    def lark(self, start: str) -> str:
-        head = ["%llguidance {}", f"start: {start}", "WS: /( |\\n{1,2})?/", r"TEXT: /(.|\n)*/"]
-        return "\n".join(head + self.rules) + "\n"
-
-
-def _named(token: str) -> bool:
-    inner = token[1:-1]
-    return token.startswith("<") and token.endswith(">") and "<" not in inner and ">" not in inner
-
-
-def _json(schema: Any) -> str:
-    return "%json " + json.dumps({"x-guidance": _STYLE, **(schema or {})})
-
-
-def _closed(params: dict[str, Any]) -> dict[str, Any]:
-    if params.get("properties") and "additionalProperties" not in params:
-        return {**params, "additionalProperties": False}
-    return params
-
-
-def _members(g: _Lark, params: dict[str, Any], member: Callable[[str, Any], str], sep: str) -> str:
-    """The arguments: the required ones in order, then any optional ones in order."""
-    props = params.get("properties") or {}
-    required = [k for k in props if k in (params.get("required") or [])]
-    items = [member(k, props[k]) for k in required]
-    for k in props:
-        if k not in required:
-            items.append(
-                f"({sep} {member(k, props[k])})?" if items else f"({member(k, props[k])})?"
-            )
-    if not required and len(items) > 1:  # no first member to hang the separators on
-        anyone = g.rule(" | ".join(member(k, props[k]) for k in props))
-        return f"({anyone} ({sep} {anyone})*)?"
-    return f" {sep} ".join(items[: len(required)]) + " " + " ".join(items[len(required) :])
-
-
-def _gemma_value(g: _Lark, schema: Any) -> str:
+def _gemma_value(g: Lark, schema: Any) -> str:
     schema = schema if isinstance(schema, dict) else {}
     quote = g.q(gemma4.QUOTE)
     if "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
@@ -96,7 +33,7 @@ def _gemma_value(g: _Lark, schema: Any) -> str:
     if "integer" in kinds:
         options.append("/-?(0|[1-9][0-9]*)/")
     if "number" in kinds:
-        options.append(_NUMBER)
+        options.append(NUMBER)
     if "boolean" in kinds:
         options.append('"true" | "false"')
     if "null" in kinds:
@@ -111,14 +48,14 @@ def _gemma_value(g: _Lark, schema: Any) -> str:
     return g.rule(" | ".join(options))
 
 
-def _gemma_any(g: _Lark) -> str:
+def _gemma_any(g: Lark) -> str:
     """Any value in Gemma's notation (one recursive rule per grammar)."""
     if "gemma_any" not in g.named:
         g.named["gemma_any"] = name = g.rule("")
         quote = g.q(gemma4.QUOTE)
         member = f'/[A-Za-z_][A-Za-z0-9_]*/ ":" {name}'
         body = (
-            f'{quote} {g.text_until(gemma4.QUOTE)} | {_NUMBER} | "true" | "false" | '
+            f'{quote} {g.text_until(gemma4.QUOTE)} | {NUMBER} | "true" | "false" | '
             f'"null" | "[" ({name} ("," {name})*)? "]" | '
             f'"{{" ({member} ("," {member})*)? "}}"'
         )
@@ -126,7 +63,7 @@ def _gemma_any(g: _Lark) -> str:
     return g.named["gemma_any"]
 
 
-def _gemma_object(g: _Lark, schema: dict[str, Any]) -> str:
+def _gemma_object(g: Lark, schema: dict[str, Any]) -> str:
     def member(key: str, sub: Any) -> str:
         return g.rule(f'"{key}:" {_gemma_value(g, sub)}')
 
@@ -138,7 +75,7 @@ def _gemma_object(g: _Lark, schema: dict[str, Any]) -> str:
     return g.rule(f'"{{" ({one} ("," {one})*)? "}}"')
 
 
-def _gemma4(g: _Lark, tools: list[dict[str, Any]], parallel: bool) -> str:
+def _gemma4(g: Lark, tools: list[dict[str, Any]], parallel: bool) -> str:
     calls = []
     for t in tools:
         fn = t["function"]
@@ -151,7 +88,7 @@ def _gemma4(g: _Lark, tools: list[dict[str, Any]], parallel: bool) -> str:
     return f"{think} {call}{'*' if parallel else ''}".replace(f"{call}*", f"{call}+")
 
 
-def _dsml(g: _Lark, tools: list[dict[str, Any]], parallel: bool, v4: bool) -> str:
+def _dsml(g: Lark, tools: list[dict[str, Any]], parallel: bool, v4: bool) -> str:
     start, end = dsml.block(v4)
     calls = []
     for t in tools:
@@ -160,10 +97,12 @@ def _dsml(g: _Lark, tools: list[dict[str, Any]], parallel: bool, v4: bool) -> st
         def member(key: str, sub: Any) -> str:
             text = may_be_string(sub)
             head = g.q(f'{dsml.PARAM}{key}" string="{"true" if text else "false"}">')
-            value = g.text_until(dsml.PARAM_END) if text else f"{_json(sub)} {g.q(dsml.PARAM_END)}"
+            value = (
+                g.text_until(dsml.PARAM_END) if text else f"{json_value(sub)} {g.q(dsml.PARAM_END)}"
+            )
             return g.rule(f"{head} {value}")
 
-        args = _members(g, _closed(fn.get("parameters") or {}), member, '"\\n"')
+        args = members(g, closed(fn.get("parameters") or {}), member, '"\\n"')
         head = g.q(f'{dsml.INVOKE}{fn["name"]}">\n')
         calls.append(g.rule(f'{head} {args} "\\n" {g.q(dsml.INVOKE_END)}'))
     call = g.rule(" | ".join(calls))
@@ -188,12 +127,16 @@ def dialect_grammar(
         if not tools:
             raise ValueError(f"tool_choice names a function that is not in tools: {choice}")
     if fmt.dialect == "gemma_4":
-        g = _Lark(special)
+        g = Lark(special)
         return g.lark(_gemma4(g, tools, parallel))
     if fmt.dialect in ("deepseek_v3_2", "deepseek_v4"):
-        g = _Lark(special, (dsml.DSML,))
+        g = Lark(special, (dsml.DSML,))
         body = _dsml(g, tools, parallel, fmt.dialect == "deepseek_v4")
         if thinking_open:
             body = f"{g.text_until(dsml.THINK_END)} WS {body}"
         return g.lark(body)
+    tagged = {"ling_3": ling3_body, "kimi_k3": kimi_k3_body, "cohere2_moe": cohere2_body}
+    if fmt.dialect in tagged:
+        g = Lark(special, (kimi_k3.SEP, "<|open|>", "<|close|>"))
+        return g.lark(tagged[fmt.dialect](g, tools, parallel, thinking_open))
     return None

@@ -1,0 +1,92 @@
+"""`required` grammars of the tagged dialects: Ling 3 (`<arg_key>`/`<arg_value>`), Kimi K3
+(`<|open|>argument key=".."<|sep|>` elements) and Cohere2 MoE (a JSON action array). Each
+returns the grammar's start body; `thinking_open`: the prompt opened the reasoning block,
+which the answer closes first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loraserve.chat.formats.special import cohere2, kimi_k3, ling3
+from loraserve.chat.formats.special.lark import Lark, closed, json_value, members
+from loraserve.chat.formats.special.text import types_of
+
+
+def _value(g: Lark, schema: Any, end: str) -> str:
+    """A tagged value up to and past `end`: text where only strings are allowed, JSON where
+    no string is, either otherwise."""
+    kinds = types_of(schema)
+    text = g.text_until(end)
+    if kinds == {"string"}:
+        return text
+    typed = f"{json_value(schema)} {g.q(end)}"
+    return typed if "string" not in kinds and kinds else g.rule(f"{typed} | {text}")
+
+
+def _calls(call: str, parallel: bool) -> str:
+    return f"{call} (WS {call})*" if parallel else call
+
+
+def ling3_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_open: bool) -> str:
+    """Ling 3.0: `<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>..
+    </tool_call>`; reasoning the prompt opened ends at `</think>`."""
+    calls = []
+    for t in tools:
+        fn = t["function"]
+
+        def member(key: str, sub: Any) -> str:
+            head = f'{g.q(ling3.KEY)} "{key}" {g.q(ling3.KEY_END)} WS {g.q(ling3.VALUE)}'
+            return g.rule(f"{head} {_value(g, sub, ling3.VALUE_END)}")
+
+        props = (fn.get("parameters") or {}).get("properties") or {}
+        one = g.rule(" | ".join(member(k, v) for k, v in props.items())) if props else ""
+        args = f"(WS {one})*" if one else ""  # any order, as llama.cpp's permutation allows
+        head = f'{g.q(ling3.CALL)} "{fn["name"]}"'
+        calls.append(g.rule(f"{head} {args} WS {g.q(ling3.CALL_END)}"))
+    body = _calls(g.rule(" | ".join(calls)), parallel)
+    tail = f"({g.q(ling3.ROLE_END)})?"  # llama.cpp reads text after the calls as content
+    body = f"{body} {g.rule(f'TEXT {tail}')}"
+    return f"{g.text_until(ling3.THINK_END)} WS {body}" if thinking_open else body
+
+
+def kimi_k3_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_open: bool) -> str:
+    """Kimi K3: `<|open|>tools<|sep|>` calls `<|close|>tools<|sep|>`, each call
+    `<|open|>call tool="NAME" index="N"<|sep|>` argument elements `<|close|>call<|sep|>`."""
+    calls = []
+    for t in tools:
+        fn = t["function"]
+
+        def member(key: str, sub: Any) -> str:
+            head = (
+                f'{g.q(kimi_k3.ARG)} "{key}\\" type=\\"" /[a-z]{{1,10}}/ "\\"" {g.q(kimi_k3.SEP)}'
+            )
+            return g.rule(f"{head} {_value(g, sub, kimi_k3.ARG_END)}")
+
+        args = members(g, closed(fn.get("parameters") or {}), member, "")
+        head = f'{g.q(kimi_k3.CALL)} "{fn["name"]}\\" index=\\"" /[0-9]{{1,3}}/ "\\"" '
+        calls.append(g.rule(f"{head} {g.q(kimi_k3.SEP)} {args} {g.q(kimi_k3.CALL_END)}"))
+    call = g.rule(" | ".join(calls))
+    end = f"{g.q(kimi_k3.TOOLS_END)} ({g.q(kimi_k3.MSG_END)})?"
+    body = f"{g.q(kimi_k3.TOOLS)} {call}{'*' if parallel else ''} {end}"
+    body = body.replace(f"{call}*", f"{call}+")
+    return f"{g.text_until(kimi_k3.THINK_END)} {body}" if thinking_open else body
+
+
+def cohere2_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_open: bool) -> str:
+    """Cohere2 MoE: `<|START_ACTION|>[{"tool_call_id": "0", "tool_name": NAME,
+    "parameters": {..}}, ..]<|END_ACTION|>`."""
+    objects = []
+    for t in tools:
+        fn = t["function"]
+        props = {
+            "tool_call_id": {"type": "string", "pattern": "^[0-9]{1,3}$"},
+            "tool_name": {"const": fn["name"]},
+            "parameters": closed(fn.get("parameters") or {"type": "object"}),
+        }
+        schema = {"type": "object", "properties": props, "required": list(props),
+                  "additionalProperties": False}  # fmt: skip
+        objects.append(json_value(schema))
+    one = g.rule(" | ".join(objects))
+    more = f'("," SP {one})*' if parallel else ""
+    body = f'{g.q(cohere2.ACTION)} "[" SP {one} {more} SP "]" {g.q(cohere2.ACTION_END)}'
+    return f"{g.text_until(cohere2.THINK_END)} {body}" if thinking_open else body

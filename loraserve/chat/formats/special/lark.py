@@ -1,0 +1,79 @@
+"""llguidance Lark building blocks for the dialect grammars: markers as text or as named
+special tokens, free text up to a marker, embedded JSON values spaced as templates write
+them, and a tool's arguments in schema order."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+STYLE = {"whitespace_flexible": True, "whitespace_pattern": "[ ]?"}  # bounded: one space
+NUMBER = r"/-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?/"
+
+
+class Lark:
+    """Rules under construction; markers that are special tokens written as `<token>`."""
+
+    def __init__(self, special: Callable[[str], bool], pieces: tuple[str, ...] = ()) -> None:
+        self.special = special
+        self.pieces = pieces  # special tokens that sit inside longer markers (｜DSML｜)
+        self.rules: list[str] = []
+        self.named: dict[str, str] = {}
+
+    def q(self, text: str) -> str:
+        """`text` as grammar items, its special tokens as token references (llguidance names
+        a token by its text when that is `<..>`; any other special token stays text)."""
+        for piece in (text, *self.pieces):
+            if piece and piece in text and named(piece) and self.special(piece):
+                head, _, tail = text.partition(piece)
+                items = (self.q(head) if head else "", piece, self.q(tail) if tail else "")
+                return " ".join(x for x in items if x)
+        return json.dumps(text)
+
+    def rule(self, body: str, lazy: bool = False) -> str:
+        name = f"d{len(self.rules) + 1}"
+        self.rules.append(f"{name}{'[lazy]' if lazy else ''}: {body}")
+        return name
+
+    def text_until(self, end: str) -> str:
+        """Free text up to and including `end` (text never holds a special token, so one
+        ends it without a lazy rule, which may hold none)."""
+        marker = self.q(end)
+        return self.rule(f"TEXT {marker}", lazy=marker.startswith('"'))
+
+    def lark(self, start: str) -> str:
+        head = ["%llguidance {}", f"start: {start}", "WS: /( |\\n{1,2})?/", r"TEXT: /(.|\n)*/",
+                r"SP: /[ \n]{0,12}/"]  # fmt: skip
+        return "\n".join(head + self.rules) + "\n"
+
+
+def named(token: str) -> bool:
+    inner = token[1:-1]
+    return token.startswith("<") and token.endswith(">") and "<" not in inner and ">" not in inner
+
+
+def json_value(schema: Any) -> str:
+    return "%json " + json.dumps({"x-guidance": STYLE, **(schema or {})})
+
+
+def closed(params: dict[str, Any]) -> dict[str, Any]:
+    if params.get("properties") and "additionalProperties" not in params:
+        return {**params, "additionalProperties": False}
+    return params
+
+
+def members(g: Lark, params: dict[str, Any], member: Callable[[str, Any], str], sep: str) -> str:
+    """The arguments: the required ones in order, then any optional ones in order."""
+    props = params.get("properties") or {}
+    required = [k for k in props if k in (params.get("required") or [])]
+    items = [member(k, props[k]) for k in required]
+    for k in props:
+        if k not in required:
+            items.append(
+                f"({sep} {member(k, props[k])})?" if items else f"({member(k, props[k])})?"
+            )
+    if not required and len(items) > 1:  # no first member to hang the separators on
+        anyone = g.rule(" | ".join(member(k, props[k]) for k in props))
+        return f"({anyone} ({sep} {anyone})*)?"
+    return f" {sep} ".join(items[: len(required)]) + " " + " ".join(items[len(required) :])
