@@ -23,7 +23,13 @@ from loraserve.cache.prefix_cache import PrefixCache
 from loraserve.cache.state import StateStore
 from loraserve.engine.constraint import Constraint, Grammars
 from loraserve.engine.embedding import Pooler
-from loraserve.engine.isolation import forward_isolated, sample_isolated, scrub_kv
+from loraserve.engine.isolation import (
+    forward_isolated,
+    guarded,
+    sample_isolated,
+    scrub_kv,
+    send_failures,
+)
 from loraserve.engine.output import TextOutput
 from loraserve.engine.request import Event, Progress, Run, StopType
 from loraserve.engine.runner import BatchItem, ModelRunner
@@ -145,18 +151,18 @@ class EngineCore:
     def step(self) -> bool:
         """One scheduling round; returns whether a forward pass ran. An exception in one
         request's admission, scheduling, post-processing or events fails that request alone
-        (`_guard`); the others go on as if it had never been there."""
+        (`isolation.guarded`); the others go on as if it had never been there."""
         sched = self.scheduler
         for slot in sched.slots:
             if slot.run is not None and slot.run.req.cancelled:
-                self._guard(slot.run, "cancelling", self._finish, slot.run, StopType.NONE, False)
+                guarded(self, slot.run, "cancelling", self._finish, slot.run, StopType.NONE, False)
         for run in sched.admit():
-            self._guard(run, "admission", self._setup, run)
-        self._take_failures()
+            guarded(self, run, "admission", self._setup, run)
+        send_failures(self)
         if self.config.spec.enabled:
             self.spec.propose(sched.running, sched.token_budget)
         work = sched.schedule()
-        self._take_failures()
+        send_failures(self)
         if not work:
             return False
         for run, item in work:  # whose recurrent state each item continues
@@ -170,12 +176,12 @@ class EngineCore:
         self.n_forward += 1
         self.n_busy_rows += len(work)
         for run, message in step.failed:
-            self._guard(run, "failing", self.fail, run, message)
+            guarded(self, run, "failing", self.fail, run, message)
         sampling: list[tuple[Run, int]] = []  # (run, its first logits row)
         row = 0
         for i, (run, item) in enumerate(step.done):
             hidden = step.hidden[i] if i < len(step.hidden) else None
-            if self._guard(run, "post-processing", self._advance, run, item, hidden):
+            if guarded(self, run, "post-processing", self._advance, run, item, hidden):
                 if run.pooler is None and run.n_computed >= run.n_prompt and item.want_logits:
                     sampling.append((run, row))
             row += item.n_logits if item.want_logits else 0
@@ -205,36 +211,6 @@ class EngineCore:
         elif was_prefilling and run.req.progress:
             self._progress(run)
 
-    def _take_failures(self) -> None:
-        """Send their error to the requests refused at admission and fail the runs broken
-        while scheduling (`Scheduler.take_failures`)."""
-        refused, broken = self.scheduler.take_failures()
-        for req, message in refused:
-            log.error("request %d: %s", req.id, message)
-            self._emit(Run(req=req, slot=-1, tokens=[]), Event(done=True, error=message))
-        for run, message in broken:
-            log.error("request %d: %s", run.req.id, message)
-            self._guard(run, "failing", self.fail, run, message)
-
-    def _guard(self, run: Run, what: str, fn: Callable[..., object], *args: object) -> bool:
-        """``fn(*args)``, or, if it raises, ``run`` fails alone with an error naming ``what``
-        (its client gets the error; every other request goes on). Whether it succeeded."""
-        try:
-            fn(*args)
-            return True
-        except Exception as e:
-            log.exception("request %d failed in %s", run.req.id, what)
-            message = f"internal error in {what}: {type(e).__name__}: {e}"
-        try:
-            self.fail(run, message)
-        except Exception:  # last resort: free the slot, send the error
-            log.exception("request %d could not be failed cleanly", run.req.id)
-            slot = self.scheduler.slots[run.slot] if run.slot >= 0 else None
-            if slot is not None and slot.run is run:
-                slot.run = None
-            self._emit(run, Event(done=True, error=message, id_slot=run.slot))
-        return False
-
     def _progress(self, run: Run) -> None:
         """Tell a generation request how far its prompt is (before its first token)."""
         ms = (time.perf_counter() - run.t_prompt_start) * 1000
@@ -257,14 +233,14 @@ class EngineCore:
         masked = [True] * len(runs)
         for i, run in enumerate(runs):
             if run.constraint is not None:  # the grammar's mask first, as llama.cpp
-                masked[i] = self._guard(run, "the grammar", run.constraint.mask, logits[i])
+                masked[i] = guarded(self, run, "the grammar", run.constraint.mask, logits[i])
         results = sample_isolated(logits, [s.sampler for s in runs])  # type: ignore[misc]
         now = time.perf_counter()
         for run, res, ok in zip(runs, results, masked, strict=True):
             if not ok:
                 continue
             if isinstance(res, str):
-                self._guard(run, "failing", self.fail, run, res)
+                guarded(self, run, "failing", self.fail, run, res)
                 continue
             if not run.generated:
                 run.t_first = now
@@ -281,7 +257,7 @@ class EngineCore:
     ) -> None:
         """Take a sampled token (detokenize it, check the stops, send it); an error in that
         fails this run alone."""
-        self._guard(run, "post-processing", self._take, run, tok, probs, prob)
+        guarded(self, run, "post-processing", self._take, run, tok, probs, prob)
 
     def _take(
         self, run: Run, tok: int, probs: list[tuple[int, float]] | None, prob: float | None

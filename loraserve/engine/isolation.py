@@ -1,5 +1,10 @@
 """Failure isolation for one engine step: a request that breaks the step fails alone.
 
+Outside the forward pass (`guarded`, `send_failures`): an exception in one request's
+admission, scheduling, detokenization, stop check, grammar or events fails that request
+with an error event naming the stage; the step goes on for every other request, and the
+waiting queue is never dropped.
+
 A batched forward pass can fail because of one sequence: an exception (a broken adapter,
 a shape that hits a bug) or non-finite logits (an adapter with huge weights or scale). An
 exception names no culprit, so when a step fails every sequence of the batch runs again
@@ -16,16 +21,20 @@ cached prefix); the fast path (nothing failed) costs one finiteness check of the
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
-from loraserve.engine.request import Run
+from loraserve.engine.request import Event, Run
 from loraserve.engine.runner import BatchItem, ModelRunner
 from loraserve.engine.sampling.chain import SampleResult, sample_batch
 from loraserve.engine.sampling.state import SamplerState
 from loraserve.kernels.rowops import scan_rows
+
+if TYPE_CHECKING:
+    from loraserve.engine.core import EngineCore
 
 log = logging.getLogger("loraserve.engine")
 NON_FINITE = "the model produced non-finite logits for this request"
@@ -128,3 +137,37 @@ def scrub_kv(runner: ModelRunner, blocks: Sequence[int], start: int) -> None:
     for k, v in runner.kv:
         k.index_fill_(0, slots, 0)
         v.index_fill_(0, slots, 0)
+
+
+def guarded(
+    core: EngineCore, run: Run, what: str, fn: Callable[..., object], *args: object
+) -> bool:
+    """``fn(*args)``, or, if it raises, ``run`` fails alone with an error naming ``what``
+    (its client gets the error; every other request goes on). Whether it succeeded."""
+    try:
+        fn(*args)
+        return True
+    except Exception as e:
+        log.exception("request %d failed in %s", run.req.id, what)
+        message = f"internal error in {what}: {type(e).__name__}: {e}"
+    try:
+        core.fail(run, message)
+    except Exception:  # last resort: free the slot, send the error
+        log.exception("request %d could not be failed cleanly", run.req.id)
+        slot = core.scheduler.slots[run.slot] if run.slot >= 0 else None
+        if slot is not None and slot.run is run:
+            slot.run = None
+        core._emit(run, Event(done=True, error=message, id_slot=run.slot))
+    return False
+
+
+def send_failures(core: EngineCore) -> None:
+    """Send their error to the requests refused at admission and fail the runs broken while
+    scheduling (`Scheduler.take_failures`)."""
+    refused, broken = core.scheduler.take_failures()
+    for req, message in refused:
+        log.error("request %d: %s", req.id, message)
+        core._emit(Run(req=req, slot=-1, tokens=[]), Event(done=True, error=message))
+    for run, message in broken:
+        log.error("request %d: %s", run.req.id, message)
+        guarded(core, run, "failing", core.fail, run, message)
