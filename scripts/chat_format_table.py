@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from loraserve.chat.formats.grammar import tool_grammar  # noqa: E402
+from loraserve.server.tool_calls import BARE_JSON  # noqa: E402
 from tests.unit.chat.test_formats_parse_oracle import CASES, _mine, _norm, _parser  # noqa: E402
 from tests.unit.chat.test_formats_parse_oracle import _format as fmt_of  # noqa: E402
 
@@ -54,7 +55,10 @@ def main() -> None:
             tags = out["thinking_start_tag"] + "…" + ",".join(out["thinking_end_tags"])
             theirs = f"{out['format']}; trigger `{(words or [''])[0].strip()}`; thinking `{tags}`"
         parsed = f"{agree[name]}/{total[name]}" if total[name] else "-"
-        forced = "yes" if tool_grammar(f, [tool], "required") else "no"
+        if not f.has_tools:  # the server forces bare JSON calls there (server/tool_calls.py)
+            forced = "bare JSON" if tool_grammar(BARE_JSON, [tool], "required") else "no"
+        else:
+            forced = "yes" if tool_grammar(f, [tool], "required") else "no"
         cells = [f"{ours}; trigger `{trig}`; thinking `{think}`", theirs]
         cells = [c.replace("|", "\\|").replace("\n", "\\n") for c in cells]
         rows.append(f"| {name} | {cells[0]} | {cells[1]} | {forced} | {parsed} |")
