@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from loraserve.chat.template import resolve_chat_template
 from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.model.loader import LoadedModel
@@ -99,6 +101,9 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+_KV_DTYPES = {"f32": torch.float32, "f16": torch.float16}  # -ctk/-ctv
+
+
 def build_engine(cfg: ServerConfig, model: LoadedModel, draft: LoadedModel | None = None) -> Engine:
     """The engine sized by the command line (`-np`, `-c`, `-ub`, `--cache-ram`), with the
     speculative decoding of `--spec-*` (``draft``: the `-md` model)."""
@@ -109,6 +114,7 @@ def build_engine(cfg: ServerConfig, model: LoadedModel, draft: LoadedModel | Non
             n_slots=cfg.n_parallel,
             n_ctx=max(n_ctx, cfg.n_parallel),
             kv_unified=cfg.kv_unified,
+            kv_dtype=_KV_DTYPES[cfg.cache_type_k],
             ubatch=cfg.n_ubatch,
             cache_ram_mib=cfg.cache_ram_mib,
             spec=cfg.spec,

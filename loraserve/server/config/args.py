@@ -99,6 +99,10 @@ class ServerConfig:
     pooling: str | None = None  # None: the model's
     slots: bool = True  # GET /slots (--no-slots: 501)
     kv_unified: bool = False  # -kvu: every slot may use the whole context
+    # -ctk/-ctv: the KV pool's type; f16 also runs llama.cpp's f16 attention numerics
+    # (kernels/attention_f16.h). llama-server's default is f16; loraserve's stays f32.
+    cache_type_k: str = "f32"
+    cache_type_v: str = "f32"
     sleep_idle_seconds: int = -1  # -1: never sleep
     verbose: bool = False
     chat_template: str | None = None
@@ -231,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("-kvu", "--kv-unified", action="store_true", help="every slot may use all of -c")
     a("-no-kvu", "--no-kv-unified", dest="kv_unified", action="store_false",
       help="-c / -np tokens per slot (default)")  # fmt: skip
+    for short, long in (("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v")):
+        a(short, long, choices=("f32", "f16"),
+          help="KV cache type (f16: llama-server's numerics and half the memory; -ctk and -ctv "
+               f"alike) {d}")  # fmt: skip
     a("--sleep-idle-seconds", type=int_in(-1), help=f"sleep when idle, -1 = never {d}")
     a("-v", "--verbose", "--log-verbose", action="store_true", help="debug logs, __verbose")
     add_cors_flags(p)
@@ -327,6 +335,11 @@ def parse_server_args(argv: list[str]) -> ServerConfig:
         parser.error("argument --lora-modules: a name is given twice")
     if ns.chat_template is not None and ns.chat_template_file is not None:
         parser.error("argument --chat-template-file: give it or --chat-template, not both")
+    if ns.cache_type_k != ns.cache_type_v:
+        parser.error(
+            f"argument -ctv/--cache-type-v: {ns.cache_type_v} with -ctk/--cache-type-k "
+            f"{ns.cache_type_k}: loraserve keeps K and V in one type, give both the same"
+        )
     hosts = [h.strip() for h in ns.host.split(",")]
     if not all(hosts):
         parser.error(f"argument --host: expected addresses separated by commas, got {ns.host!r}")

@@ -20,7 +20,7 @@ IGNORED_SWITCHES = """
 """.split()
 IGNORED_OPTIONAL_VALUE = "-fa|--flash-attn -fit|--fit --log-colors".split()
 IGNORED_WITH_VALUE = """
-    -ngl|--gpu-layers|--n-gpu-layers -ctk|--cache-type-k -ctv|--cache-type-v
+    -ngl|--gpu-layers|--n-gpu-layers
     -ctxcp|--ctx-checkpoints|--swa-checkpoints
     -tb|--threads-batch --threads-http -to|--timeout -sps|--slot-prompt-similarity
     --cache-reuse --keep

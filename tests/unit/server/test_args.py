@@ -144,7 +144,7 @@ def test_bad_values_exit_2_naming_the_flag(line: str, needle: str, capsys):
 
 
 def test_ignored_flags_are_accepted_and_consume_their_values():
-    cfg = parse("-ngl 99 -c 128 -fa -cb --no-jinja -fa on -kvu -ctk q8_0 --no-mmap -fit off -np 2")
+    cfg = parse("-ngl 99 -c 128 -fa -cb --no-jinja -fa on -kvu -dt 0.1 --no-mmap -fit off -np 2")
     assert (cfg.n_ctx, cfg.n_parallel, cfg.kv_unified) == (128, 2, True)
     assert cfg.ignored == (
         "-ngl",
@@ -152,12 +152,24 @@ def test_ignored_flags_are_accepted_and_consume_their_values():
         "-cb",
         "--no-jinja",
         "-fa",
-        "-ctk",
+        "-dt",
         "--no-mmap",
         "-fit",
     )
     assert cfg == dataclasses.replace(parse("-c 128 -np 2 -kvu"), ignored=cfg.ignored)
     assert not parse("-kvu -no-kvu").kv_unified
+
+
+def test_cache_types_f32_and_f16_and_nothing_else(capsys):
+    """-ctk/-ctv: f16 keeps the KV pool in fp16 with llama.cpp's f16 attention numerics
+    (llama-server's default type), f32 (loraserve's default) the fixed-order float32 path;
+    K and V in one type; llama.cpp's quantized cache types are refused, naming the flag."""
+    assert (parse("-c 16").cache_type_k, parse("-c 16").cache_type_v) == ("f32", "f32")
+    cfg = parse("-ctk f16 --cache-type-v f16")
+    assert (cfg.cache_type_k, cfg.cache_type_v) == ("f16", "f16") and cfg.ignored == ()
+    assert "give both the same" in parse_error("-ctk f16", capsys)
+    err = parse_error("-ctk q8_0 -ctv q8_0", capsys)
+    assert "-ctk/--cache-type-k: invalid choice: 'q8_0'" in err
 
 
 @pytest.mark.parametrize("word", IGNORED_SWITCHES + IGNORED_OPTIONAL_VALUE + IGNORED_WITH_VALUE)
