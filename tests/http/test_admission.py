@@ -3,11 +3,14 @@ request past the bound at once with llama-server's 503 error shape and `Retry-Af
 queued ones are served; slots go round-robin between clients (API keys), so one client's
 many requests cannot keep another waiting behind all of them.
 
-The engine thread is held on a barrier (an engine call that waits) while requests queue,
+A waiting flight (the HTTP side of a request) is woken by the engine's events only, never
+by a timer. The engine thread is held on a barrier (an engine call that waits) while requests queue,
 so what is queued when is exact, not a matter of timing."""
 
 from __future__ import annotations
 
+import asyncio
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from loraserve.engine.request import Event, Run
+from loraserve.engine.request import Event, Request, Run
+from loraserve.engine.sampling.params import SamplingParams
+from loraserve.server.flight import Flights
 from tests.server_util import Served, serve_in_thread
 
 KEYS = ("key-a", "key-b")
@@ -150,3 +155,44 @@ def test_slots_go_round_robin_between_clients(srv: Served) -> None:
     # alternating while both wait (who starts depends on who was served last before)
     assert all(order[i] != order[i + 1] for i in range(3)), order
     assert order.count(order[4]) == 3  # then the one with requests left: A
+
+
+def test_a_waiting_flight_is_woken_by_events_only() -> None:
+    """A flight waiting for its request's events reads its queue only when woken (the engine
+    listener), never on a timer: over an idle second it does not look at the queue at all."""
+
+    class Counting(queue.Queue):
+        reads = 0
+
+        def get_nowait(self):  # type: ignore[no-untyped-def]
+            Counting.reads += 1
+            return super().get_nowait()
+
+    class NoEngine:
+        def cancel(self, req: Request) -> None:
+            req.cancelled = True
+
+    async def main() -> tuple[int, int, list[Event]]:
+        req = Request(prompt=[1], sampling=SamplingParams(), max_tokens=1)
+        req.events = Counting()
+        flights = Flights()
+        flight = flights.start(NoEngine(), [req])  # type: ignore[arg-type]
+        got: list[Event] = []
+
+        async def follow() -> None:
+            async for _, ev in flight.events():
+                got.append(ev)
+
+        task = asyncio.create_task(follow())
+        await asyncio.sleep(0.1)
+        before = Counting.reads
+        await asyncio.sleep(1.2)  # idle: a 0.5 s poll would have read the queue twice
+        idle = Counting.reads - before
+        ev = Event(done=True)
+        req.events.put(ev)
+        flights.listener(Run(req=req, slot=0, tokens=[1]), ev)
+        await asyncio.wait_for(task, 10)
+        return idle, Counting.reads - before, got
+
+    idle, after, got = asyncio.run(main())
+    assert idle == 0 and after >= 1 and len(got) == 1 and got[0].done
