@@ -268,3 +268,44 @@ def test_router_api_key(models_dir: Path) -> None:
         assert not any(e.running for e in state.pool.engines.values())
         key = {"Authorization": "Bearer sk-r"}
         assert c.post("/models/load", json={"model": "tiny"}, headers=key).status_code == 200
+
+
+def test_models_sse_reports_status_changes(models_dir: Path) -> None:
+    """`GET /models/sse` streams llama-server's `status_change` events: a load is `loading`
+    then `loaded`, an unload `unloaded` with exit code 0, a broken file `unloaded` with 1;
+    `?reload=1` sends `models_reload` for "*"."""
+    with router(["--models-dir", str(models_dir), "-c", "256"]) as (c, _):
+        events: list[dict] = []
+        opened = threading.Event()
+
+        def listen() -> None:
+            with httpx.stream("GET", f"{c.base_url}/models/sse", timeout=60) as r:
+                assert r.headers["content-type"].startswith("text/event-stream")
+                for line in r.iter_lines():
+                    if line.startswith(":"):  # subscribed: every later change reaches us
+                        opened.set()
+                    if line.startswith("data: "):
+                        events.append(json.loads(line[6:]))
+                    if len(events) >= 6:
+                        return
+
+        t = threading.Thread(target=listen, daemon=True)
+        t.start()
+        assert opened.wait(30)
+        assert c.post("/models/load", json={"model": "tiny"}).json() == {"success": True}
+        wait_status(c, "tiny", "loaded")
+        assert c.post("/models/unload", json={"model": "tiny"}).json() == {"success": True}
+        c.post("/models/load", json={"model": "broken"})
+        deadline = time.monotonic() + 30
+        while len(events) < 5:
+            assert time.monotonic() < deadline, events
+            time.sleep(0.02)
+        c.get("/models?reload=1")
+        t.join(30)
+    change = [(e["model"], e["data"]["status"], e["data"].get("exit_code")) for e in events[:5]]
+    assert change == [
+        ("tiny", "loading", None), ("tiny", "loaded", None), ("tiny", "unloaded", 0),
+        ("broken", "loading", None), ("broken", "unloaded", 1),
+    ]  # fmt: skip
+    assert all(e["event"] == "status_change" for e in events[:5])
+    assert events[5] == {"model": "*", "event": "models_reload"}

@@ -24,6 +24,7 @@ from urllib.parse import parse_qs
 
 import httpx
 from fastapi import FastAPI, Request
+from starlette.responses import StreamingResponse
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
@@ -34,6 +35,7 @@ from loraserve.server.auth import ApiKeyMiddleware
 from loraserve.server.config.args import ServerConfig
 from loraserve.server.cors import CorsMiddleware, cors_policy
 from loraserve.server.errors import ApiError, JsonResponse, install_error_handlers
+from loraserve.server.router.events import ModelEvents
 from loraserve.server.router.pool import Engine, Pool
 from loraserve.server.router.presets import Preset, load_catalog
 from loraserve.server.router.rename import renaming_send
@@ -52,6 +54,17 @@ class Router:
         self.pool = Pool(cfg.models_max)
         self.catalog: dict[str, Preset] = load_catalog(cfg)
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.events = ModelEvents()  # GET /models/sse
+        self.pool.on_status = self._status_changed
+
+    def _status_changed(self, eng: Engine) -> None:
+        """Every preset served by `eng` changed status with it (`/models/sse`)."""
+        data: dict[str, Any] = {"status": eng.status}
+        if eng.status == "unloaded":
+            data["exit_code"] = 1 if eng.failed else 0
+        for preset in self.catalog.values():
+            if preset.key == eng.cfg:
+                self.events.publish(preset.name, "status_change", data)
 
     def find(self, name: str) -> Preset | None:
         """The preset `name` names (exactly, else ignoring case)."""
@@ -76,6 +89,7 @@ class Router:
                 if eng.running:
                     await self.pool.unload(eng, timeout=0.0)
                 del self.pool.engines[cfg]
+        self.events.publish("*", "models_reload")
 
     # --- what serve() needs of app.state.server ---
     @property
@@ -228,6 +242,7 @@ def create_router_app(cfg: ServerConfig) -> FastAPI:
         try:
             yield
         finally:
+            router.events.close()
             await router.pool.close_all()
 
     app = FastAPI(
@@ -279,6 +294,10 @@ def create_router_app(cfg: ServerConfig) -> FastAPI:
         t = int(time.time())
         data = [await router.model_entry(p, t) for p in router.catalog.values()]
         return {"data": data, "object": "list"}
+
+    @app.get("/models/sse")
+    async def models_sse() -> StreamingResponse:
+        return StreamingResponse(router.events.stream(), media_type="text/event-stream")
 
     @app.post("/models/load")
     async def models_load(request: Request) -> Any:

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +72,7 @@ class Pool:
 
     def __init__(self, max_loaded: int) -> None:
         self.max_loaded = max_loaded
+        self.on_status: Callable[[Engine], None] = lambda eng: None  # after each change
         self.engines: dict[ServerConfig, Engine] = {}
         self._models: dict[tuple[str, str], tuple[LoadedModel, int]] = {}  # path -> (model, n)
         self._lock = asyncio.Lock()  # one eviction decision at a time
@@ -86,8 +87,9 @@ class Pool:
         """Start loading `cfg`'s engine in the background (nothing if it runs already)."""
         eng = self.engine(cfg)
         if not eng.running:
-            eng.status, eng.failed, eng.error = "loading", False, None
+            eng.failed, eng.error = False, None
             eng.touch()
+            self._set_status(eng, "loading")
             eng._task = asyncio.get_running_loop().create_task(self._load(eng))
         return eng
 
@@ -119,7 +121,7 @@ class Pool:
                 await asyncio.sleep(POLL_S)
             if state.load_error is not None:
                 raise RuntimeError(state.load_error)
-            eng.status = "loaded"
+            self._set_status(eng, "loaded")
             log.info("router: engine for %s loaded", eng.cfg.alias[0] if eng.cfg.alias else "?")
         except asyncio.CancelledError:  # unloaded while loading
             await self._close(eng)
@@ -127,8 +129,8 @@ class Pool:
         except Exception as e:  # noqa: BLE001 (any load failure is reported, never raised)
             eng.error = " ".join(str(e).split()) or type(e).__name__
             log.error("router: cannot load %s: %s", eng.cfg.model, eng.error)
-            await self._close(eng)
             eng.failed = True
+            await self._close(eng)
 
     async def _model(self, cfg: ServerConfig) -> LoadedModel:
         """The loaded weights of `cfg.model`, shared by every engine over the same file
@@ -190,12 +192,18 @@ class Pool:
 
     async def _close(self, eng: Engine) -> None:
         life = eng._life
-        eng.app, eng._life, eng.status = None, None, "unloaded"
+        eng.app, eng._life = None, None
+        if eng.status != "unloaded":
+            self._set_status(eng, "unloaded")
         if life is not None:
             await life.__aexit__(None, None, None)
         if eng.holds_model:
             eng.holds_model = False
             self._release_model(eng.cfg)
+
+    def _set_status(self, eng: Engine, status: str) -> None:
+        eng.status = status
+        self.on_status(eng)
 
     async def close_all(self) -> None:
         """Stop every engine, loading ones included (the router's shutdown)."""
