@@ -5,7 +5,7 @@
 Own routes: `GET /health` (the router's; `?model=` asks that model's engine), `GET /props`
 (the router's `role: router` object; `?model=` forwards), `GET /models` and `/v1/models`
 (every model id with its `status`; `?reload=1` re-reads the sources), `POST /models/load`,
-`POST /models/unload`. Every other API route is forwarded, in-process, to the engine of the
+`POST /models/unload`, `GET /models/sse` (status changes, `router.events`). Every other API route is forwarded, in-process, to the engine of the
 model its JSON body's `model` (GET: the `model` query parameter) names, loading it first
 unless `--no-models-autoload` (or `?autoload=false`); the body gets that preset's adapter mix
 and sampling defaults (`Preset.inject`). Errors and status codes are llama-server's
