@@ -230,9 +230,10 @@ async def plan_reply(
     if active:
         engine = state.require()
         started = bool(trigger) and lead.rstrip().endswith(trigger)  # a prefill wrote it
+        opened = _opens_reasoning(fmt, prompt)  # the model ends it whatever the parser reads
         for special in (_special(tok), lambda m: False):  # then: every marker as text
-            plan.lark = tool_grammar(fmt, active, choice, parallel, rf != "none",
-                                     thinking_open, special, started)  # fmt: skip
+            plan.lark = tool_grammar(fmt, active, choice, parallel, True, opened,
+                                     special, started)  # fmt: skip
             if plan.lark is None:
                 break
             try:

@@ -255,3 +255,26 @@ def test_prefilled_trigger_constrains_the_rest_of_the_call(srv) -> None:
     res = chat(srv, messages=msgs, tool_choice="auto", parallel_tool_calls=False)
     choice = res["choices"][0]
     assert check_calls(choice["message"]) and choice["finish_reason"] == "tool_calls"
+
+
+def test_reasoning_budget_forces_the_end_marker(srv) -> None:
+    """`reasoning_budget_tokens`: inside reasoning the prompt opened (a prefilled
+    reasoning_content), the end marker is forced after that many tokens; the greedy answer
+    under a small budget is a prefix of the one under a larger budget, and without a budget
+    the random model never ends its reasoning."""
+    if srv.template_name != QWEN3:
+        pytest.skip("the Llama 3.1 template has no reasoning markers")
+    msgs = [*USER, {"role": "assistant", "content": "", "reasoning_content": "Let me"}]
+
+    def turn(budget: int) -> str:
+        body = {"messages": msgs, "n_predict": 40, "temperature": 0, "reasoning_format": "none",
+                "reasoning_budget_tokens": budget}  # fmt: skip
+        res = srv.client.post("/v1/chat/completions", json=body).json()
+        return res["choices"][0]["message"]["content"]
+
+    free, short, longer = turn(-1), turn(3), turn(9)
+    assert "</think>" not in free
+    assert "</think>" in short and "</think>" in longer
+    thought = [t[: t.index("</think>")].rstrip() for t in (short, longer)]
+    assert thought[0] != thought[1] and thought[1].startswith(thought[0])
+    assert free.startswith(thought[1])

@@ -159,3 +159,23 @@ def test_prefilled_trigger_constrains_the_rest_of_the_call(srv) -> None:
     res = chat(srv, messages=msgs, tool_choice="auto", parallel_tool_calls=False, n_predict=N)
     choice = res["choices"][0]
     assert check_calls(choice["message"]) and choice["finish_reason"] == "tool_calls"
+
+
+def test_reasoning_formats(srv) -> None:
+    """Where the prompt opens reasoning, the budget ends it and the call follows: the
+    reasoning is `reasoning_content` by default and under deepseek, and stays in the content
+    with its end marker under none (as llama.cpp's parse cases); the calls are the same."""
+    source = (TEMPLATES / srv.template_name).read_text()
+    fmt = detect(source, render_for(source))
+    auto = forced(srv, parallel_tool_calls=False)["message"]
+    if not auto.get("reasoning_content"):
+        pytest.skip("the prompt opens no reasoning block")
+    deepseek = forced(srv, parallel_tool_calls=False, reasoning_format="deepseek")["message"]
+    none = forced(srv, parallel_tool_calls=False, reasoning_format="none")["message"]
+    assert deepseek == {**auto, "tool_calls": deepseek["tool_calls"]}
+    calls = [[(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"]]
+             for m in (auto, deepseek, none)]  # fmt: skip
+    assert calls[0] == calls[1] == calls[2] and calls[0]
+    assert "reasoning_content" not in none
+    assert auto["reasoning_content"] in none["content"]
+    assert fmt.reasoning_end.strip() in none["content"]
