@@ -18,7 +18,8 @@ TEMPLATES = DATA / "templates"
 END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>", "<｜end▁of▁sentence｜>",
                "<|endoftext|>", "<|user|>", "<|observation|>", "[/TOOL_CALLS]", "<|im_assistant|>",
                "]~b]", "<|im_user|>", "<|end|>", "[e~[", "<|message_sep|>", "<|tool_response>",
-               "<turn|>", "<|END_OF_TURN_TOKEN|>", "<|close|>message<|sep|>")  # fmt: skip
+               "<turn|>", "<|END_OF_TURN_TOKEN|>", "<|close|>message<|sep|>",
+               "<|eot|>")  # fmt: skip
 
 
 def _raise(msg: str) -> None:

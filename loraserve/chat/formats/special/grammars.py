@@ -11,7 +11,13 @@ from collections.abc import Callable
 from typing import Any
 
 from loraserve.chat.formats.description import ChatFormat
-from loraserve.chat.formats.special import dsml, gemma4, kimi_k3
+from loraserve.chat.formats.special import dsml, gemma4
+from loraserve.chat.formats.special.grammars_more import (
+    functionary_body,
+    lfm2_body,
+    minimax_m3_body,
+    muse_body,
+)
 from loraserve.chat.formats.special.grammars_tagged import (
     cohere2_body,
     kimi_k3_body,
@@ -135,8 +141,10 @@ def dialect_grammar(
         if thinking_open:
             body = f"{g.text_until(dsml.THINK_END)} WS {body}"
         return g.lark(body)
-    tagged = {"ling_3": ling3_body, "kimi_k3": kimi_k3_body, "cohere2_moe": cohere2_body}
+    tagged = {"ling_3": ling3_body, "kimi_k3": kimi_k3_body, "cohere2_moe": cohere2_body,
+              "minimax_m3": minimax_m3_body, "lfm2": lfm2_body, "lfm2_plain": lfm2_body,
+              "muse_glimmer": muse_body, "functionary_v3_2": functionary_body}  # fmt: skip
     if fmt.dialect in tagged:
-        g = Lark(special, (kimi_k3.SEP, "<|open|>", "<|close|>"))
+        g = Lark(special, fmt.preserved_tokens)
         return g.lark(tagged[fmt.dialect](g, tools, parallel, thinking_open))
     return None

@@ -1,0 +1,137 @@
+"""`required` grammars of MiniMax-M3 (namespaced XML expanded by the schema), LFM2 (Python
+calls), Muse Glimmer (atem:invoke messages) and Functionary v3.2 (`NAME\\n{json}` after the
+prompt's `>>>`). Each returns the grammar's start body."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from loraserve.chat.formats.special import lfm2, minimax_m3, muse
+from loraserve.chat.formats.special.lark import NUMBER, Lark, closed, json_value, members
+from loraserve.chat.formats.special.text import may_be_string, types_of
+
+
+def _any_order(g: Lark, props: dict[str, Any], member: Any, sep: str = "WS") -> str:
+    if not props:
+        return ""
+    one = g.rule(" | ".join(member(k, v) for k, v in props.items()))
+    return f"({sep} {one})*"
+
+
+def _mm_value(g: Lark, schema: Any, close: str) -> str:
+    schema = schema if isinstance(schema, dict) else {}
+    ns = minimax_m3.NS
+    if may_be_string(schema):
+        return g.text_until(close)
+    alternatives = schema.get("anyOf") or schema.get("oneOf")
+    if alternatives:
+        return g.rule(" | ".join(_mm_value(g, a, close) for a in alternatives))
+    if schema.get("type") == "object" and schema.get("properties"):
+
+        def member(key: str, sub: Any) -> str:
+            return g.rule(f"{g.q(f'{ns}<{key}>')} {_mm_value(g, sub, f'{ns}</{key}>')}")
+
+        return g.rule(f"{_any_order(g, schema['properties'], member)} WS {g.q(close)}")
+    if schema.get("type") == "array":
+        item = _mm_value(g, schema.get("items"), f"{ns}</item>")
+        return g.rule(f"(WS {g.q(ns + '<item>')} {item})* WS {g.q(close)}")
+    return f"{json_value(schema)} {g.q(close)}"
+
+
+def minimax_m3_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool) -> str:
+    """MiniMax-M3: `NS<tool_call>` `NS<invoke name="NAME">` `NS<KEY>V NS</KEY>`..
+    `NS</invoke>` `NS</tool_call>`, after an optional `<mm:think>` block."""
+    calls = []
+    for t in tools:
+        fn = t["function"]
+        params = fn.get("parameters") or {}
+
+        def member(key: str, sub: Any) -> str:
+            ns = minimax_m3.NS
+            return g.rule(f"{g.q(f'{ns}<{key}>')} {_mm_value(g, sub, f'{ns}</{key}>')}")
+
+        args = _any_order(g, params.get("properties") or {}, member)
+        head = g.q(f'{minimax_m3.INVOKE}{fn["name"]}">')
+        calls.append(g.rule(f"{head} {args} WS {g.q(minimax_m3.INVOKE_END)}"))
+    call = g.rule(" | ".join(calls))
+    more = f"(WS {call})*" if parallel else ""
+    think = f"({g.q(minimax_m3.THINK)} {g.text_until(minimax_m3.THINK_END)})?"
+    body = f"{g.q(minimax_m3.START)} WS {call} {more} WS {g.q(minimax_m3.END)}"
+    return f"{think} {body}"
+
+
+def _py_value(g: Lark, schema: Any) -> str:
+    schema = schema if isinstance(schema, dict) else {}
+    kinds = types_of(schema) or {"string", "number", "boolean", "null", "array", "object"}
+    options = []
+    if "string" in kinds:
+        options.append(r'/"([^"\\\n]|\\.)*"/ | /' + r"'([^'\\\n]|\\.)*'/")
+    if "integer" in kinds:
+        options.append("/-?(0|[1-9][0-9]*)/")
+    if "number" in kinds:
+        options.append(NUMBER)
+    if "boolean" in kinds:
+        options.append('"True" | "False" | "true" | "false"')
+    if "null" in kinds:
+        options.append('"None" | "null"')
+    if "array" in kinds:
+        item = _py_value(g, schema.get("items")) if schema.get("items") else "d0"
+        options.append(f'"[" WS ({item} ("," WS {item})*)? WS "]"')
+    if "object" in kinds:
+        options.append('"{" WS (d00 WS ":" WS d0 ("," WS d00 WS ":" WS d0)*)? WS "}"')
+    return g.rule(" | ".join(options))
+
+
+def lfm2_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool) -> str:
+    """LFM2: `<|tool_call_start|>[NAME(KEY=VALUE, ..), ..]<|tool_call_end|>`, Python or
+    JSON literals as the parser reads them."""
+    g.rules.append(f"d0: {_py_value(g, {})}")  # any value
+    g.rules.append(r'd00: /"([^"\\\n]|\\.)*"/')  # a dict's key
+    calls = []
+    for t in tools:
+        fn = t["function"]
+        props = (fn.get("parameters") or {}).get("properties") or {}
+        one = " | ".join(g.rule(f'"{k}=" {_py_value(g, v)}') for k, v in props.items())
+        args = f'({one}) ("," WS ({one}))*' if one else ""
+        calls.append(g.rule(f'"{fn["name"]}(" {f"({args})?" if args else ""} ")"'))
+    call = g.rule(" | ".join(calls))
+    more = f'("," WS {call})*' if parallel else ""
+    return f'{g.q(lfm2.START)} "[" {call} {more} "]" {g.q(lfm2.END)}'
+
+
+def muse_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool) -> str:
+    """Muse Glimmer: ` to=NAME<|message|><atem:function_calls><atem:invoke name="NAME">
+    <atem:parameter name="K">V</atem:parameter>..</atem:invoke></atem:function_calls>`,
+    after an optional ` to=self` reasoning message; more calls as `<|eom|>` messages."""
+    calls = []
+    for t in tools:
+        fn = t["function"]
+
+        def member(key: str, sub: Any) -> str:
+            head = g.q(f'{muse.PARAM}{key}">')
+            if may_be_string(sub):
+                return g.rule(f"{head} {g.text_until(muse.PARAM_END)}")
+            return g.rule(f"{head} {json_value(sub)} {g.q(muse.PARAM_END)}")
+
+        args = members(g, closed(fn.get("parameters") or {}), member, "WS")
+        head = f"{json.dumps(' to=' + fn['name'])} {g.q(muse.MESSAGE)} {g.q(muse.CALLS)} WS"
+        invoke = g.q(f'{muse.INVOKE}{fn["name"]}">')
+        end = f"WS {g.q(muse.INVOKE_END)} WS {g.q(muse.CALLS_END)}"
+        calls.append(g.rule(f"{head} {invoke} WS {args} {end}"))
+    call = g.rule(" | ".join(calls))
+    nxt = f"{g.q(muse.EOM)} {g.q(muse.START)}"
+    more = f"({nxt} {call})*" if parallel else ""
+    think = f'(" to=self" {g.q(muse.MESSAGE)} {g.text_until(muse.EOM)} {g.q(muse.START)})?'
+    return f"{think} {call} {more}"
+
+
+def functionary_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool) -> str:
+    """Functionary v3.2: `NAME\\n{arguments}` (the prompt wrote `>>>`), more as `>>>NAME..`."""
+    calls = []
+    for t in tools:
+        fn = t["function"]
+        schema = closed(fn.get("parameters") or {"type": "object"})
+        calls.append(g.rule(f"{json.dumps(fn['name'] + chr(10))} {json_value(schema)}"))
+    call = g.rule(" | ".join(calls))
+    return f'{call} (">>>" {call})*' if parallel else call
