@@ -14,8 +14,11 @@ Tool-call modes (llama.cpp's `tool_format`):
 - ``tag_tagged``: the name and each argument in markers (Qwen3-Coder's
   `<function=name>\n<parameter=key>\nvalue\n</parameter>`), values converted to JSON by the
   tool's schema.
-``dialect`` names a specialised parser for formats the fields cannot describe (gpt-oss
-harmony channels); empty for every format the fields describe.
+``dialect`` names a specialised parser (`special/`) for formats the fields cannot describe
+(gpt-oss harmony channels, Gemma 4's value notation, DeepSeek's DSML, LFM2's Python calls,
+MiniMax-M3's schema-expanded XML, Ling 3, Kimi K3, Cohere2 MoE, Muse, Functionary v3.2); its
+fields then still name the markers (reasoning tags, trigger, preserved tokens) llama-server
+reports; empty for every format the fields describe.
 """
 
 from __future__ import annotations
