@@ -14,10 +14,12 @@
 #define T_BUF6 (-3)  // Q6_K's unsigned values u = q + 32 decoded into the buffer
 // types whose scale is one per 32 values (both halves of a chunk equal): the scale vector
 // is one broadcast (the same numbers as the two-half form, fewer instructions)
-#define UNIFORM(t) ((t) == T_Q8_0 || (t) == T_Q4_0 || (t) == T_Q5_0 || (t) == T_BUFU)
+#define UNIFORM(t)                                                                            \
+    ((t) == T_Q8_0 || (t) == T_Q4_0 || (t) == T_Q5_0 || (t) == T_IQ4_NL || (t) == T_BUFU)
 
 // bytes per 32 values of the types decoded in place by chunk_values (0: values from a buffer)
-#define CHUNK_BYTES(t) ((t) == T_Q8_0 ? 34 : (t) == T_Q4_0 ? 18 : (t) == T_Q5_0 ? 22 : 0)
+#define CHUNK_BYTES(t)                                                                        \
+    ((t) == T_Q8_0 ? 34 : (t) == T_Q4_0 || (t) == T_IQ4_NL ? 18 : (t) == T_Q5_0 ? 22 : 0)
 
 #if defined(__AVX2__)
 // The 32 int8 values of chunk c of a row (the same numbers the unpack functions write).
@@ -31,6 +33,12 @@ static inline __attribute__((always_inline)) __m256i chunk_values(int type, cons
         __m128i t = _mm_loadu_si128((const __m128i *)(r + 18 * c + 2));
         __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), lo4);
         return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+    }
+    case T_IQ4_NL: {  // Q4_0's layout, the nibbles through kvalues_iq4nl (one shuffle)
+        __m128i t = _mm_loadu_si128((const __m128i *)(r + 18 * c + 2));
+        __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), lo4);
+        const __m128i kv = _mm_loadu_si128((const __m128i *)KV_IQ4NL);
+        return _mm256_shuffle_epi8(_mm256_set_m128i(kv, kv), v);
     }
     case T_Q5_0: {
         const uint8_t *b = r + 22 * c;
@@ -270,6 +278,7 @@ DOT_FNS(T_BUFU, dot_bufu)
 DOT_FNS(T_Q8_0, dot_q8_0)
 DOT_FNS(T_Q4_0, dot_q4_0)
 DOT_FNS(T_Q5_0, dot_q5_0)
+DOT_FNS(T_IQ4_NL, dot_iq4_nl)
 #endif
 
 static void dot_fns(int type, dot_fn *one, dot_fn *four, dot_fn *eight, cols_fn *c4) {
@@ -287,6 +296,9 @@ static void dot_fns(int type, dot_fn *one, dot_fn *four, dot_fn *eight, cols_fn 
         break;
     case T_Q5_0:
         *one = dot_q5_0_1, *four = dot_q5_0_4, *eight = dot_q5_0_8, *c4 = dot_q5_0_c4;
+        break;
+    case T_IQ4_NL:
+        *one = dot_iq4_nl_1, *four = dot_iq4_nl_4, *eight = dot_iq4_nl_8, *c4 = dot_iq4_nl_c4;
         break;
     }
 #endif
