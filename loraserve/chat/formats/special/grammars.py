@@ -81,17 +81,18 @@ def _gemma_object(g: Lark, schema: dict[str, Any]) -> str:
     return g.rule(f'"{{" ({one} ("," {one})*)? "}}"')
 
 
-def _gemma4(g: Lark, tools: list[dict[str, Any]], parallel: bool) -> str:
+def _gemma4(g: Lark, tools: list[dict[str, Any]], parallel: bool) -> tuple[str, str]:
+    """(the optional thought, the calls after the first one's trigger)."""
     calls = []
     for t in tools:
         fn = t["function"]
         args = _gemma_object(g, fn.get("parameters") or {})
-        head = f'{g.q(gemma4.CALL)} "call:{fn["name"]}"'
-        calls.append(g.rule(f"{head} {args} {g.q(gemma4.CALL_END)}"))
-    call = g.rule(" | ".join(calls))
+        calls.append(g.rule(f'"call:{fn["name"]}" {args} {g.q(gemma4.CALL_END)}'))
+    rest = g.rule(" | ".join(calls))  # a call after its trigger
+    call = g.rule(f"{g.q(gemma4.CALL)} {rest}")
     thought = g.text_until(gemma4.CHANNEL_END)
     think = f"({g.q(gemma4.THOUGHT)} {thought})?"
-    return f"{think} {call}{'*' if parallel else ''}".replace(f"{call}*", f"{call}+")
+    return think, (f"{rest} {call}*" if parallel else rest)
 
 
 def _dsml(g: Lark, tools: list[dict[str, Any]], parallel: bool, v4: bool) -> str:
@@ -113,7 +114,24 @@ def _dsml(g: Lark, tools: list[dict[str, Any]], parallel: bool, v4: bool) -> str
         calls.append(g.rule(f'{head} {args} "\\n" {g.q(dsml.INVOKE_END)}'))
     call = g.rule(" | ".join(calls))
     more = f'("\\n" {call})*' if parallel else ""
-    return f'{g.q(start)} "\\n" {call} {more} "\\n" {g.q(end)}'
+    return f'"\\n" {call} {more} "\\n" {g.q(end)}'  # after the block's start (the trigger)
+
+
+def _lazy(g: Lark, fmt: ChatFormat, think: str, rest: str, lazy: bool) -> str:
+    """The answer: the reasoning, then (`required`) the trigger and `rest`, the calls after
+    it; or (`auto`) free text until the trigger, the calls, free text that holds no trigger.
+    Text never holds a special token, so a special trigger ends the text by itself; a text
+    trigger ends it through a lazy rule (the first trigger)."""
+    trigger = g.q(fmt.trigger)
+    if not lazy:
+        return f"{think} {trigger} {rest}"
+    if trigger == json.dumps(fmt.trigger):
+        tail = g.not_containing(fmt.trigger)
+        lead = g.rule(f"TEXT {trigger}", lazy=True)
+        return f"{think} ({lead} {rest} {tail} | {tail})"
+    others = [t for t in fmt.preserved_tokens if t != fmt.trigger and g.q(t) == t]
+    tail = g.rule(f"TEXT (({' | '.join(others)}) TEXT)*") if others else "TEXT"
+    return f"{think} {tail} ({trigger} {rest} {tail})?"
 
 
 def dialect_grammar(
@@ -125,22 +143,27 @@ def dialect_grammar(
     special: Callable[[str], bool] = lambda s: False,
 ) -> str | None:
     """Lark text forcing a call under `choice` ("required" or a function's name) in `fmt`'s
-    dialect; None where the dialect has no grammar yet or the choice is `auto`/`none`."""
-    if choice in ("auto", "none") or not tools:
+    dialect, or for `auto` (Gemma 4, DeepSeek V3.2/V4) constraining the calls from their
+    trigger on; None where the dialect has no grammar for the choice."""
+    if choice == "none" or not tools:
         return None
-    if choice != "required":
+    lazy = choice == "auto"
+    if lazy and fmt.dialect not in ("gemma_4", "deepseek_v3_2", "deepseek_v4"):
+        return None
+    if choice not in ("required", "auto"):
         tools = [t for t in tools if t["function"]["name"] == choice]
         if not tools:
             raise ValueError(f"tool_choice names a function that is not in tools: {choice}")
     if fmt.dialect == "gemma_4":
-        g = Lark(special)
-        return g.lark(_gemma4(g, tools, parallel))
+        g = Lark(special, fmt.preserved_tokens)
+        think, rest = _gemma4(g, tools, parallel)
+        return g.lark(_lazy(g, fmt, think, rest, lazy))
     if fmt.dialect in ("deepseek_v3_2", "deepseek_v4"):
         g = Lark(special, (dsml.DSML,))
-        body = _dsml(g, tools, parallel, fmt.dialect == "deepseek_v4")
-        if thinking_open:
-            body = f"{g.text_until(dsml.THINK_END)} WS {body}"
-        return g.lark(body)
+        rest = _dsml(g, tools, parallel, fmt.dialect == "deepseek_v4")
+        # reasoning the prompt opened ends at </think>, or where the calls start
+        think = f"({g.text_until(dsml.THINK_END)} WS)?" if thinking_open else ""
+        return g.lark(_lazy(g, fmt, think, rest, lazy))
     tagged = {"ling_3": ling3_body, "kimi_k3": kimi_k3_body, "cohere2_moe": cohere2_body,
               "minimax_m3": minimax_m3_body, "lfm2": lfm2_body, "lfm2_plain": lfm2_body,
               "muse_glimmer": muse_body, "functionary_v3_2": functionary_body}  # fmt: skip

@@ -42,6 +42,15 @@ class Lark:
         marker = self.q(end)
         return self.rule(f"TEXT {marker}", lazy=marker.startswith('"'))
 
+    def not_containing(self, marker: str) -> str:
+        """A terminal of free text that never holds `marker` (a lazy grammar's text before
+        its trigger)."""
+        name = f"T{len(self.rules) + 1}"
+        rx = "".join("\\" + c if c in "\\.+*?()|[]{}^$/" else c for c in marker)
+        rx = rx.replace("\n", "\\n")
+        self.rules.append(f"{name}: /(.|\\n)*/ & ~/(.|\\n)*{rx}(.|\\n)*/")
+        return name
+
     def lark(self, start: str) -> str:
         head = ["%llguidance {}", f"start: {start}", "WS: /( |\\n{1,2})?/", r"TEXT: /(.|\n)*/",
                 r"SP: /[ \n]{0,12}/"]  # fmt: skip
