@@ -11,6 +11,21 @@ export class ApiError extends Error {
   }
 }
 
+let routed = null; // router mode: the model (or preset) every call names
+
+/** Router mode: name `model` in every call from now on (GET `?model=`, POST bodies). */
+export function setRoutedModel(model) {
+  routed = model;
+}
+
+function route(path, body) {
+  if (!routed || path.startsWith("/models")) return [path, body];
+  if (body === undefined) {
+    return [`${path}${path.includes("?") ? "&" : "?"}model=${encodeURIComponent(routed)}`, body];
+  }
+  return [path, { model: routed, ...body }];
+}
+
 function headers() {
   const h = { "Content-Type": "application/json" };
   const key = localStorage.getItem(KEY);
@@ -42,6 +57,7 @@ function askKey(refused) {
 
 /** fetch() with the key; a 401 asks for it (again, saying it was refused) and retries. */
 export async function request(path, { method = "GET", body, signal } = {}) {
+  [path, body] = route(path, body);
   for (let attempt = 0; ; attempt++) {
     const init = { method, headers: headers(), signal };
     if (body !== undefined) init.body = JSON.stringify(body);

@@ -1,6 +1,6 @@
 // Start-up: /props (model, chat template, defaults), the adapters, the three modes.
 
-import { json } from "./api.js";
+import { json, setRoutedModel } from "./api.js";
 import { currentMix, initAdapters, refreshAdapters } from "./adapters.js";
 import { initChat, rememberMix, stopChat } from "./chat.js";
 import { initCompare, refreshCompare } from "./compare.js";
@@ -32,12 +32,46 @@ function mixChanged() {
   $("model-info").dataset.mix = currentMix();
 }
 
+const MODEL = "loraserve.model";
+
+/** Router mode: the model picker (every model and preset with its status); the chosen
+ * one is named in every call, and choosing another reloads the page on it. */
+async function pickModel() {
+  const models = (await json("/models")).data;
+  if (!models.length) throw new Error("the router offers no model (--models-dir, --models-preset)");
+  const ids = models.map((m) => m.id);
+  const loaded = models.find((m) => m.status?.value === "loaded");
+  const saved = localStorage.getItem(MODEL);
+  const chosen = ids.includes(saved) ? saved : (loaded || models[0]).id;
+  const picker = $("model-picker");
+  picker.replaceChildren(
+    ...models.map((m) => {
+      const o = document.createElement("option");
+      o.value = m.id;
+      o.textContent = `${m.id} (${m.status?.value || "?"})`;
+      o.selected = m.id === chosen;
+      return o;
+    }),
+  );
+  picker.addEventListener("change", () => {
+    localStorage.setItem(MODEL, picker.value);
+    location.reload();
+  });
+  $("model-picker-label").hidden = false;
+  setRoutedModel(chosen);
+  localStorage.setItem(MODEL, chosen);
+}
+
 async function start() {
   initAdapters(mixChanged);
   let props;
   for (;;) {
     try {
       props = await json("/props");
+      if (props.role === "router") {
+        await pickModel();
+        props = await json("/props"); // the chosen model's (loaded on first use)
+      }
       break;
     } catch (e) {
       showError(`Server not ready: ${e.message}. Retrying…`);
