@@ -21,7 +21,7 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,7 +32,6 @@ from loraserve.cache.block_pool import OutOfBlocks
 from loraserve.cache.prefix_cache import CacheKey, Spans, spans
 from loraserve.engine.runner import ModelRunner
 from loraserve.engine.scheduler import Scheduler
-from loraserve.model import archs
 from loraserve.model.loader import LoadedModel
 
 FORMAT = "loraserve-slot-1"
@@ -49,6 +48,9 @@ class SlotImage:
     tokens: list[int]
     cache_key: CacheKey | Spans
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer ([n, kvh, hd], [n, kvh, hd])
+    # recurrent layers: full block j -> recurrent layer -> its state after the block's last
+    # token (`cache.state` snapshots), so a restored prefix resumes from the exact state
+    states: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
 
 
 def weights_sha256(path: Path) -> str:
@@ -96,7 +98,12 @@ def capture(sched: Scheduler, runner: ModelRunner, slot_id: int) -> SlotImage | 
     n = len(slot.tokens)
     idx = runner.block_slots(slot.blocks, n)
     kv = [(k[idx].clone(), v[idx].clone()) for k, v in runner.kv]
-    return SlotImage(list(slot.tokens), slot.cache_key, kv)
+    states = {}
+    if runner.states is not None:  # the snapshots that follow the slot's full blocks
+        for j, b in enumerate(slot.blocks[: n // sched.bs]):
+            if runner.states.has(b):
+                states[j] = dict(runner.states.snaps[b])
+    return SlotImage(list(slot.tokens), slot.cache_key, kv, states)
 
 
 def install(sched: Scheduler, runner: ModelRunner, slot_id: int, image: SlotImage) -> int | None:
@@ -108,6 +115,7 @@ def install(sched: Scheduler, runner: ModelRunner, slot_id: int, image: SlotImag
         return None
     cache = sched.cache
     bs = cache.bs
+    _check_states(image, runner, bs)
     old, slot.blocks, slot.tokens, slot.cache_key = slot.blocks, [], [], ()
     cache.release(old)
     n = len(image.tokens)
@@ -123,11 +131,28 @@ def install(sched: Scheduler, runner: ModelRunner, slot_id: int, image: SlotImag
     for (k, v), (fk, fv) in zip(runner.kv, image.kv, strict=True):
         k[idx] = fk.to(k.dtype)
         v[idx] = fv.to(v.dtype)
+    if runner.states is not None:
+        for j, st in image.states.items():
+            runner.states.snaps[blocks[j]] = st
     cache.insert(image.cache_key, image.tokens, blocks)
     slot.tokens, slot.blocks, slot.cache_key = list(image.tokens), blocks, image.cache_key
     slot.last_used = time.perf_counter()
     cache.enforce_budget()
     return n
+
+
+def _check_states(image: SlotImage, runner: ModelRunner, bs: int) -> None:
+    """`SlotFileError` unless the image's states fit this model's recurrent layers and
+    follow full blocks of its tokens."""
+    shapes = runner.states.shapes if runner.states is not None else {}
+    for j, st in image.states.items():
+        if not 0 <= j < len(image.tokens) // bs or set(st) != set(shapes):
+            raise SlotFileError(f"recurrent state after block {j} does not fit this model")
+        for i, t in st.items():
+            if tuple(t.shape) != tuple(shapes[i]) or t.dtype != torch.float32:
+                raise SlotFileError(f"recurrent state of layer {i} has a wrong shape")
+            if not bool(torch.isfinite(t).all()):
+                raise SlotFileError(f"recurrent state of layer {i} is not finite")
 
 
 def erase(sched: Scheduler, slot_id: int) -> int | None:
@@ -152,26 +177,18 @@ def is_slot_file(path: Path) -> bool:
         return False
 
 
-def _refuse_recurrent(fp: dict[str, object]) -> None:
-    """`SlotFileError` for a model with recurrent layers: a slot file holds KV only, and
-    resuming without the layers' state would answer wrongly."""
-    arch = archs.ARCHS.get(str(fp.get("arch")))
-    if arch is not None and arch.recurrent:
-        raise SlotFileError(
-            f"slot save/restore does not carry the recurrent state of {arch.name} layers yet"
-        )
-
-
 def write(path: Path, image: SlotImage, fp: dict[str, object]) -> int:
     """Write `image` atomically to `path` (a symlink there is replaced, not followed);
     returns the bytes written. `SlotFileError` if a regular file there is not a slot file
-    of ours (it is left as it is), or if the model has recurrent layers."""
-    _refuse_recurrent(fp)
+    of ours (it is left as it is)."""
     if path.is_file() and not path.is_symlink() and not is_slot_file(path):
         raise SlotFileError(f"{path.name}: exists and is not a loraserve slot file; not replaced")
     tensors = {"tokens": torch.tensor(image.tokens, dtype=torch.int64)}
     for i, (k, v) in enumerate(image.kv):
         tensors[f"k.{i}"], tensors[f"v.{i}"] = k.contiguous(), v.contiguous()
+    for j, st in image.states.items():
+        for i, t in st.items():
+            tensors[f"state.{j}.{i}"] = t.contiguous()
     meta = {
         "format": FORMAT,
         "fingerprint": json.dumps(fp, sort_keys=True),
@@ -189,8 +206,8 @@ def write(path: Path, image: SlotImage, fp: dict[str, object]) -> int:
 
 
 def read(path: Path, fp: dict[str, object], max_tokens: int) -> SlotImage:
-    """Read and check a slot file written by `write` for a model with fingerprint `fp`."""
-    _refuse_recurrent(fp)
+    """Read and check a slot file written by `write` for a model with fingerprint `fp`
+    (recurrent states: checked against the model when installed)."""
     try:
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
@@ -213,6 +230,11 @@ def read(path: Path, fp: dict[str, object], max_tokens: int) -> SlotImage:
                         raise SlotFileError(f"{path.name}: tensor {part}.{i} has a wrong shape")
             tokens = f.get_tensor("tokens").tolist()
             kv = [(f.get_tensor(f"k.{i}"), f.get_tensor(f"v.{i}")) for i in range(n_layers)]
+            states: dict[int, dict[int, torch.Tensor]] = {}
+            for name in f.keys():
+                if name.startswith("state."):
+                    _, j, i = name.split(".")
+                    states.setdefault(int(j), {})[int(i)] = f.get_tensor(name)
     except SlotFileError:
         raise
     except Exception as e:  # safetensors raises its own types on corrupt files
@@ -220,7 +242,7 @@ def read(path: Path, fp: dict[str, object], max_tokens: int) -> SlotImage:
     vocab = int(fp["vocab_size"])  # type: ignore[call-overload]
     if any(not 0 <= t < vocab for t in tokens):
         raise SlotFileError(f"{path.name}: token ids out of the vocabulary")
-    return SlotImage(tokens, cache_key, kv)
+    return SlotImage(tokens, cache_key, kv, states)
 
 
 def _differs(saved: object, here: dict[str, object]) -> str:

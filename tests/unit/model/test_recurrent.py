@@ -16,7 +16,8 @@ its spec):
   and global switches), prefill chunk sizes and cache budgets: every answer equals its cache-off
   answer, bit for bit;
 - an adapter on the recurrent layers' in/out projections equals it merged into the weights;
-- speculative decoding and slot files, which cannot carry the state yet, are refused.
+- a slot saved to a file and restored elsewhere resumes from the saved states, bit-identical;
+- speculative decoding, which cannot roll the state back yet, is refused.
 """
 
 from __future__ import annotations
@@ -182,18 +183,42 @@ def test_adapter_on_recurrent_projections_equals_merged(tmp: Path, arch: str, va
     assert (got - want).abs().max() < 2e-3
 
 
-@pytest.mark.parametrize("arch,variant", VARIANTS[:1], ids=map(_id, VARIANTS[:1]))
-def test_state_carriers_not_yet_supported_are_refused(tmp: Path, arch: str, variant: str) -> None:
+@pytest.mark.parametrize("arch,variant", VARIANTS, ids=map(_id, VARIANTS))
+def test_restored_slot_resumes_exact_state(tmp: Path, arch: str, variant: str) -> None:
+    """A slot saved to a file and restored into another engine resumes from the states saved
+    with its blocks: the same bits as the answer computed from scratch."""
     m = model(tmp, arch, variant)
+    case = RECORDS[arch]["variants"][variant]["answers"]["Q4_K_M"][-1]
+    prompt, more = case["prompt"], case["tokens"][:6]
+    cfg = EngineConfig(n_slots=1, n_ctx=128, block_size=4)
+    first = Engine(m, cfg)
+    answers(first, [ask(prompt, 3, sampling=PROBS)])
+    image = slot_io.capture(first.core.scheduler, first.core.runner, 0)
+    assert image is not None and image.states, "no state saved with the slot"
+    fp = slot_io.fingerprint(m)
+    slot_io.write(tmp / f"{arch}.slot", image, fp)
+    second = Engine(m, cfg)
+    loaded = slot_io.read(tmp / f"{arch}.slot", fp, 128)
+    assert slot_io.install(second.core.scheduler, second.core.runner, 0, loaded) == len(
+        image.tokens
+    )
+    longer = image.tokens + more
+    (got,) = answers(second, [ask(longer, 3, sampling=PROBS)])
+    alone = Engine(m, cfg)
+    (want,) = answers(alone, [ask(longer, 3, sampling=PROBS, cache_prompt=False)])
+    assert got[2] > 0 and got[2] % 4 == 0, "nothing resumed from the restored slot"
+    assert got[:2] == want[:2]
+    bad = slot_io.SlotImage(loaded.tokens, loaded.cache_key, loaded.kv,
+                            {0: {i: t[:1] for i, t in loaded.states[0].items()}})  # fmt: skip
+    with pytest.raises(slot_io.SlotFileError, match="recurrent state"):
+        slot_io.install(second.core.scheduler, second.core.runner, 0, bad)
+
+
+@pytest.mark.parametrize("arch,variant", VARIANTS[:1], ids=map(_id, VARIANTS[:1]))
+def test_speculation_refused(tmp: Path, arch: str, variant: str) -> None:
+    """Speculative decoding cannot roll the recurrent state back yet: refused at start."""
     with pytest.raises(ValueError, match="recurrent state"):
-        Engine(m, EngineConfig(spec=SpecConfig(types=("ngram-simple",))))
-    fp = {"arch": m.config.arch}
-    image = slot_io.SlotImage([1, 2], (), [])
-    with pytest.raises(slot_io.SlotFileError, match="recurrent state"):
-        slot_io.write(tmp / "slot.bin", image, fp)
-    assert not (tmp / "slot.bin").exists()
-    with pytest.raises(slot_io.SlotFileError, match="recurrent state"):
-        slot_io.read(tmp / "slot.bin", fp, 100)
+        Engine(model(tmp, arch, variant), EngineConfig(spec=SpecConfig(types=("ngram-simple",))))
 
 
 STEMS = [[5, 9, 14, 2, 77, 31, 8, 8, 100, 64, 3], [5, 9, 14, 2, 77, 6], [40] * 9]
