@@ -155,8 +155,12 @@ class AdapterLoads:
             else:
                 ready.append(p)
         self._parked = still
-        for p in ready:  # in arrival order
-            self._admit(p)
+        for p in ready:  # in arrival order; one that cannot enter fails alone
+            try:
+                self._admit(p)
+            except Exception as e:  # handed to its caller, the others still enter
+                if not p.received.done():
+                    p.received.set_exception(e)
         a = self.reg.get(adapter_id)
         if error is not None and not a.content_id and adapter_id not in self.in_use():
             self.reg.unload(adapter_id)  # never read: the catalogue entry stays as it was

@@ -9,6 +9,7 @@ through `output`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -18,13 +19,20 @@ from loraserve.engine.request import Submission
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.lora.registry import Mix, UnknownModelName
 from loraserve.model.tokenizer import Tokenizer
-from loraserve.server.errors import exceed_context_size, invalid_request, not_found
+from loraserve.server.errors import (
+    ApiError,
+    exceed_context_size,
+    invalid_request,
+    not_found,
+    server_error,
+)
 from loraserve.server.fields import MAX_LOGIT_BIAS
 from loraserve.server.flight import Flight, wait
 from loraserve.server.grammar import request_grammar
 from loraserve.server.schemas import Prompt, _GenerationParams
 from loraserve.server.state import ServerState
 
+log = logging.getLogger("loraserve.server")
 T = TypeVar("T")
 BIG_PROMPT_CHARS = 20_000  # longer prompts are tokenized off the event loop
 
@@ -253,6 +261,15 @@ async def start_flight(state: ServerState, sub: Submission) -> Flight:
     except ValueError as e:
         flight.close()
         raise invalid_request(f"lora: {e}") from None
+    except ApiError:
+        flight.close()
+        raise
+    except Exception as e:  # the engine could not take this request: it alone fails
+        flight.close()
+        log.error("request %s not received: %r", [r.id for r in sub.requests], e, exc_info=e)
+        raise server_error(
+            f"internal error receiving the request: {type(e).__name__}: {e}"
+        ) from None
     except BaseException:
         flight.close()
         raise

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,7 +23,7 @@ import pytest
 import loraserve.engine.core as core_mod
 from loraserve.engine.output import TextOutput
 from loraserve.engine.request import Event, Run
-from tests.server_util import Served, serve_in_thread
+from tests.server_util import Served, peft_folder, serve_in_thread
 
 MARK = "\x07fault"  # the faulty request's extra stop string (never in any text)
 GOOD = [
@@ -181,3 +182,58 @@ def test_a_failing_listener_fails_nothing(srv, idle) -> None:
     assert good == idle
     alone = answer(srv, FAULTY)
     assert faulty == alone and alone[3] == "limit"
+
+
+@pytest.fixture(scope="module")
+def lora_srv(tmp_path_factory) -> Iterator[Served]:
+    d = tmp_path_factory.mktemp("iso-step-loras")
+    peft_folder(d / "up", 3)
+    with serve_in_thread(["-np", "2", "-c", "512", "--lora-dir", str(d)]) as s:
+        yield s
+
+
+def test_a_parked_submission_that_cannot_enter_fails_alone(lora_srv, monkeypatch) -> None:
+    """Two submissions wait (parked) for the same adapter's first read; when it arrives, the
+    first one's entry into the scheduler raises: it fails alone, the second is served as it
+    is on the idle server (it used to be dropped, its client left hanging)."""
+    engine = lora_srv.app.state.server.engine
+    reg = engine.core.adapters
+    gate = threading.Event()
+    real_read, real_key = reg.read, reg.request_key
+
+    def held_read(adapter_id: int) -> Any:
+        assert gate.wait(60)
+        return real_read(adapter_id)
+
+    def key(scales: Any, prompt: Any) -> Any:
+        if prompt[-2:] == [299, 299]:
+            raise RuntimeError("injected fault entering the scheduler")
+        return real_key(scales, prompt)
+
+    monkeypatch.setattr(reg, "read", held_read)
+    monkeypatch.setattr(reg, "request_key", key)
+    lora = [{"name": "up", "scale": 1.0}]
+    good = {"prompt": "the cat", "n_predict": 8, "temperature": 0, "lora": lora}
+    bad = {**good, "prompt": [1, 40, 299, 299]}
+    out: dict[str, httpx.Response] = {}
+
+    def go(name: str, body: dict[str, Any]) -> None:
+        out[name] = httpx.post(f"{lora_srv.url}/completion", json=body, timeout=60)
+
+    threads = [threading.Thread(target=go, args=a) for a in (("bad", bad), ("good", good))]
+    try:
+        for t in threads:
+            t.start()
+            deadline = time.monotonic() + 30
+            while len(engine.loads._parked) < threads.index(t) + 1:
+                assert time.monotonic() < deadline, "the submission did not park"
+                time.sleep(0.01)
+    finally:
+        gate.set()
+        for t in threads:
+            t.join(60)
+    assert out["bad"].status_code == 500
+    assert "injected fault" in out["bad"].json()["error"]["message"]
+    assert out["good"].status_code == 200
+    again = httpx.post(f"{lora_srv.url}/completion", json=good, timeout=60).json()
+    assert out["good"].json()["content"] == again["content"]
