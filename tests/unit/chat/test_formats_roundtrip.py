@@ -208,14 +208,18 @@ def test_dialect_grammar_enforces_the_schema(name: str, good: str, bad: str) -> 
 
 
 LAZY = ("google-gemma-4-31B-it.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
-        "deepseek-ai-DeepSeek-V4.jinja", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja")  # fmt: skip
+        "deepseek-ai-DeepSeek-V4.jinja", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
+        "inclusionai-ling-3.0-flash.jinja", "Kimi-K3.jinja", "Cohere2MoE.jinja",
+        "MiniMax-M3.jinja", "LFM2-8B-A1B.jinja", "LFM2.5-8B-A1B.jinja",
+        "LFM2.5-Instruct.jinja")  # fmt: skip
 
 
 @pytest.mark.parametrize("tokens", [True, False])
 def test_dialect_auto_grammar_accepts_llama_cpps_answers(tokens: bool) -> None:
-    """Under `auto` (Gemma 4, DeepSeek V3.2/V4) every whole answer of llama.cpp's cases with
-    tools, reasoning and text included, is accepted: the markers as special tokens, or all
-    as text (a vocabulary without them)."""
+    """Under `auto` (every dialect a word triggers) every whole answer of llama.cpp's cases
+    with tools, reasoning and text included, is accepted: the markers as special tokens, or
+    all as text (a vocabulary without them). Skipped: answers whose reasoning or values hold
+    one of the format's special tokens (grammar text never holds one)."""
     checked = 0
     for case in CASES:
         req = case["request"]
@@ -223,12 +227,16 @@ def test_dialect_auto_grammar_accepts_llama_cpps_answers(tokens: bool) -> None:
             continue
         fmt = _dialect_format(case["template"])
         named = _named_token(fmt) if tokens else (lambda m: False)
+        exp = case["expect"]
+        inner = exp["reasoning_content"] + "".join(c["arguments"] for c in exp["tool_calls"])
+        if any(t in inner for t in fmt.preserved_tokens):
+            continue
         opened = case["params"]["generation_prompt"].rstrip().endswith(fmt.reasoning_start)
         lark = dialect_grammar(fmt, req["tools"], "auto", True, opened, named)
         specials = tuple(t for t in fmt.preserved_tokens if named(t))
         assert grammar_accepts(lark, case["input"], specials) is None, case["id"]
         checked += 1
-    assert checked >= 30
+    assert checked >= 100
 
 
 def test_dialect_auto_grammar_constrains_only_the_calls() -> None:

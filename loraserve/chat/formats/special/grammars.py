@@ -120,15 +120,18 @@ def _dsml(g: Lark, tools: list[dict[str, Any]], parallel: bool, v4: bool) -> str
 def _lazy(g: Lark, fmt: ChatFormat, think: str, rest: str, lazy: bool) -> str:
     """The answer: the reasoning, then (`required`) the trigger and `rest`, the calls after
     it; or (`auto`) free text until the trigger, the calls, free text that holds no trigger.
-    Text never holds a special token, so a special trigger ends the text by itself; a text
-    trigger ends it through a lazy rule (the first trigger)."""
+    Text never holds a special token, so a trigger that starts with one ends the text by
+    itself (the dialect's other special tokens allowed in between); a trigger that starts
+    with text ends it through a lazy rule (its first occurrence)."""
     trigger = g.q(fmt.trigger)
     if not lazy:
         return f"{think} {trigger} {rest}"
-    if trigger == json.dumps(fmt.trigger):
-        tail = g.not_containing(fmt.trigger)
-        lead = g.rule(f"TEXT {trigger}", lazy=True)
-        return f"{think} ({lead} {rest} {tail} | {tail})"
+    head = g.text_head(fmt.trigger)
+    if head:  # text first: `]<]minimax[>[` before <tool_call>, or no special token at all
+        tail = g.not_containing(head)
+        lead = g.rule(f"TEXT {json.dumps(head)}", lazy=True)
+        more = g.q(fmt.trigger[len(head) :]) if len(head) < len(fmt.trigger) else ""
+        return f"{think} ({lead} {more} {rest} {tail} | {tail})"
     others = [t for t in fmt.preserved_tokens if t != fmt.trigger and g.q(t) == t]
     tail = g.rule(f"TEXT (({' | '.join(others)}) TEXT)*") if others else "TEXT"
     return f"{think} {tail} ({trigger} {rest} {tail})?"
@@ -148,8 +151,6 @@ def dialect_grammar(
     if choice == "none" or not tools:
         return None
     lazy = choice == "auto"
-    if lazy and fmt.dialect not in ("gemma_4", "deepseek_v3_2", "deepseek_v4"):
-        return None
     if choice not in ("required", "auto"):
         tools = [t for t in tools if t["function"]["name"] == choice]
         if not tools:
@@ -164,10 +165,14 @@ def dialect_grammar(
         # reasoning the prompt opened ends at </think>, or where the calls start
         think = f"({g.text_until(dsml.THINK_END)} WS)?" if thinking_open else ""
         return g.lark(_lazy(g, fmt, think, rest, lazy))
-    tagged = {"ling_3": ling3_body, "kimi_k3": kimi_k3_body, "cohere2_moe": cohere2_body,
-              "minimax_m3": minimax_m3_body, "lfm2": lfm2_body, "lfm2_plain": lfm2_body,
-              "muse_glimmer": muse_body, "functionary_v3_2": functionary_body}  # fmt: skip
-    if fmt.dialect in tagged:
-        g = Lark(special, fmt.preserved_tokens)
-        return g.lark(tagged[fmt.dialect](g, tools, parallel, thinking_open))
+    triggered = {"ling_3": ling3_body, "kimi_k3": kimi_k3_body, "cohere2_moe": cohere2_body,
+                 "minimax_m3": minimax_m3_body, "lfm2": lfm2_body}  # fmt: skip
+    whole = {"muse_glimmer": muse_body, "functionary_v3_2": functionary_body}
+    dialect = "lfm2" if fmt.dialect == "lfm2_plain" else fmt.dialect
+    g = Lark(special, fmt.preserved_tokens)
+    if dialect in triggered:
+        think, rest = triggered[dialect](g, tools, parallel, thinking_open)
+        return g.lark(_lazy(g, fmt, think, rest, lazy))
+    if dialect in whole and not lazy:
+        return g.lark(whole[dialect](g, tools, parallel, thinking_open))
     return None

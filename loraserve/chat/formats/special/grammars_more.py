@@ -1,6 +1,8 @@
 """`required` grammars of MiniMax-M3 (namespaced XML expanded by the schema), LFM2 (Python
 calls), Muse Glimmer (atem:invoke messages) and Functionary v3.2 (`NAME\\n{json}` after the
-prompt's `>>>`). Each returns the grammar's start body."""
+prompt's `>>>`). MiniMax-M3's and LFM2's return (the reasoning the answer may start with,
+the calls after their trigger); Muse's and Functionary's, whose calls no word starts, the
+whole answer."""
 
 from __future__ import annotations
 
@@ -39,7 +41,9 @@ def _mm_value(g: Lark, schema: Any, close: str) -> str:
     return f"{json_value(schema)} {g.q(close)}"
 
 
-def minimax_m3_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool) -> str:
+def minimax_m3_body(
+    g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool
+) -> tuple[str, str]:
     """MiniMax-M3: `NS<tool_call>` `NS<invoke name="NAME">` `NS<KEY>V NS</KEY>`..
     `NS</invoke>` `NS</tool_call>`, after an optional `<mm:think>` block."""
     calls = []
@@ -56,9 +60,9 @@ def minimax_m3_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open:
         calls.append(g.rule(f"{head} {args} WS {g.q(minimax_m3.INVOKE_END)}"))
     call = g.rule(" | ".join(calls))
     more = f"(WS {call})*" if parallel else ""
-    think = f"({g.q(minimax_m3.THINK)} {g.text_until(minimax_m3.THINK_END)})?"
-    body = f"{g.q(minimax_m3.START)} WS {call} {more} WS {g.q(minimax_m3.END)}"
-    return f"{think} {body}"
+    block = f"{g.q(minimax_m3.THINK)} {g.text_until(minimax_m3.THINK_END)}"
+    think = f"({block} | {g.q(minimax_m3.THINK_END)})?"  # a turn without: a bare end
+    return think, f"WS {call} {more} WS {g.q(minimax_m3.END)}"
 
 
 def _py_value(g: Lark, schema: Any) -> str:
@@ -83,7 +87,7 @@ def _py_value(g: Lark, schema: Any) -> str:
     return g.rule(" | ".join(options))
 
 
-def lfm2_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool) -> str:
+def lfm2_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool) -> tuple[str, str]:
     """LFM2: `<|tool_call_start|>[NAME(KEY=VALUE, ..), ..]<|tool_call_end|>`, Python or
     JSON literals as the parser reads them."""
     g.rules.append(f"d0: {_py_value(g, {})}")  # any value
@@ -97,7 +101,8 @@ def lfm2_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool)
         calls.append(g.rule(f'"{fn["name"]}(" {f"({args})?" if args else ""} ")"'))
     call = g.rule(" | ".join(calls))
     more = f'("," WS {call})*' if parallel else ""
-    return f'{g.q(lfm2.START)} "[" {call} {more} "]" {g.q(lfm2.END)}'
+    think = f"({g.q(lfm2.THINK)} {g.text_until(lfm2.THINK_END)})?"
+    return think, f'"[" {call} {more} "]" {g.q(lfm2.END)}'
 
 
 def muse_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool) -> str:

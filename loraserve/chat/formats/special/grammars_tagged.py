@@ -1,7 +1,7 @@
 """`required` grammars of the tagged dialects: Ling 3 (`<arg_key>`/`<arg_value>`), Kimi K3
 (`<|open|>argument key=".."<|sep|>` elements) and Cohere2 MoE (a JSON action array). Each
-returns the grammar's start body; `thinking_open`: the prompt opened the reasoning block,
-which the answer closes first."""
+returns (the reasoning the answer may start with, the calls after their trigger);
+`thinking_open`: the prompt opened the reasoning block."""
 
 from __future__ import annotations
 
@@ -23,11 +23,9 @@ def _value(g: Lark, schema: Any, end: str) -> str:
     return typed if "string" not in kinds and kinds else g.rule(f"{typed} | {text}")
 
 
-def _calls(call: str, parallel: bool) -> str:
-    return f"{call} (WS {call})*" if parallel else call
-
-
-def ling3_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_open: bool) -> str:
+def ling3_body(
+    g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_open: bool
+) -> tuple[str, str]:
     """Ling 3.0: `<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>..
     </tool_call>`; reasoning the prompt opened ends at `</think>`."""
     calls = []
@@ -41,15 +39,17 @@ def ling3_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_op
         props = (fn.get("parameters") or {}).get("properties") or {}
         one = g.rule(" | ".join(member(k, v) for k, v in props.items())) if props else ""
         args = f"(WS {one})*" if one else ""  # any order, as llama.cpp's permutation allows
-        head = f'{g.q(ling3.CALL)} "{fn["name"]}"'
-        calls.append(g.rule(f"{head} {args} WS {g.q(ling3.CALL_END)}"))
-    body = _calls(g.rule(" | ".join(calls)), parallel)
+        calls.append(g.rule(f'"{fn["name"]}" {args} WS {g.q(ling3.CALL_END)}'))
+    rest = g.rule(" | ".join(calls))
+    more = f"(WS {g.q(ling3.CALL)} {rest})*" if parallel else ""
     tail = f"({g.q(ling3.ROLE_END)})?"  # llama.cpp reads text after the calls as content
-    body = f"{body} {g.rule(f'TEXT {tail}')}"
-    return f"{g.text_until(ling3.THINK_END)} WS {body}" if thinking_open else body
+    think = f"({g.text_until(ling3.THINK_END)} WS)?" if thinking_open else ""
+    return think, f"{rest} {more} {g.rule(f'TEXT {tail}')}"
 
 
-def kimi_k3_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_open: bool) -> str:
+def kimi_k3_body(
+    g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_open: bool
+) -> tuple[str, str]:
     """Kimi K3: `<|open|>tools<|sep|>` calls `<|close|>tools<|sep|>`, each call
     `<|open|>call tool="NAME" index="N"<|sep|>` argument elements `<|close|>call<|sep|>`."""
     calls = []
@@ -67,12 +67,13 @@ def kimi_k3_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_
         calls.append(g.rule(f"{head} {g.q(kimi_k3.SEP)} {args} {g.q(kimi_k3.CALL_END)}"))
     call = g.rule(" | ".join(calls))
     end = f"{g.q(kimi_k3.TOOLS_END)} ({g.q(kimi_k3.MSG_END)})?"
-    body = f"{g.q(kimi_k3.TOOLS)} {call}{'*' if parallel else ''} {end}"
-    body = body.replace(f"{call}*", f"{call}+")
-    return f"{g.text_until(kimi_k3.THINK_END)} {body}" if thinking_open else body
+    think = f"({g.text_until(kimi_k3.THINK_END)})?" if thinking_open else ""
+    return think, f"{call}{'+' if parallel else ''} {end}"
 
 
-def cohere2_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_open: bool) -> str:
+def cohere2_body(
+    g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_open: bool
+) -> tuple[str, str]:
     """Cohere2 MoE: `<|START_ACTION|>[{"tool_call_id": "0", "tool_name": NAME,
     "parameters": {..}}, ..]<|END_ACTION|>`."""
     objects = []
@@ -88,5 +89,5 @@ def cohere2_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_
         objects.append(json_value(schema))
     one = g.rule(" | ".join(objects))
     more = f'("," SP {one})*' if parallel else ""
-    body = f'{g.q(cohere2.ACTION)} "[" SP {one} {more} SP "]" {g.q(cohere2.ACTION_END)}'
-    return f"{g.text_until(cohere2.THINK_END)} {body}" if thinking_open else body
+    think = f"({g.text_until(cohere2.THINK_END)})?" if thinking_open else ""
+    return think, f'"[" SP {one} {more} SP "]" {g.q(cohere2.ACTION_END)}'

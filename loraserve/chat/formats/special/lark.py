@@ -42,6 +42,12 @@ class Lark:
         marker = self.q(end)
         return self.rule(f"TEXT {marker}", lazy=marker.startswith('"'))
 
+    def text_head(self, marker: str) -> str:
+        """The part of `marker` before its first special token (all of it when none)."""
+        starts = [marker.find(p) for p in self.pieces if p and p in marker and named(p)
+                  and self.special(p)]  # fmt: skip
+        return marker[: min(starts)] if starts else marker
+
     def not_containing(self, marker: str) -> str:
         """A terminal of free text that never holds `marker` (a lazy grammar's text before
         its trigger)."""
