@@ -1,7 +1,7 @@
 """The grammars of the dialect formats under `tool_choice` required or a named function
 (llguidance Lark text): the call, in the dialect's own notation, right after any reasoning,
-each tool's `parameters` schema enforced on its arguments. `auto` is left unconstrained
-(the dialect parser reads the calls). Gemma 4 (its own value notation, built from the
+each tool's `parameters` schema enforced on its arguments; under `auto`, free text until
+the trigger word, then the calls so constrained. Gemma 4 (its own value notation, built from the
 schema) and DeepSeek V3.2/V4 (DSML parameters, JSON where `string="false"`)."""
 
 from __future__ import annotations
@@ -146,8 +146,9 @@ def dialect_grammar(
     special: Callable[[str], bool] = lambda s: False,
 ) -> str | None:
     """Lark text forcing a call under `choice` ("required" or a function's name) in `fmt`'s
-    dialect, or for `auto` (Gemma 4, DeepSeek V3.2/V4) constraining the calls from their
-    trigger on; None where the dialect has no grammar for the choice."""
+    dialect, or for `auto` constraining the calls from their trigger word on (every dialect
+    but Muse's and Functionary's, whose triggers are patterns); None where the dialect has
+    no grammar for the choice."""
     if choice == "none" or not tools:
         return None
     lazy = choice == "auto"
