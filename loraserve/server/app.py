@@ -196,6 +196,7 @@ def serve(cfg: ServerConfig) -> None:
         log_level="warning",
         timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S) + 2,  # after our own abort below
         access_log=False,
+        limit_concurrency=cfg.max_connections or None,  # --max-connections: past it a 503
     )
     server = _Server(config)
     state: ServerState = app.state.server

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ import pytest
 from loraserve.engine.request import Event, Request, Run
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.server.flight import Flights
-from tests.server_util import Served, serve_in_thread
+from tests.server_util import Served, serve_in_thread, start_process
 
 KEYS = ("key-a", "key-b")
 
@@ -196,3 +197,29 @@ def test_a_waiting_flight_is_woken_by_events_only() -> None:
 
     idle, after, got = asyncio.run(main())
     assert idle == 0 and after >= 1 and len(got) == 1 and got[0].done
+
+
+def test_open_connections_are_bounded() -> None:
+    """`--max-connections 3`: with three connections held open (idle), a request on a fourth
+    is answered 503 at once; once they close, requests are served again."""
+    proc, url = start_process(["--max-connections", "3", "-np", "1", "-c", "256"])
+    held: list[socket.socket] = []
+    try:
+        host, port = url.removeprefix("http://").split(":")
+        for _ in range(3):
+            held.append(socket.create_connection((host, int(port))))
+        time.sleep(0.2)  # let the server accept them
+        r = httpx.get(f"{url}/health", timeout=30)
+        assert r.status_code == 503
+        for s in held:
+            s.close()
+        held.clear()
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{url}/health", timeout=30).status_code != 200:
+            assert time.monotonic() < deadline, "connections were not released"
+            time.sleep(0.1)
+    finally:
+        for s in held:
+            s.close()
+        proc.terminate()
+        proc.wait(30)

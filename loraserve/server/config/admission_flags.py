@@ -1,5 +1,6 @@
 """Admission and tenant flags (ours, not llama-server's): `--max-queue` bounds the requests
-waiting for a slot (past it a 503 with `Retry-After`, `engine/admission.py`), and
+waiting for a slot (past it a 503 with `Retry-After`, `engine/admission.py`),
+`--max-connections` the open HTTP connections (uvicorn's `limit_concurrency`), and
 `--cache-isolation key` makes each API key a tenant of its own in the prefix cache (as a
 `cache_salt` per key: a client never reuses, nor learns of, another key's prompts)."""
 
@@ -11,6 +12,7 @@ from typing import Any
 from loraserve.server.config.arg_types import int_in
 
 DEFAULT_MAX_QUEUE = 1024  # requests waiting for a slot; 0 = unbounded
+DEFAULT_MAX_CONNECTIONS = 1024  # open HTTP connections (and requests in progress); 0 = unbounded
 ISOLATION = ("none", "key")
 
 
@@ -26,6 +28,13 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         f"with 503 and Retry-After, 0 = unbounded (default: {DEFAULT_MAX_QUEUE})",
     )
     a(
+        "--max-connections",
+        type=int_in(0),
+        metavar="N",
+        help="open HTTP connections at most (idle keep-alive ones included); past it a request "
+        f"is answered 503 at once, 0 = unbounded (default: {DEFAULT_MAX_CONNECTIONS})",
+    )
+    a(
         "--cache-isolation",
         choices=ISOLATION,
         help="key: the prefix cache is shared only between requests with the same API key "
@@ -36,4 +45,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 def config(ns: argparse.Namespace) -> dict[str, Any]:
     """The `ServerConfig` values of the admission flags."""
-    return {"max_queue": ns.max_queue, "cache_isolation": ns.cache_isolation}
+    return {
+        "max_queue": ns.max_queue,
+        "max_connections": ns.max_connections,
+        "cache_isolation": ns.cache_isolation,
+    }

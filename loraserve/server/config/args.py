@@ -63,6 +63,7 @@ class ServerConfig:
     lora_max_loaded: int | None = None
     lora_max_memory: float | None = None  # MiB of resident adapter weights
     max_queue: int = admission_flags.DEFAULT_MAX_QUEUE  # see `server/config/admission_flags.py`
+    max_connections: int = admission_flags.DEFAULT_MAX_CONNECTIONS
     cache_isolation: str = "none"
     n_parallel: int = AUTO_PARALLEL
     n_ctx: int = 0
