@@ -1,0 +1,232 @@
+"""Speed of loraserve vs llama-server on real-shape random MoE models (issue 27 item 5).
+
+`python -m bench.arch_speed [--archs qwen3moe,gpt-oss,deepseek2] [--layers 4] [--check]
+[--quick]` builds the missing models (`bench.synth_archs`: Qwen3-30B-A3B, gpt-oss-20b and
+DeepSeek-V2-Lite layer shapes, random weights, Q4_K_M), then for each model starts
+llama-server and then loraserve, one at a time, with the same flags (`-t 2 -np 1 -c 2048
+--cache-ram 0`), and measures on each:
+
+- S1 prefill tok/s: a 512-token prompt, `n_predict` 1, cache off, median of 3;
+- S2 decode tok/s: one stream, 128 tokens after a 128-token prompt, median of 2;
+- peak RSS: the server's VmHWM after the requests;
+- with `--check`: the greedy tokens of a fixed prompt on both servers and llama-server's
+  top-1/top-2 log-probability gap where they first differ (random weights give near-flat
+  logits, so an early split at a tiny gap is a near-tie, not a bug).
+
+Prompts are token ids (the models have llama.cpp's `test` vocabulary). It prints the
+loraserve / llama-server ratios against the targets (prefill >= 1.5x, decode >= 1.0x) and
+writes `bench/results/arch_speed_<ts>.json`. `--quick` proves the pipeline on smaller
+files (1 layer, 2 for deepseek2's dense + MoE pair, a 32768 vocabulary) with one prefill and
+one 64-token decode: its figures are not the bench's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.scenarios import Target, s1_prefill, s2_decode, warm_up
+from bench.servers import (
+    CpuMeter,
+    ServerKind,
+    free_port,
+    launch,
+    loraserve_kind,
+    machine,
+    machine_load,
+    peer_kind,
+    server_argv,
+)
+from bench.synth_archs import SHAPES, shape_of, synth_model
+
+TARGETS = {"prefill": 1.5, "decode": 1.0}
+QUICK_LAYERS = {"qwen3moe": 1, "gpt-oss": 1, "deepseek2": 2}
+QUICK_VOCAB = 32768
+CHECK_PROMPT = (5, 17, 99, 1000, 7, 3, 4242, 12)
+RESULTS = Path(__file__).parent / "results"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes of the run; `layers` None means each arch's quick layer count."""
+
+    archs: tuple[str, ...] = tuple(SHAPES)
+    layers: int | None = 4
+    vocab: int | None = None
+    threads: int = 2
+    n_prompt: int = 512
+    prefill_reps: int = 3
+    decode_prompt: int = 128
+    n_predict: int = 128
+    decode_reps: int = 2
+    check_tokens: int = 8
+    cap: float = 600.0
+    launch_timeout: float = 900.0
+
+
+def quick_plan(archs: tuple[str, ...]) -> Plan:
+    """The pipeline check: small files, one prefill, one 64-token decode."""
+    return Plan(archs, None, QUICK_VOCAB, prefill_reps=1, n_predict=64, decode_reps=1,
+                cap=300.0)  # fmt: skip
+
+
+def encoder(vocab: int) -> Any:
+    """Text -> ids in [0, vocab), one per word (crc32): the same prompts for both servers."""
+    return lambda text: [zlib.crc32(w.encode()) % vocab for w in text.split()]
+
+
+def greedy(url: str, n: int) -> dict[str, Any]:
+    """`n` greedy tokens after CHECK_PROMPT, with the top-2 log-probabilities of each."""
+    body = {"prompt": list(CHECK_PROMPT), "n_predict": n, "temperature": 0.0, "n_probs": 2,
+            "ignore_eos": True, "return_tokens": True, "cache_prompt": False}  # fmt: skip
+    r = httpx.post(f"{url}/completion", json=body, timeout=600)
+    r.raise_for_status()
+    data = r.json()
+    gaps = []
+    for pos in data.get("completion_probabilities", []):
+        top = [t.get("logprob", 0.0) for t in pos.get("top_logprobs", [])]
+        gaps.append(top[0] - top[1] if len(top) > 1 else None)
+    return {"tokens": data.get("tokens", []), "gaps": gaps}
+
+
+def one_server(kind: ServerKind, model: Path, plan: Plan, vocab: int) -> dict[str, Any]:
+    """Start `kind` on `model`, measure S1, S2 (and the check tokens), stop it."""
+    port = free_port()
+    argv = server_argv(kind, model, port, threads=plan.threads, parallel=1, ctx=2048,
+                       cache_ram=0)  # fmt: skip
+    out: dict[str, Any] = {"load1_before": machine_load()["load1"]}
+    try:
+        with launch(kind.name, argv, port, plan.launch_timeout) as srv:
+            out["startup_s"] = srv.startup_s
+            if plan.check_tokens:
+                out["check"] = greedy(srv.url, plan.check_tokens)
+            t = Target(srv.url, 0, encoder(vocab), (), time.monotonic() + plan.cap)
+            warm_up(t)
+            meter = CpuMeter(srv.proc.pid)
+            pre = s1_prefill(t, plan.n_prompt, plan.prefill_reps, cap=plan.cap / 2)
+            dec = s2_decode(t, plan.decode_prompt, plan.n_predict, plan.decode_reps,
+                            cap=plan.cap / 2)  # fmt: skip
+            out["other_cores"] = meter.other_cores()
+            out.update(prefill_tok_s=pre["prefill_tok_s"], decode_tok_s=dec["decode_tok_s"],
+                       prefill=pre, decode=dec, peak_rss_mib=srv.peak_rss_mib())  # fmt: skip
+    except Exception as e:  # recorded; the other server and models still run
+        out["error"] = f"{type(e).__name__}: {e}"
+    out["load1_after"] = machine_load()["load1"]
+    return out
+
+
+def compare(peer: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
+    """The ratios loraserve / llama-server and the check tokens' agreement."""
+    out: dict[str, Any] = {}
+    for key in ("prefill", "decode"):
+        a, b = ours.get(f"{key}_tok_s"), peer.get(f"{key}_tok_s")
+        out[f"{key}_ratio"] = a / b if a and b else None
+        out[f"{key}_meets_target"] = bool(a and b and a / b >= TARGETS[key])
+    p, o = peer.get("check"), ours.get("check")
+    if p and o:
+        same = 0
+        while same < min(len(p["tokens"]), len(o["tokens"])):
+            if p["tokens"][same] != o["tokens"][same]:
+                break
+            same += 1
+        gap = p["gaps"][same] if same < len(p["gaps"]) else None
+        out["check"] = {"equal_prefix": same, "of": len(p["tokens"]), "peer_gap_at_split": gap}
+    return out
+
+
+def run(plan: Plan, kinds: list[ServerKind]) -> dict[str, Any]:
+    """Every model of `plan` on every server, servers one after the other."""
+    res: dict[str, Any] = {
+        "meta": {"timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "plan": asdict(plan),
+                 "machine": machine(), "load_before": machine_load(), "targets": TARGETS},
+        "models": {},
+    }  # fmt: skip
+    t0 = time.monotonic()
+    for arch in plan.archs:
+        layers = plan.layers or QUICK_LAYERS[arch]
+        shape = shape_of(arch, layers, plan.vocab)
+        path = synth_model(arch, layers, plan.vocab)
+        entry: dict[str, Any] = {"shape": shape.label, "layers": layers, "vocab": shape.vocab,
+                                 "file": path.name,
+                                 "file_mib": path.stat().st_size / 2**20}  # fmt: skip
+        for kind in kinds:
+            print(f"arch_speed: {arch} ({layers} layers) on {kind.name}", file=sys.stderr)
+            entry[kind.name] = one_server(kind, path, plan, shape.vocab)
+        if len(kinds) == 2:
+            entry["compare"] = compare(entry[kinds[0].name], entry[kinds[1].name])
+        res["models"][arch] = entry
+    res["meta"]["load_after"] = machine_load()
+    res["meta"]["wall_s"] = time.monotonic() - t0
+    return res
+
+
+def _f(v: Any, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def table(res: dict[str, Any]) -> str:
+    """A Markdown table of one run."""
+    rows = ["| model | layers | server | prefill tok/s | decode tok/s | peak RSS MiB | start s |",
+            "|---|---|---|---|---|---|---|"]  # fmt: skip
+    notes = []
+    for arch, e in res["models"].items():
+        for name in ("llama-server", "loraserve"):
+            s = e.get(name, {})
+            rows.append(f"| {arch} ({e['shape']}) | {e['layers']} | {name} | "
+                        f"{_f(s.get('prefill_tok_s'))} | {_f(s.get('decode_tok_s'), '.2f')} | "
+                        f"{_f(s.get('peak_rss_mib'), '.0f')} | "
+                        f"{_f(s.get('startup_s'))} |")  # fmt: skip
+            if "error" in s:
+                notes.append(f"{arch} {name}: {s['error'][:300]}")
+        c = e.get("compare", {})
+        chk = c.get("check")
+        rows.append(f"| {arch} | | ratio | {_f(c.get('prefill_ratio'), '.2f')}x "
+                    f"(target {TARGETS['prefill']}x) | {_f(c.get('decode_ratio'), '.2f')}x "
+                    f"(target {TARGETS['decode']}x) | | |")  # fmt: skip
+        if chk:
+            notes.append(f"{arch} check: greedy equal on {chk['equal_prefix']}/{chk['of']} tokens"
+                         f" (llama-server's top-2 gap at the split: "
+                         f"{_f(chk['peer_gap_at_split'], '.3f')})")  # fmt: skip
+    return "\n".join(rows + [""] + notes)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m bench.arch_speed [--archs A,B] [--layers N] [--check] [--quick]`."""
+    from bench.peer import find_peer
+
+    ap = argparse.ArgumentParser(prog="python -m bench.arch_speed", description=__doc__)
+    ap.add_argument("--archs", default=",".join(SHAPES))
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--check", action="store_true", help="compare greedy tokens too")
+    ap.add_argument("--quick", action="store_true", help="pipeline check, not a measurement")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    archs = tuple(a.strip() for a in args.archs.split(",") if a.strip())
+    if unknown := set(archs) - set(SHAPES):
+        ap.error(f"unknown arch(s) {sorted(unknown)}; known: {', '.join(SHAPES)}")
+    plan = quick_plan(archs) if args.quick else Plan(archs, args.layers)
+    plan = Plan(**{**asdict(plan), "archs": archs, "threads": args.threads,
+                   "check_tokens": 8 if args.check else 0})  # fmt: skip
+    peer = find_peer()
+    if peer is None:
+        sys.exit("arch_speed: no llama-server (python -m bench.peer --build)")
+    res = run(plan, [peer_kind(peer), loraserve_kind()])
+    res["meta"]["quick"] = args.quick
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"arch_speed_{time.strftime('%Y-%m-%d_%H%M%S')}.json"
+    path.write_text(json.dumps(res, indent=1))
+    print(table(res))
+    print(f"\nresults: {path}")
+
+
+if __name__ == "__main__":
+    main()
