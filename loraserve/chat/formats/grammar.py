@@ -73,11 +73,13 @@ class _Builder:
         core = marker.strip()
         if not core:
             return json.dumps(marker) if marker else ""
-        if not self.special(core):
+        # llguidance names a special token by its text when that is `<..>`; others: text
+        named = core.startswith("<") and core.endswith(">") and ">" not in core[1:-1]
+        if not (named and self.special(core)):
             return json.dumps(marker)
         lead = marker[: marker.find(core)]
         trail = marker[marker.find(core) + len(core) :]
-        return " ".join(x for x in (json.dumps(lead) if lead else "", f"<{core}>",
+        return " ".join(x for x in (json.dumps(lead) if lead else "", core,
                                     json.dumps(trail) if trail else "") if x)  # fmt: skip
 
     def rule(self, body: str, lazy: bool = False) -> str:
@@ -235,8 +237,9 @@ def tool_grammar(
         trig = trigger.strip()
         avoid = [trig] + ([r_start] if r_start and not b.special(r_start) else [])
         tail = "TAIL"
-        if b.special(trig):
-            tag = f"{tail} <{trig}> {b.q(trigger[trigger.find(trig) + len(trig) :])} {body_calls}"
+        if b.q(trig) != json.dumps(trig):  # the trigger is a special token
+            rest = b.q(trigger[trigger.find(trig) + len(trig) :])
+            tag = f"{tail} {b.q(trig)} {rest} {body_calls}"
         else:
             lead = b.rule(f"LEAD {json.dumps(trigger)}", lazy=True)
             tag = f"{lead} {body_calls}"
@@ -259,21 +262,26 @@ def _harmony(
     thinking_open: bool,
     special: Callable[[str], bool],
 ) -> str | None:
-    """gpt-oss under `required` / a named function: the call as its template writes one
-    (` to=functions.NAME<|channel|>commentary json<|message|>ARGS`, one call per message)
-    right after the generation prompt's `<|start|>assistant`, or after the analysis message
-    the prompt opened. `auto` is not constrained (llama-server's lazy grammar starts at
-    pattern triggers spread over special tokens; the parser reads the calls)."""
+    """gpt-oss under `required` / a named function: one call (one per message) right after
+    the generation prompt's `<|start|>assistant`, or after the analysis message the prompt
+    opened, in the forms llama.cpp's gpt-oss parser reads: the recipient in the role header
+    (` to=functions.NAME<|channel|>commentary json<|message|>ARGS`, as the template writes
+    it) or in the channel's (`<|channel|>commentary to=functions.NAME<|message|>ARGS`), the
+    commentary or analysis channel, an optional ` [<|constrain|>]json`. `auto` is not
+    constrained (llama-server's lazy grammar starts at pattern triggers spread over special
+    tokens; the parser reads the calls)."""
     if choice == "auto":
         return None
     b = _Builder(fmt, special)
+    channel = b.rule(f'{b.q("<|channel|>")} ("commentary" | "analysis")')
+    constrain = f'(" " ({b.q("<|constrain|>")})? "json")?'
     calls = []
     for t in tools:
         fn = t["function"]
         params = _closed(fn.get("parameters") or {"type": "object"})
-        head = json.dumps(" to=functions." + fn["name"])
-        channel = f'{b.q("<|channel|>")} "commentary json" {b.q("<|message|>")}'
-        calls.append(b.rule(f"{head} {channel} {_json(params)}"))
+        to = json.dumps(" to=functions." + fn["name"])
+        heads = f"({to} {channel} | {channel} {to})"
+        calls.append(b.rule(f"{heads} {constrain} {b.q('<|message|>')} {_json(params)}"))
     call = b.rule(" | ".join(calls))
     lines = ["%llguidance {}"]
     if thinking_open:

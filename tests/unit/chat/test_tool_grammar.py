@@ -1,0 +1,71 @@
+"""Tool-call grammars against llama.cpp's parse cases. gpt-oss's forced-call grammar (`tool_choice` required / named) against llama.cpp's own
+gpt-oss call cases (tests/data/chat/parse_cases.json): each whole call that follows the
+generation prompt directly is accepted from its start (the recipient in the role header or
+the channel's, commentary or analysis, with or without `<|constrain|>json`); llama.cpp
+parses the same text to the same call; a call of another function than the named one, or
+arguments outside the schema, is refused. Markers that are special tokens are token
+references (Qwen's `<tool_call>`), under `auto` and `required`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from loraserve.chat.formats.grammar import tool_grammar
+from loraserve.chat.formats.parse import ChatParser
+from tests.unit.chat.format_util import grammar_accepts
+from tests.unit.chat.test_formats_parse_oracle import CASES, _format
+
+HARMONY = "openai-gpt-oss-120b.jinja"
+SPECIALS = ("<|channel|>", "<|constrain|>", "<|message|>", "<|start|>", "<|end|>")
+CALLS = [
+    c for c in CASES
+    if c["template"] == HARMONY and c["expect"]["tool_calls"] and not c["is_partial"]
+    and not c["input"].startswith("<|channel|>analysis<|message|>")  # reasoning first
+]  # fmt: skip
+
+
+def _special(marker: str) -> bool:
+    return marker in SPECIALS
+
+
+@pytest.mark.parametrize("case", CALLS, ids=[str(c["id"]) for c in CALLS])
+def test_accepts_llama_cpps_calls(case: dict) -> None:
+    fmt, tools = _format(HARMONY), case["request"]["tools"]
+    (want,) = case["expect"]["tool_calls"]
+    for choice in ("required", want["name"]):
+        lark = tool_grammar(fmt, tools, choice, special=_special)
+        assert lark is not None
+        assert grammar_accepts(lark, case["input"], SPECIALS) is None, lark
+    (call,) = ChatParser(fmt, tools).parse(case["input"], partial=False).tool_calls
+    assert (call.name, json.loads(call.arguments)) == (want["name"], json.loads(want["arguments"]))
+
+
+def test_refuses_other_functions_and_bad_arguments() -> None:
+    case = CALLS[0]
+    fmt, tools = _format(HARMONY), case["request"]["tools"]
+    other = [*tools, {"type": "function", "function": {"name": "other", "parameters": {}}}]
+    lark = tool_grammar(fmt, other, "other", special=_special)
+    assert lark is not None and grammar_accepts(lark, case["input"], SPECIALS) is not None
+    lark = tool_grammar(fmt, tools, "required", special=_special)
+    bad = case["input"].replace('{"arg1": 1}', '{"arg1": "x"}')
+    assert bad != case["input"] and grammar_accepts(lark, bad, SPECIALS) is not None
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_special_markers_are_token_references(choice: str) -> None:
+    """Qwen3's `<tool_call>` markers as single special tokens (llguidance names a `<..>`
+    token by its text): llama.cpp's Qwen3 call case is accepted from its trigger on, and
+    under auto with free text before it; the markers spelled as text are refused."""
+    name = "Qwen-Qwen2.5-7B-Instruct.jinja"
+    case = next(c for c in CASES if c["template"] == name and c["expect"]["tool_calls"]
+                and not c["is_partial"] and len(c["expect"]["tool_calls"]) == 1)  # fmt: skip
+    fmt, tools = _format(name), case["request"]["tools"]
+    specials = ("<tool_call>", "</tool_call>")
+    lark = tool_grammar(fmt, tools, choice, special=lambda m: m in specials)
+    assert lark is not None and "<tool_call>" in lark and '"<tool_call>' not in lark
+    text = case["input"][case["input"].index("<tool_call>") :]
+    text = ("Sure. " if choice == "auto" else "") + text
+    assert grammar_accepts(lark, text, specials) is None, (text, lark)
+    assert grammar_accepts(lark, text) is not None  # the markers as text
