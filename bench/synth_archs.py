@@ -29,7 +29,7 @@ import numpy as np
 
 from bench.synth import SCALE, quantize, synth_dir
 
-FORMAT = 1  # bump when the generator changes, so cached files are rebuilt
+FORMAT = 2  # bump when the generator changes, so cached files are rebuilt
 POOL = 1 << 24  # random F16 values every matrix is cut from (fast on a loaded machine)
 
 
@@ -195,7 +195,8 @@ def write_f16(path: Path, s: ArchShape, seed: int = 27) -> Path:
     w.add_key_value("tokenizer.ggml.token_type", [1] * s.vocab, gguf.GGUFValueType.ARRAY,
                     gguf.GGUFValueType.INT32)  # fmt: skip
     for name, shp in specs:
-        dtype = np.dtype(np.float32 if len(shp) == 1 or name.endswith(".bias") else np.float16)
+        f32 = len(shp) == 1 or name.endswith(".bias") or "ffn_gate_inp" in name  # as convert
+        dtype = np.dtype(np.float32 if f32 else np.float16)
         w.add_tensor_info(name, shp, dtype, int(np.prod(shp)) * dtype.itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -203,8 +204,10 @@ def write_f16(path: Path, s: ArchShape, seed: int = 27) -> Path:
     pool, rng = _pool(seed), np.random.default_rng(seed + 1)
     for name, shp in specs:
         arr = _tensor(pool, rng, shp)
-        if name.endswith(".bias"):  # biases and sinks near 0, not 1
+        if name.endswith(".bias"):  # biases near 0, not 1
             arr = (arr.astype(np.float32) - (1.0 if arr.ndim == 1 else 0.0)).astype(np.float32)
+        elif "ffn_gate_inp" in name:  # the router, F32 as convert_hf_to_gguf writes it
+            arr = arr.astype(np.float32)
         w.write_tensor_data(arr)
     w.close()
     return path
