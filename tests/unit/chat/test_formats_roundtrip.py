@@ -249,3 +249,19 @@ def test_dialect_auto_grammar_constrains_only_the_calls() -> None:
     assert grammar_accepts(lark, "Any text { at all: 3 }", specials) is None
     assert grammar_accepts(lark, "Let me see." + call + " Done.", specials) is None
     assert grammar_accepts(lark, call.replace("n:3", "n:x"), specials) is not None
+
+
+def test_gemma_grammar_binds_each_key_once() -> None:
+    """Gemma 4's arguments: keys in the sorted order its template writes, each once, the
+    required ones present (a tiny model otherwise repeats a key for ever)."""
+    fmt = _dialect_format("google-gemma-4-31B-it.jinja")
+    named = _named_token(fmt)
+    specials = tuple(t for t in fmt.preserved_tokens if named(t))
+    lark = dialect_grammar(fmt, [TOOL], "required", special=named)
+    call = "<|tool_call>call:get_time{{{}}}<tool_call|>".format
+    assert grammar_accepts(lark, call('city:<|"|>Oslo<|"|>,n:3'), specials) is None
+    assert grammar_accepts(lark, call('city:<|"|>Oslo<|"|>,city:<|"|>Oslo<|"|>,n:3'),
+                           specials) is not None  # fmt: skip
+    assert grammar_accepts(lark, call('city:<|"|>Oslo<|"|>'), specials) is not None
+    assert grammar_accepts(lark, call('n:3,city:<|"|>Oslo<|"|>'), specials) is not None
+    assert grammar_accepts(lark, call('city:<|"|>Oslo<|"|>,n:' + "1" * 40), specials)

@@ -37,7 +37,7 @@ def _gemma_value(g: Lark, schema: Any) -> str:
     if "string" in kinds:
         options.append(f"{quote} {g.text_until(gemma4.QUOTE)}")
     if "integer" in kinds:
-        options.append("/-?(0|[1-9][0-9]*)/")
+        options.append("/-?(0|[1-9][0-9]{0,15})/")
     if "number" in kinds:
         options.append(NUMBER)
     if "boolean" in kinds:
@@ -70,15 +70,22 @@ def _gemma_any(g: Lark) -> str:
 
 
 def _gemma_object(g: Lark, schema: dict[str, Any]) -> str:
-    def member(key: str, sub: Any) -> str:
-        return g.rule(f'"{key}:" {_gemma_value(g, sub)}')
-
+    """An object with properties: its keys in sorted order (Gemma's template writes them
+    through `dictsort`), each at most once, the required ones always."""
     props = schema.get("properties")
     if not props:
         return _gemma_any(g)
-    # any order (Gemma's template sorts the keys; llama.cpp's own rule takes any dict)
-    one = g.rule(" | ".join(member(k, v) for k, v in props.items()))
-    return g.rule(f'"{{" ({one} ("," {one})*)? "}}"')
+    required = set(schema.get("required") or [])
+    first, after = "", ""  # the members from key i on: first of all / after another one
+    for key in sorted(props, reverse=True):
+        member = g.rule(f'"{key}:" {_gemma_value(g, props[key])}')
+        if key in required:
+            first, after = g.rule(f"{member} {after}"), g.rule(f'"," {member} {after}')
+        else:
+            alt = f"{member} {after}" + (f" | {first}" if first else "")
+            first = g.rule(alt)
+            after = g.rule(f'("," {member})? {after}') if after else f'("," {member})?'
+    return g.rule(f'"{{" {first}{"" if required else "?"} "}}"')
 
 
 def _gemma4(g: Lark, tools: list[dict[str, Any]], parallel: bool) -> tuple[str, str]:

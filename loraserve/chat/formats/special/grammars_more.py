@@ -72,7 +72,7 @@ def _py_value(g: Lark, schema: Any) -> str:
     if "string" in kinds:
         options.append(r'/"([^"\\\n]|\\.)*"/ | /' + r"'([^'\\\n]|\\.)*'/")
     if "integer" in kinds:
-        options.append("/-?(0|[1-9][0-9]*)/")
+        options.append("/-?(0|[1-9][0-9]{0,15})/")
     if "number" in kinds:
         options.append(NUMBER)
     if "boolean" in kinds:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 STYLE = {"whitespace_flexible": True, "whitespace_pattern": "[ ]?"}  # bounded: one space
-NUMBER = r"/-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?/"
+NUMBER = r"/-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][-+]?[0-9]{1,3})?/"  # bounded digits
 
 
 class Lark:
