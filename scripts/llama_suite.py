@@ -93,8 +93,9 @@ sys.exit(rc if rc >= 0 else 128 - rc)
 '''
 
 
-def prepare(work: Path, model: Path) -> Path:
-    """The suite's copy under ``work/llama.cpp`` (tree layout kept); its tests folder."""
+def prepare(work: Path, model: Path, start_s: int = 0) -> Path:
+    """The suite's copy under ``work/llama.cpp`` (tree layout kept); its tests folder.
+    `start_s`: the seconds a server may take to start (0: the suite's own 60)."""
     src = cache_dir() / SDIST / "vendor" / "llama.cpp"
     if not (src / "tools/server/tests").is_dir():
         sys.exit(f"no llama.cpp tree at {src}: run `python -m bench.peer` first")
@@ -107,6 +108,12 @@ def prepare(work: Path, model: Path) -> Path:
     for image in (src / "tools/mtmd").glob("*.jpeg"):
         shutil.copy(image, tree / "tools/mtmd" / image.name)
     tests = tree / "tools/server/tests"
+    if start_s:  # a loaded machine: more time for a server to start (the suite's default: 60)
+        utils = tests / "utils.py"
+        text = utils.read_text()
+        utils.write_text(
+            text.replace("DEFAULT_HTTP_TIMEOUT = 60", f"DEFAULT_HTTP_TIMEOUT = {start_s}")
+        )
     (tests / "wget.py").write_text(
         "def download(url, out=None):\n"
         "    raise RuntimeError(f'the suite run is offline: no download of {url}')\n"
@@ -255,6 +262,7 @@ def main() -> None:
     ap.add_argument("-k", help="pytest -k expression")
     ap.add_argument("--slow", action="store_true", help="include the tests marked slow")
     ap.add_argument("--hang-s", type=float, default=120.0)
+    ap.add_argument("--start-s", type=int, default=0, help="server start timeout (default 60)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from WORK")
     args = ap.parse_args()
     from loraserve.model.default import resolve_model_path
@@ -264,7 +272,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     targets = [t for t in args.targets.split(",") if t]
     if not args.report_only:
-        tests = prepare(work, model)
+        tests = prepare(work, model, args.start_s)
         for target in targets:  # one after the other: one server at a time
             run_target(target, tests, work, model, args)
     report(work, targets, args.hang_s)
