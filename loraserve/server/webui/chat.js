@@ -2,6 +2,7 @@
 // conversations (and each one's adapter mix) kept in localStorage.
 
 import { sse } from "./api.js";
+import { apiMessage, MAX_STEPS, runToolCall, toolDefinitions } from "./agent.js";
 import { conversationMix, currentMix, requestLora, setConversationMix } from "./adapters.js";
 import { renderInfo, renderMarkdown } from "./render.js";
 import { samplingParams } from "./settings.js";
@@ -25,7 +26,7 @@ function messageItem(m, i) {
   li.className = `msg ${m.role}`;
   const role = document.createElement("div");
   role.className = "role";
-  role.textContent = m.role === "user" ? "you" : "model";
+  role.textContent = m.role === "user" ? "you" : m.role === "tool" ? `tool ${m.name}` : "model";
   const content = document.createElement("div");
   content.className = "content";
   renderMarkdown(content, m.content);
@@ -107,10 +108,12 @@ function busy(on) {
   $("chat-stop").disabled = !on;
 }
 
-/** Stream the assistant's answer to the open conversation's messages. */
-async function generate() {
+/** Stream the assistant's answer to the open conversation's messages; with the server's
+ * tools, run the calls it makes and answer again (`step`: the round of the agent loop). */
+async function generate(step = 0) {
   const c = store.current();
-  const history = c.messages.map(({ role, content }) => ({ role, content }));
+  const history = c.messages.map(apiMessage);
+  const tools = await toolDefinitions();
   const m = { role: "assistant", content: "", info: null };
   c.messages.push(m);
   renderMessages();
@@ -121,6 +124,7 @@ async function generate() {
   const body = { messages: history, stream: true, stream_options: { include_usage: true }, ...samplingParams() };
   const lora = requestLora();
   if (lora) body.lora = lora;
+  if (tools.length) body.tools = tools;
   const info = { mix: currentMix(), measured: true };
   controller = new AbortController();
   busy(true);
@@ -142,6 +146,7 @@ async function generate() {
         for (const t of d.tool_calls ?? []) {
           m.tool_calls ??= [];
           const call = (m.tool_calls[t.index] ??= { name: "", arguments: "" });
+          if (t.id) call.id = t.id;
           if (t.function?.name) call.name = t.function.name;
           call.arguments += t.function?.arguments ?? "";
         }
@@ -173,6 +178,17 @@ async function generate() {
   m.info = info;
   renderInfo(infoEl, info);
   store.save();
+  if (tools.length && m.tool_calls?.length && step < MAX_STEPS && !info.stop?.startsWith("error")
+      && info.stop !== "stopped") {
+    for (const [i, call] of m.tool_calls.entries()) {
+      call.id ??= `call_${i}`;
+      const content = await runToolCall(call);
+      c.messages.push({ role: "tool", name: call.name, tool_call_id: call.id, content, info: null });
+      renderMessages();
+    }
+    store.save();
+    await generate(step + 1);
+  }
 }
 
 async function send(ev) {
