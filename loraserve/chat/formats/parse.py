@@ -188,8 +188,11 @@ class ChatParser:
                 e = text.find(fmt.content_end.strip())
                 if e >= 0:
                     text = text[:e]
+            elif partial and not tail:  # what precedes a content marker still to come is none
+                text = ""
         if partial and not tail:
             markers = list(self.triggers) if self.tools and self.trigger else []
+            markers += [fmt.content_end.strip()] if fmt.content_end.strip() else []
             if self.extract and self.r_start and not msg.reasoning_content and not text.strip():
                 markers.append(self.r_start)
             text = text[: len(text) - held(text, markers)].rstrip()
