@@ -154,6 +154,10 @@ static inline __attribute__((always_inline)) void kdot(
                 const uint8_t *blk = row + 210 * b;
                 sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
                 d = half_to_float(blk + 208);
+            } else if (type == T_IQ4_XS) {  // in place: its scales from the block
+                int16_t t16[16];
+                d = nl_k_scales(T_IQ4_XS, row + 136 * b, t16);
+                sc16 = _mm256_loadu_si256((const __m256i *)t16);
             } else {
                 sc16 = _mm256_loadu_si256((const __m256i *)(p->sc + 16 * b));
                 d = p->d[b];
@@ -278,4 +282,5 @@ KDOT_FNS(T_BUF, kdot_buf)
 KDOT_FNS(T_Q4_K, kdot_q4_k)
 KDOT_FNS(T_Q6_K, kdot_q6_k)
 KDOT_FNS(T_BUF6, kdot_q6b)
+KDOT_FNS(T_IQ4_XS, kdot_iq4xs)
 #endif

@@ -40,6 +40,12 @@ static inline __attribute__((always_inline)) __m256i chunk_values(int type, cons
         const __m128i kv = _mm_loadu_si128((const __m128i *)KV_IQ4NL);
         return _mm256_shuffle_epi8(_mm256_set_m128i(kv, kv), v);
     }
+    case T_IQ4_XS: {  // chunk c: sub-block c % 8 of super-block c / 8, through the table
+        __m128i t = _mm_loadu_si128((const __m128i *)(r + 136 * (c / 8) + 8 + 16 * (c % 8)));
+        __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), lo4);
+        const __m128i kv = _mm_loadu_si128((const __m128i *)KV_IQ4NL);
+        return _mm256_shuffle_epi8(_mm256_set_m128i(kv, kv), v);
+    }
     case T_Q5_0: {
         const uint8_t *b = r + 22 * c;
         __m128i t = _mm_loadu_si128((const __m128i *)(b + 6));

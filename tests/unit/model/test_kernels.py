@@ -227,7 +227,7 @@ def test_unsupported_type_is_refused_naming_tensor_and_type() -> None:
         Matrix.from_raw("blk.0.ffn_up.weight", torch.zeros(144, dtype=torch.uint8), 40, (1, 256))
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
 def test_in_place_decoding_equals_the_unpacked_rows_bitwise(name: str, monkeypatch) -> None:
     """The SIMD decoders that read the common types straight from their blocks give bitwise
     the numbers of the scalar unpackers (which the reference test checks against gguf-py)."""
