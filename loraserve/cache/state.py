@@ -50,12 +50,15 @@ class SeqStep:
     cuts: list[tuple[int, int]]
     out: States = field(default_factory=dict)
     snaps: dict[int, States] = field(default_factory=dict)
+    every: bool = False
+    rows: dict[int, list[torch.Tensor]] = field(default_factory=dict)
 
 
 @dataclass
 class _Live:
     seq: int  # the request id running in the slot
-    at: dict[int, States]  # position -> states there (the last two positions)
+    at: dict[int, States]  # position -> states there (the last step's start and end, and
+    # with a draft every position in between)
 
 
 class StateStore:
@@ -115,6 +118,8 @@ class StateStore:
         if live is None or live.seq != seq:
             live = self.live[slot] = _Live(seq, {})
         live.at = {start: step.state, start + step.hi - step.lo: step.out}
+        for r in range(step.hi - step.lo if step.every else 0):
+            live.at[start + r + 1] = {i: rows[r] for i, rows in step.rows.items()}
 
     def forget(self, slot: int) -> None:
         """Drop the live states of ``slot``'s sequence."""

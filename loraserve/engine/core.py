@@ -103,11 +103,6 @@ class EngineCore:
         # recurrent layers: each block may carry the state snapshot that follows it
         states = StateStore(state_shapes(cfg), bs) if cfg.recurrent else None
         if states is not None:
-            if config.spec.enabled:
-                raise ValueError(
-                    f"speculative decoding cannot roll back the recurrent state of {cfg.arch} "
-                    "layers yet: start without a draft model or --spec-type"
-                )
             block_bytes += states.snapshot_bytes
         held = config.n_slots * (per_slot + 1)
         if config.cache_ram_mib < 0:

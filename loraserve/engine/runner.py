@@ -148,9 +148,9 @@ class ModelRunner:
         if self.states is not None:  # each sequence's exact state (or StateMissing)
             ctx.states, r = [], 0
             for it in items:
-                ctx.states.append(
-                    self.states.prepare(it.slot, it.seq, it.start, it.n, it.blocks, r)
-                )
+                step = self.states.prepare(it.slot, it.seq, it.start, it.n, it.blocks, r)
+                step.every = it.n_logits > 1 and it.slot >= 0  # a draft: rows kept (rollback)
+                ctx.states.append(step)
                 r += it.n
         return torch.tensor(ids, dtype=torch.long), positions, ctx
 

@@ -67,6 +67,10 @@ class DraftModel:
     """Greedy drafts from ``model`` for the slots of one engine (`Speculator`'s `DraftFn`)."""
 
     def __init__(self, model: LoadedModel, n_slots: int, n_ctx_slot: int, p_min: float) -> None:
+        if model.config.recurrent:  # its KV is reused from any common prefix: no state there
+            raise ValueError(
+                f"a draft model with recurrent layers ({model.config.arch}) is not supported"
+            )
         self.model = model
         self.p_min = p_min
         self.per_slot = (n_ctx_slot + BLOCK - 1) // BLOCK + 1

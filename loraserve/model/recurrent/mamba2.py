@@ -83,9 +83,12 @@ class Mamba2(nn.Module):
                 c = xbc[row, di + g * n :].view(g, 1, n).repeat_interleave(h // g, 0)
                 s = s * da.view(h, 1, 1) + b * (x * dt.view(h, 1)).unsqueeze(-1)
                 y[row] = (s * c).sum(-1)  # [H, P]
-                if r in cuts:
+                if r in cuts or seq.every:
                     snap = torch.cat((xpad[r + 1 : r + k].reshape(-1), s.reshape(-1)))
-                    seq.snaps.setdefault(cuts[r], {})[self.i] = snap
+                    if r in cuts:
+                        seq.snaps.setdefault(cuts[r], {})[self.i] = snap
+                    if seq.every:  # a draft's rows: the state after each (rollback)
+                        seq.rows.setdefault(self.i, []).append(snap)
             seq.out[self.i] = torch.cat((xpad[hi - lo :].reshape(-1), s.reshape(-1)))
         x = xbc[:, :di].view(t, h, -1)
         zc = torch.empty(t, di).copy_(z)  # rows of di: the C kernel's layout even at T = 1

@@ -56,6 +56,8 @@ class ShortConv(nn.Module):
             seq.out[self.i] = xpad[n:].clone()  # the last L-1 rows
             for r, block in seq.cuts:  # state after row lo + r: rows r+1 .. r+L-1 of xpad
                 seq.snaps.setdefault(block, {})[self.i] = xpad[r + 1 : r + k].clone()
+            if seq.every:  # a draft's rows: the state after each (rollback)
+                seq.rows[self.i] = [xpad[r + 1 : r + k].clone() for r in range(n)]
         return self.out_proj(c * conv)
 
 

@@ -17,7 +17,8 @@ its spec):
   answer, bit for bit;
 - an adapter on the recurrent layers' in/out projections equals it merged into the weights;
 - a slot saved to a file and restored elsewhere resumes from the saved states, bit-identical;
-- speculative decoding, which cannot roll the state back yet, is refused.
+- n-gram speculation rolls the state back to the last accepted draft row: answers equal those
+  without speculation.
 """
 
 from __future__ import annotations
@@ -214,11 +215,22 @@ def test_restored_slot_resumes_exact_state(tmp: Path, arch: str, variant: str) -
         slot_io.install(second.core.scheduler, second.core.runner, 0, bad)
 
 
-@pytest.mark.parametrize("arch,variant", VARIANTS[:1], ids=map(_id, VARIANTS[:1]))
-def test_speculation_refused(tmp: Path, arch: str, variant: str) -> None:
-    """Speculative decoding cannot roll the recurrent state back yet: refused at start."""
-    with pytest.raises(ValueError, match="recurrent state"):
-        Engine(model(tmp, arch, variant), EngineConfig(spec=SpecConfig(types=("ngram-simple",))))
+@pytest.mark.parametrize("arch,variant", VARIANTS, ids=map(_id, VARIANTS))
+def test_speculation_rolls_state_back(tmp: Path, arch: str, variant: str) -> None:
+    """n-gram speculation: rejected draft rows are rolled back to the state after the last
+    accepted one, so the answers equal those without speculation, bit for bit."""
+    m = model(tmp, arch, variant)
+    prompts = [[5, 6, 7, 8, 9] * 5, [3, 1, 4, 1, 5, 9, 2, 6] * 3]
+    spec = SpecConfig(types=("ngram-simple",), ngram_simple_size_n=1, ngram_simple_size_m=3)
+    on = Engine(m, EngineConfig(n_slots=2, n_ctx=256, block_size=4, spec=spec))
+    off = Engine(m, EngineConfig(n_slots=2, n_ctx=256, block_size=4))
+    evs = run_and_drain(on, [ask(p, 12, sampling=PROBS) for p in prompts])
+    want = answers(off, [ask(p, 12, sampling=PROBS) for p in prompts])
+    got = [[(e.token, e.probs) for e in ev if e.token is not None] for ev in evs]
+    assert got == [list(zip(w[0], w[1], strict=True)) for w in want]
+    drafted = sum(ev[-1].timings.draft_n for ev in evs)
+    accepted = sum(ev[-1].timings.draft_n_accepted for ev in evs)
+    assert drafted > accepted, "no draft row rejected: the rollback was not exercised"
 
 
 STEMS = [[5, 9, 14, 2, 77, 31, 8, 8, 100, 64, 3], [5, 9, 14, 2, 77, 6], [40] * 9]
