@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from loraserve.chat.formats.description import ChatFormat
-from loraserve.chat.formats.special import dsml, gemma4
+from loraserve.chat.formats.special import dsml, gemma4, minimax_m3
 from loraserve.chat.formats.special.grammars_more import (
     functionary_body,
     lfm2_body,
@@ -23,7 +23,14 @@ from loraserve.chat.formats.special.grammars_tagged import (
     kimi_k3_body,
     ling3_body,
 )
-from loraserve.chat.formats.special.lark import NUMBER, Lark, closed, json_value, members
+from loraserve.chat.formats.special.lark import (
+    NUMBER,
+    Lark,
+    closed,
+    integer,
+    json_value,
+    members,
+)
 from loraserve.chat.formats.special.text import may_be_string, types_of
 
 
@@ -35,9 +42,9 @@ def _gemma_value(g: Lark, schema: Any) -> str:
     kinds = types_of(schema)
     options = []
     if "string" in kinds:
-        options.append(f"{quote} {g.text_until(gemma4.QUOTE)}")
+        options.append(f"{quote} {g.string_until(schema, gemma4.QUOTE)}")
     if "integer" in kinds:
-        options.append("/-?(0|[1-9][0-9]{0,15})/")
+        options.append(integer(schema))
     if "number" in kinds:
         options.append(NUMBER)
     if "boolean" in kinds:
@@ -111,9 +118,8 @@ def _dsml(g: Lark, tools: list[dict[str, Any]], parallel: bool, v4: bool) -> str
         def member(key: str, sub: Any) -> str:
             text = may_be_string(sub)
             head = g.q(f'{dsml.PARAM}{key}" string="{"true" if text else "false"}">')
-            value = (
-                g.text_until(dsml.PARAM_END) if text else f"{json_value(sub)} {g.q(dsml.PARAM_END)}"
-            )
+            end = dsml.PARAM_END
+            value = g.string_until(sub, end) if text else f"{json_value(sub)} {g.q(end)}"
             return g.rule(f"{head} {value}")
 
         args = members(g, closed(fn.get("parameters") or {}), member, '"\\n"')
@@ -144,6 +150,15 @@ def _lazy(g: Lark, fmt: ChatFormat, think: str, rest: str, lazy: bool) -> str:
     return f"{think} {tail} ({trigger} {rest} {tail})?"
 
 
+# under `required` the call comes right after the reasoning the prompt opened, never after a
+# block the answer would open (a small model can spend its whole budget there): what these
+# dialects' answers may start with instead
+_NEW_BLOCK: dict[str, Callable[[Lark], str]] = {
+    "minimax_m3": lambda g: f"({g.q(minimax_m3.THINK_END)})?",  # a turn without: bare end
+    "lfm2": lambda g: "",
+}
+
+
 def dialect_grammar(
     fmt: ChatFormat,
     tools: list[dict[str, Any]],
@@ -166,7 +181,7 @@ def dialect_grammar(
     if fmt.dialect == "gemma_4":
         g = Lark(special, fmt.preserved_tokens)
         think, rest = _gemma4(g, tools, parallel)
-        return g.lark(_lazy(g, fmt, think, rest, lazy))
+        return g.lark(_lazy(g, fmt, think if lazy else "", rest, lazy))
     if fmt.dialect in ("deepseek_v3_2", "deepseek_v4"):
         g = Lark(special, (dsml.DSML,))
         rest = _dsml(g, tools, parallel, fmt.dialect == "deepseek_v4")
@@ -180,6 +195,8 @@ def dialect_grammar(
     g = Lark(special, fmt.preserved_tokens)
     if dialect in triggered:
         think, rest = triggered[dialect](g, tools, parallel, thinking_open)
+        if not lazy and dialect in _NEW_BLOCK:  # required: no new reasoning block
+            think = _NEW_BLOCK[dialect](g)
         return g.lark(_lazy(g, fmt, think, rest, lazy))
     if dialect in whole and not lazy:
         return g.lark(whole[dialect](g, tools, parallel, thinking_open))

@@ -10,7 +10,14 @@ import json
 from typing import Any
 
 from loraserve.chat.formats.special import lfm2, minimax_m3, muse
-from loraserve.chat.formats.special.lark import NUMBER, Lark, closed, json_value, members
+from loraserve.chat.formats.special.lark import (
+    NUMBER,
+    Lark,
+    closed,
+    integer,
+    json_value,
+    members,
+)
 from loraserve.chat.formats.special.text import may_be_string, types_of
 
 
@@ -25,7 +32,7 @@ def _mm_value(g: Lark, schema: Any, close: str) -> str:
     schema = schema if isinstance(schema, dict) else {}
     ns = minimax_m3.NS
     if may_be_string(schema):
-        return g.text_until(close)
+        return g.string_until(schema, close)
     alternatives = schema.get("anyOf") or schema.get("oneOf")
     if alternatives:
         return g.rule(" | ".join(_mm_value(g, a, close) for a in alternatives))
@@ -72,7 +79,7 @@ def _py_value(g: Lark, schema: Any) -> str:
     if "string" in kinds:
         options.append(r'/"([^"\\\n]|\\.)*"/ | /' + r"'([^'\\\n]|\\.)*'/")
     if "integer" in kinds:
-        options.append("/-?(0|[1-9][0-9]{0,15})/")
+        options.append(integer(schema))
     if "number" in kinds:
         options.append(NUMBER)
     if "boolean" in kinds:
@@ -107,8 +114,8 @@ def lfm2_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool)
 
 def muse_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool) -> str:
     """Muse Glimmer: ` to=NAME<|message|><atem:function_calls><atem:invoke name="NAME">
-    <atem:parameter name="K">V</atem:parameter>..</atem:invoke></atem:function_calls>`,
-    after an optional ` to=self` reasoning message; more calls as `<|eom|>` messages."""
+    <atem:parameter name="K">V</atem:parameter>..</atem:invoke></atem:function_calls>`;
+    more calls as `<|eom|>` messages."""
     calls = []
     for t in tools:
         fn = t["function"]
@@ -116,7 +123,7 @@ def muse_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool)
         def member(key: str, sub: Any) -> str:
             head = g.q(f'{muse.PARAM}{key}">')
             if may_be_string(sub):
-                return g.rule(f"{head} {g.text_until(muse.PARAM_END)}")
+                return g.rule(f"{head} {g.string_until(sub, muse.PARAM_END)}")
             return g.rule(f"{head} {json_value(sub)} {g.q(muse.PARAM_END)}")
 
         args = members(g, closed(fn.get("parameters") or {}), member, "WS")
@@ -127,8 +134,7 @@ def muse_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool)
     call = g.rule(" | ".join(calls))
     nxt = f"{g.q(muse.EOM)} {g.q(muse.START)}"
     more = f"({nxt} {call})*" if parallel else ""
-    think = f'(" to=self" {g.q(muse.MESSAGE)} {g.text_until(muse.EOM)} {g.q(muse.START)})?'
-    return f"{think} {call} {more}"
+    return f"{call} {more}"  # required: no reasoning message first
 
 
 def functionary_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool) -> str:

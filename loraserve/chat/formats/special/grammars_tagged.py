@@ -16,7 +16,7 @@ def _value(g: Lark, schema: Any, end: str) -> str:
     """A tagged value up to and past `end`: text where only strings are allowed, JSON where
     no string is, either otherwise."""
     kinds = types_of(schema)
-    text = g.text_until(end)
+    text = g.string_until(schema, end)
     if kinds == {"string"}:
         return text
     typed = f"{json_value(schema)} {g.q(end)}"

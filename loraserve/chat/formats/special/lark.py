@@ -48,13 +48,26 @@ class Lark:
                   and self.special(p)]  # fmt: skip
         return marker[: min(starts)] if starts else marker
 
+    def string_until(self, schema: Any, end: str) -> str:
+        """A raw string value up to and past `end`: as the schema bounds it (enum, maxLength),
+        else any text."""
+        schema = schema if isinstance(schema, dict) else {}
+        if schema.get("enum") and all(isinstance(v, str) for v in schema["enum"]):
+            return f"({' | '.join(json.dumps(v) for v in schema['enum'])}) {self.q(end)}"
+        top = schema.get("maxLength")
+        if not isinstance(top, int):
+            return self.text_until(end)
+        low = schema.get("minLength", 0)
+        name = f"T{len(self.rules) + 1}"
+        low = low if isinstance(low, int) else 0
+        self.rules.append(f"{name}: /(.|\\n){{{low},{top}}}/ & ~/(.|\\n)*{_rx(end)}(.|\\n)*/")
+        return f"{name} {self.q(end)}"
+
     def not_containing(self, marker: str) -> str:
         """A terminal of free text that never holds `marker` (a lazy grammar's text before
         its trigger)."""
         name = f"T{len(self.rules) + 1}"
-        rx = "".join("\\" + c if c in "\\.+*?()|[]{}^$/" else c for c in marker)
-        rx = rx.replace("\n", "\\n")
-        self.rules.append(f"{name}: /(.|\\n)*/ & ~/(.|\\n)*{rx}(.|\\n)*/")
+        self.rules.append(f"{name}: /(.|\\n)*/ & ~/(.|\\n)*{_rx(marker)}(.|\\n)*/")
         return name
 
     def lark(self, start: str) -> str:
@@ -66,6 +79,20 @@ class Lark:
 def named(token: str) -> bool:
     inner = token[1:-1]
     return token.startswith("<") and token.endswith(">") and "<" not in inner and ">" not in inner
+
+
+def _rx(text: str) -> str:
+    rx = "".join("\\" + c if c in "\\.+*?()|[]{}^$/" else c for c in text)
+    return rx.replace("\n", "\\n")
+
+
+def integer(schema: Any) -> str:
+    """An integer as the schema bounds it: each value of a small range, else bounded digits."""
+    schema = schema if isinstance(schema, dict) else {}
+    low, top = schema.get("minimum"), schema.get("maximum")
+    if isinstance(low, int) and isinstance(top, int) and 0 <= top - low <= 256:
+        return "(" + " | ".join(f'"{v}"' for v in range(low, top + 1)) + ")"
+    return "/-?(0|[1-9][0-9]{0,15})/"
 
 
 def json_value(schema: Any) -> str:
