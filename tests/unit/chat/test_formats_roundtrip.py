@@ -266,3 +266,30 @@ def test_gemma_grammar_binds_each_key_once() -> None:
     assert grammar_accepts(lark, call('n:3,city:<|"|>Oslo<|"|>'), specials) is not None
     endless = call('city:<|"|>Oslo<|"|>,n:' + "1" * 40)
     assert grammar_accepts(lark, endless, specials) is not None
+
+
+BOUNDED = {"type": "function", "function": {"name": "w", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 4},
+                                     "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"]}}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "call"),
+    [
+        ("google-gemma-4-31B-it.jinja", '<|tool_call>call:w{{city:<|"|>{}<|"|>,days:{}}}'
+         "<tool_call|>"),
+        ("MiniMax-M3.jinja", "]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"w\">"
+         "]<]minimax[>[<city>{}]<]minimax[>[</city>]<]minimax[>[<days>{}]<]minimax[>[</days>"
+         "]<]minimax[>[</invoke>\n]<]minimax[>[</tool_call>"),
+    ],
+)  # fmt: skip
+def test_dialect_grammar_bounds_values(name: str, call: str) -> None:
+    """A string's maxLength and an integer's range hold in raw-text values too."""
+    fmt = _dialect_format(name)
+    named = _named_token(fmt)
+    specials = tuple(t for t in fmt.preserved_tokens if named(t))
+    lark = dialect_grammar(fmt, [BOUNDED], "required", special=named)
+    assert grammar_accepts(lark, call.format("Oslo", 7), specials) is None
+    assert grammar_accepts(lark, call.format("Bergen", 7), specials) is not None
+    assert grammar_accepts(lark, call.format("Oslo", 8), specials) is not None
