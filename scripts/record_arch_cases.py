@@ -175,6 +175,9 @@ def override(spec: dict[str, Any], arch: str, sets: list[str]) -> None:
     for item in sets:
         key, _, tv = item.partition("=")
         vtype, _, raw = tv.partition(":")
+        if vtype == "ARRAY":  # ARRAY:INT32:[...]
+            sub, _, raw = raw.partition(":")
+            vtype = f"ARRAY:{sub}"
         value = raw if vtype == "STRING" else json.loads(raw)
         full = f"{arch}.{key}"
         meta[:] = [m for m in meta if m[0] != full] + [[full, vtype, value]]

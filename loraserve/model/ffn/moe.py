@@ -15,7 +15,6 @@ Shared experts (``*_shexp``) run on every token and are added, gated by
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from loraserve.model.config import ModelConfig
@@ -101,7 +100,7 @@ class MoE(nn.Module):
         if self.router_bias is not None:
             logits = logits + self.router_bias
         if cfg.expert_gating == "sigmoid":
-            probs = torch.sigmoid(logits)
+            probs = _sigmoid(logits)
         elif cfg.expert_gating == "softmax_weight":  # top-k logits, softmax over those
             probs = logits
         else:
@@ -133,7 +132,7 @@ class MoE(nn.Module):
                 g = g + self.gate_bias[e]
             if self.up_bias is not None:
                 u = u + self.up_bias[e]
-            a = F.silu(g) * u if cfg.act == "silu" else gated_act(g, u, cfg.act)
+            a = gated_act(g, u, cfg.act)  # one C call: a row's bits are its own
             d = matmul(a, self.down[e])
             if lora is not None:
                 d = lora.apply_expert(self.prefix + "ffn_down_exps.weight", e, a, d, tok)
@@ -144,6 +143,14 @@ class MoE(nn.Module):
             gate, up = self.shared_gate_up(h).chunk(2, dim=-1)
             s = self.shared_down(gated_act(gate, up, "silu"))  # [T, hidden]
             if self.shared_gate is not None:
-                s = s * torch.sigmoid(matmul(h, self.shared_gate))  # [T, 1]
+                s = s * _sigmoid(matmul(h, self.shared_gate))  # [T, 1]
             out = out + s
         return out
+
+
+def _sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """sigmoid of float32 x, computed in float64 and rounded: torch's float32 sigmoid takes a
+    vectorised or a scalar path by where an element falls in the tensor, whose last bits differ,
+    so a row's routing weights would depend on the batch; in float64 the two paths round to the
+    same float32."""
+    return torch.sigmoid(x.double()).float()

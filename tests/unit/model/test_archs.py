@@ -48,6 +48,10 @@ VARIANTS = [(a, v) for a, r in RECORDS.items() for v in r["variants"]]
 TYPES = ("F32", "Q8_0", "Q4_K_M")
 # every recorded (model, variant, file type): a tagged record may hold F32 answers only
 CASES = [(a, v, t) for a, v in VARIANTS for t in TYPES if t in RECORDS[a]["variants"][v]["answers"]]
+# records of long prompts (llama4's chunks of 8,192 positions) check the teacher-forced answers
+# alone: the engine and adapter checks run on the short ones
+LONG = {a for a, r in RECORDS.items() if int(r.get("n_ctx", 256)) > 256 and "long" in a}
+SHORT = [(a, v) for a, v in VARIANTS if a not in LONG]
 GAP = 0.5
 PROBS = SamplingParams(temperature=0.0, n_probs=2)
 _FILES: dict[tuple[str, str, str], Path] = {}
@@ -129,7 +133,7 @@ def test_greedy_equals_llama_server(tmp: Path, arch: str, variant: str, qtype: s
     assert len(decided) >= len(ref) // 3, "too few decided positions to mean anything"
     allowed = 0 if qtype == "F32" else len(decided) // 20
     assert len(wrong) <= allowed, f"{len(wrong)}/{len(decided)} decided positions differ: {wrong}"
-    if qtype != max(RECORDS[arch]["variants"][variant]["answers"], key=TYPES.index):
+    if arch in LONG or qtype != max(rec["answers"], key=TYPES.index):
         return  # the engine checks below: on the most quantized file recorded
     # through the engine: bit-identical alone (one slot, no cache), batched, and resumed from
     # the prefix cache, and the greedy token the teacher-forced pass chose
@@ -169,7 +173,7 @@ def _random_adapter(rec: dict[str, Any], seed: int) -> dict[str, Any]:
     return pairs
 
 
-@pytest.mark.parametrize("arch,variant", VARIANTS, ids=map(_id, VARIANTS))
+@pytest.mark.parametrize("arch,variant", SHORT, ids=map(_id, SHORT))
 def test_adapter_mix_equals_merged_weights(tmp: Path, arch: str, variant: str) -> None:
     rec = RECORDS[arch]["variants"][variant]
     path = model_file(tmp, arch, variant, "F32")
