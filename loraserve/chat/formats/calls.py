@@ -300,15 +300,17 @@ def _tagged_arg(
             return got if got < 0 else _opt(text, _lit(text, got, fmt.arg_value_suffix),
                                             fmt.arg_separator)  # fmt: skip
     stop = fmt.arg_value_suffix.strip()
+    closing_newline = fmt.arg_value_suffix.startswith("\n")  # Qwen3-Coder's `\n</parameter>`
     end = text.find(stop, v) if stop else -1
     raw = text[v:] if end < 0 else text[v:end]
     raw = raw[1:] if raw.startswith("\n") else raw
     if end < 0:
         if not _is_string(props.get(key)):
             raise _Need
-        raw = raw[: len(raw) - held(raw, (stop,))].rstrip("\n")
+        raw = raw[: len(raw) - held(raw, (stop,))]
+        raw = raw.rstrip("\n") if closing_newline else raw
         parts.append(head + json.dumps(raw, ensure_ascii=False)[:-1])
         return -1
-    raw = raw[:-1] if raw.endswith("\n") else raw
+    raw = raw[:-1] if closing_newline and raw.endswith("\n") else raw
     parts.append(head + typed(raw, props.get(key)))
     return _opt(text, _lit(text, end, fmt.arg_value_suffix), fmt.arg_separator)

@@ -43,8 +43,9 @@ EXACT = {
     "meetkai-functionary-medium-v3.2.jinja", "muse-glimmer.jinja", "Cohere2MoE.jinja",
     "openbmb-MiniCPM5-1B.jinja", "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
     "meta-llama-Llama-3.1-8B-Instruct.jinja", "NVIDIA-Nemotron-Nano-v2.jinja",
+    "ByteDance-Seed-OSS.jinja",
 }  # fmt: skip
-FLOOR = 445  # of 463: the rest are auto-analysed formats' corner cases (Command R7B, GLM 4.7,
+FLOOR = 446  # of 463: the rest are auto-analysed formats' corner cases (Command R7B, GLM 4.7,
 # Apriel 1.6, Spark 2.5, Mistral Small 3.2, ...) and a gpt-oss turn continued after its
 # analysis message
 
