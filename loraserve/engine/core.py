@@ -98,6 +98,9 @@ class EngineCore:
         bs = config.block_size
         kv_dtype = config.kv_dtype
         self.n_ctx_slot = slot_context(config)
+        set_ctx = getattr(model.decoder, "set_context_size", None)
+        if set_ctx is not None:  # phi3: long rope factors past the trained context
+            set_ctx(self.n_ctx_slot)
         per_slot = (self.n_ctx_slot + bs - 1) // bs + 1
         block_bytes = 2 * cfg.n_layers * bs * cfg.n_kv_heads * cfg.head_dim * kv_dtype.itemsize
         # recurrent layers: each block may carry the state snapshot that follows it

@@ -166,7 +166,8 @@ def _random_adapter(rec: dict[str, Any], seed: int) -> dict[str, Any]:
             a = torch.randn(4, shape[1], generator=g) * 0.05
             b = torch.randn(shape[0], 4, generator=g) * 0.05
             pairs[name] = (a, b)
-        elif len(shape) == 3 and stem in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+        elif len(shape) == 3 and stem in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+                                            "ffn_gate_up_exps"):  # fmt: skip
             a = torch.randn(shape[0], 4, shape[2], generator=g) * 0.05
             b = torch.randn(shape[0], shape[1], 4, generator=g) * 0.05
             pairs[name] = (a, b)
