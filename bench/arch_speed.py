@@ -9,9 +9,10 @@ llama-server and then loraserve, one at a time, with the same flags (`-t 2 -np 1
 - S1 prefill tok/s: a 512-token prompt, `n_predict` 1, cache off, median of 3;
 - S2 decode tok/s: one stream, 128 tokens after a 128-token prompt, median of 2;
 - peak RSS: the server's VmHWM after the requests;
-- with `--check`: the greedy tokens of a fixed prompt on both servers and llama-server's
-  top-1/top-2 log-probability gap where they first differ (random weights give near-flat
-  logits, so an early split at a tiny gap is a near-tie, not a bug).
+- with `--check`: llama-server's greedy tokens after a fixed prompt, and loraserve's top-1
+  teacher-forced on that prefix at each position; positions that differ are listed with
+  llama-server's top-1/top-2 log-probability gap there (random weights give near-flat
+  logits: a split at a gap of a few hundredths is a near-tie, not a bug).
 
 Prompts are token ids (the models have llama.cpp's `test` vocabulary). It prints the
 loraserve / llama-server ratios against the targets (prefill >= 1.5x, decode >= 1.0x) and
@@ -83,22 +84,39 @@ def encoder(vocab: int) -> Any:
     return lambda text: [zlib.crc32(w.encode()) % vocab for w in text.split()]
 
 
-def greedy(url: str, n: int) -> dict[str, Any]:
-    """`n` greedy tokens after CHECK_PROMPT, with the top-2 log-probabilities of each."""
-    body = {"prompt": list(CHECK_PROMPT), "n_predict": n, "temperature": 0.0, "n_probs": 2,
+def _top2(url: str, prompt: list[int], n: int) -> tuple[list[int], list[float | None]]:
+    """`n` greedy tokens after `prompt` and each one's top-1/top-2 log-probability gap."""
+    body = {"prompt": prompt, "n_predict": n, "temperature": 0.0, "n_probs": 2,
             "ignore_eos": True, "return_tokens": True, "cache_prompt": False}  # fmt: skip
     r = httpx.post(f"{url}/completion", json=body, timeout=600)
     r.raise_for_status()
-    data = r.json()
-    gaps = []
-    for pos in data.get("completion_probabilities", []):
-        top = [t.get("logprob", 0.0) for t in pos.get("top_logprobs", [])]
-        gaps.append(top[0] - top[1] if len(top) > 1 else None)
-    return {"tokens": data.get("tokens", []), "gaps": gaps}
+    tokens, gaps = [], []
+    for pos in r.json().get("completion_probabilities", []):
+        top = pos.get("top_logprobs", [])
+        tokens.append(top[0]["id"] if top else None)
+        gaps.append(top[0]["logprob"] - top[1]["logprob"] if len(top) > 1 else None)
+    return tokens, gaps
 
 
-def one_server(kind: ServerKind, model: Path, plan: Plan, vocab: int) -> dict[str, Any]:
-    """Start `kind` on `model`, measure S1, S2 (and the check tokens), stop it."""
+def greedy(url: str, n: int, ref: list[int] | None = None) -> dict[str, Any]:
+    """`n` greedy tokens after CHECK_PROMPT (free-running), or with `ref` the top-1 after
+    CHECK_PROMPT + ref[:i] for each i (teacher-forced on the reference's tokens)."""
+    if ref is None:
+        tokens, gaps = _top2(url, list(CHECK_PROMPT), n)
+        return {"tokens": tokens, "gaps": gaps}
+    out: dict[str, Any] = {"tokens": [], "gaps": []}
+    for i in range(len(ref)):
+        tokens, gaps = _top2(url, [*CHECK_PROMPT, *ref[:i]], 1)
+        out["tokens"] += tokens
+        out["gaps"] += gaps
+    return out
+
+
+def one_server(
+    kind: ServerKind, model: Path, plan: Plan, vocab: int, ref: list[int] | None = None
+) -> dict[str, Any]:
+    """Start `kind` on `model`, measure S1, S2 (and the check tokens, teacher-forced on
+    `ref` if given), stop it."""
     port = free_port()
     argv = server_argv(kind, model, port, threads=plan.threads, parallel=1, ctx=2048,
                        cache_ram=0)  # fmt: skip
@@ -107,7 +125,7 @@ def one_server(kind: ServerKind, model: Path, plan: Plan, vocab: int) -> dict[st
         with launch(kind.name, argv, port, plan.launch_timeout) as srv:
             out["startup_s"] = srv.startup_s
             if plan.check_tokens:
-                out["check"] = greedy(srv.url, plan.check_tokens)
+                out["check"] = greedy(srv.url, plan.check_tokens, ref)
             t = Target(srv.url, 0, encoder(vocab), (), time.monotonic() + plan.cap)
             warm_up(t)
             meter = CpuMeter(srv.proc.pid)
@@ -132,13 +150,10 @@ def compare(peer: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
         out[f"{key}_meets_target"] = bool(a and b and a / b >= TARGETS[key])
     p, o = peer.get("check"), ours.get("check")
     if p and o:
-        same = 0
-        while same < min(len(p["tokens"]), len(o["tokens"])):
-            if p["tokens"][same] != o["tokens"][same]:
-                break
-            same += 1
-        gap = p["gaps"][same] if same < len(p["gaps"]) else None
-        out["check"] = {"equal_prefix": same, "of": len(p["tokens"]), "peer_gap_at_split": gap}
+        pairs = list(zip(p["tokens"], o["tokens"], p["gaps"], strict=False))
+        diff = [(i, g) for i, (a, b, g) in enumerate(pairs) if a != b]
+        out["check"] = {"equal": len(pairs) - len(diff), "of": len(pairs),
+                        "differ_at_peer_gap": diff}  # fmt: skip
     return out
 
 
@@ -157,9 +172,11 @@ def run(plan: Plan, kinds: list[ServerKind]) -> dict[str, Any]:
         entry: dict[str, Any] = {"shape": shape.label, "layers": layers, "vocab": shape.vocab,
                                  "file": path.name,
                                  "file_mib": path.stat().st_size / 2**20}  # fmt: skip
-        for kind in kinds:
+        ref = None
+        for kind in kinds:  # llama-server first: its greedy tokens are the check's reference
             print(f"arch_speed: {arch} ({layers} layers) on {kind.name}", file=sys.stderr)
-            entry[kind.name] = one_server(kind, path, plan, shape.vocab)
+            entry[kind.name] = one_server(kind, path, plan, shape.vocab, ref)
+            ref = ref or (entry[kind.name].get("check") or {}).get("tokens")
         if len(kinds) == 2:
             entry["compare"] = compare(entry[kinds[0].name], entry[kinds[1].name])
         res["models"][arch] = entry
@@ -192,9 +209,10 @@ def table(res: dict[str, Any]) -> str:
                     f"(target {TARGETS['prefill']}x) | {_f(c.get('decode_ratio'), '.2f')}x "
                     f"(target {TARGETS['decode']}x) | | |")  # fmt: skip
         if chk:
-            notes.append(f"{arch} check: greedy equal on {chk['equal_prefix']}/{chk['of']} tokens"
-                         f" (llama-server's top-2 gap at the split: "
-                         f"{_f(chk['peer_gap_at_split'], '.3f')})")  # fmt: skip
+            where = ", ".join(f"{i} (gap {_f(g, '.3f')})" for i, g in chk["differ_at_peer_gap"])
+            tail = f"; differ at {where}" if where else ""
+            notes.append(f"{arch} check: teacher-forced greedy equal on {chk['equal']}/"
+                         f"{chk['of']} positions{tail}")  # fmt: skip
     return "\n".join(rows + [""] + notes)
 
 
