@@ -63,7 +63,7 @@ class ToolsMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await self.app(scope, self._lifespan(receive), send)
+            await self.app(scope, self._on_shutdown(receive), self._after_startup(send))
             return
         path = scope.get("path")
         if scope["type"] != "http" or path not in ("/tools", "/cors-proxy"):
@@ -81,13 +81,22 @@ class ToolsMiddleware:
             response = e.response()
         await response(scope, receive, send)
 
-    def _lifespan(self, receive: Receive) -> Receive:
-        async def wrapped() -> Message:
-            message = await receive()
-            if message["type"] == "lifespan.startup" and not self.mcp.empty:
+    def _after_startup(self, send: Send) -> Send:
+        """The MCP warmup runs once the app has started (its model loading meanwhile),
+        before the server is told the startup is complete and starts serving."""
+
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete" and not self.mcp.empty:
                 await self.mcp.warmup()
                 self._add_mcp_tools()
-            elif message["type"] == "lifespan.shutdown":
+            await send(message)
+
+        return wrapped
+
+    def _on_shutdown(self, receive: Receive) -> Receive:
+        async def wrapped() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown":
                 await self.mcp.shutdown()
             return message
 
