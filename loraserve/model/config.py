@@ -41,6 +41,7 @@ class ModelConfig:
     sliding_layers: tuple[bool, ...] = field(default=())  # per layer: uses the window
     qk_norm: bool = False  # RMSNorm over head_dim on q and k before rope
     qkv_bias: bool = False
+    unused_biases: tuple[str, ...] = ()  # stems whose file bias is not applied (llama.cpp's)
     post_norms: bool = False  # gemma: post_attention_norm and post_ffw_norm
     act: str = "silu"  # "silu" or "gelu_tanh" (gated in both cases)
     embed_scale: float = 1.0  # gemma: sqrt(hidden_size)
@@ -249,6 +250,7 @@ def _flags(arch: archs.Arch, hidden: int) -> dict[str, Any]:
     return dict(
         qk_norm=arch.qk_norm,
         qkv_bias=arch.qkv_bias,
+        unused_biases=arch.unused_biases,
         post_norms=arch.post_norms,
         act=arch.act,
         embed_scale=math.sqrt(hidden) if arch.embed_scale_sqrt else 1.0,

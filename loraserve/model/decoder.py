@@ -37,7 +37,7 @@ class Block(nn.Module):
 
         def proj(stems: tuple[str, ...], name: str) -> Projection:
             parts = [_matrix(w, p + n + ".weight") for n in stems]
-            bs = [w.float(p + n + ".bias") for n in stems]
+            bs = [None if n in cfg.unused_biases else w.float(p + n + ".bias") for n in stems]
             bias = None
             if any(b is not None for b in bs):
                 pieces = zip(bs, parts, strict=True)

@@ -87,6 +87,8 @@ class Arch:
     rope: Literal["norm", "neox"] = "neox"
     qk_norm: bool = False  # per-head RMSNorm of q and k before rope
     qkv_bias: bool = False
+    # projection stems whose bias the file holds but llama.cpp's graph never adds
+    unused_biases: tuple[str, ...] = ()
     post_norms: bool = False  # RMSNorm on the attention and FFN outputs (gemma)
     act: Literal["silu", "gelu_tanh", "swiglu_oai"] = "silu"  # of the gated FFN
     embed_scale_sqrt: bool = False  # embeddings times sqrt(hidden) (gemma)
