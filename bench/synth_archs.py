@@ -10,7 +10,7 @@ Shapes are the public `config.json` values of Qwen3-30B-A3B (`qwen3moe`), gpt-os
 (`gpt-oss`: alternating 128-token sliding window, attention sinks, biases, YaRN 32x) and
 DeepSeek-V2-Lite (`deepseek2`: MLA without a query compression, kv rank 512, one leading
 dense layer, 64 routed + 2 shared experts, YaRN 40x), with fewer layers (default 4) so that
-each Q4_K_M file is ~1.3-2.6 GB. The tokenizer is llama.cpp's `test` vocabulary (no
+each Q4_K_M file is 1.5-3.5 GB. The tokenizer is llama.cpp's `test` vocabulary (no
 tokenizer of these models is on the machine) with the real vocabulary size, so the
 embedding and output layer cost what they do in the real models. Tensor names and metadata
 keys are those of llama.cpp's writers (`tests/data/archs/<arch>.json` lists them).
