@@ -79,6 +79,14 @@ def _v_width(c: ModelConfig, i: int) -> int:
     return getattr(c, "v_head_dim", 0) or _heads(c, i)[4]
 
 
+def _q_width(c: ModelConfig, i: int) -> int:
+    """A head's query width: a latent head's is its no-rope and rope parts (deepseek2's
+    ``attn_q`` without a q rank: V2-Lite), not the cache row ``head_dim``."""
+    if getattr(c, "kv_lora_rank", 0):
+        return c.qk_nope_dim + c.rope_dim
+    return _heads(c, i)[3]
+
+
 def _ffn_kind(c: ModelConfig) -> str:
     return getattr(c, "ffn_kind", "gated")
 
@@ -92,7 +100,7 @@ def _qk_norm_width(c: ModelConfig, i: int, which: int) -> int:
 # stem -> expected shape (torch order) at layer i
 SHAPES: dict[str, ShapeFn] = {
     "attn_norm": lambda c, i: (c.hidden_size,),
-    "attn_q": lambda c, i: (_heads(c, i)[1] * _heads(c, i)[3], c.hidden_size),
+    "attn_q": lambda c, i: (_heads(c, i)[1] * _q_width(c, i), c.hidden_size),
     "attn_k": lambda c, i: (_heads(c, i)[2] * _heads(c, i)[3], c.hidden_size),
     "attn_v": lambda c, i: (_heads(c, i)[2] * _heads(c, i)[4], c.hidden_size),
     "attn_output": lambda c, i: (c.hidden_size, _heads(c, i)[1] * _v_width(c, i)),
