@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import MISSING, dataclass, field, fields
-from typing import Any
+from dataclasses import MISSING, fields
 
 from loraserve import __version__
-from loraserve.engine.sampling.params import SamplingParams
-from loraserve.engine.spec.config import SpecConfig
-from loraserve.server import cors
 from loraserve.server.config import (
     admission_flags,
     chat_flags,
+    lora_flags,
     router_flags,
     spec_flags,
     tools_flags,
@@ -34,133 +31,19 @@ from loraserve.server.config.arg_types import (
     float_in,
     int_in,
     json_object,
-    lora_module,
     read_api_key_file,
 )
 from loraserve.server.config.llama_flags import add_llama_flags
+from loraserve.server.config.server_config import AUTO_PARALLEL, DTYPES, ServerConfig
 
-AUTO_PARALLEL = 4  # llama-server resolves `-np -1` (its default, "auto") to 4 slots
-DTYPES = ("auto", "native", "int8", "float32")
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """Everything the command line configures. Mirrors llama-server's flags.
-
-    `n_parallel` is already resolved (llama-server's "auto", -1, becomes 4); `n_ctx` 0 means
-    the model's trained context; `n_threads` -1 means the engine's choice; `seed` -1 means
-    random; `cache_ram_mib` -1 means no limit and 0 disables the cache of unheld prefixes;
-    `lora_dirs` are absolute with symlinks resolved; `chat_template` is `--chat-template`'s
-    value or `--chat-template-file`'s text (`chat_template_origin` names the flag, checked
-    at parse time); `ignored` lists the ignored flags seen (for a startup warning).
-    """
-
-    model: str | None = None
-    lora: tuple[LoraSpec, ...] = ()
-    lora_init_without_apply: bool = False
-    lora_dirs: tuple[str, ...] = ()
-    lora_modules: tuple[tuple[str, str, str | None], ...] = ()  # vLLM's (name, path, base)
-    lora_max_loaded: int | None = None
-    lora_max_memory: float | None = None  # MiB of resident adapter weights
-    max_queue: int = admission_flags.DEFAULT_MAX_QUEUE  # see `server/config/admission_flags.py`
-    max_connections: int = admission_flags.DEFAULT_MAX_CONNECTIONS
-    cache_isolation: str = "none"
-    n_parallel: int = AUTO_PARALLEL
-    n_ctx: int = 0
-    n_batch: int = 2048
-    n_ubatch: int = 512
-    cache_ram_mib: int = 8192
-    cache_prompt: bool = True
-    slot_save_path: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8080
-    api_keys: tuple[str, ...] = ()
-    metrics: bool = False
-    n_threads: int = -1
-    n_predict: int = -1
-    temperature: float = SamplingParams.temperature  # sampling defaults: `SamplingParams`
-    top_k: int = SamplingParams.top_k
-    top_p: float = SamplingParams.top_p
-    min_p: float = SamplingParams.min_p
-    repeat_penalty: float = SamplingParams.repeat_penalty
-    repeat_last_n: int = SamplingParams.repeat_last_n
-    presence_penalty: float = SamplingParams.presence_penalty
-    frequency_penalty: float = SamplingParams.frequency_penalty
-    seed: int = SamplingParams.seed
-    alias: tuple[str, ...] = ()
-    tags: tuple[str, ...] = ()  # `--tags`: shown in /v1/models, nothing else
-    dtype: str = "auto"
-    webui: bool = True
-    cors_origins: str = cors.DEFAULT_ORIGINS  # CORS: see `server/cors.py`
-    cors_methods: str = cors.DEFAULT_METHODS
-    cors_headers: str = cors.DEFAULT_HEADERS
-    cors_credentials: bool = True
-    embedding: bool = False  # embeddings and reranking: see `server/native/embeddings.py`
-    reranking: bool = False
-    pooling: str | None = None  # None: the model's
-    slots: bool = True  # GET /slots (--no-slots: 501)
-    kv_unified: bool = False  # -kvu: every slot may use the whole context
-    # -ctk/-ctv: the KV pool's type; f16 also runs llama.cpp's f16 attention numerics
-    # (kernels/attention_f16.h). llama-server's default is f16; loraserve's stays f32.
-    cache_type_k: str = "f32"
-    cache_type_v: str = "f32"
-    sleep_idle_seconds: int = -1  # -1: never sleep
-    verbose: bool = False
-    chat_template: str | None = None
-    chat_template_origin: str = ""
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict, compare=False)
-    strict_model_names: bool = False
-    reasoning_format: str = "auto"  # chat parsing: see `server/config/chat_flags.py`
-    reasoning_budget: int = -1
-    skip_chat_parsing: bool = False
-    reasoning: str = "auto"  # chat rendering: see `server/config/chat_flags.py`
-    prefill_assistant: bool = True
-    spec: SpecConfig = SpecConfig()  # speculative decoding: see `server/config/spec_flags.py`
-    router: bool = False  # router mode (no -m, a router flag): see `server/config/router_flags.py`
-    models_dir: str | None = None
-    models_preset: str | None = None
-    models_max: int = router_flags.DEFAULT_MODELS_MAX
-    models_autoload: bool = True
-    tools: tools_flags.ToolsConfig = field(default=tools_flags.ToolsConfig(), compare=False)
-    argv: tuple[str, ...] = field(default=(), compare=False)  # as given (router: the children's)
-    ignored: tuple[str, ...] = field(default=(), compare=False)
-
-    def request_defaults(self) -> dict[str, Any]:
-        """Server-wide defaults for request fields a request leaves unset (llama-server's
-        `params_base`); pass to the request schemas' `with_defaults`."""
-        keys = (
-            "n_predict temperature top_k top_p min_p repeat_penalty repeat_last_n"
-            " presence_penalty frequency_penalty seed cache_prompt"
-        ).split()
-        return {k: getattr(self, k) for k in keys}
-
-    def to_props_dict(self) -> dict[str, Any]:
-        """The part of `GET /props` the command line determines.
-
-        The server adds what the model decides (`chat_template`, `bos_token`, `eos_token`,
-        `model_alias` when no `--alias`, the effective `n_ctx` when `-c 0`).
-        """
-        params = self.request_defaults()
-        params.pop("cache_prompt")
-        params["max_tokens"] = self.n_predict
-        params["stop"] = []
-        params["lora"] = []
-        params["speculative.types"] = ",".join(self.spec.types) or "none"
-        props: dict[str, Any] = {
-            "default_generation_settings": {"n_ctx": self.n_ctx, "params": params},
-            "total_slots": self.n_parallel,
-            "model_path": self.model or "",
-            "modalities": {"vision": False, "video": False, "audio": False},
-            "endpoint_slots": self.slots,
-            "endpoint_props": False,
-            "endpoint_metrics": self.metrics,
-            "build_info": f"loraserve {__version__}",
-            "is_sleeping": False,
-            "cors_proxy_enabled": self.tools.ui_mcp_proxy,  # the web UI's MCP proxy
-        }
-        if self.alias:
-            props["model_alias"] = self.alias[0]
-        return props
+__all__ = [
+    "AUTO_PARALLEL",
+    "DTYPES",
+    "LoraSpec",
+    "ServerConfig",
+    "build_parser",
+    "parse_server_args",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -262,38 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--jinja", action="store_true", help="templates run as Jinja (always; as llama-server)")
     o = p.add_argument_group("loraserve flags")
-    o.add_argument(
-        "--lora-dir",
-        dest="lora_dirs",
-        action="append",
-        metavar="DIR",
-        help="adapter catalogue: every GGUF LoRA file and PEFT folder in DIR is served by name "
-        "(request `model` or a `lora` entry's `name`), read on first use; the load endpoints "
-        "read only from these directories (repeatable)",
-    )
-    o.add_argument(
-        "--lora-modules",
-        dest="lora_modules",
-        action="extend",
-        nargs="+",
-        type=lora_module,
-        metavar="NAME=PATH|JSON",
-        help="vLLM's named adapters: name=path or "
-        '\'{"name": ..., "path": ..., "base_model_name": ...}\', read on first use',
-    )
-    o.add_argument(
-        "--lora-max-loaded",
-        type=int_in(1),
-        metavar="N",
-        help="at most N adapters resident in memory; idle ones are evicted least recently "
-        "used, never pinned ones or those in use (default: no limit)",
-    )
-    o.add_argument(
-        "--lora-max-memory",
-        type=float_in(0.0),
-        metavar="MiB",
-        help="budget for resident adapter weights, evicted as --lora-max-loaded (default: none)",
-    )
+    lora_flags.add_flags(o)
     o.add_argument(
         "--dtype",
         choices=DTYPES,
