@@ -19,8 +19,10 @@ from typing import Any
 
 from loraserve.chat.formats.description import PLAIN, ChatFormat
 from loraserve.chat.formats.grammar import tool_grammar
-from loraserve.chat.formats.parse import ChatParser, turn_lead
+from loraserve.chat.formats.lead import opens_reasoning, turn_lead
+from loraserve.chat.formats.parse import ChatParser
 from loraserve.chat.formats.stream import MessageStream
+from loraserve.chat.messages import render_content
 from loraserve.chat.render import select_source
 from loraserve.chat.template import token_strings
 from loraserve.engine.budget import BudgetSpec
@@ -98,16 +100,23 @@ class ReplyPlan:
         return self.budget.wrap(grammar)
 
 
-def continues(cfg: Any, body: Any) -> bool:
-    """Whether the request continues its last assistant message, as `chat_prompt` decides
-    (an explicit `continue_final_message`, else the prefill of a last assistant message)."""
+def continues(cfg: Any, body: Any) -> str | None:
+    """The text of the last assistant message when the request continues it, as
+    `chat_prompt` decides (an explicit `continue_final_message`, else the prefill of a last
+    assistant message); None when it does not."""
     msgs = getattr(body, "messages", None) or []
     last = msgs[-1] if msgs else None
     role = last.get("role") if isinstance(last, dict) else getattr(last, "role", None)
     cont = getattr(body, "continue_final_message", None)
     if cont is None:
-        return bool(getattr(cfg, "prefill_assistant", True)) and role == "assistant"
-    return bool(cont) and role == "assistant"
+        cont = bool(getattr(cfg, "prefill_assistant", True))
+    if not cont or role != "assistant":
+        return None
+    content = last.get("content") if isinstance(last, dict) else getattr(last, "content", None)
+    if isinstance(content, list):
+        parts = [p if isinstance(p, dict) else vars(p) for p in content]
+        content = render_content({"content": [p for p in parts if "text" in p]})
+    return content if isinstance(content, str) else ""
 
 
 def is_response_format(constrained: tuple[str, Any] | None) -> bool:
@@ -149,7 +158,7 @@ def _budget(tok: Tokenizer, fmt: ChatFormat, prompt: str, budget: int) -> Budget
     end_seqs = [s for e in dict.fromkeys(ends) if e for s in spellings(e)]
     return BudgetSpec(budget, tuple(dict.fromkeys(spellings(start))),
                       tuple(dict.fromkeys(end_seqs)), ids(end),
-                      _opens_reasoning(fmt, prompt))  # fmt: skip
+                      opens_reasoning(fmt, prompt))  # fmt: skip
 
 
 def _special(tok: Tokenizer):  # noqa: ANN202 - Callable[[str], bool]
@@ -158,18 +167,6 @@ def _special(tok: Tokenizer):  # noqa: ANN202 - Callable[[str], bool]
         return len(ids) == 1 and ids != tok.encode(marker, add_special=False, parse_special=False)
 
     return special
-
-
-def _opens_reasoning(fmt: ChatFormat, prompt: str) -> bool:
-    """Whether the prompt leaves the answer inside reasoning: the generation prompt (or a
-    continued assistant message) opened the reasoning block and did not close it."""
-    r_start, r_end = fmt.reasoning_start.strip(), fmt.reasoning_end.strip()
-    if not r_start:
-        return False
-    turn = prompt.rfind(fmt.assistant_start) if fmt.assistant_start else -1
-    tail = prompt[turn:] if turn >= 0 else prompt[-len(r_start) - 256 :]
-    at = tail.rfind(r_start)
-    return at >= 0 and (not r_end or tail.find(r_end, at) < 0)
 
 
 def chat_format(state: ServerState, tools: list[dict[str, Any]] | None) -> ChatFormat:
@@ -192,12 +189,13 @@ async def plan_reply(
     has_grammar: bool = False,
     budget: int = -1,
     response_format: bool = False,
-    continuation: bool = False,
+    continuation: str | bool | None = None,
 ) -> ReplyPlan:
     """The plan of one request: its format, parser settings, compiled tool grammar and
     reasoning budget (`budget` tokens; -1: none); a 400 for a grammar with active tools or
     a named function missing from `tools`. `response_format`: a JSON answer was asked for
-    (`json_schema`, `response_format`), whose ```json fences the parser unwraps."""
+    (`json_schema`, `response_format`), whose ```json fences the parser unwraps;
+    `continuation`: the continued assistant message's text (`continues`), None when none."""
     cfg = state.cfg
     fmt = await asyncio.to_thread(chat_format, state, tools)
     rf = reasoning_format or getattr(cfg, "reasoning_format", "auto")
@@ -218,19 +216,21 @@ async def plan_reply(
                 reasoning_start=fmt.reasoning_start,
                 reasoning_end=fmt.reasoning_end,
             )
-    thinking_open = rf != "none" and _opens_reasoning(fmt, prompt)
-    lead = turn_lead(fmt, prompt)  # llama.cpp parses the generation prompt with the answer
+    thinking_open = rf != "none" and opens_reasoning(fmt, prompt)
+    continued = continuation if isinstance(continuation, str) else ""
+    lead = turn_lead(fmt, prompt, continued)  # parsed with the answer, as in llama.cpp
     trigger = fmt.trigger.strip()
     if not lead and trigger and prompt.rstrip().endswith(trigger):  # no assistant marker
         lead = trigger  # (Mistral's turns): a prefill that wrote the trigger
-    plan = ReplyPlan(fmt, active, choice, rf, thinking_open, lead, continuation=continuation)
+    cont = continuation is not None and continuation is not False
+    plan = ReplyPlan(fmt, active, choice, rf, thinking_open, lead, continuation=cont)
     tok = state.require().tokenizer
     plan.budget = _budget(tok, fmt, prompt, budget)
     plan.response_format = response_format and not active
     if active:
         engine = state.require()
         started = bool(trigger) and lead.rstrip().endswith(trigger)  # a prefill wrote it
-        opened = _opens_reasoning(fmt, prompt)  # the model ends it whatever the parser reads
+        opened = opens_reasoning(fmt, prompt)  # the model ends it whatever the parser reads
         for special in (_special(tok), lambda m: False):  # then: every marker as text
             plan.lark = tool_grammar(fmt, active, choice, parallel, True, opened,
                                      special, started)  # fmt: skip

@@ -183,16 +183,18 @@ class ChatParser:
         fmt = self.fmt
         if fmt.content_start and fmt.content_end:
             s = text.find(fmt.content_start.strip())
-            if s >= 0:
+            before = text[:s] if s >= 0 and not self.extract and not tail else ""
+            if s >= 0:  # unextracted reasoning before the wrapped content stays content
                 text = text[s + len(fmt.content_start.strip()) :].lstrip()
                 e = text.find(fmt.content_end.strip())
                 if e >= 0:
                     text = text[:e]
-            elif partial and not tail:  # what precedes a content marker still to come is none
+                text = before + text
+            elif partial and not tail and self.extract:  # no content before its marker
                 text = ""
         if partial and not tail:
             markers = list(self.triggers) if self.tools and self.trigger else []
-            markers += [fmt.content_end.strip()] if fmt.content_end.strip() else []
+            markers += [m.strip() for m in (fmt.content_start, fmt.content_end) if m.strip()]
             if self.extract and self.r_start and not msg.reasoning_content and not text.strip():
                 markers.append(self.r_start)
             text = text[: len(text) - held(text, markers)].rstrip()
@@ -224,16 +226,6 @@ def _skip_markers(text: str, i: int, markers: tuple[str, ...]) -> int:
         if text.startswith(m.strip(), j):
             return _skip_markers(text, j + len(m.strip()), markers)
     return i
-
-
-def turn_lead(fmt: ChatFormat, prompt: str) -> str:
-    """What the prompt already wrote of the answer's turn, parsed with the answer as
-    llama.cpp parses `generation_prompt + output`: the prompt after its last assistant
-    marker (an opened reasoning block, a continued message), leading whitespace dropped;
-    "" when the format knows no assistant marker."""
-    start = fmt.assistant_start
-    at = prompt.rfind(start) if start else -1
-    return prompt[at + len(start) :].lstrip(" \t\n\r") if at >= 0 else ""
 
 
 def _is_json(text: str) -> bool:

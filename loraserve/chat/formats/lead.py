@@ -1,0 +1,66 @@
+"""Where the answer starts: what the prompt already wrote of the answer's turn, which
+llama.cpp parses together with the answer (`common_chat_parse` reads
+`generation_prompt + output`, its parser consuming the generation prompt up to the
+reasoning start as a literal), and whether the prompt left the answer inside reasoning.
+"""
+
+from __future__ import annotations
+
+from loraserve.chat.formats.description import ChatFormat
+
+HARMONY_ANALYSIS = "<|channel|>analysis<|message|>"
+HARMONY_FINAL = "<|channel|>final"
+
+
+def turn_lead(fmt: ChatFormat, prompt: str, continued: str = "") -> str:
+    """What the prompt already wrote of the answer's turn, parsed with the answer: the prompt
+    after its last assistant marker (from the reasoning start when the turn writes one, so
+    a template whose reasoning start is its assistant marker still opens reasoning), less a
+    closed empty reasoning block (llama.cpp's literal prefix consumes it), leading
+    whitespace dropped; "" when a user turn follows the last marker. `continued`: the text
+    of a continued assistant message, the lead when the format knows no assistant marker
+    and the prompt ends with it."""
+    start = fmt.assistant_start
+    at = prompt.rfind(start) if start else -1
+    if at >= 0 and fmt.user_start and prompt.find(fmt.user_start, at) >= 0:
+        at = -1  # an earlier turn's marker (or one a system prompt quotes)
+    if at < 0:
+        return continued if continued and prompt.endswith(continued) else ""
+    turn = prompt[at:]
+    r_start, r_end = fmt.reasoning_start.strip(), fmt.reasoning_end.strip()
+    opens = turn.find(r_start) if r_start else -1
+    if fmt.dialect == "harmony":
+        at = _harmony_turn(prompt, at, start)
+        lead = prompt[at + len(start) :]
+    elif opens >= 0 and opens < len(start):  # the marker is (part of) the reasoning start
+        lead = turn[opens:]
+    else:
+        lead = turn[len(start) :]
+    lead = lead.lstrip(" \t\n\r")
+    if r_end and lead.startswith(r_end) and r_start not in lead:  # thinking off: closed block
+        lead = lead[len(r_end) :].lstrip(" \t\n\r")
+    return lead
+
+
+def _harmony_turn(prompt: str, at: int, start: str) -> int:
+    """gpt-oss writes a turn as several assistant messages: a continued final message's
+    turn starts at the analysis message just before it."""
+    if not prompt.startswith(HARMONY_FINAL, at + len(start)):
+        return at
+    before = prompt.rfind(start, 0, at)
+    between = prompt[before + len(start) : at] if before >= 0 else ""
+    if between.startswith(HARMONY_ANALYSIS) and "<|start|>" not in between:
+        return before
+    return at
+
+
+def opens_reasoning(fmt: ChatFormat, prompt: str) -> bool:
+    """Whether the prompt leaves the answer inside reasoning: the generation prompt (or a
+    continued assistant message) opened the reasoning block and did not close it."""
+    r_start, r_end = fmt.reasoning_start.strip(), fmt.reasoning_end.strip()
+    if not r_start:
+        return False
+    turn = prompt.rfind(fmt.assistant_start) if fmt.assistant_start else -1
+    tail = prompt[turn:] if turn >= 0 else prompt[-len(r_start) - 256 :]
+    at = tail.rfind(r_start)
+    return at >= 0 and (not r_end or tail.find(r_end, at) < 0)
