@@ -92,6 +92,12 @@ class WeightSource:
             self._gg.release(name)  # type: ignore[union-attr]
         return packed
 
+    def release(self, name: str) -> None:
+        """Drop the mapping's resident pages of a GGUF tensor whose values a copy now serves
+        (experts repacked at load); a later read maps them in again."""
+        if self._gg is not None:
+            self._gg.release(name)
+
     def experts(self, name: str) -> list[Matrix] | None:
         """A stacked expert tensor [E, n_out, n_in] as one Matrix per expert."""
         if not self.has(name):
