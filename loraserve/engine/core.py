@@ -98,9 +98,9 @@ class EngineCore:
         bs = config.block_size
         kv_dtype = config.kv_dtype
         self.n_ctx_slot = slot_context(config)
-        set_ctx = getattr(model.decoder, "set_context_size", None)
-        if set_ctx is not None:  # phi3: long rope factors past the trained context
-            set_ctx(self.n_ctx_slot)
+        # phi3: long rope factors past the trained context, chosen for this engine alone
+        for_context = getattr(model.decoder, "for_context", None)
+        decoder = model.decoder if for_context is None else for_context(self.n_ctx_slot)
         per_slot = (self.n_ctx_slot + bs - 1) // bs + 1
         block_bytes = 2 * cfg.n_layers * bs * cfg.n_kv_heads * cfg.head_dim * kv_dtype.itemsize
         # recurrent layers: each block may carry the state snapshot that follows it
@@ -130,7 +130,7 @@ class EngineCore:
             TierLimits(config.lora_max_loaded, None if mib is None else int(mib * 2**20)),
         )
         self.runner = ModelRunner(
-            model.decoder, bs, kv_dtype, lora=self.adapters.build_delta, states=states
+            decoder, bs, kv_dtype, lora=self.adapters.build_delta, states=states
         )
         self.runner.ensure_capacity(self.pool.capacity)
         self.tokenizer = model.tokenizer

@@ -96,6 +96,9 @@ class ModelConfig:
     # Mamba-2 layers: (d_conv, d_inner, d_state, heads, groups) from <arch>.ssm.*
     ssm: tuple[int, ...] = ()
     ffn_layers: tuple[bool, ...] = field(default=())  # per layer: has an FFN (mamba2: none)
+    # attn_q holds each head's query then its output gate (2 head_dim); the attention output is
+    # multiplied by sigmoid(gate) before attn_output (qwen3next, qwen35)
+    attn_out_gate: bool = False
     # llama4: sliding_layers attend in chunks of attn_chunk positions (a query sees the keys of
     # its own chunk only); no-rope layers scale q by 1 + s log(floor((pos + o) / f) + 1) with
     # attn_temp = (f, s, o); q and k RMS-normed without weight after rope on rope layers

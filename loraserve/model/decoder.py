@@ -8,6 +8,8 @@ Architecture differences are fields of `ModelConfig`: flags, and which layer kin
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -107,7 +109,12 @@ class Block(nn.Module):
         if self.mixer is not None:  # recurrent (`model/recurrent/`)
             return self._residual(x, h, self.mixer(h))
         t, nq, nkv, d = h.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        qkv = self.qkv(h)  # [T, (nq + 2 nkv) d]
+        qkv = self.qkv(h)  # [T, (nq + 2 nkv) d], or [T, (2 nq + 2 nkv) d] with output gates
+        gate = None
+        if cfg.attn_out_gate:  # each head's query then its gate (qwen35): split them
+            qg = qkv[:, : 2 * nq * d].view(t, nq, 2 * d)
+            gate = qg[:, :, d:].reshape(t, nq * d)  # [T, nq d]
+            qkv = torch.cat((qg[:, :, :d].reshape(t, nq * d), qkv[:, 2 * nq * d :]), 1)
         qk = qkv[:, : (nq + nkv) * d].view(t, nq + nkv, d)  # q and k heads, normed and
         v = qkv[:, (nq + nkv) * d :].view(t, nkv, d)  # rotated together below
         if self.qk_full is not None:  # each of q and k normed over all its heads at once
@@ -131,7 +138,10 @@ class Block(nn.Module):
         k_cache, v_cache = ctx.kv_caches[self.i]
         a = paged_attention(q, k, v, k_cache, v_cache, ctx, cfg.attn_scale, self.sliding,
                             cfg.attn_softcap, self.sinks, self.chunk)  # fmt: skip
-        return self._residual(x, h, self.o(a.reshape(t, cfg.n_heads * cfg.head_dim)))
+        a = a.reshape(t, nq * d)
+        if gate is not None:  # sigmoid in float64, rounded: the same bits in any batch
+            a = a * torch.sigmoid(gate.double()).float()
+        return self._residual(x, h, self.o(a))
 
     def _residual(self, x: torch.Tensor, h: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         """The layer's output from its input x, the attention's normed input h and the
@@ -208,13 +218,14 @@ class Decoder(nn.Module):
         self.use_fused = True
         self._fused_built: list[FusedLayers | None] = []
         # frequency factors: rope_freqs (llama 3, llama4), else phi3's short ones, or its long
-        # ones for a context past the trained one (`set_context_size`)
+        # ones for a context past the trained one (`for_context`)
         self._factors = w.float("rope_freqs.weight")
         self._factors_long = None
         if self._factors is None:
             self._factors = w.float("rope_factors_short.weight")
             self._factors_long = w.float("rope_factors_long.weight")
         self._build_rope(self._factors)
+        self._by_long: dict[bool, Decoder] = {False: self}  # `for_context`: shared by siblings
 
     def _build_rope(self, factors: torch.Tensor | None) -> None:
         cfg = self.cfg
@@ -229,14 +240,24 @@ class Decoder(nn.Module):
             else self.rope_global
         )
 
-    def set_context_size(self, n_ctx_seq: int) -> None:
-        """Tell the decoder each sequence's context size: past the trained one
+    def for_context(self, n_ctx_seq: int) -> Decoder:
+        """This decoder for sequences of ``n_ctx_seq`` positions. Past the trained context
         (``rope.scaling.original_context_length``), phi3's long rope factors replace the short
-        ones, as llama.cpp's ``get_rope_factors`` chooses them for the whole context."""
+        ones, as llama.cpp's ``get_rope_factors`` chooses them for the whole context. The
+        choice belongs to the decoder returned: a sibling that shares every layer and weight
+        and has its own rope tables, so engines of different contexts over one loaded model
+        (router presets) never change each other's; this decoder keeps its own factors."""
         if self._factors_long is None:
-            return
+            return self
         long = n_ctx_seq > (self.cfg.rope_scaling.ctx_orig or self.cfg.context_length)
-        self._build_rope(self._factors_long if long else self._factors)
+        sib = self._by_long.get(long)
+        if sib is None:
+            sib = copy.copy(self)  # shallow: the same blocks, embedding and output
+            sib._modules = dict(self._modules)  # its own entries for the rope modules
+            sib._parameters, sib._buffers = dict(self._parameters), dict(self._buffers)
+            sib._build_rope(self._factors_long if long else self._factors)
+            self._by_long[long] = sib
+        return sib
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -299,7 +320,7 @@ def _build_fused(d: Decoder) -> FusedLayers | None:
     if (cfg.residual_scale != 1.0 or cfg.qk_norm_mode != "head" or not cfg.pre_norms
             or cfg.attn_softcap or cfg.attn_sinks or cfg.kv_lora_rank or cfg.norm != "rms"
             or cfg.recurrent or cfg.parallel or not all(cfg.rope_layers) or cfg.partial_rope
-            or cfg.attn_chunk or cfg.qk_l2_norm
+            or cfg.attn_chunk or cfg.qk_l2_norm or cfg.attn_out_gate
             or cfg.act not in ("silu", "gelu_tanh")):  # fmt: skip
         return None  # layer kinds the fused C layers do not have: the per-layer path
 

@@ -55,6 +55,8 @@ def _q_width(c: ModelConfig, i: int) -> int:
     ``attn_q`` without a q rank: V2-Lite), not the cache row ``head_dim``."""
     if getattr(c, "kv_lora_rank", 0):
         return c.qk_nope_dim + c.rope_dim
+    if getattr(c, "attn_out_gate", False):  # the query, then its output gate (qwen35)
+        return 2 * heads(c, i)[3]
     return heads(c, i)[3]
 
 
@@ -107,6 +109,8 @@ def required_stems(cfg: ModelConfig, i: int) -> list[str]:
         stems = ["shortconv.in_proj", "shortconv.out_proj", "shortconv.conv"]
     elif kind == "mamba2":
         stems = ["ssm_in", "ssm_out", "ssm_conv1d", "ssm_norm"]
+    elif kind == "deltanet":  # shapes checked by `recurrent.deltanet` at load
+        stems = ["attn_qkv", "attn_gate", "ssm_out", "ssm_conv1d", "ssm_norm"]
     elif getattr(cfg, "kv_lora_rank", 0):  # latent attention (deepseek2); q by attn_q or q_a/q_b
         stems = ["attn_kv_a_mqa", "attn_kv_a_norm", "attn_k_b", "attn_v_b", "attn_output"]
     if getattr(cfg, "pre_norms", True):  # olmo2, exaone4: post norms only

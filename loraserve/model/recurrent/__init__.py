@@ -1,5 +1,5 @@
 """Recurrent layer kinds: mixers that carry a per-sequence state from token to token instead
-of keys that later tokens attend (short convolution; Mamba-2 and gated delta-net to come).
+of keys that later tokens attend (short convolution, Mamba-2, gated delta-net).
 
 Each kind reads its sequences' states from the step context (``ctx.states``: one
 `cache.state.SeqStep` per sequence, rows in batch order) and writes the states after them;
@@ -12,11 +12,12 @@ from __future__ import annotations
 from torch import nn
 
 from loraserve.model.config import ModelConfig
+from loraserve.model.recurrent.deltanet import GatedDeltaNet
 from loraserve.model.recurrent.mamba2 import Mamba2
 from loraserve.model.recurrent.shortconv import ShortConv
 from loraserve.model.weights import WeightSource
 
-__all__ = ["Mamba2", "ShortConv", "build", "state_shapes"]
+__all__ = ["GatedDeltaNet", "Mamba2", "ShortConv", "build", "state_shapes"]
 
 
 def build(cfg: ModelConfig, i: int, w: WeightSource) -> nn.Module | None:
@@ -26,6 +27,8 @@ def build(cfg: ModelConfig, i: int, w: WeightSource) -> nn.Module | None:
         return None
     if kind == "shortconv":
         return ShortConv(cfg, i, w)
+    if kind == "deltanet":
+        return GatedDeltaNet(cfg, i, w)
     if kind == "mamba2":
         return Mamba2(cfg, i, w)
     raise ValueError(f"unknown layer kind {kind!r}")
@@ -37,6 +40,8 @@ def state_shapes(cfg: ModelConfig) -> dict[int, tuple[int, ...]]:
     for i, kind in enumerate(cfg.layer_kinds):
         if kind == "shortconv":
             out[i] = ShortConv.state_shape(cfg)
+        elif kind == "deltanet":
+            out[i] = GatedDeltaNet.state_shape(cfg)
         elif kind == "mamba2":
             out[i] = Mamba2.state_shape(cfg)
     return out

@@ -65,7 +65,7 @@ def _id(p: tuple[str, ...]) -> str:
 def load(path: Path, key: str) -> Any:
     """The model at ``path``, told the context llama-server ran it with (phi3's long factors)."""
     model = load_model(path)
-    model.decoder.set_context_size(int(RECORDS[key].get("n_ctx", 256)))
+    model.decoder = model.decoder.for_context(int(RECORDS[key].get("n_ctx", 256)))
     return model
 
 

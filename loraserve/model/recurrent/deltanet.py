@@ -1,0 +1,161 @@
+"""Gated delta-net linear attention (qwen3next, qwen35, qwen35moe; llama.cpp
+``build_layer_attn_linear`` with ``ggml_ssm_conv`` and ``ggml_gated_delta_net``).
+
+Sizes (`ModelConfig.ssm`): d_conv, d_inner (= value heads x S), S (``ssm.state_size``, a key and
+a value head's width), H_v (``ssm.time_step_rank``, value heads) and H_k (``ssm.group_count``,
+key heads). One projection of the normed input gives ``attn_qkv`` [2 H_k S + H_v S] (q, k, v),
+``attn_gate`` z [H_v S] and the per-head beta and alpha logits (``ssm_beta``/``ssm_alpha``, or
+qwen3next's ``ssm_ba``: per key head its H_v/H_k betas then its alphas). q|k|v goes through the
+causal depthwise convolution (``ssm_conv1d`` [conv_dim, d_conv], no bias) and SiLU; q and k are
+L2-normed per head (llama.cpp: ``rms_norm(x, eps / S) / sqrt(S)``). Value head h reads key head
+``h % H_k`` (qwen35: ggml's repeat tiles) or ``h // (H_v / H_k)`` (qwen3next: its converter's
+interleave, told apart by its ``ssm_ba`` layout). Per token, with g = softplus(alpha + ssm_dt)
+* ssm_a and beta = sigmoid(beta logit), each value head's state M [S (value), S (key)] runs
+
+    M <- M exp(g);  d = (v - M k) beta;  M <- M + d k^T;  o = (M q) / sqrt(S)
+
+(ggml's CPU op, in that order). o is RMS-normed per head by ``ssm_norm`` [S], times SiLU(z),
+and projected by ``ssm_out``.
+
+Row independence: the recurrence runs token by token per sequence, on tensors whose shapes
+never depend on the batch, the chunking or where a chunk starts, so a sequence's state and
+outputs are the same bits alone, batched, in any prefill chunks and resumed from a snapshot.
+(A chunked-parallel form would round differently at every chunk boundary: not used.) A
+sequence's state is one flat tensor: the conv rows, then M of every value head.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from loraserve.model.config import ModelConfig
+from loraserve.model.context import get_context
+from loraserve.model.layers import gated_act, rms_norm
+from loraserve.model.projection import Projection
+from loraserve.model.recurrent.shortconv import causal_conv, matrix
+from loraserve.model.weights import WeightSource
+
+
+class GatedDeltaNet(nn.Module):
+    """The gated delta-net mixer of layer ``i``: [T, hidden] -> [T, hidden]."""
+
+    def __init__(self, cfg: ModelConfig, i: int, w: WeightSource) -> None:
+        super().__init__()
+        p = f"blk.{i}."
+        self.i, self.eps = i, cfg.rms_eps
+        self.k, self.d_inner, self.s, self.hv, self.hk = _dims(cfg)
+        self.conv_dim = 2 * self.hk * self.s + self.hv * self.s
+        if self.d_inner != self.hv * self.s or self.hv % self.hk:
+            raise ValueError(f"delta-net inner size {self.d_inner} is not {self.hv} value heads "
+                             f"of {self.s}, or {self.hk} key heads do not divide them")  # fmt: skip
+        if not w.has(p + "attn_qkv.weight"):
+            raise ValueError(
+                f"model file lacks tensor {p + 'attn_qkv.weight'!r} (the legacy fused ssm_in "
+                "layout of early qwen3next files is not supported)"
+            )
+        self.interleave = w.has(p + "ssm_ba.weight")  # qwen3next's layout and head mapping
+        ba = ("ssm_ba",) if self.interleave else ("ssm_beta", "ssm_alpha")
+        names = ("attn_qkv", "attn_gate", *ba)
+        parts = [matrix(w, p + n + ".weight") for n in names]
+        want = (self.conv_dim, self.hv * self.s, *((2 * self.hv,) if self.interleave
+                                                   else (self.hv, self.hv)))  # fmt: skip
+        for n, m, rows in zip(names, parts, want, strict=True):
+            if tuple(m.shape) != (rows, cfg.hidden_size):
+                raise ValueError(f"tensor {p + n}.weight has shape {tuple(m.shape)}, "
+                                 f"expected {(rows, cfg.hidden_size)}")  # fmt: skip
+        # one projection of the normed input: q|k|v, z, then the beta and alpha logits
+        self.in_proj = Projection(p + "attn_qkv_gate.weight", parts)
+        self.out_proj = Projection(p + "ssm_out.weight", [matrix(w, p + "ssm_out.weight")])
+        conv = _req(w, p + "ssm_conv1d.weight", (self.conv_dim, self.k))  # [conv_dim, d_conv]
+        self.taps = [c.contiguous() for c in conv.t()]
+        self.dt_b = _req(w, p + "ssm_dt.bias", (self.hv,)).reshape(-1)  # [H_v]
+        self.a = _req(w, p + "ssm_a", (self.hv,)).reshape(-1)  # [H_v] (-exp(A_log))
+        self.norm = _req(w, p + "ssm_norm.weight", (self.s,)).reshape(-1)  # [S]
+        r = self.hv // self.hk
+        if self.interleave:  # ssm_ba rows: per key head g, betas g*2r..g*2r+r-1, then alphas
+            g = torch.arange(self.hv) // r * 2 * r + torch.arange(self.hv) % r
+            self.beta_cols, self.alpha_cols = g, g + r
+            self.kmap = torch.arange(self.hv) // r  # value head -> key head
+        else:
+            self.beta_cols = torch.arange(self.hv)
+            self.alpha_cols = torch.arange(self.hv, 2 * self.hv)
+            self.kmap = torch.arange(self.hv) % self.hk
+
+    @staticmethod
+    def state_shape(cfg: ModelConfig) -> tuple[int, ...]:
+        """[(d_conv - 1) * conv_dim + H_v * S * S]: the conv rows, then each head's M."""
+        k, _, s, hv, hk = _dims(cfg)
+        return ((k - 1) * (2 * hk * s + hv * s) + hv * s * s,)
+
+    def forward(self, hs: torch.Tensor) -> torch.Tensor:
+        """hs: [T, hidden] (normed) -> [T, hidden]; reads and writes ``ctx.states``."""
+        ctx = get_context()
+        if ctx.states is None:
+            raise RuntimeError("a recurrent layer ran without its sequences' states")
+        t, k, s, hv, hk, cd = hs.shape[0], self.k, self.s, self.hv, self.hk, self.conv_dim
+        mixed = self.in_proj(hs)  # [T, conv_dim + H_v S + 2 H_v]
+        z = mixed[:, cd : cd + hv * s]
+        ba = mixed[:, cd + hv * s :]  # [T, 2 H_v]
+        beta_l = ba[:, self.beta_cols]  # [T, H_v]
+        alpha_l = ba[:, self.alpha_cols]
+        qkv = torch.empty(t, cd)
+        n_conv = (k - 1) * cd
+        per_seq = []
+        for seq in ctx.states:
+            lo, hi = seq.lo, seq.hi
+            st = seq.state[self.i]
+            xpad = torch.cat((st[:n_conv].view(k - 1, cd), mixed[lo:hi, :cd]))
+            pre = causal_conv(xpad, self.taps)  # [n, conv_dim]
+            qkv[lo:hi] = gated_act(pre, torch.ones_like(pre), "silu")  # SiLU, row-invariant
+            per_seq.append((seq, xpad))
+        n = float(s)  # q, k L2-normed per head: rms_norm(x, eps / S) / sqrt(S), as llama.cpp
+        ones, inv = torch.ones(s), torch.tensor(1.0 / math.sqrt(n), dtype=torch.float32)
+        q = rms_norm(qkv[:, : hk * s].reshape(t, hk, s).contiguous(), ones, self.eps / n) * inv
+        kk = rms_norm(qkv[:, hk * s : 2 * hk * s].reshape(t, hk, s).contiguous(), ones,
+                      self.eps / n) * inv  # fmt: skip
+        q, kk = q[:, self.kmap], kk[:, self.kmap]  # [T, H_v, S]: each value head's key head
+        v = qkv[:, 2 * hk * s :].view(t, hv, s)
+        o = torch.empty(t, hv, s)
+        scale = torch.tensor(1.0 / math.sqrt(n), dtype=torch.float32)
+        for seq, xpad in per_seq:
+            lo, hi = seq.lo, seq.hi
+            m = seq.state[self.i][n_conv:].view(hv, s, s)  # [H_v, S (value), S (key)]
+            cuts = dict(seq.cuts)
+            for r in range(hi - lo):
+                row = lo + r  # softplus, exp, sigmoid on [H_v] alone: the same bits anywhere
+                g = torch.exp(F.softplus(alpha_l[row] + self.dt_b) * self.a)  # [H_v]
+                beta = torch.sigmoid(beta_l[row])  # [H_v]
+                kr = kk[row].unsqueeze(-1)  # [H_v, S, 1]
+                m = m * g.view(hv, 1, 1)
+                d = (v[row] - torch.bmm(m, kr).squeeze(-1)) * beta.view(hv, 1)  # [H_v, S]
+                m = m + d.unsqueeze(-1) * kk[row].unsqueeze(1)
+                o[row] = torch.bmm(m, q[row].unsqueeze(-1)).squeeze(-1) * scale
+                if r in cuts or seq.every:
+                    snap = torch.cat((xpad[r + 1 : r + k].reshape(-1), m.reshape(-1)))
+                    if r in cuts:
+                        seq.snaps.setdefault(cuts[r], {})[self.i] = snap
+                    if seq.every:  # a draft's rows: the state after each (rollback)
+                        seq.rows.setdefault(self.i, []).append(snap)
+            seq.out[self.i] = torch.cat((xpad[hi - lo :].reshape(-1), m.reshape(-1)))
+        normed = rms_norm(o, self.norm, self.eps).view(t, hv * s)  # [T, H_v S]
+        zc = torch.empty(t, hv * s).copy_(z)  # contiguous rows: the C kernel's layout
+        return self.out_proj(gated_act(zc, normed, "silu"))  # SiLU(z) * norm(o)
+
+
+def _dims(cfg: ModelConfig) -> tuple[int, int, int, int, int]:
+    """(d_conv, d_inner, S, H_v, H_k) of the config's delta-net layers."""
+    k, d_inner, s, hv, hk = cfg.ssm
+    return k, d_inner, s, hv, hk
+
+
+def _req(w: WeightSource, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    t = w.float(name)
+    if t is None:
+        raise ValueError(f"model file lacks tensor {name!r}")
+    if t.numel() != math.prod(shape):
+        raise ValueError(f"tensor {name!r} has shape {tuple(t.shape)}, expected {shape}")
+    return t.float().reshape(shape)
