@@ -94,7 +94,11 @@ SHAPES: dict[str, ShapeFn] = {
     "ssm_in": lambda c, i: (2 * c.ssm[1] + 2 * c.ssm[4] * c.ssm[2] + c.ssm[3], c.hidden_size),
     "ssm_out": lambda c, i: (c.hidden_size, c.ssm[1]),
     "ssm_conv1d": lambda c, i: (c.ssm[1] + 2 * c.ssm[4] * c.ssm[2], c.ssm[0]),
-    "ssm_norm": lambda c, i: (c.ssm[4], c.ssm[1] // c.ssm[4]),
+    "ssm_norm": lambda c, i: (
+        (c.ssm[2],)  # the delta-net's: one value head's width
+        if per_layer(c, "layer_kinds", i, "") == "deltanet"
+        else (c.ssm[4], c.ssm[1] // c.ssm[4])
+    ),
     "ffn_gate_exps": lambda c, i: (_n_experts(c, i), _expert_ffn(c, i), c.hidden_size),
     "ffn_up_exps": lambda c, i: (_n_experts(c, i), _expert_ffn(c, i), c.hidden_size),
     "ffn_down_exps": lambda c, i: (_n_experts(c, i), c.hidden_size, _expert_ffn(c, i)),
