@@ -24,6 +24,7 @@ from typing import Any
 
 from loraserve.chat.formats.calls import _is_string
 from loraserve.chat.formats.description import ChatFormat
+from loraserve.chat.formats.harmony_grammar import harmony_grammar
 from loraserve.chat.formats.special.grammars import dialect_grammar
 
 ANY = r"/(.|\n)*/"
@@ -194,7 +195,7 @@ def tool_grammar(
         if not tools:
             raise ValueError(f"tool_choice names a function that is not in tools: {choice}")
     if fmt.dialect == "harmony":
-        return _harmony(fmt, tools, choice, thinking_open and reasoning, special)
+        return harmony_grammar(fmt, tools, choice, thinking_open and reasoning, special)
     if fmt.dialect:  # the specialised formats' own grammars (None where there is none yet)
         return dialect_grammar(fmt, tools, choice, parallel, thinking_open and reasoning, special)
     trigger = fmt.trigger
@@ -251,43 +252,5 @@ def tool_grammar(
     else:
         lines.append(f"start: {think} WS {body_calls}".replace("  ", " "))
     lines.append("WS: /( |\\n{1,2})?/")  # llama.cpp's `space`, bounded
-    lines.append(f"TEXT: {ANY}")
-    return "\n".join(lines + b.rules) + "\n"
-
-
-def _harmony(
-    fmt: ChatFormat,
-    tools: list[dict[str, Any]],
-    choice: str,
-    thinking_open: bool,
-    special: Callable[[str], bool],
-) -> str | None:
-    """gpt-oss under `required` / a named function: one call (one per message) right after
-    the generation prompt's `<|start|>assistant`, or after the analysis message the prompt
-    opened, in the forms llama.cpp's gpt-oss parser reads: the recipient in the role header
-    (` to=functions.NAME<|channel|>commentary json<|message|>ARGS`, as the template writes
-    it) or in the channel's (`<|channel|>commentary to=functions.NAME<|message|>ARGS`), the
-    commentary or analysis channel, an optional ` [<|constrain|>]json`. `auto` is not
-    constrained (llama-server's lazy grammar starts at pattern triggers spread over special
-    tokens; the parser reads the calls)."""
-    if choice == "auto":
-        return None
-    b = _Builder(fmt, special)
-    channel = b.rule(f'{b.q("<|channel|>")} ("commentary" | "analysis")')
-    constrain = f'(" " ({b.q("<|constrain|>")})? "json")?'
-    calls = []
-    for t in tools:
-        fn = t["function"]
-        params = _closed(fn.get("parameters") or {"type": "object"})
-        to = json.dumps(" to=functions." + fn["name"])
-        heads = f"({to} {channel} | {channel} {to})"
-        calls.append(b.rule(f"{heads} {constrain} {b.q('<|message|>')} {_json(params)}"))
-    call = b.rule(" | ".join(calls))
-    lines = ["%llguidance {}"]
-    if thinking_open:
-        end = b.rule(f"TEXT {b.q(fmt.reasoning_end)}", lazy=True)
-        lines.append(f'start: {end} {b.q("<|start|>")} "assistant" {call}')
-    else:
-        lines.append(f"start: {call}")
     lines.append(f"TEXT: {ANY}")
     return "\n".join(lines + b.rules) + "\n"

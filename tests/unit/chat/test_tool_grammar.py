@@ -1,9 +1,11 @@
-"""Tool-call grammars against llama.cpp's parse cases. gpt-oss's forced-call grammar (`tool_choice` required / named) against llama.cpp's own
-gpt-oss call cases (tests/data/chat/parse_cases.json): each whole call that follows the
-generation prompt directly is accepted from its start (the recipient in the role header or
-the channel's, commentary or analysis, with or without `<|constrain|>json`); llama.cpp
-parses the same text to the same call; a call of another function than the named one, or
-arguments outside the schema, is refused. Markers that are special tokens are token
+"""Tool-call grammars against llama.cpp's parse cases. gpt-oss's grammars against llama.cpp's
+own gpt-oss cases (tests/data/chat/parse_cases.json): under `required`, a named function and
+`auto`, each whole call after the generation prompt is accepted from its start (the
+recipient in the role header or the channel's, commentary or analysis, with or without
+`<|constrain|>json`, after an analysis message or not), and llama.cpp parses the same text
+to the same call; under `auto` every answer without a call is accepted too; a call of
+another function than the named one (under `auto`: of no tool), or arguments outside the
+schema, is refused. Markers that are special tokens are token
 references (Qwen's `<tool_call>`), under `auto` and `required`."""
 
 from __future__ import annotations
@@ -22,7 +24,11 @@ SPECIALS = ("<|channel|>", "<|constrain|>", "<|message|>", "<|start|>", "<|end|>
 CALLS = [
     c for c in CASES
     if c["template"] == HARMONY and c["expect"]["tool_calls"] and not c["is_partial"]
-    and not c["input"].startswith("<|channel|>analysis<|message|>")  # reasoning first
+]  # fmt: skip
+TEXTS = [
+    c for c in CASES
+    if c["template"] == HARMONY and not c["expect"]["tool_calls"] and not c["is_partial"]
+    and c["request"]["continue_final_message"] == "none"  # the answer from the turn's start
 ]  # fmt: skip
 
 
@@ -34,12 +40,20 @@ def _special(marker: str) -> bool:
 def test_accepts_llama_cpps_calls(case: dict) -> None:
     fmt, tools = _format(HARMONY), case["request"]["tools"]
     (want,) = case["expect"]["tool_calls"]
-    for choice in ("required", want["name"]):
+    for choice in ("required", want["name"], "auto"):
         lark = tool_grammar(fmt, tools, choice, special=_special)
         assert lark is not None
         assert grammar_accepts(lark, case["input"], SPECIALS) is None, lark
     (call,) = ChatParser(fmt, tools).parse(case["input"], partial=False).tool_calls
     assert (call.name, json.loads(call.arguments)) == (want["name"], json.loads(want["arguments"]))
+
+
+@pytest.mark.parametrize("case", TEXTS, ids=[str(c["id"]) for c in TEXTS])
+def test_auto_leaves_answers_without_calls_free(case: dict) -> None:
+    tools = case["request"]["tools"] or CALLS[0]["request"]["tools"]
+    lark = tool_grammar(_format(HARMONY), tools, "auto", special=_special)
+    assert lark is not None
+    assert grammar_accepts(lark, case["input"], SPECIALS) is None, lark
 
 
 def test_refuses_other_functions_and_bad_arguments() -> None:
@@ -48,9 +62,12 @@ def test_refuses_other_functions_and_bad_arguments() -> None:
     other = [*tools, {"type": "function", "function": {"name": "other", "parameters": {}}}]
     lark = tool_grammar(fmt, other, "other", special=_special)
     assert lark is not None and grammar_accepts(lark, case["input"], SPECIALS) is not None
-    lark = tool_grammar(fmt, tools, "required", special=_special)
     bad = case["input"].replace('{"arg1": 1}', '{"arg1": "x"}')
-    assert bad != case["input"] and grammar_accepts(lark, bad, SPECIALS) is not None
+    other_call = case["input"].replace("special_function", "other")
+    for choice in ("required", "auto"):
+        lark = tool_grammar(fmt, tools, choice, special=_special)
+        assert bad != case["input"] and grammar_accepts(lark, bad, SPECIALS) is not None
+        assert grammar_accepts(lark, other_call, SPECIALS) is not None
 
 
 @pytest.mark.parametrize("choice", ["auto", "required"])
