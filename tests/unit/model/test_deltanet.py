@@ -1,0 +1,142 @@
+"""The gated delta-net (`recurrent.GatedDeltaNet`: qwen35, qwen35moe, qwen3next) beyond what
+test_archs.py and test_recurrent.py check on every recorded recurrent architecture.
+
+- Key heads shared by several value heads, as in every real Qwen3.5 / Qwen3-Next and not in
+  `test-llama-archs`' template: tests/data/archs/deltanet/<arch>+heads.json
+  (scripts/record_deltanet_heads.py: 2 key heads, 4 value heads) hold llama-server's answers;
+  teacher-forced, loraserve's greedy token equals llama-server's on every position whose
+  top-1/top-2 gap is >= 0.5, in F32 and Q4_K_M. The other architecture's head mapping (tiled
+  instead of interleaved, or the reverse) disagrees with llama-server there: the records tell
+  the two apart.
+- Any prefill chunking (cut anywhere, not only at blocks) and any batch gives the same logits,
+  bit for bit, as the sequence computed alone in one piece: the recurrence runs token by token
+  in a fixed order.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from loraserve.engine.runner import BatchItem, ModelRunner
+from loraserve.model.loader import LoadedModel, load_model
+from tests.arch_models import tensor_digest, write_model
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "archs" / "deltanet"
+RECORDS = {p.stem: json.loads(p.read_text()) for p in sorted(DATA.glob("*.json"))}
+CASES = [(a, t) for a in RECORDS for t in ("F32", "Q4_K_M")]
+GAP = 0.5
+_MODELS: dict[tuple[str, str], LoadedModel] = {}
+
+
+def _variant(arch: str) -> dict[str, Any]:
+    return next(iter(RECORDS[arch]["variants"].values()))
+
+
+def model(tmp: Path, arch: str, qtype: str) -> LoadedModel:
+    if (arch, qtype) not in _MODELS:
+        rec = _variant(arch)
+        types = (
+            None if qtype == "F32" else {k: int(t) for k, t in rec["files"][qtype]["types"].items()}
+        )
+        path = write_model(rec, tmp / f"{arch}-{qtype}.gguf", types)
+        assert tensor_digest(path)[0] == rec["files"][qtype]["tensors_sha256"], "not the file"
+        _MODELS[(arch, qtype)] = load_model(path)
+    return _MODELS[(arch, qtype)]
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("deltanet")
+
+
+def forced(m: LoadedModel, cases: list[dict[str, Any]]) -> torch.Tensor:
+    """Teacher-forced logits [sum of N, V] of every position predicting llama-server's tokens."""
+    runner = ModelRunner(m.decoder, 16, torch.float16)  # llama-server's f16 KV cache
+    items, block = [], 0
+    for c in cases:
+        seq = c["prompt"] + c["tokens"][:-1]
+        n = -(-len(seq) // 16)
+        items.append(BatchItem(seq, 0, len(seq), list(range(block, block + n)), True, {},
+                               n_logits=len(c["tokens"])))  # fmt: skip
+        block += n
+    runner.ensure_capacity(block)
+    return runner.forward(items)
+
+
+def _wrong(m: LoadedModel, cases: list[dict[str, Any]]) -> tuple[int, int]:
+    """(decided positions, those where our greedy token differs from llama-server's)."""
+    ours = forced(m, cases).argmax(-1).tolist()
+    ref = [(t, top2[0][1] - top2[1][1]) for c in cases
+           for t, top2 in zip(c["tokens"], c["top2"], strict=True)]  # fmt: skip
+    decided = [(t, o) for (t, gap), o in zip(ref, ours, strict=True) if gap >= GAP]
+    return len(decided), sum(t != o for t, o in decided)
+
+
+@pytest.mark.parametrize("arch,qtype", CASES, ids=["-".join(c) for c in CASES])
+def test_shared_key_heads_equal_llama_server(tmp: Path, arch: str, qtype: str) -> None:
+    m = model(tmp, arch, qtype)
+    mixers = [b.mixer for b in m.decoder.blocks if b.mixer is not None]
+    assert mixers and all(x.hk < x.hv for x in mixers), "no key head shared: no test"
+    cases = _variant(arch)["answers"][qtype]
+    n, wrong = _wrong(m, cases)
+    assert n >= len(cases) * 24 // 3, "too few decided positions to mean anything"
+    assert wrong == 0, f"{wrong}/{n} decided positions differ from llama-server"
+    if qtype != "F32":
+        return
+    saved = [x.kmap for x in mixers]
+    try:  # the other architecture's mapping of value heads to key heads
+        for x in mixers:
+            r = x.hv // x.hk
+            x.kmap = torch.arange(x.hv) % x.hk if x.interleave else torch.arange(x.hv) // r
+        assert _wrong(m, cases)[1] > 0, "the head mapping does not matter here: no test"
+    finally:
+        for x, k in zip(mixers, saved, strict=True):
+            x.kmap = k
+
+
+def _run(runner: ModelRunner, seqs: list[list[int]], cuts: list[list[int]]) -> list[torch.Tensor]:
+    """Each sequence's logits [len, V], computed in the chunks ``cuts`` says (positions where a
+    new step starts), the sequences' chunks of one round batched together."""
+    bs = runner.bs
+    out: list[list[torch.Tensor]] = [[] for _ in seqs]
+    bounds = [[0, *c, len(s)] for s, c in zip(seqs, cuts, strict=True)]
+    tables = []
+    base = 0
+    for s in seqs:
+        n = -(-len(s) // bs)
+        tables.append(list(range(base, base + n)))
+        base += n
+    runner.ensure_capacity(base)
+    for step in range(max(len(b) - 1 for b in bounds)):
+        items, who = [], []
+        for j, (s, b) in enumerate(zip(seqs, bounds, strict=True)):
+            if step < len(b) - 1:
+                lo, hi = b[step], b[step + 1]
+                items.append(BatchItem(s, lo, hi - lo, tables[j], True, {}, n_logits=hi - lo,
+                                       slot=j, seq=100 + j))  # fmt: skip
+                who.append((j, hi - lo))
+        logits = runner.forward(items)
+        row = 0
+        for j, n in who:
+            out[j].append(logits[row : row + n])
+            row += n
+    return [torch.cat(o) for o in out]
+
+
+@pytest.mark.parametrize("arch", list(RECORDS))
+def test_any_chunking_and_batch_same_bits(tmp: Path, arch: str) -> None:
+    m = model(tmp, arch, "Q4_K_M")
+    rng = random.Random(5)
+    seqs = [c["prompt"] + c["tokens"] for c in _variant(arch)["answers"]["Q4_K_M"][1:]]
+    alone = [_run(ModelRunner(m.decoder, 4, torch.float32), [s], [[]])[0] for s in seqs]
+    for _ in range(3):  # random cuts, inside blocks too, all sequences batched
+        cuts = [sorted(rng.sample(range(1, len(s)), rng.randint(1, 6))) for s in seqs]
+        got = _run(ModelRunner(m.decoder, 4, torch.float32), seqs, cuts)
+        for g, a, c in zip(got, alone, cuts, strict=True):
+            assert torch.equal(g, a), f"cut at {c}: not the bits of the sequence alone"
