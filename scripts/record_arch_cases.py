@@ -53,6 +53,7 @@ OUT = Path(__file__).resolve().parent.parent / "tests/data/archs"
 TYPES = ("Q8_0", "Q4_K_M")
 N_PREDICT = 24
 PROMPT_LENS = (4, 9, 16, 27)
+NEGATIVE_A = False  # --negative-a
 
 
 def template_spec(gguf_path: Path) -> dict[str, Any]:
@@ -189,6 +190,8 @@ def record_variant(arch: str, tmpl: Path, work: Path, seed: int, stdev: float, p
     spec = template_spec(tmpl)
     override(spec, arch, list(sets))
     spec["generator"] = {"seed": seed, "stdev": stdev, "template": tmpl.name}
+    if NEGATIVE_A:  # Mamba's A drawn negative, as test-llama-archs draws it
+        spec["generator"]["negative_a"] = True
     full = write_model(spec, work / "full.gguf")
     keep = used_tensors(full)
     spec["dropped_tensors"] = [n for n, _, _ in spec["tensors"] if n not in keep]
@@ -230,7 +233,14 @@ def main() -> None:
     ap.add_argument("--prompt-lens", default=",".join(map(str, PROMPT_LENS)))
     ap.add_argument("--variants", default="dense,moe", help="which templates to record")
     ap.add_argument("--types", default=",".join(TYPES), help="quantized files besides F32")
+    ap.add_argument(
+        "--negative-a",
+        action="store_true",
+        help="draw Mamba's ssm_a as -|x| (jamba's per-channel A grows otherwise)",
+    )
     args = ap.parse_args()
+    global NEGATIVE_A
+    NEGATIVE_A = args.negative_a
     if args.set and not args.tag:
         ap.error("--set needs --tag (the variant's name)")
     lens = tuple(int(n) for n in args.prompt_lens.split(","))

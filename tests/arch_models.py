@@ -43,12 +43,17 @@ def typed_metadata(entries: list[list[Any]]) -> dict[str, Any]:
 
 def tensor_values(spec: dict[str, Any]) -> dict[str, np.ndarray]:
     """Every tensor of the spec [torch-order shape] float32, drawn from N(0, stdev) with the
-    generator seeded by (seed, crc32(name))."""
+    generator seeded by (seed, crc32(name)); with the generator's ``negative_a``, Mamba's
+    ``ssm_a`` as -|x| (test-llama-archs' rule: Mamba-1's per-channel A must decay)."""
     seed, stdev = int(spec["generator"]["seed"]), float(spec["generator"]["stdev"])
+    negative_a = bool(spec["generator"].get("negative_a", False))
     out = {}
     for name, shape, _ in spec["tensors"]:
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-        out[name] = rng.normal(0.0, stdev, size=tuple(shape)).astype(np.float32)
+        v = rng.normal(0.0, stdev, size=tuple(shape)).astype(np.float32)
+        if negative_a and name.endswith(".ssm_a"):  # as test-llama-archs: a decaying state
+            v = -np.abs(v)
+        out[name] = v
     return out
 
 

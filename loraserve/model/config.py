@@ -192,7 +192,7 @@ class ModelConfig:
             n_heads=n_heads,
             n_kv_heads=int(n_kv),
             head_dim=int(keys.get("attention.key_length", hidden // n_heads)),
-            ffn_dim=int(keys.req("feed_forward_length")),
+            ffn_dim=_heads(arch, keys.req("feed_forward_length")),  # per layer: nemotron-h
             rms_eps=float(keys.get("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(keys.get("rope.freq_base", 10000.0)),
             context_length=int(keys.get("context_length", 2048)),

@@ -52,7 +52,9 @@ class Block(nn.Module):
         # attn_qkv, and ffn_up holding gate|up)
         self.mla = LatentAttention(cfg, i, w) if cfg.kv_lora_rank else None  # deepseek2
         self.mixer = build_recurrent(cfg, i, w)  # a recurrent layer in place of attention
-        if self.mla is None and self.mixer is None:
+        self.beside = cfg.layer_kinds[i].startswith("attn+")  # and attention, summed (falcon-h1)
+        self.ffn_alone = cfg.layer_kinds[i] == "ffn"  # the FFN alone on attn_norm (nemotron-h)
+        if self.mla is None and (self.mixer is None or self.beside) and not self.ffn_alone:
             qkv = ("attn_qkv",) if w.has(p + "attn_qkv.weight") else ("attn_q", "attn_k", "attn_v")
             self.qkv = proj(qkv, "attn_qkv")
             self.o = proj(("attn_output",), "attn_output")
@@ -78,8 +80,8 @@ class Block(nn.Module):
         self.post_attn_norm = _req(w, p + "post_attention_norm.weight") if cfg.post_norms else None
         self.ffn_norm = (  # none when parallel: the FFN reads the attention's input norm
             None
-            if cfg.parallel or not cfg.pre_norms or not cfg.ffn_layers[i]
-            else _req(w, p + cfg.ffn_norm_name + ".weight").float()
+            if cfg.parallel or not cfg.pre_norms or not cfg.ffn_layers[i] or self.ffn_alone
+            else _req(w, _named(w, p + cfg.ffn_norm_name)).float()
         )
         self.ffn_norm_b = _f32(w.float(p + cfg.ffn_norm_name + ".bias"))
         self.post_ffn_norm = _req(w, p + "post_ffw_norm.weight") if cfg.post_norms else None
@@ -106,7 +108,9 @@ class Block(nn.Module):
         h = norm(cfg, x, self.attn_norm, self.attn_norm_b)
         if self.mla is not None:  # latent attention over the compressed cache (deepseek2)
             return self._residual(x, h, self.mla(h, self.i, rope))
-        if self.mixer is not None:  # recurrent (`model/recurrent/`)
+        if self.ffn_alone:
+            return x + self._ffn(h)
+        if self.mixer is not None and not self.beside:  # recurrent (`model/recurrent/`)
             return self._residual(x, h, self.mixer(h))
         t, nq, nkv, d = h.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         qkv = self.qkv(h)  # [T, (nq + 2 nkv) d], or [T, (2 nq + 2 nkv) d] with output gates
@@ -141,7 +145,8 @@ class Block(nn.Module):
         a = a.reshape(t, nq * d)
         if gate is not None:  # sigmoid in float64, rounded: the same bits in any batch
             a = a * torch.sigmoid(gate.double()).float()
-        return self._residual(x, h, self.o(a))
+        a = self.o(a)
+        return self._residual(x, h, a + self.mixer(h) if self.beside else a)
 
     def _residual(self, x: torch.Tensor, h: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         """The layer's output from its input x, the attention's normed input h and the
@@ -167,6 +172,9 @@ class Block(nn.Module):
         if self.moe is not None:
             f = self.moe(h)
         else:
+            if self.plain_ffn and cfg.act == "relu_sqr":  # relu(x)^2 (nemotron-h)
+                r = torch.relu(self.gate_up(h))
+                return self.down(r * r)
             if self.plain_ffn:  # act(x) as act(x) * 1, exactly
                 up = self.gate_up(h)
                 gate, up = up, torch.ones_like(up)
@@ -176,6 +184,11 @@ class Block(nn.Module):
         if self.post_ffn_norm is not None:
             f = rms_norm(f, self.post_ffn_norm, cfg.rms_eps)
         return f
+
+
+def _named(w: WeightSource, stem: str) -> str:
+    """``stem.weight``, or the bare ``stem`` where the file names it so (falcon-h1's ffn_norm)."""
+    return stem + ".weight" if w.has(stem + ".weight") or not w.has(stem) else stem
 
 
 def norm(
@@ -219,7 +232,8 @@ class Decoder(nn.Module):
         self._fused_built: list[FusedLayers | None] = []
         # frequency factors: rope_freqs (llama 3, llama4), else phi3's short ones, or its long
         # ones for a context past the trained one (`for_context`)
-        self._factors = w.float("rope_freqs.weight")
+        rf = cfg.tensor("rope_freqs")  # "": the file's rope_freqs is unused (falcon-h1)
+        self._factors = w.float(rf + ".weight") if rf else None
         self._factors_long = None
         if self._factors is None:
             self._factors = w.float("rope_factors_short.weight")

@@ -60,6 +60,10 @@ def _q_width(c: ModelConfig, i: int) -> int:
     return heads(c, i)[3]
 
 
+def _mamba1(c: ModelConfig, i: int) -> bool:
+    return per_layer(c, "layer_kinds", i, "") == "mamba1"
+
+
 def _ffn_kind(c: ModelConfig) -> str:
     return getattr(c, "ffn_kind", "gated")
 
@@ -90,10 +94,17 @@ SHAPES: dict[str, ShapeFn] = {
     "shortconv.in_proj": lambda c, i: (3 * c.hidden_size, c.hidden_size),
     "shortconv.out_proj": lambda c, i: (c.hidden_size, c.hidden_size),
     "shortconv.conv": lambda c, i: (c.hidden_size, c.conv_kernel),
-    # Mamba-2: ssm = (d_conv, d_inner, d_state, heads, groups)
-    "ssm_in": lambda c, i: (2 * c.ssm[1] + 2 * c.ssm[4] * c.ssm[2] + c.ssm[3], c.hidden_size),
+    # Mamba-2: ssm = (d_conv, d_inner, d_state, heads, groups); Mamba-1's (jamba) differ, and
+    # `recurrent.tensors` checks every Mamba tensor of a layer by its kind, bare names included
+    "ssm_in": lambda c, i: (
+        (2 * c.ssm[1], c.hidden_size)
+        if _mamba1(c, i)
+        else (2 * c.ssm[1] + 2 * c.ssm[4] * c.ssm[2] + c.ssm[3], c.hidden_size)
+    ),
     "ssm_out": lambda c, i: (c.hidden_size, c.ssm[1]),
-    "ssm_conv1d": lambda c, i: (c.ssm[1] + 2 * c.ssm[4] * c.ssm[2], c.ssm[0]),
+    "ssm_conv1d": lambda c, i: (
+        (c.ssm[1], c.ssm[0]) if _mamba1(c, i) else (c.ssm[1] + 2 * c.ssm[4] * c.ssm[2], c.ssm[0])
+    ),
     "ssm_norm": lambda c, i: (
         (c.ssm[2],)  # the delta-net's: one value head's width
         if per_layer(c, "layer_kinds", i, "") == "deltanet"
@@ -111,15 +122,15 @@ def required_stems(cfg: ModelConfig, i: int) -> list[str]:
     kind = per_layer(cfg, "layer_kinds", i, "attn")
     if kind == "shortconv":  # a recurrent layer in place of attention (`model/recurrent/`)
         stems = ["shortconv.in_proj", "shortconv.out_proj", "shortconv.conv"]
-    elif kind == "mamba2":
-        stems = ["ssm_in", "ssm_out", "ssm_conv1d", "ssm_norm"]
+    elif kind in ("mamba1", "mamba2", "ffn"):  # mixers' tensors: `recurrent.tensors`
+        stems = []
     elif kind == "deltanet":  # shapes checked by `recurrent.deltanet` at load
         stems = ["attn_qkv", "attn_gate", "ssm_out", "ssm_conv1d", "ssm_norm"]
     elif getattr(cfg, "kv_lora_rank", 0):  # latent attention (deepseek2); q by attn_q or q_a/q_b
         stems = ["attn_kv_a_mqa", "attn_kv_a_norm", "attn_k_b", "attn_v_b", "attn_output"]
     if getattr(cfg, "pre_norms", True):  # olmo2, exaone4: post norms only
         stems += ["attn_norm"]
-        if not getattr(cfg, "parallel", False) and has_ffn(cfg, i):
+        if not getattr(cfg, "parallel", False) and has_ffn(cfg, i) and kind != "ffn":
             stems += [getattr(cfg, "ffn_norm_name", "ffn_norm")]
     if getattr(cfg, "qk_norm", False) and kind == "attn":
         stems += ["attn_q_norm", "attn_k_norm"]

@@ -83,7 +83,8 @@ def check_hparams(meta: Mapping[str, Any]) -> None:
         raise ModelFileError(f"general.architecture must be a string, got {_show(arch)}")
     for key, (lo, hi) in _INT_KEYS.items():
         v = meta.get(f"{arch}.{key}")
-        if key.startswith("attention.head_count") and _per_layer_heads(arch, v):
+        per_layer = key.startswith("attention.head_count") or key == "feed_forward_length"
+        if per_layer and _per_layer_heads(arch, v):
             continue  # one per layer, 0 at recurrent layers (`ModelConfig.from_gguf` reads them)
         if v is not None and not (_is_int(v) and lo <= int(v) <= hi):
             raise ModelFileError(f"{arch}.{key} = {_show(v)}: must be an integer from {lo} to {hi}")
@@ -145,7 +146,8 @@ def check_config(cfg: ModelConfig) -> None:
 
 # ---- tensors -----------------------------------------------------------------------------
 
-_BLOCK = re.compile(r"^blk\.(\d+)\.(.+)\.(weight|bias)$")
+# blk.N.STEM.weight / .bias, or a bare blk.N.STEM (falcon-h1's ffn_norm, llama.cpp's ssm_a)
+_BLOCK = re.compile(r"^blk\.(\d+)\.(.+?)(?:\.(weight|bias))?$")
 
 
 def check_tensors(
@@ -185,8 +187,12 @@ def check_tensors(
         for stem in required_stems(cfg, i):
             if fused_exps and stem in ("ffn_gate_exps", "ffn_up_exps"):
                 continue
-            if f"blk.{i}.{stem}.weight" not in shapes:
+            if f"blk.{i}.{stem}.weight" not in shapes and f"blk.{i}.{stem}" not in shapes:
                 raise ModelFileError(f"the model lacks tensor 'blk.{i}.{stem}.weight'")
+    from loraserve.model.recurrent import tensors as recurrent_tensors
+
+    if (problem := recurrent_tensors.check(cfg, shapes)) is not None:
+        raise ModelFileError(problem)
     emb = shapes.get("token_embd.weight")
     if emb is None or len(emb) != 2 or emb[1] != h:
         raise ModelFileError(

@@ -5,7 +5,7 @@ depthwise convolution (kernel ``ssm_conv1d`` [conv_dim, d_conv], plus bias, SiLU
 into x [H, P] (P = d_inner / H), B and C [G, N] (head h reads group h // (H / G)). With
 dt' = softplus(dt + dt_bias) and dA = exp(dt' A) per head, the state s [H, P, N] of a sequence
 runs s <- s dA + B (x dt') and each token reads y = sum_n s C, then y + x D, times SiLU(z), a
-grouped RMSNorm (``ssm_norm`` [G, d_inner / G]) and ``ssm_out``.
+grouped RMSNorm (``ssm_norm`` [G, d_inner / G], where the file has one) and ``ssm_out``.
 
 Row independence: the scan runs token by token per sequence in a fixed order, on tensors whose
 shapes never depend on the batch or the chunking, so a sequence's bits are the same alone,
@@ -44,7 +44,8 @@ class Mamba2(nn.Module):
         self.dt_b = _req(w, p + "ssm_dt.bias").reshape(-1)  # [H]
         self.a = _req(w, p + "ssm_a").reshape(-1)  # [H] (negative: -exp(A_log))
         self.d = _req(w, p + "ssm_d").reshape(-1, 1)  # [H, 1]
-        self.norm = _req(w, p + "ssm_norm.weight").reshape(self.g, -1).contiguous()  # [G, d/G]
+        norm = w.float(p + "ssm_norm.weight")  # [G, d/G]; absent: no grouped norm (falcon-h1)
+        self.norm = None if norm is None else norm.float().reshape(self.g, -1).contiguous()
 
     @staticmethod
     def state_shape(cfg: ModelConfig) -> tuple[int, ...]:
@@ -93,7 +94,8 @@ class Mamba2(nn.Module):
         x = xbc[:, :di].view(t, h, -1)
         zc = torch.empty(t, di).copy_(z)  # rows of di: the C kernel's layout even at T = 1
         out = gated_act(zc, (y + x * self.d).view(t, di), "silu")  # [T, d_inner]
-        out = rms_norm(out.reshape(t, g, di // g).contiguous(), self.norm, self.eps)
+        if self.norm is not None:
+            out = rms_norm(out.reshape(t, g, di // g).contiguous(), self.norm, self.eps)
         return self.out_proj(out.view(t, di))
 
 
