@@ -211,13 +211,14 @@ LAZY = ("google-gemma-4-31B-it.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
         "deepseek-ai-DeepSeek-V4.jinja", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
         "inclusionai-ling-3.0-flash.jinja", "Kimi-K3.jinja", "Cohere2MoE.jinja",
         "MiniMax-M3.jinja", "LFM2-8B-A1B.jinja", "LFM2.5-8B-A1B.jinja",
-        "LFM2.5-Instruct.jinja")  # fmt: skip
+        "LFM2.5-Instruct.jinja", "muse-glimmer.jinja",
+        "meetkai-functionary-medium-v3.2.jinja")  # fmt: skip
 
 
 @pytest.mark.parametrize("tokens", [True, False])
 def test_dialect_auto_grammar_accepts_llama_cpps_answers(tokens: bool) -> None:
-    """Under `auto` (every dialect a word triggers) every whole answer of llama.cpp's cases
-    with tools, reasoning and text included, is accepted: the markers as special tokens, or
+    """Under `auto` (every dialect: a word triggers, or Muse's and Functionary's patterns)
+    every whole answer of llama.cpp's cases with tools, reasoning and text included, is accepted: the markers as special tokens, or
     all as text (a vocabulary without them). Skipped: answers whose reasoning or values hold
     one of the format's special tokens (grammar text never holds one)."""
     checked = 0

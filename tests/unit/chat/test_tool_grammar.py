@@ -86,3 +86,23 @@ def test_special_markers_are_token_references(choice: str) -> None:
     text = ("Sure. " if choice == "auto" else "") + text
     assert grammar_accepts(lark, text, specials) is None, (text, lark)
     assert grammar_accepts(lark, text) is not None  # the markers as text
+
+
+PATTERN_TRIGGERED = [
+    ("muse-glimmer.jinja", ' to=user<|message|>Hi.<|eom|><|start|>assistant to=special_function'
+     '<|message|><atem:function_calls>\n<atem:invoke name="special_function">\n<atem:parameter'
+     ' name="arg1">1</atem:parameter>\n</atem:invoke>\n</atem:function_calls>'),
+    ("meetkai-functionary-medium-v3.2.jinja", 'all\nHi.>>>special_function\n{"arg1": 1}'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "answer"), PATTERN_TRIGGERED)
+def test_pattern_triggered_auto_grammars_bind_the_calls(name: str, answer: str) -> None:
+    """Muse's and Functionary's `auto` grammars: text first, then a call, is accepted; a
+    call of no tool, or arguments outside the schema, is refused."""
+    fmt, tools = _format(name), CALLS[0]["request"]["tools"]
+    specials = tuple(t for t in fmt.preserved_tokens if t.startswith("<|"))
+    lark = tool_grammar(fmt, tools, "auto", special=lambda m: m in specials)
+    assert lark is not None and grammar_accepts(lark, answer, specials) is None, lark
+    for bad in (answer.replace("special_function", "other"), answer.replace("1", "x")):
+        assert grammar_accepts(lark, bad, specials) is not None, bad

@@ -13,9 +13,11 @@ from typing import Any
 from loraserve.chat.formats.description import ChatFormat
 from loraserve.chat.formats.special import dsml, gemma4, minimax_m3
 from loraserve.chat.formats.special.grammars_more import (
+    functionary_auto,
     functionary_body,
     lfm2_body,
     minimax_m3_body,
+    muse_auto,
     muse_body,
 )
 from loraserve.chat.formats.special.grammars_tagged import (
@@ -168,9 +170,9 @@ def dialect_grammar(
     special: Callable[[str], bool] = lambda s: False,
 ) -> str | None:
     """Lark text forcing a call under `choice` ("required" or a function's name) in `fmt`'s
-    dialect, or for `auto` constraining the calls from their trigger word on (every dialect
-    but Muse's and Functionary's, whose triggers are patterns); None where the dialect has
-    no grammar for the choice."""
+    dialect, or for `auto` constraining the calls from their trigger on (Muse's and
+    Functionary's, whose triggers are patterns, from the message that names a tool); None
+    where the dialect has no grammar for the choice."""
     if choice == "none" or not tools:
         return None
     lazy = choice == "auto"
@@ -191,6 +193,7 @@ def dialect_grammar(
     triggered = {"ling_3": ling3_body, "kimi_k3": kimi_k3_body, "cohere2_moe": cohere2_body,
                  "minimax_m3": minimax_m3_body, "lfm2": lfm2_body}  # fmt: skip
     whole = {"muse_glimmer": muse_body, "functionary_v3_2": functionary_body}
+    whole_auto = {"muse_glimmer": muse_auto, "functionary_v3_2": functionary_auto}
     dialect = "lfm2" if fmt.dialect == "lfm2_plain" else fmt.dialect
     g = Lark(special, fmt.preserved_tokens)
     if dialect in triggered:
@@ -198,6 +201,6 @@ def dialect_grammar(
         if not lazy and dialect in _NEW_BLOCK:  # required: no new reasoning block
             think = _NEW_BLOCK[dialect](g)
         return g.lark(_lazy(g, fmt, think, rest, lazy))
-    if dialect in whole and not lazy:
-        return g.lark(whole[dialect](g, tools, parallel, thinking_open))
+    if dialect in whole:
+        return g.lark((whole_auto if lazy else whole)[dialect](g, tools, parallel, thinking_open))
     return None

@@ -2,7 +2,8 @@
 calls), Muse Glimmer (atem:invoke messages) and Functionary v3.2 (`NAME\\n{json}` after the
 prompt's `>>>`). MiniMax-M3's and LFM2's return (the reasoning the answer may start with,
 the calls after their trigger); Muse's and Functionary's, whose calls no word starts, the
-whole answer."""
+whole answer; their `auto` grammars (`muse_auto`, `functionary_auto`) leave the messages with
+no function recipient free, as llama.cpp's pattern triggers do."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 from typing import Any
 
 from loraserve.chat.formats.special import lfm2, minimax_m3, muse
+from loraserve.chat.formats.special.functionary import ALL, SEP
 from loraserve.chat.formats.special.lark import (
     NUMBER,
     Lark,
@@ -137,6 +139,22 @@ def muse_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool)
     return f"{call} {more}"  # required: no reasoning message first
 
 
+def muse_auto(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool) -> str:
+    """Muse Glimmer under `auto`: reasoning messages (` to=self`) and the answer (` to=user`
+    or no recipient) free, a message to any other recipient one of the tools' calls
+    (llama.cpp's trigger: ` to=` other than self or user), calls after the answer too."""
+    calls = g.rule(muse_body(g, tools, parallel, False))
+    nxt = f"{g.q(muse.EOM)} {g.q(muse.START)}"
+    message = g.q(muse.MESSAGE)
+    inner = [q for q in map(g.q, muse.BODY_TOKENS) if not q.startswith('"')]  # as tokens
+    text = g.rule(f"TEXT (({' | '.join(inner)}) TEXT)*") if inner else "TEXT"
+    body = g.rule("")  # a message, then the next one
+    analysis = f'" to=self" {message} {text} {nxt} {body}'
+    final = f'(" to=user")? {message} {text} ({nxt} {calls} | {g.q(muse.EOT)})?'
+    g.rules[int(body[1:]) - 1] = f"{body}: {calls} | {analysis} | {final}"
+    return body
+
+
 def functionary_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool) -> str:
     """Functionary v3.2: `NAME\\n{arguments}` (the prompt wrote `>>>`), more as `>>>NAME..`."""
     calls = []
@@ -146,3 +164,14 @@ def functionary_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open
         calls.append(g.rule(f"{json.dumps(fn['name'] + chr(10))} {json_value(schema)}"))
     call = g.rule(" | ".join(calls))
     return f'{call} (">>>" {call})*' if parallel else call
+
+
+def functionary_auto(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool) -> str:
+    """Functionary v3.2 under `auto`: `all\\n` messages free (text up to the next `>>>`),
+    any other recipient one of the tools' calls (llama.cpp's trigger: `>>>(?!all)`)."""
+    calls = g.rule(functionary_body(g, tools, parallel, False))
+    body = g.rule("")
+    more = g.rule(f"TEXT {json.dumps(SEP)}", lazy=True)  # the text up to the first `>>>`
+    free = f"{json.dumps(ALL)} ({more} {body} | {g.not_containing(SEP)})"
+    g.rules[int(body[1:]) - 1] = f"{body}: {calls} | {free}"
+    return body

@@ -25,6 +25,7 @@ START, MESSAGE, EOM, EOT = "<|start|>assistant", "<|message|>", "<|eom|>", "<|eo
 CALLS, CALLS_END = "<atem:function_calls>", "</atem:function_calls>"
 INVOKE, INVOKE_END = '<atem:invoke name="', "</atem:invoke>"
 PARAM, PARAM_END = '<atem:parameter name="', "</atem:parameter>"
+BODY_TOKENS = (CALLS, CALLS_END, INVOKE_END, PARAM_END)  # special tokens text may quote
 
 
 def parse(text: str, partial: bool, schemas: dict | None, extract: bool) -> Parsed:
