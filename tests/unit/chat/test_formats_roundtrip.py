@@ -218,9 +218,10 @@ LAZY = ("google-gemma-4-31B-it.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
 @pytest.mark.parametrize("tokens", [True, False])
 def test_dialect_auto_grammar_accepts_llama_cpps_answers(tokens: bool) -> None:
     """Under `auto` (every dialect: a word triggers, or Muse's and Functionary's patterns)
-    every whole answer of llama.cpp's cases with tools, reasoning and text included, is accepted: the markers as special tokens, or
-    all as text (a vocabulary without them). Skipped: answers whose reasoning or values hold
-    one of the format's special tokens (grammar text never holds one)."""
+    every whole answer of llama.cpp's cases with tools, reasoning and text included, is
+    accepted: the markers as special tokens, or all as text (a vocabulary without them).
+    Skipped: answers whose reasoning or values hold one of the format's special tokens
+    (grammar text never holds one)."""
     checked = 0
     for case in CASES:
         req = case["request"]
