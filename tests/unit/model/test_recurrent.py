@@ -58,7 +58,8 @@ HERE = [
 ]
 GAP = 0.5
 PROBS = SamplingParams(temperature=0.0, n_probs=2)
-RECURRENT_STEMS = ("shortconv.in_proj", "shortconv.out_proj", "ssm_in", "ssm_out")
+RECURRENT_STEMS = ("shortconv.in_proj", "shortconv.out_proj", "ssm_in", "ssm_out", "attn_qkv",
+                   "attn_gate", "ssm_beta", "ssm_alpha", "ssm_ba")  # fmt: skip
 _MODELS: dict[tuple[str, str, str], LoadedModel] = {}
 
 
@@ -245,7 +246,12 @@ action = st.one_of(
 )
 
 
+# the first recurrent record, and a delta-net one (gated attention, value/key heads)
+PROPERTY = [*VARIANTS[:1], *[v for v in VARIANTS if v == ("qwen35", "dense")]]
+
+
 @pytest.mark.skipif(not VARIANTS, reason="no recorded recurrent architecture")
+@pytest.mark.parametrize("arch,variant", PROPERTY, ids=map(_id, PROPERTY))
 @settings(
     max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -256,9 +262,8 @@ action = st.one_of(
     st.integers(1, 3),  # slots
 )
 def test_cache_on_equals_cache_off(
-    tmp: Path, actions: list, ubatch: int, cache_mib: float, n_slots: int
+    tmp: Path, arch: str, variant: str, actions: list, ubatch: int, cache_mib: float, n_slots: int
 ) -> None:
-    arch, variant = VARIANTS[0]
     m = model(tmp, arch, variant)
     rec = RECORDS[arch]["variants"][variant]
     paths = []
