@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from loraserve.model.config import ModelConfig
-from loraserve.model.context import LoraDelta, get_context
+from loraserve.model.context import get_context
+from loraserve.model.ffn.routed import RoutedExperts
 from loraserve.model.layers import gated_act
 from loraserve.model.projection import Matrix, Projection, matmul
 from loraserve.model.weights import WeightSource
@@ -27,8 +28,8 @@ from loraserve.model.weights import WeightSource
 class MoE(nn.Module):
     """Sparse expert FFN; experts stored stacked: gate/up [E, ffn, hidden], down [E, hidden, ffn].
 
-    Each expert's rows run on the kernel of their stored type (`projection.matmul`). LoRA
-    targets for experts are addressed by the stacked tensor names
+    The routed experts run in `routed.RoutedExperts` (quantized ones as one grouped C call
+    per step). LoRA targets for experts are addressed by the stacked tensor names
     (``blk.N.ffn_gate_exps.weight``) with the expert index passed to the delta; the shared
     experts are ordinary projections (``blk.N.ffn_up_shexp.weight``...).
     """
@@ -36,32 +37,16 @@ class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig, prefix: str, w: WeightSource) -> None:
         super().__init__()
         self.cfg, self.prefix = cfg, prefix
-
-        def experts(n: str) -> list[Matrix]:
-            t = w.experts(prefix + n)
-            if t is None:
-                raise ValueError(f"model file lacks tensor {prefix + n!r}")
-            return t
-
         router = w.matrix(prefix + "ffn_gate_inp.weight")
         if router is None:
             raise ValueError(f"model file lacks tensor {prefix + 'ffn_gate_inp.weight'!r}")
         self.router = router  # [E, hidden]
-        self.fused = w.has(prefix + "ffn_gate_up_exps.weight")
-        if self.fused:  # gate|up stored fused: split at load
-            fused = experts("ffn_gate_up_exps.weight")  # E x [2 ffn, hidden], gate first
-            n = fused[0].shape[0] // 2
-            self.gate = [m.rows(torch.arange(n)).pack() for m in fused]
-            self.up = [m.rows(torch.arange(n, 2 * n)).pack() for m in fused]
-        else:
-            self.gate = experts("ffn_gate_exps.weight")  # E x [ffn, hidden]
-            self.up = experts("ffn_up_exps.weight")  # E x [ffn, hidden]
-        self.down = experts("ffn_down_exps.weight")  # E x [hidden, ffn]
+        self.experts = RoutedExperts(cfg, prefix, w)
+        # the stacks as adapters address them (`lora.registry.base_shapes`)
+        self.fused = self.experts.fused
+        self.gate, self.up, self.down = self.experts.gate, self.experts.up, self.experts.down
         self.select_bias = w.float(prefix + "exp_probs_b.bias")  # [E] or None
         self.router_bias = w.float(prefix + "ffn_gate_inp.bias")  # [E] or None (gpt-oss)
-        self.gate_bias = w.float(prefix + "ffn_gate_exps.bias")  # [E, ffn] or None
-        self.up_bias = w.float(prefix + "ffn_up_exps.bias")  # [E, ffn] or None
-        self.down_bias = w.float(prefix + "ffn_down_exps.bias")  # [E, hidden] or None
         # shared experts: submodules, so adapters find their parts as targets
         self.shared_gate_up: Projection | None = None
         self.shared_down: Projection | None = None
@@ -78,20 +63,6 @@ class MoE(nn.Module):
             None if gate is None else Matrix.from_float(prefix + "ffn_gate_inp_shexp.weight",
                                                         gate.reshape(1, -1))
         )  # fmt: skip
-
-    def _lora_gate_up(
-        self, lora: LoraDelta, e: int, x: torch.Tensor, g: torch.Tensor, u: torch.Tensor,
-        tok: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """Expert e's gate and up outputs g, u [n, ffn] with their adapters' deltas: on the
-        stored ``ffn_gate_up_exps`` (gate rows first) where the file fuses them, else on
-        ``ffn_gate_exps`` and ``ffn_up_exps``."""
-        if self.fused:
-            gu = lora.apply_expert(self.prefix + "ffn_gate_up_exps.weight", e, x,
-                                   torch.cat((g, u), 1), tok)  # fmt: skip
-            return gu[:, : g.shape[1]], gu[:, g.shape[1] :]
-        g = lora.apply_expert(self.prefix + "ffn_gate_exps.weight", e, x, g, tok)
-        return g, lora.apply_expert(self.prefix + "ffn_up_exps.weight", e, x, u, tok)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """h: [T, hidden] -> [T, hidden]."""
@@ -116,29 +87,7 @@ class MoE(nn.Module):
             weights = weights / weights.sum(-1, keepdim=True).clamp_min(6.103515625e-5)
         if cfg.expert_scale not in (0.0, 1.0):
             weights = weights * torch.tensor(cfg.expert_scale, dtype=torch.float32)
-        out = torch.zeros_like(h)
-        lora = get_context().lora
-        before = cfg.expert_weight_input  # llama4: the weight scales the expert's input
-        for e in torch.unique(experts).tolist():
-            tok, slot = torch.nonzero(experts == e, as_tuple=True)  # tokens routed to e
-            x = h.index_select(0, tok)  # [n, hidden]
-            if before:
-                x = x * weights[tok, slot].unsqueeze(1)
-            g = matmul(x, self.gate[e])
-            u = matmul(x, self.up[e])
-            if lora is not None:
-                g, u = self._lora_gate_up(lora, e, x, g, u, tok)
-            if self.gate_bias is not None:
-                g = g + self.gate_bias[e]
-            if self.up_bias is not None:
-                u = u + self.up_bias[e]
-            a = gated_act(g, u, cfg.act)  # one C call: a row's bits are its own
-            d = matmul(a, self.down[e])
-            if lora is not None:
-                d = lora.apply_expert(self.prefix + "ffn_down_exps.weight", e, a, d, tok)
-            if self.down_bias is not None:
-                d = d + self.down_bias[e]
-            out.index_add_(0, tok, d if before else d * weights[tok, slot].unsqueeze(1))
+        out = self.experts(h, experts, weights, get_context().lora)  # [T, hidden]
         if self.shared_gate_up is not None and self.shared_down is not None:
             gate, up = self.shared_gate_up(h).chunk(2, dim=-1)
             s = self.shared_down(gated_act(gate, up, "silu"))  # [T, hidden]

@@ -1,0 +1,166 @@
+"""The routed experts of a MoE layer: their stacked weights and the three ways to run them.
+
+- Quantized experts with the C kernels: `kernels.moe.GroupedExperts`, one call for the
+  whole routed FFN of a step (tokens grouped by expert, one parallel region), or, when the
+  step has adapters, its stages one by one with each expert's LoRA delta added between
+  them (gate/up after the gate|up matmul, down after the down matmul, before the biases).
+  Both give a row the same bits, so a request's numbers do not depend on whether another
+  request of its batch had an adapter.
+- Float experts (the float32 precision, F16/BF16 files) or no C kernels: a loop over the
+  experts of the step, each on `projection.matmul`, the outputs combined the same way.
+
+Every path sums a token's k expert outputs in its top-k slot order (llama.cpp's order).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from loraserve.kernels.moe import GroupedExperts, Route
+from loraserve.model.config import ModelConfig
+from loraserve.model.context import LoraDelta
+from loraserve.model.layers import gated_act
+from loraserve.model.projection import Matrix, matmul
+from loraserve.model.weights import WeightSource
+
+
+class RoutedExperts:
+    """Stacked experts ``{prefix}ffn_{gate,up,down}_exps`` (or a fused ``gate_up``) and
+    biases; each expert's matrices repacked for the kernels where the type has a packed
+    layout. ``gate``/``up`` [E] x [ffn, hidden], ``down`` [E] x [hidden, ffn]."""
+
+    def __init__(self, cfg: ModelConfig, prefix: str, w: WeightSource) -> None:
+        self.cfg, self.prefix = cfg, prefix
+        self.fused = w.has(prefix + "ffn_gate_up_exps.weight")
+        if self.fused:  # gate|up stored fused: split at load
+            fused = _stack(w, prefix + "ffn_gate_up_exps.weight")  # E x [2 ffn, hidden]
+            n = fused[0].shape[0] // 2
+            self.gate = [m.rows(torch.arange(n)).pack() for m in fused]
+            self.up = [m.rows(torch.arange(n, 2 * n)).pack() for m in fused]
+            w.release(prefix + "ffn_gate_up_exps.weight")
+        else:
+            self.gate = _packed(w, prefix + "ffn_gate_exps.weight")
+            self.up = _packed(w, prefix + "ffn_up_exps.weight")
+        self.down = _packed(w, prefix + "ffn_down_exps.weight")
+        self.gate_bias = w.float(prefix + "ffn_gate_exps.bias")  # [E, ffn] or None
+        self.up_bias = w.float(prefix + "ffn_up_exps.bias")  # [E, ffn] or None
+        self.down_bias = w.float(prefix + "ffn_down_exps.bias")  # [E, hidden] or None
+        self.grouped: GroupedExperts | None = None
+        stacks = [self.gate, self.up, self.down]
+        if GroupedExperts.supports([m[0].kernel_type for m in stacks]) and all(
+            m.quantized for s in stacks for m in s
+        ):
+            self.grouped = GroupedExperts(
+                [([m.data for m in s], s[0].kernel_type) for s in (self.gate, self.up)],
+                ([m.data for m in self.down], self.down[0].kernel_type),
+                cfg.act, self.gate_bias, self.up_bias, self.down_bias,
+            )  # fmt: skip
+
+    def __call__(
+        self, h: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
+        lora: LoraDelta | None,
+    ) -> torch.Tensor:  # fmt: skip
+        """h [T, hidden], experts [T, k] long, weights [T, k] float32 -> [T, hidden]."""
+        before = self.cfg.expert_weight_input  # llama4: the weight scales the expert's input
+        g = self.grouped
+        if g is None:
+            return self._loop(h, experts, weights, lora, before)
+        if lora is None:
+            return g.ffn_rows(h, experts, weights, before)
+        r = g.route(experts)
+        scale = weights.reshape(-1)[r.pair].contiguous() if before else None  # [P]
+        gu = g.gate_up(h, r, scale)  # [P, 2 ffn]
+        spans = _spans(r)
+        for e, lo, hi in spans:
+            x = _inputs(h, r.tok[lo:hi], None if scale is None else scale[lo:hi])
+            self._lora_gate_up(lora, e, x, gu[lo:hi], r.tok[lo:hi])
+        a = g.act_rows(gu, r)  # [P, ffn]
+        d = g.down(a, r)  # [P, hidden]
+        target = self.prefix + "ffn_down_exps.weight"
+        for e, lo, hi in spans:
+            _put(d[lo:hi], lora.apply_expert(target, e, a[lo:hi], d[lo:hi], r.tok[lo:hi]))
+        return g.combine(d, r, None if before else weights)
+
+    def _lora_gate_up(
+        self, lora: LoraDelta, e: int, x: torch.Tensor, gu: torch.Tensor, tok: torch.Tensor
+    ) -> None:
+        """Expert e's adapter deltas added in place to its rows gu [n, 2 ffn] (gate | up):
+        on the stored ``ffn_gate_up_exps`` (gate rows first) where the file fuses them, else
+        on ``ffn_gate_exps`` and ``ffn_up_exps``."""
+        if self.fused:
+            _put(gu, lora.apply_expert(self.prefix + "ffn_gate_up_exps.weight", e, x, gu, tok))
+            return
+        f = gu.shape[1] // 2
+        for name, part in (("ffn_gate_exps", gu[:, :f]), ("ffn_up_exps", gu[:, f:])):
+            _put(part, lora.apply_expert(self.prefix + name + ".weight", e, x, part, tok))
+
+    def _loop(
+        self, h: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
+        lora: LoraDelta | None, before: bool,
+    ) -> torch.Tensor:  # fmt: skip
+        """One expert at a time (float weights, or no C kernels)."""
+        t, k = experts.shape
+        flat = experts.reshape(-1)  # [P] by pair id t * k + j
+        d_all = torch.empty(t * k, h.shape[1])  # [P, hidden] by pair id
+        for e in torch.unique(flat).tolist():
+            pairs = torch.nonzero(flat == e).squeeze(1)  # the pairs routed to e, ascending
+            tok = pairs // k
+            x = _inputs(h, tok, weights.reshape(-1)[pairs] if before else None)  # [n, hidden]
+            gu = torch.cat((matmul(x, self.gate[e]), matmul(x, self.up[e])), 1)  # [n, 2 ffn]
+            if lora is not None:
+                self._lora_gate_up(lora, e, x, gu, tok)
+            f = gu.shape[1] // 2
+            g, u = gu[:, :f], gu[:, f:]  # views of one row stride, as gated_act reads them
+            if self.gate_bias is not None:
+                g += self.gate_bias[e]
+            if self.up_bias is not None:
+                u += self.up_bias[e]
+            a = gated_act(g, u, self.cfg.act)  # one C call: a row's bits are its own
+            d = matmul(a, self.down[e])
+            if lora is not None:
+                d = lora.apply_expert(self.prefix + "ffn_down_exps.weight", e, a, d, tok)
+            if self.down_bias is not None:
+                d = d + self.down_bias[e]
+            d_all[pairs] = d
+        d_all = d_all.reshape(t, k, -1)
+        if not before:
+            d_all = d_all * weights.unsqueeze(2)
+        out = d_all[:, 0].clone()
+        for j in range(1, k):  # slot order: one add per value, the same bits anywhere
+            out = out + d_all[:, j]
+        return out
+
+
+def _stack(w: WeightSource, name: str) -> list[Matrix]:
+    t = w.experts(name)
+    if t is None:
+        raise ValueError(f"model file lacks tensor {name!r}")
+    return t
+
+
+def _packed(w: WeightSource, name: str) -> list[Matrix]:
+    """The stack's experts repacked where their type has a packed layout; the mapping's
+    pages released once the copies serve."""
+    mats = _stack(w, name)
+    packed = [m.pack() for m in mats]
+    if any(p is not m for p, m in zip(packed, mats, strict=True)):
+        w.release(name)
+    return packed
+
+
+def _spans(r: Route) -> list[tuple[int, int, int]]:
+    """(expert, first sorted row, end) of each expert with rows."""
+    off = r.off.tolist()
+    return [(e, off[e], off[e + 1]) for e in range(len(off) - 1) if off[e + 1] > off[e]]
+
+
+def _inputs(h: torch.Tensor, tok: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """The rows of h [T, hidden] of tokens tok [n] (times scale [n]: llama4's input weight)."""
+    x = h.index_select(0, tok)
+    return x if scale is None else x * scale.unsqueeze(1)
+
+
+def _put(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """An adapter's result into the rows it was given (deltas may come back as a new tensor)."""
+    if src is not dst:
+        dst.copy_(src)
