@@ -12,7 +12,10 @@ from loraserve.model.archs.base import Arch, Keys
 
 def deltanet(keys: Keys, n_layers: int) -> dict[str, Any]:
     """Layer kinds (delta-net or attention), the delta-net sizes, the gated attention and the
-    pre-FFN norm's name (qwen35, qwen35moe, qwen3next)."""
+    pre-FFN norm's name (qwen35, qwen35moe, qwen3next). The multi-token-prediction blocks
+    (``nextn_predict_layers``) at the end are not layers of the model (a file holding them is
+    refused at validation: tensors past the last layer)."""
+    n_layers -= int(keys.get("nextn_predict_layers", 0) or 0)
     recr = keys.get("attention.recurrent_layers")
     if recr is not None and hasattr(recr, "__len__") and len(recr) >= n_layers:
         is_recr = [bool(x) for x in list(recr)[:n_layers]]
@@ -21,6 +24,7 @@ def deltanet(keys: Keys, n_layers: int) -> dict[str, Any]:
         is_recr = [(i + 1) % every != 0 for i in range(n_layers)]
     names = ("conv_kernel", "inner_size", "state_size", "time_step_rank", "group_count")
     return dict(
+        n_layers=n_layers,
         layer_kinds=tuple("deltanet" if r else "attn" for r in is_recr),
         ssm=tuple(int(keys.req(f"ssm.{k}")) for k in names),
         attn_out_gate=True,
