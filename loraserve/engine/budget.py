@@ -9,17 +9,13 @@ one: the budget message, then the first end marker) → DONE (free again; a new 
 re-arms it). The prompt's tokens count as llama.cpp's prefill: a generation prompt that
 opens the reasoning block starts the request in COUNTING (`counting`).
 
-A budget travels with the request as a first line of its grammar text
-(``%reasoning_budget {json}``, `BudgetSpec.wrap`), so a request can carry a budget, a
-grammar, or both through the engine unchanged; `engine.constraint.Constraint` reads it.
+A budget travels as the request's own field (`Request.reasoning_budget`, set through
+`Engine.submit`), beside its grammar; `engine.constraint.Constraint` keeps both.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-
-HEADER = "%reasoning_budget "
 
 
 @dataclass(frozen=True)
@@ -31,25 +27,6 @@ class BudgetSpec:
     ends: tuple[tuple[int, ...], ...]  # markers that end reasoning (the first is forced)
     forced: tuple[int, ...]  # what is forced when the budget is spent
     counting: bool = False  # the prompt left the answer inside reasoning
-
-    def wrap(self, grammar: str | None) -> str:
-        """The grammar text carrying this budget (`grammar`: llguidance's text, or None)."""
-        head = {"budget": self.budget, "starts": [list(s) for s in self.starts],
-                "counting": self.counting,
-                "ends": [list(e) for e in self.ends], "forced": list(self.forced)}  # fmt: skip
-        return HEADER + json.dumps(head) + "\n" + (grammar or "")
-
-
-def split(grammar: str) -> tuple[BudgetSpec | None, str]:
-    """(the budget a grammar text carries, the grammar without it)."""
-    if not grammar.startswith(HEADER):
-        return None, grammar
-    line, _, rest = grammar.partition("\n")
-    d = json.loads(line[len(HEADER) :])
-    ends = tuple(tuple(e) for e in d["ends"])
-    starts = tuple(tuple(s) for s in d["starts"])
-    spec = BudgetSpec(d["budget"], starts, ends, tuple(d["forced"]), d["counting"])
-    return spec, rest
 
 
 _LEADS = ((0x80, 0x00), (0xE0, 0xC0), (0xF0, 0xE0), (0xF8, 0xF0))  # (mask, value) by length

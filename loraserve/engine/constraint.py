@@ -25,7 +25,7 @@ import llguidance
 import numpy as np
 import torch
 
-from loraserve.engine.budget import ReasoningBudget, split
+from loraserve.engine.budget import BudgetSpec, ReasoningBudget
 from loraserve.model.tokenizer import Tokenizer
 
 GrammarKind = Literal["gbnf", "json_schema", "lark"]
@@ -129,13 +129,14 @@ class Grammars:
 
 
 class Constraint:
-    """One request's grammar state (engine thread), with its reasoning budget when the
-    grammar text carries one (`engine.budget`): a forced token then overrides the
-    grammar's mask, and a budget alone constrains nothing else."""
+    """One request's grammar state (engine thread), with its reasoning budget when it has
+    one (`engine.budget`): a forced token then overrides the grammar's mask, and a budget
+    alone constrains nothing else."""
 
-    def __init__(self, grammars: Grammars, grammar: str) -> None:
+    def __init__(
+        self, grammars: Grammars, grammar: str | None, spec: BudgetSpec | None = None
+    ) -> None:
         lltok = grammars.lltok
-        spec, grammar = split(grammar)
         self.budget = ReasoningBudget(spec, grammars.tok.token_bytes) if spec else None
         self.matcher = llguidance.LLMatcher(lltok, grammar, log_level=0) if grammar else None
         self.vocab = lltok.vocab_size

@@ -194,8 +194,8 @@ class EngineCore:
             return
         run.sampler = SamplerState(run.req.sampling, run.req.prompt, set(run.req.eog_ids))
         self._outputs[run.req.id] = TextOutput(self.tokenizer, run.req.stop)
-        if run.req.grammar is not None:
-            run.constraint = Constraint(self.grammars, run.req.grammar)
+        if run.req.grammar is not None or run.req.reasoning_budget is not None:
+            run.constraint = Constraint(self.grammars, run.req.grammar, run.req.reasoning_budget)
         if run.req.progress:
             self._progress(run)
 

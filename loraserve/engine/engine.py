@@ -19,6 +19,7 @@ from typing import TypeVar
 
 from loraserve.engine.adapter_loads import AdapterLoads
 from loraserve.engine.admission import QueueBudget, current_client, current_tenant
+from loraserve.engine.budget import BudgetSpec
 from loraserve.engine.constraint import GrammarSpec
 from loraserve.engine.core import EngineConfig, EngineCore, slot_context
 from loraserve.engine.embedding import Pooling
@@ -78,6 +79,7 @@ class Engine(EngineCalls):
         id_slot: int = -1,
         pooling: Pooling | None = None,
         grammar: str | None = None,
+        reasoning_budget: BudgetSpec | None = None,
         spec: SpecRequest | None = None,
         n: int = 1,
         strict_name: bool = False,
@@ -106,6 +108,7 @@ class Engine(EngineCalls):
         (`Event.embedding`). Poolings that read every row never reuse cached KV.
         With ``grammar`` (llguidance's text, from `compile_grammar`) every token sampled
         is one the grammar allows, and the request stops once the grammar is complete.
+        With ``reasoning_budget`` the end of reasoning is forced once its tokens are spent.
         ``spec`` holds the request's `speculative.*` fields (the server's with None).
         With ``progress``, a generation request also gets prompt-progress events
         (`Event.progress`, no token) at admission and after each prefill chunk.
@@ -135,6 +138,7 @@ class Engine(EngineCalls):
                     eog_ids=self.eog_ids,
                     pooling=pooling,
                     grammar=grammar,
+                    reasoning_budget=reasoning_budget,
                     spec=spec,
                     leader=first,
                     progress=progress,

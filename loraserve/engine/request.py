@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from loraserve.cache.prefix_cache import CacheKey, Spans, salted
+from loraserve.engine.budget import BudgetSpec
 from loraserve.engine.constraint import Constraint
 from loraserve.engine.embedding import Pooler, Pooling
 from loraserve.engine.sampling.params import SamplingParams
@@ -142,6 +143,7 @@ class Request:
     cancelled: bool = False  # set by `Engine.cancel`; the engine frees the slot next step
     pooling: Pooling | None = None  # an embedding request: pooled, never sampled
     grammar: str | None = None  # constrained generation: llguidance's grammar text
+    reasoning_budget: BudgetSpec | None = None  # the end marker forced after N reasoning tokens
     spec: SpecRequest | None = None  # the request's `speculative.*` fields
     leader: Request | None = None  # same prompt: wait for its prefill and share that KV (`n`)
     progress: bool = False  # send prompt-progress events (`Event.progress`)

@@ -28,7 +28,7 @@ from loraserve.server.errors import (
 )
 from loraserve.server.fields import MAX_LOGIT_BIAS
 from loraserve.server.flight import Flight, wait
-from loraserve.server.grammar import request_grammar
+from loraserve.server.grammar import AnswerConstraint, request_grammar
 from loraserve.server.schemas import Prompt, _GenerationParams
 from loraserve.server.state import ServerState
 
@@ -207,14 +207,15 @@ async def submit(
     params: _GenerationParams,
     adapter_name: str | None = None,
     progress: bool = False,
-    grammar: str | None = None,
+    grammar: AnswerConstraint | None = None,
 ) -> Flight:
     """Submit `n` engine requests per prompt under one effective adapter mix (the engine
     resolves it at receipt: `Engine.submit`); a 400 naming `lora` if it refuses it.
     `adapter_name` is an OpenAI `model`: the model's own name (or alias) is no adapter's.
     Prompt-progress events come with `progress`, or a stream asking for `return_progress`
-    or `timings_per_token`. `grammar`: compiled grammar text that replaces the request's
-    constraint fields (a tool-call grammar, `server/tool_calls.py`)."""
+    or `timings_per_token`. `grammar`: what constrains the answer in place of the request's
+    constraint fields (a chat answer's plan: its tool-call grammar and reasoning budget,
+    `server/tool_calls.py`)."""
     if adapter_name is not None and state.names_the_model(adapter_name):
         adapter_name = None
     check_limits(state, params)
@@ -223,9 +224,10 @@ async def submit(
     else:
         sp = sampling_params(state, params)
     if grammar is None:
-        grammar = await request_grammar(
+        text = await request_grammar(
             state, params.grammar, params.json_schema, params.response_format
         )
+        grammar = AnswerConstraint(text)
     scales = params.lora_scales()  # None: the global scales
     sub = state.require().submit(
         prompts,
@@ -236,7 +238,8 @@ async def submit(
         adapter_name=adapter_name,
         cache_prompt=params.cache_prompt,
         id_slot=params.id_slot,
-        grammar=grammar,
+        grammar=grammar.grammar,
+        reasoning_budget=grammar.budget,
         spec=params.speculative(),
         n=params.n,
         strict_name=state.cfg.strict_model_names,

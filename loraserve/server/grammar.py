@@ -4,20 +4,33 @@ an optional `schema`, or `json_schema` with `json_schema.schema`).
 
 `request_grammar` turns them into llguidance's grammar text through the engine
 (`Engine.compile_grammar`, see `engine/constraint.py` for the library and its cost), or a
-400 naming the field and the problem. No field: None (unconstrained).
+400 naming the field and the problem. No field: None (unconstrained). `AnswerConstraint`
+is what a planned chat answer hands `generation.submit` instead: the grammar it settled on
+and the reasoning budget, which the engine gets as the request's own fields.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from typing import Any
 
+from loraserve.engine.budget import BudgetSpec
 from loraserve.engine.constraint import GrammarSpec
 from loraserve.server.errors import invalid_request
 from loraserve.server.state import ServerState
 
 MAX_GRAMMAR_CHARS = 1 << 20  # GBNF text or a schema's JSON
+
+
+@dataclass(frozen=True)
+class AnswerConstraint:
+    """What constrains one answer in the engine: llguidance's grammar text (None: none, the
+    request's own fields included) and the reasoning budget (None: none)."""
+
+    grammar: str | None
+    budget: BudgetSpec | None = None
 
 
 def _schema_of(response_format: dict[str, Any]) -> Any:

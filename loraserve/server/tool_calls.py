@@ -29,7 +29,7 @@ from loraserve.engine.budget import BudgetSpec
 from loraserve.engine.constraint import GrammarSpec
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.errors import invalid_request
-from loraserve.server.grammar import request_grammar
+from loraserve.server.grammar import AnswerConstraint, request_grammar
 from loraserve.server.state import ServerState
 
 BARE_JSON = ChatFormat(detector="bare_json", tool_mode="json")
@@ -85,19 +85,18 @@ class ReplyPlan:
         """The deltas of one answer (a continued message's prefill is not sent again)."""
         return MessageStream(self.parser(stream), id_prefix, self.continuation and stream)
 
-    async def engine_grammar(self, state: ServerState, params: Any) -> str | None:
-        """The grammar text the engine gets: the tool-call grammar, else the request's own
-        (`grammar`, `json_schema`, `response_format`), carrying the reasoning budget; None
-        when there is neither a budget nor a tool-call grammar (`submit` then compiles the
-        request's own)."""
-        if self.budget is None:
-            return self.grammar
+    async def engine_grammar(self, state: ServerState, params: Any) -> AnswerConstraint | None:
+        """What the engine gets: the tool-call grammar, else the request's own (`grammar`,
+        `json_schema`, `response_format`), with the reasoning budget; None when there is
+        neither a budget nor a tool-call grammar (`submit` then compiles the request's own)."""
+        if self.budget is None and self.grammar is None:
+            return None
         grammar = self.grammar
         if grammar is None:
             grammar = await request_grammar(
                 state, params.grammar, params.json_schema, params.response_format
             )
-        return self.budget.wrap(grammar)
+        return AnswerConstraint(grammar, self.budget)
 
 
 def continues(cfg: Any, body: Any) -> str | None:

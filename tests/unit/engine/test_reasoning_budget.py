@@ -1,14 +1,15 @@
 """The reasoning budget against llama.cpp's own test of its sampler
 (tests/test-reasoning-budget.cpp of the sdist): each case feeds a token sequence and says at
 which step forcing starts and through which it lasts; its UTF-8 boundary cases; and the
-budget carried in a grammar text through `Constraint` on a logits row."""
+budget, a request's own field (`Request.reasoning_budget`), through `Constraint` on a logits
+row."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from loraserve.engine.budget import BudgetSpec, ReasoningBudget, split, utf8_complete
+from loraserve.engine.budget import BudgetSpec, ReasoningBudget, utf8_complete
 from loraserve.engine.constraint import Constraint
 
 NEVER = None
@@ -78,7 +79,7 @@ def test_utf8_boundaries_equal_llama_cpps(piece: bytes, complete: bool) -> None:
 
 
 class _Grammars:
-    """What `Constraint` reads of `Grammars` when the text carries only a budget."""
+    """What `Constraint` reads of `Grammars` when a request has a budget and no grammar."""
 
     class _LL:
         vocab_size = 8
@@ -93,9 +94,7 @@ class _Grammars:
 
 def test_constraint_forces_the_end_marker_then_lets_go() -> None:
     spec = _spec([[1]], [[2]], [3, 2], 1, False)
-    text = spec.wrap(None)
-    assert split(text) == (spec, "")
-    c = Constraint(_Grammars(), text)  # type: ignore[arg-type]
+    c = Constraint(_Grammars(), None, spec)  # type: ignore[arg-type]
     row = torch.arange(8, dtype=torch.float32)
     for tok in (1, 5):  # the start marker, then one token: the budget is spent
         c.mask(r := row.clone())
