@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraserve import __version__
 from loraserve.model.loader import LoadedModel
-from loraserve.server import webui
+from loraserve.server import offload, webui
 from loraserve.server.anthropic import messages as anthropic
 from loraserve.server.auth import ApiKeyMiddleware
 from loraserve.server.compat import sglang, vllm
@@ -104,6 +104,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.loop = asyncio.get_running_loop()
+        offload.install(state.loop)
         thread = threading.Thread(
             target=start,
             args=(state, model, loader or (lambda: load_from_config(cfg)), on_load_failure),

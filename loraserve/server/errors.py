@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Sequence
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -23,6 +22,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraserve.engine.admission import QueueFull
 from loraserve.server.clients import bind_client
+from loraserve.server.jsonout import JsonResponse
+from loraserve.server.jsonout import json_dumps as json_dumps  # re-exported for importers
 
 log = logging.getLogger("loraserve.server")
 
@@ -163,32 +164,6 @@ def parse_body(model: type[M], body: bytes | str | Any) -> M:
         return model.model_validate(body)
     except ValidationError as exc:
         raise invalid_request(validation_message(exc.errors())) from None
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def json_dumps(obj: Any) -> str:
-    """Compact JSON as llama-server writes it: UTF-8 text, no spaces; NaN/inf become null."""
-    try:
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except ValueError:
-        return json.dumps(_finite(obj), ensure_ascii=False, separators=(",", ":"))
-
-
-class JsonResponse(JSONResponse):
-    """`JSONResponse` writing `json_dumps` (a non-finite float becomes null, not a 500);
-    meant as the app's `default_response_class`."""
-
-    def render(self, content: Any) -> bytes:
-        return json_dumps(content).encode("utf-8", "replace")
 
 
 def _http_error_type(status: int) -> str:

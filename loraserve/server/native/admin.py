@@ -30,6 +30,7 @@ from loraserve.server.errors import (
 )
 from loraserve.server.flight import wait
 from loraserve.server.generation import chat_prompt
+from loraserve.server.offload import io_thread
 from loraserve.server.schemas import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest
 from loraserve.server.state import ServerState, get_state
 
@@ -165,7 +166,7 @@ async def slot_action(request: HttpRequest, id_slot: int, action: str = "") -> R
         path = _slot_path(state, filename, must_exist=False)
         image = await wait(engine.save_slot(id_slot))
         try:
-            n_written = await asyncio.to_thread(slot_io.write, path, image, fp)
+            n_written = await io_thread(slot_io.write, path, image, fp)
         except slot_io.SlotFileError as e:
             raise invalid_request(str(e)) from None
         ms = (time.perf_counter() - t0) * 1000
@@ -180,7 +181,7 @@ async def slot_action(request: HttpRequest, id_slot: int, action: str = "") -> R
         )
     path = _slot_path(state, filename, must_exist=True)
     try:
-        image = await asyncio.to_thread(slot_io.read, path, fp, engine.n_ctx_slot)
+        image = await io_thread(slot_io.read, path, fp, engine.n_ctx_slot)
         n = await wait(engine.restore_slot(id_slot, image))
     except slot_io.SlotFileError as e:
         raise invalid_request(str(e)) from None
@@ -225,6 +226,8 @@ def _tokenize(tok: Tokenizer, body: TokenizeRequest) -> Response:
     if not body.with_pieces:
         return JsonResponse({"tokens": ids})
 
+    pieces: dict[int, str | list[int]] = {}  # each distinct token's piece, worked out once
+
     def piece(t: int) -> str | list[int]:
         raw = tok.token_bytes(t)
         try:
@@ -232,7 +235,9 @@ def _tokenize(tok: Tokenizer, body: TokenizeRequest) -> Response:
         except UnicodeDecodeError:
             return list(raw)
 
-    return JsonResponse({"tokens": [{"id": t, "piece": piece(t)} for t in ids]})
+    for t in set(ids):
+        pieces[t] = piece(t)
+    return JsonResponse({"tokens": [{"id": t, "piece": pieces[t]} for t in ids]})
 
 
 @router.post("/detokenize", openapi_extra=body_doc(DetokenizeRequest))

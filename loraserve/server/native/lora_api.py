@@ -10,7 +10,6 @@ Every adapter action is an engine method: it runs on the engine thread, in arriv
 
 from __future__ import annotations
 
-import asyncio
 import os
 import stat
 from typing import Any
@@ -31,6 +30,7 @@ from loraserve.server.errors import (
     not_supported,
 )
 from loraserve.server.flight import wait
+from loraserve.server.offload import io_thread
 from loraserve.server.schemas import LoadAdapterRequest, LoraScales, UnloadAdapterRequest
 from loraserve.server.state import get_state
 
@@ -123,7 +123,7 @@ async def list_adapters(request: HttpRequest) -> Response:
 async def unregistered(engine: Engine, registered: list[Adapter]) -> list[Entry]:
     """The catalogue's entries that name no registered adapter (read off the event loop)."""
     taken = {a.name.casefold() for a in registered}
-    entries = await asyncio.to_thread(engine.catalogue_entries)
+    entries = await io_thread(engine.catalogue_entries)
     return [e for e in entries if e.name.casefold() not in taken]
 
 

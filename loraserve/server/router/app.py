@@ -29,7 +29,7 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from loraserve import __version__
-from loraserve.server import webui
+from loraserve.server import offload, webui
 from loraserve.server.app import BodyLimitMiddleware
 from loraserve.server.auth import ApiKeyMiddleware
 from loraserve.server.config.args import ServerConfig
@@ -236,6 +236,7 @@ def create_router_app(cfg: ServerConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         router.loop = asyncio.get_running_loop()
+        offload.install(router.loop)
         for preset in router.catalog.values():
             if preset.load_on_startup and preset.key is not None:
                 router.pool.start_load(preset.key)

@@ -26,6 +26,7 @@ from fastapi import FastAPI
 
 from loraserve.model.loader import LoadedModel
 from loraserve.server.config.args import ServerConfig
+from loraserve.server.offload import io_thread
 
 log = logging.getLogger("loraserve.router")
 POLL_S = 0.02
@@ -108,8 +109,8 @@ class Pool:
 
         try:
             await self._make_room(eng)
-            await asyncio.to_thread(_assemble_default, eng.cfg)
-            await asyncio.to_thread(check_files, eng.cfg)
+            await io_thread(_assemble_default, eng.cfg)
+            await io_thread(check_files, eng.cfg)
             model = await self._model(eng.cfg)
             eng.holds_model = True
             app = create_app(eng.cfg, model)
@@ -140,7 +141,7 @@ class Pool:
         key = (str(cfg.model), cfg.dtype)
         if key not in self._models:
             dtype = "float32" if cfg.dtype == "float32" else "native"
-            model = await asyncio.to_thread(load_model, Path(str(cfg.model)), dtype)
+            model = await io_thread(load_model, Path(str(cfg.model)), dtype)
             if key not in self._models:  # else loaded meanwhile by another engine: that one
                 self._models[key] = (model, 0)
         model, n = self._models[key]

@@ -10,11 +10,11 @@ chunks go). A tool's failure is a `ToolError`, answered as `{"error": ...}`.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from loraserve.server.offload import io_thread
 from loraserve.server.tools.confine import Confinement, ToolError
 
 Emit = Callable[[str], Awaitable[None]]
@@ -114,7 +114,7 @@ class Tool:
         if self.run_async is not None:
             return await self.run_async(params, call)
         assert self.run is not None
-        return await asyncio.to_thread(self.run, params, call)
+        return await io_thread(self.run, params, call)  # a tool may wait long
 
 
 def builtin_tools() -> list[Tool]:

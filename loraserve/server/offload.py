@@ -1,0 +1,50 @@
+"""Where work that would hold the event loop up runs: CPU-bound request preparation on a
+small pool (`install`: the loop's default executor, so `asyncio.to_thread` lands there), and
+blocking waits on files, processes or model loads on a larger one (`io_thread`).
+
+Why the CPU pool has one thread: Python threads share one GIL, so parsing, tokenizing,
+rendering and encoding in six worker threads at once is no faster than in one, but every one
+of them is a thread the event loop may queue behind (each up to the interpreter's switch
+interval, 5 ms) whenever it takes the GIL back after a system call. In the hostile load test
+(`tests/hardening/test_hostile_load.py`, rounds alternated on one server, loaded machine)
+`/health` p99 was 452 ms with the default pool (cores + 4 threads), 248 ms with two threads
+and 129 ms with one. Small jobs stay on the loop (`body.BIG_BODY_BYTES`,
+`generation.BIG_PROMPT_CHARS`), so one large request delays only other large ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import ParamSpec, TypeVar
+
+P = ParamSpec("P")
+T = TypeVar("T")
+CPU_THREADS = 1  # request preparation (JSON, tokenizing, templates, grammars) at once
+IO_THREADS = 16  # blocking waits (file and slot I/O, tools, model loads) at once
+
+_io_pool = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="loraserve-io")
+_installed: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
+def install(loop: asyncio.AbstractEventLoop) -> None:
+    """Make a `CPU_THREADS` pool the loop's default executor (`asyncio.to_thread`), once
+    per loop (a router runs its engines' apps on its own loop)."""
+    if loop in _installed:
+        return
+    _installed.add(loop)
+    pool = ThreadPoolExecutor(max_workers=CPU_THREADS, thread_name_prefix="loraserve-prep")
+    loop.set_default_executor(pool)
+
+
+async def io_thread(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``fn(*args, **kwargs)`` on the I/O pool (a call that mostly waits: it must not take
+    one of the few CPU threads for its whole wait), with the caller's context variables."""
+    loop = asyncio.get_running_loop()
+    ctx = contextvars.copy_context()
+    call = functools.partial(ctx.run, fn, *args, **kwargs)
+    return await loop.run_in_executor(_io_pool, call)
