@@ -59,6 +59,19 @@ class Adapter:
     pinned: bool = False  # never evicted (`lora.tiers`)
     last_used: int = 0  # the registry's use clock when a request last named it
     alora: tuple[int, ...] = ()  # aLoRA invocation tokens: active from their last occurrence
+    _sized: tuple[object, int] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes its weights hold in memory (0 on disk), counted once per weights
+        dict: the tiers ask on every load, and summing hundreds of tensors each time
+        made that pass O(resident adapters x targets)."""
+        w = self.weights
+        if not w:
+            return 0
+        if self._sized is None or self._sized[0] is not w:
+            self._sized = (w, sum(p.a.nbytes + p.b.nbytes for p in w.values()))
+        return self._sized[1]
 
 
 def load_adapter(
@@ -235,9 +248,19 @@ def _check(
             f"{path}: LoRA for {target!r} has A {tuple(a.shape)} and B {tuple(b.shape)}, "
             f"which do not fit the base tensor {tuple(base)} (A [r, in], B [out, r])"
         )
-    if not (math.isfinite(factor) and torch.isfinite(a).all() and torch.isfinite(b).all()):
+    a, b = a.float().contiguous(), b.float().contiguous()
+    if not (math.isfinite(factor) and _finite(a) and _finite(b)):
         raise AdapterError(f"{path}: LoRA for {target!r} holds non-finite values")
-    return LoraWeight(a.float().contiguous(), b.float().contiguous(), factor)
+    return LoraWeight(a, b, factor)
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """Whether every value is finite: its min and max are (NaN propagates through both),
+    two reductions without the boolean copy that ``isfinite(t).all()`` makes."""
+    if t.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(t)
+    return math.isfinite(float(lo)) and math.isfinite(float(hi))
 
 
 def _content_id(weights: dict[str, LoraWeight]) -> str:
@@ -245,6 +268,6 @@ def _content_id(weights: dict[str, LoraWeight]) -> str:
     for t in sorted(weights):
         w = weights[t]
         h.update(f"{t}|{tuple(w.a.shape)}|{tuple(w.b.shape)}|{w.factor!r}\n".encode())
-        h.update(w.a.numpy().tobytes())
-        h.update(w.b.numpy().tobytes())
+        h.update(w.a.numpy().data)  # the buffer itself: no copy (a, b are contiguous)
+        h.update(w.b.numpy().data)
     return h.hexdigest()

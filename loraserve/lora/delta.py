@@ -11,7 +11,7 @@ were active).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 import torch
@@ -31,8 +31,14 @@ class LoraBatch:
     (row_start, row_end, mix) with non-empty mixes of registered adapter ids.
     """
 
-    def __init__(self, spans: Sequence[Span], adapters: Mapping[int, Adapter]) -> None:
+    def __init__(
+        self,
+        spans: Sequence[Span],
+        adapters: Mapping[int, Adapter],
+        resident: Set[tuple[int, str]] | None = None,
+    ) -> None:
         self._adapters = adapters
+        self._resident = resident  # (id, content id) of the resident adapters, if known
         active = sorted({i for _, _, mix in spans for i in mix})
         if missing := [i for i in active if i not in adapters]:
             raise KeyError(f"LoRA adapter id(s) {missing} are not loaded")
@@ -94,9 +100,11 @@ class LoraBatch:
         """The step's adapters for `kernels.layers.FusedLayers` (``fused``): each active
         adapter's targets (ascending id, as `apply` orders them) and the scale table
         [n_active, t] (0 where a row's mix lacks the adapter), for a step of t rows."""
-        keys = {(i, a.content_id) for i, a in self._adapters.items()}
-        if len(keys) + 8 < fused.cached_adapters:
-            fused.retain(keys)
+        keys = self._resident
+        if keys is None:
+            keys = {(i, a.content_id) for i, a in self._adapters.items() if a.weights}
+        if len(keys) + 8 < fused.cached_adapters:  # evicted adapters' arrays go (with
+            fused.retain(set(keys))  # their weights: they held them in memory)
         arrays = [
             fused.adapter_targets((i, self._adapters[i].content_id), self._adapters[i].weights)
             for i in self.active

@@ -67,6 +67,8 @@ class AdapterRegistry(MixResolver):
         self._global: dict[int, float] = {}
         self._next_id = 0
         self._clock = 0
+        self._residency = 0  # bumped whenever an adapter's weights come or go
+        self._resident_keys: tuple[int, frozenset[tuple[int, str]]] = (-1, frozenset())
 
     def load(
         self, path: str | Path, scale: float = 1.0, name: str | None = None, pinned: bool = False
@@ -136,6 +138,7 @@ class AdapterRegistry(MixResolver):
             )
 
     def _add(self, adapter: Adapter, scale: float) -> None:
+        self._residency += 1
         adapter.id = self._next_id
         adapter.last_used = self._clock
         self._next_id += 1
@@ -165,6 +168,7 @@ class AdapterRegistry(MixResolver):
         """Make a registered adapter resident with what `read` returned (its content
         identity is the file's now: a changed file gets a new one, so a new cache key)."""
         a = self.get(adapter_id)
+        self._residency += 1
         a.weights, a.content_id, a.metadata = loaded.weights, loaded.content_id, loaded.metadata
         a.alora = loaded.alora
         self.stats.loads += 1
@@ -188,6 +192,7 @@ class AdapterRegistry(MixResolver):
     def evict(self, adapter_id: int) -> None:
         """Send a resident adapter back to disk (the engine checks it is idle)."""
         self.get(adapter_id).weights = {}
+        self._residency += 1
         self.stats.evictions += 1
 
     def missing(self, scales: Mapping[int, float]) -> list[int]:
@@ -206,6 +211,14 @@ class AdapterRegistry(MixResolver):
         """The adapters whose weights are in memory, in id order."""
         return [a for a in self.list() if a.weights]
 
+    def resident_keys(self) -> frozenset[tuple[int, str]]:
+        """(id, content identity) of every resident adapter, recomputed only after a
+        load, eviction or unload (a step asks for it: never O(registered) per step)."""
+        if self._resident_keys[0] != self._residency:
+            keys = frozenset((a.id, a.content_id) for a in self._adapters.values() if a.weights)
+            self._resident_keys = (self._residency, keys)
+        return self._resident_keys[1]
+
     @property
     def resident_bytes(self) -> int:
         """Bytes of resident adapter weights (shared weights counted once)."""
@@ -214,6 +227,7 @@ class AdapterRegistry(MixResolver):
     def unload(self, adapter_id: int) -> None:
         """Forget an adapter. The engine must not unload one that a running request uses."""
         self.get(adapter_id)
+        self._residency += 1
         del self._adapters[adapter_id], self._global[adapter_id]
 
     def get(self, adapter_id: int) -> Adapter:
@@ -271,4 +285,4 @@ class AdapterRegistry(MixResolver):
 
     def build_delta(self, spans: list[Span]) -> LoraBatch | None:
         """The runner's ``lora_builder``: one step's `LoraBatch` (None without spans)."""
-        return LoraBatch(spans, self._adapters) if spans else None
+        return LoraBatch(spans, self._adapters, self.resident_keys()) if spans else None

@@ -46,7 +46,7 @@ class TierStats:
 
 def adapter_bytes(a: Adapter) -> int:
     """The bytes an adapter's weights hold in memory (0 on disk)."""
-    return sum(w.a.nbytes + w.b.nbytes for w in a.weights.values())
+    return a.nbytes
 
 
 def victims(
