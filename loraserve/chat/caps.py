@@ -13,14 +13,13 @@ llama-server reports as `/props` `chat_template_caps`.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Any
 
 import jinja2
 
-from loraserve.chat.jinja_env import LlamaEnvironment
+from loraserve.chat.caps_tracking import TRACKING, is_used, ops_on, run_probe, track
 
 
 @dataclass(frozen=True)
@@ -40,165 +39,6 @@ class TemplateCaps:
     def to_map(self) -> dict[str, bool]:
         """The capabilities by name, keys sorted (llama.cpp's `std::map`)."""
         return {f.name: getattr(self, f.name) for f in sorted(fields(self), key=lambda f: f.name)}
-
-
-class _Stat:
-    __slots__ = ("ops", "used")
-
-    def __init__(self) -> None:
-        self.used = False
-        self.ops: set[str] = set()
-
-
-class _TStr(str):
-    __slots__ = ("stat",)
-
-    def __iter__(self):  # noqa: ANN204 - llama.cpp refuses a loop over a string
-        stat = _stat(self)
-        if stat is not None:
-            stat.used = True
-            stat.ops.add("array_access")
-        raise TypeError("Expected iterable or object type in for loop: got String")
-
-
-class _TList(list):
-    __slots__ = ("stat",)
-
-    def __iter__(self):  # noqa: ANN204
-        self.stat.used = True
-        self.stat.ops.add("array_access")
-        return super().__iter__()
-
-
-class _TDict(dict):
-    __slots__ = ("stat",)
-
-
-def _stat(v: Any) -> _Stat | None:
-    return getattr(v, "stat", None) if isinstance(v, _TStr | _TList | _TDict) else None
-
-
-def _track(v: Any) -> Any:
-    """`v` (JSON data) with every string, list and object recording its use."""
-    if _stat(v) is not None:
-        return v
-    if isinstance(v, str):
-        out: Any = _TStr(v)
-    elif isinstance(v, list):
-        out = _TList(_track(x) for x in v)
-    elif isinstance(v, dict):
-        out = _TDict((k, _track(x)) for k, x in v.items())
-    else:
-        return v
-    out.stat = _Stat()
-    return out
-
-
-def _mark(v: Any, deep: bool = False, op: str | None = None) -> None:
-    stat = _stat(v)
-    if stat is not None:
-        stat.used = True
-        if op:
-            stat.ops.add(op)
-    if deep and isinstance(v, dict):
-        for x in dict.values(v):
-            _mark(x, True)
-    elif deep and isinstance(v, list):
-        for x in list.__iter__(v):
-            _mark(x, True)
-
-
-class _TrackingContext(jinja2.runtime.Context):
-    def resolve_or_missing(self, key: str) -> Any:
-        v = super().resolve_or_missing(key)
-        _mark(v)
-        return v
-
-
-class _TrackingEnvironment(LlamaEnvironment):
-    context_class = _TrackingContext
-
-    def __init__(self) -> None:
-        super().__init__()
-        for name, fn in list(self.filters.items()):
-            self.filters[name] = self._filter(name, fn)
-        for name, fn in list(self.tests.items()):
-            self.tests[name] = self._test(name, fn)
-
-    @staticmethod
-    def _filter(name: str, fn: Any) -> Any:
-        deep = name in ("tojson", "string")
-
-        def run(*args: Any, **kwargs: Any) -> Any:
-            i = 1 if getattr(fn, "jinja_pass_arg", None) is not None else 0
-            if len(args) > i:
-                _mark(args[i], deep, name)
-            return fn(*args, **kwargs)
-
-        if getattr(fn, "jinja_pass_arg", None) is not None:
-            run.jinja_pass_arg = fn.jinja_pass_arg  # type: ignore[attr-defined]
-        return run
-
-    @staticmethod
-    def _test(name: str, fn: Any) -> Any:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            i = 1 if getattr(fn, "jinja_pass_arg", None) is not None else 0
-            if len(args) > i:
-                _mark(args[i], False, "test_is_" + name)
-            return fn(*args, **kwargs)
-
-        if getattr(fn, "jinja_pass_arg", None) is not None:
-            run.jinja_pass_arg = fn.jinja_pass_arg  # type: ignore[attr-defined]
-        return run
-
-    def _access(self, obj: Any, key: Any, value: Any) -> Any:
-        if not isinstance(value, jinja2.Undefined):
-            _mark(value)
-            op = "array_access" if isinstance(key, int) and not isinstance(obj, dict) else None
-            _mark(obj, op=op or "object_access")
-        return value
-
-    def getitem(self, obj: Any, argument: Any) -> Any:
-        return self._access(obj, argument, super().getitem(obj, argument))
-
-    def getattr(self, obj: Any, attribute: str) -> Any:
-        value = self._access(obj, attribute, super().getattr(obj, attribute))
-        if isinstance(obj, _TDict) and attribute == "get":
-            # the value `get` answers is used as llama.cpp's shared values are: by name later
-            def get(*args: Any) -> Any:
-                found = value(*args)
-                _mark(found)
-                return found
-
-            return get
-        return value
-
-
-_TRACKING = _TrackingEnvironment()
-
-
-def _run(
-    template: jinja2.Template, messages: list, tools: list | None, extra: dict[str, Any]
-) -> tuple[bool, Any, Any, str, dict[str, Any]]:
-    msgs, tls = _track(copy.deepcopy(messages)), _track(copy.deepcopy(tools or []))
-    extra = {k: _track(v) for k, v in extra.items()}
-    variables = {"messages": msgs, "tools": tls, "bos_token": "", "eos_token": ""}
-    variables.update(add_generation_prompt=True, **extra)
-    try:
-        out = template.render(**variables)
-        return True, msgs, tls, out, extra
-    except Exception:  # noqa: BLE001 - a refused probe is a capability answer
-        return False, msgs, tls, "", extra
-
-
-def _used(v: Any) -> bool:
-    stat = _stat(v)
-    return bool(stat and stat.used)
-
-
-def _ops(v: Any) -> set[str]:
-    stat = _stat(v)
-    return stat.ops if stat else set()
 
 
 _TOOL = {
@@ -247,55 +87,57 @@ def _preserve(enabled: bool) -> dict[str, bool]:
 def detect_caps(source: str) -> TemplateCaps:
     """The capabilities of the Jinja template `source` (llama.cpp's `caps_get`)."""
     try:
-        t = _TRACKING.from_string(source)
+        t = TRACKING.from_string(source)
     except jinja2.TemplateError:
         return TemplateCaps()
     r: dict[str, bool] = {}
     marker = "STRING_MARKER"
-    ok, msgs, _, out, _ = _run(t, [{"role": "user", "content": marker}], None, {})
+    ok, msgs, _, out, _ = run_probe(t, [{"role": "user", "content": marker}], None, {})
     content = msgs[0]["content"]
-    checks_for_string = "test_is_string" in _ops(content)
-    as_array = bool(_ops(content) & {"selectattr", "array_access"})
+    checks_for_string = "test_is_string" in ops_on(content)
+    as_array = bool(ops_on(content) & {"selectattr", "array_access"})
     if as_array:
         r["supports_typed_content"] = True
     if not ok or (as_array and marker not in out):
         r["supports_string_content"] = False
     if checks_for_string:
-        ok, msgs, _, _, _ = _run(t, [{"role": "user", "content": []}], None, {})
-        if ok and _ops(msgs[0]["content"]) & {"selectattr", "array_access"}:
+        ok, msgs, _, _, _ = run_probe(t, [{"role": "user", "content": []}], None, {})
+        if ok and ops_on(msgs[0]["content"]) & {"selectattr", "array_access"}:
             r["supports_typed_content"] = True
 
     system = [
         {"role": "system", "content": "System message"},
         {"role": "user", "content": "User message"},
     ]
-    _, msgs, _, _, _ = _run(t, system, None, {})
-    if not _used(msgs[0]["content"]):
+    _, msgs, _, _, _ = run_probe(t, system, None, {})
+    if not is_used(msgs[0]["content"]):
         r["supports_system_role"] = False
 
-    ok, msgs, tools, _, _ = _run(t, _tool_chat([_call(1, {"arg": "value"})]), [_TOOL], {})
+    ok, msgs, tools, _, _ = run_probe(t, _tool_chat([_call(1, {"arg": "value"})]), [_TOOL], {})
     object_args = False
     if ok:
-        if not _used(tools[0]["function"]["name"]):
+        if not is_used(tools[0]["function"]["name"]):
             r["supports_tools"] = False
         calls = msgs[1]["tool_calls"]
-        if not _used(calls):
+        if not is_used(calls):
             r["supports_tool_calls"] = False
-        elif _used(calls[0]["function"]["arguments"]["arg"]):
+        elif is_used(calls[0]["function"]["arguments"]["arg"]):
             object_args = r["supports_object_arguments"] = True
     if not object_args:
-        ok, msgs, tools, _, _ = _run(t, _tool_chat([_call(1, '{"arg": "value"}')]), [_TOOL], {})
+        ok, msgs, tools, _, _ = run_probe(
+            t, _tool_chat([_call(1, '{"arg": "value"}')]), [_TOOL], {}
+        )
         if not ok:
             r["supports_tool_calls"] = r["supports_tools"] = False
         else:
-            if not _used(tools[0]["function"]["name"]):
+            if not is_used(tools[0]["function"]["name"]):
                 r["supports_tools"] = False
-            if not _used(msgs[1]["tool_calls"]):
+            if not is_used(msgs[1]["tool_calls"]):
                 r["supports_tool_calls"] = False
 
     args: Any = {"arg": "value"} if object_args else '{"arg": "value"}'
-    ok, msgs, _, _, _ = _run(t, _tool_chat([_call(1, args), _call(2, args)]), [_TOOL], {})
-    if not ok or not _used(msgs[1]["tool_calls"][1]["function"]):
+    ok, msgs, _, _, _ = run_probe(t, _tool_chat([_call(1, args), _call(2, args)]), [_TOOL], {})
+    if not ok or not is_used(msgs[1]["tool_calls"][1]["function"]):
         r["supports_parallel_tool_calls"] = False
 
     placeholder = "<REASONING_CONTENT_PLACEHOLDER>"
@@ -310,12 +152,12 @@ def detect_caps(source: str) -> TemplateCaps:
         },
         {"role": "user", "content": "User message"},
     ]
-    _, _, _, out, _ = _run(t, history, None, {"enable_thinking": True, **_preserve(True)})
+    _, _, _, out, _ = run_probe(t, history, None, {"enable_thinking": True, **_preserve(True)})
     if placeholder in out:
         r["supports_preserve_reasoning"] = True
 
-    low = _track("low")  # one value under both names, as llama.cpp binds them
+    low = track("low")  # one value under both names, as llama.cpp binds them
     effort = {"enable_thinking": True, "reasoning_effort": low, "reasoning_strength": low}
-    _, _, _, _, extra = _run(t, [{"role": "user", "content": "User message"}], None, effort)
-    r["supports_reasoning_effort"] = _used(extra["reasoning_effort"])
+    _, _, _, _, extra = run_probe(t, [{"role": "user", "content": "User message"}], None, effort)
+    r["supports_reasoning_effort"] = is_used(extra["reasoning_effort"])
     return TemplateCaps(**r)

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from loraserve.chat.builtin import BUILTIN, UNPORTED, render_builtin
 from loraserve.chat.caps import TemplateCaps, detect_caps
 from loraserve.chat.jinja_env import ChatTemplateError, compile_template
-from loraserve.chat.messages import concat_parts
+from loraserve.chat.messages import flat_messages, normalize_messages
 from loraserve.chat.render import (
     Continuation,
     RenderInputs,
@@ -46,6 +46,8 @@ __all__ = [
     "ChatTemplate",
     "ChatTemplateError",
     "compile_template",
+    "flat_messages",
+    "normalize_messages",
 ]
 log = logging.getLogger("loraserve.server")
 
@@ -58,64 +60,6 @@ CHATML_TEMPLATE = (
     "{%- endif -%}"
 )
 Reasoning = Literal["on", "off", "auto"]
-
-
-def _check_parts(parts: list[Any], where: str) -> list[dict[str, str]]:
-    out = []
-    for j, part in enumerate(parts):
-        here = f"{where}.content[{j}]"
-        if not isinstance(part, dict):
-            raise ValueError(f"{here}: expected an object like {{'type': 'text', 'text': ...}}")
-        if part.get("type") != "text":
-            raise ValueError(
-                f"{here}: unsupported content part type {part.get('type')!r} (text only)"
-            )
-        if not isinstance(part.get("text"), str):
-            raise ValueError(f"{here}.text: must be a string")
-        out.append({"type": "text", "text": part["text"]})
-    return out
-
-
-def normalize_messages(messages: Any) -> list[dict[str, Any]]:
-    """Check chat messages (a request's `messages` field).
-
-    Each message needs a string `role`, and a `content` that is a string or a list of
-    `{"type": "text", "text": ...}` parts (kept as parts: a template may show them); an
-    assistant message may have a null or missing content (it becomes ""). Other keys are
-    kept. Raises ValueError naming the message.
-    """
-    if not isinstance(messages, list):
-        raise ValueError("messages: expected a list of messages")
-    out: list[dict[str, Any]] = []
-    for i, msg in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(msg, dict):
-            raise ValueError(f"{where}: expected an object with 'role' and 'content'")
-        role = msg.get("role")
-        if role is None:
-            raise ValueError(f"{where}.role: missing")
-        if not isinstance(role, str):
-            raise ValueError(f"{where}.role: must be a string, got {type(role).__name__}")
-        content = msg.get("content")
-        if content is None:
-            if role != "assistant":
-                raise ValueError(f"{where}.content: missing (required for role {role!r})")
-            content = ""
-        elif isinstance(content, list):
-            content = _check_parts(content, where)
-        elif not isinstance(content, str):
-            raise ValueError(f"{where}.content: must be a string or a list of content parts")
-        out.append({**msg, "content": content})
-    return out
-
-
-def flat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages with list-of-parts contents joined by newlines (llama.cpp's built-in
-    templates see text only)."""
-    return [
-        {**m, "content": concat_parts(m["content"])} if isinstance(m.get("content"), list) else m
-        for m in normalize_messages(messages)
-    ]
 
 
 def render_chat(

@@ -10,6 +10,7 @@ from typing import Any
 
 from loraserve.chat.formats import analyze as A
 from loraserve.chat.formats import analyze_calls as C
+from loraserve.chat.formats import analyze_tools as T
 from loraserve.chat.formats.description import ChatFormat
 from loraserve.chat.formats.diff import segmentize, trim
 from loraserve.chat.formats.patches import PATCHES
@@ -92,10 +93,10 @@ def analyze(render: A.Render, source: str) -> ChatFormat:
         A.reasoning_scope(an)
     A.content_markers(an)
     if supports_calls:
-        A.tool_calls(an, parallel)
+        T.tool_calls(an, parallel)
         if an.get("tool_mode") not in ("none", "json"):
             if parallel:
-                A.per_call_markers(an)
+                T.per_call_markers(an)
             C.function_markers(an)
             if an.get("tool_mode") == "tag_tagged":
                 C.argument_markers(an)
