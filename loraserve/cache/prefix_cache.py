@@ -22,116 +22,48 @@ Invariants (checked by `check`):
 - indexed blocks are immutable: sequences write only into blocks they allocated and
   that are not indexed yet (a partial match is copied, copy-on-write);
 - with recurrent layers (``states``, `cache.state`), a match ends only after a full block
-  that has a state snapshot (the exact state there, under the same key), and a block's
-  snapshot is dropped when the block is freed.
+  that has a state snapshot (the exact state there, under the same key: the latest at or
+  before the hit; the rest is recomputed), and a block's snapshot is dropped when the block
+  is freed. The budget is then in units of one block's KV and one snapshot: a cached block
+  costs the unit with a snapshot, its KV's share without (`StateStore.kv_share`), counted as it
+  becomes cached (its snapshot never changes while it is).
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import itertools
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
 
 from loraserve.cache.block_pool import BlockPool, OutOfBlocks
+from loraserve.cache.index_records import CacheStats, Match, _common_prefix, _Node, check_index
+from loraserve.cache.keys import (
+    SALT_TAG,
+    BlockKey,
+    CacheKey,
+    Spans,
+    _head,
+    block_key,
+    salted,
+    spans,
+)
 from loraserve.cache.state import StateStore
 
-CacheKey = tuple[tuple[str, float], ...]  # sorted (adapter content id, scale), scale != 0
+__all__ = [
+    "ROOT",
+    "SALT_TAG",
+    "BlockKey",
+    "CacheKey",
+    "CacheStats",
+    "Match",
+    "PrefixCache",
+    "Spans",
+    "block_key",
+    "salted",
+    "spans",
+]
+
 Parent = int | str  # block id, or ROOT
-BlockKey = tuple[tuple[int, Hashable], ...]  # (offset in the block, key) segments
 ROOT = "root"
-
-
-@dataclass(frozen=True)
-class Spans:
-    """A key that changes along a sequence: ``parts`` are (first position, key), the first
-    at position 0, positions ascending, neighbours' keys different (made by `spans`)."""
-
-    parts: tuple[tuple[int, CacheKey], ...]
-
-    def block_key(self, lo: int, hi: int) -> BlockKey:
-        """The segments of positions lo..hi-1, offsets relative to ``lo``."""
-        out = []
-        for j, (start, key) in enumerate(self.parts):
-            end = self.parts[j + 1][0] if j + 1 < len(self.parts) else hi
-            if start < hi and end > lo:
-                out.append((max(start - lo, 0), key))
-        return tuple(out)
-
-
-def spans(parts: list[tuple[int, CacheKey]]) -> CacheKey | Spans:
-    """The key of a sequence whose key is ``parts[i][1]`` from position ``parts[i][0]`` on
-    (sorted, the first at 0): a plain `CacheKey` when it is one key throughout."""
-    out: list[tuple[int, CacheKey]] = []
-    for start, key in sorted(parts):
-        if out and out[-1][0] == start:
-            out[-1] = (start, key)
-        elif not out or out[-1][1] != key:
-            out.append((start, key))
-    return out[0][1] if len(out) == 1 else Spans(tuple(out))
-
-
-SALT_TAG = "salt:"  # the first element of a salted key: ("salt:<sha256 of the salt>", 0.0)
-
-
-@functools.lru_cache(maxsize=1024)
-def _salt_entry(salt: str) -> tuple[str, float]:
-    return (SALT_TAG + hashlib.sha256(salt.encode()).hexdigest(), 0.0)
-
-
-def salted(key: CacheKey | Spans, salt: str) -> CacheKey | Spans:
-    """``key`` in the namespace of tenant ``salt`` ('' is the shared namespace: ``key``
-    itself). The salt's digest leads the key of every position, so two tenants never share
-    a block, whatever their prompts and adapters (vLLM's `cache_salt`)."""
-    if not salt:
-        return key
-    tag = _salt_entry(salt)
-    if isinstance(key, Spans):
-        return Spans(tuple((start, (tag, *k)) for start, k in key.parts))
-    return (tag, *key)
-
-
-def block_key(key: Hashable, lo: int, hi: int) -> BlockKey:
-    """The block key of positions lo..hi-1 of a sequence whose key is ``key``."""
-    return key.block_key(lo, hi) if isinstance(key, Spans) else ((0, key),)
-
-
-def _head(bkey: BlockKey, n: int) -> BlockKey:
-    """A block key restricted to its first ``n`` positions."""
-    return tuple(seg for seg in bkey if seg[0] < n)
-
-
-@dataclass
-class Match:
-    """Result of a lookup: full blocks to share, then an optional partial block to copy."""
-
-    blocks: list[int] = field(default_factory=list)
-    partial_block: int | None = None
-    partial_len: int = 0
-    n_tokens: int = 0
-
-
-@dataclass
-class _Node:
-    parent: Parent
-    bkey: BlockKey
-    tokens: tuple[int, ...]
-    children: int = 0
-    last_used: int = 0
-
-    @property
-    def slot(self) -> tuple[Parent, Hashable]:
-        """Where it is listed: its parent and the key at its first position."""
-        return (self.parent, self.bkey[0][1])
-
-
-@dataclass
-class CacheStats:
-    hits: int = 0  # lookups that reused at least one token
-    misses: int = 0
-    hit_tokens: int = 0
-    evictions: int = 0  # blocks evicted
 
 
 class PrefixCache:
@@ -149,6 +81,7 @@ class PrefixCache:
         self._children: dict[tuple[Parent, Hashable], dict[tuple[BlockKey, tuple], int]] = {}
         self._clock = itertools.count(1)
         self._n_cached = 0  # indexed blocks with refcount 0
+        self._snap_cached: set[int] = set()  # ...of them, those that carry a state snapshot
         self._evictable: set[int] = set()  # ...of them, those without children
         self.stats = CacheStats()
 
@@ -220,7 +153,7 @@ class PrefixCache:
                 kids[(bkey, chunk)] = b
                 self._nodes[b] = _Node(parent, bkey, chunk, last_used=now)
                 if self.pool.refcount[b] == 0:
-                    self._n_cached += 1
+                    self._count(b)
                     self._evictable.add(b)
                 if isinstance(parent, int):
                     self._nodes[parent].children += 1
@@ -237,7 +170,7 @@ class PrefixCache:
     def acquire(self, b: int) -> None:
         """Take a reference on block ``b`` (a matched block a sequence keeps)."""
         if self.pool.refcount[b] == 0 and b in self._nodes:
-            self._n_cached -= 1
+            self._uncount(b)
             self._evictable.discard(b)
         self.pool.incref(b)
 
@@ -248,7 +181,7 @@ class PrefixCache:
                 if b not in self._nodes:
                     self._free(b)
                     continue
-                self._n_cached += 1
+                self._count(b)
                 if self._nodes[b].children == 0:
                     self._evictable.add(b)
         self.enforce_budget()
@@ -257,10 +190,35 @@ class PrefixCache:
         """Indexed blocks that no sequence references."""
         return self._n_cached
 
+    def _count(self, b: int) -> None:
+        self._n_cached += 1
+        if self.states is not None and self.states.has(b):
+            self._snap_cached.add(b)
+
+    def _uncount(self, b: int) -> None:
+        self._n_cached -= 1
+        self._snap_cached.discard(b)
+
+    def cached_cost(self) -> float:
+        """The cached blocks' cost in budget units (their number without recurrent states)."""
+        if self.states is None:
+            return float(self._n_cached)
+        share = self.states.kv_share  # a block without a snapshot
+        n_snap = len(self._snap_cached)
+        return n_snap + (self._n_cached - n_snap) * share
+
     def enforce_budget(self) -> None:
         """Evict until the cached blocks fit the budget."""
-        if self.budget is not None:
+        if self.budget is None:
+            return
+        if self.states is None:
             self.evict(self._n_cached - self.budget)
+            return
+        done = 0  # least recently used first, until the cost fits
+        while self.cached_cost() > self.budget + 1e-9 and self._evictable:
+            self._remove(min(self._evictable, key=lambda b: self._nodes[b].last_used))
+            done += 1
+        self.stats.evictions += done
 
     def evict(self, n: int) -> int:
         """Evict up to ``n`` unreferenced childless blocks, least recently used first
@@ -315,7 +273,7 @@ class PrefixCache:
             if parent.children == 0 and self.pool.refcount[node.parent] == 0:
                 self._evictable.add(node.parent)
         if self.pool.refcount[b] == 0:
-            self._n_cached -= 1
+            self._uncount(b)
             self._free(b)
 
     def _free(self, b: int) -> None:
@@ -325,34 +283,4 @@ class PrefixCache:
 
     def check(self) -> None:
         """Assert the index invariants (used by tests)."""
-        self.pool.check()
-        n_kids: dict[int, int] = {}
-        for b, node in self._nodes.items():
-            assert b in self.pool._used, f"indexed block {b} is free"
-            assert self._children[node.slot][(node.bkey, node.tokens)] == b
-            assert node.bkey and node.bkey[0][0] == 0 and _head(node.bkey, len(node.tokens))
-            if isinstance(node.parent, int):
-                assert (
-                    node.parent in self._nodes and len(self._nodes[node.parent].tokens) == self.bs
-                )
-                n_kids[node.parent] = n_kids.get(node.parent, 0) + 1
-        assert sum(len(k) for k in self._children.values()) == len(self._nodes)
-        for b, node in self._nodes.items():
-            n = n_kids.get(b, 0)
-            assert n == node.children, f"block {b} child count {node.children} != {n}"
-        cached = {b for b in self._nodes if self.pool.refcount[b] == 0}
-        assert self._n_cached == len(cached), "cached count out of step"
-        assert self._evictable == {b for b in cached if self._nodes[b].children == 0}
-        if self.budget is not None:
-            # over the budget only while no cached block can go: a cached block whose child
-            # is held (a twin's chain extended by another sequence) waits for that child
-            assert self.num_cached() <= self.budget or not self._evictable, "budget exceeded"
-
-
-def _common_prefix(toks: tuple[int, ...], tokens: Sequence[int], start: int, limit: int) -> int:
-    n = 0
-    for t in toks:
-        if start + n >= limit or tokens[start + n] != t:
-            break
-        n += 1
-    return n
+        check_index(self)

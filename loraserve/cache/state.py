@@ -7,15 +7,22 @@ token, so it is kept in two places:
 - the **live** state of each running sequence, keyed by its slot and request id, at the
   position its next step starts from (and the position before its last step, so that a step
   that failure isolation runs again alone starts from the same state);
-- a **snapshot** of every layer's state after each full block a sequence computed, stored
-  under that block's id. A block id in the prefix index names (parent chain, adapter block key,
+- a **snapshot** of every layer's state after some full blocks a sequence computed, stored
+  under that block's id: after every ``every``-th block of the sequence (``--checkpoint-min-step``
+  tokens, in blocks; 1: after each) and after the last full block of each multi-token step
+  (a prompt's prefill chunk: so the end of every prompt has one, and the next turn of a chat
+  resumes there, as llama-server's checkpoints near the end of each prompt). A snapshot of a
+  Granite-4-size model is ~160 MB, so one per block (16 tokens) cost ~15 GB per 4k prompt.
+  A block id in the prefix index names (parent chain, adapter block key,
   tokens) exactly, so a snapshot lives under the same cache key as the KV it follows, is freed
   when its block is freed or evicted (`drop`, called by the prefix cache), and its bytes are
-  counted in each block's size (`snapshot_bytes`, added to the cache budget's block size).
+  counted in the cache budget with its block: a block costs its KV share of a budget unit
+  (KV and snapshot bytes), or the whole unit with a snapshot (`kv_share`).
 
 Invariants: a step reads a state only from the same sequence's live state at exactly its start
 position, or from the snapshot of the block that ends exactly there (a prefix-cache hit, whose
-match the prefix cache cuts to blocks that have one), or zeros at position 0; anything else is
+match the prefix cache cuts to the latest block at or before the hit that has one, the rest
+of the prompt recomputed), or zeros at position 0; anything else is
 `StateMissing` (the step fails, never runs on a wrong state). States are committed only after
 the whole forward pass returned (`commit`), never half-written by a failed step.
 """
@@ -67,9 +74,19 @@ class StateStore:
     ``shapes``: recurrent layer index -> the shape of its state for one sequence.
     """
 
-    def __init__(self, shapes: dict[int, tuple[int, ...]], block_size: int) -> None:
+    def __init__(
+        self,
+        shapes: dict[int, tuple[int, ...]],
+        block_size: int,
+        every: int = 1,
+        kv_block_bytes: int = 0,
+    ) -> None:
+        if every < 1:
+            raise ValueError(f"snapshot interval {every} blocks: must be at least 1")
         self.shapes = dict(shapes)
         self.bs = block_size
+        self.every = every  # a snapshot after every ``every``-th full block (and step ends)
+        self.kv_block_bytes = kv_block_bytes  # one block's KV bytes (the budget's other part)
         self.live: dict[int, _Live] = {}  # slot -> its sequence's states
         self.snaps: dict[int, States] = {}  # block id -> states after the block's last token
 
@@ -77,6 +94,13 @@ class StateStore:
     def snapshot_bytes(self) -> int:
         """Bytes of one snapshot (every recurrent layer's float32 state)."""
         return sum(4 * _numel(s) for s in self.shapes.values())
+
+    @property
+    def kv_share(self) -> float:
+        """A block without a snapshot in the cache budget, whose unit is one block's KV and
+        one snapshot: its KV's share of the unit (a block with one costs the unit)."""
+        total = self.kv_block_bytes + self.snapshot_bytes
+        return self.kv_block_bytes / total if total else 1.0
 
     def has(self, block: int) -> bool:
         """Whether a snapshot follows ``block`` (a prefix hit may end there)."""
@@ -101,9 +125,11 @@ class StateStore:
         else:
             raise StateMissing(f"no recurrent state of this sequence at position {start}")
         first = start // self.bs + 1  # the first block boundary after start
+        last = (start + n) // self.bs  # the last one within the step
         cuts = [
             (b * self.bs - start - 1, blocks[b - 1])
-            for b in range(first, (start + n) // self.bs + 1)
+            for b in range(first, last + 1)
+            if b % self.every == 0 or (n > 1 and b == last)  # the interval; a chunk's end
         ]
         return SeqStep(lo, lo + n, state, cuts)
 

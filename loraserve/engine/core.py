@@ -77,6 +77,9 @@ class EngineConfig:
     ubatch: int = 512  # tokens per forward step (prefill chunking)
     block_size: int = 16
     cache_ram_mib: float = 8192  # budget for cached blocks no slot holds; -1 = unlimited
+    # -cms: recurrent state snapshots at least this many tokens apart (in whole blocks; 0:
+    # after every block), besides the one at the end of each prompt chunk (`cache.state`)
+    checkpoint_min_step: int = 8192
     kv_dtype: torch.dtype = torch.float32
     spec: SpecConfig = SpecConfig()  # speculative decoding (off by default)
     # the adapter catalogue (--lora-dir, --lora-modules name/path/base) and its tiers
@@ -104,7 +107,8 @@ class EngineCore:
         per_slot = (self.n_ctx_slot + bs - 1) // bs + 1
         block_bytes = 2 * cfg.n_layers * bs * cfg.n_kv_heads * cfg.head_dim * kv_dtype.itemsize
         # recurrent layers: each block may carry the state snapshot that follows it
-        states = StateStore(state_shapes(cfg), bs) if cfg.recurrent else None
+        every = max(1, -(-config.checkpoint_min_step // bs))  # in blocks
+        states = StateStore(state_shapes(cfg), bs, every, block_bytes) if cfg.recurrent else None
         if states is not None:
             block_bytes += states.snapshot_bytes
         held = config.n_slots * (per_slot + 1)

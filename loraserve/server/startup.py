@@ -117,6 +117,7 @@ def build_engine(cfg: ServerConfig, model: LoadedModel, draft: LoadedModel | Non
             kv_dtype=_KV_DTYPES[cfg.cache_type_k],
             ubatch=cfg.n_ubatch,
             cache_ram_mib=cfg.cache_ram_mib,
+            checkpoint_min_step=cfg.checkpoint_min_step,
             spec=cfg.spec,
             lora_dirs=cfg.lora_dirs,
             lora_modules=cfg.lora_modules,

@@ -94,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int_in(-1),
         help=f"MiB of cached prefixes no slot holds, -1 = no limit, 0 = off {d}",
     )
+    a(
+        "-cms",
+        "--checkpoint-min-step",
+        dest="checkpoint_min_step",
+        type=int_in(0),
+        help=f"recurrent models: tokens between state snapshots (and each prompt's end), "
+        f"0 = every KV block {d}",
+    )
     a("--cache-prompt", action=argparse.BooleanOptionalAction, help=f"request default {d}")
     a("--slot-save-path", metavar="DIR", help="directory for POST /slots/{id}?action=save")
     a("--host", help=f"listen addresses, comma-separated {d}")

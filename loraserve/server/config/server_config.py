@@ -43,6 +43,7 @@ class ServerConfig:
     n_batch: int = 2048
     n_ubatch: int = 512
     cache_ram_mib: int = 8192
+    checkpoint_min_step: int = 8192  # -cms: recurrent state snapshots this many tokens apart
     cache_prompt: bool = True
     slot_save_path: str | None = None
     host: str = "127.0.0.1"

@@ -61,6 +61,42 @@ def test_prepare_cuts_and_reruns() -> None:
         store.prepare(0, 2, 8, 1, blocks, 0)
 
 
+def test_interval_cuts_every_nth_block_and_each_chunk_end() -> None:
+    """With an interval of 3 blocks: a snapshot after blocks 3, 6, ... of the sequence and
+    after the last full block of a multi-token step; a one-token step (decode) only on the
+    interval."""
+    store = StateStore({0: (1,)}, BS, every=3)
+    blocks = list(range(100, 115))
+    got = []
+    for start, n in ((0, 22), (22, 17), (39, 1), (40, 1), (41, 1), (42, 1), (43, 1), (44, 4)):
+        step = store.prepare(0, 1, start, n, blocks, 0)
+        got.append(step.cuts)
+        step.out = {0: torch.zeros(1)}
+        store.commit(0, 1, start, step)
+    assert got[:2] == [[(11, 102), (19, 104)], [(1, 105), (13, 108)]]  # 3rd, end; 6th, 9th
+    assert got[2:7] == [[]] * 5  # decode steps: the 10th, 11th blocks are off the interval
+    assert got[7] == [(3, 111)]  # the 12th block: on the interval (and the chunk's end)
+    with pytest.raises(ValueError, match="at least 1"):
+        StateStore({0: (1,)}, BS, every=0)
+
+
+def test_budget_counts_snapshots_at_their_bytes() -> None:
+    """A cached block costs its KV share of a budget unit (KV + snapshot bytes) without a
+    snapshot and the whole unit with one: a budget of 2 units keeps two snapshot blocks, or
+    one and all the KV-only blocks whose shares fit."""
+    store = StateStore({0: (3,)}, BS, every=4, kv_block_bytes=4)  # snapshot 12 bytes: 1/4
+    cache = PrefixCache(BlockPool(BS, 64), 2, store)
+    blocks = [cache.allocate() for _ in range(8)]
+    for b in (blocks[3], blocks[7]):
+        store.snaps[b] = {0: torch.zeros(3)}
+    cache.insert((), list(range(32)), blocks)
+    cache.release(blocks)  # 2 snapshot blocks (2 units) + 6 KV-only (1.5): over by 1.5
+    cache.check()
+    assert cache.cached_cost() <= 2
+    assert cache.num_cached() == 5  # the last 3 evicted, leaves first: left 1 + 4 x 1/4
+    assert store.has(blocks[3]) and not store.has(blocks[7])  # freed with its block
+
+
 def test_snapshot_counted_in_bytes() -> None:
     assert StateStore({1: (2, 256), 3: (2, 256)}, BS).snapshot_bytes == 2 * 2 * 256 * 4
 
@@ -77,11 +113,19 @@ requests = st.lists(
 
 
 @settings(max_examples=150, deadline=None)
-@given(requests, st.sampled_from([0, 1, 3, None]), st.integers(1, 6))
-def test_resumed_state_is_the_prefix_state(reqs: list, budget: int | None, ubatch: int) -> None:
+@given(
+    requests,
+    st.sampled_from([0, 1, 3, None]),
+    st.integers(1, 6),
+    st.integers(1, 4),  # snapshot interval in blocks
+    st.sampled_from([0, 4, 12]),  # KV bytes per block (a snapshot: 4)
+)
+def test_resumed_state_is_the_prefix_state(
+    reqs: list, budget: int | None, ubatch: int, every: int, kv_bytes: int
+) -> None:
     stems = [[1, 2, 3, 1, 2, 3, 1, 2, 3], [1, 2, 3, 1, 0, 0], [2] * 10]
     pool = BlockPool(BS, 400)
-    store = StateStore({0: (1,)}, BS)
+    store = StateStore({0: (1,)}, BS, every, kv_bytes)
     cache = PrefixCache(pool, budget, store)
     ids = Ids()
     seen: set = set()
@@ -91,7 +135,10 @@ def test_resumed_state_is_the_prefix_state(reqs: list, budget: int | None, ubatc
         m = cache.match(key, tokens, len(tokens) - 1)
         assert m.partial_block is None and m.n_tokens % BS == 0
         if budget is None and (key, tuple(tokens)) in seen:  # everything kept: a full resume
-            assert m.n_tokens == (len(tokens) - 1) // BS * BS
+            full = (len(tokens) - 1) // BS  # ...to the latest snapshot at or before the hit
+            assert (
+                m.n_tokens == full * BS if every == 1 else m.n_tokens >= full // every * every * BS
+            )
         seen.add((key, tuple(tokens)))
         for b in m.blocks:
             cache.acquire(b)

@@ -1,0 +1,107 @@
+"""The snapshot interval (``-cms/--checkpoint-min-step``, `EngineConfig.checkpoint_min_step`) on
+recurrent models: snapshots only every N blocks and at the end of each prompt chunk, a prefix
+hit resuming from the latest one at or before it (the rest recomputed), and every answer still
+bit-identical to its cache-off answer (hypothesis, random intervals among the other knobs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from loraserve.engine.core import EngineConfig
+from loraserve.engine.engine import Engine
+from loraserve.lora.adapter_write import write_gguf_lora
+from tests.engine_util import ask
+from tests.unit.model.test_recurrent import (
+    PROBS,
+    RECORDS,
+    RECURRENT_STEMS,
+    STEMS,
+    _adapter,
+    action,
+    answers,
+    model,
+)
+
+ARCHS = [a for a in ("jamba", "falcon-h1", "nemotron_h") if a in RECORDS]
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("snapshots")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_interval_keeps_prompt_end_and_resumes_exactly(tmp: Path, arch: str) -> None:
+    """A 41-token prompt in 4-token blocks: one snapshot per block with ``-cms 0``, only the
+    prompt's last full block (40) with the default; the next turn resumes there either way,
+    bit-identical to computing it from scratch."""
+    m = model(tmp, arch, "dense")
+    prompt = [(7 * i + 3) % 128 for i in range(41)]
+    longer = prompt + [5, 9, 14, 2, 77]
+    ref = Engine(m, EngineConfig(n_slots=1, n_ctx=128, block_size=4))
+    (want,) = answers(ref, [ask(longer, 3, sampling=PROBS, cache_prompt=False)])
+    counts = {}
+    for cms in (0, 8192):
+        eng = Engine(m, EngineConfig(n_slots=1, n_ctx=128, block_size=4, checkpoint_min_step=cms))
+        answers(eng, [ask(prompt, 3, sampling=PROBS)])
+        states = eng.core.runner.states
+        assert states is not None
+        counts[cms] = len(states.snaps)
+        (got,) = answers(eng, [ask(longer, 3, sampling=PROBS)])
+        assert got[2] == 40, "the next turn did not resume at the prompt's last full block"
+        assert got[:2] == want[:2]
+    assert counts[0] >= 10 and counts[8192] == 1
+
+
+@pytest.mark.skipif(not ARCHS, reason="no recorded hybrid architecture")
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(action, min_size=1, max_size=5),
+    st.sampled_from([2, 5, 16]),  # prefill chunk (ubatch)
+    st.sampled_from([0.0, 0.05, 8.0]),  # --cache-ram MiB: nothing, a few blocks, plenty
+    st.integers(1, 3),  # slots
+    st.sampled_from([0, 4, 8, 12, 8192]),  # -cms: every block, 1-3 blocks, prompt ends only
+    st.sampled_from(ARCHS or ["none"]),
+)
+def test_cache_on_equals_cache_off_any_interval(
+    tmp: Path, actions: list, ubatch: int, cache_mib: float, n_slots: int, cms: int, arch: str
+) -> None:
+    m = model(tmp, arch, "dense")
+    rec = RECORDS[arch]["variants"]["dense"]
+    paths = []
+    for seed in (1, 2):
+        p = tmp / f"{arch}-snap{seed}.gguf"
+        if not p.exists():
+            pairs = _adapter(rec, seed, RECURRENT_STEMS + ("attn_q", "attn_v", "ffn_up"))
+            write_gguf_lora(p, arch, pairs, qk_heads=(m.config.n_heads,) * 2)
+        paths.append(p)
+    cfg = EngineConfig(n_slots=n_slots, n_ctx=n_slots * 64, block_size=4, ubatch=ubatch,
+                       cache_ram_mib=cache_mib, checkpoint_min_step=cms)  # fmt: skip
+    eng = Engine(m, cfg)
+    ref = Engine(m, EngineConfig(n_slots=1, n_ctx=64, block_size=4))
+    for e in (eng, ref):
+        for p in paths:
+            e.load_adapter(p, 0.0).result()
+    scales: dict[int, float] = {0: 0.0, 1: 0.0}
+    for act in actions:
+        if len(act[0]) == 2:  # a global switch (unlisted adapters 0)
+            eng.set_global_scales(act).result()
+            scales = {0: 0.0, 1: 0.0, **dict(act)}
+            continue
+        asks, refs = [], []
+        for stem, tail, mix in act:
+            prompt = STEMS[stem] + tail
+            eff = dict(scales) if not mix else {0: 0.0, 1: 0.0, **mix}  # {}: the global ones
+            asks.append(ask(prompt, 3, mix, sampling=PROBS))
+            refs.append(ask(prompt, 3, list(eff.items()), sampling=PROBS, cache_prompt=False))
+        got = answers(eng, asks)
+        want = [answers(ref, [r])[0] for r in refs]
+        assert [g[:2] for g in got] == [w[:2] for w in want]
+        assert all(g[2] % 4 == 0 for g in got)
+        eng.core.cache.check()
