@@ -12,7 +12,7 @@ token, so it is kept in two places:
   tokens, in blocks; 1: after each) and after the last full block of each multi-token step
   (a prompt's prefill chunk: so the end of every prompt has one, and the next turn of a chat
   resumes there, as llama-server's checkpoints near the end of each prompt). A snapshot of a
-  Granite-4-size model is ~160 MB, so one per block (16 tokens) cost ~15 GB per 4k prompt.
+  Granite-4-size model is ~60 MB, so one per block (16 tokens) cost ~15 GB per 4k prompt.
   A block id in the prefix index names (parent chain, adapter block key,
   tokens) exactly, so a snapshot lives under the same cache key as the KV it follows, is freed
   when its block is freed or evicted (`drop`, called by the prefix cache), and its bytes are
