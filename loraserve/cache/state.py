@@ -59,6 +59,7 @@ class SeqStep:
     snaps: dict[int, States] = field(default_factory=dict)
     every: bool = False
     rows: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    end_only: int = -1  # the block of a cut made for the chunk's end alone (off the interval)
 
 
 @dataclass
@@ -131,12 +132,16 @@ class StateStore:
             for b in range(first, last + 1)
             if b % self.every == 0 or (n > 1 and b == last)  # the interval; a chunk's end
         ]
-        return SeqStep(lo, lo + n, state, cuts)
+        end_only = blocks[last - 1] if n > 1 and last >= first and last % self.every else -1
+        return SeqStep(lo, lo + n, state, cuts, end_only=end_only)
 
     def commit(self, slot: int, seq: int, start: int, step: SeqStep) -> None:
         """Keep a finished step's states: live at its end position (with the states at its
         start, for a rerun), snapshots under their blocks."""
         for block, states in step.snaps.items():
+            if step.every and block == step.end_only:
+                continue  # a draft's end may be rejected; a later step recrossing it is a
+                # decode (no cut off the interval): its snapshot would stay stale
             self.snaps[block] = states
         if slot < 0:  # a pass outside the engine (tests): no sequence to continue
             return

@@ -80,6 +80,27 @@ def test_interval_cuts_every_nth_block_and_each_chunk_end() -> None:
         StateStore({0: (1,)}, BS, every=0)
 
 
+def test_draft_end_snapshot_not_kept() -> None:
+    """A draft step's (n-gram speculation) cut at its end alone is not kept: its rows may be
+    rejected, and the decode step recrossing that boundary would not replace it. A cut on
+    the interval is kept (any later crossing cuts there again)."""
+    store = StateStore({0: (1,)}, BS, every=2)
+    blocks = list(range(10, 20))
+    step = store.prepare(0, 1, 0, 2, blocks, 0)  # the prompt's 2 tokens
+    step.out = {0: torch.zeros(1)}
+    store.commit(0, 1, 0, step)
+    step = store.prepare(0, 1, 2, 5, blocks, 0)  # 2..6: crosses the 1st block (end only)
+    assert step.cuts == [(1, 10)]
+    step.every, step.out, step.snaps = True, {0: torch.zeros(1)}, {10: {0: torch.ones(1)}}
+    store.commit(0, 1, 2, step)
+    assert not store.has(10)
+    step = store.prepare(0, 1, 7, 3, blocks, 0)  # 7..9: crosses the 2nd (on the interval)
+    assert step.cuts == [(0, 11)]
+    step.every, step.out, step.snaps = True, {0: torch.zeros(1)}, {11: {0: torch.ones(1)}}
+    store.commit(0, 1, 7, step)
+    assert store.has(11)
+
+
 def test_budget_counts_snapshots_at_their_bytes() -> None:
     """A cached block costs its KV share of a budget unit (KV + snapshot bytes) without a
     snapshot and the whole unit with one: a budget of 2 units keeps two snapshot blocks, or
