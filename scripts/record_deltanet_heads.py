@@ -8,9 +8,11 @@ heads and 4 value heads of 128 (``ssm.group_count`` 2, ``ssm.time_step_rank`` 4,
 `record_arch_cases`' flow: our GGUF writer draws the values from the seed, ``llama-quantize``
 makes the quantized files, ``llama-server`` answers the prompts greedily with its top-2
 log-probabilities. Value head h reads key head h % 2 in qwen35 (ggml's repeat) and h // 2 in
-qwen3next (its converter's interleave), so these records tell the two mappings apart.
+qwen3next (its converter's interleave), so these records tell the two mappings apart. With
+``--legacy`` (qwen3next), the file has early Qwen3-Next GGUFs' layout: q, k, v and z in one
+``ssm_in``, no ``attn_qkv``/``attn_gate`` (written to ``<arch>+ssm_in.json``).
 
-    python scripts/record_deltanet_heads.py [ARCH ...] [--seed 1] [--stdev 0.5]
+    python scripts/record_deltanet_heads.py [ARCH ...] [--seed 1] [--stdev 0.5] [--legacy]
 """
 
 from __future__ import annotations
@@ -60,9 +62,13 @@ def widen(spec: dict[str, Any], arch: str) -> None:
             t[1] = shape
 
 
-def record(arch: str, tmpl: Path, work: Path, seed: int, stdev: float, port: int) -> dict:
+def record(arch: str, tmpl: Path, work: Path, seed: int, stdev: float, port: int,
+           legacy: bool = False) -> dict:  # fmt: skip
     spec = template_spec(tmpl)
     widen(spec, arch)
+    if legacy:  # early qwen3next files: ssm_in alone, no attn_qkv / attn_gate
+        spec["tensors"] = [t for t in spec["tensors"]
+                           if not t[0].endswith(("attn_qkv.weight", "attn_gate.weight"))]  # fmt: skip
     spec["generator"] = {"seed": seed, "stdev": stdev, "template": tmpl.name}
     full = write_model(spec, work / "full.gguf")
     keep = used_tensors(full)
@@ -96,7 +102,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--stdev", type=float, default=0.5)
     ap.add_argument("--port", type=int, default=18734)
+    ap.add_argument("--legacy", action="store_true",
+                    help="qwen3next's early layout: one ssm_in (record ARCH+ssm_in.json)")  # fmt: skip
     args = ap.parse_args()
+    tag = "ssm_in" if args.legacy else "heads"
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -108,11 +117,11 @@ def main() -> None:
             variant = tmpl.stem.removeprefix(f"{arch}-")
             print(f"{arch} ({variant}), {K_HEADS} key heads, {V_HEADS} value heads")
             rec = {"arch": arch, "peer": "llama.cpp from the llama-cpp-python 0.3.36 sdist",
-                   "n_predict": 24, "n_ctx": 256, "tag": "heads",
+                   "n_predict": 24, "n_ctx": 256, "tag": tag,
                    "variants": {variant: record(arch, tmpl, work, args.seed, args.stdev,
-                                                args.port)}}  # fmt: skip
+                                                args.port, args.legacy)}}  # fmt: skip
             tmpl.unlink()
-            out = OUT / f"{arch}+heads.json"
+            out = OUT / f"{arch}+{tag}.json"
             out.write_text(json.dumps(rec, separators=(",", ":")) + "\n")
             print(f"wrote {out}")
 

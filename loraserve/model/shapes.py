@@ -74,6 +74,12 @@ def _qk_norm_width(c: ModelConfig, i: int, which: int) -> int:
     return h[which] * h[3] if getattr(c, "qk_norm_mode", "head") == "full" else h[3]
 
 
+def _dt_rows(c: ModelConfig, i: int) -> int:
+    """ssm_in's dt rows: Mamba-2's one per head; none in a delta-net's (early qwen3next: q, k,
+    v, z per key head)."""
+    return 0 if per_layer(c, "layer_kinds", i, "") == "deltanet" else c.ssm[3]
+
+
 # stem -> expected shape (torch order) at layer i
 SHAPES: dict[str, ShapeFn] = {
     "attn_norm": lambda c, i: (c.hidden_size,),
@@ -99,7 +105,7 @@ SHAPES: dict[str, ShapeFn] = {
     "ssm_in": lambda c, i: (
         (2 * c.ssm[1], c.hidden_size)
         if _mamba1(c, i)
-        else (2 * c.ssm[1] + 2 * c.ssm[4] * c.ssm[2] + c.ssm[3], c.hidden_size)
+        else (2 * c.ssm[1] + 2 * c.ssm[4] * c.ssm[2] + _dt_rows(c, i), c.hidden_size)
     ),
     "ssm_out": lambda c, i: (c.hidden_size, c.ssm[1]),
     "ssm_conv1d": lambda c, i: (
@@ -125,7 +131,7 @@ def required_stems(cfg: ModelConfig, i: int) -> list[str]:
     elif kind in ("mamba1", "mamba2", "ffn"):  # mixers' tensors: `recurrent.tensors`
         stems = []
     elif kind == "deltanet":  # shapes checked by `recurrent.deltanet` at load
-        stems = ["attn_qkv", "attn_gate", "ssm_out", "ssm_conv1d", "ssm_norm"]
+        stems = ["ssm_out", "ssm_conv1d", "ssm_norm"]  # in-projections: attn_qkv or ssm_in
     elif getattr(cfg, "kv_lora_rank", 0):  # latent attention (deepseek2); q by attn_q or q_a/q_b
         stems = ["attn_kv_a_mqa", "attn_kv_a_norm", "attn_k_b", "attn_v_b", "attn_output"]
     if getattr(cfg, "pre_norms", True):  # olmo2, exaone4: post norms only

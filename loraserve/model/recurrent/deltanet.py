@@ -4,11 +4,12 @@
 Sizes (`ModelConfig.ssm`): d_conv, d_inner (= value heads x S), S (``ssm.state_size``, a key and
 a value head's width), H_v (``ssm.time_step_rank``, value heads) and H_k (``ssm.group_count``,
 key heads). One projection of the normed input gives ``attn_qkv`` [2 H_k S + H_v S] (q, k, v),
-``attn_gate`` z [H_v S] and the per-head beta and alpha logits (``ssm_beta``/``ssm_alpha``, or
-qwen3next's ``ssm_ba``: per key head its H_v/H_k betas then its alphas). q|k|v goes through the
-causal depthwise convolution (``ssm_conv1d`` [conv_dim, d_conv], no bias) and SiLU; q and k are
-L2-normed per head (llama.cpp: ``rms_norm(x, eps / S) / sqrt(S)``). Value head h reads key head
-``h % H_k`` (qwen35: ggml's repeat tiles) or ``h // (H_v / H_k)`` (qwen3next: its converter's
+``attn_gate`` z [H_v S] (early qwen3next files: both in one ``ssm_in``, per key head) and the
+per-head beta and alpha logits (``ssm_beta``/``ssm_alpha``, or qwen3next's ``ssm_ba``: per key
+head its H_v/H_k betas then its alphas). q|k|v goes through the causal depthwise convolution
+(``ssm_conv1d`` [conv_dim, d_conv], no bias) and SiLU; q and k are L2-normed per head
+(llama.cpp: ``rms_norm(x, eps / S) / sqrt(S)``). Value head h reads key head ``h % H_k``
+(qwen35: ggml's repeat tiles) or ``h // (H_v / H_k)`` (qwen3next: its converter's
 interleave, told apart by its ``ssm_ba`` layout). Per token, with g = softplus(alpha + ssm_dt)
 * ssm_a and beta = sigmoid(beta logit), each value head's state M [S (value), S (key)] runs
 
@@ -52,22 +53,21 @@ class GatedDeltaNet(nn.Module):
         if self.d_inner != self.hv * self.s or self.hv % self.hk:
             raise ValueError(f"delta-net inner size {self.d_inner} is not {self.hv} value heads "
                              f"of {self.s}, or {self.hk} key heads do not divide them")  # fmt: skip
-        if not w.has(p + "attn_qkv.weight"):
-            raise ValueError(
-                f"model file lacks tensor {p + 'attn_qkv.weight'!r} (the legacy fused ssm_in "
-                "layout of early qwen3next files is not supported)"
-            )
         self.interleave = w.has(p + "ssm_ba.weight")  # qwen3next's layout and head mapping
         ba = ("ssm_ba",) if self.interleave else ("ssm_beta", "ssm_alpha")
-        names = ("attn_qkv", "attn_gate", *ba)
+        value, ba_rows = self.hv * self.s, (2 * self.hv,) if self.interleave else (self.hv,) * 2
+        # early qwen3next files: one ssm_in holding, per key head, its q, k, v and z rows
+        legacy = self.interleave and not w.has(p + "attn_qkv.weight") and w.has(p + "ssm_in.weight")
+        names = ("ssm_in", *ba) if legacy else ("attn_qkv", "attn_gate", *ba)
+        want = (self.conv_dim + value, *ba_rows) if legacy else (self.conv_dim, value, *ba_rows)
         parts = [matrix(w, p + n + ".weight") for n in names]
-        want = (self.conv_dim, self.hv * self.s, *((2 * self.hv,) if self.interleave
-                                                   else (self.hv, self.hv)))  # fmt: skip
         for n, m, rows in zip(names, parts, want, strict=True):
             if tuple(m.shape) != (rows, cfg.hidden_size):
                 raise ValueError(f"tensor {p + n}.weight has shape {tuple(m.shape)}, "
                                  f"expected {(rows, cfg.hidden_size)}")  # fmt: skip
-        # one projection of the normed input: q|k|v, z, then the beta and alpha logits
+        self.order = _legacy_order(self.hk, self.s, self.hv // self.hk) if legacy else None
+        # one projection of the normed input: q|k|v, z (or ssm_in's rows), the beta and alpha
+        # logits; adapters apply to each stored tensor as llama.cpp's build_lora_mm does
         self.in_proj = Projection(p + "attn_qkv_gate.weight", parts)
         self.out_proj = Projection(p + "ssm_out.weight", [matrix(w, p + "ssm_out.weight")])
         conv = _req(w, p + "ssm_conv1d.weight", (self.conv_dim, self.k))  # [conv_dim, d_conv]
@@ -98,6 +98,8 @@ class GatedDeltaNet(nn.Module):
             raise RuntimeError("a recurrent layer ran without its sequences' states")
         t, k, s, hv, hk, cd = hs.shape[0], self.k, self.s, self.hv, self.hk, self.conv_dim
         mixed = self.in_proj(hs)  # [T, conv_dim + H_v S + 2 H_v]
+        if self.order is not None:  # ssm_in's rows -> q|k|v, z (a copy of each value)
+            mixed = mixed[:, self.order]
         z = mixed[:, cd : cd + hv * s]
         ba = mixed[:, cd + hv * s :]  # [T, 2 H_v]
         beta_l = ba[:, self.beta_cols]  # [T, H_v]
@@ -144,6 +146,19 @@ class GatedDeltaNet(nn.Module):
         normed = rms_norm(o, self.norm, self.eps).view(t, hv * s)  # [T, H_v S]
         zc = torch.empty(t, hv * s).copy_(z)  # contiguous rows: the C kernel's layout
         return self.out_proj(gated_act(zc, normed, "silu"))  # SiLU(z) * norm(o)
+
+
+def _legacy_order(hk: int, s: int, r: int) -> torch.Tensor:
+    """Columns of ``ssm_in | ssm_ba`` outputs in q|k|v, z, ba order: ssm_in holds, per key head
+    g, its q [S], k [S], v [r S] and z [r S] (llama.cpp's legacy ``build_qkvz``)."""
+    blk = 2 * s + 2 * r * s
+    g = torch.arange(hk).unsqueeze(1) * blk  # [H_k, 1]: each key head's first row
+    q = (g + torch.arange(s)).reshape(-1)
+    k = (g + s + torch.arange(s)).reshape(-1)
+    v = (g + 2 * s + torch.arange(r * s)).reshape(-1)
+    z = (g + 2 * s + r * s + torch.arange(r * s)).reshape(-1)
+    ba = hk * blk + torch.arange(2 * r * hk)  # ssm_ba's 2 H_v columns, as they are
+    return torch.cat((q, k, v, z, ba))
 
 
 def _dims(cfg: ModelConfig) -> tuple[int, int, int, int, int]:

