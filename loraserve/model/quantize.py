@@ -1,6 +1,6 @@
 """Quantize float weights to ggml types, bit for bit as ggml's reference quantizers
 (``ggml/src/ggml-quants.c``, ``quantize_row_*_ref``: what ``llama-quantize`` writes when no
-importance matrix is given): Q8_0, Q5_0, Q4_0, Q4_K and Q6_K.
+importance matrix is given): Q8_0, Q5_0, Q5_1, Q4_0, Q4_K and Q6_K.
 
 Every block is independent, so the work is vectorised across blocks; each reduction inside a
 block runs element by element in float32, in the C loop's order, so the sums round as the C
@@ -77,6 +77,20 @@ def quantize_q5_0(x: np.ndarray) -> np.ndarray:
     return np.concatenate(
         [_f16(d)[:, None].view(np.uint8), qh.astype("<u4")[:, None].view(np.uint8), qs], axis=1
     )
+
+
+def quantize_q5_1(x: np.ndarray) -> np.ndarray:
+    """x [N, 32] -> [N, 24] uint8 (d f16, m f16, qh u32, 16 bytes of low nibbles)."""
+    mn, mx = x.min(axis=1), x.max(axis=1)
+    d = ((mx - mn) / F32(31)).astype(F32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, F32(1) / d, F32(0)).astype(F32)
+    q = np.trunc((x - mn[:, None]) * inv[:, None] + F32(0.5)).astype(np.uint8)  # (uint8_t) cast
+    qs = (q[:, :16] & 0x0F) | ((q[:, 16:] & 0x0F) << 4)
+    hi = ((q >> 4) & 1).astype(np.uint32)  # [N, 32]: bit j is element j's fifth bit
+    qh = (hi << np.arange(32, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)
+    head = np.stack([_f16(d), _f16(mn)], axis=1).view(np.uint8)  # [N, 4]
+    return np.concatenate([head, qh.astype("<u4")[:, None].view(np.uint8), qs], axis=1)
 
 
 def _make_qkx2(
@@ -225,14 +239,16 @@ def quantize_q6_K(x: np.ndarray) -> np.ndarray:
     return out
 
 
-_BLOCK = {"Q8_0": (32, quantize_q8_0), "Q5_0": (32, quantize_q5_0), "Q4_0": (32, quantize_q4_0),
-          "Q4_K": (QK_K, quantize_q4_K), "Q6_K": (QK_K, quantize_q6_K)}  # fmt: skip
+_BLOCK = {"Q8_0": (32, quantize_q8_0), "Q5_0": (32, quantize_q5_0), "Q5_1": (32, quantize_q5_1),
+          "Q4_0": (32, quantize_q4_0), "Q4_K": (QK_K, quantize_q4_K),
+          "Q6_K": (QK_K, quantize_q6_K)}  # fmt: skip
 QUANTIZERS: dict[int, tuple[int, object]] = {GGML_TYPE[k]: v for k, v in _BLOCK.items()}
 
 
 def quantize(x: np.ndarray, ggml_type: int) -> np.ndarray:
     """float weights [..., n_per_row] -> ggml rows [prod(...), row_bytes] uint8 of
-    ``ggml_type`` (Q8_0, Q5_0, Q4_0, Q4_K, Q6_K), as ggml's reference quantizer writes them."""
+    ``ggml_type`` (Q8_0, Q5_0, Q5_1, Q4_0, Q4_K, Q6_K), as ggml's reference quantizer writes
+    them."""
     if ggml_type not in QUANTIZERS:
         raise ValueError(f"no quantizer for ggml type {ggml_type}")
     qk, fn = QUANTIZERS[ggml_type]
