@@ -4,10 +4,10 @@ They take /completion's fields too (`lora`, `cache_prompt`, `n_probs`...). **Our
 `model` may name a loaded adapter, which then runs at scale 1 (as vLLM and LoRAX do);
 any other `model` is echoed and ignored, as llama-server does. Streams end with
 `data: [DONE]`. The response pieces (object heads, usage, logprobs, finish reasons) are
-built here; submission and output go the same way as /completion's. Chat answers are read
-in the template's own format (`server/tool_calls.py`): `reasoning_content`, `tool_calls`
-(streamed as OpenAI deltas: a call's index, id, type and name first, then argument
-fragments) and `finish_reason: "tool_calls"`.
+built in `openai.pieces`; submission and output go the same way as /completion's. Chat
+answers are read in the template's own format (`server/tool_calls.py`):
+`reasoning_content`, `tool_calls` (streamed as OpenAI deltas: a call's index, id, type and
+name first, then argument fragments) and `finish_reason: "tool_calls"`.
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ from fastapi import APIRouter
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
-from loraserve import __version__
 from loraserve.chat.formats.stream import MessageStream, message_dict
 from loraserve.engine.request import Event
-from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.body import body_doc, read_body
 from loraserve.server.errors import JsonResponse
 from loraserve.server.flight import wait
@@ -32,7 +30,14 @@ from loraserve.server.generation import chat_prompt, submit, tokenize_prompts
 from loraserve.server.grammar import grammar_spec
 from loraserve.server.native.lora_api import unregistered
 from loraserve.server.native.results import final_result
-from loraserve.server.output import Output, collect, logprob, stream, token_prob
+from loraserve.server.openai.pieces import (
+    chat_logprobs,
+    finish_reason,
+    object_head,
+    text_logprobs,
+    usage,
+)
+from loraserve.server.output import Output, collect, stream, token_prob
 from loraserve.server.schemas import OAIChatRequest, OAICompletionRequest
 from loraserve.server.state import get_state
 from loraserve.server.tool_calls import (
@@ -44,65 +49,6 @@ from loraserve.server.tool_calls import (
 )
 
 router = APIRouter()
-FINISH = {"eos": "stop", "word": "stop", "limit": "length", "none": "stop"}
-FINGERPRINT = f"loraserve-{__version__}"
-
-
-def usage(outs: list[Output], n: int = 1) -> dict[str, Any]:
-    """OpenAI `usage`, with the reused prompt tokens as `prompt_tokens_details.cached_tokens`;
-    with `n` choices per prompt (prompt-major), each prompt counts once."""
-    prompt = sum(o.n_prompt for o in outs[::n])
-    completion = sum(o.n_generated for o in outs)
-    cached = sum(o.final.n_cached for o in outs[::n] if o.final is not None)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-
-
-def object_head(kind: str, cid: str, created: int, model: str) -> dict[str, Any]:
-    """The fields every OpenAI response object and chunk starts with."""
-    return {
-        "id": cid,
-        "object": kind,
-        "created": created,
-        "model": model,
-        "system_fingerprint": FINGERPRINT,
-    }
-
-
-def text_logprobs(tok: Tokenizer, out: Output) -> dict[str, Any]:
-    """`/v1/completions` logprobs: tokens, their logprobs, top alternatives, text offsets."""
-    tokens, lps, tops, offsets, pos = [], [], [], [], 0
-    for t, p, top in out.probs:
-        piece = tok.piece(t)
-        tokens.append(piece)
-        lps.append(logprob(p))
-        tops.append({tok.piece(c): logprob(q) for c, q in top})
-        offsets.append(pos)
-        pos += len(piece)
-    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
-
-
-def chat_logprobs(tok: Tokenizer, probs: list[tuple[int, float | None, list]]) -> dict:
-    """`/v1/chat/completions` logprobs: per token its piece, logprob, bytes, alternatives."""
-
-    def one(t: int, p: float | None) -> dict[str, Any]:
-        return {"token": tok.piece(t), "logprob": logprob(p), "bytes": list(tok.token_bytes(t))}
-
-    return {
-        "content": [
-            {**one(t, p), "top_logprobs": [one(c, q) for c, q in top]} for t, p, top in probs
-        ]
-    }
-
-
-def finish_reason(out: Output) -> str:
-    """OpenAI `finish_reason` of a finished output."""
-    assert out.final is not None
-    return FINISH.get(str(out.final.stop_type), "stop")
 
 
 @router.post("/v1/completions", openapi_extra=body_doc(OAICompletionRequest))
