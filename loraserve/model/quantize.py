@@ -1,6 +1,6 @@
 """Quantize float weights to ggml types, bit for bit as ggml's reference quantizers
 (``ggml/src/ggml-quants.c``, ``quantize_row_*_ref``: what ``llama-quantize`` writes when no
-importance matrix is given): Q8_0, Q5_0, Q5_1, Q4_0, Q4_K and Q6_K.
+importance matrix is given): Q8_0, Q5_0, Q5_1, Q4_0, Q4_K, Q6_K and MXFP4.
 
 Every block is independent, so the work is vectorised across blocks; each reduction inside a
 block runs element by element in float32, in the C loop's order, so the sums round as the C
@@ -91,6 +91,24 @@ def quantize_q5_1(x: np.ndarray) -> np.ndarray:
     qh = (hi << np.arange(32, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)
     head = np.stack([_f16(d), _f16(mn)], axis=1).view(np.uint8)  # [N, 4]
     return np.concatenate([head, qh.astype("<u4")[:, None].view(np.uint8), qs], axis=1)
+
+
+_KV_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=F32)
+
+
+def quantize_mxfp4(x: np.ndarray) -> np.ndarray:
+    """x [N, 32] -> [N, 17] uint8 (e8m0 exponent, 16 bytes of nibbles: each value's nearest
+    table entry times 2^(e - 128), the first on ties, as best_index_mxfp4)."""
+    amax = np.abs(x).max(axis=1)
+    with np.errstate(divide="ignore"):
+        lg = np.floor(np.log2(amax.astype(F32)))
+    e = np.where(amax > 0, lg - 2 + 127, 0).astype(np.int64).astype(np.uint8)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e.astype(np.uint32),
+                    (e.astype(np.uint32) - 1) << 23).astype(np.uint32)  # fmt: skip
+    d = bits.view(F32)  # ggml_e8m0_to_fp32_half
+    err = np.abs(_KV_MXFP4[None, None, :] * d[:, None, None] - x[:, :, None])  # [N, 32, 16]
+    q = err.argmin(axis=2).astype(np.uint8)  # the first minimum, as the strict < loop
+    return np.concatenate([e[:, None], q[:, :16] | (q[:, 16:] << 4)], axis=1)
 
 
 def _make_qkx2(
@@ -241,14 +259,14 @@ def quantize_q6_K(x: np.ndarray) -> np.ndarray:
 
 _BLOCK = {"Q8_0": (32, quantize_q8_0), "Q5_0": (32, quantize_q5_0), "Q5_1": (32, quantize_q5_1),
           "Q4_0": (32, quantize_q4_0), "Q4_K": (QK_K, quantize_q4_K),
-          "Q6_K": (QK_K, quantize_q6_K)}  # fmt: skip
+          "Q6_K": (QK_K, quantize_q6_K), "MXFP4": (32, quantize_mxfp4)}  # fmt: skip
 QUANTIZERS: dict[int, tuple[int, object]] = {GGML_TYPE[k]: v for k, v in _BLOCK.items()}
 
 
 def quantize(x: np.ndarray, ggml_type: int) -> np.ndarray:
     """float weights [..., n_per_row] -> ggml rows [prod(...), row_bytes] uint8 of
-    ``ggml_type`` (Q8_0, Q5_0, Q5_1, Q4_0, Q4_K, Q6_K), as ggml's reference quantizer writes
-    them."""
+    ``ggml_type`` (Q8_0, Q5_0, Q5_1, Q4_0, Q4_K, Q6_K, MXFP4), as ggml's reference quantizer
+    writes them."""
     if ggml_type not in QUANTIZERS:
         raise ValueError(f"no quantizer for ggml type {ggml_type}")
     qk, fn = QUANTIZERS[ggml_type]
