@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -23,6 +22,7 @@ from loraserve.cache.prefix_cache import PrefixCache
 from loraserve.cache.state import StateStore
 from loraserve.engine.constraint import Constraint, Grammars
 from loraserve.engine.embedding import Pooler
+from loraserve.engine.engine_config import EngineConfig, slot_context
 from loraserve.engine.isolation import (
     forward_isolated,
     guarded,
@@ -32,10 +32,10 @@ from loraserve.engine.isolation import (
 )
 from loraserve.engine.output import TextOutput
 from loraserve.engine.request import Event, Progress, Run, StopType
+from loraserve.engine.request_log import request_line
 from loraserve.engine.runner import BatchItem, ModelRunner
 from loraserve.engine.sampling.state import SamplerState
 from loraserve.engine.scheduler import Scheduler
-from loraserve.engine.spec.config import SpecConfig
 from loraserve.engine.spec.drafter import DraftFn, Speculator
 from loraserve.engine.spec.verify import verify
 from loraserve.lora.catalogue import Catalogue
@@ -45,49 +45,7 @@ from loraserve.model.loader import LoadedModel
 from loraserve.model.recurrent import state_shapes
 
 log = logging.getLogger("loraserve.engine")
-
-
-def request_line(run: Run, stop: StopType, adapters: AdapterRegistry) -> str:
-    """The log line of a finished request: id, slot, adapter mix, prompt tokens (cached and
-    evaluated), generated tokens, speeds and why it stopped."""
-    t = run.timings.as_dict()
-    names = {a.id: a.name for a in adapters.list()}
-    mix = ", ".join(f"{names.get(i, i)}={s:g}" for i, s in sorted(run.req.mix.scales.items()))
-    return (
-        f"request {run.req.id} slot {run.slot} mix [{mix or 'base'}]: prompt {run.n_prompt} "
-        f"tokens ({run.n_cached} cached, {t['prompt_n']} evaluated, "
-        f"{t['prompt_per_second']:.1f} tok/s), generated {len(run.generated)} tokens "
-        f"({t['predicted_per_second']:.1f} tok/s), stop {stop}"
-    )
-
-
-def slot_context(config: EngineConfig) -> int:
-    """The tokens one slot may hold: all of ``n_ctx`` with ``kv_unified`` (llama-server's
-    unified KV; blocks are taken from the pool as sequences grow), else an equal share."""
-    return config.n_ctx if config.kv_unified else max(config.n_ctx // config.n_slots, 1)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Engine sizing, mirroring llama-server's flags."""
-
-    n_slots: int = 1  # -np
-    n_ctx: int = 4096  # -c: KV tokens shared by the slots
-    kv_unified: bool = False  # --kv-unified: each slot may use all n_ctx (else n_ctx / n_slots)
-    ubatch: int = 512  # tokens per forward step (prefill chunking)
-    block_size: int = 16
-    cache_ram_mib: float = 8192  # budget for cached blocks no slot holds; -1 = unlimited
-    # -cms: recurrent state snapshots at least this many tokens apart (in whole blocks; 0:
-    # after every block), besides the one at the end of each prompt chunk (`cache.state`)
-    checkpoint_min_step: int = 8192
-    kv_dtype: torch.dtype = torch.float32
-    spec: SpecConfig = SpecConfig()  # speculative decoding (off by default)
-    # the adapter catalogue (--lora-dir, --lora-modules name/path/base) and its tiers
-    lora_dirs: tuple[str, ...] = ()
-    lora_modules: tuple[tuple[str, str, str | None], ...] = ()
-    lora_max_loaded: int | None = None  # --lora-max-loaded
-    lora_max_mib: float | None = None  # --lora-max-memory
-    max_queue: int = 0  # --max-queue: requests waiting for a slot at most (0: unbounded)
+__all__ = ["EngineConfig", "EngineCore", "request_line", "slot_context"]  # re-exported too
 
 
 class EngineCore:
@@ -126,6 +84,7 @@ class EngineCore:
             config.ubatch,
             self.cache,
             config.max_queue,
+            config.preempt_after_s,
         )
         mib = config.lora_max_mib
         self.adapters = AdapterRegistry(
@@ -160,6 +119,9 @@ class EngineCore:
                 guarded(self, slot.run, "cancelling", self._finish, slot.run, StopType.NONE, False)
         for run in sched.admit():
             guarded(self, run, "admission", self._setup, run)
+        for run in sched.dropped:  # cancelled while preempted: nothing more to send
+            self._outputs.pop(run.req.id, None)
+        sched.dropped.clear()
         send_failures(self)
         if self.config.spec.enabled:
             self.spec.propose(sched.running, sched.token_budget)
@@ -192,7 +154,10 @@ class EngineCore:
         return True
 
     def _setup(self, run: Run) -> None:
-        """A request just admitted: its pooler, or its sampler, text output and grammar."""
+        """A request just admitted: its pooler, or its sampler, text output and grammar (a
+        preempted run resuming keeps its own)."""
+        if run.sampler is not None:
+            return
         if run.req.pooling is not None:
             run.pooler = Pooler(run.req.pooling)
             return
@@ -210,7 +175,7 @@ class EngineCore:
         run.n_computed += item.n - (item.n_logits - 1)  # a draft's rows: once verified
         if run.pooler is not None:
             self._pool(run, hidden)
-        elif was_prefilling and run.req.progress:
+        elif was_prefilling and run.req.progress and not run.generated:
             self._progress(run)
 
     def _progress(self, run: Run) -> None:

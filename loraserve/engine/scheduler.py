@@ -1,4 +1,5 @@
-"""Slots, admission with prefix reuse, and the per-step batch.
+"""Slots, admission with prefix reuse, preemption (`preemption`: a request that waited too
+long takes a slot; the preempted one resumes later) and the per-step batch (`step_plan`).
 
 One owner per state: the scheduler owns the waiting queue and the slots (each slot's
 running sequence, or the blocks it retains from its last one); blocks' reference
@@ -7,15 +8,19 @@ counts belong to the pool, the index to the prefix cache.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from loraserve.cache.prefix_cache import CacheKey, Match, PrefixCache, Spans
 from loraserve.engine.admission import QueueBudget, fair_order
-from loraserve.engine.embedding import wanted_rows
+from loraserve.engine.preemption import Preemption
 from loraserve.engine.request import Request, Run
 from loraserve.engine.runner import BatchItem
+from loraserve.engine.step_plan import compose
+
+log = logging.getLogger("loraserve.engine")
 
 
 @dataclass
@@ -45,6 +50,7 @@ class Scheduler:
         token_budget: int,
         cache: PrefixCache,
         max_queue: int = 0,
+        preempt_after_s: float = 0.0,
     ):
         self.slots = [Slot(i) for i in range(n_slots)]
         self.n_ctx_slot = n_ctx_slot
@@ -60,6 +66,8 @@ class Scheduler:
         # the error: the engine fails each one alone (`take_failures`)
         self.refused: list[tuple[Request, str]] = []
         self.broken: list[tuple[Run, str]] = []
+        self.preemption = Preemption(preempt_after_s)  # `engine/preemption.py`
+        self.dropped: list[Run] = []  # suspended runs whose request was cancelled meanwhile
 
     @property
     def running(self) -> list[Run]:
@@ -67,6 +75,7 @@ class Scheduler:
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
+        self.preemption.queued(req)
 
     def _pick_slot(self, req: Request) -> Slot | None:
         if req.id_slot >= 0:
@@ -93,11 +102,26 @@ class Scheduler:
         still computing the shared prompt. Cancelled requests are dropped. A request whose
         admission raises goes to `refused` (failed alone by the engine); the waiting queue
         stays whole whatever happens."""
+        pre = self.preemption
         live = [r for r in self.waiting if not r.cancelled]
         for r in self.waiting:
             if r.cancelled:
                 self.queue.release(r)
+                pre.left_queue(r)
+                if r.id in pre.suspended:
+                    self.dropped.append(pre.suspended.pop(r.id))
         self.waiting = deque(live)
+        admitted = self._admit(live, set())
+        now = time.monotonic()
+        if self.waiting and all(s.busy for s in self.slots) and pre.starving(self.waiting, now):
+            run = pre.victim(self.running, self.cache.states is not None, now)
+            if run is not None:
+                self._suspend(run)
+                admitted += self._admit(list(self.waiting), {run.req.id})
+        return admitted
+
+    def _admit(self, live: list[Request], later: set[int]) -> list[Run]:
+        """`admit` over ``live`` (the waiting requests), those in ``later`` left waiting."""
         admitted: list[Run] = []
         if not live or all(s.busy for s in self.slots):
             return admitted
@@ -108,12 +132,15 @@ class Scheduler:
         for req in fair_order(live, held, self._served):
             if all(s.busy for s in self.slots):
                 break
+            if req.id in later:
+                continue
             lead = self._leader_run(req, pending)
             slot = None if lead is False else self._pick_slot(req)
             if slot is None:
                 continue
             pending.discard(req.id)
             self.queue.release(req)
+            self.preemption.left_queue(req)
             try:
                 admitted.append(self._start(slot, req, lead or None))
             except Exception as e:  # this request fails alone, the queue goes on
@@ -154,6 +181,10 @@ class Scheduler:
         return Match(list(lead.blocks[:k]), partial, rem, n)
 
     def _start(self, slot: Slot, req: Request, lead: Run | None = None) -> Run:
+        if req.id in self.preemption.suspended:
+            run = self._resume(slot, self.preemption.suspended.pop(req.id))
+            self.preemption.seated(slot.id, run)
+            return run
         run = Run(req=req, slot=slot.id, tokens=list(req.prompt), n_prompt=len(req.prompt))
         limit = len(req.prompt) - 1 if req.cache_prompt or lead is not None else 0
         if lead is not None and limit > 0:
@@ -161,27 +192,67 @@ class Scheduler:
         else:
             m = self.cache.match(req.cache_key, req.prompt, limit) if limit > 0 else None
         if m is not None:
-            held: list[int] = []
-            try:  # all or nothing: on an error every reference taken here is given back
-                for b in m.blocks:
-                    self.cache.acquire(b)
-                    held.append(b)
-                if m.partial_block is not None:
-                    self.cache.acquire(m.partial_block)  # keep it alive across the copy
-                    held.append(m.partial_block)
-                    dst = self.cache.allocate()
-                    self.copies.append((m.partial_block, dst, m.partial_len))
-                    held.pop()  # the copy job now holds the source (`release_copy_sources`)
-                    held.append(dst)
-            except BaseException:
-                self.cache.release(held)
-                raise
-            run.blocks = held
+            run.blocks = self._take(m)
             run.n_computed = run.n_cached = m.n_tokens
         self._release_slot(slot)
         slot.run, slot.last_request = run, req
+        self.preemption.seated(slot.id, run)
         run.timings.cache_n = run.n_cached
         run.t_prompt_start = time.perf_counter()
+        return run
+
+    def _take(self, m: Match) -> list[int]:
+        """References on a match's blocks (its partial block copied into a new one), all or
+        nothing: on an error every reference taken here is given back."""
+        held: list[int] = []
+        try:
+            for b in m.blocks:
+                self.cache.acquire(b)
+                held.append(b)
+            if m.partial_block is not None:
+                self.cache.acquire(m.partial_block)  # keep it alive across the copy
+                held.append(m.partial_block)
+                dst = self.cache.allocate()
+                self.copies.append((m.partial_block, dst, m.partial_len))
+                held.pop()  # the copy job now holds the source (`release_copy_sources`)
+                held.append(dst)
+        except BaseException:
+            self.cache.release(held)
+            raise
+        return held
+
+    def _suspend(self, run: Run) -> None:
+        """Preempt ``run``: its KV to the prefix cache (its slot retains it, as a finished
+        run's), its request back to the waiting queue (`engine/preemption.py`)."""
+        pre = self.preemption
+        run.draft.clear()
+        pre.catchup.pop(run.req.id, None)
+        slot = run.slot
+        self._retire(run)
+        pre.suspended[run.req.id] = run
+        pre.n_preempted += 1
+        self.waiting.append(run.req)
+        pre.queued(run.req)
+        log.info(
+            "request %d preempted from slot %d after %d generated tokens: a request waited "
+            "over %g s",
+            run.req.id,
+            slot,
+            len(run.generated),
+            pre.after_s,
+        )
+
+    def _resume(self, slot: Slot, run: Run) -> Run:
+        """A preempted run takes ``slot``: its cached prefix back, and what the cache lost
+        recomputed (`catchup`) up to its last sampled token, which decodes next."""
+        limit = len(run.tokens) - 1
+        m = self.cache.match(run.req.cache_key, run.tokens, limit)
+        blocks = self._take(m)
+        self._release_slot(slot)
+        run.blocks, run.n_computed, run.slot = blocks, m.n_tokens, slot.id
+        if run.generated and run.n_computed < limit:
+            self.preemption.catchup[run.req.id] = limit
+        slot.run, slot.last_request = run, run.req
         return run
 
     def take_copies(self) -> list[tuple[int, int, int]]:
@@ -198,6 +269,10 @@ class Scheduler:
 
     def finish(self, run: Run) -> None:
         """Index the sequence's KV under its cache key; its slot retains the blocks."""
+        self.preemption.catchup.pop(run.req.id, None)
+        self._retire(run)
+
+    def _retire(self, run: Run) -> None:
         slot = self.slots[run.slot]
         # generated tokens' KV is shared too: decode computes exactly what a prefill of the
         # same tokens does (row-independent kernels), so a later request may reuse it
@@ -211,49 +286,10 @@ class Scheduler:
         self.cache.release(extra)  # then the cache budget holds again
 
     def schedule(self) -> list[tuple[Run, BatchItem]]:
-        """Decode tokens of running sequences, then prefill chunks, within the budget. A run
-        whose item cannot be prepared (no block left for it) goes to `broken`, alone."""
-        budget = self.token_budget
-        out: list[tuple[Run, BatchItem]] = []
-        running = self.running
-        for run in running:
-            if not run.prefilling and budget > 0:
-                # a speculative draft rides along as extra rows of the decode item
-                del run.draft[max(budget - 1, 0) :]
-                if self._add(out, run, run.n_computed, 1 + len(run.draft)):
-                    budget -= 1 + len(run.draft)
-        for run in running:
-            if run.prefilling and budget > 0:
-                n = min(run.n_prompt - run.n_computed, budget)
-                if self._add(out, run, run.n_computed, n):
-                    budget -= n
-        return out
-
-    def _add(self, out: list[tuple[Run, BatchItem]], run: Run, start: int, n: int) -> bool:
-        try:
-            out.append((run, self._item(run, start, n)))
-        except Exception as e:  # this run fails alone
-            self.broken.append((run, f"internal error preparing the step: {_describe(e)}"))
-            return False
-        return True
-
-    def _item(self, run: Run, start: int, n: int) -> BatchItem:
-        need = (start + n + self.bs - 1) // self.bs
-        while len(run.blocks) < need:
-            run.blocks.append(self.cache.allocate())
-        pooling = run.req.pooling
-        draft = run.draft if not run.prefilling else []
-        return BatchItem(
-            tokens=run.tokens + draft if draft else run.tokens,
-            start=start,
-            n=n,
-            blocks=run.blocks,
-            want_logits=start + n == len(run.tokens) + len(draft) and pooling is None,
-            n_logits=1 + len(draft),
-            mix=run.req.mix.scales,
-            mixes=run.req.mixes,
-            hidden=None if pooling is None else wanted_rows(pooling, start, n, run.n_prompt),
-        )
+        """Decode tokens of running sequences, then recomputations of resumed ones and prefill
+        chunks, within the budget (`step_plan.compose`). A run whose item cannot be prepared
+        (no block left for it) goes to `broken`, alone."""
+        return compose(self)
 
 
 def _describe(e: BaseException) -> str:

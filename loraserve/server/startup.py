@@ -124,6 +124,7 @@ def build_engine(cfg: ServerConfig, model: LoadedModel, draft: LoadedModel | Non
             lora_max_loaded=cfg.lora_max_loaded,
             lora_max_mib=cfg.lora_max_memory,
             max_queue=cfg.max_queue,
+            preempt_after_s=cfg.preempt_after_s,
         ),
         draft=draft,
     )

@@ -37,6 +37,7 @@ class ServerConfig:
     lora_max_memory: float | None = None  # MiB of resident adapter weights
     max_queue: int = admission_flags.DEFAULT_MAX_QUEUE  # see `server/config/admission_flags.py`
     max_connections: int = admission_flags.DEFAULT_MAX_CONNECTIONS
+    preempt_after_s: float = admission_flags.DEFAULT_PREEMPT_AFTER_S
     cache_isolation: str = "none"
     n_parallel: int = AUTO_PARALLEL
     n_ctx: int = 0
