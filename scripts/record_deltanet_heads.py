@@ -67,8 +67,8 @@ def record(arch: str, tmpl: Path, work: Path, seed: int, stdev: float, port: int
     spec = template_spec(tmpl)
     widen(spec, arch)
     if legacy:  # early qwen3next files: ssm_in alone, no attn_qkv / attn_gate
-        spec["tensors"] = [t for t in spec["tensors"]
-                           if not t[0].endswith(("attn_qkv.weight", "attn_gate.weight"))]  # fmt: skip
+        fused = ("attn_qkv.weight", "attn_gate.weight")
+        spec["tensors"] = [t for t in spec["tensors"] if not t[0].endswith(fused)]
     spec["generator"] = {"seed": seed, "stdev": stdev, "template": tmpl.name}
     full = write_model(spec, work / "full.gguf")
     keep = used_tensors(full)
@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument("--stdev", type=float, default=0.5)
     ap.add_argument("--port", type=int, default=18734)
     ap.add_argument("--legacy", action="store_true",
-                    help="qwen3next's early layout: one ssm_in (record ARCH+ssm_in.json)")  # fmt: skip
+                    help="qwen3next's early layout: one ssm_in (ARCH+ssm_in.json)")  # fmt: skip
     args = ap.parse_args()
     tag = "ssm_in" if args.legacy else "heads"
     OUT.mkdir(parents=True, exist_ok=True)
