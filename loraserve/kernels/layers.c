@@ -31,6 +31,10 @@ void ls_gated_act(const float *g, const float *u, int64_t T, int64_t F, int64_t 
 int ls_lora(int n_ad, const float *const *as, const float *const *bs, const float *const *bts,
             const int64_t *ranks, const float *s, const float *x, int64_t ldx, int64_t T,
             int64_t K, float *y, int64_t ldy, int64_t N, int nthreads);
+int ls_lora16(int n_ad, const uint16_t *const *as16, const float *const *bs,
+              const uint16_t *const *bt16s, const int64_t *ranks, const float *s,
+              const float *x, int64_t ldx, int64_t T, int64_t K, float *y, int64_t ldy,
+              int64_t N, int nthreads);
 
 // One projection: up to 8 quantized matrices of one input side by side (q|k|v, gate|up).
 typedef struct {
@@ -67,6 +71,9 @@ typedef struct {
     float factor;  // multiplies the user scale
     const float *bt;  // B transposed [rank, out] (ls_lora's faster route, the same bits)
     int64_t in, out;  // A's and B's widths: the part's input width and its row count
+    // A and B transposed as float16 when the adapter's values are halves (else NULL):
+    // ls_lora16 reads them, half the bytes, the same bits (lora16.c)
+    const uint16_t *a16, *bt16;
 } ls_lora_w;
 
 // The step's adapters (ascending id, as LoraBatch orders them): table [n_active, T] each
@@ -108,9 +115,11 @@ static int proj(const ls_proj_t *p, const float *x, int64_t K, int64_t T, float 
     const float **bts = malloc(sizeof(float *) * (size_t)lo->n_active);
     int64_t *ranks = malloc(sizeof(int64_t) * (size_t)lo->n_active);
     float *sc = malloc(sizeof(float) * (size_t)(lo->n_active * T));
-    if (!as || !bs || !bts || !ranks || !sc) rc = -2;
+    const uint16_t **as16 = malloc(sizeof(uint16_t *) * (size_t)lo->n_active);
+    const uint16_t **bt16s = malloc(sizeof(uint16_t *) * (size_t)lo->n_active);
+    if (!as || !bs || !bts || !ranks || !sc || !as16 || !bt16s) rc = -2;
     for (int k = 0; k < p->nparts && rc == 0; k++) {
-        int n = 0;
+        int n = 0, halves = 1;
         for (int j = 0; j < lo->n_active; j++) {
             const ls_lora_w *w = &lo->ad[j][slot * 8 + k];
             if (w->a == NULL) continue;
@@ -121,14 +130,22 @@ static int proj(const ls_proj_t *p, const float *x, int64_t K, int64_t T, float 
             as[n] = w->a;
             bs[n] = w->b;
             bts[n] = w->bt;
+            as16[n] = w->a16;
+            bt16s[n] = w->bt16;
+            halves = halves && w->a16 != NULL && w->bt16 != NULL;
             ranks[n] = w->rank;
             for (int64_t t = 0; t < T; t++) sc[n * T + t] = lo->table[j * T + t] * w->factor;
             n++;
         }
-        if (n > 0 && rc == 0)
+        if (n > 0 && rc == 0 && halves)
+            rc = ls_lora16(n, as16, bs, bt16s, ranks, sc, x, K, T, K, y + p->cols[k],
+                           p->n_out, p->ns[k], nthreads);
+        else if (n > 0 && rc == 0)
             rc = ls_lora(n, as, bs, bts, ranks, sc, x, K, T, K, y + p->cols[k], p->n_out,
                          p->ns[k], nthreads);
     }
+    free(as16);
+    free(bt16s);
     free(as);
     free(bs);
     free(bts);

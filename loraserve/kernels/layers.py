@@ -41,7 +41,7 @@ class _Model(ctypes.Structure):
 
 class _LoraW(ctypes.Structure):
     _fields_ = [("a", _P), ("b", _P), ("rank", _I), ("factor", _F), ("bt", _P), ("in_", _I),
-                ("out", _I)]  # fmt: skip
+                ("out", _I), ("a16", _P), ("bt16", _P)]  # fmt: skip
 
 
 class _Lora(ctypes.Structure):
@@ -53,6 +53,13 @@ class _Step(ctypes.Structure):
                 ("row_seq", _P), ("row_nkeys", _P), ("window", _I32), ("cos_g", _P),
                 ("sin_g", _P), ("cos_l", _P), ("sin_l", _P), ("k_caches", _P),
                 ("v_caches", _P), ("S", _I), ("lora", _P)]  # fmt: skip
+
+
+def _halves(t: Any, shape: tuple[int, int]) -> bool:
+    """Whether ``t`` is a contiguous float16 tensor of ``shape`` (an adapter's exact halves:
+    `lora.adapter.LoraWeight`)."""
+    return isinstance(t, torch.Tensor) and t.dtype == torch.float16 and t.is_contiguous() \
+        and tuple(t.shape) == shape  # fmt: skip
 
 
 _SIGNATURES = {"ls_decoder_layers": ([_P, _P, _P, _I, ctypes.c_int], ctypes.c_int)}
@@ -192,9 +199,16 @@ class FusedLayers:
                         f"LoRA for {name!r}: A {tuple(a.shape)} and B {tuple(b.shape)} do not "
                         f"fit its [{n_out}, {n_in}] weight"
                     )
+                a16, bt16 = getattr(w, "a16", None), getattr(w, "bt16", None)
+                r = a.shape[0]
+                if _halves(a16, (r, n_in)) and _halves(bt16, (r, n_out)):
+                    keep += [a, b, a16, bt16]  # exact halves: ls_lora16, half the reads
+                    arr[slot] = _LoraW(a.data_ptr(), b.data_ptr(), r, float(w.factor), None,
+                                       n_in, n_out, a16.data_ptr(), bt16.data_ptr())  # fmt: skip
+                    continue
                 bt = b.t().contiguous()  # [r, out]: ls_lora's faster route, the same bits
                 keep += [a, b, bt]
-                arr[slot] = _LoraW(a.data_ptr(), b.data_ptr(), a.shape[0], float(w.factor),
+                arr[slot] = _LoraW(a.data_ptr(), b.data_ptr(), r, float(w.factor),
                                    bt.data_ptr(), n_in, n_out)  # fmt: skip
             self._adapters[key] = (arr, keep)
         return self._adapters[key][0]

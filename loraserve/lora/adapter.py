@@ -26,6 +26,7 @@ from loraserve.model.hf import hf_to_gguf_name
 from loraserve.model.loader import unpermute_qk
 
 _EMBED = "token_embd.weight"
+_GGML_F16 = 1
 _PEFT_KEY = re.compile(r"^(.+)\.(lora_A|lora_B|lora_embedding_A|lora_embedding_B)(?:\.weight)?$")
 
 
@@ -35,11 +36,23 @@ class AdapterError(ValueError):
 
 @dataclass(frozen=True)
 class LoraWeight:
-    """One target's low-rank pair; ``factor`` multiplies the user scale."""
+    """One target's low-rank pair; ``factor`` multiplies the user scale.
+
+    ``a16``/``bt16``: A and B transposed as float16, when the file stored the pair as
+    halves (so they hold exactly ``a``'s and ``b``'s values): the kernels read them
+    instead, half the bytes for the same bits (`kernels/lora16.c`).
+    """
 
     a: torch.Tensor  # [r, in] or [E, r, in] float32
     b: torch.Tensor  # [out, r] or [E, out, r] float32
     factor: float
+    a16: torch.Tensor | None = None  # [r, in] float16, 2-D targets only
+    bt16: torch.Tensor | None = None  # [r, out] float16
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes in memory, the half copies included."""
+        return sum(t.nbytes for t in (self.a, self.b, self.a16, self.bt16) if t is not None)
 
     @property
     def rank(self) -> int:
@@ -70,7 +83,7 @@ class Adapter:
         if not w:
             return 0
         if self._sized is None or self._sized[0] is not w:
-            self._sized = (w, sum(p.a.nbytes + p.b.nbytes for p in w.values()))
+            self._sized = (w, sum(p.nbytes for p in w.values()))
         return self._sized[1]
 
 
@@ -91,7 +104,7 @@ def load_adapter(
             name, meta, pairs = _read_peft(path, model_config)
         else:
             name, meta, pairs = _read_gguf(path, model_config, base_shapes)
-        weights = {t: _check(path, t, a, b, f, base_shapes) for t, (a, b, f) in pairs.items()}
+        weights = {t: _check(path, t, *pair, base_shapes) for t, pair in pairs.items()}
     except (TypeError, ArithmeticError, RecursionError, re.error, KeyError, IndexError) as e:
         raise AdapterError(f"{path}: unusable adapter: {type(e).__name__}: {e}") from None
     if not weights:
@@ -99,7 +112,8 @@ def load_adapter(
     return Adapter(name, path, _content_id(weights), weights, metadata=meta)
 
 
-Pairs = dict[str, tuple[torch.Tensor, torch.Tensor, float]]
+# target -> (A, B, factor, whether the file stored both as float16)
+Pairs = dict[str, tuple[torch.Tensor, torch.Tensor, float, bool]]
 
 
 def _read_gguf(
@@ -127,6 +141,7 @@ def _read_gguf(
         gguf_pairs(path, {n: i.shape for n, i in gg.tensors.items()}, base_shapes)
         alpha = check_alpha(path, meta.get("adapter.lora.alpha", 0.0))
         halves: dict[str, dict[str, torch.Tensor]] = {}
+        wide: set[str] = set()  # pairs with a tensor not stored as float16
         for tname in gg.tensors:
             base, dot, part = tname.rpartition(".")
             if part not in ("lora_a", "lora_b"):
@@ -135,6 +150,8 @@ def _read_gguf(
                 raise AdapterError(f"{path}: tensor {tname!r} is neither .lora_a nor .lora_b")
             try:
                 halves.setdefault(base, {})[part] = gg.tensor(tname)
+                if gg.tensors[tname].ggml_type != _GGML_F16:
+                    wide.add(base)
             except ValueError as e:
                 raise AdapterError(f"{path}: tensor {tname!r}: {e}") from None
         pairs: Pairs = {}
@@ -148,7 +165,7 @@ def _read_gguf(
                 if b.dim() == 2 and b.shape[0] % (2 * heads) == 0:
                     b = unpermute_qk(b, heads)  # the converter permuted B's rows as the base's
             rank = b.shape[-1]
-            pairs[base] = (a, b, alpha / rank if alpha else 1.0)
+            pairs[base] = (a, b, alpha / rank if alpha else 1.0, base not in wide)
         return str(meta.get("general.name") or path.stem), dict(meta), pairs
 
 
@@ -169,6 +186,7 @@ def _read_peft(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs
         if conf.get(flag):
             raise AdapterError(f"{cfg_file}: {flag}=true is not supported")
     halves: dict[str, dict[str, torch.Tensor]] = {}
+    wide: set[str] = set()  # modules with a tensor not stored as float16
     try:
         with safe_open(str(st_file), "pt") as st:
             for key in st.keys():
@@ -182,7 +200,10 @@ def _read_peft(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs
                     raise AdapterError(
                         f"{st_file}: {key!r} is a LoRA on {_EMBED!r}, which is not supported"
                     )
-                halves.setdefault(module, {})[part] = st.get_tensor(key).float()
+                t = st.get_tensor(key)
+                if t.dtype != torch.float16:
+                    wide.add(module)
+                halves.setdefault(module, {})[part] = t.float()
     except AdapterError:
         raise
     except Exception as e:  # safetensors raises its own error types on corrupt files
@@ -204,7 +225,7 @@ def _read_peft(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs
             )
         alpha = float(_lookup(conf, "alpha_pattern", key, conf.get("lora_alpha", 8)))
         factor = alpha / math.sqrt(r) if conf.get("use_rslora") else alpha / r
-        pairs[target] = (a, b, factor)
+        pairs[target] = (a, b, factor, module not in wide)
     return path.name, {"adapter_config": conf}, pairs
 
 
@@ -228,6 +249,7 @@ def _check(
     a: torch.Tensor,
     b: torch.Tensor,
     factor: float,
+    halves: bool,
     base_shapes: dict[str, tuple[int, ...]],
 ) -> LoraWeight:
     if target == _EMBED:
@@ -251,6 +273,8 @@ def _check(
     a, b = a.float().contiguous(), b.float().contiguous()
     if not (math.isfinite(factor) and _finite(a) and _finite(b)):
         raise AdapterError(f"{path}: LoRA for {target!r} holds non-finite values")
+    if halves and a.dim() == 2:  # the file's own halves: widening them back is exact
+        return LoraWeight(a, b, factor, a.half(), b.t().half().contiguous())
     return LoraWeight(a, b, factor)
 
 

@@ -1,0 +1,73 @@
+"""LoRA deltas from float16 A and B-transposed (`lora16.c`): `floatmm.lora_delta`'s bits
+from half the bytes, for adapters whose file stored them as halves."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from loraserve.cbuild import bind
+
+_P, _I, _CI = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_SIGNATURES = {"ls_lora16": ([_CI, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _I, _CI], _CI)}
+_lib: list[ctypes.CDLL | None] = []
+
+Halves = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # A16 [r, in], B [out, r], Bt16 [r, out]
+
+
+def available() -> bool:
+    """Whether the compiled kernel is here (else `floatmm.lora_delta` serves)."""
+    if not _lib:
+        _lib.append(bind(_SIGNATURES))
+    return _lib[0] is not None
+
+
+def lora_delta16(
+    x: torch.Tensor, y: torch.Tensor, adapters: list[Halves], scales: torch.Tensor
+) -> torch.Tensor:
+    """y [T, out] += each adapter's ``B (s * (A x))`` in the order given, as
+    `floatmm.lora_delta` computes it from float32 A and B (the same bits): A16 [r, in] and
+    Bt16 [r, out] float16, B [out, r] float32, all contiguous; x [T, in] float32;
+    scales [n, T] float32 (0 where a row lacks the adapter); y may be a column slice."""
+    if not available():
+        raise RuntimeError("lora_delta16 needs the compiled kernels")
+    lib = _lib[0]
+    assert lib is not None
+    t, k = x.shape
+    n_out, n = y.shape[1], len(adapters)
+    if x.dtype != torch.float32 or y.dtype != torch.float32 or y.shape[0] != t:
+        raise ValueError(f"lora_delta16: x {tuple(x.shape)}, y {tuple(y.shape)} float32 rows")
+    for a16, b, bt16 in adapters:
+        r = a16.shape[0]
+        ok = (a16.dtype == bt16.dtype == torch.float16 and b.dtype == torch.float32
+              and tuple(a16.shape) == (r, k) and tuple(bt16.shape) == (r, n_out)
+              and tuple(b.shape) == (n_out, r) and a16.is_contiguous()
+              and bt16.is_contiguous() and b.is_contiguous())  # fmt: skip
+        if not ok:
+            raise ValueError(
+                f"lora_delta16: A16 {tuple(a16.shape)}, B {tuple(b.shape)}, Bt16 "
+                f"{tuple(bt16.shape)} do not fit x [T, {k}] and y [T, {n_out}]"
+            )
+    if tuple(scales.shape) != (n, t):
+        raise ValueError(f"lora_delta16: scales {tuple(scales.shape)} for {n} adapters, {t} rows")
+    if t == 0 or n == 0:
+        return y
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if y.stride(1) != 1:
+        raise ValueError("lora_delta16 needs a unit column stride for y")
+    scales = scales.float().contiguous()
+    as16 = (ctypes.c_void_p * n)(*[a.data_ptr() for a, _, _ in adapters])
+    bs = (ctypes.c_void_p * n)(*[b.data_ptr() for _, b, _ in adapters])
+    bts = (ctypes.c_void_p * n)(*[bt.data_ptr() for _, _, bt in adapters])
+    ranks = (ctypes.c_int64 * n)(*[a.shape[0] for a, _, _ in adapters])
+    ldx = x.stride(0) if t > 1 else k
+    ldy = y.stride(0) if t > 1 else max(y.stride(0), n_out)
+    rc = lib.ls_lora16(n, as16, bs, bts, ranks, scales.data_ptr(), x.data_ptr(), ldx, t, k,
+                       y.data_ptr(), ldy, n_out, torch.get_num_threads())  # fmt: skip
+    if rc == -3:
+        raise ValueError("lora_delta16: sizes do not fit")
+    if rc != 0:
+        raise MemoryError("lora_delta16: out of memory")
+    return y

@@ -1,0 +1,136 @@
+"""Half-precision LoRA deltas (`kernels/lora16.c`) give `ls_lora`'s float32 bits exactly,
+and an adapter stored as float16 gives the same logits whatever else shares its batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loraserve.kernels import lora16
+from loraserve.kernels.floatmm import backend, lora_delta
+
+needs_c = pytest.mark.skipif(
+    backend() != "c" or not lora16.available(), reason="no C compiler here"
+)
+
+
+def _halves(g: torch.Generator, r: int, k: int, n: int) -> tuple[torch.Tensor, ...]:
+    """Random A [r, k], B [n, r] whose values are float16 (so both routes see the same)."""
+    a = (torch.randn(r, k, generator=g) * 0.3).half().float()
+    b = (torch.randn(n, r, generator=g) * 0.3).half().float()
+    return a, b
+
+
+@needs_c
+@pytest.mark.parametrize(("k", "n"), [(72, 203), (64, 256), (13, 9)])
+def test_half_route_equals_float32_route_bitwise(k: int, n: int) -> None:
+    """Ranks around the 4- and 8-wide blocks (3, 8, 16, 21), input and output widths with
+    and without tails, rows of different mixes (a 0 scale: the adapter is not in the row's
+    mix), y a column slice of a wider tensor: every bit as ls_lora's."""
+    g = torch.Generator().manual_seed(k * n)
+    t = 7
+    pairs = [_halves(g, r, k, n) for r in (3, 8, 16, 21)]
+    x = torch.randn(t, k, generator=g)
+    s = torch.randn(len(pairs), t, generator=g)
+    s[0, 1] = s[2, 3] = s[1, 5] = 0.0
+    s[:, 6] = 0.0  # a row in no mix: left as it was
+    wide = torch.randn(t, n + 10, generator=g)
+    ref = wide.clone()
+    lora_delta(x, ref[:, 5 : 5 + n], [(a, b) for a, b in pairs], s)
+    got = wide.clone()
+    halves = [(a.half(), b, b.t().half().contiguous()) for a, b in pairs]
+    lora16.lora_delta16(x, got[:, 5 : 5 + n], halves, s)
+    assert torch.equal(got, ref)
+    assert torch.equal(got[6], wide[6]) and not torch.equal(got[0], wide[0])
+    for row in range(t):  # a row alone: the same bits as in the batch
+        alone = wide[row : row + 1].clone()
+        lora16.lora_delta16(x[row : row + 1], alone[:, 5 : 5 + n], halves, s[:, row : row + 1])
+        assert torch.equal(alone[0], got[row])
+
+
+@needs_c
+def test_half_route_refuses_shapes_that_do_not_fit() -> None:
+    g = torch.Generator().manual_seed(0)
+    a, b = _halves(g, 4, 16, 8)
+    x, y = torch.randn(2, 16), torch.zeros(2, 8)
+    with pytest.raises(ValueError, match="do not fit"):
+        lora16.lora_delta16(x, y, [(a.half(), b, b.half())], torch.ones(1, 2))  # Bt not B^T
+    with pytest.raises(ValueError, match="scales"):
+        lora16.lora_delta16(x, y, [(a.half(), b, b.t().half().contiguous())], torch.ones(2, 2))
+
+
+def _f16_adapter(path, shapes, seed: int, rank: int, halves: bool, skip: str = "") -> None:
+    """A GGUF LoRA on every 2-D target of ``shapes`` (but names containing ``skip``) whose
+    values are float16, stored as F16 (``halves``) or as F32 (the same values)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+
+    from tests.unit.lora.test_lora import gguf_adapter
+
+    g = torch.Generator().manual_seed(seed)
+    tensors, types = {}, {}
+    for name, shape in sorted(shapes.items()):
+        if len(shape) != 2 or (skip and skip in name):
+            continue
+        out, inp = shape
+        for part, s in (("lora_a", (rank, inp)), ("lora_b", (out, rank))):
+            t = (torch.randn(s, generator=g) * 0.2).half().numpy()
+            tensors[f"{name}.{part}"] = t.astype(np.float32)
+            if halves:
+                types[f"{name}.{part}"] = Q.F16
+    gguf_adapter(path, "gemma3", tensors, alpha=float(rank), types=types)
+
+
+@needs_c
+def test_half_adapters_give_their_float32_twins_bits_in_mixed_batches(tmp_path) -> None:
+    """Adapters of ranks 3, 8 and 16 stored as F16 (read through their halves by the fused
+    layers) and their F32 twins (the float32 route): every sequence's logits are bitwise
+    equal between the two, in a batch of mixed mixes and ranks and alone, prefill and
+    decode, and equal the per-layer Python path's."""
+    from loraserve.engine.runner import BatchItem, ModelRunner
+    from loraserve.lora.adapter import LoraWeight
+    from loraserve.lora.registry import AdapterRegistry
+    from tests.unit.model.test_fused_layers import _quantized_model
+
+    model = _quantized_model(tmp_path, "gemma3")
+    reg = AdapterRegistry(model)
+    for halves in (True, False):  # ids 0-2 halves, 3-5 their float32 twins
+        for i, rank in enumerate((3, 8, 16)):
+            path = tmp_path / f"a{i}-{halves}.gguf"
+            _f16_adapter(path, reg.shapes, i, rank, halves, skip="attn_k" if i == 1 else "")
+            a = reg.load(path)
+            if not halves:  # equal content shares the halves' weights: the float32 alone
+                a.weights = {t: LoraWeight(w.a, w.b, w.factor) for t, w in a.weights.items()}
+    w0 = reg.get(0).weights
+    assert all(w.a16 is not None for w in w0.values())  # the half route is taken
+    assert all(w.a16 is None for w in reg.get(3).weights.values())
+    g = torch.Generator().manual_seed(7)
+    ids = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (9, 6, 7, 5)]
+    mixes = [{0: 1.0}, {1: 0.5, 2: -1.5}, {}, {2: 1.0, 0: -0.25}]
+
+    def run(seqs: list[int], twin: bool, fused: bool = True) -> list[torch.Tensor]:
+        model.decoder.use_fused = fused
+        try:
+            runner = ModelRunner(model.decoder, 4, torch.float32, lora=reg.build_delta)
+            runner.ensure_capacity(16)
+            items = []
+            for j in seqs:
+                mix = {i + 3 * twin: s for i, s in mixes[j].items()}
+                items.append((ids[j], [4 * j, 4 * j + 1, 4 * j + 2, 4 * j + 3], mix))
+            out = [runner.forward([BatchItem(t, 0, len(t), b, True, m) for t, b, m in items])]
+            for p in range(2):
+                step = [BatchItem(t + [7, 8], len(t) + p, 1, b, True, m) for t, b, m in items]
+                out.append(runner.forward(step))
+            return out
+        finally:
+            model.decoder.use_fused = True
+
+    together = run([0, 1, 2, 3], twin=False)
+    for a, b in zip(together, run([0, 1, 2, 3], twin=True), strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(together, run([0, 1, 2, 3], twin=False, fused=False), strict=True):
+        assert torch.equal(a, b)
+    for j in range(4):  # alone: the same bits as in the batch
+        for step, alone in enumerate(run([j], twin=False)):
+            assert torch.equal(alone[0], together[step][j])
+    assert not torch.equal(together[0][0], together[0][2])  # the adapters change the logits
