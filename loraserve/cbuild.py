@@ -40,6 +40,14 @@ SRC_DIR = Path(__file__).parent / "kernels"
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
 # -ffp-contract=off: no fused multiply-adds the source did not ask for, so every output's
 # float operations are exactly the ones written, whatever the compiler's scheduling
+_NO_AVX512_ENV = "LORASERVE_KERNEL_NO_AVX512"  # 1: build for this CPU without AVX-512 (the
+# AVX2 paths, to compare their bits with the AVX-512 VNNI ones on a machine that has both)
+
+
+def cflags() -> list[str]:
+    """The compiler flags of this process's build: `CFLAGS`, with ``-mno-avx512f`` (every
+    AVX-512 extension off) under ``LORASERVE_KERNEL_NO_AVX512=1``."""
+    return CFLAGS + (["-mno-avx512f"] if os.environ.get(_NO_AVX512_ENV) == "1" else [])
 
 
 def _load_trust():  # type: ignore[no-untyped-def]
@@ -129,7 +137,8 @@ def _key(cc: str) -> str:
     for f in sorted(SRC_DIR.glob("*.[ch]")):  # every source and header of the folder
         h.update(f.name.encode())
         h.update(f.read_bytes())
-    for part in (_cc_version(cc), _cpu_flags(), " ".join(CFLAGS + [repr(UNITS)]), _torch_version()):
+    flags = " ".join(cflags() + [repr(UNITS)])
+    for part in (_cc_version(cc), _cpu_flags(), flags, _torch_version()):
         h.update(part.encode())
     return h.hexdigest()[:16]
 
@@ -142,7 +151,7 @@ class _Build:
         self.cc, self.out = cc, out
         self.tmp = tempfile.mkdtemp(dir=out.parent)
         self.objs = [Path(self.tmp) / f"unit{i}.o" for i in range(len(UNITS))]
-        flags = [f for f in CFLAGS if f != "-shared"]
+        flags = [f for f in cflags() if f != "-shared"]
         self.procs = []
         for i, (unit, obj) in enumerate(zip(UNITS, self.objs, strict=True)):
             src = Path(self.tmp) / f"unit{i}.c"  # diagnostics still name the real files
@@ -166,7 +175,7 @@ class _Build:
             torch_lib = _torch_dir() / "lib"
             tmp_out = Path(self.tmp) / self.out.name
             link = subprocess.run(
-                [self.cc, *CFLAGS, *map(str, self.objs), "-o", str(tmp_out),
+                [self.cc, *cflags(), *map(str, self.objs), "-o", str(tmp_out),
                  f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}", "-lm"],
                 capture_output=True,
             )  # fmt: skip

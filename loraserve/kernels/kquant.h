@@ -88,10 +88,17 @@ static inline __attribute__((always_inline)) void kdot(
 #if defined(__AVX2__)
         __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
         __m128i m4 = _mm_setzero_si128();  // R == 4: the rows' msum, one lane each
+// acc + the int16 pair sums times the scales sv, summed in pairs (exact: dpwssd is the
+// same multiply-add as madd then add, in one instruction where there is AVX-512 VNNI)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define LS_KMADD(acc, p16, sv) _mm256_dpwssd_epi32(acc, p16, sv)
+#else
+#define LS_KMADD(acc, p16, sv) _mm256_add_epi32(acc, _mm256_madd_epi16(p16, sv))
+#endif
 #define LS_KROW(r, acc, c, aw, sx_of)                                                         \
     do {                                                                                      \
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x + (r) * K + 32 * (c)));            \
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx_of), sv));  \
+        acc = LS_KMADD(acc, _mm256_maddubs_epi16(aw, sx_of), sv);                             \
     } while (0)
 // The 4 rows' accumulators held in registers at the end of a loop step: without this
 // GCC hoisted the next steps' products ahead into stack temporaries (a store and a load
@@ -215,6 +222,7 @@ static inline __attribute__((always_inline)) void kdot(
         }
 #undef LS_KROWS
 #undef LS_KROW
+#undef LS_KMADD
 #undef LS_KEEP
         if (R == 4) {  // the 4 rows' sums and float steps side by side, one lane each:
             // per lane exactly the scalar operations below (integer sums are exact in any

@@ -174,3 +174,20 @@ int ls_qmatmul(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_byt
     free(dT);
     return rc;
 }
+
+// The instruction sets this build's integer dot products use (bits): 1 AVX2 (maddubs/madd),
+// 2 AVX-512 VNNI on 256-bit vectors (dpbusd: the same exact sums, fewer instructions),
+// 4 AVX-512F present at all. Tests compare the outputs of builds with and without them.
+int ls_isa(void) {
+    int bits = 0;
+#if defined(__AVX2__)
+    bits |= 1;
+#endif
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    bits |= 2;
+#endif
+#if defined(__AVX512F__)
+    bits |= 4;
+#endif
+    return bits;
+}
