@@ -21,9 +21,7 @@ def turn_lead(fmt: ChatFormat, prompt: str, continued: str = "") -> str:
     of a continued assistant message, the lead when the format knows no assistant marker
     and the prompt ends with it."""
     start = fmt.assistant_start
-    at = prompt.rfind(start) if start else -1
-    if at >= 0 and fmt.user_start and prompt.find(fmt.user_start, at) >= 0:
-        at = -1  # an earlier turn's marker (or one a system prompt quotes)
+    at = _turn_at(fmt, prompt)
     if at < 0:
         return continued if continued and prompt.endswith(continued) else ""
     turn = prompt[at:]
@@ -40,6 +38,16 @@ def turn_lead(fmt: ChatFormat, prompt: str, continued: str = "") -> str:
     if r_end and lead.startswith(r_end) and r_start not in lead:  # thinking off: closed block
         lead = lead[len(r_end) :].lstrip(" \t\n\r")
     return lead
+
+
+def _turn_at(fmt: ChatFormat, prompt: str) -> int:
+    """Where the answer's turn starts: the last assistant marker, unless a user turn follows
+    it (an earlier turn's marker, or one a system prompt quotes); -1 when none."""
+    start = fmt.assistant_start
+    at = prompt.rfind(start) if start else -1
+    if at >= 0 and fmt.user_start and prompt.find(fmt.user_start, at) >= 0:
+        return -1
+    return at
 
 
 def _harmony_turn(prompt: str, at: int, start: str) -> int:
@@ -60,7 +68,7 @@ def opens_reasoning(fmt: ChatFormat, prompt: str) -> bool:
     r_start, r_end = fmt.reasoning_start.strip(), fmt.reasoning_end.strip()
     if not r_start:
         return False
-    turn = prompt.rfind(fmt.assistant_start) if fmt.assistant_start else -1
+    turn = _turn_at(fmt, prompt)
     tail = prompt[turn:] if turn >= 0 else prompt[-len(r_start) - 256 :]
     at = tail.rfind(r_start)
     return at >= 0 and (not r_end or tail.find(r_end, at) < 0)
