@@ -50,6 +50,9 @@ class GatedDeltaNet(nn.Module):
         self.i, self.eps = i, cfg.rms_eps
         self.k, self.d_inner, self.s, self.hv, self.hk = _dims(cfg)
         self.conv_dim = 2 * self.hk * self.s + self.hv * self.s
+        if not all(isinstance(v, int) and 1 <= v <= 1 << 20 for v in cfg.ssm):
+            raise ValueError(f"delta-net sizes {cfg.ssm} (conv kernel, inner, state, value "
+                             "heads, key heads) must be 1 to 2^20")  # fmt: skip
         if self.d_inner != self.hv * self.s or self.hv % self.hk:
             raise ValueError(f"delta-net inner size {self.d_inner} is not {self.hv} value heads "
                              f"of {self.s}, or {self.hk} key heads do not divide them")  # fmt: skip

@@ -185,3 +185,15 @@ def test_adapter_on_legacy_ssm_in_equals_merged(tmp: Path) -> None:
     base = logp(ModelRunner(m.decoder, 16, torch.float32), {})
     assert (base - want).abs().max() > 0.01, "the adapter changes nothing: no test"
     assert (got - want).abs().max() < 2e-3
+
+
+def test_impossible_sizes_refused_with_their_name(tmp: Path) -> None:
+    """No key heads (sizes that pass the tensor shape checks) is one clear error at load."""
+    rec = json.loads((DATA.parent / "qwen35.json").read_text())["variants"]["dense"]
+    rec = {**rec, "metadata": [m if m[0] != "qwen35.ssm.group_count" else [m[0], m[1], 0]
+                               for m in rec["metadata"]]}  # fmt: skip
+    rec["tensors"] = [[n, [256, s[1]] if n in ("blk.0.ssm_conv1d.weight",
+                                                "blk.0.attn_qkv.weight") else s, t]
+                      for n, s, t in rec["tensors"]]  # fmt: skip
+    with pytest.raises(ValueError, match="delta-net sizes"):
+        load_model(write_model(rec, tmp / "bad-sizes.gguf"))
