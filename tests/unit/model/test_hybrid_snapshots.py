@@ -59,7 +59,7 @@ def test_interval_keeps_prompt_end_and_resumes_exactly(tmp: Path, arch: str) -> 
 
 @pytest.mark.skipif(not ARCHS, reason="no recorded hybrid architecture")
 @settings(
-    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
     st.lists(action, min_size=1, max_size=5),
