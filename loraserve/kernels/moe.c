@@ -67,47 +67,79 @@ typedef struct {
     int64_t *dt_off;  // [E] each expert's block of dT
 } abuf_t;
 
-static void abuf_free(abuf_t *b) {
-    free(b->q), free(b->d), free(b->ms), free(b->bs), free(b->dT), free(b->dt_off);
-    free(b->k8), free(b->kd), free(b->b16), free(b->b32);
+// One call's buffers, carved from one workspace: a counting pass (base NULL: sizes only,
+// nothing written) then the same takes on the real memory.
+typedef struct {
+    char *base;
+    size_t used;
+} arena_t;
+
+static void *take(arena_t *ar, size_t n) {
+    void *p = ar->base != NULL ? ar->base + ar->used : NULL;
+    ar->used += (n + 63) & ~(size_t)63;
+    return p;
 }
 
-// Buffers for P rows of K values for `pr`'s parts (off: the expert blocks, NULL for none).
-// Returns 0, -1 for a K-quant part with K not whole super-blocks, -2 when out of memory.
-static int abuf_init(abuf_t *b, const ls_moe_proj_t *pr, int64_t P, int64_t K, int64_t E,
-                     const int64_t *off) {
+// Workspaces up to this size stay with the calling thread between calls: a prompt's
+// buffers (~90 MB for 512 tokens of Qwen3-30B-A3B shapes) faulted in and zeroed anew by
+// the kernel every call cost ~20% of its MoE layer's CPU time (measured, 1 thread).
+#define WS_KEEP_MAX ((size_t)256 << 20)
+static _Thread_local char *ws_base;
+static _Thread_local size_t ws_cap;
+
+// n bytes for this call: the thread's kept workspace (grown when needed), or, above
+// WS_KEEP_MAX, memory of its own (*owned set: the caller frees it). NULL when out of memory.
+static char *workspace(size_t n, int *owned) {
+    *owned = 0;
+    n = (n + 63) & ~(size_t)63;
+    if (n == 0) n = 64;
+    if (n <= ws_cap) return ws_base;
+    if (n > WS_KEEP_MAX) {
+        *owned = 1;
+        return aligned_alloc(64, n);
+    }
+    free(ws_base);
+    ws_base = aligned_alloc(64, n);
+    ws_cap = ws_base != NULL ? n : 0;
+    return ws_base;
+}
+
+// Buffers for P rows of K values in the forms `pr`'s parts read; with `blocks`, room for
+// d transposed per expert block of E experts (`abuf_blocks` places them once routed).
+static void abuf_init(abuf_t *b, const ls_moe_proj_t *pr, int64_t P, int64_t K, int64_t E,
+                      int blocks, arena_t *ar) {
     memset(b, 0, sizeof(*b));
     b->K = K;
     for (int i = 0; i < pr->nparts; i++) {
         if (is_kquant(pr->types[i] & ~PACKED)) b->kq = 1;
         else b->legacy = 1, b->rows |= !(pr->types[i] & PACKED);
     }
-    if (b->kq && K % 256 != 0) return -1;
-    const size_t n = (size_t)(P * K + 1), nc = (size_t)(P * (K / 32) + 1);
-    int ok = 1;
+    const size_t n = (size_t)(P * K), n32 = (size_t)(P * (K / 32)), n16 = (size_t)(P * (K / 16));
     if (b->legacy) {
-        b->q = malloc(n), b->d = malloc(sizeof(float) * nc);
-        b->ms = malloc(sizeof(float) * (2 * nc)), b->bs = malloc(sizeof(int16_t) * nc);
-        ok = b->q && b->d && b->ms && b->bs;
+        b->q = take(ar, n), b->d = take(ar, sizeof(float) * n32);
+        b->ms = take(ar, sizeof(float) * n16), b->bs = take(ar, sizeof(int16_t) * n32);
     }
-    if (ok && b->kq) {
-        b->k8 = malloc(n), b->kd = malloc(sizeof(float) * (size_t)(P * (K / 256) + 1));
-        b->b16 = malloc(sizeof(int16_t) * (2 * nc)), b->b32 = malloc(sizeof(int16_t) * nc);
-        ok = b->k8 && b->kd && b->b16 && b->b32;
+    if (b->kq) {
+        b->k8 = take(ar, n), b->kd = take(ar, sizeof(float) * (size_t)(P * (K / 256)));
+        b->b16 = take(ar, sizeof(int16_t) * n16), b->b32 = take(ar, sizeof(int16_t) * n32);
     }
-    if (ok && b->rows && off != NULL) {
-        b->dt_off = malloc(sizeof(int64_t) * (size_t)(E + 1));
-        ok = b->dt_off != NULL;
-        int64_t total = 0;
-        for (int64_t e = 0; ok && e < E; e++) {
-            const int64_t m = off[e + 1] - off[e];
-            b->dt_off[e] = total;
-            if (m >= 4) total += (m + 3) / 4 * (K / 32) * 4;
-        }
-        if (ok) ok = (b->dT = calloc((size_t)total + 1, sizeof(float))) != NULL;
+    if (b->rows && blocks) {  // at most P + 3 per expert with rows padded to whole 4s
+        const int64_t padded = P + 3 * (E < P ? E : P);
+        b->dt_off = take(ar, sizeof(int64_t) * (size_t)(E + 1));
+        b->dT = take(ar, sizeof(float) * (size_t)(padded * (K / 32)));
     }
-    if (!ok) abuf_free(b);
-    return ok ? 0 : -2;
+}
+
+// Each expert's block of dT (the padding rows 0), once the rows are routed.
+static void abuf_blocks(abuf_t *b, int64_t E, const int64_t *off) {
+    if (b->dt_off == NULL) return;
+    int64_t total = 0;
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t m = off[e + 1] - off[e];
+        b->dt_off[e] = total;
+        if (m >= 4) total += (m + 3) / 4 * (b->K / 32) * 4;
+    }
+    memset(b->dT, 0, sizeof(float) * (size_t)total);
 }
 
 // Row p of b from x [K]: ls_quantize_rows' and ls_quantize_rows_k's numbers for one row.
@@ -173,14 +205,17 @@ typedef struct {
 // (activation rows + 2), the 2 for reading and preparing the rows).
 typedef struct {
     part_t parts[8];  // initialised on expert 0's matrices; a task points w at its expert's
+    int nparts;
     task_t *tasks;
     int64_t *cost, n;
 } plan_t;
 
-static int plan_init(plan_t *pl, const ls_moe_proj_t *pr, int64_t E, const int64_t *off,
-                     int64_t K) {
-    pl->tasks = NULL, pl->cost = NULL, pl->n = 0;
+// The plan's parts and room for its tasks (at most min(E, P) experts with rows); -1 for a
+// type without a kernel, -3 for sizes that do not fit.
+static int plan_init(plan_t *pl, const ls_moe_proj_t *pr, int64_t E, int64_t P, int64_t K,
+                     arena_t *ar) {
     int64_t per = 0;
+    pl->n = 0, pl->nparts = pr->nparts;
     const int rc = check_sizes(pr->nparts, (const int *)pr->types, pr->ns, pr->row_bytes,
                                pr->cols, K, 0, pr->n_out);
     if (rc != 0) return rc;
@@ -190,16 +225,20 @@ static int plan_init(plan_t *pl, const ls_moe_proj_t *pr, int64_t E, const int64
             return -1;
         per += pl->parts[i].packed ? pr->ns[i] / PK_ROWS : (pr->ns[i] + 3) / 4;
     }
-    int64_t used = 0;
-    for (int64_t e = 0; e < E; e++) used += off[e + 1] > off[e];
-    pl->tasks = malloc(sizeof(task_t) * (size_t)(used * per + 1));
-    pl->cost = malloc(sizeof(int64_t) * (size_t)(used * per + 2));
-    if (pl->tasks == NULL || pl->cost == NULL) return -2;
+    const int64_t most = (E < P ? E : P) * per;
+    pl->tasks = take(ar, sizeof(task_t) * (size_t)most);
+    pl->cost = take(ar, sizeof(int64_t) * (size_t)(most + 1));
+    return 0;
+}
+
+// The tasks of the routed rows, expert by expert.
+static void plan_fill(plan_t *pl, int64_t E, const int64_t *off) {
     pl->cost[0] = 0;
+    pl->n = 0;
     for (int64_t e = 0; e < E; e++) {
         const int64_t M = off[e + 1] - off[e];
         if (M == 0) continue;
-        for (int i = 0; i < pr->nparts; i++) {
+        for (int i = 0; i < pl->nparts; i++) {
             const part_t *p = &pl->parts[i];
             const int64_t pg = p->packed ? (M >= ROWS_MIN_M ? PK_TASK_GROUPS : 1) : 0;
             const int64_t unit = p->packed ? PK_ROWS * pg : 4;
@@ -211,10 +250,7 @@ static int plan_init(plan_t *pl, const ls_moe_proj_t *pr, int64_t E, const int64
             }
         }
     }
-    return 0;
 }
-
-static void plan_free(plan_t *pl) { free(pl->tasks), free(pl->cost); }
 
 // The tile of one task, chosen as qmatmul_multi chooses it for M rows.
 static void run_task(const part_t *p, const task_t *tk, int64_t K, const act_t *a, int64_t M,
@@ -341,14 +377,19 @@ int ls_moe_matmul(const ls_moe_proj_t *pr, int64_t E, const int64_t *off, int64_
     plan_t pl;
     abuf_t b, tmp;
     memset(&tmp, 0, sizeof(tmp));
-    int rc = plan_init(&pl, pr, E, off, K);
-    if (rc == 0) rc = abuf_init(&b, pr, P, K, E, off);
-    if (rc == 0 && src != NULL && scale == NULL && (rc = abuf_init(&tmp, pr, R, K, E, NULL)) != 0)
-        abuf_free(&b);
-    if (rc != 0) {
-        plan_free(&pl);
-        return rc;
+    arena_t ar = {NULL, 0};
+    char *mem = NULL;
+    int owned = 0;
+    for (int pass = 0; pass < 2; pass++) {  // the sizes, then the buffers
+        if (pass == 1 && (mem = workspace(ar.used, &owned)) == NULL) return -2;
+        ar = (arena_t){mem, 0};
+        const int rc = plan_init(&pl, pr, E, P, K, &ar);
+        if (rc != 0) return rc;  // only the first pass can fail
+        abuf_init(&b, pr, P, K, E, 1, &ar);
+        if (src != NULL && scale == NULL) abuf_init(&tmp, pr, R, K, E, 0, &ar);
     }
+    plan_fill(&pl, E, off);
+    abuf_blocks(&b, E, off);
 #pragma omp parallel num_threads(stage_threads(&pl, K, nthreads))
     {
         scratch_t t;
@@ -359,7 +400,7 @@ int ls_moe_matmul(const ls_moe_proj_t *pr, int64_t E, const int64_t *off, int64_
         free(row);
         scratch_free(&t);
     }
-    abuf_free(&b), abuf_free(&tmp), plan_free(&pl);
+    if (owned) free(mem);
     return 0;
 }
 
@@ -395,56 +436,61 @@ int ls_moe_ffn(const ls_moe_proj_t *gate_up, const ls_moe_proj_t *down, int64_t 
     const int64_t P = T * k;
     if (H % 32 != 0 || F % 32 != 0 || gate_up->n_out != 2 * F || down->n_out != H) return -3;
     if (P == 0) return 0;
-    int64_t *off = malloc(sizeof(int64_t) * (size_t)(E + 1 + 3 * P));
-    float *scale = before ? malloc(sizeof(float) * (size_t)P) : NULL;
-    float *gu = malloc(sizeof(float) * (size_t)(P * (3 * F + H)));
-    if (off == NULL || gu == NULL || (before && scale == NULL)) {
-        free(off), free(scale), free(gu);
-        return -2;
-    }
-    int64_t *pair = off + E + 1, *inv = pair + P, *src = inv + P;
-    float *a = gu + P * 2 * F, *d = a + P * F;
-    int rc = ls_moe_route(T, k, E, experts, off, pair, inv);
-    for (int64_t s = 0; rc == 0 && s < P; s++) {
-        src[s] = pair[s] / k;
-        if (before) scale[s] = w[pair[s]];
-    }
+    int64_t *off = NULL, *pair = NULL, *inv = NULL, *src = NULL;
+    float *scale = NULL, *gu = NULL, *a = NULL, *d = NULL;
     plan_t p1, p2;
     abuf_t bx, tmp, ba;
     memset(&tmp, 0, sizeof(tmp));
-    p1.tasks = p2.tasks = NULL, p1.cost = p2.cost = NULL;
-    if (rc == 0) rc = plan_init(&p1, gate_up, E, off, H);
-    if (rc == 0) rc = plan_init(&p2, down, E, off, F);
-    int bufs = 0;
-    if (rc == 0 && (rc = abuf_init(&bx, gate_up, P, H, E, off)) == 0) bufs |= 1;
-    if (rc == 0 && !before && (rc = abuf_init(&tmp, gate_up, T, H, E, NULL)) == 0) bufs |= 2;
-    if (rc == 0 && (rc = abuf_init(&ba, down, P, F, E, off)) == 0) bufs |= 4;
-    if (rc == 0) {
-        int nt = stage_threads(&p1, H, nthreads);
-        if (stage_threads(&p2, F, nthreads) > nt) nt = nthreads;
+    arena_t ar = {NULL, 0};
+    char *mem = NULL;
+    int owned = 0;
+    for (int pass = 0; pass < 2; pass++) {  // the sizes, then the buffers
+        if (pass == 1 && (mem = workspace(ar.used, &owned)) == NULL) return -2;
+        ar = (arena_t){mem, 0};
+        int rc = plan_init(&p1, gate_up, E, P, H, &ar);
+        if (rc == 0) rc = plan_init(&p2, down, E, P, F, &ar);
+        if (rc != 0) return rc;  // only the first pass can fail
+        off = take(&ar, sizeof(int64_t) * (size_t)(E + 1));
+        pair = take(&ar, sizeof(int64_t) * (size_t)P), inv = take(&ar, sizeof(int64_t) * (size_t)P);
+        src = take(&ar, sizeof(int64_t) * (size_t)P);
+        if (before) scale = take(&ar, sizeof(float) * (size_t)P);
+        gu = take(&ar, sizeof(float) * (size_t)(P * 2 * F));
+        a = take(&ar, sizeof(float) * (size_t)(P * F)), d = take(&ar, sizeof(float) * (size_t)(P * H));
+        abuf_init(&bx, gate_up, P, H, E, 1, &ar);
+        if (!before) abuf_init(&tmp, gate_up, T, H, E, 0, &ar);
+        abuf_init(&ba, down, P, F, E, 1, &ar);
+    }
+    const int rc = ls_moe_route(T, k, E, experts, off, pair, inv);
+    if (rc != 0) {
+        if (owned) free(mem);
+        return rc;
+    }
+    for (int64_t s = 0; s < P; s++) {
+        src[s] = pair[s] / k;
+        if (before) scale[s] = w[pair[s]];
+    }
+    plan_fill(&p1, E, off), plan_fill(&p2, E, off);
+    abuf_blocks(&bx, E, off), abuf_blocks(&ba, E, off);
+    int nt = stage_threads(&p1, H, nthreads);
+    if (stage_threads(&p2, F, nthreads) > nt) nt = nthreads;
 #pragma omp parallel num_threads(nt)
-        {
-            scratch_t t;
-            scratch_init(&t, H > F ? H : F);
-            float *row = before ? malloc(sizeof(float) * (size_t)H) : NULL;
-            st_quant(&bx, &tmp, x, H, T, P, src, scale, row, E, off);
-            st_matmul(&p1, gate_up, E, off, &bx, gu, &t);
+    {
+        scratch_t t;
+        scratch_init(&t, H > F ? H : F);
+        float *row = before ? malloc(sizeof(float) * (size_t)H) : NULL;
+        st_quant(&bx, &tmp, x, H, T, P, src, scale, row, E, off);
+        st_matmul(&p1, gate_up, E, off, &bx, gu, &t);
 #pragma omp barrier
-            st_act(gu, P, F, off, gb, ub, act, a, &ba);
+        st_act(gu, P, F, off, gb, ub, act, a, &ba);
 #pragma omp barrier
 #pragma omp for schedule(static)
-            for (int64_t e = 0; e < E; e++) expert_dT(&ba, off, e);
-            st_matmul(&p2, down, E, off, &ba, d, &t);
+        for (int64_t e = 0; e < E; e++) expert_dT(&ba, off, e);
+        st_matmul(&p2, down, E, off, &ba, d, &t);
 #pragma omp barrier
-            st_combine(d, H, T, k, experts, inv, before ? NULL : w, db, out);
-            free(row);
-            scratch_free(&t);
-        }
+        st_combine(d, H, T, k, experts, inv, before ? NULL : w, db, out);
+        free(row);
+        scratch_free(&t);
     }
-    if (bufs & 1) abuf_free(&bx);
-    if (bufs & 2) abuf_free(&tmp);
-    if (bufs & 4) abuf_free(&ba);
-    plan_free(&p1), plan_free(&p2);
-    free(off), free(scale), free(gu);
-    return rc;
+    if (owned) free(mem);
+    return 0;
 }
