@@ -55,7 +55,7 @@ class _Step(ctypes.Structure):
                 ("v_caches", _P), ("S", _I), ("lora", _P)]  # fmt: skip
 
 
-def _halves(t: Any, shape: tuple[int, int]) -> bool:
+def _halves(t: Any, shape: tuple[int, ...]) -> bool:
     """Whether ``t`` is a contiguous float16 tensor of ``shape`` (an adapter's exact halves:
     `lora.adapter.LoraWeight`)."""
     return isinstance(t, torch.Tensor) and t.dtype == torch.float16 and t.is_contiguous() \
@@ -201,7 +201,7 @@ class FusedLayers:
                     )
                 a16, bt16 = getattr(w, "a16", None), getattr(w, "bt16", None)
                 r = a.shape[0]
-                if _halves(a16, (r, n_in)) and _halves(bt16, (r, n_out)):
+                if _halves(a16, (r, n_in)) and _halves(bt16, (n_out // 8, r, 8)):
                     keep += [a, b, a16, bt16]  # exact halves: ls_lora16, half the reads
                     arr[slot] = _LoraW(a.data_ptr(), b.data_ptr(), r, float(w.factor), None,
                                        n_in, n_out, a16.data_ptr(), bt16.data_ptr())  # fmt: skip

@@ -1,5 +1,5 @@
-// LoRA deltas from half-precision A and B-transposed: ls_lora's (floatmm.c) exact
-// operations on the same values, reading half the bytes.
+// LoRA deltas from half-precision A and B: ls_lora's (floatmm.c) exact operations on the
+// same values, reading half the bytes.
 //
 // A step whose rows use different adapters reads every one of them: ~11 MB of float32 A
 // and B-transposed per rank-12 adapter of Gemma 270M's seven projections, streamed from
@@ -93,20 +93,23 @@ static void lora_h16(const uint16_t *A, int64_t rank, const float *x, int64_t K,
     for (; r < rank; r++) h[r] = dot16(A + r * K, x, K) * sc;
 }
 
-// floatmm.c's lora_b through B transposed bt [r, N] in halves; outputs past the last
-// 8-lane block from B [N, r] (float32), as there
+// floatmm.c's lora_b through B in tiles of 8 outputs, bt [N / 8, r, 8] in halves (tile o / 8
+// holds B[o..o+7, j] at j * 8 + lane): the 8 lanes of one vector per rank as there, but one
+// sequential stream instead of r strided ones; outputs past the last whole tile from
+// B [N, r] (float32), as there. lo must be a multiple of 8.
 static void lora_b16(const float *b, const uint16_t *bt, int64_t r, int64_t N, const float *h,
                      float *y, int64_t lo, int64_t hi) {
     int64_t o = lo;
 #if defined(__AVX2__)
     const int64_t r8 = r / 8 * 8;
     for (; o + 8 <= hi; o += 8) {
+        const uint16_t *tile = bt + o * r;  // (o / 8) * r * 8
+        __builtin_prefetch(tile + 4 * r * 8, 0, 0);  // 4 tiles on: hints, no bit changes
+        __builtin_prefetch(tile + 4 * r * 8 + 32, 0, 0);
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
                a7 = a0;
 #define LS_LANE16(i, acc) \
-    acc = madd8(ld16x8(bt + (j + (i)) * N + o), _mm256_broadcast_ss(h + j + (i)), acc)
-        if (((o - lo) & 31) == 0)  // each row's next line, 2 lines on
-            for (int64_t j = 0; j < r; j++) __builtin_prefetch(bt + j * N + o + 64, 0, 0);
+    acc = madd8(ld16x8(tile + (j + (i)) * 8), _mm256_broadcast_ss(h + j + (i)), acc)
         for (int64_t j = 0; j < r8; j += 8) {
             LS_LANE16(0, a0);
             LS_LANE16(1, a1);
@@ -121,7 +124,7 @@ static void lora_b16(const float *b, const uint16_t *bt, int64_t r, int64_t N, c
         __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a4), _mm256_add_ps(a2, a6)),
                                    _mm256_add_ps(_mm256_add_ps(a1, a5), _mm256_add_ps(a3, a7)));
         for (int64_t k = r8; k < r; k++)
-            sum = _mm256_add_ps(sum, _mm256_mul_ps(ld16x8(bt + k * N + o),
+            sum = _mm256_add_ps(sum, _mm256_mul_ps(ld16x8(tile + k * 8),
                                                    _mm256_broadcast_ss(h + k)));
         _mm256_storeu_ps(y + o, _mm256_add_ps(_mm256_loadu_ps(y + o), sum));
     }
@@ -132,8 +135,10 @@ static void lora_b16(const float *b, const uint16_t *bt, int64_t r, int64_t N, c
     for (; o < hi; o++) y[o] += dot32(b + o * r, h, r);
 }
 
-// ls_lora with each adapter's A [r_a, K] and B transposed [r_a, N] as float16 (as16, bt16s)
-// beside B [N, r_a] as float32 (bs): the same arguments otherwise, the same bits.
+// ls_lora with each adapter's A [r_a, K] and B in 8-output tiles [N / 8, r_a, 8] as float16
+// (as16, bt16s) beside B [N, r_a] as float32 (bs): the same arguments otherwise, the same
+// bits (each output's operations do not depend on which column range computes it, so the
+// ranges start at multiples of 8, on whole tiles).
 int ls_lora16(int n_ad, const uint16_t *const *as16, const float *const *bs,
               const uint16_t *const *bt16s, const int64_t *ranks, const float *s,
               const float *x, int64_t ldx, int64_t T, int64_t K, float *y, int64_t ldy,
@@ -168,7 +173,8 @@ int ls_lora16(int n_ad, const uint16_t *const *as16, const float *const *bs,
 #pragma omp for schedule(static) collapse(2)
         for (int64_t t = 0; t < T; t++)
             for (int64_t part = 0; part < 4; part++) {  // output columns split in 4 ranges
-                const int64_t lo = N * part / 4, hi = N * (part + 1) / 4;
+                const int64_t lo = N * part / 32 * 8;
+                const int64_t hi = part == 3 ? N : N * (part + 1) / 32 * 8;
                 for (int a = 0; a < n_ad; a++)
                     if (s[a * T + t] != 0.0f)
                         lora_b16(bs[a], bt16s[a], ranks[a], N, h + off[t * n_ad + a],

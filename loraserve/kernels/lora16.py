@@ -1,5 +1,6 @@
-"""LoRA deltas from float16 A and B-transposed (`lora16.c`): `floatmm.lora_delta`'s bits
-from half the bytes, for adapters whose file stored them as halves."""
+"""LoRA deltas from float16 A and B (`lora16.c`): `floatmm.lora_delta`'s bits from half
+the bytes, for adapters whose file stored them as halves. B is read in tiles of 8 outputs
+(`tiles`), one sequential stream per adapter."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ _P, _I, _CI = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES = {"ls_lora16": ([_CI, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _I, _CI], _CI)}
 _lib: list[ctypes.CDLL | None] = []
 
-Halves = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # A16 [r, in], B [out, r], Bt16 [r, out]
+Halves = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # A16, B [out, r] float32, `tiles`(B)
+
+
+def tiles(b: torch.Tensor) -> torch.Tensor:
+    """B [out, r] -> float16 [out // 8, r, 8]: tile t holds B[8t + i, j] at [t, j, i] (the
+    outputs past the last whole tile are read from B itself)."""
+    n8 = b.shape[0] // 8 * 8
+    return b[:n8].half().reshape(n8 // 8, 8, b.shape[1]).transpose(1, 2).contiguous()
 
 
 def available() -> bool:
@@ -27,8 +35,8 @@ def lora_delta16(
     x: torch.Tensor, y: torch.Tensor, adapters: list[Halves], scales: torch.Tensor
 ) -> torch.Tensor:
     """y [T, out] += each adapter's ``B (s * (A x))`` in the order given, as
-    `floatmm.lora_delta` computes it from float32 A and B (the same bits): A16 [r, in] and
-    Bt16 [r, out] float16, B [out, r] float32, all contiguous; x [T, in] float32;
+    `floatmm.lora_delta` computes it from float32 A and B (the same bits): A16 [r, in]
+    float16, B [out, r] float32 and its `tiles`, all contiguous; x [T, in] float32;
     scales [n, T] float32 (0 where a row lacks the adapter); y may be a column slice."""
     if not available():
         raise RuntimeError("lora_delta16 needs the compiled kernels")
@@ -41,12 +49,12 @@ def lora_delta16(
     for a16, b, bt16 in adapters:
         r = a16.shape[0]
         ok = (a16.dtype == bt16.dtype == torch.float16 and b.dtype == torch.float32
-              and tuple(a16.shape) == (r, k) and tuple(bt16.shape) == (r, n_out)
+              and tuple(a16.shape) == (r, k) and tuple(bt16.shape) == (n_out // 8, r, 8)
               and tuple(b.shape) == (n_out, r) and a16.is_contiguous()
               and bt16.is_contiguous() and b.is_contiguous())  # fmt: skip
         if not ok:
             raise ValueError(
-                f"lora_delta16: A16 {tuple(a16.shape)}, B {tuple(b.shape)}, Bt16 "
+                f"lora_delta16: A16 {tuple(a16.shape)}, B {tuple(b.shape)}, B tiles "
                 f"{tuple(bt16.shape)} do not fit x [T, {k}] and y [T, {n_out}]"
             )
     if tuple(scales.shape) != (n, t):

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from loraserve.kernels.lora16 import tiles
 from loraserve.model.config import ModelConfig
 from loraserve.model.gguf import GGUFFile
 from loraserve.model.hf import hf_to_gguf_name
@@ -38,16 +39,16 @@ class AdapterError(ValueError):
 class LoraWeight:
     """One target's low-rank pair; ``factor`` multiplies the user scale.
 
-    ``a16``/``bt16``: A and B transposed as float16, when the file stored the pair as
-    halves (so they hold exactly ``a``'s and ``b``'s values): the kernels read them
-    instead, half the bytes for the same bits (`kernels/lora16.c`).
+    ``a16``/``bt16``: A and B (in tiles of 8 outputs: `kernels.lora16.tiles`) as float16,
+    when the file stored the pair as halves (so they hold exactly ``a``'s and ``b``'s
+    values): the kernels read them instead, half the bytes for the same bits.
     """
 
     a: torch.Tensor  # [r, in] or [E, r, in] float32
     b: torch.Tensor  # [out, r] or [E, out, r] float32
     factor: float
     a16: torch.Tensor | None = None  # [r, in] float16, 2-D targets only
-    bt16: torch.Tensor | None = None  # [r, out] float16
+    bt16: torch.Tensor | None = None  # [out // 8, r, 8] float16
 
     @property
     def nbytes(self) -> int:
@@ -274,7 +275,7 @@ def _check(
     if not (math.isfinite(factor) and _finite(a) and _finite(b)):
         raise AdapterError(f"{path}: LoRA for {target!r} holds non-finite values")
     if halves and a.dim() == 2:  # the file's own halves: widening them back is exact
-        return LoraWeight(a, b, factor, a.half(), b.t().half().contiguous())
+        return LoraWeight(a, b, factor, a.half(), tiles(b))
     return LoraWeight(a, b, factor)
 
 

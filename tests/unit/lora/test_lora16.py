@@ -38,7 +38,7 @@ def test_half_route_equals_float32_route_bitwise(k: int, n: int) -> None:
     ref = wide.clone()
     lora_delta(x, ref[:, 5 : 5 + n], [(a, b) for a, b in pairs], s)
     got = wide.clone()
-    halves = [(a.half(), b, b.t().half().contiguous()) for a, b in pairs]
+    halves = [(a.half(), b, lora16.tiles(b)) for a, b in pairs]
     lora16.lora_delta16(x, got[:, 5 : 5 + n], halves, s)
     assert torch.equal(got, ref)
     assert torch.equal(got[6], wide[6]) and not torch.equal(got[0], wide[0])
@@ -54,9 +54,9 @@ def test_half_route_refuses_shapes_that_do_not_fit() -> None:
     a, b = _halves(g, 4, 16, 8)
     x, y = torch.randn(2, 16), torch.zeros(2, 8)
     with pytest.raises(ValueError, match="do not fit"):
-        lora16.lora_delta16(x, y, [(a.half(), b, b.half())], torch.ones(1, 2))  # Bt not B^T
+        lora16.lora_delta16(x, y, [(a.half(), b, b.t().half())], torch.ones(1, 2))  # untiled
     with pytest.raises(ValueError, match="scales"):
-        lora16.lora_delta16(x, y, [(a.half(), b, b.t().half().contiguous())], torch.ones(2, 2))
+        lora16.lora_delta16(x, y, [(a.half(), b, lora16.tiles(b))], torch.ones(2, 2))
 
 
 def _f16_adapter(path, shapes, seed: int, rank: int, halves: bool, skip: str = "") -> None:
