@@ -75,7 +75,9 @@ class EngineCore:
             max_blocks = held * 8
         else:
             budget = int(config.cache_ram_mib * 2**20 // block_bytes)
-            max_blocks = held + budget
+            # recurrent: a cached block without a snapshot costs its KV's share of a unit
+            share = states.kv_share if states is not None else 1.0
+            max_blocks = held + (int(budget / share) if share > 0 else budget)
         self.pool = BlockPool(bs, max_blocks, initial_blocks=min(held, 256))
         self.cache = PrefixCache(self.pool, budget, states)
         self.scheduler = Scheduler(
