@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 import loraserve.server.body as body_mod
-import loraserve.server.generation as generation
+import loraserve.server.chat_prompt as chat_prompt
 from tests.server_util import Served, serve_in_thread
 
 TEXT = "the cat sat " * (2**20 // 12)  # 1 MiB
@@ -60,7 +60,7 @@ def spied(srv, monkeypatch) -> list[tuple[str, bool]]:
     for name in ("encode", "decode"):
         monkeypatch.setattr(tok, name, spy(name, getattr(tok, name)))
     monkeypatch.setattr(body_mod, "parse_body", spy("parse", body_mod.parse_body))
-    monkeypatch.setattr(generation, "render_prompt", spy("render", generation.render_prompt))
+    monkeypatch.setattr(chat_prompt, "render_prompt", spy("render", chat_prompt.render_prompt))
     return calls
 
 
