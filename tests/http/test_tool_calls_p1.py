@@ -177,3 +177,16 @@ def test_reasoning_formats(srv) -> None:
     assert "reasoning_content" not in none
     assert auto["reasoning_content"] in none["content"]
     assert fmt.reasoning_end.strip() in none["content"]
+
+
+def test_prefill_is_part_of_the_message(srv) -> None:
+    """A last assistant message is continued: its text is the answer's start in the whole
+    message (llama.cpp parses the generation prompt with the answer), whether or not the
+    format has an assistant marker to find it by (Mistral's has none), and the stream's
+    deltas start after the prefill as the prompt wrote it (a template may trim its space):
+    the prefill is not sent again."""
+    msgs = [*USER, {"role": "assistant", "content": "Hello, "}]
+    whole = chat(srv, messages=msgs, tool_choice="none", n_predict=4)["choices"][0]["message"]
+    streamed, _ = chat_stream(srv, messages=msgs, tool_choice="none", n_predict=4)
+    text, tail = whole["content"], streamed["content"]
+    assert tail and text.endswith(tail) and text[: len(text) - len(tail)] in ("Hello,", "Hello, ")

@@ -36,6 +36,9 @@ class MessageStream:
         if continuation:  # llama-server: a prefilled message is not sent again as deltas
             self.sent = parser.parse("", partial=True)
             self.sent.tool_calls = []
+            whole = parser.parse("", partial=False).content  # the prefill's own trailing space
+            if whole.startswith(self.sent.content) and not whole[len(self.sent.content) :].strip():
+                self.sent.content = whole
         self.ids: list[str] = []
         self.final: ParsedMessage | None = None
 

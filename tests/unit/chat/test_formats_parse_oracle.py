@@ -135,17 +135,22 @@ def test_parses_equal_llama_cpps() -> None:
 
 
 def test_streams_grow_and_add_up() -> None:
-    """Every whole case (all 70 templates' formats), fed one character at a time."""
+    """Every whole case (all 70 templates' formats), fed one character at a time; a
+    continued message's deltas start after its prefill's own parse."""
     for case in CASES:
         if case["is_partial"]:
             continue
         parser = _parser(case)
-        stream = MessageStream(parser)
+        stream = MessageStream(
+            parser, continuation=case["request"]["continue_final_message"] != "none"
+        )
+        content, reasoning = stream.sent.content, stream.sent.reasoning_content  # a prefill's
         deltas = [d for ch in case["input"] for d in stream.feed(ch)] + stream.finish()
         final = stream.final
         assert final is not None
-        assert "".join(d.get("content", "") for d in deltas) == final.content
-        assert "".join(d.get("reasoning_content", "") for d in deltas) == final.reasoning_content
+        assert content + "".join(d.get("content", "") for d in deltas) == final.content
+        reasoning += "".join(d.get("reasoning_content", "") for d in deltas)
+        assert reasoning == final.reasoning_content
         args: dict[int, str] = {}
         for d in deltas:
             for c in d.get("tool_calls", []):
