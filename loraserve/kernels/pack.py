@@ -1,0 +1,56 @@
+"""Weight rows repacked once at load 8 rows to a group (``kernels/packed.h``: a vector's lanes
+are 8 weight rows, the layout prompt-sized matmuls run fastest on), and back."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from loraserve import kernels as K
+
+PACKABLE = frozenset({2, 6, 8, 12})  # Q4_0, Q5_0, Q8_0, Q4_K
+PACK_ROWS = 8
+
+
+def pack_rows(raw: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor | None:
+    """ggml rows [N, row_bytes] uint8 -> the same values repacked 8 rows to a group
+    (``kernels/packed.h``: a vector's lanes are 8 weight rows, the layout prompt-sized
+    matmuls run fastest on), as [N, group_bytes / 8] uint8 for the kernel type
+    ``PACKED | ggml_type``; None where the type, the row count or the backend has no
+    packed kernel (the rows then stay as they are). ``LORASERVE_KERNEL_NO_PACK=1`` keeps
+    every matrix in the file's layout (for side-by-side measurements)."""
+    lib = K._c()
+    n = raw.shape[0]
+    if os.environ.get("LORASERVE_KERNEL_NO_PACK") == "1":
+        return None
+    if lib is None or ggml_type not in PACKABLE or n % PACK_ROWS or n == 0:
+        return None
+    gb = lib.ls_packed_group_bytes(ggml_type, k)
+    if gb <= 0:
+        return None
+    from loraserve.model.dequant import GGML_QUANT_SIZES
+
+    block, size = GGML_QUANT_SIZES[ggml_type]
+    if k % block or raw.dim() != 2 or raw.shape[1] < k // block * size:
+        raise ValueError(
+            f"pack_rows: rows of {raw.shape[-1]} bytes for {k} values of type {ggml_type}"
+        )
+    raw = raw.contiguous()
+    out = torch.empty(n, gb // PACK_ROWS, dtype=torch.uint8)
+    rc = lib.ls_repack(ggml_type, raw.data_ptr(), n, k, raw.stride(0), out.data_ptr(), 1,
+                       torch.get_num_threads())  # fmt: skip
+    return out if rc == 0 else None
+
+
+def unpack_rows(packed: torch.Tensor, ggml_type: int, k: int, row_bytes: int) -> torch.Tensor:
+    """The inverse of `pack_rows`: packed [N, *] -> the file's rows [N, row_bytes] uint8."""
+    lib = K._c()
+    if lib is None:
+        raise RuntimeError("packed rows need the C kernels")
+    out = torch.empty(packed.shape[0], row_bytes, dtype=torch.uint8)
+    rc = lib.ls_repack(ggml_type, out.data_ptr(), packed.shape[0], k, row_bytes,
+                       packed.data_ptr(), 0, torch.get_num_threads())  # fmt: skip
+    if rc != 0:
+        raise ValueError(f"rows of ggml type {ggml_type} are not packed ones")
+    return out
