@@ -1,7 +1,7 @@
 """Command-line flags of chat parsing, as llama-server spells them: `--reasoning-format`
 (none: reasoning stays in `content`; auto / deepseek: it goes to `reasoning_content`;
 deepseek-legacy: also, except in streams, where it stays inline), `--reasoning-budget`
-(-1 unlimited; 0 turns thinking off; other budgets are accepted and not enforced yet) and
+(-1 unlimited; 0 turns thinking off; N forces the end marker after N reasoning tokens) and
 `--skip-chat-parsing` (answers are plain text: no reasoning split, no tool calls); and of
 chat rendering: `-rea/--reasoning on|off|auto` (`enable_thinking` for the template; auto:
 on where the template supports thinking; llama.cpp's spellings: on/enabled/true/1,
