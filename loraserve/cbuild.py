@@ -21,104 +21,31 @@ so kernels and torch share one thread pool (two pools on 2 cores slow both down)
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
-import importlib.metadata
-import importlib.util
 import logging
 import os
-import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 from pathlib import Path
 
+from loraserve.cbuild_compile import Build
+from loraserve.cbuild_env import (  # noqa: F401  (re-exported: the build's public names)
+    CFLAGS,
+    SRC_DIR,
+    _cc_version,
+    _compiler,
+    _cpu_flags,
+    _torch_version,
+    cache_dir,
+    cflags,
+    prebuilt_dir,
+    trust,
+)
+
 log = logging.getLogger("loraserve.kernels")
-
-SRC_DIR = Path(__file__).parent / "kernels"
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
-# -ffp-contract=off: no fused multiply-adds the source did not ask for, so every output's
-# float operations are exactly the ones written, whatever the compiler's scheduling
-_NO_AVX512_ENV = "LORASERVE_KERNEL_NO_AVX512"  # 1: build for this CPU without AVX-512 (the
-# AVX2 paths, to compare their bits with the AVX-512 VNNI ones on a machine that has both)
-
-
-def cflags() -> list[str]:
-    """The compiler flags of this process's build: `CFLAGS`, with ``-mno-avx512f`` (every
-    AVX-512 extension off) under ``LORASERVE_KERNEL_NO_AVX512=1``."""
-    return CFLAGS + (["-mno-avx512f"] if os.environ.get(_NO_AVX512_ENV) == "1" else [])
-
-
-def _load_trust():  # type: ignore[no-untyped-def]
-    """`loraserve/kernels/trust.py`, loaded without the kernels package (which imports
-    torch: this module must not)."""
-    name = "loraserve.kernels.trust"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SRC_DIR / "trust.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-trust = _load_trust()
 _LOCK = threading.Lock()
 _LIBS: dict[str, ctypes.CDLL | None] = {}
 _DISABLED_ENV = "LORASERVE_NO_C_KERNELS"  # set to 1 to force the pure-torch fallbacks
-
-
-def prebuilt_dir() -> Path:
-    """Where ``loraserve build-kernels`` puts the library: the package's own folder
-    (``$LORASERVE_PREBUILT_DIR`` overrides it)."""
-    root = os.environ.get("LORASERVE_PREBUILT_DIR")
-    return Path(root).expanduser() if root else SRC_DIR / "_build"
-
-
-def cache_dir() -> Path:
-    """Where built libraries live: ``$LORASERVE_CACHE/kernels`` or ``~/.cache/loraserve``."""
-    root = os.environ.get("LORASERVE_CACHE")
-    base = Path(root).expanduser() if root else Path.home() / ".cache" / "loraserve"
-    return base / "kernels"
-
-
-@functools.cache
-def _torch_dir() -> Path:
-    """torch's package folder, found without importing torch (its import takes 1-2 s)."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("torch is not installed")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-@functools.cache
-def _torch_version() -> str:
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return (_torch_dir() / "version.py").read_text()
-
-
-def _compiler() -> str | None:
-    cc = os.environ.get("CC") or "cc"
-    return shutil.which(cc) or shutil.which("gcc")
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return os.uname().machine
-
-
-@functools.cache
-def _cc_version(cc: str) -> str:
-    return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
 
 
 LIBRARY = "kernels"  # one shared library of every source below
@@ -128,7 +55,7 @@ LIBRARY = "kernels"  # one shared library of every source below
 # waits for this build (measured on 2 cores: six objects 2.95 s, these two 2.2 s)
 UNITS = (
     ("qmatmul.c", "quantize.c", "moe.c"),
-    ("packed.c", "floatmm.c", "lora16.c", "rowops.c", "attention.c", "layers.c"),
+    ("packed.c", "floatmm.c", "lora16.c", "rowops.c", "attention.c", "layers.c", "deltanet.c"),
 )
 
 
@@ -143,55 +70,7 @@ def _key(cc: str) -> str:
     return h.hexdigest()[:16]
 
 
-class _Build:
-    """The compiler runs (one per unit, all at once) into a temporary folder; the linked
-    library is moved into place when every step succeeds."""
-
-    def __init__(self, cc: str, out: Path) -> None:
-        self.cc, self.out = cc, out
-        self.tmp = tempfile.mkdtemp(dir=out.parent)
-        self.objs = [Path(self.tmp) / f"unit{i}.o" for i in range(len(UNITS))]
-        flags = [f for f in cflags() if f != "-shared"]
-        self.procs = []
-        for i, (unit, obj) in enumerate(zip(UNITS, self.objs, strict=True)):
-            src = Path(self.tmp) / f"unit{i}.c"  # diagnostics still name the real files
-            src.write_text("".join(f'#include "{SRC_DIR / s}"\n' for s in unit))
-            self.procs.append(
-                subprocess.Popen(
-                    [cc, *flags, f"-I{SRC_DIR}", "-c", str(src), "-o", str(obj)],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                )  # fmt: skip
-            )
-
-    def finish(self) -> bool:
-        try:
-            errs = [p.communicate()[1] for p in self.procs]
-            if any(p.returncode != 0 for p in self.procs):
-                err = b"".join(errs).decode(errors="replace")[-2000:]
-                log.warning("compiling the C kernels failed, using the slower pure-torch "
-                            "path:\n%s", err)  # fmt: skip
-                return False
-            torch_lib = _torch_dir() / "lib"
-            tmp_out = Path(self.tmp) / self.out.name
-            link = subprocess.run(
-                [self.cc, *cflags(), *map(str, self.objs), "-o", str(tmp_out),
-                 f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}", "-lm"],
-                capture_output=True,
-            )  # fmt: skip
-            if link.returncode != 0:
-                log.warning("linking the C kernels failed, using the slower pure-torch path:"
-                            "\n%s", link.stderr.decode(errors="replace")[-2000:])  # fmt: skip
-                return False
-            trust.record(self.out, tmp_out)  # the hash a load checks (`trust.open_verified`)
-            os.replace(tmp_out, self.out)  # atomic: concurrent starts never see half
-            log.info("compiled the C kernels for this CPU (%s)", self.out)
-            return True
-        finally:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-_BUILD: list[_Build] = []  # the compile in flight, if any
+_BUILD: list[Build] = []  # the compile in flight, if any
 
 
 def _output(prebuilt: bool = True) -> tuple[Path, str] | None:
@@ -234,7 +113,7 @@ def prebuild() -> None:
         if where is None:
             _LIBS[LIBRARY] = None
         elif not where[0].is_file():
-            _BUILD.append(_Build(where[1], where[0]))
+            _BUILD.append(Build(where[1], where[0], UNITS))
 
 
 def _build() -> ctypes.CDLL | None:
@@ -253,14 +132,14 @@ def _build() -> ctypes.CDLL | None:
         out, cc = where
     build = _BUILD.pop() if _BUILD else None
     if build is None and not out.is_file():
-        build = _Build(cc, out)
+        build = Build(cc, out, UNITS)
     if build is not None and not build.finish():
         return None
     try:
         return _load(out, prebuilt=False)
     except trust.UntrustedPath as e:
         log.warning("rebuilding the C kernels: %s", e)  # our own private folder
-    if not _Build(cc, out).finish():
+    if not Build(cc, out, UNITS).finish():
         return None
     try:
         return _load(out, prebuilt=False)
@@ -295,7 +174,7 @@ def build_into_package() -> Path | None:
             log.warning("%s is not writable: building into %s", out.parent, cache_dir())
             where = _output() if library() is not None else None
             return None if where is None else where[0]
-        if not _Build(cc, out).finish():
+        if not Build(cc, out, UNITS).finish():
             return None
     return out
 
