@@ -32,9 +32,14 @@ from loraserve.model.default import resolve_model_path  # noqa: E402
 from tests.arch_models import tensor_digest  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "tests/data/requant_greedy.json"
+# files whose every K-width matrix takes the named types (on this model's n_embd of 640 only
+# attn_output and ffn_down have rows of whole 256-blocks, and the IQ2_S / IQ3_XXS ftypes pick
+# IQ2_XS and IQ3_S/Q3_K for those): ftype and llama-quantize's extra arguments
+FORCED = {"IQ2_S+IQ3_XXS": ("IQ2_S", ["--tensor-type", "ffn_down=iq2_s",
+                                      "--tensor-type", "attn_output=iq3_xxs"])}  # fmt: skip
 SOURCE = "Q4_K_M"  # the real model's own type: recorded as the baseline, not requantized
 TYPES = [SOURCE, "Q4_0", "Q5_1", "Q2_K", "Q3_K_M", "Q5_K_M",
-         "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S"]  # fmt: skip
+         "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", *FORCED]  # fmt: skip
 NEEDS_IMATRIX = {"IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_S", "IQ1_M"}
 PROMPTS = [
     "The capital of France is",
@@ -71,10 +76,11 @@ def requantize(model: Path, qtype: str, quantize: Path) -> Path:
     path = requant_path(model, qtype)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [str(quantize), "--allow-requantize"]
-        if qtype in NEEDS_IMATRIX:
+        ftype, extra = FORCED.get(qtype, (qtype, []))
+        cmd = [str(quantize), "--allow-requantize", *extra]
+        if ftype in NEEDS_IMATRIX:
             cmd += ["--imatrix", str(imatrix(model, quantize))]
-        cmd += [str(model), str(path), qtype, "1"]
+        cmd += [str(model), str(path), ftype, "1"]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return path
 
@@ -131,7 +137,7 @@ def main() -> None:
         digest, types = tensor_digest(path)
         print(f"{qtype}: {path}")
         data["files"][qtype] = {"tensors_sha256": digest, "types": types,
-                                "imatrix": qtype in NEEDS_IMATRIX,
+                                "imatrix": FORCED.get(qtype, (qtype,))[0] in NEEDS_IMATRIX,
                                 "records": record(peer, path, args.port)}  # fmt: skip
         OUT.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {OUT}")
