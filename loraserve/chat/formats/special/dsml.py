@@ -16,6 +16,7 @@ from loraserve.chat.formats.special.text import (
     at,
     lit,
     name_until,
+    read_reasoning,
     skip_ws,
     until,
 )
@@ -40,12 +41,10 @@ def parse(text: str, partial: bool, schemas: dict | None, extract: bool, v4: boo
     try:
         i = 0
         if extract and at(text, 0, THINK):
-            stops = (THINK_END, start) if tools else (THINK_END,)
-            body, k, stop = until(text, len(THINK), stops, partial)
-            out.reasoning = body
-            if k < 0:
+            cut = (start,) if tools else ()
+            i = read_reasoning(text, len(THINK), THINK_END, cut, partial, out, True)
+            if i < 0:
                 return out
-            i = k + len(THINK_END) if stop == THINK_END else k
         elif extract and at(text, 0, THINK_END):
             i = len(THINK_END)
         if not tools:

@@ -18,6 +18,7 @@ from loraserve.chat.formats.special.text import (
     lit,
     name_until,
     opt,
+    read_reasoning,
     until,
 )
 
@@ -39,14 +40,9 @@ def parse(text: str, partial: bool, schemas: dict | None, extract: bool) -> Pars
     out = Parsed()
     try:
         i = opt(text, 0, THINK, ws=False)
-        body, k, stop = until(text, i, (THINK_END, RESP), partial)
-        if extract:
-            out.reasoning = body
-        else:
-            out.content = body
-        if k < 0:
+        i = read_reasoning(text, i, THINK_END, (RESP,), partial, out, extract)
+        if i < 0:
             return out
-        i = k + len(THINK_END) if stop == THINK_END else k
         i = opt(text, i, RESP, ws=False)
         stops = (RESP_END, TOOLS, MSG_END) if schemas is not None else (RESP_END, MSG_END)
         body, k, stop = until(text, i, stops, partial)

@@ -9,7 +9,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from loraserve.chat.formats.special.text import Args, Invalid, Need, Parsed, at, skip_ws, until
+from loraserve.chat.formats.special.text import (
+    Args,
+    Invalid,
+    Need,
+    Parsed,
+    at,
+    read_reasoning,
+    skip_ws,
+    until,
+)
 
 START, END = "<|tool_call_start|>", "<|tool_call_end|>"
 THINK, THINK_END = "<think>", "</think>"
@@ -23,11 +32,9 @@ def parse(text: str, partial: bool, schemas: dict | None, extract: bool, think: 
     try:
         i = skip_ws(text, 0)
         if extract and think and at(text, i, THINK):
-            body, k, _ = until(text, i + len(THINK), (THINK_END,), partial)
-            out.reasoning = body
-            if k < 0:
+            i = read_reasoning(text, i + len(THINK), THINK_END, (), partial, out, True)
+            if i < 0:
                 return out
-            i = k + len(THINK_END)
         if schemas is None:
             out.content = until(text, i, (), partial)[0]
             return out

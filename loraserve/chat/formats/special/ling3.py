@@ -17,6 +17,7 @@ from loraserve.chat.formats.special.text import (
     at,
     lit,
     name_until,
+    read_reasoning,
     skip_ws,
     types_of,
     until,
@@ -34,15 +35,10 @@ def parse(text: str, partial: bool, schemas: dict | None, extract: bool) -> Pars
     try:
         i = skip_ws(text, 0)
         if at(text, i, THINK):
-            stops = (THINK_END, CALL) if tools else (THINK_END,)
-            body, k, stop = until(text, i + len(THINK), stops, partial)
-            if extract:
-                out.reasoning = body
-            else:
-                out.content = body
-            if k < 0:
+            cut = (CALL,) if tools else ()
+            i = read_reasoning(text, i + len(THINK), THINK_END, cut, partial, out, extract)
+            if i < 0:
                 return out
-            i = k + len(THINK_END) if stop == THINK_END else k
         stops = (CALL, ROLE_END) if tools else (ROLE_END,)
         body, k, stop = until(text, i, stops, partial)
         out.content += body

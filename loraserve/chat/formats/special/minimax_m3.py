@@ -19,6 +19,7 @@ from loraserve.chat.formats.special.text import (
     lit,
     may_be_string,
     name_until,
+    read_reasoning,
     skip_ws,
     until,
 )
@@ -35,11 +36,9 @@ def parse(text: str, partial: bool, schemas: dict | None, extract: bool) -> Pars
     try:
         i = skip_ws(text, 0)
         if extract and at(text, i, THINK):
-            body, k, _ = until(text, i + len(THINK), (THINK_END,), partial)
-            out.reasoning = body
-            if k < 0:
+            i = read_reasoning(text, i + len(THINK), THINK_END, (), partial, out, True)
+            if i < 0:
                 return out
-            i = k + len(THINK_END)
         elif extract and at(text, i, THINK_END):
             i += len(THINK_END)
         if schemas is None:

@@ -83,6 +83,22 @@ def name_until(text: str, i: int, stop: str) -> tuple[str, int]:
     return text[i:k].strip(), k + len(stop)
 
 
+def read_reasoning(
+    text: str, i: int, end: str, cut: tuple[str, ...], partial: bool, out: Parsed, extract: bool
+) -> int:
+    """Reads a reasoning block from `i` (past its opening marker) up to `end`, or up to one of
+    `cut` (markers that end it early and are read next): into `out.reasoning` with `extract`,
+    else into `out.content`. Where to go on; -1 when the text ends first."""
+    body, k, stop = until(text, i, (end, *cut), partial)
+    if extract:
+        out.reasoning = body
+    else:
+        out.content = body
+    if k < 0:
+        return -1
+    return k + len(end) if stop == end else k
+
+
 def json_value(text: str, i: int) -> tuple[str, int]:
     """The JSON value at `i` (whitespace skipped): (its text, its end); Need while the text
     ends inside it."""
@@ -127,4 +143,5 @@ def may_be_string(schema: Any) -> bool:
 
 
 __all__ = ["WS", "Args", "Invalid", "Need", "Parsed", "at", "held", "json_value", "lit",
-           "may_be_string", "name_until", "opt", "skip_ws", "types_of", "until"]  # fmt: skip
+           "may_be_string", "name_until", "opt", "read_reasoning", "skip_ws", "types_of",
+           "until"]  # fmt: skip
