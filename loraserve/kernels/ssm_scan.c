@@ -1,0 +1,141 @@
+// The selective-scan recurrences of Mamba-2 and Mamba-1 in one call per layer per step:
+// (sequence, head) or (sequence, channel) pairs in parallel, each sequence's tokens in their
+// fixed order. Every float operation is the one the torch reference (recurrent/mamba2.py,
+// mamba1.py) does, in its order: the state update s * dA + B (x dt) as separate products
+// and sum (the library builds with -ffp-contract=off), and y = sum_n s C summed in the exact
+// order of torch's float sum over a contiguous last dim (`torch_sum`), so the results are
+// bit-identical to the torch loop. dt (softplus) and dA (exp) come precomputed from torch.
+
+#include <stdint.h>
+#include <string.h>
+
+// torch's cascade row sum (aten SumKernel.cpp `row_sum`/`multi_row_sum`) over `size`
+// elements of w lanes each (element e at v + e * w): 4 interleaved accumulators of 4 levels,
+// each level folded into the next every 16 elements. out: w lanes.
+static void row_sum_w(const float *v, int64_t size, int w, float *out) {
+    float acc[4][4][16];
+    memset(acc, 0, sizeof(acc));
+    const int64_t size_ilp = size / 4, lp = 4, step = 1 << 4, mask = step - 1;
+    int64_t i = 0;
+    while (i + step <= size_ilp) {
+        for (int64_t j = 0; j < step; j++, i++)
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < w; l++) acc[0][k][l] += v[(i * 4 + k) * w + l];
+        for (int j = 1; j < 4; j++) {
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < w; l++) {
+                    acc[j][k][l] += acc[j - 1][k][l];
+                    acc[j - 1][k][l] = 0.0f;
+                }
+            if ((i & (mask << (j * lp))) != 0) break;
+        }
+    }
+    for (; i < size_ilp; i++)
+        for (int k = 0; k < 4; k++)
+            for (int l = 0; l < w; l++) acc[0][k][l] += v[(i * 4 + k) * w + l];
+    for (int j = 1; j < 4; j++)
+        for (int k = 0; k < 4; k++)
+            for (int l = 0; l < w; l++) acc[0][k][l] += acc[j][k][l];
+    for (int64_t e = size_ilp * 4; e < size; e++)
+        for (int l = 0; l < w; l++) acc[0][0][l] += v[e * w + l];
+    for (int k = 1; k < 4; k++)
+        for (int l = 0; l < w; l++) acc[0][0][l] += acc[0][k][l];
+    for (int l = 0; l < w; l++) out[l] = acc[0][0][l];
+}
+
+// torch.sum(v[:n]) for float32 as torch computes it with vectors of vl floats (16 on
+// AVX512, 8 on AVX2): a row of at least vl values sums whole vectors lane-wise, then the
+// scalar tail in order, then the lanes in order; a shorter row sums its scalars.
+static float torch_sum(const float *v, int64_t n, int vl) {
+    float lanes[16];
+    if (n >= vl) {
+        const int64_t nv = n / vl;
+        row_sum_w(v, nv, vl, lanes);
+        float fin = 0.0f;
+        for (int64_t k = nv * vl; k < n; k++) fin += v[k];
+        for (int l = 0; l < vl; l++) fin += lanes[l];
+        return 0.0f + fin;  // torch adds into a zero-filled output
+    }
+    row_sum_w(v, n, 1, lanes);
+    return 0.0f + lanes[0];
+}
+
+// Mamba-2. xbc [T, ldx]: x [H, P] at 0, B [G, N] at H P, C [G, N] at H P + G N of each row;
+// dt, da [T, H]; sequences q = 0..nseq-1 own rows lo[q]..hi[q]-1 and their state
+// s[q] [H, P, N] (updated in place); rows snap_rows[snap_off[q]..snap_off[q+1]-1] (ascending)
+// copy the state after that row into snaps [n_snaps, H P N]; y [T, H, P].
+void ls_ssm_scan2(const float *xbc, int64_t ldx, const float *dt, const float *da, int64_t H,
+                  int64_t P, int64_t N, int64_t G, int64_t nseq, const int64_t *lo,
+                  const int64_t *hi, float *s, const int64_t *snap_rows,
+                  const int64_t *snap_off, float *snaps, float *y, int vl, int nthreads) {
+    const int64_t HPN = H * P * N, rep = H / G;
+    if (nseq * HPN < 4096) nthreads = 1;
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
+    for (int64_t qh = 0; qh < nseq * H; qh++) {
+        const int64_t q = qh / H, h = qh % H;
+        float *sh = s + q * HPN + h * P * N;
+        float prod[N > 0 ? N : 1];
+        int64_t next = snap_off[q];
+        for (int64_t row = lo[q]; row < hi[q]; row++) {
+            const float d = dt[row * H + h], a = da[row * H + h];
+            const float *x = xbc + row * ldx + h * P;
+            const float *b = xbc + row * ldx + H * P + (h / rep) * N;
+            const float *c = b + G * N;
+            for (int64_t p = 0; p < P; p++) {
+                const float xd = x[p] * d;
+                float *sp = sh + p * N;
+                for (int64_t n = 0; n < N; n++) {
+                    const float decay = sp[n] * a, inp = b[n] * xd;
+                    sp[n] = decay + inp;
+                    prod[n] = sp[n] * c[n];
+                }
+                y[(row * H + h) * P + p] = torch_sum(prod, N, vl);
+            }
+            if (next < snap_off[q + 1] && snap_rows[next] == row) {
+                memcpy(snaps + next * HPN + h * P * N, sh, (size_t)(P * N) * sizeof(float));
+                next++;
+            }
+        }
+    }
+}
+
+// Mamba-1. x, dt [T, D] (dt after softplus); da [rows r0..r1-1 of T, D, N] (exp(dt A));
+// b, c [T, N]; rows r0..r1-1 only (a block of the step: da is built a block at a time), each
+// sequence's rows lo[q]..hi[q]-1 within it, its state s[q] [D, N] updated in place; snapshots
+// as ls_ssm_scan2 (state [D N]); y [T, D].
+void ls_ssm_scan1(const float *x, const float *dt, const float *da, const float *b,
+                  const float *c, int64_t D, int64_t N, int64_t nseq, const int64_t *lo,
+                  const int64_t *hi, int64_t r0, int64_t r1, float *s,
+                  const int64_t *snap_rows, const int64_t *snap_off, float *snaps, float *y,
+                  int vl, int nthreads) {
+    const int64_t DN = D * N, CH = 64;  // channels per task
+    const int64_t nch = (D + CH - 1) / CH;
+    if (nseq * DN < 4096) nthreads = 1;
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
+    for (int64_t qd = 0; qd < nseq * nch; qd++) {
+        const int64_t q = qd / nch, d0 = (qd % nch) * CH, d1 = d0 + CH < D ? d0 + CH : D;
+        const int64_t lo_q = lo[q] > r0 ? lo[q] : r0, hi_q = hi[q] < r1 ? hi[q] : r1;
+        float prod[N > 0 ? N : 1];
+        int64_t next = snap_off[q];
+        while (next < snap_off[q + 1] && snap_rows[next] < lo_q) next++;
+        for (int64_t row = lo_q; row < hi_q; row++) {
+            const float *br = b + row * N, *cr = c + row * N;
+            for (int64_t d = d0; d < d1; d++) {
+                const float xd = x[row * D + d] * dt[row * D + d];
+                const float *ar = da + ((row - r0) * D + d) * N;
+                float *sp = s + q * DN + d * N;
+                for (int64_t n = 0; n < N; n++) {
+                    const float decay = sp[n] * ar[n], inp = br[n] * xd;
+                    sp[n] = decay + inp;
+                    prod[n] = sp[n] * cr[n];
+                }
+                y[row * D + d] = torch_sum(prod, N, vl);
+            }
+            if (next < snap_off[q + 1] && snap_rows[next] == row) {
+                memcpy(snaps + next * DN + d0 * N, s + q * DN + d0 * N,
+                       (size_t)((d1 - d0) * N) * sizeof(float));
+                next++;
+            }
+        }
+    }
+}
