@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from loraserve.kernels.floatmm import lora_delta
+from loraserve.kernels.lora16 import Halves, available, lora_delta16
 from loraserve.lora.adapter import Adapter
 from loraserve.model.context import get_context
 
@@ -53,6 +54,7 @@ class LoraBatch:
         self.active = tuple(active[j] for j in keep)
         self._table = table[keep]
         self._targets: dict[str, tuple[list, torch.Tensor, torch.Tensor, tuple] | None] = {}
+        self._halves: dict[str, list[Halves]] = {}  # targets whose adapters all have halves
         self._full: dict[tuple, torch.Tensor] = {}
 
     def _target(
@@ -62,7 +64,7 @@ class LoraBatch:
         scale table, their factors [n, 1] and a key of both; None if none targets it."""
         key = target if expert is None else f"{target}#{expert}"
         if key not in self._targets:
-            sel, pairs, factors = [], [], []
+            sel, pairs, factors, halves = [], [], [], []
             for j, i in enumerate(self.active):
                 w = self._adapters[i].weights.get(target)
                 if w is None:
@@ -71,7 +73,11 @@ class LoraBatch:
                 sel.append(j)
                 pairs.append((a.contiguous(), b.contiguous()))
                 factors.append(w.factor)
+                if expert is None and w.a16 is not None and w.bt16 is not None:
+                    halves.append((w.a16, pairs[-1][1], w.bt16))
             self._targets[key] = None
+            if sel and len(halves) == len(sel) and available():
+                self._halves[key] = halves
             if sel:
                 f = torch.tensor(factors, dtype=torch.float32).unsqueeze(1)  # [n, 1]
                 self._targets[key] = (pairs, torch.tensor(sel), f, (*sel, *factors))
@@ -94,6 +100,15 @@ class LoraBatch:
         if scales is None:  # the same for most targets of a step: computed once
             cols = torch.arange(t).clamp(max=self._top)
             scales = self._full[key] = self._table[sel][:, cols] * factors  # [n, T]
+        return self._delta(target, x, y, pairs, scales)
+
+    def _delta(self, key: str, x: torch.Tensor, y: torch.Tensor, pairs: list,
+               scales: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """The kernel call: float16 halves where every adapter of the target has them (the
+        same bits, half the reads: `kernels.lora16`), else the float32 pairs."""
+        halves = self._halves.get(key)
+        if halves is not None:
+            return lora_delta16(x, y, halves, scales)
         return lora_delta(x, y, pairs, scales)
 
     def fused_inputs(self, fused: Any, t: int) -> tuple[list[Any], torch.Tensor]:
@@ -138,4 +153,5 @@ class LoraBatch:
             return y
         pairs, sel, factors, _ = ent
         cols = token_rows.clamp(max=self._top)
-        return lora_delta(x, y, pairs, self._table[sel][:, cols] * factors)  # scales [n, m]
+        key = target if expert is None else f"{target}#{expert}"
+        return self._delta(key, x, y, pairs, self._table[sel][:, cols] * factors)  # [n, m]
