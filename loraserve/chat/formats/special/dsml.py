@@ -14,6 +14,7 @@ from loraserve.chat.formats.special.text import (
     Need,
     Parsed,
     at,
+    content_before,
     lit,
     name_until,
     read_reasoning,
@@ -47,15 +48,9 @@ def parse(text: str, partial: bool, schemas: dict | None, extract: bool, v4: boo
                 return out
         elif extract and at(text, 0, THINK_END):
             i = len(THINK_END)
-        if not tools:
-            body, _, _ = until(text, i, (), partial)
-            out.content = body
-            return out
-        body, k, _ = until(text, i, (start,), partial)
-        out.content = body
-        if k < 0:
-            return out
-        _calls(text, k + len(start), end, out)
+        k = content_before(text, i, start if tools else None, partial, out)
+        if k >= 0:
+            _calls(text, k, end, out)
     except (Need, Invalid):
         pass
     return out

@@ -15,9 +15,9 @@ from loraserve.chat.formats.special.text import (
     Need,
     Parsed,
     at,
+    content_before,
     read_reasoning,
     skip_ws,
-    until,
 )
 
 START, END = "<|tool_call_start|>", "<|tool_call_end|>"
@@ -35,13 +35,9 @@ def parse(text: str, partial: bool, schemas: dict | None, extract: bool, think: 
             i = read_reasoning(text, i + len(THINK), THINK_END, (), partial, out, True)
             if i < 0:
                 return out
-        if schemas is None:
-            out.content = until(text, i, (), partial)[0]
-            return out
-        body, k, _ = until(text, i, (START,), partial)
-        out.content = body
-        if k >= 0:
-            _calls(text, k + len(START), out)
+        k = content_before(text, i, None if schemas is None else START, partial, out)
+        if schemas is not None and k >= 0:
+            _calls(text, k, out)
     except (Need, Invalid):
         pass
     return out

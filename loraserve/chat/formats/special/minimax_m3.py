@@ -16,6 +16,7 @@ from loraserve.chat.formats.special.text import (
     Need,
     Parsed,
     at,
+    content_before,
     lit,
     may_be_string,
     name_until,
@@ -41,13 +42,9 @@ def parse(text: str, partial: bool, schemas: dict | None, extract: bool) -> Pars
                 return out
         elif extract and at(text, i, THINK_END):
             i += len(THINK_END)
-        if schemas is None:
-            out.content = until(text, i, (), partial)[0]
-            return out
-        body, k, _ = until(text, i, (START,), partial)
-        out.content = body
-        if k >= 0:
-            _calls(text, k + len(START), schemas, out)
+        k = content_before(text, i, None if schemas is None else START, partial, out)
+        if schemas is not None and k >= 0:
+            _calls(text, k, schemas, out)
     except (Need, Invalid):
         pass
     return out

@@ -99,6 +99,14 @@ def read_reasoning(
     return k + len(end) if stop == end else k
 
 
+def content_before(text: str, i: int, start: str | None, partial: bool, out: Parsed) -> int:
+    """Sets `out.content` to the text from `i` up to the calls' `start` marker (all of it
+    when `start` is None: calls are not parsed). Past `start`; -1 where it is not there."""
+    body, k, _ = until(text, i, () if start is None else (start,), partial)
+    out.content = body
+    return -1 if k < 0 or start is None else k + len(start)
+
+
 def json_value(text: str, i: int) -> tuple[str, int]:
     """The JSON value at `i` (whitespace skipped): (its text, its end); Need while the text
     ends inside it."""
@@ -142,6 +150,7 @@ def may_be_string(schema: Any) -> bool:
     return not types or "string" in types
 
 
-__all__ = ["WS", "Args", "Invalid", "Need", "Parsed", "at", "held", "json_value", "lit",
+__all__ = ["WS", "Args", "Invalid", "Need", "Parsed", "at", "content_before", "held",
+           "json_value", "lit",
            "may_be_string", "name_until", "opt", "read_reasoning", "skip_ws", "types_of",
            "until"]  # fmt: skip
