@@ -22,7 +22,11 @@ Row independence: the recurrence runs token by token per sequence, on tensors wh
 never depend on the batch, the chunking or where a chunk starts, so a sequence's state and
 outputs are the same bits alone, batched, in any prefill chunks and resumed from a snapshot.
 (A chunked-parallel form would round differently at every chunk boundary: not used.) A
-sequence's state is one flat tensor: the conv rows, then M of every value head.
+sequence's state is one flat tensor: the conv rows, then M of every value head. The
+recurrence runs in C (`kernels/deltanet.c`: one call per layer and step, every sequence and
+head in parallel) with the float operations of `recur_torch`, the torch reference, bit for
+bit; one value head (where torch's bmm sums in another order) and builds without the C
+kernels run the reference.
 """
 
 from __future__ import annotations
@@ -33,12 +37,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loraserve.kernels import deltanet as kernel
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
 from loraserve.model.layers import gated_act, rms_norm
 from loraserve.model.projection import Projection
 from loraserve.model.recurrent.shortconv import causal_conv, matrix
 from loraserve.model.weights import WeightSource
+
+USE_C = True  # the C recurrence (`kernels/deltanet.c`) where built; False: the torch reference
 
 
 class GatedDeltaNet(nn.Module):
@@ -126,29 +133,100 @@ class GatedDeltaNet(nn.Module):
         v = qkv[:, 2 * hk * s :].view(t, hv, s)
         o = torch.empty(t, hv, s)
         scale = torch.tensor(1.0 / math.sqrt(n), dtype=torch.float32)
-        for seq, xpad in per_seq:
+        spans, m_in, m_out, snaps = [], [], [], []
+        for seq, xpad in per_seq:  # each sequence's new state and snapshots, conv rows filled
             lo, hi = seq.lo, seq.hi
-            m = seq.state[self.i][n_conv:].view(hv, s, s)  # [H_v, S (value), S (key)]
-            cuts = dict(seq.cuts)
-            for r in range(hi - lo):
-                row = lo + r  # softplus, exp, sigmoid on [H_v] alone: the same bits anywhere
-                g = torch.exp(F.softplus(alpha_l[row] + self.dt_b) * self.a)  # [H_v]
-                beta = torch.sigmoid(beta_l[row])  # [H_v]
-                kr = kk[row].unsqueeze(-1)  # [H_v, S, 1]
-                m = m * g.view(hv, 1, 1)
-                d = (v[row] - torch.bmm(m, kr).squeeze(-1)) * beta.view(hv, 1)  # [H_v, S]
-                m = m + d.unsqueeze(-1) * kk[row].unsqueeze(1)
-                o[row] = torch.bmm(m, q[row].unsqueeze(-1)).squeeze(-1) * scale
-                if r in cuts or seq.every:
-                    snap = torch.cat((xpad[r + 1 : r + k].reshape(-1), m.reshape(-1)))
-                    if r in cuts:
-                        seq.snaps.setdefault(cuts[r], {})[self.i] = snap
-                    if seq.every:  # a draft's rows: the state after each (rollback)
-                        seq.rows.setdefault(self.i, []).append(snap)
-            seq.out[self.i] = torch.cat((xpad[hi - lo :].reshape(-1), m.reshape(-1)))
+            spans.append((lo, hi))
+            m_in.append(seq.state[self.i][n_conv:])  # [H_v S S]: M [H_v, S (value), S (key)]
+            seq.out[self.i] = out = torch.empty(n_conv + hv * s * s)
+            out[:n_conv] = xpad[hi - lo :].reshape(-1)
+            m_out.append(out[n_conv:])
+            cuts, mine = dict(seq.cuts), []
+            for r in range(hi - lo) if seq.every else sorted(c for c in cuts if c < hi - lo):
+                snap = torch.empty(n_conv + hv * s * s)
+                snap[:n_conv] = xpad[r + 1 : r + k].reshape(-1)
+                mine.append((r, snap[n_conv:]))
+                if r in cuts:
+                    seq.snaps.setdefault(cuts[r], {})[self.i] = snap
+                if seq.every:  # a draft's rows: the state after each (rollback)
+                    seq.rows.setdefault(self.i, []).append(snap)
+            snaps.append(mine)
+        if USE_C and hv > 1 and kernel.available():
+            g, beta = gates(alpha_l, beta_l, self.dt_b, self.a)
+            kernel.gdn_recur(spans, m_in, m_out, q, kk, v, g, beta, scale.item(), o, snaps)
+        else:  # the reference: each row's gates alone, then the recurrence in torch
+            rows = [gate_row(alpha_l[r], beta_l[r], self.dt_b, self.a) for r in range(t)]
+            g = torch.stack([x for x, _ in rows]) if t else torch.empty(0, hv)
+            beta = torch.stack([x for _, x in rows]) if t else torch.empty(0, hv)
+            recur_torch(spans, m_in, m_out, q, kk, v, g, beta, scale, o, snaps)
         normed = rms_norm(o, self.norm, self.eps).view(t, hv * s)  # [T, H_v S]
         zc = torch.empty(t, hv * s).copy_(z)  # contiguous rows: the C kernel's layout
         return self.out_proj(gated_act(zc, normed, "silu"))  # SiLU(z) * norm(o)
+
+
+def gate_row(
+    alpha: torch.Tensor, beta: torch.Tensor, dt_b: torch.Tensor, a: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row's decay g = exp(softplus(alpha + dt_b) a) and beta = sigmoid(beta logit):
+    alpha, beta [H_v] -> [H_v] each. torch's vectorized exp, softplus and sigmoid round
+    differently from their scalar tails, so where an element sits in the row decides its bits:
+    the reference computes each row alone."""
+    return torch.exp(F.softplus(alpha + dt_b) * a), torch.sigmoid(beta)
+
+
+def gates(
+    alpha: torch.Tensor, beta: torch.Tensor, dt_b: torch.Tensor, a: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gate_row` of every row at once, the same bits: alpha, beta [T, H_v] -> [T, H_v] each.
+    Each transcendental op reads rows padded by one element, so torch cannot merge them into
+    one run and runs each row's H_v elements as one inner loop, as for the row alone; chunks
+    stay under torch's parallel grain (32768 elements), so no thread splits a row."""
+    t, h = alpha.shape
+    pad = torch.empty(2, t, h + 1)
+    pa, pb = pad[0, :, :h], pad[1, :, :h]
+    torch.add(alpha, dt_b, out=pa)
+    pb.copy_(beta)
+    g, b = torch.empty(t, h), torch.empty(t, h)
+    step = max(1, 16384 // (h + 1))
+    for lo in range(0, t, step):
+        hi = min(t, lo + step)
+        pa[lo:hi] = F.softplus(pa[lo:hi]) * a  # elementwise: the same bits anywhere
+        g[lo:hi] = torch.exp(pa[lo:hi])
+        b[lo:hi] = torch.sigmoid(pb[lo:hi])
+    return g, b
+
+
+def recur_torch(
+    spans: list[tuple[int, int]],
+    m_in: list[torch.Tensor],
+    m_out: list[torch.Tensor],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: torch.Tensor,
+    o: torch.Tensor,
+    snaps: list[list[tuple[int, torch.Tensor]]],
+) -> None:
+    """The recurrence in torch, token by token (the reference `kernels.deltanet.gdn_recur`
+    must equal bit for bit; same arguments, ``scale`` a float32 0-d tensor)."""
+    hv, s = q.shape[1], q.shape[2]
+    for (lo, hi), mi, mo, mine in zip(spans, m_in, m_out, snaps, strict=True):
+        m = mi.view(hv, s, s)  # [H_v, S (value), S (key)]
+        want = dict.fromkeys(r for r, _ in mine)
+        for r in range(hi - lo):
+            row = lo + r
+            kr = k[row].unsqueeze(-1)  # [H_v, S, 1]
+            m = m * g[row].view(hv, 1, 1)
+            d = (v[row] - torch.bmm(m, kr).squeeze(-1)) * beta[row].view(hv, 1)  # [H_v, S]
+            m = m + d.unsqueeze(-1) * k[row].unsqueeze(1)
+            o[row] = torch.bmm(m, q[row].unsqueeze(-1)).squeeze(-1) * scale
+            if r in want:
+                for rr, dst in mine:
+                    if rr == r:
+                        dst.copy_(m.reshape(-1))
+        mo.copy_(m.reshape(-1))
 
 
 def _legacy_order(hk: int, s: int, r: int) -> torch.Tensor:

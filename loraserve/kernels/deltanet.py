@@ -1,0 +1,89 @@
+"""The gated delta rule's per-token recurrence in C (`deltanet.c`), for
+`model.recurrent.deltanet`: one call runs every sequence of a step, each (sequence, value
+head) in parallel, with the torch reference's float operations in its order."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+import torch
+
+from loraserve.cbuild import bind
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_SIGNATURES = {
+    "ls_gdn_recur": (
+        [_I, _P, _P, _P, _P, _P, _P, _P, _I, _P, _P, _F, _P, _I, _I, _P, _P, _P, ctypes.c_int],
+        ctypes.c_int,
+    ),
+}
+_lib: ctypes.CDLL | None = None
+_loaded = False
+
+
+def _c() -> ctypes.CDLL | None:
+    global _lib, _loaded
+    if not _loaded:
+        _lib, _loaded = bind(_SIGNATURES), True
+    return _lib
+
+
+def available() -> bool:
+    """Whether the C kernel is built and loaded here."""
+    return _c() is not None
+
+
+def _ints(xs: Sequence[int]) -> ctypes.Array[ctypes.c_int64]:
+    return (ctypes.c_int64 * max(1, len(xs)))(*xs)
+
+
+def _ptrs(ts: Sequence[torch.Tensor]) -> ctypes.Array[ctypes.c_void_p]:
+    return (ctypes.c_void_p * max(1, len(ts)))(*(t.data_ptr() for t in ts))
+
+
+def gdn_recur(
+    spans: Sequence[tuple[int, int]],
+    m_in: Sequence[torch.Tensor],
+    m_out: Sequence[torch.Tensor],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float,
+    o: torch.Tensor,
+    snaps: Sequence[Sequence[tuple[int, torch.Tensor]]],
+) -> None:
+    """Run sequence z's rows ``spans[z]`` = (lo, hi) from state ``m_in[z]`` [H, S, S] (read
+    only) into ``m_out[z]``: q, k [T, H, S] and o (written) contiguous, v [T, H, S] with heads
+    contiguous (any row stride), g, beta [T, H] contiguous; ``snaps[z]`` lists (row r from lo,
+    ascending; tensor [H, S, S] to receive the state after it). Every tensor float32, every
+    state contiguous. Raises RuntimeError when the kernel is not built or runs out of memory."""
+    lib = _c()
+    if lib is None:
+        raise RuntimeError("the delta-net C kernel is not built here")
+    t, h, s = q.shape
+    for x, shape in ((q, (t, h, s)), (k, (t, h, s)), (o, (t, h, s)), (g, (t, h)), (beta, (t, h))):
+        if tuple(x.shape) != shape or x.dtype != torch.float32 or not x.is_contiguous():
+            raise ValueError(f"gdn_recur: a tensor of shape {tuple(x.shape)}, expected {shape}")
+    if tuple(v.shape) != (t, h, s) or v.stride()[1:] != (s, 1) or v.dtype != torch.float32:
+        raise ValueError(f"gdn_recur: v {tuple(v.shape)} strides {v.stride()}")
+    states = [*m_in, *m_out, *(d for z in snaps for _, d in z)]
+    if any(x.numel() != h * s * s or not x.is_contiguous() or x.dtype != torch.float32
+           for x in states):  # fmt: skip
+        raise ValueError(f"gdn_recur: every state must be {h * s * s} contiguous float32")
+    if any(not 0 <= lo <= hi <= t for lo, hi in spans):
+        raise ValueError(f"gdn_recur: row spans {spans} outside {t} rows")
+    off = [0]
+    for z in snaps:
+        off.append(off[-1] + len(z))
+    rows = [r for z in snaps for r, _ in z]
+    rc = lib.ls_gdn_recur(
+        len(spans), _ints([lo for lo, _ in spans]), _ints([hi - lo for lo, hi in spans]),
+        _ptrs(m_in), _ptrs(m_out), q.data_ptr(), k.data_ptr(), v.data_ptr(), v.stride(0),
+        g.data_ptr(), beta.data_ptr(), scale, o.data_ptr(), h, s, _ints(off), _ints(rows),
+        _ptrs([d for z in snaps for _, d in z]), torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise RuntimeError("gdn_recur: out of memory for its work buffers")

@@ -1,0 +1,127 @@
+"""The gated delta rule's recurrence in C (`kernels/deltanet.c`) against the torch reference
+it replaces (`recurrent.deltanet.recur_torch`, token by token with torch's bmm), bit for bit:
+outputs, final states and the snapshots after chosen rows, on random inputs of several head
+counts and widths, several sequences of different lengths in one call. The row-batched gates
+(`gates`) equal each row's computed alone, and a whole model's logits are the same bits with
+the C recurrence as with the torch one. (Agreement with llama-server itself: test_deltanet.py
+and test_archs.py, which now run the C path.)"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from loraserve.engine.runner import ModelRunner
+from loraserve.kernels import deltanet as kernel
+from loraserve.model.recurrent import deltanet
+from tests.unit.model.test_deltanet import _run, _variant, model
+
+pytestmark = pytest.mark.skipif(not kernel.available(), reason="C kernels not built here")
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.mark.parametrize("t,h", [(1, 4), (7, 16), (33, 32), (300, 48), (2000, 24)])
+def test_gates_equal_each_row_alone(t: int, h: int) -> None:
+    gen = torch.Generator().manual_seed(t * 100 + h)
+    alpha = torch.randn(t, h, generator=gen) * 12  # past softplus' threshold (20) too
+    beta = torch.randn(t, h, generator=gen) * 6
+    dt_b, a = torch.randn(h, generator=gen), -torch.rand(h, generator=gen) * 4
+    g, b = deltanet.gates(alpha, beta, dt_b, a)
+    for r in range(t):
+        gr, br = deltanet.gate_row(alpha[r], beta[r], dt_b, a)
+        assert _same(g[r], gr) and _same(b[r], br), f"row {r}"
+
+
+def _inputs(h: int, s: int, lens: list[int], seed: int) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    t = sum(lens)
+    q = torch.nn.functional.normalize(torch.randn(t, h, s, generator=gen), dim=-1) / math.sqrt(s)
+    k = torch.nn.functional.normalize(torch.randn(t, h, s, generator=gen), dim=-1) / math.sqrt(s)
+    wide = torch.randn(t, h * s + 5, generator=gen)  # v: a view into wider rows
+    g = torch.exp(-torch.rand(t, h, generator=gen) * 2)
+    beta = torch.sigmoid(torch.randn(t, h, generator=gen))
+    spans, lo = [], 0
+    for n in lens:
+        spans.append((lo, lo + n))
+        lo += n
+    m_in = [torch.randn(h * s * s, generator=gen) for _ in lens]
+    picks = [sorted({int(x) for x in torch.randint(0, max(n, 1), (3,), generator=gen)} if n
+                    else set()) for n in lens]  # fmt: skip
+    return dict(spans=spans, m_in=m_in, q=q, k=k, v=wide[:, 3 : 3 + h * s].view(t, h, s),
+                g=g, beta=beta, picks=picks)  # fmt: skip
+
+
+def _run_recur(fn, x: dict, h: int, s: int) -> tuple:  # type: ignore[no-untyped-def]
+    t = x["q"].shape[0]
+    o = torch.empty(t, h, s)
+    m_out = [torch.empty(h * s * s) for _ in x["spans"]]
+    snaps = [[(r, torch.empty(h * s * s)) for r in p] for p in x["picks"]]
+    snaps = [z + z[:1] for z in snaps]  # one row asked twice: both receive it
+    scale = torch.tensor(1.0 / math.sqrt(s), dtype=torch.float32)
+    m_keep = [m.clone() for m in x["m_in"]]
+    args = (x["spans"], x["m_in"], m_out, x["q"], x["k"], x["v"], x["g"], x["beta"])
+    if fn is kernel.gdn_recur:
+        fn(*args, scale.item(), o, snaps)
+    else:
+        fn(*args, scale, o, snaps)
+    assert all(_same(a, b) for a, b in zip(m_keep, x["m_in"], strict=True)), "input written"
+    return o, m_out, snaps
+
+
+@pytest.mark.parametrize(
+    "h,s,lens",
+    [(2, 8, [5]), (4, 16, [1, 9, 3]), (3, 20, [4, 0, 6]), (8, 32, [12, 1]), (16, 64, [3, 2]),
+     (4, 128, [2, 3, 1]), (2, 256, [2])],
+)  # fmt: skip
+def test_kernel_equals_torch_recurrence(h: int, s: int, lens: list[int]) -> None:
+    x = _inputs(h, s, lens, seed=h * 1000 + s)
+    o_c, m_c, sn_c = _run_recur(kernel.gdn_recur, x, h, s)
+    o_t, m_t, sn_t = _run_recur(deltanet.recur_torch, x, h, s)
+    assert _same(o_c, o_t), "outputs differ"
+    assert all(_same(a, b) for a, b in zip(m_c, m_t, strict=True)), "final states differ"
+    for zc, zt in zip(sn_c, sn_t, strict=True):
+        assert all(rc == rt and _same(a, b) for (rc, a), (rt, b) in zip(zc, zt, strict=True))
+    assert not torch.isnan(o_c).any() and o_c.abs().sum() > 0, "a degenerate case: no test"
+
+
+def test_bad_shapes_refused() -> None:
+    x = _inputs(2, 8, [3], seed=1)
+    with pytest.raises(ValueError, match="outside"):
+        kernel.gdn_recur([(0, 9)], x["m_in"], [torch.empty(128)], x["q"], x["k"], x["v"],
+                         x["g"], x["beta"], 1.0, torch.empty(3, 2, 8), [[]])  # fmt: skip
+    with pytest.raises(ValueError, match="state"):
+        kernel.gdn_recur([(0, 3)], x["m_in"], [torch.empty(12)], x["q"], x["k"], x["v"],
+                         x["g"], x["beta"], 1.0, torch.empty(3, 2, 8), [[]])  # fmt: skip
+
+
+def test_model_logits_same_bits_with_c_and_torch(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    m = model(tmp_path, "qwen35+heads", "Q4_K_M")
+    seqs = [c["prompt"] + c["tokens"] for c in _variant("qwen35+heads")["answers"]["Q4_K_M"]]
+    seqs = seqs[:3]
+    cuts = [[3, 4, 5, 9], [1, 6], []]  # prefill chunks ending inside blocks, single rows
+
+    calls = []
+
+    def spy(*a, **kw):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(*a, **kw)
+
+    real = kernel.gdn_recur
+    monkeypatch.setattr(kernel, "gdn_recur", spy)
+
+    def logits(use_c: bool) -> list[torch.Tensor]:
+        monkeypatch.setattr(deltanet, "USE_C", use_c)
+        return _run(ModelRunner(m.decoder, 16, torch.float16), seqs, cuts)
+
+    with_c = logits(True)
+    assert calls, "the C recurrence never ran: no test"
+    n = len(calls)
+    for a, b in zip(with_c, logits(False), strict=True):
+        assert _same(a, b)
+    assert len(calls) == n, "the torch path called the kernel"
