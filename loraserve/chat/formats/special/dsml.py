@@ -6,8 +6,6 @@ a raw string when `string="true"`, else a JSON value."""
 
 from __future__ import annotations
 
-import json
-
 from loraserve.chat.formats.special.text import (
     Args,
     Invalid,
@@ -15,11 +13,12 @@ from loraserve.chat.formats.special.text import (
     Parsed,
     at,
     content_before,
+    json_or,
     lit,
     name_until,
+    raw_arg,
     read_reasoning,
     skip_ws,
-    until,
 )
 
 DSML = "｜DSML｜"
@@ -73,18 +72,8 @@ def _calls(text: str, i: int, end: str, out: Parsed) -> None:
             i = lit(text, i, ' string="', ws=False)
             kind, i = name_until(text, i, '">')
             args.key(key)
-            value, k, _ = until(text, i, (PARAM_END,), True)
-            if kind == "true":
-                args.string(value, k >= 0)
-            elif k >= 0:
-                args.value(_json(value))
-            if k < 0:
-                raise Need
-            i = k + len(PARAM_END)
+            i = raw_arg(text, i, PARAM_END, args, None if kind == "true" else _json)
 
 
 def _json(raw: str) -> str:
-    try:
-        return json.dumps(json.loads(raw), ensure_ascii=False)
-    except ValueError:
-        return json.dumps(raw.strip(), ensure_ascii=False)
+    return json_or(raw, raw.strip())

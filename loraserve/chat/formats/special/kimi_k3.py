@@ -7,17 +7,17 @@ else the value as JSON."""
 
 from __future__ import annotations
 
-import json
-
 from loraserve.chat.formats.special.text import (
     Args,
     Invalid,
     Need,
     Parsed,
     at,
+    json_or,
     lit,
     name_until,
     opt,
+    raw_arg,
     read_reasoning,
     until,
 )
@@ -67,22 +67,13 @@ def _calls(text: str, i: int, schemas: dict, out: Parsed) -> None:
             key, i = name_until(text, lit(text, i, ARG, ws=False), '"')
             _, i = name_until(text, i, SEP)
             args.key(key)
-            raw, k, _ = until(text, i, (ARG_END,), True)
             schema = props.get(key)
             kind = schema.get("type") if isinstance(schema, dict) else None
-            if not isinstance(kind, str) or kind == "string":
-                args.string(raw, k >= 0)
-            elif k >= 0:
-                args.value(_json(raw))
-            if k < 0:
-                raise Need
-            i = k + len(ARG_END)
+            raw_string = not isinstance(kind, str) or kind == "string"
+            i = raw_arg(text, i, ARG_END, args, None if raw_string else _json)
         args.close()
         i += len(CALL_END)
 
 
 def _json(raw: str) -> str:
-    try:
-        return json.dumps(json.loads(raw), ensure_ascii=False)
-    except ValueError:
-        return json.dumps(raw, ensure_ascii=False)
+    return json_or(raw, raw)

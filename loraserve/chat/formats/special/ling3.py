@@ -7,16 +7,16 @@ and JSON falling back to the raw text otherwise."""
 
 from __future__ import annotations
 
-import json
-
 from loraserve.chat.formats.special.text import (
     Args,
     Invalid,
     Need,
     Parsed,
     at,
+    json_or,
     lit,
     name_until,
+    raw_arg,
     read_reasoning,
     skip_ws,
     types_of,
@@ -72,21 +72,17 @@ def _calls(text: str, i: int, schemas: dict, out: Parsed) -> int:
             key, i = name_until(text, lit(text, j, KEY), KEY_END)
             i = lit(text, i, VALUE)
             args.key(key)
-            raw, k, _ = until(text, i, (VALUE_END,), True)
             kinds = types_of(props.get(key))
             if kinds == {"string"}:
-                args.string(raw, k >= 0)
-            elif k >= 0:
-                args.value(_value(raw, "string" in kinds or not kinds))
-            if k < 0:
-                raise Need
-            i = k + len(VALUE_END)
+                i = raw_arg(text, i, VALUE_END, args, None)
+            else:
+                loose = "string" in kinds or not kinds
+                i = raw_arg(text, i, VALUE_END, args, _json_loose if loose else _json_strict)
 
 
-def _value(raw: str, may_be_string: bool) -> str:
-    try:
-        return json.dumps(json.loads(raw), ensure_ascii=False)
-    except ValueError:
-        if not may_be_string:
-            raise Invalid from None
-        return json.dumps(raw, ensure_ascii=False)
+def _json_loose(raw: str) -> str:
+    return json_or(raw, raw)
+
+
+def _json_strict(raw: str) -> str:
+    return json_or(raw, None)

@@ -17,9 +17,11 @@ from loraserve.chat.formats.special.text import (
     Parsed,
     at,
     content_before,
+    json_or,
     lit,
     may_be_string,
     name_until,
+    raw_arg,
     read_reasoning,
     skip_ws,
     until,
@@ -68,11 +70,7 @@ def _calls(text: str, i: int, schemas: dict, out: Parsed) -> None:
             close = f"{NS}</{key}>"
             args.key(key)
             if may_be_string(props.get(key)):
-                raw, k, _ = until(text, i, (close,), True)
-                args.string(raw, k >= 0)
-                if k < 0:
-                    raise Need
-                i = k + len(close)
+                i = raw_arg(text, i, close, args, None)
             else:
                 value, i = _value(text, i, props.get(key), close)
                 args.value(value)
@@ -116,7 +114,4 @@ def _value(text: str, i: int, schema: Any, close: str) -> tuple[str, int]:
     raw, k, _ = until(text, i, (close,), True)
     if k < 0:
         raise Need
-    try:
-        return json.dumps(json.loads(raw), ensure_ascii=False), k + len(close)
-    except ValueError:
-        raise Invalid from None
+    return json_or(raw, None), k + len(close)

@@ -17,6 +17,7 @@ from loraserve.chat.formats.special.text import (
     lit,
     may_be_string,
     name_until,
+    raw_arg,
     skip_ws,
     until,
 )
@@ -71,11 +72,7 @@ def _call(text: str, i: int, schemas: dict, out: Parsed) -> int:
         key, i = name_until(text, lit(text, j, PARAM), '">')
         args.key(key)
         if may_be_string(props.get(key)):
-            raw, k, _ = until(text, i, (PARAM_END,), True)
-            args.string(raw, k >= 0)
-            if k < 0:
-                raise Need
-            i = k + len(PARAM_END)
+            i = raw_arg(text, i, PARAM_END, args, None)
         else:
             value, i = json_value(text, i)
             args.value(value)

@@ -5,6 +5,7 @@ arguments' JSON text built as it streams (only ever growing)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,6 +145,30 @@ class Args:
         self.call[1] = (self.call[1] or "{") + "}"
 
 
+def raw_arg(text: str, i: int, end: str, args: Args, convert: Callable[[str], str] | None) -> int:
+    """The argument value from `i` up to `end`: streamed as a string when `convert` is None,
+    else joined once `end` is there as `convert(raw text)` (JSON). Past `end`; Need before."""
+    raw, k, _ = until(text, i, (end,), True)
+    if convert is None:
+        args.string(raw, k >= 0)
+    elif k >= 0:
+        args.value(convert(raw))
+    if k < 0:
+        raise Need
+    return k + len(end)
+
+
+def json_or(raw: str, fallback: str | None) -> str:
+    """`raw` re-encoded as JSON when it parses as JSON, else `fallback` as a JSON string
+    (Invalid when `fallback` is None)."""
+    try:
+        return json.dumps(json.loads(raw), ensure_ascii=False)
+    except ValueError:
+        if fallback is None:
+            raise Invalid from None
+        return json.dumps(fallback, ensure_ascii=False)
+
+
 def may_be_string(schema: Any) -> bool:
     """Whether the schema allows a string (or says nothing of the type)."""
     types = types_of(schema)
@@ -151,6 +176,6 @@ def may_be_string(schema: Any) -> bool:
 
 
 __all__ = ["WS", "Args", "Invalid", "Need", "Parsed", "at", "content_before", "held",
-           "json_value", "lit",
-           "may_be_string", "name_until", "opt", "read_reasoning", "skip_ws", "types_of",
+           "json_or", "json_value", "lit",
+           "may_be_string", "name_until", "opt", "raw_arg", "read_reasoning", "skip_ws", "types_of",
            "until"]  # fmt: skip
