@@ -1,6 +1,6 @@
 """Quantize float weights to ggml types, bit for bit as ggml's reference quantizers
 (``ggml/src/ggml-quants.c``, ``quantize_row_*_ref``: what ``llama-quantize`` writes when no
-importance matrix is given): Q8_0, Q5_0, Q5_1, Q4_0, Q4_K, Q6_K and MXFP4.
+importance matrix is given): Q8_0, Q5_0, Q5_1, Q4_0, Q4_K, Q5_K, Q6_K and MXFP4.
 
 Every block is independent, so the work is vectorised across blocks; each reduction inside a
 block runs element by element in float32, in the C loop's order, so the sums round as the C
@@ -156,14 +156,16 @@ def _make_qkx2(
     return L.astype(np.uint8), scale, (-mn).astype(F32)
 
 
-def quantize_q4_K(x: np.ndarray) -> np.ndarray:
-    """x [N, 256] super-blocks -> [N, 144] uint8 (d, dmin f16, 12 scale bytes, 128 nibbles)."""
+def _k_scales(x: np.ndarray, nmax: int, rmin: float, nstep: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K's common part (quantize_row_q{4,5}_K_ref) on x [N, 256]: each block's first
+    16 bytes [N, 16] (d, dmin f16, 12 packed 6-bit scales and mins) and its values L [N, 8, 32]
+    (0 .. nmax)."""
     nb = x.shape[0]
     sub = x.reshape(nb * 8, 32)
     sum_x2 = _seqsum(sub * sub)
     av_x = np.sqrt(sum_x2 / F32(32)).astype(F32)
     w = (av_x[:, None] + np.abs(sub)).astype(F32)
-    L, scales, mins = _make_qkx2(sub, w, 15, -1.0, 0.1, 20)
+    L, scales, mins = _make_qkx2(sub, w, nmax, rmin, 0.1, nstep)
     L, scales, mins = L.reshape(nb, 256), scales.reshape(nb, 8), mins.reshape(nb, 8)
     max_scale = np.maximum(scales.max(axis=1), F32(0))
     max_min = np.maximum(mins.max(axis=1), F32(0))
@@ -187,13 +189,29 @@ def quantize_q4_K(x: np.ndarray) -> np.ndarray:
     dm = dmin16.astype(F32)[:, None] * m6.astype(F32)
     xs = x.reshape(nb, 8, 32)
     with np.errstate(divide="ignore", invalid="ignore"):
-        l2 = np.clip(nearest_int((xs + dm[:, :, None]) / d[:, :, None]), 0, 15)
+        l2 = np.clip(nearest_int((xs + dm[:, :, None]) / d[:, :, None]), 0, nmax)
     L = np.where((d != 0)[:, :, None], l2, L.reshape(nb, 8, 32)).astype(np.uint8)
-    L = L.reshape(nb, 4, 2, 32)
-    qs = (L[:, :, 0] | (L[:, :, 1] << 4)).reshape(nb, 128)
-    return np.concatenate(
-        [d16[:, None].view(np.uint8), dmin16[:, None].view(np.uint8), sc, qs], axis=1
-    )
+    head = np.concatenate([d16[:, None].view(np.uint8), dmin16[:, None].view(np.uint8), sc], 1)
+    return head, L
+
+
+def quantize_q4_K(x: np.ndarray) -> np.ndarray:
+    """x [N, 256] super-blocks -> [N, 144] uint8 (d, dmin f16, 12 scale bytes, 128 nibbles)."""
+    head, L = _k_scales(x, 15, -1.0, 20)
+    L = L.reshape(x.shape[0], 4, 2, 32)
+    qs = (L[:, :, 0] | (L[:, :, 1] << 4)).reshape(x.shape[0], 128)
+    return np.concatenate([head, qs], axis=1)
+
+
+def quantize_q5_K(x: np.ndarray) -> np.ndarray:
+    """x [N, 256] -> [N, 176] uint8 (d, dmin f16, 12 scale bytes, qh 32, 128 low nibbles):
+    value 64 n + 32 h + j has its fifth bit at bit 2 n + h of qh[j]."""
+    head, L = _k_scales(x, 31, -0.5, 15)
+    L = L.reshape(x.shape[0], 4, 2, 32)
+    qs = ((L[:, :, 0] & 15) | ((L[:, :, 1] & 15) << 4)).reshape(x.shape[0], 128)
+    shift = (2 * np.arange(4)[:, None] + np.arange(2)[None, :]).astype(np.uint8)  # [4, 2]
+    qh = ((L >> 4) << shift[None, :, :, None]).sum(axis=(1, 2), dtype=np.uint8)  # [N, 32]
+    return np.concatenate([head, qh, qs], axis=1)
 
 
 def _make_qx_rmse1(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
@@ -259,13 +277,14 @@ def quantize_q6_K(x: np.ndarray) -> np.ndarray:
 
 _BLOCK = {"Q8_0": (32, quantize_q8_0), "Q5_0": (32, quantize_q5_0), "Q5_1": (32, quantize_q5_1),
           "Q4_0": (32, quantize_q4_0), "Q4_K": (QK_K, quantize_q4_K),
+          "Q5_K": (QK_K, quantize_q5_K),
           "Q6_K": (QK_K, quantize_q6_K), "MXFP4": (32, quantize_mxfp4)}  # fmt: skip
 QUANTIZERS: dict[int, tuple[int, object]] = {GGML_TYPE[k]: v for k, v in _BLOCK.items()}
 
 
 def quantize(x: np.ndarray, ggml_type: int) -> np.ndarray:
     """float weights [..., n_per_row] -> ggml rows [prod(...), row_bytes] uint8 of
-    ``ggml_type`` (Q8_0, Q5_0, Q5_1, Q4_0, Q4_K, Q6_K, MXFP4), as ggml's reference quantizer
+    ``ggml_type`` (Q8_0, Q5_0, Q5_1, Q4_0, Q4_K, Q5_K, Q6_K, MXFP4), as ggml's reference quantizer
     writes them."""
     if ggml_type not in QUANTIZERS:
         raise ValueError(f"no quantizer for ggml type {ggml_type}")
