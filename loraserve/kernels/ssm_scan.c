@@ -139,3 +139,9 @@ void ls_ssm_scan1(const float *x, const float *dt, const float *da, const float 
         }
     }
 }
+
+// out[r] = torch_sum(v[r, :n]) for rows r = 0..rows-1 of v [rows, n]: the wrapper checks
+// which vector width makes these torch's own sums before running a scan.
+void ls_ssm_rowsum(const float *v, int64_t rows, int64_t n, int vl, float *out) {
+    for (int64_t r = 0; r < rows; r++) out[r] = torch_sum(v + r * n, n, vl);
+}

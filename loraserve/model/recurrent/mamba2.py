@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loraserve.kernels import ssm_scan
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
 from loraserve.model.layers import gated_act, rms_norm
@@ -64,39 +65,82 @@ class Mamba2(nn.Module):
         z = zxbcdt[:, :di]
         xbc_in = zxbcdt[:, di : di + self.conv_dim]
         dt_raw = zxbcdt[:, di + self.conv_dim :]  # [T, H]
-        y = torch.empty(t, h, di // h)
         xbc = torch.empty(t, self.conv_dim)
         n_conv = (k - 1) * self.conv_dim
+        pads, spans, states, wanted = [], [], [], []
         for seq in ctx.states:
             lo, hi = seq.lo, seq.hi
             st = seq.state[self.i]
             xpad = torch.cat((st[:n_conv].view(k - 1, self.conv_dim), xbc_in[lo:hi]))
             pre = causal_conv(xpad, self.taps) + self.conv_b
             xbc[lo:hi] = gated_act(pre, torch.ones_like(pre), "silu")  # SiLU, row-invariant
-            s = st[n_conv:].view(h, di // h, n)  # [H, P, N]
+            pads.append(xpad)
+            spans.append((lo, hi))
+            states.append(st[n_conv:].view(h, di // h, n))
+            wanted.append(list(range(hi - lo)) if seq.every else sorted(dict(seq.cuts)))
+        dims = (h, di // h, n, g)
+        if ssm_scan.available():
+            dt = ssm_scan.softplus_rows(dt_raw + self.dt_b)  # [T, H], each row's own bits
+            da = torch.exp(dt * self.a)  # [T, H] (exp: the same bits in any layout)
+            y, finals, snaps = ssm_scan.scan2(xbc, dt, da, dims, spans, states, wanted)
+        else:
+            y, finals, snaps = scan_torch(
+                xbc, dt_raw, self.dt_b, self.a, dims, spans, states, wanted
+            )
+        j = 0
+        for q, (seq, xpad) in enumerate(zip(ctx.states, pads, strict=True)):
             cuts = dict(seq.cuts)
-            for r in range(hi - lo):
-                row = lo + r  # softplus and exp on [H] alone: the same bits in any batch
-                dt = F.softplus(dt_raw[row] + self.dt_b)  # [H]
-                da = torch.exp(dt * self.a)  # [H]
-                x = xbc[row, :di].view(h, -1)  # [H, P]
-                b = xbc[row, di : di + g * n].view(g, 1, n).repeat_interleave(h // g, 0)
-                c = xbc[row, di + g * n :].view(g, 1, n).repeat_interleave(h // g, 0)
-                s = s * da.view(h, 1, 1) + b * (x * dt.view(h, 1)).unsqueeze(-1)
-                y[row] = (s * c).sum(-1)  # [H, P]
-                if r in cuts or seq.every:
-                    snap = torch.cat((xpad[r + 1 : r + k].reshape(-1), s.reshape(-1)))
-                    if r in cuts:
-                        seq.snaps.setdefault(cuts[r], {})[self.i] = snap
-                    if seq.every:  # a draft's rows: the state after each (rollback)
-                        seq.rows.setdefault(self.i, []).append(snap)
-            seq.out[self.i] = torch.cat((xpad[hi - lo :].reshape(-1), s.reshape(-1)))
+            for r in wanted[q]:
+                snap = torch.cat((xpad[r + 1 : r + k].reshape(-1), snaps[j].reshape(-1)))
+                j += 1
+                if r in cuts:
+                    seq.snaps.setdefault(cuts[r], {})[self.i] = snap
+                if seq.every:  # a draft's rows: the state after each (rollback)
+                    seq.rows.setdefault(self.i, []).append(snap)
+            seq.out[self.i] = torch.cat(
+                (xpad[seq.hi - seq.lo :].reshape(-1), finals[q].reshape(-1))
+            )
         x = xbc[:, :di].view(t, h, -1)
         zc = torch.empty(t, di).copy_(z)  # rows of di: the C kernel's layout even at T = 1
         out = gated_act(zc, (y + x * self.d).view(t, di), "silu")  # [T, d_inner]
         if self.norm is not None:
             out = rms_norm(out.reshape(t, g, di // g).contiguous(), self.norm, self.eps)
         return self.out_proj(out.view(t, di))
+
+
+def scan_torch(
+    xbc: torch.Tensor,
+    dt_raw: torch.Tensor,
+    dt_b: torch.Tensor,
+    a: torch.Tensor,
+    dims: tuple[int, int, int, int],
+    spans: list[tuple[int, int]],
+    states: list[torch.Tensor],
+    wanted: list[list[int]],
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """The scan in torch, token by token (the C kernel's reference and fallback): xbc
+    [T, conv_dim] after the conv, dt_raw [T, H], dt_b, a [H], dims (H, P, N, G); sequence q
+    owns rows spans[q], starts from states[q] [H, P, N] and keeps the state after each local
+    row of wanted[q]. -> (y [T, H, P], final states, the kept states in order)."""
+    h, p, n, g = dims
+    di = h * p
+    y = torch.empty(xbc.shape[0], h, p)
+    finals, snaps = [], []
+    for (lo, hi), s, want in zip(spans, states, wanted, strict=True):
+        keep = set(want)
+        for r in range(hi - lo):
+            row = lo + r  # softplus and exp on [H] alone: the same bits in any batch
+            dt = F.softplus(dt_raw[row] + dt_b)  # [H]
+            da = torch.exp(dt * a)  # [H]
+            x = xbc[row, :di].view(h, -1)  # [H, P]
+            b = xbc[row, di : di + g * n].view(g, 1, n).repeat_interleave(h // g, 0)
+            c = xbc[row, di + g * n :].view(g, 1, n).repeat_interleave(h // g, 0)
+            s = s * da.view(h, 1, 1) + b * (x * dt.view(h, 1)).unsqueeze(-1)
+            y[row] = (s * c).sum(-1)  # [H, P]
+            if r in keep:
+                snaps.append(s)
+        finals.append(s)
+    return y, finals, snaps
 
 
 def _dims(cfg: ModelConfig) -> tuple[int, int, int, int, int]:

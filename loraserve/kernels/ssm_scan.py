@@ -1,0 +1,162 @@
+"""The selective scans of Mamba-2 and Mamba-1 in C (`ssm_scan.c`): one call per layer per
+step, bit-identical to the per-token torch loops of ``model/recurrent/mamba2.py`` and
+``mamba1.py`` (which stay as the fallback and the tests' reference).
+
+The C code sums y = sum_n s C in the order torch's float sum uses with its vector width, so
+it runs only where a width reproduces torch's sums (`vector_lanes`); softplus and exp stay
+torch's, computed for the whole step at once in a layout whose every row gets the bits it
+gets alone (`softplus_rows`)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.nn.functional as F
+
+from loraserve.cbuild import bind
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_SIGNATURES = {
+    "ls_ssm_scan2": ([_P, _I, _P, _P] + [_I] * 5 + [_P] * 7 + [ctypes.c_int] * 2, None),
+    "ls_ssm_rowsum": ([_P, _I, _I, ctypes.c_int, _P], None),
+    "ls_ssm_scan1": ([_P] * 5 + [_I] * 3 + [_P, _P, _I, _I] + [_P] * 5 + [ctypes.c_int] * 2, None),
+}
+_lib: ctypes.CDLL | None = None
+_loaded = False
+_lanes: int | None = 0  # 0: not probed yet
+_GRAIN = 32768  # torch's parallel grain: a smaller elementwise op runs on one thread
+
+
+def _c() -> ctypes.CDLL | None:
+    global _lib, _loaded
+    if not _loaded:
+        _lib, _loaded = bind(_SIGNATURES), True
+    return _lib
+
+
+def vector_lanes() -> int | None:
+    """The lane count with which the C sum reproduces torch's float sum here (8 on x86
+    builds of torch, AVX-512 ones included), found once by summing probe rows both ways;
+    None where no width matches or the library is missing (then the scans stay in torch)."""
+    global _lanes
+    if _lanes == 0:
+        _lanes = None
+        lib = _c()
+        if lib is not None:
+            gen = torch.Generator().manual_seed(0)
+            probes = [torch.randn(64, k, generator=gen) for k in (3, 7, 13, 16, 64, 200, 1100)]
+            for vl in (8, 16, 4):
+                ok = True
+                for v in probes:
+                    out = torch.empty(v.shape[0])
+                    lib.ls_ssm_rowsum(v.data_ptr(), v.shape[0], v.shape[1], vl, out.data_ptr())
+                    ok = ok and torch.equal(out, v.sum(-1))
+                if ok:
+                    _lanes = vl
+                    break
+    return _lanes
+
+
+def available() -> bool:
+    """Whether the C scans can run here (library built, torch's vector width known)."""
+    return _c() is not None and vector_lanes() is not None
+
+
+def softplus_rows(x: torch.Tensor) -> torch.Tensor:
+    """softplus of each row of x [T, K] -> [T, K], each row bitwise what ``F.softplus(x[r])``
+    gives alone: torch vectorizes a contiguous run and finishes its tail with the scalar
+    formula, so the rows are run from a buffer with a gap after each (never coalesced) in
+    blocks under torch's parallel grain (never split mid-row)."""
+    t, k = x.shape
+    buf = torch.empty(t, k + 1)
+    buf[:, :k] = x
+    out = torch.empty(t, k)
+    step = max(1, _GRAIN // max(k, 1))
+    for r in range(0, t, step):
+        out[r : r + step] = F.softplus(buf[r : r + step, :k])
+    return out
+
+
+def _index(spans: list[tuple[int, int]], wanted: list[list[int]]) -> tuple[torch.Tensor, ...]:
+    lo = torch.tensor([a for a, _ in spans], dtype=torch.int64)
+    hi = torch.tensor([b for _, b in spans], dtype=torch.int64)
+    rows = [a + r for (a, _), w in zip(spans, wanted, strict=True) for r in w]
+    snap_rows = torch.tensor(rows, dtype=torch.int64)
+    off = [0]
+    for w in wanted:
+        off.append(off[-1] + len(w))
+    return lo, hi, snap_rows, torch.tensor(off, dtype=torch.int64)
+
+
+def scan2(
+    xbc: torch.Tensor,
+    dt: torch.Tensor,
+    da: torch.Tensor,
+    dims: tuple[int, int, int, int],
+    spans: list[tuple[int, int]],
+    states: list[torch.Tensor],
+    wanted: list[list[int]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mamba-2 scan: xbc [T, >= H P + 2 G N] (rows x [H, P], B, C [G, N]; float32, unit
+    stride), dt, da [T, H], dims (H, P, N, G); sequence q owns rows spans[q] and starts from
+    states[q] [H, P, N] (not modified); wanted[q]: its local rows (ascending) whose state to
+    keep. -> (y [T, H, P], final states [nseq, H, P, N], snapshots [sum wanted, H, P, N])."""
+    lib = _c()
+    lanes = vector_lanes()
+    if lib is None or lanes is None:
+        raise RuntimeError("the C selective scan is not available here")
+    h, p, n, g = dims
+    t = xbc.shape[0]
+    if xbc.stride(1) != 1 or xbc.dtype != torch.float32:
+        raise ValueError("scan2: xbc must be float32 rows of unit stride")
+    dt, da = dt.contiguous(), da.contiguous()
+    s = torch.stack([st.reshape(h, p, n) for st in states]) if states else torch.empty(0)
+    lo, hi, snap_rows, off = _index(spans, wanted)
+    snaps = torch.empty(len(snap_rows), h, p, n)
+    y = torch.empty(t, h, p)
+    lib.ls_ssm_scan2(
+        xbc.data_ptr(), xbc.stride(0), dt.data_ptr(), da.data_ptr(), h, p, n, g, len(spans),
+        lo.data_ptr(), hi.data_ptr(), s.data_ptr(), snap_rows.data_ptr(), off.data_ptr(),
+        snaps.data_ptr(), y.data_ptr(), lanes, torch.get_num_threads(),
+    )  # fmt: skip
+    return y, s, snaps
+
+
+def scan1(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    spans: list[tuple[int, int]],
+    states: list[torch.Tensor],
+    wanted: list[list[int]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mamba-1 scan: x, dt [T, D] (dt before softplus), a [D, N], b, c [T, N]; spans,
+    states [D, N] and wanted as `scan2`. dA = exp(softplus(dt) A) is built in blocks of rows
+    (torch's exp gives each value the same bits in any layout). -> (y [T, D], final states
+    [nseq, D, N], snapshots [sum wanted, D, N])."""
+    lib = _c()
+    lanes = vector_lanes()
+    if lib is None or lanes is None:
+        raise RuntimeError("the C selective scan is not available here")
+    t, d = x.shape
+    n = a.shape[1]
+    x, b, c, a = x.contiguous(), b.contiguous(), c.contiguous(), a.contiguous()
+    dts = softplus_rows(dt)  # [T, D]
+    s = torch.stack([st.reshape(d, n) for st in states]) if states else torch.empty(0)
+    lo, hi, snap_rows, off = _index(spans, wanted)
+    snaps = torch.empty(len(snap_rows), d, n)
+    y = torch.empty(t, d)
+    step = max(1, (1 << 20) // max(d * n, 1))
+    for r0 in range(0, t, step):
+        r1 = min(t, r0 + step)
+        da = torch.exp(dts[r0:r1].view(-1, d, 1) * a)  # [rows, D, N]
+        lib.ls_ssm_scan1(
+            x.data_ptr(), dts.data_ptr(), da.data_ptr(), b.data_ptr(), c.data_ptr(), d, n,
+            len(spans), lo.data_ptr(), hi.data_ptr(), r0, r1, s.data_ptr(),
+            snap_rows.data_ptr(), off.data_ptr(), snaps.data_ptr(), y.data_ptr(), lanes,
+            torch.get_num_threads(),
+        )  # fmt: skip
+    return y, s, snaps

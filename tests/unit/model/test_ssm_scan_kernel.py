@@ -1,0 +1,60 @@
+"""The C selective scans (kernels/ssm_scan.c) against the per-token torch loops they replace
+(model/recurrent/mamba2.py `scan_torch`, mamba1.py `scan_torch`): outputs, final states and
+kept snapshots bit for bit, on random inputs of several shapes, sequence splits and kept
+rows (the torch loop is itself checked against llama-server by the architecture tests)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loraserve.kernels import ssm_scan
+from loraserve.model.recurrent import mamba2
+
+pytestmark = pytest.mark.skipif(not ssm_scan.available(), reason="C scan not available here")
+
+SPANS = [[(0, 1)], [(0, 7)], [(0, 3), (3, 4), (4, 23), (23, 40)]]
+
+
+def _wanted(spans: list[tuple[int, int]], gen: torch.Generator) -> list[list[int]]:
+    out = []
+    for i, (lo, hi) in enumerate(spans):
+        if i % 3 == 1:
+            out.append(list(range(hi - lo)))  # a draft: every row
+        else:
+            rows = torch.randperm(hi - lo, generator=gen)[: (hi - lo) // 3]
+            out.append(sorted(rows.tolist()))
+    return out
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert a.shape == b.shape
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32)), (a - b).abs().max()
+
+
+@pytest.mark.parametrize("dims", [(4, 8, 16, 1), (6, 5, 13, 2), (8, 16, 64, 4), (2, 4, 128, 1),
+                                  (3, 3, 7, 3), (16, 8, 48, 2), (1, 2, 256, 1)])  # fmt: skip
+@pytest.mark.parametrize("spans", SPANS)
+def test_scan2_bitwise(dims: tuple[int, int, int, int], spans: list[tuple[int, int]]) -> None:
+    h, p, n, g = dims
+    gen = torch.Generator().manual_seed(h * 1000 + p * 100 + n + len(spans))
+    t = spans[-1][1]
+    conv_dim = h * p + 2 * g * n
+    wide = torch.randn(t, conv_dim + 3, generator=gen)  # rows of a wider tensor, as in_proj's
+    xbc = wide[:, :conv_dim]
+    dt_raw = torch.randn(t, h, generator=gen) * 3
+    dt_b = torch.randn(h, generator=gen)
+    a = -torch.rand(h, generator=gen) * 4
+    states = [torch.randn(h, p, n, generator=gen) for _ in spans]
+    keep = [s.clone() for s in states]
+    wanted = _wanted(spans, gen)
+    y0, f0, s0 = mamba2.scan_torch(xbc, dt_raw, dt_b, a, dims, spans, states, wanted)
+    dt = ssm_scan.softplus_rows(dt_raw + dt_b)
+    y1, f1, s1 = ssm_scan.scan2(xbc, dt, torch.exp(dt * a), dims, spans, states, wanted)
+    _same(y0, y1)
+    for q in range(len(spans)):
+        _same(f0[q], f1[q])
+        _same(states[q], keep[q])  # the inputs are left alone
+    assert len(s0) == s1.shape[0]
+    for j, snap in enumerate(s0):
+        _same(snap, s1[j])
