@@ -11,6 +11,7 @@ from loraserve.chat.formats.special.text import (
     Invalid,
     Need,
     Parsed,
+    args_end,
     at,
     content_before,
     json_or,
@@ -63,12 +64,10 @@ def _calls(text: str, i: int, end: str, out: Parsed) -> None:
         name, i = name_until(text, lit(text, j, INVOKE), '">')
         args = Args(out.call(name))
         while True:
-            j = skip_ws(text, i)
-            if at(text, j, INVOKE_END):
-                args.close()
-                i = j + len(INVOKE_END)
+            i, closed = args_end(text, i, args, INVOKE_END)
+            if closed:
                 break
-            key, i = name_until(text, lit(text, j, PARAM), '"')
+            key, i = name_until(text, lit(text, i, PARAM), '"')
             i = lit(text, i, ' string="', ws=False)
             kind, i = name_until(text, i, '">')
             args.key(key)

@@ -17,6 +17,7 @@ from loraserve.chat.formats.special.text import (
     lit,
     name_until,
     opt,
+    properties,
     raw_arg,
     read_reasoning,
     until,
@@ -62,7 +63,7 @@ def _calls(text: str, i: int, schemas: dict, out: Parsed) -> None:
         name, i = name_until(text, lit(text, i, CALL, ws=False), '"')
         _, i = name_until(text, i, SEP)
         args = Args(out.call(name))
-        props = (schemas.get(name) or {}).get("properties") or {}
+        props = properties(schemas, name)
         while not at(text, i, CALL_END):
             key, i = name_until(text, lit(text, i, ARG, ws=False), '"')
             _, i = name_until(text, i, SEP)

@@ -12,10 +12,12 @@ from loraserve.chat.formats.special.text import (
     Invalid,
     Need,
     Parsed,
+    args_end,
     at,
     json_or,
     lit,
     name_until,
+    properties,
     raw_arg,
     read_reasoning,
     skip_ws,
@@ -61,15 +63,13 @@ def _calls(text: str, i: int, schemas: dict, out: Parsed) -> int:
             raise Need
         name = text[j:k].strip()
         args = Args(out.call(name))
-        props = (schemas.get(name) or {}).get("properties") or {}
+        props = properties(schemas, name)
         i = k
         while True:
-            j = skip_ws(text, i)
-            if at(text, j, CALL_END):
-                args.close()
-                i = j + len(CALL_END)
+            i, closed = args_end(text, i, args, CALL_END)
+            if closed:
                 break
-            key, i = name_until(text, lit(text, j, KEY), KEY_END)
+            key, i = name_until(text, lit(text, i, KEY), KEY_END)
             i = lit(text, i, VALUE)
             args.key(key)
             kinds = types_of(props.get(key))

@@ -15,12 +15,14 @@ from loraserve.chat.formats.special.text import (
     Invalid,
     Need,
     Parsed,
+    args_end,
     at,
     content_before,
     json_or,
     lit,
     may_be_string,
     name_until,
+    properties,
     raw_arg,
     read_reasoning,
     skip_ws,
@@ -59,14 +61,12 @@ def _calls(text: str, i: int, schemas: dict, out: Parsed) -> None:
             return
         name, i = name_until(text, lit(text, j, INVOKE), '">')
         args = Args(out.call(name))
-        props = (schemas.get(name) or {}).get("properties") or {}
+        props = properties(schemas, name)
         while True:
-            j = skip_ws(text, i)
-            if at(text, j, INVOKE_END):
-                args.close()
-                i = j + len(INVOKE_END)
+            i, closed = args_end(text, i, args, INVOKE_END)
+            if closed:
                 break
-            key, i = name_until(text, lit(text, j, NS + "<"), ">")
+            key, i = name_until(text, lit(text, i, NS + "<"), ">")
             close = f"{NS}</{key}>"
             args.key(key)
             if may_be_string(props.get(key)):

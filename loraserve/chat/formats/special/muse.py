@@ -12,11 +12,12 @@ from loraserve.chat.formats.special.text import (
     Invalid,
     Need,
     Parsed,
-    at,
+    args_end,
     json_value,
     lit,
     may_be_string,
     name_until,
+    properties,
     raw_arg,
     skip_ws,
     until,
@@ -63,12 +64,11 @@ def parse(text: str, partial: bool, schemas: dict | None, extract: bool) -> Pars
 def _call(text: str, i: int, schemas: dict, out: Parsed) -> int:
     name, i = name_until(text, lit(text, lit(text, i, CALLS, ws=False), INVOKE), '">')
     args = Args(out.call(name))
-    props = (schemas.get(name) or {}).get("properties") or {}
+    props = properties(schemas, name)
     while True:
-        j = skip_ws(text, i)
-        if at(text, j, INVOKE_END):
-            args.close()
-            return lit(text, j + len(INVOKE_END), CALLS_END)
+        j, closed = args_end(text, i, args, INVOKE_END)
+        if closed:
+            return lit(text, j, CALLS_END)
         key, i = name_until(text, lit(text, j, PARAM), '">')
         args.key(key)
         if may_be_string(props.get(key)):

@@ -145,6 +145,21 @@ class Args:
         self.call[1] = (self.call[1] or "{") + "}"
 
 
+def args_end(text: str, i: int, args: Args, end: str) -> tuple[int, bool]:
+    """Whitespace skipped from `i`: where `end` is, `args` closed and (past `end`, True),
+    else (the next argument's start, False)."""
+    j = skip_ws(text, i)
+    if at(text, j, end):
+        args.close()
+        return j + len(end), True
+    return j, False
+
+
+def properties(schemas: dict, name: str) -> dict:
+    """The parameter schemas by name of the tool `name` ({} when unknown)."""
+    return (schemas.get(name) or {}).get("properties") or {}
+
+
 def raw_arg(text: str, i: int, end: str, args: Args, convert: Callable[[str], str] | None) -> int:
     """The argument value from `i` up to `end`: streamed as a string when `convert` is None,
     else joined once `end` is there as `convert(raw text)` (JSON). Past `end`; Need before."""
@@ -175,7 +190,6 @@ def may_be_string(schema: Any) -> bool:
     return not types or "string" in types
 
 
-__all__ = ["WS", "Args", "Invalid", "Need", "Parsed", "at", "content_before", "held",
-           "json_or", "json_value", "lit",
-           "may_be_string", "name_until", "opt", "raw_arg", "read_reasoning", "skip_ws", "types_of",
-           "until"]  # fmt: skip
+__all__ = ["WS", "Args", "Invalid", "Need", "Parsed", "args_end", "at", "content_before",
+           "held", "json_or", "json_value", "lit", "may_be_string", "name_until", "opt",
+           "properties", "raw_arg", "read_reasoning", "skip_ws", "types_of", "until"]  # fmt: skip
