@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loraserve.kernels import ssm_scan
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
 from loraserve.model.layers import gated_act, rms_norm
@@ -84,27 +85,60 @@ class Mamba1(nn.Module):
             b = rms_norm(b, self.norms[1], self.eps)
             c = rms_norm(c, self.norms[2], self.eps)
         dt = self.dt_proj(dt)  # [T, d_inner]
-        y = torch.empty(t, di)
-        for seq, xpad in zip(ctx.states, pads, strict=True):
-            lo, hi = seq.lo, seq.hi
-            s = seq.state[self.i][n_conv:].view(di, n)  # [d_inner, N]
+        spans = [(seq.lo, seq.hi) for seq in ctx.states]
+        states = [seq.state[self.i][n_conv:].view(di, n) for seq in ctx.states]
+        wanted = [
+            list(range(seq.hi - seq.lo)) if seq.every else sorted(dict(seq.cuts))
+            for seq in ctx.states
+        ]
+        scan = ssm_scan.scan1 if ssm_scan.available() else scan_torch
+        y, finals, snaps = scan(xc, dt, self.a, b, c, spans, states, wanted)
+        j = 0
+        for q, (seq, xpad) in enumerate(zip(ctx.states, pads, strict=True)):
             cuts = dict(seq.cuts)
-            for j in range(hi - lo):
-                row = lo + j  # softplus and exp per row alone: the same bits in any batch
-                dts = F.softplus(dt[row])  # [d_inner]
-                da = torch.exp(dts.view(di, 1) * self.a)  # [d_inner, N]
-                s = s * da + b[row].view(1, n) * (xc[row] * dts).view(di, 1)
-                y[row] = (s * c[row].view(1, n)).sum(-1)
-                if j in cuts or seq.every:
-                    snap = torch.cat((xpad[j + 1 : j + k].reshape(-1), s.reshape(-1)))
-                    if j in cuts:
-                        seq.snaps.setdefault(cuts[j], {})[self.i] = snap
-                    if seq.every:  # a draft's rows: the state after each (rollback)
-                        seq.rows.setdefault(self.i, []).append(snap)
-            seq.out[self.i] = torch.cat((xpad[hi - lo :].reshape(-1), s.reshape(-1)))
+            for w in wanted[q]:
+                snap = torch.cat((xpad[w + 1 : w + k].reshape(-1), snaps[j].reshape(-1)))
+                j += 1
+                if w in cuts:
+                    seq.snaps.setdefault(cuts[w], {})[self.i] = snap
+                if seq.every:  # a draft's rows: the state after each (rollback)
+                    seq.rows.setdefault(self.i, []).append(snap)
+            tail = xpad[seq.hi - seq.lo :].reshape(-1)
+            seq.out[self.i] = torch.cat((tail, finals[q].reshape(-1)))
         zc = torch.empty(t, di).copy_(z)  # rows of d_inner: the C kernel's layout at T = 1
         out = gated_act(zc, y + xc * self.d, "silu")  # [T, d_inner]
         return self.out_proj(out)
+
+
+def scan_torch(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    spans: list[tuple[int, int]],
+    states: list[torch.Tensor],
+    wanted: list[list[int]],
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """The scan in torch, token by token (the C kernel's reference and fallback): x, dt
+    [T, D] (dt before softplus), a [D, N], b, c [T, N]; sequence q owns rows spans[q], starts
+    from states[q] [D, N] and keeps the state after each local row of wanted[q].
+    -> (y [T, D], final states, the kept states in order)."""
+    d, n = a.shape
+    y = torch.empty(x.shape[0], d)
+    finals, snaps = [], []
+    for (lo, hi), s, want in zip(spans, states, wanted, strict=True):
+        keep = set(want)
+        for j in range(hi - lo):
+            row = lo + j  # softplus and exp per row alone: the same bits in any batch
+            dts = F.softplus(dt[row])  # [D]
+            da = torch.exp(dts.view(d, 1) * a)  # [D, N]
+            s = s * da + b[row].view(1, n) * (x[row] * dts).view(d, 1)
+            y[row] = (s * c[row].view(1, n)).sum(-1)
+            if j in keep:
+                snaps.append(s)
+        finals.append(s)
+    return y, finals, snaps
 
 
 def _req(w: WeightSource, name: str) -> torch.Tensor:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from loraserve.kernels import ssm_scan
-from loraserve.model.recurrent import mamba2
+from loraserve.model.recurrent import mamba1, mamba2
 
 pytestmark = pytest.mark.skipif(not ssm_scan.available(), reason="C scan not available here")
 
@@ -56,5 +56,48 @@ def test_scan2_bitwise(dims: tuple[int, int, int, int], spans: list[tuple[int, i
         _same(f0[q], f1[q])
         _same(states[q], keep[q])  # the inputs are left alone
     assert len(s0) == s1.shape[0]
+    for j, snap in enumerate(s0):
+        _same(snap, s1[j])
+
+
+@pytest.mark.parametrize("dims", [(8, 16), (5, 13), (64, 16), (3, 7), (20, 64), (2, 200)])
+@pytest.mark.parametrize("spans", SPANS)
+def test_scan1_bitwise(dims: tuple[int, int], spans: list[tuple[int, int]]) -> None:
+    d, n = dims
+    gen = torch.Generator().manual_seed(d * 1000 + n + len(spans))
+    t = spans[-1][1]
+    x = torch.randn(t, d, generator=gen)
+    dt = torch.randn(t, d, generator=gen) * 3
+    a = -torch.rand(d, n, generator=gen) * 4
+    b, c = torch.randn(t, n, generator=gen), torch.randn(t, n, generator=gen)
+    states = [torch.randn(d, n, generator=gen) for _ in spans]
+    keep = [s.clone() for s in states]
+    wanted = _wanted(spans, gen)
+    y0, f0, s0 = mamba1.scan_torch(x, dt, a, b, c, spans, states, wanted)
+    y1, f1, s1 = ssm_scan.scan1(x, dt, a, b, c, spans, states, wanted)
+    _same(y0, y1)
+    for q in range(len(spans)):
+        _same(f0[q], f1[q])
+        _same(states[q], keep[q])
+    assert len(s0) == s1.shape[0]
+    for j, snap in enumerate(s0):
+        _same(snap, s1[j])
+
+
+def test_scan1_blocks() -> None:
+    """dA built in several blocks of rows (rows x D x N over the block size) and a sequence
+    crossing the block edges: the same bits as the token loop."""
+    d, n, t = 512, 16, 300  # 128 rows a block
+    gen = torch.Generator().manual_seed(7)
+    x, dt = torch.randn(t, d, generator=gen), torch.randn(t, d, generator=gen)
+    a = -torch.rand(d, n, generator=gen)
+    b, c = torch.randn(t, n, generator=gen), torch.randn(t, n, generator=gen)
+    spans, states = [(0, 100), (100, 300)], [torch.randn(d, n, generator=gen) for _ in range(2)]
+    wanted = [[99], [27, 28, 150, 199]]
+    y0, f0, s0 = mamba1.scan_torch(x, dt, a, b, c, spans, states, wanted)
+    y1, f1, s1 = ssm_scan.scan1(x, dt, a, b, c, spans, states, wanted)
+    _same(y0, y1)
+    for q in range(2):
+        _same(f0[q], f1[q])
     for j, snap in enumerate(s0):
         _same(snap, s1[j])
