@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from loraserve.chat.formats.scan import Incomplete, loads, object_members
-from loraserve.chat.formats.special.text import Invalid, Need, Parsed, at, skip_ws, until
+from loraserve.chat.formats.special.text import Invalid, Need, Parsed, at, lit, skip_ws, until
 
 THINK, THINK_END = "<|START_THINKING|>", "<|END_THINKING|>"
 TEXT, TEXT_END = "<|START_TEXT|>", "<|END_TEXT|>"
@@ -45,10 +45,7 @@ def parse(text: str, partial: bool, schemas: dict | None, extract: bool) -> Pars
 
 
 def _calls(text: str, i: int, out: Parsed) -> None:
-    i = skip_ws(text, i)
-    if not at(text, i, "["):
-        raise Invalid
-    i = skip_ws(text, i + 1)
+    i = skip_ws(text, lit(text, i, "["))
     while not at(text, i, "]"):
         if out.calls:
             if not at(text, i, ","):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from loraserve.chat.formats.special.text import Need, Parsed, held, skip_ws, until
+from loraserve.chat.formats.special.text import Need, Parsed, held, opt, skip_ws, until
 
 TURN, CHANNEL, CHANNEL_END = "<|turn>model\n", "<|channel>", "<channel|>"
 THOUGHT, CALL, CALL_END, QUOTE = "<|channel>thought", "<|tool_call>", "<tool_call|>", '<|"|>'
@@ -79,16 +79,7 @@ def _call(text: str, i: int, out: Parsed) -> int:
         raise Need
     call = out.call(text[i + 5 : k].strip())
     end = _value(text, k, call)
-    return _lit_end(text, end)
-
-
-def _lit_end(text: str, i: int) -> int:
-    i = skip_ws(text, i)
-    if text.startswith(CALL_END, i):
-        return i + len(CALL_END)
-    if CALL_END.startswith(text[i:]):
-        raise Need
-    return i
+    return opt(text, skip_ws(text, end), CALL_END)
 
 
 def _value(text: str, i: int, call: list[str]) -> int:

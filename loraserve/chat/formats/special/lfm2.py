@@ -16,6 +16,7 @@ from loraserve.chat.formats.special.text import (
     Parsed,
     at,
     content_before,
+    lit,
     read_reasoning,
     skip_ws,
 )
@@ -44,10 +45,7 @@ def parse(text: str, partial: bool, schemas: dict | None, extract: bool, think: 
 
 
 def _calls(text: str, i: int, out: Parsed) -> None:
-    i = skip_ws(text, i)
-    if not at(text, i, "["):
-        raise Invalid
-    i += 1
+    i = lit(text, i, "[")
     while True:
         i = skip_ws(text, i)
         k = i
