@@ -15,8 +15,13 @@
 #include <string.h>
 
 static void transpose(const float *a, float *b, int64_t s) {  // b[j][i] = a[i][j]
-    for (int64_t i = 0; i < s; i++)
-        for (int64_t j = 0; j < s; j++) b[j * s + i] = a[i * s + j];
+    enum { TILE = 16 };  // tiles: a's rows and b's rows both stay in a few cache lines
+    for (int64_t i0 = 0; i0 < s; i0 += TILE)
+        for (int64_t j0 = 0; j0 < s; j0 += TILE) {
+            const int64_t i1 = i0 + TILE < s ? i0 + TILE : s, j1 = j0 + TILE < s ? j0 + TILE : s;
+            for (int64_t i = i0; i < i1; i++)
+                for (int64_t j = j0; j < j1; j++) b[j * s + i] = a[i * s + j];
+        }
 }
 
 // n_seq sequences; sequence z owns rows lo[z] .. lo[z] + n[z] - 1 of q, k [T, H, S]
