@@ -7,7 +7,6 @@ a raw string when `string="true"`, else a JSON value."""
 from __future__ import annotations
 
 from loraserve.chat.formats.special.text import (
-    Args,
     Invalid,
     Need,
     Parsed,
@@ -17,9 +16,9 @@ from loraserve.chat.formats.special.text import (
     json_or,
     lit,
     name_until,
+    next_invoke,
     raw_arg,
     read_reasoning,
-    skip_ws,
 )
 
 DSML = "｜DSML｜"
@@ -58,11 +57,9 @@ def parse(text: str, partial: bool, schemas: dict | None, extract: bool, v4: boo
 
 def _calls(text: str, i: int, end: str, out: Parsed) -> None:
     while True:
-        j = skip_ws(text, i)
-        if at(text, j, end):
+        args, i = next_invoke(text, i, end, INVOKE, out)
+        if args is None:
             return
-        name, i = name_until(text, lit(text, j, INVOKE), '">')
-        args = Args(out.call(name))
         while True:
             i, closed = args_end(text, i, args, INVOKE_END)
             if closed:

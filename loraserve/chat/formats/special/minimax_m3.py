@@ -11,7 +11,6 @@ import json
 from typing import Any
 
 from loraserve.chat.formats.special.text import (
-    Args,
     Invalid,
     Need,
     Parsed,
@@ -22,6 +21,7 @@ from loraserve.chat.formats.special.text import (
     lit,
     may_be_string,
     name_until,
+    next_invoke,
     properties,
     raw_arg,
     read_reasoning,
@@ -56,12 +56,10 @@ def parse(text: str, partial: bool, schemas: dict | None, extract: bool) -> Pars
 
 def _calls(text: str, i: int, schemas: dict, out: Parsed) -> None:
     while True:
-        j = skip_ws(text, i)
-        if at(text, j, END):
+        args, i = next_invoke(text, i, END, INVOKE, out)
+        if args is None:
             return
-        name, i = name_until(text, lit(text, j, INVOKE), '">')
-        args = Args(out.call(name))
-        props = properties(schemas, name)
+        props = properties(schemas, args.call[0])
         while True:
             i, closed = args_end(text, i, args, INVOKE_END)
             if closed:

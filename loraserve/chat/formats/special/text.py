@@ -155,6 +155,16 @@ def args_end(text: str, i: int, args: Args, end: str) -> tuple[int, bool]:
     return j, False
 
 
+def next_invoke(text: str, i: int, end: str, invoke: str, out: Parsed) -> tuple[Args | None, int]:
+    """Whitespace skipped from `i`: where the calls' `end` is, (None, past it); else the call
+    `invoke` opens (its name up to `">`) added to `out`: (its arguments, their start)."""
+    j = skip_ws(text, i)
+    if at(text, j, end):
+        return None, j + len(end)
+    name, i = name_until(text, lit(text, j, invoke), '">')
+    return Args(out.call(name)), i
+
+
 def properties(schemas: dict, name: str) -> dict:
     """The parameter schemas by name of the tool `name` ({} when unknown)."""
     return (schemas.get(name) or {}).get("properties") or {}
@@ -191,5 +201,6 @@ def may_be_string(schema: Any) -> bool:
 
 
 __all__ = ["WS", "Args", "Invalid", "Need", "Parsed", "args_end", "at", "content_before",
-           "held", "json_or", "json_value", "lit", "may_be_string", "name_until", "opt",
-           "properties", "raw_arg", "read_reasoning", "skip_ws", "types_of", "until"]  # fmt: skip
+           "held", "json_or", "json_value", "lit", "may_be_string", "name_until", "next_invoke",
+           "opt", "properties", "raw_arg", "read_reasoning", "skip_ws", "types_of",
+           "until"]  # fmt: skip
