@@ -1,0 +1,46 @@
+"""Evicted adapters free their memory: the fused layers' per-adapter arrays (which hold the
+adapter's tensors) are dropped once the adapter leaves memory, and the tiers' byte count
+is each resident adapter's tensors, halves included."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loraserve.kernels.floatmm import backend
+from loraserve.lora.registry import AdapterRegistry
+from tests.unit.lora.test_lora16 import _f16_adapter
+
+needs_c = pytest.mark.skipif(backend() != "c", reason="no C compiler here")
+
+
+@needs_c
+def test_evicted_adapters_leave_the_fused_layers_cache(tmp_path) -> None:
+    from loraserve.engine.runner import BatchItem, ModelRunner
+    from tests.unit.model.test_fused_layers import _quantized_model
+
+    model = _quantized_model(tmp_path, "gemma3")
+    fused = model.decoder._fused()
+    assert fused is not None
+    reg = AdapterRegistry(model)
+    for i in range(12):
+        _f16_adapter(tmp_path / f"a{i}.gguf", reg.shapes, i, 4, halves=i % 2 == 0)
+        reg.load(tmp_path / f"a{i}.gguf")
+    a0 = reg.get(0)
+    want = sum(t.nbytes for w in a0.weights.values() for t in (w.a, w.b, w.a16, w.bt16))
+    assert a0.nbytes == want and reg.get(1).nbytes < want  # halves counted; F32 has none
+    runner = ModelRunner(model.decoder, 4, torch.float32, lora=reg.build_delta)
+    runner.ensure_capacity(4)
+    ids = [5, 9, 17, 33]
+
+    def step(adapter_id: int) -> None:
+        runner.forward([BatchItem(ids, 0, len(ids), [0], True, {adapter_id: 1.0})])
+
+    for i in range(12):
+        step(i)
+    assert fused.cached_adapters == 12
+    for i in range(2, 12):
+        reg.evict(i)
+    assert reg.resident_bytes == reg.get(0).nbytes + reg.get(1).nbytes
+    step(0)
+    assert fused.cached_adapters <= 2  # the 10 evicted ones' arrays (and tensors) are gone
