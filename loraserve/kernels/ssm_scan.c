@@ -43,20 +43,48 @@ static void row_sum_w(const float *v, int64_t size, int w, float *out) {
     for (int l = 0; l < w; l++) out[l] = acc[0][0][l];
 }
 
-// torch.sum(v[:n]) for float32 as torch computes it with vectors of vl floats (16 on
-// AVX512, 8 on AVX2): a row of at least vl values sums whole vectors lane-wise, then the
-// scalar tail in order, then the lanes in order; a shorter row sums its scalars.
+// row_sum_w for fewer than 64 elements (the levels never fold: their adds of +0.0 leave a
+// sum unchanged, as a sum starting from +0.0 is never -0.0), W a constant so the lane loops
+// become vector adds
+#define SMALL_SUM(W)                                                                      \
+    static inline void small_sum_##W(const float *v, int64_t size, float *out) {          \
+        float acc[4][W] = {{0.0f}};                                                        \
+        const int64_t size_ilp = size / 4;                                                 \
+        for (int64_t i = 0; i < size_ilp; i++)                                             \
+            for (int k = 0; k < 4; k++)                                                    \
+                for (int l = 0; l < W; l++) acc[k][l] += v[(i * 4 + k) * W + l];          \
+        for (int64_t e = size_ilp * 4; e < size; e++)                                      \
+            for (int l = 0; l < W; l++) acc[0][l] += v[e * W + l];                         \
+        for (int k = 1; k < 4; k++)                                                        \
+            for (int l = 0; l < W; l++) acc[0][l] += acc[k][l];                            \
+        for (int l = 0; l < W; l++) out[l] = acc[0][l];                                    \
+    }
+SMALL_SUM(1)
+SMALL_SUM(8)
+SMALL_SUM(16)
+
+static inline void lane_sum(const float *v, int64_t size, int w, float *out) {
+    if (size < 64 && w == 8) small_sum_8(v, size, out);
+    else if (size < 64 && w == 16) small_sum_16(v, size, out);
+    else if (size < 64 && w == 1) small_sum_1(v, size, out);
+    else row_sum_w(v, size, w, out);
+}
+
+// torch.sum(v[:n]) for float32 as torch computes it with vectors of vl floats (8 on this
+// machine's torch, found by the wrapper's probe): a row of at least vl values sums whole
+// vectors lane-wise, then the scalar tail in order, then the lanes in order; a shorter row
+// sums its scalars.
 static float torch_sum(const float *v, int64_t n, int vl) {
     float lanes[16];
     if (n >= vl) {
         const int64_t nv = n / vl;
-        row_sum_w(v, nv, vl, lanes);
+        lane_sum(v, nv, vl, lanes);
         float fin = 0.0f;
         for (int64_t k = nv * vl; k < n; k++) fin += v[k];
         for (int l = 0; l < vl; l++) fin += lanes[l];
         return 0.0f + fin;  // torch adds into a zero-filled output
     }
-    row_sum_w(v, n, 1, lanes);
+    lane_sum(v, n, 1, lanes);
     return 0.0f + lanes[0];
 }
 
