@@ -1,10 +1,12 @@
-"""The gated delta rule's recurrence in C (`kernels/deltanet.c`) against the torch reference
-it replaces (`recurrent.deltanet.recur_torch`, token by token with torch's bmm), bit for bit:
-outputs, final states and the snapshots after chosen rows, on random inputs of several head
-counts and widths, several sequences of different lengths in one call. The row-batched gates
-(`gates`) equal each row's computed alone, and a whole model's logits are the same bits with
-the C recurrence as with the torch one. (Agreement with llama-server itself: test_deltanet.py
-and test_archs.py, which now run the C path.)"""
+"""The gated delta rule's recurrence in C (`kernels/deltanet.c`) against a reference written
+here with its order spelt out (each product rounded, each sum over the key index in order from
+0, as ggml's CPU loop), bit for bit: outputs, final states and the snapshots after chosen rows,
+on random inputs of several head counts and widths, several sequences of different lengths in
+one call. The reference is elementwise float32 torch ops only, whose results do not depend on
+the CPU or BLAS (torch's bmm, which `recur_torch` uses, may sum in another order elsewhere). The
+row-batched gates (`gates`) equal each row's computed alone, and a whole model's logits with the
+C recurrence are those of the torch one within rounding. (Agreement with llama-server itself:
+test_deltanet.py and test_archs.py, which run the C path.)"""
 
 from __future__ import annotations
 
@@ -36,6 +38,31 @@ def test_gates_equal_each_row_alone(t: int, h: int) -> None:
     for r in range(t):
         gr, br = deltanet.gate_row(alpha[r], beta[r], dt_b, a)
         assert _same(g[r], gr) and _same(b[r], br), f"row {r}"
+
+
+def _matvec(m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """[H, S, S] x [H, S] -> [H, S]: sum over j of the rounded m[:, :, j] * x[:, j], j in order."""
+    acc = torch.zeros(m.shape[:2])
+    for j in range(m.shape[2]):
+        acc = acc + m[:, :, j] * x[:, j : j + 1]
+    return acc
+
+
+def recur_in_order(spans, m_in, m_out, q, k, v, g, beta, scale, o, snaps) -> None:  # type: ignore[no-untyped-def]
+    """`recur_torch`'s recurrence with every sum's order written out (the oracle)."""
+    hv, s = q.shape[1], q.shape[2]
+    for (lo, hi), mi, mo, mine in zip(spans, m_in, m_out, snaps, strict=True):
+        m = mi.view(hv, s, s)  # [H_v, S (value), S (key)]
+        for r in range(hi - lo):
+            row = lo + r
+            m = m * g[row].view(hv, 1, 1)
+            d = (v[row] - _matvec(m, k[row])) * beta[row].view(hv, 1)  # [H_v, S]
+            m = m + d.unsqueeze(-1) * k[row].unsqueeze(1)
+            o[row] = _matvec(m, q[row]) * scale
+            for rr, dst in mine:
+                if rr == r:
+                    dst.copy_(m.reshape(-1))
+        mo.copy_(m.reshape(-1))
 
 
 def _inputs(h: int, s: int, lens: list[int], seed: int) -> dict:
@@ -79,10 +106,10 @@ def _run_recur(fn, x: dict, h: int, s: int) -> tuple:  # type: ignore[no-untyped
     [(2, 8, [5]), (4, 16, [1, 9, 3]), (3, 20, [4, 0, 6]), (8, 32, [12, 1]), (16, 64, [3, 2]),
      (4, 128, [2, 3, 1]), (2, 256, [2])],
 )  # fmt: skip
-def test_kernel_equals_torch_recurrence(h: int, s: int, lens: list[int]) -> None:
+def test_kernel_equals_in_order_recurrence(h: int, s: int, lens: list[int]) -> None:
     x = _inputs(h, s, lens, seed=h * 1000 + s)
     o_c, m_c, sn_c = _run_recur(kernel.gdn_recur, x, h, s)
-    o_t, m_t, sn_t = _run_recur(deltanet.recur_torch, x, h, s)
+    o_t, m_t, sn_t = _run_recur(recur_in_order, x, h, s)
     assert _same(o_c, o_t), "outputs differ"
     assert all(_same(a, b) for a, b in zip(m_c, m_t, strict=True)), "final states differ"
     for zc, zt in zip(sn_c, sn_t, strict=True):
@@ -100,7 +127,7 @@ def test_bad_shapes_refused() -> None:
                          x["g"], x["beta"], 1.0, torch.empty(3, 2, 8), [[]])  # fmt: skip
 
 
-def test_model_logits_same_bits_with_c_and_torch(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_model_logits_with_c_and_torch(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     m = model(tmp_path, "qwen35+heads", "Q4_K_M")
     seqs = [c["prompt"] + c["tokens"] for c in _variant("qwen35+heads")["answers"]["Q4_K_M"]]
     seqs = seqs[:3]
@@ -123,5 +150,5 @@ def test_model_logits_same_bits_with_c_and_torch(tmp_path: Path, monkeypatch) ->
     assert calls, "the C recurrence never ran: no test"
     n = len(calls)
     for a, b in zip(with_c, logits(False), strict=True):
-        assert _same(a, b)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     assert len(calls) == n, "the torch path called the kernel"
