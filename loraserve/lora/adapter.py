@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from loraserve.kernels.lora16 import tiles
@@ -37,12 +38,9 @@ class AdapterError(ValueError):
 
 @dataclass(frozen=True)
 class LoraWeight:
-    """One target's low-rank pair; ``factor`` multiplies the user scale.
-
-    ``a16``/``bt16``: A and B (in tiles of 8 outputs: `kernels.lora16.tiles`) as float16,
-    when the file stored the pair as halves (so they hold exactly ``a``'s and ``b``'s
-    values): the kernels read them instead, half the bytes for the same bits.
-    """
+    """One target's low-rank pair; ``factor`` multiplies the user scale. ``a16``/``bt16``:
+    A and B (8-output tiles, `kernels.lora16.tiles`) as float16 when the file stored halves
+    (exactly ``a``'s and ``b``'s values): the kernels read them, half the bytes, same bits."""
 
     a: torch.Tensor  # [r, in] or [E, r, in] float32
     b: torch.Tensor  # [out, r] or [E, out, r] float32
@@ -51,8 +49,7 @@ class LoraWeight:
     bt16: torch.Tensor | None = None  # [out // 8, r, 8] float16
 
     @property
-    def nbytes(self) -> int:
-        """Bytes in memory, the half copies included."""
+    def nbytes(self) -> int:  # bytes in memory, the half copies included
         return sum(t.nbytes for t in (self.a, self.b, self.a16, self.bt16) if t is not None)
 
     @property
@@ -77,9 +74,7 @@ class Adapter:
 
     @property
     def nbytes(self) -> int:
-        """The bytes its weights hold in memory (0 on disk), counted once per weights
-        dict: the tiers ask on every load, and summing hundreds of tensors each time
-        made that pass O(resident adapters x targets)."""
+        """Bytes its weights hold in memory (0 on disk), summed once per weights dict."""
         w = self.weights
         if not w:
             return 0
@@ -150,7 +145,7 @@ def _read_gguf(
                     continue  # llama.cpp ignores norm vectors in adapters too
                 raise AdapterError(f"{path}: tensor {tname!r} is neither .lora_a nor .lora_b")
             try:
-                halves.setdefault(base, {})[part] = gg.tensor(tname)
+                halves.setdefault(base, {})[part] = _tensor(gg, tname)
                 if gg.tensors[tname].ggml_type != _GGML_F16:
                     wide.add(base)
             except ValueError as e:
@@ -168,6 +163,15 @@ def _read_gguf(
             rank = b.shape[-1]
             pairs[base] = (a, b, alpha / rank if alpha else 1.0, base not in wide)
         return str(meta.get("general.name") or path.stem), dict(meta), pairs
+
+
+def _tensor(gg: GGUFFile, name: str) -> torch.Tensor:
+    """A tensor as float32: F16 widened by numpy in one pass (no dequantizer NaN fix-up: a
+    NaN is refused anyway), any other type through `GGUFFile.tensor`."""
+    info = gg.tensors[name]
+    if info.ggml_type != _GGML_F16:
+        return gg.tensor(name)
+    return torch.from_numpy(gg.raw(name).view(np.float16).astype(np.float32)).reshape(info.shape)
 
 
 def _read_peft(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs]:
@@ -237,8 +241,7 @@ def _module_key(module: str) -> str:
 
 
 def _lookup(conf: dict[str, Any], field_name: str, key: str, default: Any) -> Any:
-    """PEFT's rank/alpha pattern value for module ``key``: the first matching pattern wins
-    (patterns compiled only when their matching time is bounded: `lora.validate`)."""
+    """PEFT's rank/alpha pattern value for module ``key`` (`lora.validate.pattern_value`)."""
     from loraserve.lora.validate import pattern_value
 
     return pattern_value(conf, field_name, key, default)
@@ -280,8 +283,7 @@ def _check(
 
 
 def _finite(t: torch.Tensor) -> bool:
-    """Whether every value is finite: its min and max are (NaN propagates through both),
-    two reductions without the boolean copy that ``isfinite(t).all()`` makes."""
+    """Whether every value is finite: its min and max are (NaN propagates through both)."""
     if t.numel() == 0:
         return True
     lo, hi = torch.aminmax(t)
