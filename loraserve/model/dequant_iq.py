@@ -48,15 +48,15 @@ def _sign_bits() -> torch.Tensor:
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
     """(n, 2) uint8 little-endian halves -> (n, 1) float32."""
-    return b.contiguous().view(torch.float16).to(torch.float32)
+    return b.clone(memory_format=torch.contiguous_format).view(torch.float16).to(torch.float32)
 
 
 def _u16(b: torch.Tensor) -> torch.Tensor:
-    return b.contiguous().view(torch.int16).long() & 0xFFFF
+    return b.clone(memory_format=torch.contiguous_format).view(torch.int16).long() & 0xFFFF
 
 
 def _u32(b: torch.Tensor) -> torch.Tensor:
-    return b.contiguous().view(torch.int32).long() & 0xFFFFFFFF
+    return b.clone(memory_format=torch.contiguous_format).view(torch.int32).long() & 0xFFFFFFFF
 
 
 def _bits8(b: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ _POW3 = torch.tensor([1, 3, 9, 27, 81], dtype=torch.int32)
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
     """(n, 2) uint8 little-endian halves -> (n, 1) float32 (finite scales)."""
-    return b.contiguous().view(torch.float16).to(torch.float32)
+    return b.clone(memory_format=torch.contiguous_format).view(torch.float16).to(torch.float32)
 
 
 def _nib(qs: torch.Tensor) -> torch.Tensor:
@@ -34,7 +34,8 @@ def iq4_xs(b: torch.Tensor, out: torch.Tensor) -> None:
     # block of 256: d f16 | scales_h u16 | scales_l[4] | 128 bytes of nibbles; per 32 values
     # a 6-bit scale ls (low 4 bits in scales_l, high 2 in scales_h), dl = d * (ls - 32)
     n = b.shape[0]
-    sh = b[:, 2:4].contiguous().view(torch.int16).int() & 0xFFFF  # (n, 1)
+    sh = b[:, 2:4].clone(memory_format=torch.contiguous_format)  # own storage: offset 0
+    sh = sh.view(torch.int16).int() & 0xFFFF  # (n, 1)
     sl = b[:, 4:8].long()
     lo = torch.stack([sl & 0x0F, sl >> 4], dim=-1).reshape(n, 8)  # sub-block j: byte j/2
     hi = (sh >> (2 * torch.arange(8))) & 3  # (n, 8)
