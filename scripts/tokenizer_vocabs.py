@@ -170,8 +170,9 @@ def train_bpe(pre: str, vocab_size: int = 1200) -> tuple[list[str], list[int], l
     """(tokens, token types, merges) of a byte-level BPE trained under `pre`'s regexes."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    from loraserve.model.tokenizer_pretok import PRE_TYPES, RegexSplitter
+    from loraserve.model.tokenizer_pretok import PRE_TYPES
     from loraserve.model.tokenizer_pretok_custom import CUSTOM_STEPS
+    from loraserve.model.tokenizer_regex import RegexSplitter
 
     tok = Tokenizer(models.BPE())
     # training needs no exact split: llama.cpp's hand-written steps are left out (Kimi K2's

@@ -17,8 +17,9 @@ from typing import Any
 
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from loraserve.model.tokenizer_pretok import PRE_TYPES, PreType, RegexSplitter
+from loraserve.model.tokenizer_pretok import PRE_TYPES, PreType
 from loraserve.model.tokenizer_pretok_custom import CUSTOM_STEPS
+from loraserve.model.tokenizer_regex import RegexSplitter
 
 UNKNOWN_CHAR = "\u0000<loraserve:unknown>"
 

@@ -14,13 +14,7 @@ one that both sides see the same way, and the pieces are cut from the real text.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from functools import cache
-
-from tokenizers import PreTokenizedString, Regex, pre_tokenizers
-
-from loraserve.model.tokenizer_unicode import has_undefined, replace_undefined
 
 _C = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"  # contractions, any case
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -69,7 +63,7 @@ _GPT4O = (
     rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_C}?|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_C}?"
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-_CASED = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"  # widened to [\p{L}\p{M}] by `_collapse`
+_CASED = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"  # widened to [\p{L}\p{M}] by tokenizer_regex
 _LOWERCASED = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
 _PORO = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
 _DEFAULT = [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"]
@@ -253,49 +247,3 @@ PRE_TYPES: dict[str, PreType] = {
     **_names("TINY_AYA", "tiny_aya cohere2moe"),
     **_names("SUPERBPE", "superbpe"),
 }
-
-_CATEGORY = re.compile(r"\\p\{L[ultmo]\}")
-_SPACES = "\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
-_SPACES += "\u2028\u2029\u202f\u205f\u3000"  # llama.cpp's non-ASCII whitespace
-_STAND_IN = "\ufdd0"  # a noncharacter: no category in any Unicode version
-
-
-def _collapse(regex: str) -> str:
-    """The regex as llama.cpp's collapsed form reads it: each letter class is every letter."""
-    return _CATEGORY.sub(r"\\p{L}", regex)
-
-
-class RegexSplitter:
-    """Splits text as llama.cpp's unicode_regex_split does for one list of regexes."""
-
-    def __init__(self, regexes: list[str]):
-        splits = [pre_tokenizers.Split(Regex(_collapse(r)), "isolated") for r in regexes]
-        self.split = pre_tokenizers.Sequence(splits)
-        # a literal class holding a non-ASCII space must not see it (llama.cpp made it \v);
-        # only deepseek-llm's [　-。] does
-        spaces = {c for c in _SPACES if any(_holds(r, c) for r in regexes)}
-        self._spaces = re.compile("[" + "".join(sorted(spaces)) + "]") if spaces else None
-        self._table = {ord(c): "\v" for c in spaces}
-
-    def needs_stand_ins(self, text: str) -> bool:
-        """Whether `text` must be split through a copy (see the module's docstring)."""
-        if text.isascii():
-            return False
-        return has_undefined(text) or bool(self._spaces is not None and self._spaces.search(text))
-
-    def words(self, text: str) -> list[str]:
-        """The pieces of `text`, split through a copy where `needs_stand_ins`."""
-        copy = replace_undefined(text, _STAND_IN).translate(self._table)
-        pre = PreTokenizedString(copy)
-        self.split.pre_tokenize(pre)
-        return [text[a:b] for _, (a, b), _ in pre.get_splits()]
-
-
-@cache
-def _holds(regex: str, char: str) -> bool:
-    """Whether a literal bracket class of `regex` matches `char` where it does not match \\v."""
-    classes = re.findall(r"\[(?:\\.|[^\]\\])*\]", _collapse(regex))
-    probe = pre_tokenizers.Split(Regex("|".join(classes)), "removed") if classes else None
-    if probe is None:
-        return False
-    return probe.pre_tokenize_str(char) == [] and probe.pre_tokenize_str("\v") != []

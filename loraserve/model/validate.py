@@ -38,17 +38,17 @@ from loraserve.model.shapes import (
     heads,
     required_stems,
 )
-
-MAX_WIDTH = 1 << 20  # hidden size, head dim, FFN width, head counts
-MAX_LAYERS = 4096
-MAX_VOCAB = 1 << 24
-MAX_EXPERTS = 4096
-MAX_CONTEXT = 1 << 24
-
-
-class ModelFileError(ValueError):
-    """A model file that cannot be served; the message names the file and the problem."""
-
+from loraserve.model.validate_common import (  # ModelFileError re-exported: importers use it
+    MAX_CONTEXT,
+    MAX_EXPERTS,
+    MAX_LAYERS,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    ModelFileError,
+)
+from loraserve.model.validate_common import is_int as _is_int
+from loraserve.model.validate_common import show_value as _show
+from loraserve.model.validate_tokenizer import check_tokenizer
 
 # ---- hyper-parameters --------------------------------------------------------------------
 
@@ -69,10 +69,6 @@ _INT_KEYS = {
     "attention.sliding_window": (0, MAX_CONTEXT),
 }
 _FLOAT_KEYS = ("attention.layer_norm_rms_epsilon", "rope.freq_base")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
 def check_hparams(meta: Mapping[str, Any]) -> None:
@@ -222,46 +218,6 @@ def _mismatch(name: str, shape: Shape, want: Shape, cfg: ModelConfig, i: int) ->
     )
 
 
-# ---- tokenizer ---------------------------------------------------------------------------
-
-
-def check_tokenizer(meta: Mapping[str, Any]) -> int:
-    """The tokenizer's metadata has the types and lengths the tokenizer reads: tokens a list
-    of strings, scores and types one per token, merges strings, special ids integers. Returns
-    the token count; `ModelFileError` otherwise."""
-    tokens = meta.get("tokenizer.ggml.tokens")
-    if tokens is None:
-        raise ModelFileError("the model has no tokenizer (tokenizer.ggml.tokens)")
-    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
-        raise ModelFileError("tokenizer.ggml.tokens must be a non-empty array of strings")
-    n = len(tokens)
-    if n > MAX_VOCAB:
-        raise ModelFileError(f"tokenizer.ggml.tokens has {n} tokens (at most {MAX_VOCAB})")
-    model = meta.get("tokenizer.ggml.model")
-    if not isinstance(model, str):
-        raise ModelFileError(f"tokenizer.ggml.model must be a string, got {_show(model)}")
-    for key, kind in (("scores", "f"), ("token_type", "i")):
-        v = meta.get(f"tokenizer.ggml.{key}")
-        ok = v is None or (
-            isinstance(v, np.ndarray)
-            and v.ndim == 1
-            and len(v) == n
-            and v.dtype.kind in kind + "iu"
-        )
-        if not ok:
-            raise ModelFileError(f"tokenizer.ggml.{key} must be {n} numbers, one per token")
-    merges = meta.get("tokenizer.ggml.merges")
-    if merges is not None and not (
-        isinstance(merges, list) and all(isinstance(m, str) for m in merges)
-    ):
-        raise ModelFileError("tokenizer.ggml.merges must be an array of strings")
-    for key, v in meta.items():
-        if key.startswith("tokenizer.ggml.") and key.endswith("_token_id") and v is not None:
-            if not _is_int(v):
-                raise ModelFileError(f"{key} = {_show(v)}: must be an integer token id")
-    return n
-
-
 # ---- the one call ------------------------------------------------------------------------
 
 
@@ -315,9 +271,3 @@ def gguf_config(
     except ModelFileError as e:
         raise ModelFileError(f"{path}: {e}") from None
     return cfg
-
-
-def _show(v: Any) -> str:
-    """A metadata value in a message, bounded."""
-    s = repr(v.tolist() if isinstance(v, np.ndarray) else v)
-    return s if len(s) <= 60 else s[:57] + "..."
