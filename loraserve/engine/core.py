@@ -17,9 +17,6 @@ from collections.abc import Callable
 
 import torch
 
-from loraserve.cache.block_pool import BlockPool
-from loraserve.cache.prefix_cache import PrefixCache
-from loraserve.cache.state import StateStore
 from loraserve.engine.constraint import Constraint, Grammars
 from loraserve.engine.embedding import Pooler
 from loraserve.engine.engine_config import EngineConfig, slot_context
@@ -30,6 +27,7 @@ from loraserve.engine.isolation import (
     scrub_kv,
     send_failures,
 )
+from loraserve.engine.memory import build_cache
 from loraserve.engine.output import TextOutput
 from loraserve.engine.request import Event, Progress, Run, StopType
 from loraserve.engine.request_log import request_line
@@ -42,7 +40,6 @@ from loraserve.lora.catalogue import Catalogue
 from loraserve.lora.registry import AdapterRegistry
 from loraserve.lora.tiers import TierLimits
 from loraserve.model.loader import LoadedModel
-from loraserve.model.recurrent import state_shapes
 
 log = logging.getLogger("loraserve.engine")
 __all__ = ["EngineConfig", "EngineCore", "request_line", "slot_context"]  # re-exported too
@@ -62,24 +59,7 @@ class EngineCore:
         # phi3: long rope factors past the trained context, chosen for this engine alone
         for_context = getattr(model.decoder, "for_context", None)
         decoder = model.decoder if for_context is None else for_context(self.n_ctx_slot)
-        per_slot = (self.n_ctx_slot + bs - 1) // bs + 1
-        block_bytes = 2 * cfg.n_layers * bs * cfg.n_kv_heads * cfg.head_dim * kv_dtype.itemsize
-        # recurrent layers: each block may carry the state snapshot that follows it
-        every = max(1, -(-config.checkpoint_min_step // bs))  # in blocks
-        states = StateStore(state_shapes(cfg), bs, every, block_bytes) if cfg.recurrent else None
-        if states is not None:
-            block_bytes += states.snapshot_bytes
-        held = config.n_slots * (per_slot + 1)
-        if config.cache_ram_mib < 0:
-            budget = None
-            max_blocks = held * 8
-        else:
-            budget = int(config.cache_ram_mib * 2**20 // block_bytes)
-            # recurrent: a cached block without a snapshot costs its KV's share of a unit
-            share = states.kv_share if states is not None else 1.0
-            max_blocks = held + (int(budget / share) if share > 0 else budget)
-        self.pool = BlockPool(bs, max_blocks, initial_blocks=min(held, 256))
-        self.cache = PrefixCache(self.pool, budget, states)
+        self.pool, self.cache, states = build_cache(cfg, config, self.n_ctx_slot)
         self.scheduler = Scheduler(
             config.n_slots,
             self.n_ctx_slot,
