@@ -29,7 +29,6 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loraserve.engine import slot_io
@@ -245,55 +244,3 @@ action = st.one_of(
     st.lists(request, min_size=1, max_size=4),  # requests submitted together
     st.sampled_from([[(0, 0.0), (1, 0.0)], [(0, 0.8)], [(0, 0.5), (1, -0.7)]]),  # global switch
 )
-
-
-# the first recurrent record, and a delta-net one (gated attention, value/key heads)
-PROPERTY = [*VARIANTS[:1], *[v for v in VARIANTS if v == ("qwen35", "dense")]]
-
-
-@pytest.mark.skipif(not VARIANTS, reason="no recorded recurrent architecture")
-@pytest.mark.parametrize("arch,variant", PROPERTY, ids=map(_id, PROPERTY))
-@settings(
-    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(
-    st.lists(action, min_size=1, max_size=5),
-    st.sampled_from([2, 5, 16]),  # prefill chunk (ubatch)
-    st.sampled_from([0.0, 0.05, 8.0]),  # --cache-ram MiB: nothing, a few blocks, plenty
-    st.integers(1, 3),  # slots
-)
-def test_cache_on_equals_cache_off(
-    tmp: Path, arch: str, variant: str, actions: list, ubatch: int, cache_mib: float, n_slots: int
-) -> None:
-    m = model(tmp, arch, variant)
-    rec = RECORDS[arch]["variants"][variant]
-    paths = []
-    for seed in (1, 2):
-        p = tmp / f"{arch}-prop{seed}.gguf"
-        if not p.exists():
-            pairs = _adapter(rec, seed, RECURRENT_STEMS + ("attn_q", "attn_v", "ffn_up"))
-            write_gguf_lora(p, arch, pairs, qk_heads=(m.config.n_heads,) * 2)
-        paths.append(p)
-    cfg = EngineConfig(n_slots=n_slots, n_ctx=n_slots * 64, block_size=4, ubatch=ubatch,
-                       cache_ram_mib=cache_mib)  # fmt: skip
-    eng = Engine(m, cfg)
-    ref = Engine(m, EngineConfig(n_slots=1, n_ctx=64, block_size=4))
-    for e in (eng, ref):
-        for p in paths:
-            e.load_adapter(p, 0.0).result()
-    scales: dict[int, float] = {0: 0.0, 1: 0.0}
-    for act in actions:
-        if len(act[0]) == 2:  # a global switch (unlisted adapters 0)
-            eng.set_global_scales(act).result()
-            scales = {0: 0.0, 1: 0.0, **dict(act)}
-            continue
-        asks, refs = [], []
-        for stem, tail, mix in act:
-            prompt = STEMS[stem] + tail
-            eff = dict(scales) if not mix else {0: 0.0, 1: 0.0, **mix}  # {}: the global ones
-            asks.append(ask(prompt, 3, mix, sampling=PROBS))
-            refs.append(ask(prompt, 3, list(eff.items()), sampling=PROBS, cache_prompt=False))
-        got = answers(eng, asks)
-        want = [answers(ref, [r])[0] for r in refs]
-        assert [g[:2] for g in got] == [w[:2] for w in want]
-        assert all(g[2] % 4 == 0 for g in got)
