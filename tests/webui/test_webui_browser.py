@@ -70,6 +70,9 @@ def test_chat_streams_persists_regenerates_and_edits(ui: Page) -> None:
     pg.get_by_role("button", name="Regenerate").click()
     pg.wait_for_selector(done)
     assert pg.locator("li.msg").count() == 2
+    # the old answer's finished state can match `done` before the regenerated one starts;
+    # the send button is enabled again only once the regenerated answer has finished
+    expect(pg.locator("#chat-send")).to_be_enabled()
     pg.get_by_role("button", name="Edit message 1").click()
     box.fill("Edited")
     box.press("Enter")
