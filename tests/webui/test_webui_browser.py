@@ -68,6 +68,9 @@ def test_chat_streams_persists_regenerates_and_edits(ui: Page) -> None:
     pg.wait_for_selector("body[data-ready=true]")
     assert pg.locator("li.msg.user .content").inner_text() == "Hello there"
     pg.get_by_role("button", name="Regenerate").click()
+    # busy at once, while the tool list still loads: a Send in that window used to start a
+    # second answer on the same conversation and lose the edit
+    assert pg.locator("#chat-send").is_disabled()
     pg.wait_for_selector(done)
     assert pg.locator("li.msg").count() == 2
     # the old answer's finished state can match `done` before the regenerated one starts;

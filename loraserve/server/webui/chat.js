@@ -113,6 +113,10 @@ function busy(on) {
 async function generate(step = 0) {
   const c = store.current();
   const history = c.messages.map(apiMessage);
+  // busy before the first await: a Send or Regenerate while the tool list loads would
+  // otherwise start a second answer on the same conversation and lose one of them
+  controller = new AbortController();
+  busy(true);
   const tools = await toolDefinitions();
   const m = { role: "assistant", content: "", info: null };
   c.messages.push(m);
@@ -126,8 +130,6 @@ async function generate(step = 0) {
   if (lora) body.lora = lora;
   if (tools.length) body.tools = tools;
   const info = { mix: currentMix(), measured: true };
-  controller = new AbortController();
-  busy(true);
   const t0 = performance.now();
   let tFirst = null;
   let usage = null;
