@@ -23,33 +23,29 @@ import gzip
 import json
 import random
 import re
-import string
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
+from tokenizer_corpus import build_compact_corpus, build_corpus
+from tokenizer_oracles import CliOracle, ModelServerOracle, ServerOracle
 from tokenizer_real_vocabs import hf_vocab_metadata, llama3_vocab_metadata, llama4_vocab_metadata
 from tokenizer_vocabs import (
     BPE_CONTROL,
     BPE_USER_DEFINED,
-    EXTRA_FIXED,
-    SPM_BPE_CONTROL,
-    SPM_BPE_USER_DEFINED,
     SPM_CONTROL,
     SPM_USER_DEFINED,
-    UGM_VARIANTS,
-    WORDS,
     bpe_vocab_metadata,
     build_tiny_bpe,
     build_tiny_spm,
+)
+from tokenizer_vocabs_more import (
+    SPM_BPE_CONTROL,
+    SPM_BPE_USER_DEFINED,
+    UGM_VARIANTS,
     rwkv_vocab_metadata,
     spm_bpe_vocab_metadata,
     ugm_vocab_metadata,
-    vocab_metadata,
-    write_tiny_model,
 )
 
 from loraserve.model.gguf_write import write_gguf
@@ -58,250 +54,6 @@ DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "tokenizer"
 PEER = Path.home() / ".cache/loraserve/peer/llama_cpp_python-0.3.36/vendor/llama.cpp"
 DEFAULT_BIN = PEER / "build" / "bin"
 DEFAULT_GEMMA = Path("/opt/models/gemma3-270m-q4_k_m.gguf")
-
-FIXED = [
-    "", " ", "  ", "   ", "    ", " " * 17, " " * 40, " " * 70, "\t", "\t\t", "\t\t\t\t\t", "\n",
-    "\n\n", "\n\n\n", "\n" * 35, "\r", "\r\n", "\r\n\r\n", " \n ", "\n \n", "\t\n\t", " \t \n",
-    "Hello", " Hello", "  Hello", "   Hello", "Hello ", "Hello  ", "Hello world", "Hello  world",
-    "Hello   world", " Hello world ", "\tHello\tworld", "Hello\nworld", "Hello\n\nworld",
-    "line1\r\nline2\r\n", "a\n\n\n\n\nb", "many\n" * 10, "x" + " " * 33 + "y", "a\u3000b",
-    "a\u00a0b", "\u2581", "\u2581\u2581x", "x \u2581 y", "😀", "😀😀😀", " 😀", "👨‍👩‍👧‍👦",
-    "🇺🇸🇫🇷", "e\u0301", "a\u0308\u0301\u0323", "\u0301", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "𠀀𪚥𰀀", "\U000e0001",
-    "\U0003fffd", "\U0010ffff", "\ue000\uf8ff", "\x00", "a\x00b", "\x01\x02\x7f", "\x1b[31mred",
-    "\ufeffBOM", "\ufffd", "\u200b\u200c\u200d", "\u2028\u2029", "\x85", "ǅ ǈ ǋ", "ⅫⅣ ½ ²",
-    "1234567890", "3.14159", "1,000,000", "$100.00", "12345678901234567890", "٣٤٥ ०१२",
-    "I'm you're we've they'll she'd it's DON'T", "'s'", "''''", "'ll 're", "a'S b'LL",
-    "https://example.com/a?b=c&d=e#f", "user@example.com", "C:\\Windows\\path", "@#$%^&*()",
-    "def f(x):\n    return x ** 2\n", "for (int i = 0; i < n; ++i) {\n\t\tfoo();\n}",
-    '{"key": [1, 2, {"a": null}]}', "<table><tr><td>x</td></tr></table>", "<b>bold</b><br>",
-    "<<b>>", "<<<>>>", "<s>", "</s>", "<unk>", "<bos", "bos>", "<<bos>>", "<start_of_tur",
-    "<|im_start|", "|im_end|>", "[multimodal", "<unused>", "<unused99999>", "a<b>c",
-    "<tool_call>{}", "Привет мир", "Grüße aus Köln", "naïve café", "你好，世界", "こんにちは世界",
-    "안녕하세요", "مرحبا بالعالم", "שלום עולם", "नमस्ते दुनिया", "สวัสดีชาวโลก", "Γειά σου Κόσμε",
-    "∑∫√∞≠≤ ∀x∈ℝ", "──┼──", "ﬁﬂ ＡＢＣ ｱｲｳ", "Ω Å K", "ß ẞ İ ı",
-]  # fmt: skip
-EXOTIC = (
-    "éüñçøåæœßðþ你好世界日本語한국어中文字😀🙂🚀🔥💯🇩🇪ªº¹€£¥©®™°±µ¶·¿"
-    "\u0300\u0301\u0308\u20dd\u200d\ufe0f\u3000\u00a0\u2009\u2581\u00ad"
-)
-ASCII = string.ascii_letters + string.digits + " .,;:!?'\"-_()[]{}<>/\\|@#$%^&*+=~`"
-
-
-def _random_char(rng: random.Random) -> str:
-    roll = rng.random()
-    if roll < 0.55:
-        return rng.choice(ASCII)
-    if roll < 0.7:
-        return rng.choice(" \t\n\r")
-    if roll < 0.85:
-        return rng.choice(EXOTIC)
-    while True:
-        cp = rng.choice([rng.randint(0x80, 0x7FF), rng.randint(0x800, 0xFFFF),
-                         rng.randint(0x10000, 0x10FFFF), rng.randint(0, 0x1F)])  # fmt: skip
-        if not 0xD800 <= cp <= 0xDFFF:
-            return chr(cp)
-
-
-def _random_text(rng: random.Random, specials: list[str]) -> str:
-    parts = []
-    for _ in range(rng.randint(0, 40)):
-        roll = rng.random()
-        if roll < 0.08:
-            parts.append(rng.choice(specials))
-        elif roll < 0.3:
-            parts.append(rng.choice(WORDS) + rng.choice(["", " ", "  "]))
-        elif roll < 0.37:
-            parts.append(rng.choice(" \t\n") * rng.randint(2, 40))
-        else:
-            parts.append(_random_char(rng))
-    return "".join(parts)
-
-
-def build_corpus(rng: random.Random, specials: list[str]) -> tuple[list[dict], list[str]]:
-    """Cases (text, add_special, parse_special) and texts whose tokens' pieces are recorded."""
-    texts = list(FIXED)
-    for s in specials:
-        texts += [s, f"x{s}y", f" {s} ", f"{s}{s}", f"{s}\n", f"\n{s}", f"{s} hello", f"<{s}>",
-                  f"  {s}  world", s[:-1], s[1:]]  # fmt: skip
-    chat = "{a}user\nHi there!  How are you?{b}\n{a}model\nFine.{b}\n"
-    for a, b in zip(specials, specials[1:], strict=False):
-        texts.append(chat.format(a=a, b=b))
-    long_words = [rng.choice(WORDS) for _ in range(1500)]
-    texts += [" ".join(long_words), "\n".join(FIXED), " ".join(FIXED[20:60]) * 3]
-    cases = []
-    for text in texts:
-        for add_special in (True, False):
-            for parse_special in (True, False):
-                cases.append(
-                    {"text": text, "add_special": add_special, "parse_special": parse_special}
-                )
-    for _ in range(400):
-        text = _random_text(rng, specials)
-        cases.append({"text": text, "add_special": rng.random() < 0.5,
-                      "parse_special": rng.random() < 0.7})  # fmt: skip
-    detok = [t for t in FIXED + specials if "\x00" not in t]
-    detok += ["".join(_random_char(rng) for _ in range(300)).replace("\x00", "") for _ in range(5)]
-    return cases, ["".join(detok[i : i + 20]) for i in range(0, len(detok), 20)]
-
-
-def build_compact_corpus(rng: random.Random, specials: list[str]) -> tuple[list[dict], list[str]]:
-    """A shorter corpus than `build_corpus`: the fixed strings and `EXTRA_FIXED` with
-    add_special and parse_special both ways, each special token in a few contexts, one long
-    text and 150 random strings."""
-    texts = FIXED + EXTRA_FIXED
-    for s in specials:
-        texts += [s, f"x{s}y", f" {s} ", f"{s}\n", f"  {s}  world", s[:-1]]
-    texts.append(" ".join(rng.choice(WORDS) for _ in range(400)))
-    cases = [
-        {"text": text, "add_special": add_special, "parse_special": parse_special}
-        for text in texts
-        for add_special in (True, False)
-        for parse_special in (True, False)
-    ]
-    for _ in range(150):
-        text = _random_text(rng, specials)
-        cases.append({"text": text, "add_special": rng.random() < 0.5,
-                      "parse_special": rng.random() < 0.7})  # fmt: skip
-    return cases, []
-
-
-_PIECE_HEAD = re.compile(rb" *(\d+) -> '")
-
-
-def _pieces_from_listing(out: bytes) -> dict[int, bytes]:
-    """Token id -> bytes from llama-tokenize's `id -> 'piece'` lines (pieces may hold newlines)."""
-    found: dict[int, bytes] = {}
-    pos = 0
-    while pos < len(out):
-        head = _PIECE_HEAD.match(out, pos)
-        if head is None:
-            raise ValueError(f"cannot parse llama-tokenize output: {out[pos : pos + 40]!r}")
-        end = out.index(b"'\n", head.end())
-        while end + 2 != len(out) and not _PIECE_HEAD.match(out, end + 2):
-            end = out.index(b"'\n", end + 1)
-        found[int(head.group(1))] = out[head.end() : end]
-        pos = end + 2
-    return found
-
-
-class CliOracle:
-    """llama.cpp's llama-tokenize, one process per call (a vocab-only GGUF loads in ms)."""
-
-    def __init__(self, bin_dir: Path, model: Path):
-        self.exe, self.model = bin_dir / "llama-tokenize", model
-
-    def _run(self, text: str, flags: list[str]) -> bytes:
-        cmd = [str(self.exe), "-m", str(self.model), "--stdin", "--no-escape", "--log-disable"]
-        return subprocess.run(
-            cmd + flags, input=text.encode(), capture_output=True, check=True
-        ).stdout
-
-    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
-        flags = ["--ids"] + ([] if add_special else ["--no-bos"])
-        return json.loads(
-            self._run(text, flags + ([] if parse_special else ["--no-parse-special"]))
-        )
-
-    def pieces(self, text: str) -> dict[int, bytes]:
-        return _pieces_from_listing(self._run(text, ["--no-bos"]))
-
-    def eog_ids(self) -> list[int]:
-        """The end-of-generation ids llama.cpp logs while loading the vocabulary."""
-        cmd = [str(self.exe), "-m", str(self.model), "-p", "x", "--ids", "-v"]
-        for _ in range(5):  # the log is written by a thread and is now and then cut at exit
-            log = subprocess.run(cmd, capture_output=True, check=True).stderr.decode(
-                "utf-8", "replace"
-            )
-            if "special tokens cache" in log:
-                section = log.split("printing all EOG tokens:", 1)[1].split("special tokens cache")[
-                    0
-                ]
-                return sorted({int(m) for m in re.findall(r"- (\d+) \(", section)})
-        raise RuntimeError(f"no EOG list in llama-tokenize's log: {log[-2000:]}")
-
-
-class ServerOracle(CliOracle):
-    """llama.cpp's llama-server /tokenize and /detokenize: the API loraserve mirrors."""
-
-    def __enter__(self) -> ServerOracle:
-        self.url = "http://127.0.0.1:18931"
-        self.proc = subprocess.Popen(
-            self._command(), stdout=subprocess.DEVNULL, stderr=self._stderr()
-        )
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(self.url + "/health") as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError("llama-server did not start")
-        with urllib.request.urlopen(self.url + "/v1/models") as r:
-            self.vocab_size = json.loads(r.read())["data"][0]["meta"]["n_vocab"]
-        return self
-
-    def _command(self) -> list[str]:
-        return [str(self.exe.parent / "llama-server"), "-m", str(self.model), "--port", "18931",
-                "-c", "1024", "-np", "1", "-t", "1", "--log-disable"]  # fmt: skip
-
-    def _stderr(self):
-        return subprocess.DEVNULL
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        self.proc.wait()
-
-    def _post(self, path: str, body: dict) -> dict:
-        data = json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.url + path, data, {"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request) as r:
-            return json.loads(r.read())
-
-    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
-        body = {"content": text, "add_special": add_special, "parse_special": parse_special}
-        return self._post("/tokenize", body)["tokens"]
-
-    def pieces(self, text: str) -> dict[int, bytes]:
-        body = {"content": text, "parse_special": True, "with_pieces": True}
-        tokens = self._post("/tokenize", body)["tokens"]
-        return {t["id"]: _as_bytes(t["piece"]) for t in tokens}
-
-    def detokenize(self, ids: list[int]) -> dict[int, bytes]:
-        """Bytes of single tokens from /detokenize, skipping any it had to make valid UTF-8."""
-        found = {}
-        for i in ids:
-            content = self._post("/detokenize", {"tokens": [i]})["content"]
-            if "\ufffd" not in content:
-                found[i] = content.encode()
-        return found
-
-
-class ModelServerOracle(ServerOracle):
-    """llama-server on a tiny random llama model carrying a vocab-only GGUF's vocabulary."""
-
-    def __init__(self, bin_dir: Path, vocab: Path, workdir: Path):
-        model = write_tiny_model(workdir / f"model-{vocab.stem}.gguf", vocab_metadata(vocab))
-        super().__init__(bin_dir, model)
-        self.log_path = workdir / f"server-{vocab.stem}.log"
-
-    def _command(self) -> list[str]:
-        return [str(self.exe.parent / "llama-server"), "-m", str(self.model), "--port", "18931",
-                "-c", "1024", "-np", "1", "-t", "1", "-v"]  # fmt: skip
-
-    def _stderr(self):
-        return open(self.log_path, "wb")
-
-    def eog_ids(self) -> list[int]:
-        """The EOG ids llama-server printed while loading (print_info: EOG token = N)."""
-        log = self.log_path.read_text("utf-8", "replace")
-        return sorted({int(m) for m in re.findall(r"print_info: EOG token +?= (\d+) ", log)})
-
-
-def _as_bytes(piece: str | list[int]) -> bytes:
-    return piece.encode() if isinstance(piece, str) else bytes(piece)
 
 
 def record(
