@@ -241,6 +241,23 @@ MATRIX_TYPES = frozenset({0, 1, 30, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 3
                           18, 19, 21, 22, 29})  # fmt: skip
 
 
+def _without_nextn(meta: Mapping[str, Any], cfg: ModelConfig, table: dict[str, Any]) -> dict:
+    """``table`` without the multi-token-prediction blocks (``nextn_predict_layers``) that
+    follow the last layer where the architecture ran fewer layers than ``block_count`` for
+    them (qwen35, glm4moe): llama-server loads them only for its MTP draft and never runs
+    them in the main pass, so they are skipped, not refused."""
+    arch = meta.get("general.architecture")
+    nextn = int(meta.get(f"{arch}.nextn_predict_layers", 0) or 0)
+    if nextn <= 0 or int(meta.get(f"{arch}.block_count", 0) or 0) != cfg.n_layers + nextn:
+        return table
+    out = {}
+    for name, v in table.items():
+        m = _BLOCK.match(name)
+        if m is None or not cfg.n_layers <= int(m.group(1)) < cfg.n_layers + nextn:
+            out[name] = v
+    return out
+
+
 def gguf_config(
     path: str | Path,
     meta: Mapping[str, Any],
@@ -266,6 +283,7 @@ def gguf_config(
         if emb is not None and len(emb) == 2 and emb[0] != cfg.vocab_size:
             cfg = replace(cfg, vocab_size=emb[0])
         check_config(cfg)
+        shapes, types = _without_nextn(meta, cfg, shapes), _without_nextn(meta, cfg, types)
         check_tensors(cfg, shapes, n_tokens, extra)
         check_types(types, shapes)
     except ModelFileError as e:

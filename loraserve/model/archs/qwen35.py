@@ -13,8 +13,8 @@ from loraserve.model.archs.base import Arch, Keys
 def deltanet(keys: Keys, n_layers: int) -> dict[str, Any]:
     """Layer kinds (delta-net or attention), the delta-net sizes, the gated attention and the
     pre-FFN norm's name (qwen35, qwen35moe, qwen3next). The multi-token-prediction blocks
-    (``nextn_predict_layers``) at the end are not layers of the model (a file holding them is
-    refused at validation: tensors past the last layer)."""
+    (``nextn_predict_layers``) at the end are not layers of the model: loaded by llama-server
+    for its MTP draft only, never run in the main pass; validation skips their tensors."""
     n_layers -= int(keys.get("nextn_predict_layers", 0) or 0)
     recr = keys.get("attention.recurrent_layers")
     if recr is not None and hasattr(recr, "__len__") and len(recr) >= n_layers:
