@@ -1,6 +1,7 @@
 """Quantize float weights to ggml types, bit for bit as ggml's reference quantizers
 (``ggml/src/ggml-quants.c``, ``quantize_row_*_ref``: what ``llama-quantize`` writes when no
-importance matrix is given): Q8_0, Q5_0, Q5_1, Q4_0, Q4_K, Q5_K, Q6_K and MXFP4.
+importance matrix is given): Q8_0, Q5_0, Q5_1, Q4_0, Q3_K (`quantize_k3`), Q4_K, Q5_K, Q6_K
+and MXFP4.
 
 Every block is independent, so the work is vectorised across blocks; each reduction inside a
 block runs element by element in float32, in the C loop's order, so the sums round as the C
@@ -12,32 +13,16 @@ from __future__ import annotations
 import numpy as np
 
 from loraserve.model.dequant import GGML_TYPE
-
-F32 = np.float32
-QK_K = 256
-GROUP_MAX_EPS = F32(1e-15)
-
-
-def nearest_int(v: np.ndarray) -> np.ndarray:
-    """ggml's nearest_int: round half to even through the float32 magic-number trick."""
-    bits = (v.astype(F32) + F32(12582912.0)).view(np.int32)
-    return (bits & 0x007FFFFF) - 0x00400000
-
-
-def _seqsum(a: np.ndarray) -> np.ndarray:
-    """Row sums of a [N, n] float32, added left to right one by one as a C loop does
-    (``np.add.accumulate`` is that recurrence; ``np.sum`` adds pairwise)."""
-    return np.add.accumulate(a.astype(F32, copy=False), axis=1, dtype=F32)[:, -1]
-
-
-def _f16(v: np.ndarray) -> np.ndarray:
-    return v.astype(F32).astype(np.float16)
-
-
-def _absmax_signed(x: np.ndarray) -> np.ndarray:
-    """Per row of x [N, n]: the value of largest magnitude, the first one on ties (C's
-    ``if (amax < fabsf(v))`` loop)."""
-    return np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)[:, 0]
+from loraserve.model.quantize_common import (
+    F32,
+    GROUP_MAX_EPS,
+    QK_K,
+    _absmax_signed,
+    _f16,
+    _seqsum,
+    nearest_int,
+)
+from loraserve.model.quantize_k3 import quantize_q3_K
 
 
 def quantize_q8_0(x: np.ndarray) -> np.ndarray:
@@ -276,7 +261,8 @@ def quantize_q6_K(x: np.ndarray) -> np.ndarray:
 
 
 _BLOCK = {"Q8_0": (32, quantize_q8_0), "Q5_0": (32, quantize_q5_0), "Q5_1": (32, quantize_q5_1),
-          "Q4_0": (32, quantize_q4_0), "Q4_K": (QK_K, quantize_q4_K),
+          "Q4_0": (32, quantize_q4_0), "Q3_K": (QK_K, quantize_q3_K),
+          "Q4_K": (QK_K, quantize_q4_K),
           "Q5_K": (QK_K, quantize_q5_K),
           "Q6_K": (QK_K, quantize_q6_K), "MXFP4": (32, quantize_mxfp4)}  # fmt: skip
 QUANTIZERS: dict[int, tuple[int, object]] = {GGML_TYPE[k]: v for k, v in _BLOCK.items()}
@@ -284,8 +270,8 @@ QUANTIZERS: dict[int, tuple[int, object]] = {GGML_TYPE[k]: v for k, v in _BLOCK.
 
 def quantize(x: np.ndarray, ggml_type: int) -> np.ndarray:
     """float weights [..., n_per_row] -> ggml rows [prod(...), row_bytes] uint8 of
-    ``ggml_type`` (Q8_0, Q5_0, Q5_1, Q4_0, Q4_K, Q5_K, Q6_K, MXFP4), as ggml's reference quantizer
-    writes them."""
+    ``ggml_type`` (Q8_0, Q5_0, Q5_1, Q4_0, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4), as ggml's reference
+    quantizer writes them."""
     if ggml_type not in QUANTIZERS:
         raise ValueError(f"no quantizer for ggml type {ggml_type}")
     qk, fn = QUANTIZERS[ggml_type]
