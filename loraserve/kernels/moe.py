@@ -13,6 +13,8 @@ outputs in its top-k slot order, so nothing depends on the batch.
 from __future__ import annotations
 
 import ctypes
+import threading
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -46,6 +48,8 @@ _SIGNATURES = {
     "ls_moe_combine": ([_P, _I, _I, _I, _P, _P, _P, _P, _P, _CI], None),
     "ls_moe_ffn": ([_PP, _PP, _I, _I, _I, _P, _I, _I, _P, _P, _CI, _P, _P, _P, _CI, _P, _CI],
                    _CI),
+    "ls_moe_release": ([], None),
+    "ls_moe_workspace_bytes": ([], _I),
 }  # fmt: skip
 _lib: ctypes.CDLL | None = None
 _loaded = False
@@ -78,6 +82,26 @@ def _kernels() -> ctypes.CDLL:
     if lib is None:
         raise RuntimeError("grouped expert matmuls need the C kernels")
     return lib
+
+
+# the live grouped layers: when the last goes (its model unloaded), the C side's kept
+# workspace (up to 256 MB, `moe_buf.h`) is unmapped
+_live = 0
+_live_lock = threading.Lock()
+
+
+def _gone() -> None:
+    global _live
+    with _live_lock:
+        _live -= 1
+        if _live == 0 and _lib is not None:
+            _lib.ls_moe_release()
+
+
+def workspace_bytes() -> int:
+    """Bytes of the workspace the C side keeps between calls (0: none)."""
+    lib = _c()
+    return 0 if lib is None else int(lib.ls_moe_workspace_bytes())
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -114,6 +138,10 @@ class GroupedExperts:
         self._down = self._proj([down], self.hidden)
         self.biases = tuple(None if b is None else b.float().contiguous()
                             for b in (gate_bias, up_bias, down_bias))  # fmt: skip
+        global _live
+        with _live_lock:
+            _live += 1
+        weakref.finalize(self, _gone)
 
     @staticmethod
     def supports(types: list[int]) -> bool:

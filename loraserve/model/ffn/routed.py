@@ -6,8 +6,13 @@
   them (gate/up after the gate|up matmul, down after the down matmul, before the biases).
   Both give a row the same bits, so a request's numbers do not depend on whether another
   request of its batch had an adapter.
+  A step whose adapters target no routed expert of the layer (attention-only adapters,
+  say) keeps the one call: the staged path would give the same bits, more slowly.
 - Float experts (the float32 precision, F16/BF16 files) or no C kernels: a loop over the
   experts of the step, each on `projection.matmul`, the outputs combined the same way.
+
+Q6_K experts (Q4_K_M files keep some layers' ffn_down_exps in Q6_K) are repacked 8 rows to a
+group for the grouped kernels (`kernels.pack_q6k`); other types as `Matrix.pack` packs them.
 
 Every path sums a token's k expert outputs in its top-k slot order (llama.cpp's order).
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from loraserve.kernels.moe import GroupedExperts, Route
+from loraserve.kernels.pack_q6k import Q6_K, pack_q6k, packable_q6k, unpack_q6k
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import LoraDelta
 from loraserve.model.layers import gated_act
@@ -50,11 +56,18 @@ class RoutedExperts:
         if GroupedExperts.supports([m[0].kernel_type for m in stacks]) and all(
             m.quantized for s in stacks for m in s
         ):
+            self.gate, self.up, self.down = (_packed_q6k(s) for s in stacks)
+            for s, t, n in zip(stacks, (self.gate, self.up, self.down), ("gate", "up", "down"),
+                               strict=True):  # fmt: skip
+                if t is not s and not (self.fused and n != "down"):  # the mapping's pages
+                    w.release(prefix + f"ffn_{n}_exps.weight")
             self.grouped = GroupedExperts(
                 [([m.data for m in s], s[0].kernel_type) for s in (self.gate, self.up)],
                 ([m.data for m in self.down], self.down[0].kernel_type),
                 cfg.act, self.gate_bias, self.up_bias, self.down_bias,
             )  # fmt: skip
+        # the stacked targets an adapter may have on these experts
+        self._targets = [prefix + f"ffn_{n}_exps.weight" for n in ("gate", "up", "down", "gate_up")]
 
     def __call__(
         self, h: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
@@ -65,7 +78,7 @@ class RoutedExperts:
         g = self.grouped
         if g is None:
             return self._loop(h, experts, weights, lora, before)
-        if lora is None:
+        if lora is None or not self._adapted(lora):
             return g.ffn_rows(h, experts, weights, before)
         r = g.route(experts)
         scale = weights.reshape(-1)[r.pair].contiguous() if before else None  # [P]
@@ -80,6 +93,12 @@ class RoutedExperts:
         for e, lo, hi in spans:
             _put(d[lo:hi], lora.apply_expert(target, e, a[lo:hi], d[lo:hi], r.tok[lo:hi]))
         return g.combine(d, r, None if before else weights)
+
+    def _adapted(self, lora: LoraDelta) -> bool:
+        """Whether an adapter of the step targets one of these expert stacks (True when the
+        delta cannot say: the staged path is right either way)."""
+        probe = getattr(lora, "targets", None)
+        return probe is None or any(probe(n) for n in self._targets)
 
     def _lora_gate_up(
         self, lora: LoraDelta, e: int, x: torch.Tensor, gu: torch.Tensor, tok: torch.Tensor
@@ -106,7 +125,8 @@ class RoutedExperts:
             pairs = torch.nonzero(flat == e).squeeze(1)  # the pairs routed to e, ascending
             tok = pairs // k
             x = _inputs(h, tok, weights.reshape(-1)[pairs] if before else None)  # [n, hidden]
-            gu = torch.cat((matmul(x, self.gate[e]), matmul(x, self.up[e])), 1)  # [n, 2 ffn]
+            gu = torch.cat((matmul(x, _plain(self.gate[e])), matmul(x, _plain(self.up[e]))),
+                           1)  # [n, 2 ffn]  # fmt: skip
             if lora is not None:
                 self._lora_gate_up(lora, e, x, gu, tok)
             f = gu.shape[1] // 2
@@ -116,7 +136,7 @@ class RoutedExperts:
             if self.up_bias is not None:
                 u += self.up_bias[e]
             a = gated_act(g, u, self.cfg.act)  # one C call: a row's bits are its own
-            d = matmul(a, self.down[e])
+            d = matmul(a, _plain(self.down[e]))
             if lora is not None:
                 d = lora.apply_expert(self.prefix + "ffn_down_exps.weight", e, a, d, tok)
             if self.down_bias is not None:
@@ -146,6 +166,29 @@ def _packed(w: WeightSource, name: str) -> list[Matrix]:
     if any(p is not m for p, m in zip(packed, mats, strict=True)):
         w.release(name)
     return packed
+
+
+class Q6KPacked(Matrix):
+    """Q6_K rows repacked for the grouped expert kernels (`kernels.pack_q6k`); ``data``
+    [n_out, row_bytes] uint8 with the file's bytes per row, in the packed order."""
+
+    def file_rows(self) -> torch.Tensor:
+        return unpack_q6k(self.data, self.shape[1])
+
+
+def _packed_q6k(mats: list[Matrix]) -> list[Matrix]:
+    """The stack's Q6_K experts repacked (`Q6KPacked`) where they can be, else as they are."""
+    if any(m.ggml_type != Q6_K or m.packed or not packable_q6k(m.data, m.shape[1]) for m in mats):
+        return mats
+    return [Q6KPacked(m.name, pack_q6k(m.data, m.shape[1]), Q6_K, m.shape, True,
+                      m.data.shape[1]) for m in mats]  # fmt: skip
+
+
+def _plain(m: Matrix) -> Matrix:
+    """m in a layout `projection.matmul` reads (a packed Q6_K stack's matrix unpacked)."""
+    if isinstance(m, Q6KPacked):
+        return Matrix(m.name, m.file_rows(), m.ggml_type, m.shape)
+    return m
 
 
 def _spans(r: Route) -> list[tuple[int, int, int]]:
