@@ -117,6 +117,17 @@ class ChatTemplate:
             self._cache[source] = _detect_format(source, tokens)
         return self._cache[source]
 
+    def forced_format(self, source: str, tokens: Tokens) -> Any:
+        """The format a forced call is written in where `chat_format` has no tool calls
+        (`formats.forced`; None: the template shows no call form, bare JSON is forced)."""
+        key = "forced:" + source
+        if key not in self._cache:
+            from loraserve.chat.formats.forced import template_forced_format
+
+            fmt = self.chat_format(source, tokens)
+            self._cache[key] = None if fmt is None else template_forced_format(fmt, source, tokens)
+        return self._cache[key]
+
     def supports_thinking(self, tokens: Tokens, tools: Any = None) -> bool:
         """Whether the template knows reasoning (llama-server's `supports_thinking`)."""
         if self.builtin:

@@ -5,10 +5,12 @@ the tool-call grammar, shared by /v1/chat/completions, /v1/messages and /v1/resp
 `tool_choice` here is "auto", "required", "none" or a function's name. Tools with a
 choice other than "none" are parsed in the template's own format; a template whose format
 has no tool calls answers plain content under "auto" (one warning at detection), and
-under "required" or a named function gets bare JSON calls (`{"name": .., "arguments": ..}`,
-the form every template's tool instructions describe), so a forced call works with any
-template. A grammar (`grammar`, `json_schema`, `response_format`) together with active
-tools is a 400, as in llama-server.
+under "required" or a named function gets the calls the template writes or describes
+outside llama.cpp's detection (`chat.formats.forced`: R1 Distill Llama's DeepSeek calls,
+Granite 3.3's `<|tool_call|>[..]`), else bare JSON calls (`{"name": .., "arguments": ..}`)
+where the template shows no call form at all, so a forced call works with any template.
+A grammar (`grammar`, `json_schema`, `response_format`) together with active tools is a
+400, as in llama-server.
 """
 
 from __future__ import annotations
@@ -178,6 +180,17 @@ def chat_format(state: ServerState, tools: list[dict[str, Any]] | None) -> ChatF
     return fmt if isinstance(fmt, ChatFormat) else PLAIN
 
 
+def forced_format(state: ServerState, tools: list[dict[str, Any]] | None) -> ChatFormat | None:
+    """The notation a forced call is written in where the template's format has no tool
+    calls (`chat.formats.forced`: the calls it writes or describes); None: bare JSON."""
+    template = state.template()
+    if template.builtin:
+        return None
+    source = select_source(template.source, template.tool_use, tools)
+    fmt = template.forced_format(source, token_strings(state.require().tokenizer))
+    return fmt if isinstance(fmt, ChatFormat) else None
+
+
 async def plan_reply(
     state: ServerState,
     prompt: str,
@@ -210,7 +223,7 @@ async def plan_reply(
         if choice == "auto":
             active = None
         else:
-            fmt = BARE_JSON.with_(
+            fmt = await asyncio.to_thread(forced_format, state, tools) or BARE_JSON.with_(
                 reasoning_mode=fmt.reasoning_mode,
                 reasoning_start=fmt.reasoning_start,
                 reasoning_end=fmt.reasoning_end,
