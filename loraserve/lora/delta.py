@@ -83,6 +83,11 @@ class LoraBatch:
                 self._targets[key] = (pairs, torch.tensor(sel), f, (*sel, *factors))
         return self._targets[key]
 
+    def targets(self, target: str) -> bool:
+        """Whether an adapter active in this step adapts base tensor ``target`` (a MoE layer
+        whose experts no adapter targets keeps its one-call path)."""
+        return any(target in self._adapters[i].weights for i in self.active)
+
     def apply(self, target: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """``y`` plus the delta of each row's mix, in place; x: [T, in], y: [T, out].
 
