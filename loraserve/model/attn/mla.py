@@ -18,14 +18,18 @@ they are. Every projection here takes LoRA: the per-head ``attn_k_b`` / ``attn_v
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import nn
 
 from loraserve.kernels.attention import attention
+from loraserve.model.attn.heads import HeadStack
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
 from loraserve.model.layers import apply_rope, rms_norm
-from loraserve.model.projection import Matrix, Projection, matmul
+from loraserve.model.projection import Matrix, Projection
 from loraserve.model.weights import WeightSource, unpermute_qk
 
 
@@ -58,6 +62,9 @@ class LatentAttention(nn.Module):
         self.kv_a_norm = _float(w, p + "attn_kv_a_norm.weight")
         self.k_b = _heads(w, p + "attn_k_b.weight", h)  # H x [rank, nope]
         self.v_b = _heads(w, p + "attn_v_b.weight", h)  # H x [dv, rank]
+        # both stacks' heads in one grouped call each (adapter steps: a loop over heads)
+        self._k_b = _stack(self.k_b)
+        self._v_b = _stack(self.v_b)
         self.o = _proj(w, p + "attn_output.weight")
 
     def forward(
@@ -76,8 +83,7 @@ class LatentAttention(nn.Module):
         pe = torch.cat((q[:, :, self.nope :], kv[:, None, self.rank :]), 1)  # [T, H + 1, rope]
         pe = apply_rope(pe.contiguous(), *rope)
         qa = torch.empty(t, nh, self.rank + self.rope_dim)  # [T, H, rank + rope]
-        for j in range(nh):  # the key up-projection absorbed into each head's query
-            qa[:, j, : self.rank] = _head(self.k_b, j, q[:, j, : self.nope].contiguous())
+        qa[:, :, : self.rank] = self._k_b(q, ctx.lora)  # k_b absorbed in the query
         qa[:, :, self.rank :] = pe[:, :nh]
         k = torch.cat((c, pe[:, nh]), 1)  # [T, rank + rope]: the compressed cache row
         k_cache, _ = ctx.kv_caches[layer]
@@ -85,9 +91,7 @@ class LatentAttention(nn.Module):
         a = ctx.attn
         lat = attention(qa, k_cache, k_cache[:, :, : self.rank], a.slots, a.seq_off, a.row_seq,
                         a.row_nkeys, cfg.attn_scale)  # fmt: skip  # [T, H, rank]
-        out = torch.empty(t, nh * self.dv)  # [T, H dv]
-        for j in range(nh):
-            out[:, j * self.dv : (j + 1) * self.dv] = _head(self.v_b, j, lat[:, j].contiguous())
+        out = self._v_b(lat, ctx.lora).reshape(t, nh * self.dv)  # [T, H dv]
         return self.o(out)
 
 
@@ -121,13 +125,10 @@ def _heads(w: WeightSource, name: str, n_heads: int) -> list[Matrix] | Projectio
     return ms
 
 
-def _head(m: list[Matrix] | Projection, j: int, x: torch.Tensor) -> torch.Tensor:
-    """Head j's matrix of a per-head stack on x [T, in] -> [T, out], its LoRA delta included
-    (a stacked target's head j, as an expert's)."""
-    if isinstance(m, Projection):
-        return m(x)
-    y = matmul(x, m[j])
-    lora = get_context().lora
-    if lora is not None:
-        y = lora.apply_expert(m[j].name, j, x, y, torch.arange(x.shape[0]))
-    return y
+def _stack(m: list[Matrix] | Projection) -> Callable[[torch.Tensor, Any], torch.Tensor]:
+    """A per-head stack's call on (x [T, H, >= in], the step's LoRA) -> [T, H, out]:
+    grouped, or (one head stored 2-D) its projection, which reads the LoRA itself."""
+    if not isinstance(m, Projection):
+        return HeadStack(m)
+    n_in = m.in_features
+    return lambda x, _lora: m(x[:, 0, :n_in].contiguous()).unsqueeze(1)
