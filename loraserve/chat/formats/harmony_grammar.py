@@ -54,19 +54,24 @@ def harmony_grammar(
         calls.append(g.rule(f"{heads} {constrain} {msg} {args}"))
     call = g.rule(" | ".join(calls))
     next_msg = f'{start} "assistant"'
+    # a message's text and its end: a special <|end|> ends free text by itself; spelled as
+    # text (a vocabulary without harmony's tokens) the text stops at its first <|end|>
+    # (a lazy rule), and a last message without one never holds it
+    ended = g.text_until("<|end|>")
+    last = "TEXT" if end.startswith("<") else g.not_containing("<|end|>")
     if choice == "auto":
         name = '("commentary" | "analysis" | "final")'  # the call's own words, one lexeme
         parts = f"{g.q('<|channel|>')} {name} HEADER? | {g.q('<|constrain|>')} HEADER?"
         header = g.rule(f"HEADER? ({parts})+")
         body = g.rule("")  # a message, then (after its end) the next one
-        plain = f"{header} {msg} TEXT ({end} ({next_msg} {body})?)?"
+        plain = f"{header} {msg} ({ended} ({next_msg} {body})? | {last})"
         g.rules[int(body[1:]) - 1] = f"{body}: {call} | {plain}"
-        head = f"TEXT {end} {next_msg}" if thinking_open else ""
+        head = f"{ended} {next_msg}" if thinking_open else ""
         return _lark(g, f"{head} {body}".strip())
     if thinking_open:
-        return _lark(g, f"TEXT {end} {next_msg} {call}")
+        return _lark(g, f"{ended} {next_msg} {call}")
     analysis = f'{g.q("<|channel|>")} "analysis" {msg}'
-    return _lark(g, f"({analysis} TEXT {end} {next_msg})? {call}")
+    return _lark(g, f"({analysis} {ended} {next_msg})? {call}")
 
 
 def _lark(g: Lark, start: str) -> str:

@@ -106,3 +106,26 @@ def test_pattern_triggered_auto_grammars_bind_the_calls(name: str, answer: str) 
     assert lark is not None and grammar_accepts(lark, answer, specials) is None, lark
     for bad in (answer.replace("special_function", "other"), answer.replace("1", "x")):
         assert grammar_accepts(lark, bad, specials) is not None, bad
+
+
+@pytest.mark.parametrize("case", CALLS, ids=[str(c["id"]) for c in CALLS])
+def test_harmony_markers_as_text_still_bind_the_calls(case: dict) -> None:
+    """A vocabulary without harmony's special tokens (the markers spelled as text): a
+    message's text stops at its first `<|end|>`, so under `auto` and `required` the call
+    after an analysis message is still held to the tools and the schema."""
+    fmt, tools = _format(HARMONY), case["request"]["tools"]
+    (want,) = case["expect"]["tool_calls"]
+    other = case["input"].replace(f"functions.{want['name']}", "functions.other")
+    for choice in ("auto", "required"):
+        lark = tool_grammar(fmt, tools, choice)
+        assert lark is not None and grammar_accepts(lark, case["input"]) is None, lark
+        assert other != case["input"] and grammar_accepts(lark, other) is not None
+
+
+@pytest.mark.parametrize(("name", "answer"), PATTERN_TRIGGERED)
+def test_pattern_triggered_auto_grammars_bind_calls_spelled_as_text(name: str, answer: str) -> None:
+    """Muse's and Functionary's `auto` grammars with every marker spelled as text."""
+    lark = tool_grammar(_format(name), CALLS[0]["request"]["tools"], "auto")
+    assert lark is not None and grammar_accepts(lark, answer) is None, lark
+    for bad in (answer.replace("special_function", "other"), answer.replace("1", "x")):
+        assert grammar_accepts(lark, bad) is not None, bad

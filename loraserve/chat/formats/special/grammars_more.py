@@ -146,9 +146,16 @@ def muse_auto(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool)
     calls = g.rule(muse_body(g, tools, parallel, False))
     nxt = f"{g.q(muse.EOM)} {g.q(muse.START)}"
     message = g.q(muse.MESSAGE)
+    body = g.rule("")  # a message, then the next one
+    if g.q(muse.EOM).startswith('"'):  # markers spelled as text: a message's text stops at
+        ended = g.text_until(muse.EOM)  # its first <|eom|> (a lazy rule)
+        analysis = f'" to=self" {message} {ended} {g.q(muse.START)} {body}'
+        last = f"({g.text_until(muse.EOT)} | {g.not_containing(muse.EOM)})"
+        final = f'(" to=user")? {message} ({ended} {g.q(muse.START)} {calls} | {last})'
+        g.rules[int(body[1:]) - 1] = f"{body}: {calls} | {analysis} | {final}"
+        return body
     inner = [q for q in map(g.q, muse.BODY_TOKENS) if not q.startswith('"')]  # as tokens
     text = g.rule(f"TEXT (({' | '.join(inner)}) TEXT)*") if inner else "TEXT"
-    body = g.rule("")  # a message, then the next one
     analysis = f'" to=self" {message} {text} {nxt} {body}'
     final = f'(" to=user")? {message} {text} ({nxt} {calls} | {g.q(muse.EOT)})?'
     g.rules[int(body[1:]) - 1] = f"{body}: {calls} | {analysis} | {final}"
