@@ -10,6 +10,9 @@ inbox: the adapter is installed, the mix's cache key computed from the content j
 and the parked requests enter the scheduler in their arrival order, or fail with the
 read's error (a gone file: `UnknownModelName`, a bad one: `AdapterError`).
 
+`want` starts those reads earlier, at submit time on the caller's thread (`lora.prefetch`):
+the engine's read claims the prefetched one of the same, unchanged file.
+
 After every install, and whenever a previous pass could not get under the limits, idle
 adapters are evicted to the tiers' limits (`lora.tiers.victims`): an adapter that a queued,
 running or parked request uses, or a pinned one, never.
@@ -17,7 +20,9 @@ running or parked request uses, or a pinned one, never.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,6 +31,7 @@ from loraserve.engine.inbox import Inbox
 from loraserve.engine.request import Request
 from loraserve.engine.scheduler import Scheduler
 from loraserve.lora.adapter import Adapter
+from loraserve.lora.prefetch import Prefetch, ReadResult, disk_path
 from loraserve.lora.registry import AdapterRegistry, Mix
 from loraserve.lora.tiers import victims
 
@@ -49,6 +55,23 @@ class AdapterLoads:
         self._reading: set[int] = set()
         self._pool: ThreadPoolExecutor | None = None
         self.overflow = False  # the last eviction pass left the limits exceeded
+        self.prefetch = Prefetch(registry.read_path, self.off_thread)
+        self._wanted: Counter[int | str] = Counter()  # submitted, not yet received
+        self._wanted_lock = threading.Lock()
+
+    def want(
+        self, lora: Sequence[tuple[int | str, float]] | None, adapter_name: str | None
+    ) -> None:
+        """Caller's thread, at submit: start reading the adapters the submission names that
+        are on disk (best effort; the receipt decides, and names any error)."""
+        if not self.inbox.threaded:
+            return  # without an engine thread the receipt follows at once
+        with self._wanted_lock:  # kept from eviction until received (`in_use`)
+            self._wanted.update(_refs(lora, adapter_name))
+        for ref in [*(ref for ref, _ in lora or ()), *([adapter_name] if adapter_name else [])]:
+            path = disk_path(self.reg, ref)
+            if path is not None:
+                self.prefetch.start(path)
 
     @property
     def busy(self) -> bool:
@@ -65,6 +88,9 @@ class AdapterLoads:
     ) -> None:
         """Engine thread: fix the submission's scales now and queue its requests once their
         adapters are resident (``received`` gets the `Mix`, or the error that refused it)."""
+        with self._wanted_lock:
+            self._wanted.subtract(_refs(lora, adapter_name))
+            self._wanted = +self._wanted  # counts at 0 (or below, if never wanted) go
         scales, named = self.reg.scales_of(lora, adapter_name, strict)
         self.reg.touch(scales)
         parked = _Parked(reqs, scales, named, received)
@@ -76,9 +102,14 @@ class AdapterLoads:
         self._read(missing)
 
     def in_use(self) -> set[int]:
-        """Adapters that a queued, running or parked request uses."""
+        """Adapters that a queued, running or parked request uses, and the resident ones a
+        submission not yet received names (it would read them again at once)."""
         users = [*self.sched.waiting, *(r.req for r in self.sched.running)]
         ids = {i for r in users for i in r.mix.scales}
+        with self._wanted_lock:
+            wanted = set(self._wanted)
+        if wanted:
+            ids.update(a.id for a in self.reg.resident if {a.id, a.name.casefold()} & wanted)
         return ids.union(*(p.scales for p in self._parked))
 
     def enforce(self) -> list[Adapter]:
@@ -125,6 +156,16 @@ class AdapterLoads:
                 self._done(adapter_id, *_timed(self.reg.read, adapter_id))
                 continue
 
+            path = self.reg.get(adapter_id).path
+            held = self.prefetch.claim(path)
+            if held is not None:  # read since its submission: installed once it is done
+
+                def ready(f: Future[ReadResult], adapter_id: int = adapter_id) -> None:
+                    self.inbox.call(lambda: self._done(adapter_id, *f.result()))
+
+                held.add_done_callback(ready)
+                continue
+
             def job(adapter_id: int = adapter_id) -> None:
                 result = _timed(self.reg.read, adapter_id)
                 self.inbox.call(lambda: self._done(adapter_id, *result))
@@ -141,6 +182,7 @@ class AdapterLoads:
             self.reg.install(adapter_id, loaded, dt)
         else:
             self.reg.stats.load_failures += 1
+        self.prefetch.finish(self.reg.get(adapter_id).path)  # resident: none starts now
         still: list[_Parked] = []
         ready: list[_Parked] = []
         again: list[int] = []
@@ -167,6 +209,14 @@ class AdapterLoads:
         self.enforce()
         if again:
             self._read(again)
+
+
+def _refs(
+    lora: Sequence[tuple[int | str, float]] | None, adapter_name: str | None
+) -> list[int | str]:
+    """The adapters a submission names: ids, and names case folded."""
+    refs = [*(ref for ref, _ in lora or ()), *([adapter_name] if adapter_name else [])]
+    return [r.casefold() if isinstance(r, str) else r for r in refs]
 
 
 def _timed(

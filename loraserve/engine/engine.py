@@ -159,6 +159,7 @@ class Engine(EngineCalls):
             except BaseException as e:  # handed to the caller
                 received.set_exception(e)
 
+        self.loads.want(lora, adapter_name)  # adapters on disk: their reads start now
         self._inbox.call(receive)
         return Submission(reqs, received)
 

@@ -131,8 +131,9 @@ class Catalogue:
                 out.append(e)
         return out
 
-    def lookup(self, name: str) -> Entry | None:
-        """The entry named ``name`` (case ignored), or None."""
+    def lookup(self, name: str, scan: bool = True) -> Entry | None:
+        """The entry named ``name`` (case ignored), or None. Without ``scan``, only the
+        modules and the exact spelling in each directory (no directory listing)."""
         key = name.casefold()
         if key in self._modules:
             return self._modules[key]
@@ -140,6 +141,8 @@ class Catalogue:
             for d in self.dirs:  # the exact spelling first: no directory listing
                 for e in self._scan_one(d, name):
                     return e
+        if not scan:
+            return None
         for d in self.dirs:
             for e in self._scan(d):
                 if e.name.casefold() == key:

@@ -1,0 +1,130 @@
+"""Adapter reads started at submit time (`lora.prefetch`): the engine uses the read of an
+unchanged file once, never one of a file changed since, and the held reads stay bounded.
+
+The oracle for the engine's answers is PEFT's own model (transformers float32, greedy), as
+in test_catalogue; for `Prefetch` alone it is the file's bytes on disk."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from loraserve.lora import prefetch as pf
+from loraserve.lora.prefetch import Prefetch, disk_path
+from tests.engine_util import ask, follow, run_and_drain, tokens
+from tests.unit.lora.test_catalogue import N, P, engine, greedy, lib, tiny  # noqa: F401
+
+
+def deferred() -> tuple[Prefetch, list]:
+    """A Prefetch that reads a file's bytes, its jobs held until the test runs them."""
+    jobs: list = []
+    return Prefetch(lambda p: p.read_bytes(), jobs.append), jobs  # type: ignore[arg-type, return-value]
+
+
+def test_claim_serves_an_unchanged_file_once(tmp_path) -> None:
+    f = tmp_path / "x.gguf"
+    f.write_bytes(b"first")
+    fetch, jobs = deferred()
+    fetch.start(f)
+    fetch.start(f)  # the same file again: the read already held serves both
+    assert len(jobs) == 1 and fetch.started == 1
+    jobs.pop()()
+    held = fetch.claim(f)
+    assert held is not None and held.result()[0] == f.read_bytes()
+    assert fetch.claim(f) is None  # taken out: a second claim reads for itself
+    fetch.start(f)  # the engine reads the path now (claimed, not finished): none starts
+    assert jobs == []
+    fetch.finish(f)
+    fetch.start(f)
+    assert len(jobs) == 1
+
+
+def test_a_file_changed_since_the_read_started_is_never_served(tmp_path) -> None:
+    f = tmp_path / "x.gguf"
+    f.write_bytes(b"old content")
+    fetch, jobs = deferred()
+    fetch.start(f)
+    jobs.pop()()
+    f.write_bytes(b"new content, another size")
+    os.utime(f, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert fetch.claim(f) is None  # the caller reads the new bytes itself
+    gone = tmp_path / "gone.gguf"
+    fetch.start(gone)  # no file: nothing starts (the engine's read names the error)
+    assert jobs == [] and fetch.claim(gone) is None
+
+
+def test_unclaimed_reads_are_bounded(tmp_path, monkeypatch) -> None:
+    fetch, jobs = deferred()
+    files = []
+    for i in range(pf.MAX_UNCLAIMED + 4):
+        files.append(tmp_path / f"a{i}.gguf")
+        files[-1].write_bytes(b"x" * i)
+        fetch.start(files[-1])
+    assert len(jobs) == pf.MAX_UNCLAIMED + 4
+    assert fetch.claim(files[0]) is None  # the oldest were dropped
+    assert fetch.claim(files[-1]) is not None
+    monkeypatch.setattr(pf, "TTL_S", -1.0)  # everything held is past its time
+    fetch.start(files[1])
+    assert sum(fetch.claim(x) is not None for x in files[2:]) == 0
+
+
+def test_submit_reads_once_and_answers_as_peft(tiny, lib) -> None:  # noqa: F811
+    model, _ = tiny
+    root, peft = lib
+    eng = engine(model, root, n_slots=4)
+    reg = eng.core.adapters
+    assert disk_path(reg, "c") == (root / "c").resolve()  # a catalogue name, not registered
+    assert disk_path(reg, "nope") is None
+    eng.start()
+    try:
+        base = eng.submit(**ask(P, 24))  # keeps decoding while the adapter is read
+        go = threading.Barrier(4)
+        subs = []
+
+        def client() -> None:
+            go.wait()
+            subs.append(eng.submit(**ask(P, N), adapter_name="c"))
+
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        answers = [tokens(follow(s.requests[0])) for s in subs]
+        follow(base.requests[0])
+        again = eng.submit(**ask(P, N), lora=[(reg.find("c").id, 1.0)])
+        assert tokens(follow(again.requests[0])) == answers[0]
+    finally:
+        eng.shutdown()
+    assert answers == [greedy(peft["c"], P)] * 4
+    assert reg.stats.loads == 1 and eng.loads.prefetch.claimed == 1
+    assert disk_path(reg, "c") is None  # resident: nothing to read at submit
+
+
+def test_an_adapter_a_submission_names_is_kept_until_received(tiny, lib) -> None:  # noqa: F811
+    model, _ = tiny
+    root, peft = lib
+    eng = engine(model, root, lora_max_loaded=1)
+    reg = eng.core.adapters
+
+    def answer(**kw) -> list[int]:
+        (evs,) = run_and_drain(eng, [ask(P, N, **kw)])
+        return tokens(evs)
+
+    first = answer(adapter_name="a")
+    eng.loads.inbox.threaded = True  # as at submit with an engine thread: not received yet
+    try:
+        eng.loads.want([("A", 1.0)], None)
+    finally:
+        eng.loads.inbox.threaded = False
+    eng.loads.close()
+    b = answer(adapter_name="b")
+    # a is the least recently used, but wanted: b, idle once answered, went instead
+    assert [x.name for x in reg.resident] == ["a"] and reg.stats.evictions == 1
+    again = answer(lora=[("A", 1.0)])  # the receipt: read no more
+    assert reg.stats.loads == 2
+    c = answer(adapter_name="c")
+    assert [x.name for x in reg.resident] == ["c"] and reg.stats.loads == 3
+    assert again == first == greedy(peft["a"], P)
+    assert b == greedy(peft["b"], P) and c == greedy(peft["c"], P)
