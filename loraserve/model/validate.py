@@ -157,6 +157,8 @@ def check_tensors(
     block past the last layer, the embedding, output norm and output against the hidden size,
     and their rows against the tokenizer's ``n_tokens`` (when known); `ModelFileError`
     naming the first tensor that does not fit."""
+    from loraserve.model.recurrent import tensors as recurrent_tensors
+
     table = {**SHAPES, **(extra or {})}
     h = cfg.hidden_size
     for name, shape in shapes.items():
@@ -177,6 +179,10 @@ def check_tensors(
             continue
         fn = table.get(stem)
         if fn is not None and tuple(shape) != (want := tuple(fn(cfg, i))):
+            if stem == "ssm_norm" and recurrent_tensors.ggml_shape(
+                shape
+            ) == recurrent_tensors.ggml_shape(want):
+                continue  # one group's [1, d] stored as [d] by llama-quantize
             raise ModelFileError(_mismatch(name, shape, want, cfg, i))
     for i in range(cfg.n_layers):
         fused_exps = f"blk.{i}.ffn_gate_up_exps.weight" in shapes  # gate|up in one (deepseek2)
@@ -185,8 +191,6 @@ def check_tensors(
                 continue
             if f"blk.{i}.{stem}.weight" not in shapes and f"blk.{i}.{stem}" not in shapes:
                 raise ModelFileError(f"the model lacks tensor 'blk.{i}.{stem}.weight'")
-    from loraserve.model.recurrent import tensors as recurrent_tensors
-
     if (problem := recurrent_tensors.check(cfg, shapes)) is not None:
         raise ModelFileError(problem)
     emb = shapes.get("token_embd.weight")

@@ -68,6 +68,15 @@ def layer_tensors(cfg: Any, i: int) -> dict[str, tuple[Shape, bool]]:
     return {}
 
 
+def ggml_shape(shape: Shape) -> tuple[int, ...]:
+    """``shape`` as ggml stores it: outer dimensions of size 1 dropped (llama-quantize writes
+    [1, N] as [N]: Granite 4's one-group ``ssm_norm``), which llama.cpp's loader accepts."""
+    out = tuple(shape)
+    while len(out) > 1 and out[0] == 1:
+        out = out[1:]
+    return out
+
+
 def check(cfg: Any, shapes: Mapping[str, Shape]) -> str | None:
     """The first problem with the recurrent layers' tensors (``shapes``: name -> torch-order
     shape of the whole file), or None."""
@@ -80,7 +89,7 @@ def check(cfg: Any, shapes: Mapping[str, Shape]) -> str | None:
             got = shapes.get(f"blk.{i}.{name}")
             if got is None and required:
                 return f"the model lacks tensor 'blk.{i}.{name}'"
-            if got is not None and tuple(got) != shape:
+            if got is not None and ggml_shape(got) != ggml_shape(shape):
                 return (
                     f"tensor 'blk.{i}.{name}' has shape {tuple(got)}, expected {shape} "
                     f"(SSM sizes {tuple(cfg.ssm)}): the metadata does not describe these weights"

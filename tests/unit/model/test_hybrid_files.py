@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from loraserve.engine.runner import BatchItem, ModelRunner
 from loraserve.model.archs import UnsupportedModelError
 from loraserve.model.loader import load_model
 from loraserve.model.validate import ModelFileError
@@ -82,3 +84,21 @@ def test_untouched_files_load(tmp_path: Path) -> None:
     for arch in ("jamba", "falcon-h1", "nemotron_h", "nemotron_h_moe"):
         m = load_model(write_model(spec(arch), tmp_path / f"{arch}.gguf"))
         assert m.config.arch == arch
+
+
+def test_one_group_norm_stored_flat(tmp_path: Path) -> None:
+    """A one-group Mamba-2 norm [1, d_inner] is stored [d_inner] by llama-quantize (ggml drops
+    outer sizes of 1; every Granite 4 file): it loads, and runs as the [1, d_inner] one."""
+    s = meta(spec("granitehybrid"), "granitehybrid.ssm.group_count", "UINT32", 1)
+    for name, shape in [("ssm_in.weight", [1282, 256]), ("ssm_conv1d.weight", [768, 4]),
+                        ("ssm_conv1d.bias", [768]), ("ssm_norm.weight", [1, 512])]:  # fmt: skip
+        s = reshape(s, f"blk.1.{name}", shape)
+    flat = reshape(copy.deepcopy(s), "blk.1.ssm_norm.weight", [512])
+    logits = []
+    for i, sp in enumerate((s, flat)):
+        runner = ModelRunner(
+            load_model(write_model(sp, tmp_path / f"g{i}.gguf")).decoder, 4, torch.float32
+        )
+        runner.ensure_capacity(2)
+        logits.append(runner.forward([BatchItem([5, 9, 77, 3, 12], 0, 5, [0, 1], True, {})]))
+    assert torch.equal(logits[0], logits[1])
