@@ -30,6 +30,7 @@ class HeadStack:
         self.mats = mats
         self.n_heads, (self.n_out, self.n_in) = len(mats), mats[0].shape
         self.proj: _Proj | None = None
+        self._orders: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         if _grouped(mats):
             # the file's rows as they are, as `matmul` reads them (a packed Q5_0 differs in
             # its last bits from the plain rows)
@@ -50,14 +51,26 @@ class HeadStack:
         if x.stride(2) != 1 or x.stride(0) != h * x.stride(1):
             x = x[:, :, : self.n_in].contiguous()
         ld = x.stride(1)
-        off = torch.arange(0, (h + 1) * t, t, dtype=torch.int64)  # [H + 1]
-        src = (torch.arange(t) * h + torch.arange(h)[:, None]).reshape(-1)  # [H T]: t H + j
+        off, src = self._order(t)
         y = torch.empty(h * t, self.n_out)  # [H T, out] head-major
         rc = _kernels().ls_moe_matmul(
             ctypes.byref(self.proj), h, off.data_ptr(), self.n_in, x.data_ptr(), ld, t * h,
             src.data_ptr(), None, y.data_ptr(), torch.get_num_threads())  # fmt: skip
         _check(rc, "per-head matmul")
         return y.view(h, t, self.n_out).transpose(0, 1)  # [T, H, out] (a view)
+
+    def _order(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head-major order of T tokens' pairs: each head's first row off [H + 1] and
+        the source row t H + j of sorted row j T + t, src [H T]; kept for small T (decode)."""
+        got = self._orders.get(t)
+        if got is None:
+            h = self.n_heads
+            off = torch.arange(0, (h + 1) * t, t, dtype=torch.int64)  # [H + 1]
+            src = (torch.arange(t) * h + torch.arange(h)[:, None]).reshape(-1)  # [H T]
+            got = (off, src)
+            if t <= 8:
+                self._orders[t] = got
+        return got
 
 
 def head_loop(mats: list[Matrix], x: torch.Tensor, lora: LoraDelta | None) -> torch.Tensor:
