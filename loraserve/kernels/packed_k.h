@@ -21,13 +21,24 @@ static inline __attribute__((always_inline)) void pk_dot_q4_k(
             __m256i l0 = _mm256_setzero_si256(), l1 = l0, l2 = l0, l3 = l0;
             __m256i h0 = l0, h1 = l0, h2 = l0, h3 = l0;
             const uint8_t *nib = blk + 160 + 256 * gp;
-            // int16 sums of 8 products pairs: at most 8 * 2 * 15 * 127 = 30480, exact
+            // int16 sums of 8 products pairs: at most 8 * 2 * 15 * 127 = 30480, exact; with
+            // AVX-512 VNNI int32 sums of the 4 products a step (dpbusd), the same integers
+            // once the sub-block scale multiplies them (below)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define LS_PR(r, lo, hi)                                                                      \
+    do {                                                                                      \
+        const int8_t *xr = xb + (r) * K + 64 * gp + 4 * t;                                     \
+        lo = _mm256_dpbusd_epi32(lo, wl, pk_bcast4(xr));                                       \
+        hi = _mm256_dpbusd_epi32(hi, wh, pk_bcast4(xr + 32));                                  \
+    } while (0)
+#else
 #define LS_PR(r, lo, hi)                                                                      \
     do {                                                                                      \
         const int8_t *xr = xb + (r) * K + 64 * gp + 4 * t;                                     \
         lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(wl, pk_bcast4(xr)));                    \
         hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(wh, pk_bcast4(xr + 32)));               \
     } while (0)
+#endif
 #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) {
                 if (ahead && !(t & 1)) PREFETCH(nib + 32 * t);
@@ -37,9 +48,17 @@ static inline __attribute__((always_inline)) void pk_dot_q4_k(
                 PK_EACH(LS_PR, l, h);
             }
 #undef LS_PR
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+            // the 32-bit sums times each row's scale (one per lane): the int16 form's integers
+            const __m256i sl = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 32 + 16 * gp)));
+            const __m256i sh = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 40 + 16 * gp)));
+#define LS_PS(lo, hi, acc)                                                                    \
+    acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_mullo_epi32(lo, sl), _mm256_mullo_epi32(hi, sh)))
+#else
             const __m256i sl = pk_pair16(blk + 32 + 16 * gp), sh = pk_pair16(blk + 40 + 16 * gp);
 #define LS_PS(lo, hi, acc)                                                                    \
     acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(lo, sl), _mm256_madd_epi16(hi, sh)))
+#endif
             LS_PS(l0, h0, i0);
             if (R > 1) LS_PS(l1, h1, i1);
             if (R > 2) LS_PS(l2, h2, i2);
