@@ -10,6 +10,15 @@ resident (used within the last 64 distinct adapters the client side sent, an LRU
 the server's tier) or had to be read from disk. Peak RSS (VmHWM) and the server's
 `loraserve:lora_resident_bytes` at the end are reported beside the budget.
 
+The adapters are float16 GGUF files by default (`--dtype f16`): 3.8 MB at rank 8 and 7.6 MB
+at rank 16 (18 layers x 7 projections, 237,312 (in + out) values per rank), ~11 GB for the
+2,000. That is what llama.cpp's `convert_lora_to_gguf.py --outtype f16` (or `auto` on a
+16-bit checkpoint) writes; its default outtype is f32, and PEFT saves float32 LoRA weights
+unless told otherwise (`get_peft_model(autocast_adapter_dtype=True)` widens 16-bit ones), so
+`--dtype f32` runs the same values stored as float32 (twice the bytes per cold read, and no
+float16 kernel path) in a pool of its own. PEFT's default targets for Gemma 3 are q_proj and
+v_proj only (0.74 MB at rank 8 in f16); every projection here is the heavier case.
+
 llama-server takes part in the 8-adapter case only, as its reference: all adapters loaded
 at start (`--lora ... --lora-init-without-apply`), each request with the full `lora` list.
 The servers run one at a time, never together. Writes `bench/results/adapter_scale_<ts>.json`
@@ -31,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from bench.client import BenchError, Completion, body, stream_completion
 from bench.peer import find_peer
@@ -55,22 +65,30 @@ class Plan:
     parallel: int = 8
     ctx: int = 8192
     seed: int = 0
+    dtype: str = "f16"  # the adapter files' tensor type: f16 or f32
 
     @staticmethod
     def quick() -> Plan:
         return Plan(sizes=(8, 64), requests=16, n_predict=4, prompt_words=8)
 
 
-def adapter_pool(n: int) -> list[Path]:
-    """`n` adapters `a0000.gguf`... in the shared pool (written once, reused after)."""
+def pool_dir(dtype: str) -> Path:
+    """The shared pool of adapter files of one tensor type."""
+    return POOL if dtype == "f16" else POOL.with_name(f"{POOL.name}-{dtype}")
+
+
+def adapter_pool(n: int, dtype: str = "f16") -> list[Path]:
+    """`n` adapters `a0000.gguf`... in the shared pool (written once, reused after); the
+    f32 pool holds the f16 pool's values widened (the same answers, twice the bytes)."""
     from loraserve.model.gguf_write import write_gguf
 
-    POOL.mkdir(parents=True, exist_ok=True)
+    pool = pool_dir(dtype)
+    pool.mkdir(parents=True, exist_ok=True)
     shapes = AdapterShapes()
     paths = []
     for i in range(n):
         rank = 8 if i % 2 == 0 else 16
-        path = POOL / f"a{i:04d}.gguf"
+        path = pool / f"a{i:04d}.gguf"
         if not path.is_file():
             meta = {
                 "general.architecture": "gemma3",
@@ -78,8 +96,11 @@ def adapter_pool(n: int) -> list[Path]:
                 "adapter.type": "lora",
                 "adapter.lora.alpha": float(rank),
             }
+            tensors = adapter_tensors(1000 + i, shapes, rank)
+            if dtype == "f32":
+                tensors = {k: v.astype(np.float32) for k, v in tensors.items()}
             tmp = path.with_suffix(".part")
-            write_gguf(tmp, meta, adapter_tensors(1000 + i, shapes, rank))
+            write_gguf(tmp, meta, tensors)
             tmp.rename(path)
         if (i + 1) % 250 == 0:
             print(f"adapters: {i + 1}/{n} written", file=sys.stderr)
@@ -87,11 +108,11 @@ def adapter_pool(n: int) -> list[Path]:
     return paths
 
 
-def lora_dir(n: int) -> Path:
+def lora_dir(n: int, dtype: str = "f16") -> Path:
     """A directory holding exactly the first `n` pool adapters (hard links)."""
-    folder = POOL.parent / f"scale-dir-{n}"
+    folder = POOL.parent / f"scale-dir-{n}{'' if dtype == 'f16' else '-' + dtype}"
     folder.mkdir(exist_ok=True)
-    for path in adapter_pool(n):
+    for path in adapter_pool(n, dtype):
         link = folder / path.name
         if not link.exists():
             os.link(path, link)
@@ -180,9 +201,12 @@ def run_loraserve(plan: Plan, model: Path, n: int, single: bool) -> dict[str, An
         p = body([], plan.n_predict, [{"name": f"a{a:04d}", "scale": 1.0}])  # type: ignore[list-item]
         p["prompt"] = text
         payloads.append(p)
+    folder = lora_dir(n, plan.dtype)
     kind = loraserve_kind(
-        ("--lora-dir", str(lora_dir(n)), "--metrics", "--lora-max-loaded", str(plan.max_loaded))
+        ("--lora-dir", str(folder), "--metrics", "--lora-max-loaded", str(plan.max_loaded))
     )
+    used = sorted(set(picks))
+    file_mib = sum((folder / f"a{a:04d}.gguf").stat().st_size for a in used) / len(used) / 2**20
     port = free_port()
     argv = server_argv(kind, model, port, threads=2, parallel=plan.parallel, ctx=plan.ctx,
                        cache_ram=-1)  # fmt: skip
@@ -191,7 +215,11 @@ def run_loraserve(plan: Plan, model: Path, n: int, single: bool) -> dict[str, An
                         resident_flags(picks, plan.max_loaded))  # fmt: skip
         out["resident_bytes"] = metric(server.url, "loraserve:lora_resident_bytes")
         out["peak_rss_mib"] = server.peak_rss_mib()
-    return {"server": "loraserve", "adapters": 1 if single else n, **out}
+        out["loads"] = metric(server.url, "loraserve:lora_loads_total")
+        out["load_s"] = metric(server.url, "loraserve:lora_load_seconds_total")
+        out["evictions"] = metric(server.url, "loraserve:lora_evictions_total")
+    return {"server": "loraserve", "adapters": 1 if single else n, "dtype": plan.dtype,
+            "file_mib": file_mib, **out}  # fmt: skip
 
 
 def run_peer(plan: Plan, model: Path, binary: Path, n: int) -> dict[str, Any]:
@@ -206,7 +234,7 @@ def run_peer(plan: Plan, model: Path, binary: Path, n: int) -> dict[str, Any]:
     kind = peer_kind(binary)
     port = free_port()
     argv = server_argv(kind, model, port, threads=2, parallel=plan.parallel, ctx=plan.ctx,
-                       cache_ram=-1, adapters=adapter_pool(n))  # fmt: skip
+                       cache_ram=-1, adapters=adapter_pool(n, plan.dtype))  # fmt: skip
     with launch(kind.name, argv, port, timeout=300) as server:
         out = summarize(*asyncio.run(closed_loop(server.url, payloads, plan.clients)),
                         [True] * len(picks))  # fmt: skip
@@ -222,17 +250,21 @@ def table(rows: list[dict[str, Any]]) -> str:
         return "-" if v is None else f"{v:.{d}f}"
 
     out = [
-        "| server | adapters | tok/s | vs 1 adapter | TTFT resident p50/p95 s | "
-        "TTFT cold p50/p95 s (n) | resident MiB | peak RSS MiB | finished |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| server | adapters | dtype | tok/s | vs 1 adapter | TTFT resident p50/p95 s | "
+        "TTFT cold p50/p95 s (n) | loads (s) / evictions | file MiB | resident MiB "
+        "| peak RSS MiB | finished |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ratio = r["tokens_per_s"] / ref["tokens_per_s"] if r["tokens_per_s"] else None
         res = r.get("resident_bytes")
         out.append(
-            f"| {r['server']} | {r['adapters']} | {f(r['tokens_per_s'], 1)} | {f(ratio)}x "
+            f"| {r['server']} | {r['adapters']} | {r.get('dtype', '-')} "
+            f"| {f(r['tokens_per_s'], 1)} | {f(ratio)}x "
             f"| {f(r['ttft_resident_p50'])}/{f(r['ttft_resident_p95'])} "
             f"| {f(r['ttft_cold_p50'])}/{f(r['ttft_cold_p95'])} ({r['n_cold']}) "
+            f"| {f(r.get('loads'), 0)} ({f(r.get('load_s'))}) / {f(r.get('evictions'), 0)} "
+            f"| {f(r.get('file_mib'), 1)} "
             f"| {f(res / 2**20 if res else None, 0)} | {f(r['peak_rss_mib'], 0)} "
             f"| {r['finished']}/{r['requests']} |"
         )
@@ -247,13 +279,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sizes", help="comma-separated adapter counts (default 8,64,512,2000)")
     ap.add_argument("--requests", type=int, help="requests per size")
     ap.add_argument("--no-peer", action="store_true", help="skip llama-server")
+    ap.add_argument("--dtype", choices=("f16", "f32"), help="adapter tensor type (default f16)")
     args = ap.parse_args(argv)
     plan = Plan.quick() if args.quick else Plan()
     if args.sizes:
         plan = replace(plan, sizes=tuple(int(x) for x in args.sizes.split(",")))
     if args.requests:
         plan = replace(plan, requests=args.requests)
-    adapter_pool(max(plan.sizes))
+    if args.dtype:
+        plan = replace(plan, dtype=args.dtype)
+    adapter_pool(max(plan.sizes), plan.dtype)
     rows = [run_loraserve(plan, args.model, 1, single=True)]
     print(json.dumps(rows[-1]), file=sys.stderr)
     for n in plan.sizes:
@@ -264,7 +299,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(run_peer(plan, args.model, binary, 8))
     RESULTS.mkdir(exist_ok=True)
     stamp = time.strftime("%Y-%m-%d_%H%M%S")
-    path = RESULTS / f"adapter_scale_{stamp}{'_quick' if args.quick else ''}.json"
+    tag = ("_quick" if args.quick else "") + ("" if plan.dtype == "f16" else f"_{plan.dtype}")
+    path = RESULTS / f"adapter_scale_{stamp}{tag}.json"
     doc = {"plan": asdict(plan), "machine": machine(), "rows": rows}
     path.write_text(json.dumps(doc, indent=1))
     print(table(rows))
