@@ -1,7 +1,8 @@
-"""What the Ray ingress checks before it reads a body or forwards anything: the API key
-(the replicas' `--api-key` / `--api-key-file`, same public paths as `server/auth.py`) and the
-body's size (`server/app.py`'s limit, declared or streamed). A refused request is answered
-by the ingress itself, in llama-server's error shape: it never reaches the coordinator's
+"""What the Ray ingress checks before it reads a body or forwards anything: a browser's
+cross-site write without a preflight (`server/cors.py`), the API key (the replicas'
+`--api-key` / `--api-key-file`, same public paths as `server/auth.py`) and the body's size
+(`server/app.py`'s limit, declared or streamed). A refused request is answered by the
+ingress itself, in llama-server's error shape: it never reaches the coordinator's
 log of global writes, nor any replica, and its body is never parsed (the routing key is
 read from it only after these checks).
 """
@@ -16,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from loraserve.server.app import MAX_BODY_BYTES
 from loraserve.server.auth import PUBLIC_PATHS, ApiKeyMiddleware, presented_key
+from loraserve.server.cors import unpreflighted_write
 from loraserve.server.errors import ApiError, authentication_error
 
 
@@ -47,8 +49,12 @@ class IngressGuard:
         )
 
     def refuse(self, request: Request) -> Response | None:
-        """The answer to a request refused on its headers (no valid key off the public
-        paths: 401; a declared length over the limit: 413), else None."""
+        """The answer to a request refused on its headers (a web page's cross-site write
+        without a preflight: 415, as the replicas' CORS layer answers it; no valid key off
+        the public paths: 401; a declared length over the limit: 413), else None."""
+        unsafe = unpreflighted_write(request.scope)
+        if unsafe is not None:  # before the coordinator logs it as a global write
+            return unsafe.response()
         if self._keys is not None and request.url.path not in PUBLIC_PATHS:
             if not self._keys.valid(presented_key(request.scope.get("headers", []))):
                 return authentication_error().response()

@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from loraserve.server.errors import ApiError
+
 DEFAULT_ORIGINS = "*"
 DEFAULT_METHODS = "GET, POST, DELETE, OPTIONS"
 DEFAULT_HEADERS = "*"
@@ -111,10 +113,13 @@ class CorsMiddleware:
             await send({"type": "http.response.body", "body": b""})
             return
         extra = self.policy.headers_for(origin, preflight=False)
-        if scope["method"] in STATE_CHANGING and origin and not _json_body(scope):
-            if cross_site(origin, scope):
-                await _refuse_form(scope, receive, send, extra)
-                return
+        refused = unpreflighted_write(scope, origin)
+        if refused is not None:
+            response = refused.response()
+            for name, value in extra:
+                response.headers[name.decode()] = value.decode("latin-1")
+            await response(scope, receive, send)
+            return
 
         async def send_with_cors(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -152,19 +157,21 @@ def cross_site(origin: str, scope: Scope) -> bool:
     return not parts.netloc or parts.netloc.lower() != _header(scope, b"host").lower()
 
 
-async def _refuse_form(
-    scope: Scope, receive: Receive, send: Send, cors: list[tuple[bytes, bytes]]
-) -> None:
-    from loraserve.server.errors import ApiError
-
+def unpreflighted_write(scope: Scope, origin: str | None = None) -> ApiError | None:
+    """The 415 for a state-changing request a browser may send cross-site without a
+    preflight (an `Origin` of another site, a content type that is not JSON), else None.
+    Shared by `CorsMiddleware` and the Ray ingress's guard (which refuses it before the
+    coordinator logs anything)."""
+    if origin is None:
+        origin = _header(scope, b"origin")
+    if scope["method"] not in STATE_CHANGING or not origin or _json_body(scope):
+        return None
+    if not cross_site(origin, scope):
+        return None
     kind = _header(scope, b"content-type") or "none"
-    err = ApiError(
+    return ApiError(
         415,
         "invalid_request_error",
         f"a cross-site {scope['method']} must have Content-Type application/json "
         f"(got {kind[:100]}): a web page cannot change this server's state without a preflight",
     )
-    response = err.response()
-    for name, value in cors:
-        response.headers[name.decode()] = value.decode("latin-1")
-    await response(scope, receive, send)
