@@ -14,12 +14,17 @@ put back:
   trailing zeros; `~` joins values the same way, and `+` with a string concatenates;
 - `tojson` writes JSON as the engine does (`", "` and `": "` separators, keys in insertion
   order, non-ASCII kept unless `ensure_ascii`), undefined as `null`;
+- a value's built-in method (`spec.items` of a dict, as jinja2 and llama.cpp both find
+  it before the key) has no attributes or items: using one is an error ("Function has no
+  builtins"), where jinja2 answers undefined (Command R+'s tool template then fails on any
+  tool with an array parameter, in both);
 - globals `raise_exception`, `strftime_now` (local time) and the `loopcontrols` extension.
 """
 
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Iterable
 from datetime import datetime
 from functools import lru_cache
@@ -247,6 +252,18 @@ class LlamaEnvironment(SandboxedEnvironment):
         raise jinja2.exceptions.SecurityError(
             f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe"
         )
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        """`obj.attribute`; on a built-in method an error, as in llama.cpp's engine."""
+        if isinstance(obj, types.BuiltinMethodType):
+            raise ChatTemplateError(f"chat template error: Function has no builtins ({attribute})")
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        """`obj[argument]`; on a built-in method an error, as in llama.cpp's engine."""
+        if isinstance(obj, types.BuiltinMethodType):
+            raise ChatTemplateError(f"chat template error: Function has no builtins ({argument})")
+        return super().getitem(obj, argument)
 
     def call_binop(
         self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any

@@ -94,3 +94,20 @@ def test_every_template_answers(name: str) -> None:
         assert detect(src, render_for(src)) is not None
     finally:
         logging.disable(logging.NOTSET)
+
+
+def test_command_r_plus_description_equals_llama_cpps_analysis() -> None:
+    """Command R+'s tool template: llama-server's render with the oracle's tools fails (an
+    array parameter, as the render test shows), but its differential analysis succeeded and
+    was recorded; ours finds the same tool-call description."""
+    name = "CohereForAI-c4ai-command-r-plus-tool_use.jinja"
+    data, _ = _oracle()
+    an = data["templates"][name]["analysis"]
+    f = rendered_format(name)
+    want, cont = an["tools"]["format"], an["content"]
+    assert (f.tool_mode, f.section_start, f.section_end, f.name_field, f.args_field) == (
+        "json", want["section_start"], want["section_end"], want["name_field"], want["args_field"]
+    )  # fmt: skip
+    assert f.array_wrapped == want["tools_array_wrapped"]
+    assert list(f.parameter_order) == want["parameter_order"]
+    assert (f.content_start, f.content_end) == (cont["start"], cont["end"])
