@@ -4,6 +4,7 @@
 // parallel with qmatmul.c's, which a cold first start waits for).
 
 #include "packed_k.h"
+#include "packed_nl.h"
 
 void ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd,
                     const int16_t *bs32, int64_t K, int R, int ahead, float *out, int64_t ldy) {
@@ -12,6 +13,7 @@ void ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd
         if (type == T_Q8_0) pk_dot_q8_0(g, x, xd, K, RR, ahead, out, ldy);                    \
         else if (type == T_Q5_0 || type == T_Q4_0)                                            \
             pk_dot_q5_0(g, type == T_Q5_0, x, xd, bs32, K, RR, ahead, out, ldy);              \
+        else if (type == T_IQ4_NL) pk_dot_iq4_nl(g, x, xd, bs32, K, RR, ahead, out, ldy);     \
         else pk_dot_q4_k(g, x, xd, bs32, K, RR, ahead, out, ldy);                             \
     } while (0)
     switch (R) {
@@ -51,7 +53,7 @@ static void pack_group(int type, uint8_t *rows, int64_t row_bytes, int64_t K, ui
                 LS_MOVE(blk + 2 * r, src, 2);
                 for (int t = 0; t < 8; t++) LS_MOVE(blk + 16 + 32 * t + 4 * r, src + 2 + 4 * t, 4);
             }
-        } else if (type == T_Q5_0 || type == T_Q4_0) {
+        } else if (type == T_Q5_0 || type == T_Q4_0 || type == T_IQ4_NL) {
             const int hb = type == T_Q5_0, bb = hb ? 176 : 144, rb = hb ? 22 : 18;
             for (int64_t c = 0; c < K / 32; c++) {
                 uint8_t *blk = g + bb * c, *src = row + rb * c, *nib = blk + (hb ? 48 : 16);

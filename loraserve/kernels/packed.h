@@ -14,7 +14,7 @@
 // Layouts, per group of 8 rows, then per block (32 values) or super-block (Q4_K: 256):
 //   Q8_0  272 B: f16 d[8] | int8 v[8 steps t][8 rows][4]       (v: values 4t .. 4t + 3)
 //   Q5_0  176 B: f16 d[8] | hb[8 rows][4] | nibbles[4 u][8 rows][4]
-//   Q4_0  144 B: f16 d[8] | nibbles[4 u][8 rows][4]
+//   Q4_0  144 B: f16 d[8] | nibbles[4 u][8 rows][4]      (IQ4_NL the same: packed_nl.h)
 //                (nibbles: low = step u, high = step u + 4; hb: bit t = the fifth bit of
 //                value 4t + i of the row, for byte 4 * row + i)
 //   Q4_K 1184 B: f16 d[8] | f16 dmin[8] | u8 sc[8][8 rows] | u8 mn[8][8 rows] |
@@ -29,7 +29,8 @@
 #define PK_ROWS 8
 
 static inline int packable(int type) {
-    return type == T_Q8_0 || type == T_Q5_0 || type == T_Q4_0 || type == T_Q4_K;
+    return type == T_Q8_0 || type == T_Q5_0 || type == T_Q4_0 || type == T_Q4_K ||
+           type == T_IQ4_NL;
 }
 
 // bytes per group of 8 rows of K values (0: not packable)
@@ -37,7 +38,8 @@ static inline int64_t packed_group_bytes(int type, int64_t K) {
     switch (type) {
     case T_Q8_0: return K / 32 * 272;
     case T_Q5_0: return K / 32 * 176;
-    case T_Q4_0: return K / 32 * 144;
+    case T_Q4_0:
+    case T_IQ4_NL: return K / 32 * 144;  // Q4_0's layout (packed_nl.h)
     case T_Q4_K: return K / 256 * 1184;
     default: return 0;
     }

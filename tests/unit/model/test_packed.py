@@ -17,7 +17,7 @@ from tests.unit.model.test_kernels import (
     random_rows,
 )
 
-PACKABLE = ["Q4_0", "Q5_0", "Q8_0", "Q4_K"]
+PACKABLE = ["Q4_0", "Q5_0", "Q8_0", "Q4_K", "IQ4_NL"]
 
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="packing needs the C kernels")
 
