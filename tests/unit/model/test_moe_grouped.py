@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import loraserve.kernels as K
 from loraserve.kernels.floatmm import lora_delta
 from loraserve.kernels.moe import GroupedExperts
+from loraserve.kernels.pack_q6k import pack_q6k
 from loraserve.kernels.rowops import gated_act
 from loraserve.model.dequant import GGML_TYPE
 from loraserve.model.ffn.routed import RoutedExperts
@@ -38,6 +39,8 @@ def stack(rng: np.random.Generator, name: str, n: int, k: int, pack: bool) -> tu
     file rows per expert)."""
     raws = [torch.from_numpy(random_rows(rng, name, n, k)) for _ in range(E)]
     t = GGML_TYPE[name]
+    if pack and name == "Q6_K":  # the experts' own packed layout (kernels/pack_q6k.h)
+        return [pack_q6k(r, k) for r in raws], t | K.PACKED, raws
     if pack and K.pack_rows(raws[0], t, k) is not None:
         return [K.pack_rows(r, t, k) for r in raws], t | K.PACKED, raws
     return raws, t, raws
@@ -50,8 +53,11 @@ def routing(t: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def pair_alone(x, stacks, e, w, act, biases, before):  # type: ignore[no-untyped-def]
-    """One pair through the single-matrix kernels: x [1, H] -> [1, H] (weighted)."""
-    (gate, tg), (up, tu), (down, td) = stacks
+    """One pair through the single-matrix kernels: x [1, H] -> [1, H] (weighted). Packed
+    Q6_K (only the grouped kernels read it) as the file's rows: the same bits by design."""
+    q6 = K.PACKED | GGML_TYPE["Q6_K"]
+    (gate, tg), (up, tu), (down, td) = ((s[2], s[1] & ~K.PACKED) if s[1] == q6 else s[:2]
+                                        for s in stacks)  # fmt: skip
     gb, ub, db = biases
     if before:
         x = x * w
@@ -92,7 +98,7 @@ def test_grouped_equals_each_pair_alone_bitwise(types: tuple, variant: str) -> N
     x = torch.randn(40, H, generator=g)  # 40 tokens: ~16 rows an expert (the many-row tiles)
     experts, w = routing(40, 2)
     got = ge.ffn_rows(x, experts, w, before)
-    stacks = [gate[:2], up[:2], down[:2]]
+    stacks = [gate, up, down]
     for t in range(40):
         parts = [pair_alone(x[t : t + 1], stacks, int(experts[t, j]), w[t, j], act, biases,
                             before) for j in range(TOP)]  # fmt: skip
