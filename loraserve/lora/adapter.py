@@ -291,10 +291,15 @@ def _finite(t: torch.Tensor) -> bool:
 
 
 def _content_id(weights: dict[str, LoraWeight]) -> str:
+    """sha256 of each target's name, shapes, factor and weights as stored: a float16 pair
+    its halves (tagged: half the bytes, one value each), any other its float32 values (the
+    same values stored both ways get two ids: KV not shared, never wrongly hit)."""
     h = hashlib.sha256()
     for t in sorted(weights):
         w = weights[t]
-        h.update(f"{t}|{tuple(w.a.shape)}|{tuple(w.b.shape)}|{w.factor!r}\n".encode())
-        h.update(w.a.numpy().data)  # the buffer itself: no copy (a, b are contiguous)
-        h.update(w.b.numpy().data)
+        tag = "|f16" if w.a16 is not None else ""
+        h.update(f"{t}|{tuple(w.a.shape)}|{tuple(w.b.shape)}|{w.factor!r}{tag}\n".encode())
+        pair = (w.a16, w.b.half()) if w.a16 is not None else (w.a, w.b)
+        for x in pair:  # the buffer itself: no copy (all are contiguous)
+            h.update(x.numpy().data)
     return h.hexdigest()
