@@ -197,7 +197,8 @@ def tool_grammar(
     if fmt.dialect == "harmony":
         return harmony_grammar(fmt, tools, choice, thinking_open and reasoning, special)
     if fmt.dialect:  # the specialised formats' own grammars (None where there is none yet)
-        return dialect_grammar(fmt, tools, choice, parallel, thinking_open and reasoning, special)
+        return dialect_grammar(fmt, tools, choice, parallel, thinking_open and reasoning, special,
+                               started)  # fmt: skip
     trigger = fmt.trigger
     if choice == "auto" and not trigger:
         return None

@@ -168,11 +168,13 @@ def dialect_grammar(
     parallel: bool = True,
     thinking_open: bool = False,
     special: Callable[[str], bool] = lambda s: False,
+    started: bool = False,
 ) -> str | None:
     """Lark text forcing a call under `choice` ("required" or a function's name) in `fmt`'s
     dialect, or for `auto` constraining the calls from their trigger on (Muse's and
     Functionary's, whose triggers are patterns, from the message that names a tool); None
-    where the dialect has no grammar for the choice."""
+    where the dialect has no grammar for the choice. `started`: the prompt already wrote
+    the trigger (an assistant prefill), so the answer is the rest of the calls."""
     if choice == "none" or not tools:
         return None
     lazy = choice == "auto"
@@ -183,10 +185,14 @@ def dialect_grammar(
     if fmt.dialect == "gemma_4":
         g = Lark(special, fmt.preserved_tokens)
         think, rest = _gemma4(g, tools, parallel)
+        if started:
+            return g.lark(rest)
         return g.lark(_lazy(g, fmt, think if lazy else "", rest, lazy))
     if fmt.dialect in ("deepseek_v3_2", "deepseek_v4"):
         g = Lark(special, (dsml.DSML,))
         rest = _dsml(g, tools, parallel, fmt.dialect == "deepseek_v4")
+        if started:
+            return g.lark(rest)
         # reasoning the prompt opened ends at </think>, or where the calls start
         think = f"({g.text_until(dsml.THINK_END)} WS)?" if thinking_open else ""
         return g.lark(_lazy(g, fmt, think, rest, lazy))
@@ -198,6 +204,8 @@ def dialect_grammar(
     g = Lark(special, fmt.preserved_tokens)
     if dialect in triggered:
         think, rest = triggered[dialect](g, tools, parallel, thinking_open)
+        if started:
+            return g.lark(rest)
         if not lazy and dialect in _NEW_BLOCK:  # required: no new reasoning block
             think = _NEW_BLOCK[dialect](g)
         return g.lark(_lazy(g, fmt, think, rest, lazy))
