@@ -187,15 +187,17 @@ class GGUFFile:
         info = self._info(name)
         return self._data[info.offset : info.offset + info.nbytes]
 
-    def release(self, name: str) -> None:
-        """Drop this process's resident pages of the tensor's bytes (the whole pages inside
-        it), once a copy of them is what serves: a later read maps them in again."""
+    def release(self, name: str, start: int = 0, end: int | None = None) -> None:
+        """Drop this process's resident pages of the tensor's bytes ``start .. end`` (default
+        all; the whole pages inside them), once a copy of them is what serves: a later read
+        maps them in again."""
         info = self._info(name)
         if self._mm is None or not hasattr(mmap, "MADV_DONTNEED"):
             return
         page = mmap.PAGESIZE
-        lo = -(-info.offset // page) * page
-        hi = (info.offset + info.nbytes) // page * page
+        stop = info.nbytes if end is None else min(end, info.nbytes)
+        lo = -(-(info.offset + max(start, 0)) // page) * page
+        hi = (info.offset + stop) // page * page
         if hi > lo:
             self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
