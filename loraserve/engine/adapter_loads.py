@@ -31,7 +31,7 @@ from loraserve.engine.inbox import Inbox
 from loraserve.engine.request import Request
 from loraserve.engine.scheduler import Scheduler
 from loraserve.lora.adapter import Adapter
-from loraserve.lora.prefetch import Prefetch, ReadResult, disk_path
+from loraserve.lora.prefetch import Prefetch, ReadResult, disk_path, will_need
 from loraserve.lora.registry import AdapterRegistry, Mix
 from loraserve.lora.tiers import victims
 
@@ -170,6 +170,7 @@ class AdapterLoads:
                 result = _timed(self.reg.read, adapter_id)
                 self.inbox.call(lambda: self._done(adapter_id, *result))
 
+            will_need(path)  # the disk starts while the job waits for a reader
             self.off_thread(job)
 
     def _done(

@@ -67,6 +67,25 @@ def disk_path(reg: AdapterRegistry, ref: int | str) -> Path | None:
     return a.path if not a.weights else None
 
 
+def will_need(path: str | Path) -> None:
+    """Ask the kernel to start reading an adapter's file(s) into the page cache now (it
+    does not wait for the disk): a read that waits for a free reader finds them there."""
+    real = os.path.realpath(path)
+    files = [os.path.join(real, f) for f in PEFT_FILES] if os.path.isdir(real) else [real]
+    for f in files:
+        try:
+            fd = os.open(f, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
 class Prefetch:
     """Reads in flight or done, by file, until the engine claims them.
 
@@ -105,6 +124,7 @@ class Prefetch:
                 out = (None, e, time.perf_counter() - t0)
             fut.set_result(out)
 
+        will_need(key[0])
         self._run(job)
 
     def claim(self, path: str | Path) -> Future[ReadResult] | None:

@@ -11,7 +11,7 @@ import threading
 import time
 
 from loraserve.lora import prefetch as pf
-from loraserve.lora.prefetch import Prefetch, disk_path
+from loraserve.lora.prefetch import Prefetch, disk_path, will_need
 from tests.engine_util import ask, follow, run_and_drain, tokens
 from tests.unit.lora.test_catalogue import N, P, engine, greedy, lib, tiny  # noqa: F401
 
@@ -52,6 +52,7 @@ def test_a_file_changed_since_the_read_started_is_never_served(tmp_path) -> None
     gone = tmp_path / "gone.gguf"
     fetch.start(gone)  # no file: nothing starts (the engine's read names the error)
     assert jobs == [] and fetch.claim(gone) is None
+    will_need(gone)  # a hint only: nothing to read is no error
 
 
 def test_unclaimed_reads_are_bounded(tmp_path, monkeypatch) -> None:
