@@ -188,6 +188,12 @@ class Engine(EngineCalls):
         self._thread = threading.Thread(target=self._loop, name="loraserve-engine", daemon=True)
         self._thread.start()
 
+    @property
+    def thread_native_id(self) -> int | None:
+        """The engine thread's OS thread id (None before `start`), for its scheduling
+        priority (`server/offload.lower_priority`)."""
+        return None if self._thread is None else self._thread.native_id
+
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the engine thread (what it was running gets no final event)."""
         self._stop = True

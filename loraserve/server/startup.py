@@ -20,6 +20,7 @@ import torch
 from loraserve.chat.template import resolve_chat_template
 from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.model.loader import LoadedModel
+from loraserve.server import offload
 from loraserve.server.config.args import ServerConfig
 from loraserve.server.state import ServerState
 
@@ -207,6 +208,7 @@ def start(
             log.warning("%s", warning)
         state.chat_template = template
         engine.start()
+        offload.lower_priority(engine.thread_native_id)  # the event loop first (offload.py)
         state.attach(model, engine)
         log.info(
             "model %s ready: %d slots of %d tokens", model.name, cfg.n_parallel, engine.n_ctx_slot

@@ -1,0 +1,128 @@
+"""`/health` latency under the hostile load of `tests/hardening/test_hostile_load.py`
+(issue 31), measured three ways at once so the server's share can be told from the
+client's:
+
+- `inloop`: the test's own probe, a task on the storm's event loop (the hostile clients
+  encode their 260-520 KB bodies and parse every streamed line on that loop, so a stall
+  there is counted as `/health`'s);
+- `probe`: a separate process sending `GET /health` on a raw socket every 20 ms (only the
+  server's time, the kernel's and the scheduler's);
+- `lag`: (in-thread server only) how late a 10 ms sleep on the server's event loop wakes.
+
+    python -m bench.hostile_health --server thread --rounds 2
+    python -m bench.hostile_health --server process --rounds 2
+
+`--server thread` runs uvicorn in a thread of this process, as the test does (server and
+clients share one GIL); `--server process` runs `loraserve` as its own process, as it is
+deployed. Prints one line per round with each probe's p50/p99/max in ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import socket
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from tests.hardening import test_hostile_load as hl
+from tests.server_util import peft_folder, serve_in_thread, start_process
+
+
+def pct(xs: list[float]) -> str:
+    """p50/p99/max of `xs` (seconds) in ms."""
+    if not xs:
+        return "-"
+    s = sorted(xs)
+    q = lambda p: s[int(p * (len(s) - 1))] * 1000  # noqa: E731
+    return f"p50 {q(0.5):.0f} p99 {q(0.99):.0f} max {s[-1] * 1000:.0f} (n={len(s)})"
+
+
+def raw_probe(port: int, stop: mp.synchronize.Event, out: mp.Queue) -> None:  # type: ignore[name-defined]
+    """GET /health on a kept-alive raw socket every 20 ms until `stop`; latencies to `out`."""
+    lat: list[float] = []
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    req = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    while not stop.is_set():
+        t = time.monotonic()
+        sock.sendall(req)
+        buf = b""
+        while not (b"\r\n\r\n" in buf and buf.endswith(b"}")):
+            chunk = sock.recv(4096)
+            if not chunk:
+                raise RuntimeError("connection closed")
+            buf += chunk
+        lat.append(time.monotonic() - t)
+        time.sleep(0.02)
+    out.put(lat)
+
+
+async def loop_lag(stop: asyncio.Event, lag: list[float]) -> None:
+    """How late a 10 ms sleep wakes on the loop it runs on."""
+    while not stop.is_set():
+        t = time.monotonic()
+        await asyncio.sleep(0.01)
+        lag.append(time.monotonic() - t - 0.01)
+
+
+def one_round(url: str, app: object | None) -> str:
+    port = int(url.rsplit(":", 1)[1])
+    stop, out = mp.Event(), mp.Queue()
+    probe = mp.Process(target=raw_probe, args=(port, stop, out), daemon=True)
+    probe.start()
+    lag: list[float] = []
+    lag_task = None
+    if app is not None:  # in-thread server: watch its loop
+        loop = app.state.server.loop  # type: ignore[attr-defined]
+        lag_stop = asyncio.Event()
+        lag_task = asyncio.run_coroutine_threadsafe(loop_lag(lag_stop, lag), loop)
+    t0 = time.monotonic()
+    good, codes, inloop = asyncio.run(hl.storm(url))
+    took = time.monotonic() - t0
+    stop.set()
+    probe_lat = out.get(timeout=30)
+    probe.join(5)
+    if lag_task is not None:
+        loop.call_soon_threadsafe(lag_stop.set)
+        lag_task.result(5)
+    bad = {c: n for c, n in codes.items() if c >= 500}
+    return (
+        f"storm {took:.1f}s 5xx={bad or 0}\n  inloop {pct(inloop)}\n  probe  {pct(probe_lat)}"
+        + (f"\n  lag    {pct(lag)}" if app is not None else "")
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--server", choices=["thread", "process"], default="thread")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--url", help="a server already running with the test's flags")
+    a = ap.parse_args()
+    if a.url:
+        for i in range(a.rounds):
+            print(f"[{a.url} round {i}] {one_round(a.url, None)}", flush=True)
+        return
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        peft_folder(tmp / "loras" / "a", 1)
+        (tmp / "slots").mkdir()
+        args = ["-np", "4", "-c", "1024", "--reranking", "--slot-save-path", str(tmp / "slots")]
+        args += ["--lora-dir", str(tmp / "loras")]
+        if a.server == "thread":
+            srv = stack.enter_context(serve_in_thread(args))
+            url, app = srv.url, srv.app
+        else:
+            proc, url = start_process(args)
+            stack.callback(proc.wait, 15)
+            stack.callback(proc.terminate)
+            app = None
+        for i in range(a.rounds):
+            print(f"[{a.server} round {i}] {one_round(url, app)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
