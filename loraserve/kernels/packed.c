@@ -5,6 +5,7 @@
 
 #include "packed_k.h"
 #include "packed_nl.h"
+#include "packed_xs.h"
 
 void ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd,
                     const int16_t *bs32, int64_t K, int R, int ahead, float *out, int64_t ldy) {
@@ -14,6 +15,7 @@ void ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd
         else if (type == T_Q5_0 || type == T_Q4_0)                                            \
             pk_dot_q5_0(g, type == T_Q5_0, x, xd, bs32, K, RR, ahead, out, ldy);              \
         else if (type == T_IQ4_NL) pk_dot_iq4_nl(g, x, xd, bs32, K, RR, ahead, out, ldy);     \
+        else if (type == T_IQ4_XS) pk_dot_iq4_xs(g, x, xd, bs32, K, RR, ahead, out, ldy);     \
         else pk_dot_q4_k(g, x, xd, bs32, K, RR, ahead, out, ldy);                             \
     } while (0)
     switch (R) {
@@ -45,6 +47,10 @@ static void pack_group(int type, uint8_t *rows, int64_t row_bytes, int64_t K, ui
         if (dir) memcpy((packed), (raw), (n));                                                \
         else memcpy((raw), (packed), (n));                                                    \
     } while (0)
+    if (type == T_IQ4_XS) {
+        for (int64_t b = 0; b < K / 256; b++) pk_move_iq4_xs(rows, row_bytes, b, g, dir);
+        return;
+    }
     for (int r = 0; r < PK_ROWS; r++) {
         uint8_t *row = rows + r * row_bytes;
         if (type == T_Q8_0) {
@@ -108,7 +114,7 @@ static void pack_group(int type, uint8_t *rows, int64_t row_bytes, int64_t K, ui
 int ls_repack(int type, uint8_t *rows, int64_t N, int64_t K, int64_t row_bytes, uint8_t *packed,
               int dir, int nthreads) {
     const int64_t gb = packed_group_bytes(type, K);
-    if (gb == 0 || N % PK_ROWS != 0 || K % (type == T_Q4_K ? 256 : 32) != 0) return -1;
+    if (gb == 0 || N % PK_ROWS != 0 || K % packed_block(type) != 0) return -1;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t g = 0; g < N / PK_ROWS; g++)
         pack_group(type, rows + g * PK_ROWS * row_bytes, row_bytes, K, packed + g * gb, dir);

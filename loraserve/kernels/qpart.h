@@ -45,7 +45,7 @@ typedef struct {
 static inline int64_t part_row_bytes(int type, int64_t K) {
     if (type & PACKED) {
         const int64_t gb = packed_group_bytes(type & ~PACKED, K);
-        return gb > 0 && K % (type == (PACKED | T_Q4_K) ? 256 : 32) == 0 ? gb / PK_ROWS : -1;
+        return gb > 0 && K % packed_block(type & ~PACKED) == 0 ? gb / PK_ROWS : -1;
     }
     int64_t block = 32, size;
     switch (type) {
