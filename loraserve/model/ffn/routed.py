@@ -19,6 +19,8 @@ Every path sums a token's k expert outputs in its top-k slot order (llama.cpp's 
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from loraserve.kernels.moe import GroupedExperts, Route
@@ -177,7 +179,10 @@ class Q6KPacked(Matrix):
 
 
 def _packed_q6k(mats: list[Matrix]) -> list[Matrix]:
-    """The stack's Q6_K experts repacked (`Q6KPacked`) where they can be, else as they are."""
+    """The stack's Q6_K experts repacked (`Q6KPacked`) where they can be, else as they are
+    (and with ``LORASERVE_KERNEL_NO_PACK=1``, as `kernels.pack_rows`)."""
+    if os.environ.get("LORASERVE_KERNEL_NO_PACK") == "1":
+        return mats
     if any(m.ggml_type != Q6_K or m.packed or not packable_q6k(m.data, m.shape[1]) for m in mats):
         return mats
     return [Q6KPacked(m.name, pack_q6k(m.data, m.shape[1]), Q6_K, m.shape, True,
