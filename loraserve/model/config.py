@@ -167,8 +167,8 @@ class ModelConfig:
         """Derive the config from GGUF metadata (keys like ``llama.block_count``): the keys every
         architecture shares here, its own in its `archs` file."""
         arch = archs.get(str(meta.get("general.architecture", "")))
-        keys = archs.Keys(meta, arch.name)
         tensor_names = tensor_names or set()
+        keys = archs.Keys(meta, arch.name, frozenset(tensor_names))
         hidden = int(keys.req("embedding_length"))
         n_heads = _heads(arch, keys.req("attention.head_count"))
         n_kv = keys.get("attention.head_count_kv", n_heads)

@@ -40,10 +40,11 @@ TENSORS: dict[str, str] = {
 
 class Keys:
     """An architecture's GGUF hyper-parameters: ``keys.get("rope.freq_base")`` reads
-    ``<arch>.rope.freq_base``."""
+    ``<arch>.rope.freq_base``; ``tensors`` holds the file's tensor names (a layer kind read
+    from which tensors a layer has: jamba's expert layers)."""
 
-    def __init__(self, meta: dict[str, Any], arch: str) -> None:
-        self.meta, self.arch = meta, arch
+    def __init__(self, meta: dict[str, Any], arch: str, tensors: frozenset[str] = frozenset()):
+        self.meta, self.arch, self.tensors = meta, arch, tensors
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.meta.get(f"{self.arch}.{key}", default)

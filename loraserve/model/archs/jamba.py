@@ -1,8 +1,9 @@
 """jamba (llama.cpp src/models/jamba.cpp): Mamba-1 layers (`recurrent.Mamba1`, with its dt/B/C
 RMS norms) where the per-layer KV head count is 0, attention without rope (q/k/v biases where
-the file has them) elsewhere; every layer then has a SiLU-gated FFN after ``ffn_norm``. Its
-routed-expert layers (softmax routing, where a layer has ``ffn_gate_inp``) are not run yet: a
-file with experts is refused by name."""
+the file has them) elsewhere; every layer then has a SiLU-gated FFN after ``ffn_norm``: routed
+experts where the layer has ``ffn_gate_inp`` (softmax routing over all experts, the top-k
+weights not renormalised, times ``expert_weights_scale`` unless 0 or 1; each expert as wide as
+``feed_forward_length``), a dense FFN elsewhere."""
 
 from typing import Any
 
@@ -12,16 +13,24 @@ from loraserve.model.archs.nemotron_h import per_layer
 
 
 def _gguf(keys: Keys, n_layers: int) -> dict[str, Any]:
-    if int(keys.get("expert_count", 0) or 0) > 0:
-        raise UnsupportedModelError("jamba: routed experts are not supported yet")
     kv = per_layer(keys, "attention.head_count_kv", n_layers)
     if len(kv) != n_layers:
         raise UnsupportedModelError(f"jamba: per-layer counts must have {n_layers} entries")
-    return dict(
+    out = dict(
         layer_kinds=tuple("mamba1" if k == 0 else "attn" for k in kv),
         ssm=ssm_sizes(keys, groups=False),
         rope_layers=(False,) * n_layers,
     )
+    if int(keys.get("expert_count", 0) or 0) > 0:
+        moe = [f"blk.{i}.ffn_gate_inp.weight" in keys.tensors for i in range(n_layers)]
+        out |= dict(
+            moe_layers=tuple(moe) if keys.tensors else (True,) * n_layers,
+            expert_ffn_dim=0,  # the experts are feed_forward_length wide (llama.cpp's n_ff)
+            expert_gating="softmax",
+            expert_norm=False,
+            expert_scale=float(keys.get("expert_weights_scale", 0.0) or 0.0),
+        )
+    return out
 
 
-ARCH = Arch(name="jamba", recurrent=True, gguf=_gguf)
+ARCH = Arch(name="jamba", experts="optional", recurrent=True, gguf=_gguf)
