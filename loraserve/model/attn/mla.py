@@ -8,6 +8,7 @@ h's query is ``[q_nope_h W_k_b[h]^T | rope(q_pe_h)]`` against the cache rows, th
 rows' first ``rank`` columns (a view of the same pool, read by the attention kernel at its own
 stride), and each head's weighted latent goes through ``attn_v_b[h]`` before the output
 projection. This is llama.cpp's absorbed form, whose numbers it computes in the same order.
+Each of the two per-head stacks runs for all heads in one grouped call (`heads.HeadStack`).
 
 Rope on adjacent pairs (llama.cpp's "norm"): the rope columns of ``attn_q_b`` (``attn_q``) and
 ``attn_kv_a_mqa``'s outputs are taken in halves order (`weights.unpermute_qk`'s order), so that
