@@ -1,7 +1,7 @@
 """Quantize float weights to ggml types, bit for bit as ggml's reference quantizers
 (``ggml/src/ggml-quants.c``, ``quantize_row_*_ref``: what ``llama-quantize`` writes when no
-importance matrix is given): Q8_0, Q5_0, Q5_1, Q4_0, Q3_K (`quantize_k3`), Q4_K, Q5_K, Q6_K
-and MXFP4.
+importance matrix is given): Q8_0, Q5_0, Q5_1, Q4_0, Q3_K (`quantize_k3`), Q4_K, Q5_K, Q6_K,
+MXFP4, IQ4_NL and IQ4_XS (`quantize_iq4`).
 
 Every block is independent, so the work is vectorised across blocks; each reduction inside a
 block runs element by element in float32, in the C loop's order, so the sums round as the C
@@ -22,6 +22,7 @@ from loraserve.model.quantize_common import (
     _seqsum,
     nearest_int,
 )
+from loraserve.model.quantize_iq4 import quantize_iq4_nl, quantize_iq4_xs
 from loraserve.model.quantize_k3 import quantize_q3_K
 
 
@@ -264,14 +265,15 @@ _BLOCK = {"Q8_0": (32, quantize_q8_0), "Q5_0": (32, quantize_q5_0), "Q5_1": (32,
           "Q4_0": (32, quantize_q4_0), "Q3_K": (QK_K, quantize_q3_K),
           "Q4_K": (QK_K, quantize_q4_K),
           "Q5_K": (QK_K, quantize_q5_K),
-          "Q6_K": (QK_K, quantize_q6_K), "MXFP4": (32, quantize_mxfp4)}  # fmt: skip
+          "Q6_K": (QK_K, quantize_q6_K), "MXFP4": (32, quantize_mxfp4),
+          "IQ4_NL": (32, quantize_iq4_nl), "IQ4_XS": (QK_K, quantize_iq4_xs)}  # fmt: skip
 QUANTIZERS: dict[int, tuple[int, object]] = {GGML_TYPE[k]: v for k, v in _BLOCK.items()}
 
 
 def quantize(x: np.ndarray, ggml_type: int) -> np.ndarray:
     """float weights [..., n_per_row] -> ggml rows [prod(...), row_bytes] uint8 of
-    ``ggml_type`` (Q8_0, Q5_0, Q5_1, Q4_0, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4), as ggml's reference
-    quantizer writes them."""
+    ``ggml_type`` (Q8_0, Q5_0, Q5_1, Q4_0, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS), as
+    ggml's quantizers write them without an importance matrix."""
     if ggml_type not in QUANTIZERS:
         raise ValueError(f"no quantizer for ggml type {ggml_type}")
     qk, fn = QUANTIZERS[ggml_type]
