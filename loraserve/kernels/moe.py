@@ -8,6 +8,11 @@ one by one, for steps whose adapters add deltas between them. Both give the same
 same functions in the same order. Each row's numbers depend on that row alone (activation
 quantization per row, fixed-order dot products), and `combine` sums a token's k expert
 outputs in its top-k slot order, so nothing depends on the batch.
+
+Stacks are read as the kernel type given: ggml rows, rows packed by `kernels.pack_rows`, or
+Q6_K rows packed by `kernels.pack_q6k` (``PACKED | 14``, only these kernels read them). The C
+side keeps one workspace between calls (up to 256 MB) and unmaps it when the last
+`GroupedExperts` is collected (`workspace_bytes` says what it holds).
 """
 
 from __future__ import annotations
