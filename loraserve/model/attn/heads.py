@@ -89,10 +89,11 @@ def head_loop(mats: list[Matrix], x: torch.Tensor, lora: LoraDelta | None) -> to
 
 
 def _grouped(mats: list[Matrix]) -> bool:
-    """Whether the stack can run grouped: quantized, one type and size, C kernels built."""
+    """Whether the stack can run grouped: quantized file rows (not packed), one type and
+    size, C kernels built."""
     from loraserve.kernels.moe import GroupedExperts
 
     first = mats[0]
     same = all(m.ggml_type == first.ggml_type and m.shape == first.shape for m in mats)
-    rows = all(m.data.dim() == 2 and m.data.stride(1) == 1 for m in mats)
+    rows = all(m.data.dim() == 2 and m.data.stride(1) == 1 and not m.packed for m in mats)
     return same and rows and first.quantized and GroupedExperts.supports([first.ggml_type])
