@@ -214,6 +214,8 @@ def run_loraserve(plan: Plan, model: Path, n: int, single: bool) -> dict[str, An
         out = summarize(*asyncio.run(closed_loop(server.url, payloads, plan.clients)),
                         resident_flags(picks, plan.max_loaded))  # fmt: skip
         out["resident_bytes"] = metric(server.url, "loraserve:lora_resident_bytes")
+        out["resident"] = metric(server.url, "loraserve:lora_resident")
+        out["budget"] = plan.max_loaded
         out["peak_rss_mib"] = server.peak_rss_mib()
         out["loads"] = metric(server.url, "loraserve:lora_loads_total")
         out["load_s"] = metric(server.url, "loraserve:lora_load_seconds_total")
@@ -251,7 +253,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
     out = [
         "| server | adapters | dtype | tok/s | vs 1 adapter | TTFT resident p50/p95 s | "
-        "TTFT cold p50/p95 s (n) | loads (s) / evictions | file MiB | resident MiB "
+        "TTFT cold p50/p95 s (n) | loads (s) / evictions | file MiB | resident MiB (n/budget) "
         "| peak RSS MiB | finished |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -265,7 +267,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {f(r['ttft_cold_p50'])}/{f(r['ttft_cold_p95'])} ({r['n_cold']}) "
             f"| {f(r.get('loads'), 0)} ({f(r.get('load_s'))}) / {f(r.get('evictions'), 0)} "
             f"| {f(r.get('file_mib'), 1)} "
-            f"| {f(res / 2**20 if res else None, 0)} | {f(r['peak_rss_mib'], 0)} "
+            f"| {f(res / 2**20 if res else None, 0)} ({f(r.get('resident'), 0)}/"
+            f"{r.get('budget', '-')}) | {f(r['peak_rss_mib'], 0)} "
             f"| {r['finished']}/{r['requests']} |"
         )
     return "\n".join(out)
