@@ -8,7 +8,10 @@ request on one adapter is the reference: the ratio is aggregate decode throughpu
 against it, measured in the same run. TTFT p50/p95 are split by whether the adapter was
 resident (used within the last 64 distinct adapters the client side sent, an LRU model of
 the server's tier) or had to be read from disk. Peak RSS (VmHWM) and the server's
-`loraserve:lora_resident_bytes` at the end are reported beside the budget.
+`loraserve:lora_resident_bytes` at the end are reported beside the budget. Each row says
+what share of its adapters' file bytes the page cache held at its start (`fincore`): the
+requests name the same adapters from run to run, so a second run reads them from memory
+unless `--cold` drops them first (every first read from the disk).
 
 The adapters are float16 GGUF files by default (`--dtype f16`): 3.8 MB at rank 8 and 7.6 MB
 at rank 16 (18 layers x 7 projections, 237,312 (in + out) values per rank), ~11 GB for the
@@ -32,6 +35,7 @@ import asyncio
 import json
 import os
 import random
+import subprocess
 import sys
 import time
 from collections import OrderedDict
@@ -66,6 +70,7 @@ class Plan:
     ctx: int = 8192
     seed: int = 0
     dtype: str = "f16"  # the adapter files' tensor type: f16 or f32
+    cold: bool = False  # drop the adapters' files from the page cache before each run
 
     @staticmethod
     def quick() -> Plan:
@@ -117,6 +122,29 @@ def lora_dir(n: int, dtype: str = "f16") -> Path:
         if not link.exists():
             os.link(path, link)
     return folder
+
+
+def page_cached(paths: list[Path]) -> float | None:
+    """The share of these files' bytes in the page cache now (util-linux `fincore`), or
+    None without it: a cold read from disk costs more than one from memory."""
+    try:
+        argv = ["fincore", "-b", "-n", "-o", "RES,SIZE", *map(str, paths)]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = [tuple(map(int, line.split())) for line in out.splitlines() if line.strip()]
+    size = sum(sz for _, sz in rows)
+    return sum(res for res, _ in rows) / size if size else None
+
+
+def drop_cached(paths: list[Path]) -> None:
+    """Drop these files' pages from the page cache (`--cold`: every first read from disk)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def prompts(plan: Plan) -> list[str]:
@@ -205,8 +233,11 @@ def run_loraserve(plan: Plan, model: Path, n: int, single: bool) -> dict[str, An
     kind = loraserve_kind(
         ("--lora-dir", str(folder), "--metrics", "--lora-max-loaded", str(plan.max_loaded))
     )
-    used = sorted(set(picks))
-    file_mib = sum((folder / f"a{a:04d}.gguf").stat().st_size for a in used) / len(used) / 2**20
+    used = [folder / f"a{a:04d}.gguf" for a in sorted(set(picks))]
+    file_mib = sum(p.stat().st_size for p in used) / len(used) / 2**20
+    if plan.cold:
+        drop_cached(used)
+    cached = page_cached(used)
     port = free_port()
     argv = server_argv(kind, model, port, threads=2, parallel=plan.parallel, ctx=plan.ctx,
                        cache_ram=-1)  # fmt: skip
@@ -221,7 +252,7 @@ def run_loraserve(plan: Plan, model: Path, n: int, single: bool) -> dict[str, An
         out["load_s"] = metric(server.url, "loraserve:lora_load_seconds_total")
         out["evictions"] = metric(server.url, "loraserve:lora_evictions_total")
     return {"server": "loraserve", "adapters": 1 if single else n, "dtype": plan.dtype,
-            "file_mib": file_mib, **out}  # fmt: skip
+            "file_mib": file_mib, "page_cached": cached, **out}  # fmt: skip
 
 
 def run_peer(plan: Plan, model: Path, binary: Path, n: int) -> dict[str, Any]:
@@ -253,7 +284,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
     out = [
         "| server | adapters | dtype | tok/s | vs 1 adapter | TTFT resident p50/p95 s | "
-        "TTFT cold p50/p95 s (n) | loads (s) / evictions | file MiB | resident MiB (n/budget) "
+        "TTFT cold p50/p95 s (n) | loads (s) / evictions | file MiB (cached) | resident MiB "
+        "(n/budget) "
         "| peak RSS MiB | finished |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -266,7 +298,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {f(r['ttft_resident_p50'])}/{f(r['ttft_resident_p95'])} "
             f"| {f(r['ttft_cold_p50'])}/{f(r['ttft_cold_p95'])} ({r['n_cold']}) "
             f"| {f(r.get('loads'), 0)} ({f(r.get('load_s'))}) / {f(r.get('evictions'), 0)} "
-            f"| {f(r.get('file_mib'), 1)} "
+            f"| {f(r.get('file_mib'), 1)} ({f(r.get('page_cached'))}) "
             f"| {f(res / 2**20 if res else None, 0)} ({f(r.get('resident'), 0)}/"
             f"{r.get('budget', '-')}) | {f(r['peak_rss_mib'], 0)} "
             f"| {r['finished']}/{r['requests']} |"
@@ -283,6 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--requests", type=int, help="requests per size")
     ap.add_argument("--no-peer", action="store_true", help="skip llama-server")
     ap.add_argument("--dtype", choices=("f16", "f32"), help="adapter tensor type (default f16)")
+    ap.add_argument("--cold", action="store_true", help="adapter files out of the page cache")
     args = ap.parse_args(argv)
     plan = Plan.quick() if args.quick else Plan()
     if args.sizes:
@@ -291,6 +324,7 @@ def main(argv: list[str] | None = None) -> None:
         plan = replace(plan, requests=args.requests)
     if args.dtype:
         plan = replace(plan, dtype=args.dtype)
+    plan = replace(plan, cold=args.cold)
     adapter_pool(max(plan.sizes), plan.dtype)
     rows = [run_loraserve(plan, args.model, 1, single=True)]
     print(json.dumps(rows[-1]), file=sys.stderr)
@@ -303,6 +337,7 @@ def main(argv: list[str] | None = None) -> None:
     RESULTS.mkdir(exist_ok=True)
     stamp = time.strftime("%Y-%m-%d_%H%M%S")
     tag = ("_quick" if args.quick else "") + ("" if plan.dtype == "f16" else f"_{plan.dtype}")
+    tag += "_cold" if plan.cold else ""
     path = RESULTS / f"adapter_scale_{stamp}{tag}.json"
     doc = {"plan": asdict(plan), "machine": machine(), "rows": rows}
     path.write_text(json.dumps(doc, indent=1))
