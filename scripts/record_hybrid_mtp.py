@@ -1,7 +1,7 @@
 """Record llama-server's greedy answers on the Qwen3.5 file with an MTP block
 (`tests.mtp_models`), F32, on the recorded qwen35 prompts: llama-server loads the block
 (for its MTP draft only) and serves the file; the answers land in
-tests/data/archs/recurrent/qwen35_mtp.json.
+tests/data/archs/mtp/qwen35.json.
 
 `python scripts/record_hybrid_mtp.py [--port N]` (llama-server built under the peer dir)."""
 
@@ -31,7 +31,7 @@ def main() -> None:
         answers = serve_and_ask(path, cases, args.port)
         out = {"peer": "llama.cpp from the llama-cpp-python 0.3.36 sdist", "n_ctx": 256,
                "sha256": file_sha256(path), "answers": {"F32": answers}}  # fmt: skip
-    (DATA / "recurrent" / "qwen35_mtp.json").write_text(json.dumps(out, indent=1) + "\n")
+    (DATA / "mtp" / "qwen35.json").write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

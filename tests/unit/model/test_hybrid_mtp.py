@@ -18,7 +18,7 @@ from tests.arch_models import file_sha256, write_model
 from tests.mtp_models import DATA, mtp_spec
 from tests.unit.model.test_archs import GAP, KV, forced_logits
 
-REC = json.loads((DATA / "recurrent" / "qwen35_mtp.json").read_text())
+REC = json.loads((DATA / "mtp" / "qwen35.json").read_text())
 
 
 def test_mtp_block_skipped_as_llama_server(tmp_path: Path) -> None:
