@@ -41,7 +41,14 @@ from loraserve.server.native import admin, completion, embeddings, lora_api, met
 from loraserve.server.openai import endpoints as oai
 from loraserve.server.openai import responses, token_count
 from loraserve.server.sleep import SleepMiddleware, SleepWatch
-from loraserve.server.startup import StartupError, bind_all, check_files, load_from_config, start
+from loraserve.server.startup import (
+    StartupError,
+    bind_all,
+    check_files,
+    check_router_files,
+    load_from_config,
+    start,
+)
 from loraserve.server.state import ServerState
 from loraserve.server.tools.routes import ToolsMiddleware, stop_all
 from loraserve.server.vertex import gcp
@@ -206,6 +213,8 @@ def serve(cfg: ServerConfig) -> None:
     try:
         if not cfg.router:  # router mode: each engine's files are checked when it loads
             check_files(cfg)
+        else:
+            check_router_files(cfg)
         socks = bind_all(cfg.host, cfg.port)
     except StartupError as e:
         log.error("cannot start: %s", e)
@@ -216,6 +225,10 @@ def serve(cfg: ServerConfig) -> None:
         from loraserve.server.router.app import create_router_app
 
         app = create_router_app(cfg)
+        if not app.state.router.catalog:  # a bare start without the default model installed
+            from loraserve.model.default import INSTALL_HINT
+
+            log.warning("router mode (no -m) with no models: %s", " ".join(INSTALL_HINT.split()))
     else:
         app = create_app(cfg, on_load_failure=_exit_failed)
     config = uvicorn.Config(

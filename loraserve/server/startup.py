@@ -105,6 +105,15 @@ def bind(host: str, port: int) -> socket.socket:
 _KV_DTYPES = {"f32": torch.float32, "f16": torch.float16}  # -ctk/-ctv
 
 
+def check_router_files(cfg: ServerConfig) -> None:
+    """Router mode (no `-m`): the `--lora` files every engine gets must exist (their headers
+    are checked against each model when it loads): `StartupError` for the first that does
+    not, so `loraserve --lora missing.gguf` stops at once, in one line, as with `-m`."""
+    for spec in cfg.lora:
+        if not Path(spec.path).expanduser().exists():
+            raise StartupError(f"adapter {spec.path}: no such adapter file or folder")
+
+
 def build_engine(cfg: ServerConfig, model: LoadedModel, draft: LoadedModel | None = None) -> Engine:
     """The engine sized by the command line (`-np`, `-c`, `-ub`, `--cache-ram`), with the
     speculative decoding of `--spec-*` (``draft``: the `-md` model)."""

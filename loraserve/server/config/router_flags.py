@@ -2,9 +2,12 @@
 `--models-max`, `--models-autoload` / `--no-models-autoload`; common/arg.cpp of the llama.cpp
 in the llama-cpp-python 0.3.36 sdist), served by `server/router/`.
 
-Router mode is entered when no `-m` is given and one of these flags is: a plain `loraserve`
-still serves the default model (the README's one-command start), where llama-server without
-`-m` would be a router over its download cache (loraserve downloads nothing).
+Router mode is entered when no `-m` is given, as llama-server does (its README: "launch
+`llama-server` without specifying any model"). Where llama-server's router lists its download
+cache, loraserve's lists the default model (its package installed; with the demo adapters at
+scale 0, as a single-model start loads them) beside `--models-dir` and `--models-preset`; a
+request that names no model goes to the one model when the router has only one (ours: so the
+README's one-command start, `loraserve` and a `curl` without `model`, works unchanged).
 """
 
 from __future__ import annotations
@@ -62,8 +65,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 
 def config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
-    """The `ServerConfig` values of the router flags; `router` is True without `-m` when one
-    of them was given. A missing directory or preset file is a usage error."""
+    """The `ServerConfig` values of the router flags; `router` is True without `-m`. A
+    missing directory or preset file is a usage error."""
     for flag, path, isdir in (
         ("--models-dir", ns.models_dir, True),
         ("--models-preset", ns.models_preset, False),
@@ -72,7 +75,7 @@ def config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str,
             what = "a directory" if isdir else "a file"
             parser.error(f"argument {flag}: not {what}: {path!r}")
     return {
-        "router": ns.model is None and bool(getattr(ns, "router_flag_seen", False)),
+        "router": ns.model is None,
         "models_dir": ns.models_dir,
         "models_preset": ns.models_preset,
         "models_max": ns.models_max,

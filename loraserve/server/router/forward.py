@@ -54,6 +54,8 @@ class Forward:
             name = query.get("model", [""])[0]
         autoload = query.get("autoload", [None])[0]
         load = r.cfg.models_autoload if autoload is None else autoload in ("true", "1")
+        if not name and len(r.catalog) == 1:  # ours: the one model (router.app)
+            name = next(iter(r.catalog))
         if not name:
             raise _bad("model name is missing from the request")
         preset = r.find(name)

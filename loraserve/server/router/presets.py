@@ -195,6 +195,11 @@ def load_catalog(cfg: ServerConfig) -> dict[str, Preset]:
     default = default_model_entry()
     if default is not None:
         sections[default[0]] = ("cache", {"model": default[1]})
+        if not cfg.lora:  # its demo adapters, off, as a single-model start loads them
+            from loraserve.adapters import DEMO_ADAPTERS, gguf_path
+
+            demo = ",".join(f"{gguf_path(name)}:0" for name in DEMO_ADAPTERS)
+            sections[default[0]][1]["lora-scaled"] = demo
     if cfg.models_dir:
         for name, path in models_dir_entries(cfg.models_dir).items():
             sections[name] = ("models_dir", {"model": path})

@@ -34,7 +34,7 @@ def parse_error(line: str, capsys: pytest.CaptureFixture[str]) -> str:
 
 def test_defaults_are_llama_servers():
     cfg = parse("")
-    assert cfg == ServerConfig()
+    assert cfg == ServerConfig(router=True)  # no -m: router mode, as llama-server
     assert (cfg.host, cfg.port) == ("127.0.0.1", 8080)
     assert cfg.n_parallel == AUTO_PARALLEL == 4
     assert (cfg.n_ctx, cfg.n_batch, cfg.n_ubatch) == (0, 2048, 512)
