@@ -11,10 +11,15 @@ client's:
 
     python -m bench.hostile_health --server thread --rounds 2
     python -m bench.hostile_health --server process --rounds 2
+    python -m bench.hostile_health --server process --slow-ms 25   # + the loop's slow callbacks
+    LORASERVE_BACKGROUND_NICE=0 python -m bench.hostile_health --server process   # niceness off
 
 `--server thread` runs uvicorn in a thread of this process, as the test does (server and
 clients share one GIL); `--server process` runs `loraserve` as its own process, as it is
-deployed. Prints one line per round with each probe's p50/p99/max in ms.
+deployed. Prints one line per round with each probe's p50/p99/max in ms. With `--slow-ms`,
+the server process runs on asyncio's own loop (not uvloop) with every loop callback that
+took longer than that logged to stderr with its wall and CPU time: wall far above CPU means
+the loop thread waited (for the GIL, or for a core), not worked.
 """
 
 from __future__ import annotations
@@ -22,14 +27,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
+import os
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
 
+import httpx
+
 from tests.hardening import test_hostile_load as hl
-from tests.server_util import peft_folder, serve_in_thread, start_process
+from tests.server_util import (
+    free_socket,
+    peft_folder,
+    serve_in_thread,
+    start_process,
+    tiny_model_path,
+)
 
 
 def pct(xs: list[float]) -> str:
@@ -69,6 +85,44 @@ async def loop_lag(stop: asyncio.Event, lag: list[float]) -> None:
         lag.append(time.monotonic() - t - 0.01)
 
 
+SLOW_LAUNCH = """
+import asyncio, sys, time, uvicorn
+import loraserve.server.app as app
+slow = float(sys.argv.pop(1)) / 1000
+run = asyncio.events.Handle._run
+def timed(self):
+    t, c = time.perf_counter(), time.thread_time()
+    run(self)
+    if time.perf_counter() - t > slow:
+        w, u = (time.perf_counter() - t) * 1000, (time.thread_time() - c) * 1000
+        print(f"slow callback: wall {w:.0f} ms, cpu {u:.0f} ms: {self._callback!r:.120}",
+              file=sys.stderr)
+asyncio.events.Handle._run = timed
+config = uvicorn.Config
+app.uvicorn.Config = lambda *a, **k: config(*a, **{**k, "loop": "asyncio"})
+from loraserve.cli import main
+main(sys.argv[1:])
+"""
+
+
+def slow_process(args: list[str], slow_ms: float) -> tuple[subprocess.Popen, str]:
+    """`start_process`, with the slow-callback log (stderr passed through)."""
+    with free_socket() as sock:
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-c", SLOW_LAUNCH, str(slow_ms), "-m", str(tiny_model_path())]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([*cmd, "--port", str(port), "-t", "1", *args], env=env)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("server did not become healthy")
+
+
 def one_round(url: str, app: object | None) -> str:
     port = int(url.rsplit(":", 1)[1])
     stop, out = mp.Event(), mp.Queue()
@@ -101,6 +155,7 @@ def main() -> None:
     ap.add_argument("--server", choices=["thread", "process"], default="thread")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--url", help="a server already running with the test's flags")
+    ap.add_argument("--slow-ms", type=float, help="process: log loop callbacks over this")
     a = ap.parse_args()
     if a.url:
         for i in range(a.rounds):
@@ -116,7 +171,7 @@ def main() -> None:
             srv = stack.enter_context(serve_in_thread(args))
             url, app = srv.url, srv.app
         else:
-            proc, url = start_process(args)
+            proc, url = slow_process(args, a.slow_ms) if a.slow_ms else start_process(args)
             stack.callback(proc.wait, 15)
             stack.callback(proc.terminate)
             app = None
