@@ -23,22 +23,31 @@
 
 #define Q6P_SB 1680  // bytes per group per super-block
 
-// The stored 6-bit value v (0..255) of a file Q6_K block: ql[128] | qh[64] | sc[16] | d.
-static inline int q6_file_value(const uint8_t *blk, int v) {
-    const int h = v / 128, k = v % 128 / 32, l = v % 32;
-    const uint8_t lo = blk[64 * h + l + 32 * (k & 1)];
-    return ((k >> 1 ? lo >> 4 : lo & 15)) | (((blk[128 + 32 * h + l] >> (2 * k)) & 3) << 4);
-}
-
-static inline void q6_file_set(uint8_t *blk, int v, int u) {
-    const int h = v / 128, k = v % 128 / 32, l = v % 32;
-    uint8_t *lo = blk + 64 * h + l + 32 * (k & 1), *hi = blk + 128 + 32 * h + l;
-    *lo = (uint8_t)(k >> 1 ? (*lo & 0x0F) | ((u & 15) << 4) : (*lo & 0xF0) | (u & 15));
-    *hi = (uint8_t)((*hi & ~(3 << (2 * k))) | (((u >> 4) & 3) << (2 * k)));
+// The 256 stored 6-bit values u of a file Q6_K block (ql[128] | qh[64] | sc[16] | d), or
+// (dir 0) the block's ql and qh from them: value 128h + 32k + l has the low nibble of
+// ql[64h + 32(k & 1) + l] (high nibble for k >= 2) and bits 2k, 2k + 1 of qh[32h + l].
+static void q6_file_values(uint8_t *blk, uint8_t u[256], int dir) {
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+            uint8_t *q0 = blk + 64 * h + l, *q1 = q0 + 32, *qh = blk + 128 + 32 * h + l;
+            uint8_t *v = u + 128 * h + l;
+            if (dir) {
+                v[0] = (uint8_t)((*q0 & 15) | ((*qh & 3) << 4));
+                v[32] = (uint8_t)((*q1 & 15) | (((*qh >> 2) & 3) << 4));
+                v[64] = (uint8_t)((*q0 >> 4) | (((*qh >> 4) & 3) << 4));
+                v[96] = (uint8_t)((*q1 >> 4) | (((*qh >> 6) & 3) << 4));
+            } else {
+                *q0 = (uint8_t)((v[0] & 15) | ((v[64] & 15) << 4));
+                *q1 = (uint8_t)((v[32] & 15) | ((v[96] & 15) << 4));
+                *qh = (uint8_t)((v[0] >> 4) | ((v[32] >> 4) << 2) | ((v[64] >> 4) << 4) |
+                                ((v[96] >> 4) << 6));
+            }
+        }
 }
 
 // One group of 8 rows (src rows at stride row_bytes) <-> its packed bytes g; dir 1 packs.
 static void q6p_group(uint8_t *rows, int64_t row_bytes, int64_t K, uint8_t *g, int dir) {
+    uint8_t u[256];
     for (int64_t b = 0; b < K / 256; b++) {
         uint8_t *pb = g + Q6P_SB * b;
         for (int r = 0; r < PK_ROWS; r++) {
@@ -46,30 +55,29 @@ static void q6p_group(uint8_t *rows, int64_t row_bytes, int64_t K, uint8_t *g, i
             if (dir) {
                 memcpy(pb + 2 * r, fb + 208, 2);
                 for (int j = 0; j < 16; j++) pb[16 + 8 * j + r] = fb[192 + j];
+                q6_file_values(fb, u, 1);
             } else {
                 memcpy(fb + 208, pb + 2 * r, 2);
                 for (int j = 0; j < 16; j++) fb[192 + j] = pb[16 + 8 * j + r];
             }
             for (int j = 0; j < 16; j++) {
-                uint8_t *sb = pb + 144 + 96 * j;
+                uint8_t *sb = pb + 144 + 96 * j, *v = u + 16 * j;
                 for (int i = 0; i < 4; i++) {
                     uint8_t *n0 = sb + 4 * r + i, *n1 = n0 + 32, *hb = n0 + 64;
                     if (dir) {
-                        int u[4];
-                        for (int s = 0; s < 4; s++) u[s] = q6_file_value(fb, 16 * j + 4 * s + i);
-                        *n0 = (uint8_t)((u[0] & 15) | ((u[1] & 15) << 4));
-                        *n1 = (uint8_t)((u[2] & 15) | ((u[3] & 15) << 4));
-                        *hb = (uint8_t)((u[0] >> 4) | ((u[1] >> 4) << 2) | ((u[2] >> 4) << 4) |
-                                        ((u[3] >> 4) << 6));
+                        *n0 = (uint8_t)((v[i] & 15) | ((v[4 + i] & 15) << 4));
+                        *n1 = (uint8_t)((v[8 + i] & 15) | ((v[12 + i] & 15) << 4));
+                        *hb = (uint8_t)((v[i] >> 4) | ((v[4 + i] >> 4) << 2) |
+                                        ((v[8 + i] >> 4) << 4) | ((v[12 + i] >> 4) << 6));
                     } else {
-                        const int u[4] = {(*n0 & 15) | ((*hb & 3) << 4),
-                                          (*n0 >> 4) | (((*hb >> 2) & 3) << 4),
-                                          (*n1 & 15) | (((*hb >> 4) & 3) << 4),
-                                          (*n1 >> 4) | (((*hb >> 6) & 3) << 4)};
-                        for (int s = 0; s < 4; s++) q6_file_set(fb, 16 * j + 4 * s + i, u[s]);
+                        v[i] = (uint8_t)((*n0 & 15) | ((*hb & 3) << 4));
+                        v[4 + i] = (uint8_t)((*n0 >> 4) | (((*hb >> 2) & 3) << 4));
+                        v[8 + i] = (uint8_t)((*n1 & 15) | (((*hb >> 4) & 3) << 4));
+                        v[12 + i] = (uint8_t)((*n1 >> 4) | (((*hb >> 6) & 3) << 4));
                     }
                 }
             }
+            if (!dir) q6_file_values(fb, u, 0);
         }
     }
 }
