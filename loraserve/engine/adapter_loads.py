@@ -54,6 +54,7 @@ class AdapterLoads:
         self._parked: list[_Parked] = []
         self._reading: set[int] = set()
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
         self.overflow = False  # the last eviction pass left the limits exceeded
         self.prefetch = Prefetch(registry.read_path, self.off_thread)
         self._wanted: Counter[int | str] = Counter()  # submitted, not yet received
@@ -71,7 +72,10 @@ class AdapterLoads:
         for ref in [*(ref for ref, _ in lora or ()), *([adapter_name] if adapter_name else [])]:
             path = disk_path(self.reg, ref)
             if path is not None:
-                self.prefetch.start(path)
+                try:
+                    self.prefetch.start(path)
+                except Exception:  # a hint only: the receipt reads it, or names the error
+                    continue
 
     @property
     def busy(self) -> bool:
@@ -123,18 +127,21 @@ class AdapterLoads:
 
     def close(self) -> None:
         """Stop the read pool (reads in flight finish; their results are dropped)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = None
+        self.prefetch.clear()  # reads cancelled with the pool never finish
 
     def off_thread(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the read pool (at once here without an engine thread)."""
         if not self.inbox.threaded:
             fn()
             return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(MAX_READS, thread_name_prefix="loraserve-lora")
-        self._pool.submit(fn)
+        with self._pool_lock:  # submit time posts reads too: any thread
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(MAX_READS, thread_name_prefix="loraserve-lora")
+            self._pool.submit(fn)
 
     def _admit(self, p: _Parked) -> None:
         mix = self.reg.make_mix(p.scales, p.named)

@@ -125,7 +125,12 @@ class Prefetch:
             fut.set_result(out)
 
         will_need(key[0])
-        self._run(job)
+        try:
+            self._run(job)
+        except RuntimeError:  # the pool is shut down: nothing is read here
+            with self._lock:
+                if self._reads.get(key[0], (None, None))[1] is fut:
+                    del self._reads[key[0]]
 
     def claim(self, path: str | Path) -> Future[ReadResult] | None:
         """The read of ``path``'s current file, taken out (None: none, or the file changed
@@ -144,6 +149,11 @@ class Prefetch:
         """The engine has installed (or failed) its read of ``path``."""
         with self._lock:
             self._engine.discard(os.path.realpath(path))
+
+    def clear(self) -> None:
+        """Drop every unclaimed read (their jobs were cancelled: they would never end)."""
+        with self._lock:
+            self._reads.clear()
 
     def _expire(self, now: float) -> None:
         old = [p for p, (_, _, t) in self._reads.items() if now - t > TTL_S]

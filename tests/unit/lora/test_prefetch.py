@@ -55,6 +55,22 @@ def test_a_file_changed_since_the_read_started_is_never_served(tmp_path) -> None
     will_need(gone)  # a hint only: nothing to read is no error
 
 
+def test_a_pool_shut_down_holds_nothing(tmp_path) -> None:
+    f = tmp_path / "x.gguf"
+    f.write_bytes(b"bytes")
+
+    def shut(job) -> None:
+        raise RuntimeError("cannot schedule new futures after shutdown")
+
+    fetch = Prefetch(lambda p: p.read_bytes(), shut)  # type: ignore[arg-type, return-value]
+    fetch.start(f)  # no error for the submitter, and no read that would never end
+    assert fetch.claim(f) is None
+    held, jobs = deferred()
+    held.start(f)
+    held.clear()  # what close does: the jobs were cancelled with the pool
+    assert held.claim(f) is None and len(jobs) == 1
+
+
 def test_unclaimed_reads_are_bounded(tmp_path, monkeypatch) -> None:
     fetch, jobs = deferred()
     files = []
