@@ -206,6 +206,8 @@ def serve(cfg: ServerConfig) -> None:
     (bad model or adapter file, busy port, failed load)."""
     if cfg.ignored:
         log.warning("ignored llama-server flags: %s", " ".join(cfg.ignored))
+    if cfg.router and gcp.enabled():  # Vertex AI serves one model: the default one here
+        cfg = dataclasses.replace(cfg, router=False)
     port = gcp.port_override()
     if port is not None and port != cfg.port:
         log.warning("Vertex AI mode: AIP_HTTP_PORT %d replaces --port %d", port, cfg.port)
