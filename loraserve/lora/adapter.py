@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,12 +167,15 @@ def _read_gguf(
 
 
 def _tensor(gg: GGUFFile, name: str) -> torch.Tensor:
-    """A tensor as float32: F16 widened by numpy in one pass (no dequantizer NaN fix-up: a
-    NaN is refused anyway), any other type through `GGUFFile.tensor`."""
+    """A tensor as float32: F16 widened by torch from the mapping (numpy's astype took ~30x
+    longer; no NaN fix-up: refused anyway), any other type through `GGUFFile.tensor`."""
     info = gg.tensors[name]
     if info.ggml_type != _GGML_F16:
         return gg.tensor(name)
-    return torch.from_numpy(gg.raw(name).view(np.float16).astype(np.float32)).reshape(info.shape)
+    with warnings.catch_warnings():  # read-only mapping; the bytes are only ever read
+        warnings.simplefilter("ignore", UserWarning)
+        half = torch.from_numpy(gg.raw(name).view(np.float16))
+    return half.float().reshape(info.shape)
 
 
 def _read_peft(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs]:
