@@ -23,6 +23,7 @@ import torch
 import loraserve.kernels as K
 from loraserve.kernels.moe import GroupedExperts
 from loraserve.kernels.pack_q6k import pack_q6k, packable_q6k, unpack_q6k
+from loraserve.lora.delta import LoraBatch
 from loraserve.model.ffn.routed import Q6KPacked, RoutedExperts
 from loraserve.model.projection import Matrix
 from tests.unit.model.test_kernels import dequantized, random_rows
@@ -166,6 +167,18 @@ def test_adapters_without_expert_targets_keep_the_one_call() -> None:
     grouped, routed.grouped = routed.grouped, None
     assert torch.equal(routed(x, experts, w, mine), out)
     routed.grouped = grouped
+
+
+def test_lora_batch_says_which_targets_its_active_adapters_adapt() -> None:
+    """`LoraBatch.targets`, which the experts ask: adapters of the step's mixes only, and
+    an adapter at scale 0 everywhere is not active."""
+    attn, down = "blk.0.attn_q.weight", "blk.0.ffn_down_exps.weight"
+    ads = {1: SimpleNamespace(weights={attn: None}), 2: SimpleNamespace(weights={down: None})}
+    only_attn = LoraBatch([(0, 4, {1: 1.0})], ads)  # type: ignore[arg-type]
+    assert only_attn.targets(attn) and not only_attn.targets(down)
+    both = LoraBatch([(0, 2, {1: 1.0}), (2, 4, {2: 0.5})], ads)  # type: ignore[arg-type]
+    assert both.targets(down) and not both.targets("blk.1.ffn_down_exps.weight")
+    assert not LoraBatch([(0, 4, {1: 1.0, 2: 0.0})], ads).targets(down)  # type: ignore[arg-type]
 
 
 RSS_CODE = r"""
