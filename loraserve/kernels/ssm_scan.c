@@ -90,18 +90,23 @@ static float torch_sum(const float *v, int64_t n, int vl) {
 
 // Mamba-2. xbc [T, ldx]: x [H, P] at 0, B [G, N] at H P, C [G, N] at H P + G N of each row;
 // dt, da [T, H]; sequences q = 0..nseq-1 own rows lo[q]..hi[q]-1 and their state
-// s[q] [H, P, N] (updated in place); rows snap_rows[snap_off[q]..snap_off[q+1]-1] (ascending)
+// s[q] [H, P, N] (updated in place, starting from s_in[q] where given); rows snap_rows[snap_off[q]..snap_off[q+1]-1] (ascending)
 // copy the state after that row into snaps [n_snaps, H P N]; y [T, H, P].
 void ls_ssm_scan2(const float *xbc, int64_t ldx, const float *dt, const float *da, int64_t H,
                   int64_t P, int64_t N, int64_t G, int64_t nseq, const int64_t *lo,
-                  const int64_t *hi, float *s, const int64_t *snap_rows,
-                  const int64_t *snap_off, float *snaps, float *y, int vl, int nthreads) {
+                  const int64_t *hi, float *s, const float *const *s_in,
+                  const int64_t *snap_rows, const int64_t *snap_off, float *snaps, float *y,
+                  int vl, int nthreads) {
     const int64_t HPN = H * P * N, rep = H / G;
     if (nseq * HPN < 4096) nthreads = 1;
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
     for (int64_t qh = 0; qh < nseq * H; qh++) {
         const int64_t q = qh / H, h = qh % H;
         float *sh = s + q * HPN + h * P * N;
+        // s_in: each sequence's starting state [H, P, N], copied head by head into s here
+        // (in the parallel region, while the head's rows are about to be read); NULL: s holds
+        // the starting states already
+        if (s_in) memcpy(sh, s_in[q] + h * P * N, (size_t)(P * N) * sizeof(float));
         float prod[N > 0 ? N : 1];
         int64_t next = snap_off[q];
         for (int64_t row = lo[q]; row < hi[q]; row++) {

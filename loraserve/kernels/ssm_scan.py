@@ -18,7 +18,7 @@ from loraserve.cbuild import bind
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {
-    "ls_ssm_scan2": ([_P, _I, _P, _P] + [_I] * 5 + [_P] * 7 + [ctypes.c_int] * 2, None),
+    "ls_ssm_scan2": ([_P, _I, _P, _P] + [_I] * 5 + [_P] * 8 + [ctypes.c_int] * 2, None),
     "ls_ssm_rowsum": ([_P, _I, _I, ctypes.c_int, _P], None),
     "ls_ssm_scan1": ([_P] * 5 + [_I] * 3 + [_P, _P, _I, _I] + [_P] * 5 + [ctypes.c_int] * 2, None),
 }
@@ -97,11 +97,14 @@ def scan2(
     spans: list[tuple[int, int]],
     states: list[torch.Tensor],
     wanted: list[list[int]],
+    finals: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mamba-2 scan: xbc [T, >= H P + 2 G N] (rows x [H, P], B, C [G, N]; float32, unit
     stride), dt, da [T, H], dims (H, P, N, G); sequence q owns rows spans[q] and starts from
     states[q] [H, P, N] (not modified); wanted[q]: its local rows (ascending) whose state to
-    keep. -> (y [T, H, P], final states [nseq, H, P, N], snapshots [sum wanted, H, P, N])."""
+    keep. ``finals``: a contiguous [nseq, H, P, N] buffer the final states are written to
+    (the caller's state record, saving a copy per step), else a new one.
+    -> (y [T, H, P], final states [nseq, H, P, N], snapshots [sum wanted, H, P, N])."""
     lib = _c()
     lanes = vector_lanes()
     if lib is None or lanes is None:
@@ -111,13 +114,23 @@ def scan2(
     if xbc.stride(1) != 1 or xbc.dtype != torch.float32:
         raise ValueError("scan2: xbc must be float32 rows of unit stride")
     dt, da = dt.contiguous(), da.contiguous()
-    s = torch.stack([st.reshape(h, p, n) for st in states]) if states else torch.empty(0)
+    if finals is None:
+        finals = torch.empty(len(states), h, p, n)
+    elif not finals.is_contiguous() or finals.shape != (len(states), h, p, n):
+        raise ValueError("scan2: finals must be a contiguous [nseq, H, P, N] buffer")
+    for st in states:
+        if st.dtype != torch.float32 or not st.is_contiguous() or st.numel() != h * p * n:
+            raise ValueError("scan2: each state must be contiguous float32 [H, P, N]")
+    # the kernel copies each starting state into finals head by head, as it scans
+    s_in = torch.tensor([st.data_ptr() for st in states], dtype=torch.int64)
+    s = finals
     lo, hi, snap_rows, off = _index(spans, wanted)
     snaps = torch.empty(len(snap_rows), h, p, n)
     y = torch.empty(t, h, p)
     lib.ls_ssm_scan2(
         xbc.data_ptr(), xbc.stride(0), dt.data_ptr(), da.data_ptr(), h, p, n, g, len(spans),
-        lo.data_ptr(), hi.data_ptr(), s.data_ptr(), snap_rows.data_ptr(), off.data_ptr(),
+        lo.data_ptr(), hi.data_ptr(), s.data_ptr(), s_in.data_ptr(), snap_rows.data_ptr(),
+        off.data_ptr(),
         snaps.data_ptr(), y.data_ptr(), lanes, torch.get_num_threads(),
     )  # fmt: skip
     return y, s, snaps

@@ -79,10 +79,15 @@ class Mamba2(nn.Module):
             states.append(st[n_conv:].view(h, di // h, n))
             wanted.append(list(range(hi - lo)) if seq.every else sorted(dict(seq.cuts)))
         dims = (h, di // h, n, g)
+        rec = None
         if ssm_scan.available():
             dt = ssm_scan.softplus_rows(dt_raw + self.dt_b)  # [T, H], each row's own bits
             da = torch.exp(dt * self.a)  # [T, H] (exp: the same bits in any layout)
-            y, finals, snaps = ssm_scan.scan2(xbc, dt, da, dims, spans, states, wanted)
+            # one sequence (decode): its state record [conv rows | scan state] is allocated
+            # once and the kernel writes the final state into it (no stack and cat copies)
+            rec = torch.empty(n_conv + di * n) if len(spans) == 1 else None
+            fin = None if rec is None else rec[n_conv:].view(1, h, di // h, n)
+            y, finals, snaps = ssm_scan.scan2(xbc, dt, da, dims, spans, states, wanted, fin)
         else:
             y, finals, snaps = scan_torch(
                 xbc, dt_raw, self.dt_b, self.a, dims, spans, states, wanted
@@ -97,9 +102,13 @@ class Mamba2(nn.Module):
                     seq.snaps.setdefault(cuts[r], {})[self.i] = snap
                 if seq.every:  # a draft's rows: the state after each (rollback)
                     seq.rows.setdefault(self.i, []).append(snap)
-            seq.out[self.i] = torch.cat(
-                (xpad[seq.hi - seq.lo :].reshape(-1), finals[q].reshape(-1))
-            )
+            if rec is not None:  # the final state is in place already
+                rec[:n_conv].copy_(xpad[seq.hi - seq.lo :].reshape(-1))
+                seq.out[self.i] = rec
+            else:
+                seq.out[self.i] = torch.cat(
+                    (xpad[seq.hi - seq.lo :].reshape(-1), finals[q].reshape(-1))
+                )
         x = xbc[:, :di].view(t, h, -1)
         zc = torch.empty(t, di).copy_(z)  # rows of di: the C kernel's layout even at T = 1
         out = gated_act(zc, (y + x * self.d).view(t, di), "silu")  # [T, d_inner]
