@@ -19,8 +19,13 @@ def nearest_int(v: np.ndarray) -> np.ndarray:
 
 def _seqsum(a: np.ndarray) -> np.ndarray:
     """Row sums of a [N, n] float32, added left to right one by one as a C loop does
-    (``np.add.accumulate`` is that recurrence; ``np.sum`` adds pairwise)."""
-    return np.add.accumulate(a.astype(F32, copy=False), axis=1, dtype=F32)[:, -1]
+    (``np.sum`` adds pairwise): column after column over the transposed copy, each add one
+    contiguous float32 vector (5x faster than ``np.add.accumulate`` along rows)."""
+    at = np.ascontiguousarray(a.astype(F32, copy=False).T)  # [n, N]
+    s = at[0].copy()
+    for j in range(1, at.shape[0]):
+        s += at[j]
+    return s
 
 
 def _f16(v: np.ndarray) -> np.ndarray:
