@@ -32,9 +32,11 @@ from bench.servers import (
 )
 
 
-def one(kind: ServerKind, model: Path) -> dict[str, Any]:
-    """S1 and S2 on one server started on `model`."""
-    setup = _setup(model, Plan(n_adapters=0))
+def one(kind: ServerKind, model: Path, quick: bool = False) -> dict[str, Any]:
+    """S1 and S2 on one server started on `model` (`quick`: one short request each, for
+    checking the harness)."""
+    plan = Plan(n_adapters=0, s1_reps=1, s2={"n_predict": 8, "reps": 1}) if quick else None
+    setup = _setup(model, plan or Plan(n_adapters=0))
     port = free_port()
     argv = _argv(kind, setup, port, parallel=8, ctx=8192, cache_ram=2048)
     out: dict[str, Any] = {"load_before": machine_load()}
@@ -50,6 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run S1/S2 for each model on both servers, print the ratios, write the results."""
     ap = argparse.ArgumentParser(prog="python -m bench.quant_s12", description=__doc__)
     ap.add_argument("--model", type=Path, action="append", help="GGUF (repeatable)")
+    ap.add_argument("--quick", action="store_true", help="one short request each: a harness check")
     args = ap.parse_args(argv)
     from loraserve.model.default import default_model_path
 
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("llama-server not found: run `python -m bench.run --build-peer` once")
     runs: list[dict[str, Any]] = []
     for model in models:
-        res = {k.name: one(k, model) for k in (loraserve_kind(), peer_kind(binary))}
+        res = {k.name: one(k, model, args.quick) for k in (loraserve_kind(), peer_kind(binary))}
         ours, peer = res["loraserve"], res["llama-server"]
         pre = ours["s1"]["prefill_tok_s"] / peer["s1"]["prefill_tok_s"]
         dec = ours["s2"]["decode_tok_s"] / peer["s2"]["decode_tok_s"]
