@@ -136,11 +136,10 @@ def ours(t: str, n: int, k: int, rows: list[int], seconds: float) -> dict[int, f
     for r in rows:
         x = torch.randn(r, k, generator=torch.Generator().manual_seed(r))
         out = torch.empty(r, n)
-        for _ in range(2):
-            matmul(x, m, out)
+        matmul(x, m, out)  # warm
         times: list[float] = []
         t_end = time.perf_counter() + seconds
-        while len(times) < 5 or time.perf_counter() < t_end:
+        while len(times) < 3 or time.perf_counter() < t_end:
             t0 = time.perf_counter()
             matmul(x, m, out)
             times.append((time.perf_counter() - t0) * 1e6)
@@ -162,7 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.prepare:
         return
     rows = [int(r) for r in args.rows.split(",")]
-    results = []
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"quant_matmul_{time.strftime('%Y-%m-%d_%H%M%S', time.gmtime())}.json"
+    results: list[dict[str, Any]] = []
     for t, shape, n, k in todo:
         mine = ours(t, n, k, rows, args.seconds)
         peer = theirs(t, n, k, rows, args.seconds)
@@ -175,21 +176,29 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{t:8s} {shape:12s} M={r:<4d} ours {mine[r]:9.1f} us  llama.cpp "
                   f"{peer[r]['us']:9.1f} us{' (repacked)' if peer[r]['repacked'] else ''}  "
                   f"x{ratio:.2f}", flush=True)  # fmt: skip
-    summary = {}
+        _write(out, results, rows)  # after every case: a run cut short keeps what it measured
+    print("geometric mean over shapes of llama.cpp's time / ours:")
+    for t, v in _summary(results, rows).items():
+        print(f"  {t:8s} " + "  ".join(f"M={r}: x{x:.2f}" for r, x in v.items()))
+    print(f"wrote {out}")
+
+
+def _summary(results: list[dict[str, Any]], rows: list[int]) -> dict[str, dict[str, float]]:
+    summary: dict[str, dict[str, float]] = {}
     for t in dict.fromkeys(x["type"] for x in results):
         for r in rows:
             v = [x["ratio"] for x in results if x["type"] == t and x["rows"] == r]
-            summary.setdefault(t, {})[str(r)] = round(statistics.geometric_mean(v), 3)
-    print("geometric mean over shapes of llama.cpp's time / ours:")
-    for t, v in summary.items():
-        print(f"  {t:8s} " + "  ".join(f"M={r}: x{x:.2f}" for r, x in v.items()))
+            if v:
+                summary.setdefault(t, {})[str(r)] = round(statistics.geometric_mean(v), 3)
+    return summary
+
+
+def _write(out: Path, results: list[dict[str, Any]], rows: list[int]) -> None:
     from bench.servers import machine, machine_load
 
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"quant_matmul_{time.strftime('%Y-%m-%d_%H%M%S', time.gmtime())}.json"
     out.write_text(json.dumps({"threads": THREADS, "machine": machine(), "load": machine_load(),
-                               "summary": summary, "results": results}, indent=1))  # fmt: skip
-    print(f"wrote {out}")
+                               "summary": _summary(results, rows), "results": results},
+                              indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":
