@@ -15,7 +15,7 @@ from loraserve.adapters import DEMO_ADAPTERS, gguf_path
 from loraserve.server.config.args import parse_server_args
 from loraserve.server.router import presets
 from tests.http.test_cors_routes import router_client
-from tests.server_util import tiny_model_path
+from tests.server_util import peft_folder, tiny_model_path
 from tests.tiny import hf_model, write_gguf
 
 BODY = {"prompt": "the cat", "n_predict": 6, "temperature": 0}
@@ -34,9 +34,7 @@ def test_the_default_model_comes_with_its_demo_adapters_off(monkeypatch) -> None
     assert [(s.path, s.scale) for s in preset.lora] == [
         (Path(p).resolve().as_posix(), s) for p, s in demo
     ]
-    assert preset.inject({"prompt": "x"})["lora"] == [
-        {"id": i, "scale": 0.0} for i in range(len(demo))
-    ]
+    assert "lora" not in preset.inject({"prompt": "x"})  # the engine's global scales apply
     own = presets.load_catalog(parse_server_args(["--lora", demo[0][0]]))["dflt"]
     assert [(s.path, s.scale) for s in own.lora] == [(demo[0][0], 1.0)]  # --lora's, no demo
 
@@ -63,3 +61,18 @@ def test_props_say_router(flags: list[str], monkeypatch) -> None:
     with router_client(flags) as (c, _):
         assert c.get("/props").json()["role"] == "router"
         assert c.get("/models").json()["data"] == []
+
+
+def test_global_adapter_scales_reach_requests_without_lora(tmp_path: Path, monkeypatch) -> None:
+    """As the README's start says of the demo adapters: loaded at scale 0, switched on for
+    requests without `lora` by `POST /lora-adapters` (no model named: the only one)."""
+    monkeypatch.setattr(presets, "default_model_entry", lambda: None)
+    shutil.copy(tiny_model_path(), tmp_path / "tiny.gguf")
+    adapter = peft_folder(tmp_path / "adapter", 3, magnitude=2.0)
+    flags = ["--models-dir", str(tmp_path), "--lora-scaled", f"{adapter}:0"]
+    with router_client(flags) as (c, _):
+        off = c.post("/completion", json=BODY).json()["content"]
+        on = c.post("/completion", json={**BODY, "lora": [{"id": 0, "scale": 1}]}).json()
+        assert on["content"] != off  # the adapter changes this answer
+        assert c.post("/lora-adapters", json=[{"id": 0, "scale": 1}]).status_code == 200
+        assert c.post("/completion", json=BODY).json()["content"] == on["content"]

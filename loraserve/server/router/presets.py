@@ -75,11 +75,15 @@ class Preset:
     def inject(self, body: dict[str, Any]) -> dict[str, Any]:
         """`body` with this preset's adapter mix (as `lora` ids of its engine, unless the
         request gives its own `lora`), sampling defaults (unless the request sets them) and
-        chat template kwargs (under the request's own)."""
+        chat template kwargs (under the request's own). Adapters at scale 0 are loaded, not
+        sent: they keep the engine's global scale (0 until `POST /lora-adapters` sets one),
+        as in a llama-server child started with them (and a plain `loraserve`'s demo
+        adapters, switched on by `POST /lora-adapters` as the README says)."""
         out = dict(body)
-        if self.lora and "lora" not in out and self.engine_cfg is not None:
+        mix = [s for s in self.lora if s.scale != 0]
+        if mix and "lora" not in out and self.engine_cfg is not None:
             ids = {spec.path: i for i, spec in enumerate(self.engine_cfg.lora)}
-            out["lora"] = [{"id": ids[s.path], "scale": s.scale} for s in self.lora]
+            out["lora"] = [{"id": ids[s.path], "scale": s.scale} for s in mix]
         for k, v in self.defaults.items():
             if k == "chat_template_kwargs" and isinstance(out.get(k), dict):
                 out[k] = {**v, **out[k]}  # the request's own over the preset's
