@@ -1,13 +1,14 @@
-"""Router mode (`loraserve` without `-m`, with `--models-dir` / `--models-preset` /
+"""Router mode (`loraserve` without `-m`; `--models-dir` / `--models-preset` /
 `--models-max` / `--[no-]models-autoload`): llama-server's router API over the engines of
-`pool` and the catalogue of `presets`.
+`pool` and the catalogue of `presets` (the default model's entry included).
 
 Own routes: `GET /health` (the router's; `?model=` asks that model's engine), `GET /props`
 (the router's `role: router` object; `?model=` forwards), `GET /models` and `/v1/models`
 (every model id with its `status`; `?reload=1` re-reads the sources), `POST /models/load`,
 `POST /models/unload`, `GET /models/sse` (status changes, `router.events`). Every other API
 route is forwarded, in-process (`router.forward`), to the engine of the model its JSON
-body's `model` (GET: the `model` query parameter) names, loading it first unless
+body's `model` (GET: the `model` query parameter) names (none: the only model, when the
+catalogue has one; ours, for the README's plain `loraserve`), loading it first unless
 `--no-models-autoload` (or `?autoload=false`); the body gets that preset's adapter mix and
 sampling defaults (`Preset.inject`). Errors and status codes are llama-server's
 (tools/server/server-models.cpp, `router_validate_model` and the `/models` handlers).
