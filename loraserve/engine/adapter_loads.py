@@ -20,6 +20,7 @@ running or parked request uses, or a pinned one, never.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -55,6 +56,7 @@ class AdapterLoads:
         self._reading: set[int] = set()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        self.engine_tid: int | None = None  # the engine thread's OS id: readers take its nice
         self.overflow = False  # the last eviction pass left the limits exceeded
         self.prefetch = Prefetch(registry.read_path, self.off_thread)
         self._wanted: Counter[int | str] = Counter()  # submitted, not yet received
@@ -140,8 +142,22 @@ class AdapterLoads:
             return
         with self._pool_lock:  # submit time posts reads too: any thread
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(MAX_READS, thread_name_prefix="loraserve-lora")
+                self._pool = ThreadPoolExecutor(
+                    MAX_READS, thread_name_prefix="loraserve-lora", initializer=self._like_engine
+                )
             self._pool.submit(fn)
+
+    def _like_engine(self) -> None:
+        """A reader thread runs at the engine thread's scheduling priority (`server/offload.
+        lower_priority` lowers the engine's; a reader spawned by a submitting thread would
+        otherwise keep that thread's, above the engine's and the event loop's share)."""
+        if self.engine_tid is None or not hasattr(os, "setpriority"):
+            return
+        try:
+            nice = os.getpriority(os.PRIO_PROCESS, self.engine_tid)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        except OSError:  # gone, or not allowed (a sandbox): the reader keeps its own
+            pass
 
     def _admit(self, p: _Parked) -> None:
         mix = self.reg.make_mix(p.scales, p.named)

@@ -187,6 +187,7 @@ class Engine(EngineCalls):
         self._inbox.threaded = True
         self._thread = threading.Thread(target=self._loop, name="loraserve-engine", daemon=True)
         self._thread.start()
+        self.loads.engine_tid = self._thread.native_id  # adapter readers take its priority
 
     @property
     def thread_native_id(self) -> int | None:

@@ -94,6 +94,8 @@ def test_submit_reads_once_and_answers_as_peft(tiny, lib) -> None:  # noqa: F811
     assert disk_path(reg, "c") == (root / "c").resolve()  # a catalogue name, not registered
     assert disk_path(reg, "nope") is None
     eng.start()
+    engine_nice = os.getpriority(os.PRIO_PROCESS, eng.thread_native_id) + 3
+    os.setpriority(os.PRIO_PROCESS, eng.thread_native_id, engine_nice)  # as the server does
     try:
         base = eng.submit(**ask(P, 24))  # keeps decoding while the adapter is read
         go = threading.Barrier(4)
@@ -112,6 +114,8 @@ def test_submit_reads_once_and_answers_as_peft(tiny, lib) -> None:  # noqa: F811
         follow(base.requests[0])
         again = eng.submit(**ask(P, N), lora=[(reg.find("c").id, 1.0)])
         assert tokens(follow(again.requests[0])) == answers[0]
+        readers = [t.native_id for t in eng.loads._pool._threads]  # spawned by the clients
+        assert readers and {os.getpriority(os.PRIO_PROCESS, t) for t in readers} == {engine_nice}
     finally:
         eng.shutdown()
     assert answers == [greedy(peft["c"], P)] * 4
