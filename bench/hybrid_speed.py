@@ -69,9 +69,10 @@ class Plan:
     decode_prompt: int = 128
     n_predict: int = 64
     decode_reps: int = 2
-    system: int = 256  # chat: the system prompt's tokens
-    user: int = 48  # chat: each user message's tokens
-    answer: int = 16  # chat: each answer's tokens
+    # chat sizes off the 16-token block grid, as a real conversation's are
+    system: int = 250  # chat: the system prompt's tokens
+    user: int = 37  # chat: each user message's tokens
+    answer: int = 40  # chat: each answer's tokens
     turns: int = 5
     check_tokens: int = 0
     cap: float = 600.0
@@ -82,7 +83,7 @@ class Plan:
 def quick_plan(archs: tuple[str, ...]) -> Plan:
     """The pipeline check: small files, short runs."""
     return Plan(archs, 0, 4096, n_prompt=128, prefill_reps=1, decode_prompt=32, n_predict=16,
-                decode_reps=1, system=64, user=16, answer=8, turns=3, cap=300.0,
+                decode_reps=1, system=60, user=13, answer=12, turns=3, cap=300.0,
                 quick=True)  # fmt: skip
 
 
