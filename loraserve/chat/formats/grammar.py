@@ -101,8 +101,11 @@ class _Builder:
             items += [self.q(f.name_prefix), json.dumps(name)]
             if f.name_id_index:
                 items.append('":" /[0-9]{1,2}/')  # the call's index, bounded
-            items += [self.q(f.name_suffix), self.q(f.args_separator)]
-            if f.id_position == "between_name_and_args" and f.id_prefix:  # Mistral Small 3.2
+            between = f.id_position == "between_name_and_args" and f.id_prefix
+            # Mistral Small 3.2: NAME[CALL_ID]ID[ARGS]{..}, the name's suffix is the id's
+            suffix = "" if between and f.name_suffix == f.id_suffix else f.name_suffix
+            items += [self.q(suffix) if suffix else "", self.q(f.args_separator)]
+            if between:
                 items += [self.q(f.id_prefix), "/[a-zA-Z0-9]{9}/", self.q(f.id_suffix)]
             items.append(self.q(f.args_start))
             if f.tool_mode == "tag_json":
@@ -199,6 +202,9 @@ def tool_grammar(
     if fmt.dialect:  # the specialised formats' own grammars (None where there is none yet)
         return dialect_grammar(fmt, tools, choice, parallel, thinking_open and reasoning, special,
                                started)  # fmt: skip
+    if fmt.array_wrapped and fmt.call_start and not fmt.section_start:  # Nemotron Nano v2:
+        fmt = fmt.with_(section_start=fmt.call_start, section_end=fmt.call_end,  # its markers
+                        call_start="", call_end="")  # wrap the whole array  # fmt: skip
     trigger = fmt.trigger
     if choice == "auto" and not trigger:
         return None
@@ -230,6 +236,8 @@ def tool_grammar(
         inner = b.rule(f"TEXT {b.q(r_end)}", lazy=True)
         if thinking_open or not r_start:
             think = inner
+            if lazy and thinking_open and trigger.strip() in fmt.reasoning_stops:
+                think = f"({inner})?"  # the reasoning may end at the calls (Qwen3.5)
         else:
             think = f"({b.q(r_start)} {inner})?"
     lines = ["%llguidance {}"]
