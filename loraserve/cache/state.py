@@ -11,7 +11,10 @@ token, so it is kept in two places:
   under that block's id: after every ``every``-th block of the sequence (``--checkpoint-min-step``
   tokens, in blocks; 1: after each) and after the last full block of each multi-token step
   (a prompt's prefill chunk: so the end of every prompt has one, and the next turn of a chat
-  resumes there, as llama-server's checkpoints near the end of each prompt). A snapshot of a
+  resumes there, as llama-server's checkpoints near the end of each prompt), and after the
+  latest full block its decode finished (each such block's snapshot replaces the previous
+  one of the same sequence, while that block is still the running sequence's own: so a
+  chat's next turn resumes inside the answer, not at the end of the prompt). A snapshot of a
   Granite-4-size model is ~60 MB, so one per block (16 tokens) cost ~15 GB per 4k prompt.
   A block id in the prefix index names (parent chain, adapter block key,
   tokens) exactly, so a snapshot lives under the same cache key as the KV it follows, is freed
@@ -60,6 +63,7 @@ class SeqStep:
     every: bool = False
     rows: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     end_only: int = -1  # the block of a cut made for the chunk's end alone (off the interval)
+    latest: int = -1  # the block a decode step's cut ends off the interval (see `commit`)
 
 
 @dataclass
@@ -67,6 +71,7 @@ class _Live:
     seq: int  # the request id running in the slot
     at: dict[int, States]  # position -> states there (the last step's start and end, and
     # with a draft every position in between)
+    latest: int = -1  # the block of its latest decode snapshot off the interval
 
 
 class StateStore:
@@ -130,10 +135,11 @@ class StateStore:
         cuts = [
             (b * self.bs - start - 1, blocks[b - 1])
             for b in range(first, last + 1)
-            if b % self.every == 0 or (n > 1 and b == last)  # the interval; a chunk's end
+            if b % self.every == 0 or b == last  # the interval; a chunk's or a decode's end
         ]
         end_only = blocks[last - 1] if n > 1 and last >= first and last % self.every else -1
-        return SeqStep(lo, lo + n, state, cuts, end_only=end_only)
+        latest = blocks[last - 1] if n == 1 and last >= first and last % self.every else -1
+        return SeqStep(lo, lo + n, state, cuts, end_only=end_only, latest=latest)
 
     def commit(self, slot: int, seq: int, start: int, step: SeqStep) -> None:
         """Keep a finished step's states: live at its end position (with the states at its
@@ -148,6 +154,10 @@ class StateStore:
         live = self.live.get(slot)
         if live is None or live.seq != seq:
             live = self.live[slot] = _Live(seq, {})
+        if step.latest >= 0:  # one decode snapshot off the interval per sequence: the latest
+            if live.latest >= 0 and live.latest != step.latest:
+                self.snaps.pop(live.latest, None)
+            live.latest = step.latest
         live.at = {start: step.state, start + step.hi - step.lo: step.out}
         for r in range(step.hi - step.lo if step.every else 0):
             live.at[start + r + 1] = {i: rows[r] for i, rows in step.rows.items()}

@@ -63,19 +63,31 @@ def test_prepare_cuts_and_reruns() -> None:
 
 def test_interval_cuts_every_nth_block_and_each_chunk_end() -> None:
     """With an interval of 3 blocks: a snapshot after blocks 3, 6, ... of the sequence and
-    after the last full block of a multi-token step; a one-token step (decode) only on the
-    interval."""
+    after the last full block of a multi-token step; a one-token step (decode) also at the
+    end of each block off the interval, keeping only the latest of those (a chat's next turn
+    resumes inside the answer)."""
     store = StateStore({0: (1,)}, BS, every=3)
     blocks = list(range(100, 115))
-    got = []
+    got, kept = [], []
     for start, n in ((0, 22), (22, 17), (39, 1), (40, 1), (41, 1), (42, 1), (43, 1), (44, 4)):
         step = store.prepare(0, 1, start, n, blocks, 0)
         got.append(step.cuts)
         step.out = {0: torch.zeros(1)}
+        step.snaps = {b: {0: torch.full((1,), float(b))} for _, b in step.cuts}
         store.commit(0, 1, start, step)
+        kept.append(sorted(store.snaps))
     assert got[:2] == [[(11, 102), (19, 104)], [(1, 105), (13, 108)]]  # 3rd, end; 6th, 9th
-    assert got[2:7] == [[]] * 5  # decode steps: the 10th, 11th blocks are off the interval
+    # decode steps: the 10th and 11th blocks' ends, off the interval: the latest one kept
+    assert got[2:7] == [[(0, 109)], [], [], [], [(0, 110)]]
+    assert kept[2][-1] == 109 and kept[6] == [102, 104, 105, 108, 110]
     assert got[7] == [(3, 111)]  # the 12th block: on the interval (and the chunk's end)
+    assert kept[7] == [102, 104, 105, 108, 110, 111]  # a later chunk drops nothing
+    # another request in the slot: the previous one's decode snapshot stays (its blocks are
+    # the cache's now)
+    step = store.prepare(0, 2, 0, 1, [200], 0)
+    step.out = {0: torch.zeros(1)}
+    store.commit(0, 2, 0, step)
+    assert 110 in store.snaps
     with pytest.raises(ValueError, match="at least 1"):
         StateStore({0: (1,)}, BS, every=0)
 
