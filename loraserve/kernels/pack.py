@@ -9,7 +9,7 @@ import torch
 
 from loraserve import kernels as K
 
-PACKABLE = frozenset({2, 6, 8, 12, 20, 23})  # Q4_0, Q5_0, Q8_0, Q4_K, IQ4_NL, IQ4_XS
+PACKABLE = frozenset({2, 6, 7, 8, 12, 20, 23})  # Q4_0, Q5_0, Q5_1, Q8_0, Q4_K, IQ4_NL, IQ4_XS
 PACK_ROWS = 8
 
 

@@ -12,8 +12,8 @@ void ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd
 #define LS_T(RR)                                                                              \
     do {                                                                                      \
         if (type == T_Q8_0) pk_dot_q8_0(g, x, xd, K, RR, ahead, out, ldy);                    \
-        else if (type == T_Q5_0 || type == T_Q4_0)                                            \
-            pk_dot_q5_0(g, type == T_Q5_0, x, xd, bs32, K, RR, ahead, out, ldy);              \
+        else if (type == T_Q5_0 || type == T_Q4_0 || type == T_Q5_1)                          \
+            pk_dot_q5_0(g, type == T_Q5_1 ? 2 : type == T_Q5_0, x, xd, bs32, K, RR, ahead, out, ldy); \
         else if (type == T_IQ4_NL) pk_dot_iq4_nl(g, x, xd, bs32, K, RR, ahead, out, ldy);     \
         else if (type == T_IQ4_XS) pk_dot_iq4_xs(g, x, xd, bs32, K, RR, ahead, out, ldy);     \
         else pk_dot_q4_k(g, x, xd, bs32, K, RR, ahead, out, ldy);                             \
@@ -59,17 +59,20 @@ static void pack_group(int type, uint8_t *rows, int64_t row_bytes, int64_t K, ui
                 LS_MOVE(blk + 2 * r, src, 2);
                 for (int t = 0; t < 8; t++) LS_MOVE(blk + 16 + 32 * t + 4 * r, src + 2 + 4 * t, 4);
             }
-        } else if (type == T_Q5_0 || type == T_Q4_0 || type == T_IQ4_NL) {
-            const int hb = type == T_Q5_0, bb = hb ? 176 : 144, rb = hb ? 22 : 18;
+        } else if (type == T_Q5_0 || type == T_Q4_0 || type == T_IQ4_NL || type == T_Q5_1) {
+            // Q5_1: d, m, qh, qs in the row; d[8], m[8], hb, nibbles in the group
+            const int hb = type == T_Q5_0 || type == T_Q5_1, m1 = type == T_Q5_1;
+            const int bb = m1 ? 192 : hb ? 176 : 144, rb = m1 ? 24 : hb ? 22 : 18;
             for (int64_t c = 0; c < K / 32; c++) {
-                uint8_t *blk = g + bb * c, *src = row + rb * c, *nib = blk + (hb ? 48 : 16);
+                uint8_t *blk = g + bb * c, *src = row + rb * c, *nib = blk + bb - 128;
                 LS_MOVE(blk + 2 * r, src, 2);
+                if (m1) LS_MOVE(blk + 16 + 2 * r, src + 2, 2);
                 for (int u = 0; u < 4; u++) LS_MOVE(nib + 32 * u + 4 * r, src + rb - 16 + 4 * u, 4);
                 if (!hb) continue;
                 uint32_t qh = 0;  // bit j: the fifth bit of value j = 4t + i
-                if (dir) memcpy(&qh, src + 2, 4);
+                if (dir) memcpy(&qh, src + rb - 20, 4);
                 for (int i = 0; i < 4; i++) {
-                    uint8_t *hbyte = blk + 16 + 4 * r + i;
+                    uint8_t *hbyte = blk + bb - 160 + 4 * r + i;
                     if (dir) {
                         *hbyte = 0;
                         for (int t = 0; t < 8; t++) *hbyte |= (uint8_t)(((qh >> (4 * t + i)) & 1) << t);
@@ -77,7 +80,7 @@ static void pack_group(int type, uint8_t *rows, int64_t row_bytes, int64_t K, ui
                         for (int t = 0; t < 8; t++) qh |= (uint32_t)((*hbyte >> t) & 1) << (4 * t + i);
                     }
                 }
-                if (!dir) memcpy(src + 2, &qh, 4);
+                if (!dir) memcpy(src + rb - 20, &qh, 4);
             }
         } else {  // T_Q4_K
             for (int64_t b = 0; b < K / 256; b++) {

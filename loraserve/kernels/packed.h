@@ -14,6 +14,7 @@
 // Layouts, per group of 8 rows, then per block (32 values) or super-block (Q4_K: 256):
 //   Q8_0  272 B: f16 d[8] | int8 v[8 steps t][8 rows][4]       (v: values 4t .. 4t + 3)
 //   Q5_0  176 B: f16 d[8] | hb[8 rows][4] | nibbles[4 u][8 rows][4]
+//   Q5_1  192 B: f16 d[8] | f16 m[8] | hb[8 rows][4] | nibbles[4 u][8 rows][4]
 //   Q4_0  144 B: f16 d[8] | nibbles[4 u][8 rows][4]      (IQ4_NL the same: packed_nl.h)
 //                (nibbles: low = step u, high = step u + 4; hb: bit t = the fifth bit of
 //                value 4t + i of the row, for byte 4 * row + i)
@@ -31,7 +32,7 @@
 
 static inline int packable(int type) {
     return type == T_Q8_0 || type == T_Q5_0 || type == T_Q4_0 || type == T_Q4_K ||
-           type == T_IQ4_NL || type == T_IQ4_XS;
+           type == T_IQ4_NL || type == T_IQ4_XS || type == T_Q5_1;
 }
 
 // values per block of a packable type's layout (a row's K a multiple of it)
@@ -44,6 +45,7 @@ static inline int64_t packed_group_bytes(int type, int64_t K) {
     switch (type) {
     case T_Q8_0: return K / 32 * 272;
     case T_Q5_0: return K / 32 * 176;
+    case T_Q5_1: return K / 32 * 192;
     case T_Q4_0:
     case T_IQ4_NL: return K / 32 * 144;  // Q4_0's layout (packed_nl.h)
     case T_Q4_K: return K / 256 * 1184;
@@ -161,23 +163,25 @@ static inline __attribute__((always_inline)) void pk_dot_q8_0(
 #endif
 }
 
-// 8 rows (group g) of packed Q5_0 (hb 1) or Q4_0 (hb 0) against R (1..4) activation rows
-// x [R, K] with block scales xd [R, K/32] and sums bs [R, K/32]: y[r * ldy + 0..7]. (The
+// 8 rows (group g) of packed Q5_0 (hb 1), Q4_0 (hb 0) or Q5_1 (hb 2: unsigned values, then
+// y = m * (dx * sum(x)) + y per block) against R (1..4) activation rows x [R, K] with block
+// scales xd [R, K/32] and sums bs [R, K/32]: y[r * ldy + 0..7]. (The
 // sign trick on the values less their offset measured 1.1x the time: two more operations
 // a step.)
 static inline __attribute__((always_inline)) void pk_dot_q5_0(
     const uint8_t *g, int hb, const int8_t *x, const float *xd, const int16_t *bs, int64_t K,
     int R, int ahead, float *y, int64_t ldy) {
-    const int64_t nc = K / 32, bb = hb ? 176 : 144, off = hb ? 16 : 8;
+    const int64_t nc = K / 32, bb = hb == 2 ? 192 : hb ? 176 : 144, off = hb == 2 ? 0 : hb ? 16 : 8;
+    const int64_t hoff = hb == 2 ? 32 : 16, noff = bb - 128;
 #if defined(__AVX2__)
     __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
     const __m256i ones = _mm256_set1_epi16(1), lo4 = _mm256_set1_epi8(0x0F),
                   b4 = _mm256_set1_epi8(0x10);
     (void)ones;  // unused where LS_PR is dpbusd
     for (int64_t c = 0; c < nc; c++) {
-        const uint8_t *blk = g + bb * c, *nib = blk + (hb ? 48 : 16);
+        const uint8_t *blk = g + bb * c, *nib = blk + noff;
         if (ahead) PREFETCH(blk), PREFETCH(blk + 64), PREFETCH(blk + 128);
-        const __m256i h = hb ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+        const __m256i h = hb ? _mm256_loadu_si256((const __m256i *)(blk + hoff)) : _mm256_setzero_si256();
         __m256i i0 = _mm256_setzero_si256(), i1 = i0, i2 = i0, i3 = i0;
         // the unsigned values (0..31) as they are: 4 steps add in int16 (31 * 127 * 2 * 4 =
         // 31496), and off * sum(x) comes off once per block: the integers of the signed form.
@@ -216,6 +220,12 @@ static inline __attribute__((always_inline)) void pk_dot_q5_0(
                _mm256_mul_ps(dw, _mm256_set1_ps(xd[(r) * nc + c])), yy)
         PK_EACH(LS_PF, i, y);
 #undef LS_PF
+        if (hb == 2) {  // the offsets m: y = m * (dx * sum(x)) + y
+            const __m256 mw = pk_halves8(blk + 16);
+#define LS_PM(r, acc, yy) yy = madd8(mw, _mm256_set1_ps(xd[(r) * nc + c] * (float)bs[(r) * nc + c]), yy)
+            PK_EACH(LS_PM, i, y);
+#undef LS_PM
+        }
     }
     pk_store(y, ldy, R, y0, y1, y2, y3);
 #else
@@ -225,16 +235,18 @@ static inline __attribute__((always_inline)) void pk_dot_q5_0(
         for (int l = 0; l < 8; l++) {
             float acc = 0.0f;
             for (int64_t c = 0; c < nc; c++) {
-                const uint8_t *blk = g + bb * c, *nib = blk + (hb ? 48 : 16);
+                const uint8_t *blk = g + bb * c, *nib = blk + noff;
                 int32_t s = 0;
                 for (int t = 0; t < 8; t++)
                     for (int i = 0; i < 4; i++) {
                         const uint8_t q = nib[32 * (t & 3) + 4 * l + i];
                         int v = t < 4 ? q & 15 : q >> 4;
-                        if (hb) v |= ((blk[16 + 4 * l + i] >> t) & 1) << 4;
+                        if (hb) v |= ((blk[hoff + 4 * l + i] >> t) & 1) << 4;
                         s += (v - (int)off) * x[r * K + 32 * c + 4 * t + i];
                     }
                 acc = madd1((float)s, half_to_float(blk + 2 * l) * xd[r * nc + c], acc);
+                if (hb == 2)
+                    acc = madd1(half_to_float(blk + 16 + 2 * l), xd[r * nc + c] * (float)bs[r * nc + c], acc);
             }
             y[r * ldy + l] = acc;
         }

@@ -17,7 +17,7 @@ from tests.unit.model.test_kernels import (
     random_rows,
 )
 
-PACKABLE = ["Q4_0", "Q5_0", "Q8_0", "Q4_K", "IQ4_NL", "IQ4_XS"]
+PACKABLE = ["Q4_0", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "IQ4_NL", "IQ4_XS"]
 
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="packing needs the C kernels")
 
@@ -91,8 +91,8 @@ def test_matrix_packs_only_whole_groups_and_keeps_its_values(monkeypatch) -> Non
     assert torch.equal(p.rows(idx).data, m.rows(idx).data)
     odd = Matrix.from_raw("w", raw[:12].contiguous(), GGML_TYPE["Q5_0"], (12, k))
     assert not odd.pack().packed  # 12 rows: not whole groups of 8
-    q51 = Matrix.from_raw("w", torch.from_numpy(random_rows(rng, "Q5_1", 16, k)), 7, (16, k))
-    assert not q51.pack().packed  # no packed kernel for Q5_1: the file's layout
+    q41 = Matrix.from_raw("w", torch.from_numpy(random_rows(rng, "Q4_1", 16, k)), 3, (16, k))
+    assert not q41.pack().packed  # no packed kernel for Q4_1: the file's layout
     monkeypatch.setenv("LORASERVE_KERNEL_NO_PACK", "1")
     assert not m.pack().packed
 
@@ -101,7 +101,7 @@ def test_projection_of_packed_and_file_layout_parts_equals_each_part_alone() -> 
     """q|k|v-style parts of mixed layouts and types in one kernel call."""
     rng = np.random.default_rng(2)
     k = 512
-    specs = [("Q4_K", 16), ("Q5_0", 12), ("Q8_0", 8), ("Q5_1", 8)]
+    specs = [("Q4_K", 16), ("Q5_0", 12), ("Q8_0", 8), ("Q4_1", 8)]
     mats = []
     for i, (name, n) in enumerate(specs):
         raw = torch.from_numpy(random_rows(rng, name, n, k))
