@@ -200,10 +200,15 @@ def test_a_parked_submission_that_cannot_enter_fails_alone(lora_srv, monkeypatch
     reg = engine.core.adapters
     gate = threading.Event()
     real_read, real_key = reg.read, reg.request_key
+    real_path_read = engine.loads.prefetch._read  # the read started at submit time
 
     def held_read(adapter_id: int) -> Any:
         assert gate.wait(60)
         return real_read(adapter_id)
+
+    def held_path_read(path: Any) -> Any:
+        assert gate.wait(60)
+        return real_path_read(path)
 
     def key(scales: Any, prompt: Any) -> Any:
         if prompt[-2:] == [299, 299]:
@@ -211,6 +216,7 @@ def test_a_parked_submission_that_cannot_enter_fails_alone(lora_srv, monkeypatch
         return real_key(scales, prompt)
 
     monkeypatch.setattr(reg, "read", held_read)
+    monkeypatch.setattr(engine.loads.prefetch, "_read", held_path_read)
     monkeypatch.setattr(reg, "request_key", key)
     lora = [{"name": "up", "scale": 1.0}]
     good = {"prompt": "the cat", "n_predict": 8, "temperature": 0, "lora": lora}
