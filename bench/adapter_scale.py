@@ -4,14 +4,18 @@ The real model with N distinct random LoRA adapters (rank 8 and 16 alternating, 
 projections of every layer) under one `--lora-dir`, served by name on first use with
 `--lora-max-loaded 64`. 8 closed-loop clients send greedy streamed completions; each request
 names one adapter drawn by Zipf popularity (s = 1.1) over the N. The same load with every
-request on one adapter is the reference: the ratio is aggregate decode throughput at N
-against it, measured in the same run. TTFT p50/p95 are split by whether the adapter was
-resident (used within the last 64 distinct adapters the client side sent, an LRU model of
-the server's tier) or had to be read from disk. Peak RSS (VmHWM) and the server's
-`loraserve:lora_resident_bytes` at the end are reported beside the budget. Each row says
-what share of its adapters' file bytes the page cache held at its start (`fincore`): the
-requests name the same adapters from run to run, so a second run reads them from memory
-unless `--cold` drops them first (every first read from the disk).
+request on one adapter is the reference: each server (one per N) serves a warm-up, then
+`--repeats` paired rounds, each the single-adapter load and the Zipf load back to back in
+alternating order, and the ratio is the median of the rounds' Zipf / single throughputs
+(`bench/adapter_scale_rounds.py` says why: a reference measured once, on a server of its
+own, varied 191-300 tok/s between runs). Round 0 is the first use of its adapters (read from
+disk), the later rounds the steady state; both are reported. TTFT p50/p95 are split by
+whether the adapter was resident (used within the last 64 distinct adapters the client side
+sent, an LRU model of the server's tier) or had to be read from disk. Peak RSS (VmHWM) and
+the server's `loraserve:lora_resident_bytes` at the end are reported beside the budget.
+Each row says what share of its adapters' file bytes the page cache held at its start
+(`fincore`): the requests name the same adapters from run to run, so a second run reads
+them from memory unless `--cold` drops them first (before every Zipf round).
 
 The adapters are float16 GGUF files by default (`--dtype f16`): 3.8 MB at rank 8 and 7.6 MB
 at rank 16 (18 layers x 7 projections, 237,312 (in + out) values per rank), ~11 GB for the
@@ -23,33 +27,31 @@ float16 kernel path) in a pool of its own. PEFT's default targets for Gemma 3 ar
 v_proj only (0.74 MB at rank 8 in f16); every projection here is the heavier case.
 
 llama-server takes part in the 8-adapter case only, as its reference: all adapters loaded
-at start (`--lora ... --lora-init-without-apply`), each request with the full `lora` list.
-The servers run one at a time, never together. Writes `bench/results/adapter_scale_<ts>.json`
-and prints the table.
+at start (`--lora ... --lora-init-without-apply`), each request with the full `lora` list,
+the same rounds. The servers run one at a time, never together. Writes
+`bench/results/adapter_scale_<ts>.json` after every server and prints the table.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import random
 import subprocess
 import sys
 import time
-from collections import OrderedDict
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
-from bench.client import BenchError, Completion, body, stream_completion
+from bench.adapter_scale_rounds import TierModel, metrics, rounds
+from bench.client import body
 from bench.peer import find_peer
 from bench.servers import free_port, launch, loraserve_kind, machine, peer_kind, server_argv
-from bench.workloads import AdapterShapes, adapter_tensors, percentile, sentence, zipf_choices
+from bench.workloads import AdapterShapes, adapter_tensors, sentence, zipf_choices
 
 MODEL = Path.home() / ".cache" / "loraserve" / "gemma3-270m-q4_k_m.gguf"
 POOL = Path.home() / ".cache" / "loraserve" / "scale-adapters"
@@ -71,10 +73,13 @@ class Plan:
     seed: int = 0
     dtype: str = "f16"  # the adapter files' tensor type: f16 or f32
     cold: bool = False  # drop the adapters' files from the page cache before each run
+    repeats: int = 3  # paired rounds (single-adapter load, Zipf load) per server
+    warmup: int = 8  # requests on adapter 0 before the rounds (not counted)
 
     @staticmethod
     def quick() -> Plan:
-        return Plan(sizes=(8, 64), requests=16, n_predict=4, prompt_words=8)
+        return Plan(sizes=(8, 64), requests=16, n_predict=4, prompt_words=8, repeats=2,
+                    warmup=4)  # fmt: skip
 
 
 def pool_dir(dtype: str) -> Path:
@@ -147,161 +152,119 @@ def drop_cached(paths: list[Path]) -> None:
             os.close(fd)
 
 
-def prompts(plan: Plan) -> list[str]:
-    """One distinct prompt per request (no prefix shared between requests)."""
+def prompts(plan: Plan, tag: str) -> list[str]:
+    """One distinct prompt per request, `tag` first (a round and side of its own: no
+    prefix shared with any other request of the run); the same sentences for every tag,
+    so both sides of a round prefill the same lengths."""
     rng = random.Random(plan.seed)
-    return [f"{i}: " + sentence(rng, plan.prompt_words) for i in range(plan.requests)]
+    return [f"{tag}{i}: " + sentence(rng, plan.prompt_words) for i in range(plan.requests)]
 
 
-def resident_flags(picks: list[int], capacity: int) -> list[bool]:
-    """For each request in send order: was its adapter among the last `capacity` distinct
-    adapters used before it (an LRU model of the server's tier)."""
-    lru: OrderedDict[int, None] = OrderedDict()
+def _payloads(plan: Plan, tag: str, picks: list[int], lora) -> list[dict[str, Any]]:
     out = []
-    for a in picks:
-        out.append(a in lru)
-        lru[a] = None
-        lru.move_to_end(a)
-        if len(lru) > capacity:
-            lru.popitem(last=False)
+    for text, a in zip(prompts(plan, tag), picks, strict=True):
+        p = body([], plan.n_predict, lora(a))
+        p["prompt"] = text
+        out.append(p)
     return out
 
 
-async def closed_loop(url: str, payloads: list[dict[str, Any]], clients: int) -> tuple:
-    """`clients` workers each send the next payload when their last one ends; returns the
-    completions (in payload order), the errors and the wall time."""
-    results = [Completion(sent=0.0) for _ in payloads]
-    errors: list[str] = []
-    queue = list(range(len(payloads)))[::-1]
-    limits = httpx.Limits(max_connections=clients + 2)
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600)) as client:
-        t0 = time.perf_counter()
+def _workload(plan: Plan, n: int, lora) -> tuple:
+    """(warm-up payloads, single(r), multi(r)): round r's single-adapter load (every
+    request on adapter 0) and its Zipf load over `n` adapters (seed + r)."""
+    warm = _payloads(replace(plan, requests=plan.warmup), f"w{n}-", [0] * plan.warmup, lora)
 
-        async def worker() -> None:
-            while queue:
-                i = queue.pop()
-                results[i].sent = time.perf_counter()
-                try:
-                    await stream_completion(client, url, payloads[i], results[i])
-                except (BenchError, httpx.HTTPError) as e:
-                    errors.append(str(e)[:200])
+    def single(r: int) -> tuple[list[dict[str, Any]], list[int]]:
+        picks = [0] * plan.requests
+        return _payloads(plan, f"n{n}r{r}s-", picks, lora), picks
 
-        await asyncio.gather(*(worker() for _ in range(clients)))
-        wall = time.perf_counter() - t0
-    return results, errors, wall
+    def multi(r: int) -> tuple[list[dict[str, Any]], list[int]]:
+        picks = zipf_choices(n, plan.requests, plan.seed + r)
+        return _payloads(plan, f"n{n}r{r}m-", picks, lora), picks
+
+    return warm, single, multi
 
 
-def summarize(results: list[Completion], errors: list[str], wall: float, resident: list[bool]):
-    """Throughput and TTFT split by resident / read from disk."""
-    done = [r for r in results if r.done is not None]
-    ttft = {True: [], False: []}
-    for r, warm in zip(results, resident, strict=True):
-        if r.ttft is not None:
-            ttft[warm].append(r.ttft)
-    return {
-        "finished": len(done),
-        "requests": len(results),
-        "wall_s": wall,
-        "tokens_per_s": sum(r.n_tokens for r in done) / wall if wall else None,
-        "ttft_resident_p50": percentile(ttft[True], 50),
-        "ttft_resident_p95": percentile(ttft[True], 95),
-        "ttft_cold_p50": percentile(ttft[False], 50),
-        "ttft_cold_p95": percentile(ttft[False], 95),
-        "n_cold": len(ttft[False]),
-        "errors": sorted(set(errors))[:5],
-    }
-
-
-def metric(url: str, name: str) -> float | None:
-    """One sample of the server's /metrics, or None."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
-
-
-def run_loraserve(plan: Plan, model: Path, n: int, single: bool) -> dict[str, Any]:
-    """One loraserve server over `n` adapters; Zipf picks, or adapter 0 alone."""
-    picks = [0] * plan.requests if single else zipf_choices(n, plan.requests, plan.seed)
-    payloads = []
-    for text, a in zip(prompts(plan), picks, strict=True):
-        p = body([], plan.n_predict, [{"name": f"a{a:04d}", "scale": 1.0}])  # type: ignore[list-item]
-        p["prompt"] = text
-        payloads.append(p)
+def run_loraserve(plan: Plan, model: Path, n: int) -> dict[str, Any]:
+    """One loraserve server over `n` adapters by name: warm-up, then paired rounds."""
     folder = lora_dir(n, plan.dtype)
     kind = loraserve_kind(
         ("--lora-dir", str(folder), "--metrics", "--lora-max-loaded", str(plan.max_loaded))
     )
-    used = [folder / f"a{a:04d}.gguf" for a in sorted(set(picks))]
+    picks = sorted({a for r in range(plan.repeats)
+                    for a in zipf_choices(n, plan.requests, plan.seed + r)})  # fmt: skip
+    used = [folder / f"a{a:04d}.gguf" for a in picks]
     file_mib = sum(p.stat().st_size for p in used) / len(used) / 2**20
     if plan.cold:
         drop_cached(used)
     cached = page_cached(used)
+
+    def before_multi(round_picks: list[int]) -> None:
+        if plan.cold:  # every read of the round from the disk (resident ones need none)
+            drop_cached([folder / f"a{a:04d}.gguf" for a in sorted(set(round_picks))])
+
+    warm, single, multi = _workload(plan, n, lambda a: [{"name": f"a{a:04d}", "scale": 1.0}])
     port = free_port()
     argv = server_argv(kind, model, port, threads=2, parallel=plan.parallel, ctx=plan.ctx,
                        cache_ram=-1)  # fmt: skip
     with launch(kind.name, argv, port, timeout=300) as server:
-        out = summarize(*asyncio.run(closed_loop(server.url, payloads, plan.clients)),
-                        resident_flags(picks, plan.max_loaded))  # fmt: skip
-        out["resident_bytes"] = metric(server.url, "loraserve:lora_resident_bytes")
-        out["resident"] = metric(server.url, "loraserve:lora_resident")
+        out = rounds(server, plan.clients, plan.repeats, warm, single, multi,
+                     TierModel(plan.max_loaded), before_multi)  # fmt: skip
+        out.update({k: v for k, v in metrics(server.url).items()
+                    if k in ("resident_bytes", "resident")})  # fmt: skip
         out["budget"] = plan.max_loaded
         out["peak_rss_mib"] = server.peak_rss_mib()
-        out["loads"] = metric(server.url, "loraserve:lora_loads_total")
-        out["load_s"] = metric(server.url, "loraserve:lora_load_seconds_total")
-        out["evictions"] = metric(server.url, "loraserve:lora_evictions_total")
-    return {"server": "loraserve", "adapters": 1 if single else n, "dtype": plan.dtype,
-            "file_mib": file_mib, "page_cached": cached, **out}  # fmt: skip
+        out["startup_s"] = server.startup_s
+    return {"server": "loraserve", "adapters": n, "dtype": plan.dtype, "file_mib": file_mib,
+            "page_cached": cached, **out}  # fmt: skip
 
 
 def run_peer(plan: Plan, model: Path, binary: Path, n: int) -> dict[str, Any]:
-    """llama-server with `n` adapters loaded at start, the same Zipf picks by id."""
-    picks = zipf_choices(n, plan.requests, plan.seed)
-    payloads = []
-    for text, a in zip(prompts(plan), picks, strict=True):
-        lora = [{"id": i, "scale": 1.0 if i == a else 0.0} for i in range(n)]
-        p = body([], plan.n_predict, lora)
-        p["prompt"] = text
-        payloads.append(p)
+    """llama-server with `n` adapters loaded at start, the same rounds by id (every
+    request carries the whole list, its adapter at scale 1)."""
+    warm, single, multi = _workload(
+        plan, n, lambda a: [{"id": i, "scale": 1.0 if i == a else 0.0} for i in range(n)]
+    )
     kind = peer_kind(binary)
     port = free_port()
     argv = server_argv(kind, model, port, threads=2, parallel=plan.parallel, ctx=plan.ctx,
                        cache_ram=-1, adapters=adapter_pool(n, plan.dtype))  # fmt: skip
     with launch(kind.name, argv, port, timeout=300) as server:
-        out = summarize(*asyncio.run(closed_loop(server.url, payloads, plan.clients)),
-                        [True] * len(picks))  # fmt: skip
+        out = rounds(server, plan.clients, plan.repeats, warm, single, multi, TierModel(n))
         out["peak_rss_mib"] = server.peak_rss_mib()
-    return {"server": "llama-server", "adapters": n, **out}
+        out["startup_s"] = server.startup_s
+    return {"server": "llama-server", "adapters": n, "dtype": plan.dtype, **out}
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """Markdown: one row per run, the ratio against loraserve's single-adapter run."""
-    ref = next(r for r in rows if r["server"] == "loraserve" and r["adapters"] == 1)
+    """Markdown: one row per server; each ratio is Zipf over single-adapter tok/s within
+    the same server's rounds (median; first round; median of the later rounds; range)."""
 
     def f(v: Any, d: int = 2) -> str:
         return "-" if v is None else f"{v:.{d}f}"
 
     out = [
-        "| server | adapters | dtype | tok/s | vs 1 adapter | TTFT resident p50/p95 s | "
-        "TTFT cold p50/p95 s (n) | loads (s) / evictions | file MiB (cached) | resident MiB "
-        "(n/budget) "
-        "| peak RSS MiB | finished |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| server | adapters | dtype | tok/s | single tok/s | vs 1 adapter median (first / "
+        "steady) [range] | TTFT resident p50/p95 s | TTFT cold p50/p95 s (n) | loads (s) / "
+        "evictions | file MiB (cached) | resident MiB (n/budget) | peak RSS MiB | finished "
+        "| other cores |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        ratio = r["tokens_per_s"] / ref["tokens_per_s"] if r["tokens_per_s"] else None
-        res = r.get("resident_bytes")
+        res, rng = r.get("resident_bytes"), r.get("ratio_range") or [None, None]
+        other = [x[s]["other_cores"] for x in r["rounds"] for s in ("single", "multi")]
         out.append(
             f"| {r['server']} | {r['adapters']} | {r.get('dtype', '-')} "
-            f"| {f(r['tokens_per_s'], 1)} | {f(ratio)}x "
+            f"| {f(r['tokens_per_s'], 1)} | {f(r['single_tokens_per_s'], 1)} "
+            f"| {f(r['ratio_median'])}x ({f(r['ratio_first'])} / {f(r['ratio_steady'])}) "
+            f"[{f(rng[0])}-{f(rng[1])}] "
             f"| {f(r['ttft_resident_p50'])}/{f(r['ttft_resident_p95'])} "
             f"| {f(r['ttft_cold_p50'])}/{f(r['ttft_cold_p95'])} ({r['n_cold']}) "
             f"| {f(r.get('loads'), 0)} ({f(r.get('load_s'))}) / {f(r.get('evictions'), 0)} "
             f"| {f(r.get('file_mib'), 1)} ({f(r.get('page_cached'))}) "
             f"| {f(res / 2**20 if res else None, 0)} ({f(r.get('resident'), 0)}/"
             f"{r.get('budget', '-')}) | {f(r['peak_rss_mib'], 0)} "
-            f"| {r['finished']}/{r['requests']} |"
+            f"| {r['finished']}/{r['requests']} | {f(max(other) if other else None, 1)} |"
         )
     return "\n".join(out)
 
@@ -316,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-peer", action="store_true", help="skip llama-server")
     ap.add_argument("--dtype", choices=("f16", "f32"), help="adapter tensor type (default f16)")
     ap.add_argument("--cold", action="store_true", help="adapter files out of the page cache")
+    ap.add_argument("--repeats", type=int, help="paired rounds per server (default 3)")
+    ap.add_argument("--peer-first", action="store_true", help="llama-server before loraserve")
     args = ap.parse_args(argv)
     plan = Plan.quick() if args.quick else Plan()
     if args.sizes:
@@ -324,23 +289,32 @@ def main(argv: list[str] | None = None) -> None:
         plan = replace(plan, requests=args.requests)
     if args.dtype:
         plan = replace(plan, dtype=args.dtype)
+    if args.repeats:
+        plan = replace(plan, repeats=args.repeats)
     plan = replace(plan, cold=args.cold)
     adapter_pool(max(plan.sizes), plan.dtype)
-    rows = [run_loraserve(plan, args.model, 1, single=True)]
-    print(json.dumps(rows[-1]), file=sys.stderr)
-    for n in plan.sizes:
-        rows.append(run_loraserve(plan, args.model, n, single=False))
-        print(json.dumps(rows[-1]), file=sys.stderr)
-    binary = None if args.no_peer else find_peer()
-    if binary is not None and 8 in plan.sizes:
-        rows.append(run_peer(plan, args.model, binary, 8))
     RESULTS.mkdir(exist_ok=True)
     stamp = time.strftime("%Y-%m-%d_%H%M%S")
     tag = ("_quick" if args.quick else "") + ("" if plan.dtype == "f16" else f"_{plan.dtype}")
     tag += "_cold" if plan.cold else ""
     path = RESULTS / f"adapter_scale_{stamp}{tag}.json"
-    doc = {"plan": asdict(plan), "machine": machine(), "rows": rows}
-    path.write_text(json.dumps(doc, indent=1))
+    rows: list[dict[str, Any]] = []
+
+    def write() -> None:  # after every server: a window cut short keeps what it measured
+        doc = {"plan": asdict(plan), "machine": machine(), "rows": rows}
+        path.write_text(json.dumps(doc, indent=1))
+
+    binary = None if args.no_peer else find_peer()
+    if binary is not None and 8 in plan.sizes and args.peer_first:
+        rows.append(run_peer(plan, args.model, binary, 8))
+        write()
+    for n in plan.sizes:
+        rows.append(run_loraserve(plan, args.model, n))
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "rounds"}), file=sys.stderr)
+        write()
+    if binary is not None and 8 in plan.sizes and not args.peer_first:
+        rows.append(run_peer(plan, args.model, binary, 8))
+        write()
     print(table(rows))
     print(f"\nwritten: {path}")
 

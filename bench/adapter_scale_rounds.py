@@ -1,0 +1,208 @@
+"""`bench.adapter_scale`'s measurement: one server per adapter count, paired rounds in it.
+
+A 96-request load lasts 10-20 s on this machine, and the single-adapter reference used to be
+one such load on a server of its own, started before the others: it varied 191-300 tok/s
+from run to run on a shared machine, so a ratio against it said more about when it ran than
+about the adapters. Here every server (one per adapter count) serves, after a warm-up, R
+rounds, each a single-adapter load (every request on `a0000`) and the Zipf load over the N
+adapters back to back, in alternating order (even rounds single first, odd rounds Zipf
+first, so a drift in the machine's load falls on both sides alike). Each round's ratio is
+Zipf over single from the same server within seconds; the row reports the median.
+
+Round 0's Zipf load is the first use of its adapters (every one read from disk: with 64
+adapters and 96 requests ~34 first-use loads, a third of the requests); the later rounds
+draw new Zipf picks (seed + round) from a server whose tier has seen the earlier ones, the
+steady state that S-LoRA's figures describe. Both are reported: `ratio_first` (round 0) and
+`ratio_steady` (median over rounds 1..R-1), beside `ratio_median` over all rounds.
+
+Every request has a prompt of its own (tagged with the round and side), so no round reads
+the KV an earlier one left in the prefix cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from bench.client import BenchError, Completion, stream_completion
+from bench.servers import CpuMeter, Running
+from bench.workloads import percentile
+
+METRICS = {
+    "loads": "loraserve:lora_loads_total",
+    "load_s": "loraserve:lora_load_seconds_total",
+    "evictions": "loraserve:lora_evictions_total",
+    "resident_bytes": "loraserve:lora_resident_bytes",
+    "resident": "loraserve:lora_resident",
+}
+
+
+class TierModel:
+    """An LRU model of the server's tier over the sends so far: was each request's adapter
+    among the last `capacity` distinct adapters used before it (resident) or not (read)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._lru: OrderedDict[int, None] = OrderedDict()
+
+    def feed(self, picks: list[int]) -> list[bool]:
+        """Each pick's residency in send order; the model then holds them as used."""
+        out = []
+        for a in picks:
+            out.append(a in self._lru)
+            self._lru[a] = None
+            self._lru.move_to_end(a)
+            if len(self._lru) > self.capacity:
+                self._lru.popitem(last=False)
+        return out
+
+
+async def closed_loop(url: str, payloads: list[dict[str, Any]], clients: int) -> tuple:
+    """`clients` workers each send the next payload when their last one ends; returns the
+    completions (in payload order), the errors and the wall time."""
+    results = [Completion(sent=0.0) for _ in payloads]
+    errors: list[str] = []
+    queue = list(range(len(payloads)))[::-1]
+    limits = httpx.Limits(max_connections=clients + 2)
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600)) as client:
+        t0 = time.perf_counter()
+
+        async def worker() -> None:
+            while queue:
+                i = queue.pop()
+                results[i].sent = time.perf_counter()
+                try:
+                    await stream_completion(client, url, payloads[i], results[i])
+                except (BenchError, httpx.HTTPError) as e:
+                    errors.append(str(e)[:200])
+
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        wall = time.perf_counter() - t0
+    return results, errors, wall
+
+
+def summarize(results: list[Completion], errors: list[str], wall: float,
+              resident: list[bool]) -> dict[str, Any]:  # fmt: skip
+    """Throughput and TTFT split by resident / read from disk."""
+    done = [r for r in results if r.done is not None]
+    ttft: dict[bool, list[float]] = {True: [], False: []}
+    for r, warm in zip(results, resident, strict=True):
+        if r.ttft is not None:
+            ttft[warm].append(r.ttft)
+    return {
+        "finished": len(done),
+        "requests": len(results),
+        "wall_s": wall,
+        "tokens_per_s": sum(r.n_tokens for r in done) / wall if wall else None,
+        "ttft_resident": ttft[True],
+        "ttft_cold": ttft[False],
+        "errors": sorted(set(errors))[:5],
+    }
+
+
+def metrics(url: str) -> dict[str, float | None]:
+    """The tier counters from the server's /metrics (None where absent: llama-server)."""
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        text = ""
+    out: dict[str, float | None] = dict.fromkeys(METRICS)
+    for line in text.splitlines():
+        for key, name in METRICS.items():
+            if line.startswith(name + " "):
+                out[key] = float(line.split()[1])
+    return out
+
+
+def _load(server: Running, payloads: list[dict[str, Any]], clients: int,
+          resident: list[bool]) -> dict[str, Any]:  # fmt: skip
+    """One closed-loop load on `server`, its tier counters' change and the other cores'
+    use during it (the machine's share taken by processes other than the two sides)."""
+    before = metrics(server.url)
+    meter = CpuMeter(server.proc.pid)
+    out = summarize(*asyncio.run(closed_loop(server.url, payloads, clients)), resident)
+    out["other_cores"] = meter.other_cores()
+    after = metrics(server.url)
+    for key in ("loads", "load_s", "evictions"):
+        a, b = after[key], before[key]
+        out[key] = None if a is None or b is None else a - b
+    return out
+
+
+def _total(xs: list[float | None]) -> float | None:
+    """The sum, or None where the server has no such counter (llama-server)."""
+    return None if any(x is None for x in xs) or not xs else sum(xs)  # type: ignore[arg-type]
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def rounds(
+    server: Running,
+    clients: int,
+    repeats: int,
+    warmup: list[dict[str, Any]],
+    single: Callable[[int], tuple[list[dict[str, Any]], list[int]]],
+    multi: Callable[[int], tuple[list[dict[str, Any]], list[int]]],
+    tier: TierModel,
+    before_multi: Callable[[list[int]], None] | None = None,
+) -> dict[str, Any]:
+    """Warm-up, then `repeats` rounds of the single-adapter load and the Zipf load in
+    alternating order; ``single(r)`` / ``multi(r)`` give round r's payloads and adapter
+    picks. Returns the rounds, the medians and the pooled TTFTs of the Zipf loads."""
+    if warmup:
+        asyncio.run(closed_loop(server.url, warmup, clients))
+        tier.feed([0] * len(warmup))
+    out_rounds = []
+    for r in range(repeats):
+        sides: dict[str, dict[str, Any]] = {}
+        for side in ("single", "multi") if r % 2 == 0 else ("multi", "single"):
+            payloads, picks = (single if side == "single" else multi)(r)
+            if side == "multi" and before_multi is not None:
+                before_multi(picks)
+            sides[side] = _load(server, payloads, clients, tier.feed(picks))
+        s, m = sides["single"]["tokens_per_s"], sides["multi"]["tokens_per_s"]
+        ratio = m / s if s and m else None
+        out_rounds.append({"round": r, "ratio": ratio, **sides})
+    ratios = [x["ratio"] for x in out_rounds if x["ratio"] is not None]
+    multis = [x["multi"] for x in out_rounds]
+    resident = [t for m in multis for t in m["ttft_resident"]]
+    cold = [t for m in multis for t in m["ttft_cold"]]
+    return {
+        "tokens_per_s": _median([m["tokens_per_s"] for m in multis if m["tokens_per_s"]]),
+        "single_tokens_per_s": _median(
+            [x["single"]["tokens_per_s"] for x in out_rounds if x["single"]["tokens_per_s"]]
+        ),
+        "ratio_median": _median(ratios),
+        "ratio_first": out_rounds[0]["ratio"] if out_rounds else None,
+        "ratio_steady": _median([x["ratio"] for x in out_rounds[1:] if x["ratio"] is not None]),
+        "ratio_range": [min(ratios), max(ratios)] if ratios else None,
+        "ttft_resident_p50": percentile(resident, 50),
+        "ttft_resident_p95": percentile(resident, 95),
+        "ttft_cold_p50": percentile(cold, 50),
+        "ttft_cold_p95": percentile(cold, 95),
+        "n_cold": len(cold),
+        "finished": sum(m["finished"] for m in multis),
+        "requests": sum(m["requests"] for m in multis),
+        **{k: _total([m[k] for m in multis]) for k in ("loads", "load_s", "evictions")},
+        "rounds": [_compact(x) for x in out_rounds],
+    }
+
+
+def _compact(rnd: dict[str, Any]) -> dict[str, Any]:
+    """A round for the JSON: the TTFT lists replaced by their p50/p95 and counts."""
+    out: dict[str, Any] = {"round": rnd["round"], "ratio": rnd["ratio"]}
+    for side in ("single", "multi"):
+        s = dict(rnd[side])
+        for key in ("ttft_resident", "ttft_cold"):
+            vals = s.pop(key)
+            s[f"{key}_p50"], s[f"n_{key[5:]}"] = percentile(vals, 50), len(vals)
+        out[side] = s
+    return out
