@@ -31,7 +31,7 @@ void ls_gated_act(const float *g, const float *u, int64_t T, int64_t F, int64_t 
 int ls_lora(int n_ad, const float *const *as, const float *const *bs, const float *const *bts,
             const int64_t *ranks, const float *s, const float *x, int64_t ldx, int64_t T,
             int64_t K, float *y, int64_t ldy, int64_t N, int nthreads);
-int ls_lora16(int n_ad, const uint16_t *const *as16, const float *const *bs,
+int ls_lora16(int n_ad, const uint16_t *const *as16, const uint16_t *const *tails,
               const uint16_t *const *bt16s, const int64_t *ranks, const float *s,
               const float *x, int64_t ldx, int64_t T, int64_t K, float *y, int64_t ldy,
               int64_t N, int nthreads);
@@ -64,16 +64,18 @@ typedef struct {
     const ls_layer_t *layers;
 } ls_model_t;
 
-// One LoRA target of one adapter (a == NULL: the adapter does not target this part).
+// One LoRA target of one adapter: float32 (a, b, bt) or, when the adapter's values are
+// halves, float16 alone (a16, bt16, tail16; a and b NULL); neither: the adapter does not
+// target this part.
 typedef struct {
     const float *a, *b;  // A [rank, in], B [out, rank] float32 contiguous
     int64_t rank;
     float factor;  // multiplies the user scale
     const float *bt;  // B transposed [rank, out] (ls_lora's faster route, the same bits)
     int64_t in, out;  // A's and B's widths: the part's input width and its row count
-    // A and B transposed as float16 when the adapter's values are halves (else NULL):
-    // ls_lora16 reads them, half the bytes, the same bits (lora16.c)
-    const uint16_t *a16, *bt16;
+    // A, B in 8-output tiles and B's rows past the last whole tile, as float16: ls_lora16
+    // reads them, half the bytes, the same bits (lora16.c)
+    const uint16_t *a16, *bt16, *tail16;
 } ls_lora_w;
 
 // The step's adapters (ascending id, as LoraBatch orders them): table [n_active, T] each
@@ -110,20 +112,24 @@ static int proj(const ls_proj_t *p, const float *x, int64_t K, int64_t T, float 
         for (int64_t t = 0; t < T; t++)
             for (int64_t n = 0; n < p->n_out; n++) y[t * p->n_out + n] += p->bias[n];
     if (rc != 0 || lo == NULL || lo->n_active == 0) return rc;
-    const float **as = malloc(sizeof(float *) * (size_t)lo->n_active);
-    const float **bs = malloc(sizeof(float *) * (size_t)lo->n_active);
-    const float **bts = malloc(sizeof(float *) * (size_t)lo->n_active);
-    int64_t *ranks = malloc(sizeof(int64_t) * (size_t)lo->n_active);
-    float *sc = malloc(sizeof(float) * (size_t)(lo->n_active * T));
-    const uint16_t **as16 = malloc(sizeof(uint16_t *) * (size_t)lo->n_active);
-    const uint16_t **bt16s = malloc(sizeof(uint16_t *) * (size_t)lo->n_active);
-    if (!as || !bs || !bts || !ranks || !sc || !as16 || !bt16s) rc = -2;
+    const int64_t na = lo->n_active;
+    const float **as = malloc(sizeof(float *) * (size_t)na);
+    const float **bs = malloc(sizeof(float *) * (size_t)na);
+    const float **bts = malloc(sizeof(float *) * (size_t)na);
+    int64_t *ranks = malloc(sizeof(int64_t) * (size_t)na);
+    float *sc = malloc(sizeof(float) * (size_t)(na * T));
+    const uint16_t **as16 = malloc(sizeof(uint16_t *) * (size_t)na);
+    const uint16_t **bt16s = malloc(sizeof(uint16_t *) * (size_t)na);
+    const uint16_t **tails = malloc(sizeof(uint16_t *) * (size_t)na);
+    char *half = malloc((size_t)na + 1);
+    if (!as || !bs || !bts || !ranks || !sc || !as16 || !bt16s || !tails || !half) rc = -2;
     for (int k = 0; k < p->nparts && rc == 0; k++) {
-        int n = 0, halves = 1;
-        for (int j = 0; j < lo->n_active; j++) {
+        int n = 0;
+        for (int j = 0; j < na; j++) {
             const ls_lora_w *w = &lo->ad[j][slot * 8 + k];
-            if (w->a == NULL) continue;
-            if (w->in != K || w->out != p->ns[k] || w->rank < 1) {
+            if (w->a == NULL && w->a16 == NULL) continue;
+            if (w->in != K || w->out != p->ns[k] || w->rank < 1 ||
+                (w->a == NULL && (w->bt16 == NULL || (w->out % 8 && w->tail16 == NULL)))) {
                 rc = -3;  // an adapter that does not fit this part
                 break;
             }
@@ -132,18 +138,30 @@ static int proj(const ls_proj_t *p, const float *x, int64_t K, int64_t T, float 
             bts[n] = w->bt;
             as16[n] = w->a16;
             bt16s[n] = w->bt16;
-            halves = halves && w->a16 != NULL && w->bt16 != NULL;
+            tails[n] = w->tail16;
+            half[n] = w->a == NULL;  // halves alone: the float16 route
             ranks[n] = w->rank;
             for (int64_t t = 0; t < T; t++) sc[n * T + t] = lo->table[j * T + t] * w->factor;
             n++;
         }
-        if (n > 0 && rc == 0 && halves)
-            rc = ls_lora16(n, as16, bs, bt16s, ranks, sc, x, K, T, K, y + p->cols[k],
-                           p->n_out, p->ns[k], nthreads);
-        else if (n > 0 && rc == 0)
-            rc = ls_lora(n, as, bs, bts, ranks, sc, x, K, T, K, y + p->cols[k], p->n_out,
-                         p->ns[k], nthreads);
+        // each run of adapters of one kind in one call, the runs in order: every output
+        // adds each adapter's delta in the order of the ids as one call would (a call's
+        // threads and column ranges change no output's operations)
+        for (int i = 0; i < n && rc == 0;) {
+            int e = i;
+            while (e < n && half[e] == half[i]) e++;
+            float *yk = y + p->cols[k];
+            if (half[i])
+                rc = ls_lora16(e - i, as16 + i, tails + i, bt16s + i, ranks + i, sc + i * T, x,
+                               K, T, K, yk, p->n_out, p->ns[k], nthreads);
+            else
+                rc = ls_lora(e - i, as + i, bs + i, bts + i, ranks + i, sc + i * T, x, K, T, K,
+                             yk, p->n_out, p->ns[k], nthreads);
+            i = e;
+        }
     }
+    free(half);
+    free(tails);
     free(as16);
     free(bt16s);
     free(as);

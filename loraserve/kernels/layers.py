@@ -41,7 +41,7 @@ class _Model(ctypes.Structure):
 
 class _LoraW(ctypes.Structure):
     _fields_ = [("a", _P), ("b", _P), ("rank", _I), ("factor", _F), ("bt", _P), ("in_", _I),
-                ("out", _I), ("a16", _P), ("bt16", _P)]  # fmt: skip
+                ("out", _I), ("a16", _P), ("bt16", _P), ("tail16", _P)]  # fmt: skip
 
 
 class _Lora(ctypes.Structure):
@@ -181,9 +181,10 @@ class FusedLayers:
 
     def adapter_targets(self, key: Hashable, weights: Mapping[str, Any]) -> Any:
         """An adapter's targets as the C call reads them (built once per ``key``, e.g. the
-        adapter's id); weights: target name -> an object with ``a`` [r, in], ``b`` [out, r]
-        float32 and ``factor``. Targets outside the layers (the output projection) are
-        left to the caller."""
+        adapter's id); weights: target name -> a `lora.weight.LoraWeight` (float32 ``a``
+        [r, in] and ``b`` [out, r], or its halves alone: ``a16``, ``bt16``, ``tail16``) with
+        its ``factor``. Targets outside the layers (the output projection) are left to the
+        caller."""
         if key not in self._adapters:
             arr = (_LoraW * (len(self._specs) * 32))()
             keep: list[torch.Tensor] = []
@@ -191,24 +192,32 @@ class FusedLayers:
                 slot = self._slots.get(name)
                 if slot is None:
                     continue
-                a, b = w.a.float().contiguous(), w.b.float().contiguous()
                 n_in, n_out = self._dims[name]
+                a16, bt16, tail16 = (getattr(w, k, None) for k in ("a16", "bt16", "tail16"))
+                if a16 is not None and bt16 is not None and tail16 is not None:
+                    r = a16.shape[0]
+                    if not (_halves(a16, (r, n_in)) and _halves(bt16, (n_out // 8, r, 8))
+                            and _halves(tail16, (n_out % 8, r)) and r >= 1):  # fmt: skip
+                        raise ValueError(
+                            f"LoRA for {name!r}: A {tuple(a16.shape)}, B tiles "
+                            f"{tuple(bt16.shape)} and tail {tuple(tail16.shape)} do not fit "
+                            f"its [{n_out}, {n_in}] weight"
+                        )
+                    keep += [a16, bt16, tail16]  # its halves alone: ls_lora16, the same bits
+                    arr[slot] = _LoraW(None, None, r, float(w.factor), None, n_in, n_out,
+                                       a16.data_ptr(), bt16.data_ptr(),
+                                       tail16.data_ptr() if tail16.numel() else None)  # fmt: skip
+                    continue
+                a, b = w.a.float().contiguous(), w.b.float().contiguous()
                 if a.dim() != 2 or b.dim() != 2 or a.shape[1] != n_in or b.shape[0] != n_out \
                         or a.shape[0] != b.shape[1] or a.shape[0] < 1:  # fmt: skip
                     raise ValueError(
                         f"LoRA for {name!r}: A {tuple(a.shape)} and B {tuple(b.shape)} do not "
                         f"fit its [{n_out}, {n_in}] weight"
                     )
-                a16, bt16 = getattr(w, "a16", None), getattr(w, "bt16", None)
-                r = a.shape[0]
-                if _halves(a16, (r, n_in)) and _halves(bt16, (n_out // 8, r, 8)):
-                    keep += [a, b, a16, bt16]  # exact halves: ls_lora16, half the reads
-                    arr[slot] = _LoraW(a.data_ptr(), b.data_ptr(), r, float(w.factor), None,
-                                       n_in, n_out, a16.data_ptr(), bt16.data_ptr())  # fmt: skip
-                    continue
                 bt = b.t().contiguous()  # [r, out]: ls_lora's faster route, the same bits
                 keep += [a, b, bt]
-                arr[slot] = _LoraW(a.data_ptr(), b.data_ptr(), r, float(w.factor),
+                arr[slot] = _LoraW(a.data_ptr(), b.data_ptr(), a.shape[0], float(w.factor),
                                    bt.data_ptr(), n_in, n_out)  # fmt: skip
             self._adapters[key] = (arr, keep)
         return self._adapters[key][0]

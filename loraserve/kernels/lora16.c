@@ -1,5 +1,5 @@
 // LoRA deltas from half-precision A and B: ls_lora's (floatmm.c) exact operations on the
-// same values, reading half the bytes.
+// same values, reading half the bytes and holding no float32 copy.
 //
 // A step whose rows use different adapters reads every one of them: ~11 MB of float32 A
 // and B-transposed per rank-12 adapter of Gemma 270M's seven projections, streamed from
@@ -8,7 +8,9 @@
 // float32 exactly, so its halves can be read instead and widened in registers: each
 // output then gets the very multiply-adds, in the very order, that ls_lora gives it from
 // the float32 copy, so the bits are the same (tests compare the two bitwise), and a row's
-// delta still depends on its own input row alone.
+// delta still depends on its own input row alone. B is held as 8-output tiles plus the
+// rows past the last whole tile (its tail) as halves too, so such an adapter is kept in
+// memory as its file's halves alone.
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -42,19 +44,6 @@ static inline float dot16(const uint16_t *w, const float *x, int64_t K) {
     r = hsum8(acc);
 #endif
     for (; k < K; k++) r += h2f(w + k) * x[k];
-    return r;
-}
-
-// floatmm.c's dot_f itself (B's rows past the 8-lane blocks are read as float32)
-static inline float dot32(const float *w, const float *x, int64_t K) {
-    int64_t k = 0;
-    float r = 0.0f;
-#if defined(__AVX2__)
-    __m256 acc = _mm256_setzero_ps();
-    for (; k + 8 <= K; k += 8) acc = madd8(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), acc);
-    r = hsum8(acc);
-#endif
-    for (; k < K; k++) r += w[k] * x[k];
     return r;
 }
 
@@ -95,10 +84,12 @@ static void lora_h16(const uint16_t *A, int64_t rank, const float *x, int64_t K,
 
 // floatmm.c's lora_b through B in tiles of 8 outputs, bt [N / 8, r, 8] in halves (tile o / 8
 // holds B[o..o+7, j] at j * 8 + lane): the 8 lanes of one vector per rank as there, but one
-// sequential stream instead of r strided ones; outputs past the last whole tile from
-// B [N, r] (float32), as there. lo must be a multiple of 8.
-static void lora_b16(const float *b, const uint16_t *bt, int64_t r, int64_t N, const float *h,
-                     float *y, int64_t lo, int64_t hi) {
+// sequential stream instead of r strided ones; the outputs past the last whole tile from
+// the tail [N - N / 8 * 8, r] in halves, dot_f's operations on them (dot16). lo must be a
+// multiple of 8.
+static void lora_b16(const uint16_t *bt, const uint16_t *tail, int64_t r, int64_t N,
+                     const float *h, float *y, int64_t lo, int64_t hi) {
+    const int64_t n8 = N / 8 * 8;
     int64_t o = lo;
 #if defined(__AVX2__)
     const int64_t r8 = r / 8 * 8;
@@ -128,25 +119,31 @@ static void lora_b16(const float *b, const uint16_t *bt, int64_t r, int64_t N, c
                                                    _mm256_broadcast_ss(h + k)));
         _mm256_storeu_ps(y + o, _mm256_add_ps(_mm256_loadu_ps(y + o), sum));
     }
-#else
-    (void)bt;
-    (void)N;
 #endif
-    for (; o < hi; o++) y[o] += dot32(b + o * r, h, r);
+    // without AVX2, dot_f is a plain chain over the rank: the same on a tile's column
+    for (; o < hi && o < n8; o++) {
+        const uint16_t *col = bt + (o / 8) * r * 8 + o % 8;
+        float acc = 0.0f;
+        for (int64_t k = 0; k < r; k++) acc += h2f(col + k * 8) * h[k];
+        y[o] += acc;
+    }
+    for (; o < hi; o++) y[o] += dot16(tail + (o - n8) * r, h, r);
 }
 
-// ls_lora with each adapter's A [r_a, K] and B in 8-output tiles [N / 8, r_a, 8] as float16
-// (as16, bt16s) beside B [N, r_a] as float32 (bs): the same arguments otherwise, the same
-// bits (each output's operations do not depend on which column range computes it, so the
-// ranges start at multiples of 8, on whole tiles).
-int ls_lora16(int n_ad, const uint16_t *const *as16, const float *const *bs,
+// ls_lora with each adapter's A [r_a, K] as float16 (as16) and B as float16 too: 8-output
+// tiles [N / 8, r_a, 8] (bt16s) and the tail's rows [N - N / 8 * 8, r_a] (tails; unread when
+// N is a multiple of 8): the same arguments otherwise, the same bits (each output's
+// operations do not depend on which column range computes it, so the ranges start at
+// multiples of 8, on whole tiles).
+int ls_lora16(int n_ad, const uint16_t *const *as16, const uint16_t *const *tails,
               const uint16_t *const *bt16s, const int64_t *ranks, const float *s,
               const float *x, int64_t ldx, int64_t T, int64_t K, float *y, int64_t ldy,
               int64_t N, int nthreads) {
     if (n_ad < 0 || T < 0 || K < 0 || N < 0 || ldx < K || ldy < N) return -3;
     int64_t work = 0;
     for (int a = 0; a < n_ad; a++) {
-        if (ranks[a] < 0 || as16[a] == NULL || bt16s[a] == NULL || bs[a] == NULL) return -3;
+        if (ranks[a] < 0 || as16[a] == NULL || bt16s[a] == NULL || (N % 8 && tails[a] == NULL))
+            return -3;
         work += ranks[a] * (K + N);
     }
     if (work * T < (1 << 17)) nthreads = 1;
@@ -177,7 +174,7 @@ int ls_lora16(int n_ad, const uint16_t *const *as16, const float *const *bs,
                 const int64_t hi = part == 3 ? N : N * (part + 1) / 32 * 8;
                 for (int a = 0; a < n_ad; a++)
                     if (s[a * T + t] != 0.0f)
-                        lora_b16(bs[a], bt16s[a], ranks[a], N, h + off[t * n_ad + a],
+                        lora_b16(bt16s[a], tails[a], ranks[a], N, h + off[t * n_ad + a],
                                  y + t * ldy, lo, hi);
             }
     }

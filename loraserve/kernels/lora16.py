@@ -1,6 +1,7 @@
 """LoRA deltas from float16 A and B (`lora16.c`): `floatmm.lora_delta`'s bits from half
-the bytes, for adapters whose file stored them as halves. B is read in tiles of 8 outputs
-(`tiles`), one sequential stream per adapter."""
+the bytes, for adapters whose file stored them as halves, with no float32 copy held. B is
+read in tiles of 8 outputs (`tiles`), one sequential stream per adapter, and the outputs
+past the last whole tile from its `tail` rows."""
 
 from __future__ import annotations
 
@@ -14,14 +15,25 @@ _P, _I, _CI = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES = {"ls_lora16": ([_CI, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _I, _CI], _CI)}
 _lib: list[ctypes.CDLL | None] = []
 
-Halves = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # A16, B [out, r] float32, `tiles`(B)
+Halves = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # A16, `tiles`(B), `tail`(B)
 
 
 def tiles(b: torch.Tensor) -> torch.Tensor:
     """B [out, r] -> float16 [out // 8, r, 8]: tile t holds B[8t + i, j] at [t, j, i] (the
-    outputs past the last whole tile are read from B itself)."""
+    outputs past the last whole tile are in `tail`)."""
     n8 = b.shape[0] // 8 * 8
     return b[:n8].half().reshape(n8 // 8, 8, b.shape[1]).transpose(1, 2).contiguous()
+
+
+def tail(b: torch.Tensor) -> torch.Tensor:
+    """B [out, r] -> its rows past the last whole tile, float16 [out % 8, r]."""
+    return b[b.shape[0] // 8 * 8 :].half().contiguous()
+
+
+def untile(bt: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
+    """`tiles` and `tail` back to B [out, r] float16 (the same halves)."""
+    r = bt.shape[1]
+    return torch.cat([bt.transpose(1, 2).reshape(bt.shape[0] * 8, r), rest])
 
 
 def available() -> bool:
@@ -35,9 +47,10 @@ def lora_delta16(
     x: torch.Tensor, y: torch.Tensor, adapters: list[Halves], scales: torch.Tensor
 ) -> torch.Tensor:
     """y [T, out] += each adapter's ``B (s * (A x))`` in the order given, as
-    `floatmm.lora_delta` computes it from float32 A and B (the same bits): A16 [r, in]
-    float16, B [out, r] float32 and its `tiles`, all contiguous; x [T, in] float32;
-    scales [n, T] float32 (0 where a row lacks the adapter); y may be a column slice."""
+    `floatmm.lora_delta` computes it from float32 A and B (the same bits): A16 [r, in],
+    B's `tiles` [out // 8, r, 8] and `tail` [out % 8, r], all float16 contiguous; x [T, in]
+    float32; scales [n, T] float32 (0 where a row lacks the adapter); y may be a column
+    slice."""
     if not available():
         raise RuntimeError("lora_delta16 needs the compiled kernels")
     lib = _lib[0]
@@ -46,16 +59,16 @@ def lora_delta16(
     n_out, n = y.shape[1], len(adapters)
     if x.dtype != torch.float32 or y.dtype != torch.float32 or y.shape[0] != t:
         raise ValueError(f"lora_delta16: x {tuple(x.shape)}, y {tuple(y.shape)} float32 rows")
-    for a16, b, bt16 in adapters:
+    for a16, bt16, rest in adapters:
         r = a16.shape[0]
-        ok = (a16.dtype == bt16.dtype == torch.float16 and b.dtype == torch.float32
+        ok = (a16.dtype == bt16.dtype == rest.dtype == torch.float16
               and tuple(a16.shape) == (r, k) and tuple(bt16.shape) == (n_out // 8, r, 8)
-              and tuple(b.shape) == (n_out, r) and a16.is_contiguous()
-              and bt16.is_contiguous() and b.is_contiguous())  # fmt: skip
+              and tuple(rest.shape) == (n_out % 8, r) and a16.is_contiguous()
+              and bt16.is_contiguous() and rest.is_contiguous())  # fmt: skip
         if not ok:
             raise ValueError(
-                f"lora_delta16: A16 {tuple(a16.shape)}, B {tuple(b.shape)}, B tiles "
-                f"{tuple(bt16.shape)} do not fit x [T, {k}] and y [T, {n_out}]"
+                f"lora_delta16: A16 {tuple(a16.shape)}, B tiles {tuple(bt16.shape)} and tail "
+                f"{tuple(rest.shape)} do not fit x [T, {k}] and y [T, {n_out}]"
             )
     if tuple(scales.shape) != (n, t):
         raise ValueError(f"lora_delta16: scales {tuple(scales.shape)} for {n} adapters, {t} rows")
@@ -67,12 +80,12 @@ def lora_delta16(
         raise ValueError("lora_delta16 needs a unit column stride for y")
     scales = scales.float().contiguous()
     as16 = (ctypes.c_void_p * n)(*[a.data_ptr() for a, _, _ in adapters])
-    bs = (ctypes.c_void_p * n)(*[b.data_ptr() for _, b, _ in adapters])
-    bts = (ctypes.c_void_p * n)(*[bt.data_ptr() for _, _, bt in adapters])
+    rests = (ctypes.c_void_p * n)(*[b.data_ptr() for _, _, b in adapters])
+    bts = (ctypes.c_void_p * n)(*[bt.data_ptr() for _, bt, _ in adapters])
     ranks = (ctypes.c_int64 * n)(*[a.shape[0] for a, _, _ in adapters])
     ldx = x.stride(0) if t > 1 else k
     ldy = y.stride(0) if t > 1 else max(y.stride(0), n_out)
-    rc = lib.ls_lora16(n, as16, bs, bts, ranks, scales.data_ptr(), x.data_ptr(), ldx, t, k,
+    rc = lib.ls_lora16(n, as16, rests, bts, ranks, scales.data_ptr(), x.data_ptr(), ldx, t, k,
                        y.data_ptr(), ldy, n_out, torch.get_num_threads())  # fmt: skip
     if rc == -3:
         raise ValueError("lora_delta16: sizes do not fit")

@@ -1,7 +1,8 @@
 """Load LoRA adapters (llama.cpp GGUF LoRA files and PEFT folders) into one in-memory form.
 
 Every target is addressed by its GGUF base tensor name and holds float32 ``A`` [r, in] and
-``B`` [out, r] in Hugging Face layout (the layout the decoder runs in), or [E, r, in] /
+``B`` [out, r] (a pair stored as float16: its halves alone, `lora.weight.LoraWeight`) in
+Hugging Face layout (the layout the decoder runs in), or [E, r, in] /
 [E, out, r] for stacked MoE experts, plus the factor that turns a user scale into the
 weight of ``(x Aᵀ) Bᵀ``: ``alpha / r`` (``alpha / sqrt(r)`` for rsLoRA; 1 when a GGUF file
 has no alpha). Loading either fully succeeds or raises `AdapterError`. LoRA on
@@ -22,7 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from loraserve.kernels.lora16 import tiles
+from loraserve.kernels import lora16
+from loraserve.kernels.lora16 import tail, tiles
+from loraserve.lora.weight import LoraWeight
 from loraserve.model.config import ModelConfig
 from loraserve.model.gguf import GGUFFile
 from loraserve.model.hf import hf_to_gguf_name
@@ -35,27 +38,6 @@ _PEFT_KEY = re.compile(r"^(.+)\.(lora_A|lora_B|lora_embedding_A|lora_embedding_B
 
 class AdapterError(ValueError):
     """An adapter file that cannot be used with the loaded model; the message names why."""
-
-
-@dataclass(frozen=True)
-class LoraWeight:
-    """One target's low-rank pair; ``factor`` multiplies the user scale. ``a16``/``bt16``:
-    A and B (8-output tiles, `kernels.lora16.tiles`) as float16 when the file stored halves
-    (exactly ``a``'s and ``b``'s values): the kernels read them, half the bytes, same bits."""
-
-    a: torch.Tensor  # [r, in] or [E, r, in] float32
-    b: torch.Tensor  # [out, r] or [E, out, r] float32
-    factor: float
-    a16: torch.Tensor | None = None  # [r, in] float16, 2-D targets only
-    bt16: torch.Tensor | None = None  # [out // 8, r, 8] float16
-
-    @property
-    def nbytes(self) -> int:  # bytes in memory, the half copies included
-        return sum(t.nbytes for t in (self.a, self.b, self.a16, self.bt16) if t is not None)
-
-    @property
-    def rank(self) -> int:
-        return self.a.shape[-2]
 
 
 @dataclass
@@ -167,15 +149,16 @@ def _read_gguf(
 
 
 def _tensor(gg: GGUFFile, name: str) -> torch.Tensor:
-    """A tensor as float32: F16 widened by torch from the mapping (numpy's astype took ~30x
-    longer; no NaN fix-up: refused anyway), any other type through `GGUFFile.tensor`."""
+    """A tensor as float32, or F16 as its halves, copied by torch from the mapping (numpy's
+    astype took ~30x longer; no NaN fix-up: refused anyway); any other type through
+    `GGUFFile.tensor`."""
     info = gg.tensors[name]
     if info.ggml_type != _GGML_F16:
         return gg.tensor(name)
     with warnings.catch_warnings():  # read-only mapping; the bytes are only ever read
         warnings.simplefilter("ignore", UserWarning)
         half = torch.from_numpy(gg.raw(name).view(np.float16))
-    return half.float().reshape(info.shape)
+    return half.clone().reshape(info.shape)
 
 
 def _read_peft(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs]:
@@ -212,7 +195,7 @@ def _read_peft(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs
                 t = st.get_tensor(key)
                 if t.dtype != torch.float16:
                     wide.add(module)
-                halves.setdefault(module, {})[part] = t.float()
+                halves.setdefault(module, {})[part] = t if t.dtype == torch.float16 else t.float()
     except AdapterError:
         raise
     except Exception as e:  # safetensors raises its own error types on corrupt files
@@ -278,11 +261,14 @@ def _check(
             f"{path}: LoRA for {target!r} has A {tuple(a.shape)} and B {tuple(b.shape)}, "
             f"which do not fit the base tensor {tuple(base)} (A [r, in], B [out, r])"
         )
-    a, b = a.float().contiguous(), b.float().contiguous()
+    keep16 = halves and a.dim() == 2 and lora16.available()
+    if not keep16:
+        a, b = a.float(), b.float()
+    a, b = a.contiguous(), b.contiguous()
     if not (math.isfinite(factor) and _finite(a) and _finite(b)):
         raise AdapterError(f"{path}: LoRA for {target!r} holds non-finite values")
-    if halves and a.dim() == 2:  # the file's own halves: widening them back is exact
-        return LoraWeight(a, b, factor, a.half(), tiles(b))
+    if keep16:  # the file's own halves, held alone: the kernels read them (same bits)
+        return LoraWeight(None, None, factor, a.half(), tiles(b), tail(b))
     return LoraWeight(a, b, factor)
 
 
@@ -302,8 +288,8 @@ def _content_id(weights: dict[str, LoraWeight]) -> str:
     for t in sorted(weights):
         w = weights[t]
         tag = "|f16" if w.a16 is not None else ""
-        h.update(f"{t}|{tuple(w.a.shape)}|{tuple(w.b.shape)}|{w.factor!r}{tag}\n".encode())
-        pair = (w.a16, w.b.half()) if w.a16 is not None else (w.a, w.b)
-        for x in pair:  # the buffer itself: no copy (all are contiguous)
+        h.update(f"{t}|{w.a_shape}|{w.b_shape}|{w.factor!r}{tag}\n".encode())
+        pair = (w.a16, w.b16()) if w.a16 is not None else (w.a, w.b)
+        for x in pair:  # the buffer itself (all are contiguous)
             h.update(x.numpy().data)
     return h.hexdigest()

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from loraserve.kernels.floatmm import lora_delta
-from loraserve.kernels.lora16 import Halves, available, lora_delta16
+from loraserve.kernels.lora16 import available, lora_delta16
 from loraserve.lora.adapter import Adapter
 from loraserve.model.context import get_context
 
@@ -54,33 +54,34 @@ class LoraBatch:
         self.active = tuple(active[j] for j in keep)
         self._table = table[keep]
         self._targets: dict[str, tuple[list, torch.Tensor, torch.Tensor, tuple] | None] = {}
-        self._halves: dict[str, list[Halves]] = {}  # targets whose adapters all have halves
         self._full: dict[tuple, torch.Tensor] = {}
 
     def _target(
         self, target: str, expert: int | None = None
-    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, torch.Tensor, tuple] | None:
-        """(A, B) per active adapter targeting ``target`` (ascending ids), their rows in the
-        scale table, their factors [n, 1] and a key of both; None if none targets it."""
+    ) -> tuple[list[tuple[bool, tuple]], torch.Tensor, torch.Tensor, tuple] | None:
+        """Per active adapter targeting ``target`` (ascending ids): (True, its `Halves`)
+        where the kernels read its float16 halves, else (False, (A, B) float32); their rows
+        in the scale table, their factors [n, 1] and a key of both; None if none targets
+        it."""
         key = target if expert is None else f"{target}#{expert}"
         if key not in self._targets:
-            sel, pairs, factors, halves = [], [], [], []
+            sel, items, factors = [], [], []
+            half_route = available()
             for j, i in enumerate(self.active):
                 w = self._adapters[i].weights.get(target)
                 if w is None:
                     continue
-                a, b = (w.a, w.b) if expert is None else (w.a[expert], w.b[expert])
                 sel.append(j)
-                pairs.append((a.contiguous(), b.contiguous()))
                 factors.append(w.factor)
-                if expert is None and w.a16 is not None and w.bt16 is not None:
-                    halves.append((w.a16, pairs[-1][1], w.bt16))
+                if expert is None and half_route and w.a16 is not None:
+                    items.append((True, (w.a16, w.bt16, w.tail16)))
+                    continue
+                a, b = (w.a, w.b) if expert is None else (w.a[expert], w.b[expert])
+                items.append((False, (a.contiguous(), b.contiguous())))
             self._targets[key] = None
-            if sel and len(halves) == len(sel) and available():
-                self._halves[key] = halves
             if sel:
                 f = torch.tensor(factors, dtype=torch.float32).unsqueeze(1)  # [n, 1]
-                self._targets[key] = (pairs, torch.tensor(sel), f, (*sel, *factors))
+                self._targets[key] = (items, torch.tensor(sel), f, (*sel, *factors))
         return self._targets[key]
 
     def targets(self, target: str) -> bool:
@@ -98,23 +99,34 @@ class LoraBatch:
         ent = self._target(target)
         if ent is None:
             return y
-        pairs, sel, factors, sig = ent
+        items, sel, factors, sig = ent
         t = x.shape[0]
         key = (t, sig)
         scales = self._full.get(key)
         if scales is None:  # the same for most targets of a step: computed once
             cols = torch.arange(t).clamp(max=self._top)
             scales = self._full[key] = self._table[sel][:, cols] * factors  # [n, T]
-        return self._delta(target, x, y, pairs, scales)
+        return self._delta(x, y, items, scales)
 
-    def _delta(self, key: str, x: torch.Tensor, y: torch.Tensor, pairs: list,
+    @staticmethod
+    def _delta(x: torch.Tensor, y: torch.Tensor, items: list[tuple[bool, tuple]],
                scales: torch.Tensor) -> torch.Tensor:  # fmt: skip
-        """The kernel call: float16 halves where every adapter of the target has them (the
-        same bits, half the reads: `kernels.lora16`), else the float32 pairs."""
-        halves = self._halves.get(key)
-        if halves is not None:
-            return lora_delta16(x, y, halves, scales)
-        return lora_delta(x, y, pairs, scales)
+        """The kernel calls, one per run of adapters of one kind in order: float16 halves
+        (the same bits as their float32 values, half the reads, no float32 copy held:
+        `kernels.lora16`), else the float32 pairs. Each output adds the adapters' deltas in
+        their order, as one call over all of them would."""
+        i = 0
+        while i < len(items):
+            e = i
+            while e < len(items) and items[e][0] == items[i][0]:
+                e += 1
+            run = [payload for _, payload in items[i:e]]
+            if items[i][0]:
+                lora_delta16(x, y, run, scales[i:e])
+            else:
+                lora_delta(x, y, run, scales[i:e])
+            i = e
+        return y
 
     def fused_inputs(self, fused: Any, t: int) -> tuple[list[Any], torch.Tensor]:
         """The step's adapters for `kernels.layers.FusedLayers` (``fused``): each active
@@ -156,7 +168,6 @@ class LoraBatch:
         ent = self._target(target, expert)
         if ent is None:
             return y
-        pairs, sel, factors, _ = ent
+        items, sel, factors, _ = ent
         cols = token_rows.clamp(max=self._top)
-        key = target if expert is None else f"{target}#{expert}"
-        return self._delta(key, x, y, pairs, self._table[sel][:, cols] * factors)  # [n, m]
+        return self._delta(x, y, items, self._table[sel][:, cols] * factors)  # [n, m]

@@ -38,7 +38,9 @@ def test_half_route_equals_float32_route_bitwise(k: int, n: int) -> None:
     ref = wide.clone()
     lora_delta(x, ref[:, 5 : 5 + n], [(a, b) for a, b in pairs], s)
     got = wide.clone()
-    halves = [(a.half(), b, lora16.tiles(b)) for a, b in pairs]
+    halves = [(a.half(), lora16.tiles(b), lora16.tail(b)) for a, b in pairs]
+    for _a, b in pairs:  # the halves held are B's own values: tiles and tail give B back
+        assert torch.equal(lora16.untile(lora16.tiles(b), lora16.tail(b)).float(), b)
     lora16.lora_delta16(x, got[:, 5 : 5 + n], halves, s)
     assert torch.equal(got, ref)
     assert torch.equal(got[6], wide[6]) and not torch.equal(got[0], wide[0])
@@ -54,9 +56,11 @@ def test_half_route_refuses_shapes_that_do_not_fit() -> None:
     a, b = _halves(g, 4, 16, 8)
     x, y = torch.randn(2, 16), torch.zeros(2, 8)
     with pytest.raises(ValueError, match="do not fit"):
-        lora16.lora_delta16(x, y, [(a.half(), b, b.t().half())], torch.ones(1, 2))  # untiled
+        lora16.lora_delta16(x, y, [(a.half(), b.t().half(), lora16.tail(b))], torch.ones(1, 2))
+    with pytest.raises(ValueError, match="do not fit"):  # B as float32: no halves
+        lora16.lora_delta16(x, y, [(a.half(), lora16.tiles(b), b[:0])], torch.ones(1, 2))
     with pytest.raises(ValueError, match="scales"):
-        lora16.lora_delta16(x, y, [(a.half(), b, lora16.tiles(b))], torch.ones(2, 2))
+        lora16.lora_delta16(x, y, [(a.half(), lora16.tiles(b), lora16.tail(b))], torch.ones(2, 2))
 
 
 def _f16_adapter(path, shapes, seed: int, rank: int, halves: bool, skip: str = "") -> None:
@@ -105,17 +109,19 @@ def test_half_adapters_give_their_float32_twins_bits_in_mixed_batches(tmp_path) 
     assert all(w.a16 is not None for w in w0.values())  # the half route is taken
     assert all(w.a16 is None for w in reg.get(3).weights.values())
     g = torch.Generator().manual_seed(7)
-    ids = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (9, 6, 7, 5)]
-    mixes = [{0: 1.0}, {1: 0.5, 2: -1.5}, {}, {2: 1.0, 0: -0.25}]
+    ids = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (9, 6, 7, 5, 8)]
+    # the last mix holds a half adapter and a float32 one (4, the twin of 1): one step reads
+    # both kinds, a kernel call per kind, in id order as the all-float32 twin mix is
+    mixes = [{0: 1.0}, {1: 0.5, 2: -1.5}, {}, {2: 1.0, 0: -0.25}, {0: 0.75, 4: -1.0}]
 
     def run(seqs: list[int], twin: bool, fused: bool = True) -> list[torch.Tensor]:
         model.decoder.use_fused = fused
         try:
             runner = ModelRunner(model.decoder, 4, torch.float32, lora=reg.build_delta)
-            runner.ensure_capacity(16)
+            runner.ensure_capacity(20)
             items = []
             for j in seqs:
-                mix = {i + 3 * twin: s for i, s in mixes[j].items()}
+                mix = {i + 3 * (twin and i < 3): s for i, s in mixes[j].items()}
                 items.append((ids[j], [4 * j, 4 * j + 1, 4 * j + 2, 4 * j + 3], mix))
             out = [runner.forward([BatchItem(t, 0, len(t), b, True, m) for t, b, m in items])]
             for p in range(2):
@@ -125,12 +131,12 @@ def test_half_adapters_give_their_float32_twins_bits_in_mixed_batches(tmp_path) 
         finally:
             model.decoder.use_fused = True
 
-    together = run([0, 1, 2, 3], twin=False)
-    for a, b in zip(together, run([0, 1, 2, 3], twin=True), strict=True):
+    together = run([0, 1, 2, 3, 4], twin=False)
+    for a, b in zip(together, run([0, 1, 2, 3, 4], twin=True), strict=True):
         assert torch.equal(a, b)
-    for a, b in zip(together, run([0, 1, 2, 3], twin=False, fused=False), strict=True):
+    for a, b in zip(together, run([0, 1, 2, 3, 4], twin=False, fused=False), strict=True):
         assert torch.equal(a, b)
-    for j in range(4):  # alone: the same bits as in the batch
+    for j in range(5):  # alone: the same bits as in the batch
         for step, alone in enumerate(run([j], twin=False)):
             assert torch.equal(alone[0], together[step][j])
     assert not torch.equal(together[0][0], together[0][2])  # the adapters change the logits

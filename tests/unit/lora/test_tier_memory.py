@@ -1,6 +1,6 @@
 """Evicted adapters free their memory: the fused layers' per-adapter arrays (which hold the
 adapter's tensors) are dropped once the adapter leaves memory, and the tiers' byte count
-is each resident adapter's tensors, halves included."""
+is each resident adapter's tensors: an F16 adapter's halves alone (no float32 copy)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,15 @@ def test_evicted_adapters_leave_the_fused_layers_cache(tmp_path) -> None:
         _f16_adapter(tmp_path / f"a{i}.gguf", reg.shapes, i, 4, halves=i % 2 == 0)
         reg.load(tmp_path / f"a{i}.gguf")
     a0 = reg.get(0)
-    want = sum(t.nbytes for w in a0.weights.values() for t in (w.a, w.b, w.a16, w.bt16))
-    assert a0.nbytes == want and reg.get(1).nbytes < want  # halves counted; F32 has none
+    want = sum(t.nbytes for w in a0.weights.values() for t in w.tensors)
+    assert a0.nbytes == want
+    # the F16 adapter is held as its halves alone: 2 bytes a value (A [r, in] and B
+    # [out, r] of every target), half its F32 twin's 4 (the same shapes and rank)
+    values = sum(w.rank * (inp + out) for w, (out, inp) in
+                 ((w, reg.shapes[t]) for t, w in a0.weights.items()))  # fmt: skip
+    assert a0.nbytes == 2 * values
+    assert all(w.halves_only for w in a0.weights.values())
+    assert reg.get(1).nbytes == 4 * values
     runner = ModelRunner(model.decoder, 4, torch.float32, lora=reg.build_delta)
     runner.ensure_capacity(4)
     ids = [5, 9, 17, 33]
