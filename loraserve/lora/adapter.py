@@ -53,17 +53,23 @@ class Adapter:
     pinned: bool = False  # never evicted (`lora.tiers`)
     last_used: int = 0  # the registry's use clock when a request last named it
     alora: tuple[int, ...] = ()  # aLoRA invocation tokens: active from their last occurrence
-    _sized: tuple[object, int] | None = field(default=None, repr=False, compare=False)
+    _sized: int | None = field(default=None, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "weights":  # new weights (or none: evicted): their size is counted anew
+            object.__setattr__(self, "_sized", None)
+        object.__setattr__(self, name, value)
 
     @property
     def nbytes(self) -> int:
-        """Bytes its weights hold in memory (0 on disk), summed once per weights dict."""
-        w = self.weights
-        if not w:
+        """Bytes its weights hold in memory (0 on disk), summed once per weights dict. The
+        count is kept, never the dict: an evicted adapter's tensors are freed at once
+        (holding the dict here kept every evicted adapter's weights alive)."""
+        if not self.weights:
             return 0
-        if self._sized is None or self._sized[0] is not w:
-            self._sized = (w, sum(p.nbytes for p in w.values()))
-        return self._sized[1]
+        if self._sized is None:
+            self._sized = sum(p.nbytes for p in self.weights.values())
+        return self._sized
 
 
 def load_adapter(

@@ -4,6 +4,9 @@ is each resident adapter's tensors: an F16 adapter's halves alone (no float32 co
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -51,3 +54,27 @@ def test_evicted_adapters_leave_the_fused_layers_cache(tmp_path) -> None:
     assert reg.resident_bytes == reg.get(0).nbytes + reg.get(1).nbytes
     step(0)
     assert fused.cached_adapters <= 2  # the 10 evicted ones' arrays (and tensors) are gone
+
+
+@needs_c
+def test_evicted_adapters_tensors_are_freed(tmp_path) -> None:
+    """Once evicted, an adapter's tensors are garbage (no reference left anywhere), even
+    after its byte count was taken: the count never keeps the weights it counted."""
+    from tests.unit.model.test_fused_layers import _quantized_model
+
+    model = _quantized_model(tmp_path, "gemma3")
+    reg = AdapterRegistry(model)
+    for i in range(2):
+        _f16_adapter(tmp_path / f"a{i}.gguf", reg.shapes, i, 4, halves=i == 0)
+        reg.load(tmp_path / f"a{i}.gguf")
+    refs = [weakref.ref(t) for i in range(2) for w in reg.get(i).weights.values()
+            for t in w.tensors]  # fmt: skip
+    assert reg.resident_bytes == reg.get(0).nbytes + reg.get(1).nbytes > 0
+    reg.evict(0)
+    reg.evict(1)
+    gc.collect()
+    assert refs and all(r() is None for r in refs)
+    assert reg.resident_bytes == 0 and reg.get(0).nbytes == 0
+    reg.install(0, reg.read(0))  # read again: counted again
+    assert reg.get(0).nbytes == 2 * sum(w.rank * sum(reg.shapes[t])
+                                        for t, w in reg.get(0).weights.items())  # fmt: skip
