@@ -28,7 +28,8 @@ v_proj only (0.74 MB at rank 8 in f16); every projection here is the heavier cas
 
 llama-server takes part in the 8-adapter case only, as its reference: all adapters loaded
 at start (`--lora ... --lora-init-without-apply`), each request with the full `lora` list,
-the same rounds. The servers run one at a time, never together. Writes
+its Zipf loads alone (`--peer-repeats`, 1 by default: its load takes ~4x loraserve's). The
+servers run one at a time, never together. Writes
 `bench/results/adapter_scale_<ts>.json` after every server and prints the table.
 """
 
@@ -75,6 +76,7 @@ class Plan:
     cold: bool = False  # drop the adapters' files from the page cache before each run
     repeats: int = 3  # paired rounds (single-adapter load, Zipf load) per server
     warmup: int = 8  # requests on adapter 0 before the rounds (not counted)
+    peer_repeats: int = 1  # llama-server's Zipf rounds (its 8-adapter load is ~4x slower)
 
     @staticmethod
     def quick() -> Plan:
@@ -220,9 +222,9 @@ def run_loraserve(plan: Plan, model: Path, n: int) -> dict[str, Any]:
 
 
 def run_peer(plan: Plan, model: Path, binary: Path, n: int) -> dict[str, Any]:
-    """llama-server with `n` adapters loaded at start, the same rounds by id (every
-    request carries the whole list, its adapter at scale 1)."""
-    warm, single, multi = _workload(
+    """llama-server with `n` adapters loaded at start, the same Zipf loads by id (every
+    request carries the whole list, its adapter at scale 1), `peer_repeats` rounds."""
+    warm, _, multi = _workload(
         plan, n, lambda a: [{"id": i, "scale": 1.0 if i == a else 0.0} for i in range(n)]
     )
     kind = peer_kind(binary)
@@ -230,7 +232,7 @@ def run_peer(plan: Plan, model: Path, binary: Path, n: int) -> dict[str, Any]:
     argv = server_argv(kind, model, port, threads=2, parallel=plan.parallel, ctx=plan.ctx,
                        cache_ram=-1, adapters=adapter_pool(n, plan.dtype))  # fmt: skip
     with launch(kind.name, argv, port, timeout=300) as server:
-        out = rounds(server, plan.clients, plan.repeats, warm, single, multi, TierModel(n))
+        out = rounds(server, plan.clients, plan.peer_repeats, warm, None, multi, TierModel(n))
         out["peak_rss_mib"] = server.peak_rss_mib()
         out["startup_s"] = server.startup_s
     return {"server": "llama-server", "adapters": n, "dtype": plan.dtype, **out}
@@ -252,7 +254,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         res, rng = r.get("resident_bytes"), r.get("ratio_range") or [None, None]
-        other = [x[s]["other_cores"] for x in r["rounds"] for s in ("single", "multi")]
+        other = [x[s]["other_cores"] for x in r["rounds"] for s in ("single", "multi") if s in x]
         out.append(
             f"| {r['server']} | {r['adapters']} | {r.get('dtype', '-')} "
             f"| {f(r['tokens_per_s'], 1)} | {f(r['single_tokens_per_s'], 1)} "
@@ -281,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cold", action="store_true", help="adapter files out of the page cache")
     ap.add_argument("--repeats", type=int, help="paired rounds per server (default 3)")
     ap.add_argument("--peer-first", action="store_true", help="llama-server before loraserve")
+    ap.add_argument("--peer-repeats", type=int, help="llama-server's Zipf rounds (default 1)")
     args = ap.parse_args(argv)
     plan = Plan.quick() if args.quick else Plan()
     if args.sizes:
@@ -291,6 +294,8 @@ def main(argv: list[str] | None = None) -> None:
         plan = replace(plan, dtype=args.dtype)
     if args.repeats:
         plan = replace(plan, repeats=args.repeats)
+    if args.peer_repeats:
+        plan = replace(plan, peer_repeats=args.peer_repeats)
     plan = replace(plan, cold=args.cold)
     adapter_pool(max(plan.sizes), plan.dtype)
     RESULTS.mkdir(exist_ok=True)

@@ -149,26 +149,28 @@ def rounds(
     clients: int,
     repeats: int,
     warmup: list[dict[str, Any]],
-    single: Callable[[int], tuple[list[dict[str, Any]], list[int]]],
+    single: Callable[[int], tuple[list[dict[str, Any]], list[int]]] | None,
     multi: Callable[[int], tuple[list[dict[str, Any]], list[int]]],
     tier: TierModel,
     before_multi: Callable[[list[int]], None] | None = None,
 ) -> dict[str, Any]:
     """Warm-up, then `repeats` rounds of the single-adapter load and the Zipf load in
     alternating order; ``single(r)`` / ``multi(r)`` give round r's payloads and adapter
-    picks. Returns the rounds, the medians and the pooled TTFTs of the Zipf loads."""
+    picks (``single`` None: the Zipf loads alone, no ratio). Returns the rounds, the
+    medians and the pooled TTFTs of the Zipf loads."""
     if warmup:
         asyncio.run(closed_loop(server.url, warmup, clients))
         tier.feed([0] * len(warmup))
     out_rounds = []
     for r in range(repeats):
         sides: dict[str, dict[str, Any]] = {}
-        for side in ("single", "multi") if r % 2 == 0 else ("multi", "single"):
-            payloads, picks = (single if side == "single" else multi)(r)
+        order = ("single", "multi") if r % 2 == 0 else ("multi", "single")
+        for side in order if single is not None else ("multi",):
+            payloads, picks = (single if side == "single" else multi)(r)  # type: ignore[misc]
             if side == "multi" and before_multi is not None:
                 before_multi(picks)
             sides[side] = _load(server, payloads, clients, tier.feed(picks))
-        s, m = sides["single"]["tokens_per_s"], sides["multi"]["tokens_per_s"]
+        s, m = sides.get("single", {}).get("tokens_per_s"), sides["multi"]["tokens_per_s"]
         ratio = m / s if s and m else None
         out_rounds.append({"round": r, "ratio": ratio, **sides})
     ratios = [x["ratio"] for x in out_rounds if x["ratio"] is not None]
@@ -178,7 +180,11 @@ def rounds(
     return {
         "tokens_per_s": _median([m["tokens_per_s"] for m in multis if m["tokens_per_s"]]),
         "single_tokens_per_s": _median(
-            [x["single"]["tokens_per_s"] for x in out_rounds if x["single"]["tokens_per_s"]]
+            [
+                x["single"]["tokens_per_s"]
+                for x in out_rounds
+                if x.get("single", {}).get("tokens_per_s")
+            ]
         ),
         "ratio_median": _median(ratios),
         "ratio_first": out_rounds[0]["ratio"] if out_rounds else None,
@@ -200,6 +206,8 @@ def _compact(rnd: dict[str, Any]) -> dict[str, Any]:
     """A round for the JSON: the TTFT lists replaced by their p50/p95 and counts."""
     out: dict[str, Any] = {"round": rnd["round"], "ratio": rnd["ratio"]}
     for side in ("single", "multi"):
+        if side not in rnd:
+            continue
         s = dict(rnd[side])
         for key in ("ttft_resident", "ttft_cold"):
             vals = s.pop(key)
