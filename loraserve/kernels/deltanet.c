@@ -6,13 +6,22 @@
 //
 // with exactly the float operations of the torch reference, in its order: every product is
 // rounded before it is added (-ffp-contract=off), and each of M k and M q sums over the key
-// index from 0 upwards starting at 0 (what torch's bmm does for more than one head). The
-// head's M is held transposed (MT[j][i] = M[i][j]) while it runs, so the loops over the value
-// index i are independent lanes the compiler vectorizes without reordering any sum.
+// index from 0 upwards starting at 0 (what torch's bmm does for more than one head).
+//
+// Two forms, the same bits: with AVX2 and S a multiple of 8 (every real model: S = 64, 128,
+// 256), M stays in its row-major layout and each 8x8 tile is transposed in registers, so the
+// 8 rows i of a tile are the lanes of one vector and each lane sums over j in order; a token
+// reads the state twice and writes it once (M g is computed in both passes, the same bits,
+// instead of being stored), and a decode step reads m_in and writes m_out directly. Else the
+// head's M is held transposed (MT[j][i] = M[i][j]) in a work buffer while it runs, so the loops
+// over the value index i are independent lanes the compiler vectorizes without reordering.
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 static void transpose(const float *a, float *b, int64_t s) {  // b[j][i] = a[i][j]
     enum { TILE = 16 };  // tiles: a's rows and b's rows both stay in a few cache lines
@@ -23,6 +32,61 @@ static void transpose(const float *a, float *b, int64_t s) {  // b[j][i] = a[i][
                 for (int64_t j = j0; j < j1; j++) b[j * s + i] = a[i * s + j];
         }
 }
+
+
+#if defined(__AVX2__)
+// r[0..7] (rows) -> their transpose in place: r[j] lane i = old r[i] lane j
+static inline void tr8(__m256 *r) {
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20), r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20), r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20), r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20), r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+// One token of one head on row-major states (S % 8 == 0): src [S, S] -> dst [S, S] (may be
+// src), o[i] = (M q)[i] * scale; d [S] is scratch.
+static void token_tiles(const float *src, float *dst, const float *kr, const float *qr,
+                        const float *vr, float gr, float br, float scale, float *orow,
+                        float *d, int64_t S) {
+    const __m256 g = _mm256_set1_ps(gr), b = _mm256_set1_ps(br);
+    for (int64_t i0 = 0; i0 < S; i0 += 8) {  // d = (v - (M g) k) beta, rows i0 .. i0 + 7
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t j0 = 0; j0 < S; j0 += 8) {
+            __m256 r[8];
+            for (int a = 0; a < 8; a++) r[a] = _mm256_mul_ps(_mm256_loadu_ps(src + (i0 + a) * S + j0), g);
+            tr8(r);
+            for (int a = 0; a < 8; a++)
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(r[a], _mm256_set1_ps(kr[j0 + a])));
+        }
+        _mm256_storeu_ps(d + i0, _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(vr + i0), acc), b));
+    }
+    const __m256 sc = _mm256_set1_ps(scale);
+    for (int64_t i0 = 0; i0 < S; i0 += 8) {  // M <- M g + d k^T; o = M q
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t j0 = 0; j0 < S; j0 += 8) {
+            const __m256 kv = _mm256_loadu_ps(kr + j0);
+            __m256 r[8];
+            for (int a = 0; a < 8; a++) {
+                const __m256 mg = _mm256_mul_ps(_mm256_loadu_ps(src + (i0 + a) * S + j0), g);
+                r[a] = _mm256_add_ps(mg, _mm256_mul_ps(_mm256_set1_ps(d[i0 + a]), kv));
+                _mm256_storeu_ps(dst + (i0 + a) * S + j0, r[a]);
+            }
+            tr8(r);
+            for (int a = 0; a < 8; a++)
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(r[a], _mm256_set1_ps(qr[j0 + a])));
+        }
+        _mm256_storeu_ps(orow + i0, _mm256_mul_ps(acc, sc));
+    }
+}
+#endif
 
 // n_seq sequences; sequence z owns rows lo[z] .. lo[z] + n[z] - 1 of q, k [T, H, S]
 // (contiguous), v (row stride v_ld, heads contiguous), g and beta [T, H], o [T, H, S]. Its
@@ -50,6 +114,23 @@ int ls_gdn_recur(int64_t n_seq, const int64_t *lo, const int64_t *n, const float
             if (mt == NULL) continue;
             const int64_t z = task / H, h = task % H;
             float *acc = mt + ss, *d = acc + S;
+#if defined(__AVX2__)
+            if (S % 8 == 0) {  // row-major tiles (see the top): no transposes in memory
+                const float *src = m_in[z] + h * ss;
+                float *dst = m_out[z] + h * ss;
+                int64_t e = snap_off[z];
+                if (n[z] == 0) memcpy(dst, src, (size_t)ss * sizeof(float));
+                for (int64_t r = 0; r < n[z]; r++, src = dst) {
+                    const int64_t row = lo[z] + r;
+                    token_tiles(src, dst, k + (row * H + h) * S, q + (row * H + h) * S,
+                                v + row * v_ld + h * S, g[row * H + h], beta[row * H + h],
+                                scale, o + (row * H + h) * S, d, S);
+                    for (; e < snap_off[z + 1] && snap_row[e] == r; e++)
+                        memcpy(snap_dst[e] + h * ss, dst, (size_t)ss * sizeof(float));
+                }
+                continue;
+            }
+#endif
             transpose(m_in[z] + h * ss, mt, S);
             int64_t e = snap_off[z];
             for (int64_t r = 0; r < n[z]; r++) {
