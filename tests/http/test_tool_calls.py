@@ -45,6 +45,7 @@ TOOLS = [
     },
 ]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+N_PREDICT = 480  # JSON spaced as llama.cpp allows: a random model may indent every gap
 USER = [{"role": "user", "content": "Weather in Paris for 3 days?"}]
 
 
@@ -60,7 +61,7 @@ def srv(request):
 
 
 def chat(srv, **body) -> dict:
-    body = {"messages": USER, "tools": TOOLS, "n_predict": 160, "temperature": 0, **body}
+    body = {"messages": USER, "tools": TOOLS, "n_predict": N_PREDICT, "temperature": 0, **body}
     r = srv.client.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     return r.json()
@@ -68,7 +69,7 @@ def chat(srv, **body) -> dict:
 
 def chat_stream(srv, **body) -> tuple[dict, str]:
     """The streamed answer assembled from its deltas, and the finish reason."""
-    body = {"messages": USER, "tools": TOOLS, "n_predict": 160, "temperature": 0, **body}
+    body = {"messages": USER, "tools": TOOLS, "n_predict": N_PREDICT, "temperature": 0, **body}
     msg: dict = {"content": "", "reasoning_content": "", "tool_calls": {}}
     finish = None
     with srv.client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
@@ -118,8 +119,11 @@ def test_parallel_false_gives_one_call(srv) -> None:
 
 
 def test_streamed_equals_unstreamed(srv) -> None:
-    whole = chat(srv, tool_choice="required")["choices"][0]
-    msg, finish = chat_stream(srv, tool_choice="required")
+    # one call: with parallel calls the random model writes calls until its token limit,
+    # and the call the limit cuts is announced by the stream but dropped from the whole
+    # answer (its arguments are no JSON), so the two cannot agree
+    whole = chat(srv, tool_choice="required", parallel_tool_calls=False)["choices"][0]
+    msg, finish = chat_stream(srv, tool_choice="required", parallel_tool_calls=False)
     assert finish == whole["finish_reason"] == "tool_calls"
     want = [
         (c["function"]["name"], c["function"]["arguments"]) for c in whole["message"]["tool_calls"]
@@ -173,7 +177,7 @@ def test_openai_client_second_turn(srv) -> None:
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x")
     first = client.chat.completions.create(
-        model="m", messages=USER, tools=TOOLS, tool_choice="required", max_tokens=160,
+        model="m", messages=USER, tools=TOOLS, tool_choice="required", max_tokens=N_PREDICT,
         temperature=0,
     )  # fmt: skip
     call = first.choices[0].message.tool_calls[0]
@@ -195,8 +199,14 @@ def test_openai_client_second_turn(srv) -> None:
 def test_responses_function_tools(srv) -> None:
     """/v1/responses: flat function tools, `function_call` items (whole and streamed)."""
     tools = [{"type": "function", **t["function"]} for t in TOOLS]
-    body = {"input": USER[0]["content"], "tools": tools, "tool_choice": "required",
-            "max_output_tokens": 160, "temperature": 0}  # fmt: skip
+    body = {
+        "input": USER[0]["content"],
+        "tools": tools,
+        "tool_choice": "required",
+        "max_output_tokens": N_PREDICT,
+        "temperature": 0,
+        "parallel_tool_calls": False,
+    }  # one call: see test_streamed_equals_unstreamed
     res = srv.client.post("/v1/responses", json=body).json()
     calls = [o for o in res["output"] if o["type"] == "function_call"]
     assert calls, res
@@ -221,7 +231,7 @@ def test_messages_tools_in_the_models_format(srv) -> None:
     """/v1/messages: a forced call comes back as a tool_use block valid for its schema."""
     tools = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
              for t in TOOLS]  # fmt: skip
-    body = {"messages": USER, "tools": tools, "max_tokens": 160, "temperature": 0,
+    body = {"messages": USER, "tools": tools, "max_tokens": N_PREDICT, "temperature": 0,
             "tool_choice": {"type": "any", "disable_parallel_tool_use": True}}  # fmt: skip
     res = srv.client.post("/v1/messages", json=body).json()
     (block,) = res["content"]

@@ -151,8 +151,20 @@ def test_prefilled_trigger_constrains_the_rest_of_the_call(srv) -> None:
     answer the rest of a call, constrained and parsed with the prefill."""
     source = (TEMPLATES / srv.template_name).read_text()
     fmt = detect(source, render_for(source))
-    if not fmt.trigger.strip():  # gpt-oss: its calls start at pattern triggers
-        pytest.skip("no trigger word (harmony's calls start at pattern triggers)")
+    if not fmt.trigger.strip():
+        # gpt-oss, for any model: a prefill continues the body of a final-channel message
+        # (the prompt ends `<|channel|>final<|message|>` + prefill, as llama.cpp's gpt-oss
+        # parser writes its generation prompt), while a call's recipient ` to=functions.X`
+        # sits in a message header, which only a message's `tool_calls` render: no
+        # assistant prefill can open a call: its text stays the answer's content
+        head = " to=functions.get_weather"
+        msgs = [*USER, {"role": "assistant", "content": head}]
+        r = srv.client.post("/apply-template", json={"messages": msgs, "tools": TOOLS})
+        assert r.json()["prompt"].endswith("<|channel|>final<|message|>" + head)
+        res = chat(srv, messages=msgs, tool_choice="auto", n_predict=4)
+        msg = res["choices"][0]["message"]
+        assert not msg.get("tool_calls") and msg["content"].startswith(head)
+        return
     msgs = [*USER, {"role": "assistant", "content": fmt.trigger}]
     res = chat(srv, messages=msgs, tool_choice="auto", parallel_tool_calls=False, n_predict=N)
     choice = res["choices"][0]

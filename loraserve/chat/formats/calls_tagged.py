@@ -30,9 +30,9 @@ def tag_calls(
     """The tagged calls of `text` from `i` (past the section start) into `out`; `Need` when
     the text ends before the next thing is decided."""
     name_stops = (fmt.name_suffix, fmt.args_separator, fmt.args_start, "{")
-    if fmt.tool_mode == "tag_tagged":
-        name_stops = (fmt.name_suffix, fmt.args_start, fmt.arg_name_prefix, "\n",
-                      fmt.call_close, fmt.call_end)  # fmt: skip
+    if fmt.tool_mode == "tag_tagged":  # Hy3's name ends at its separator: NAME<tool_sep>
+        name_stops = (fmt.name_suffix, fmt.args_separator, fmt.args_start, fmt.arg_name_prefix,
+                      "\n", fmt.call_close, fmt.call_end)  # fmt: skip
     between = fmt.id_position == "between_name_and_args" and fmt.id_prefix.strip()
     id_stops = (fmt.id_prefix.strip(),) if between and fmt.tool_mode == "tag_json" else ()
     while True:

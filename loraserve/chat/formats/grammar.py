@@ -22,19 +22,20 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from loraserve.chat.formats.calls import _is_string
 from loraserve.chat.formats.description import ChatFormat
+from loraserve.chat.formats.grammar_args import TaggedArgs
 from loraserve.chat.formats.harmony_grammar import harmony_grammar
 from loraserve.chat.formats.special.grammars import dialect_grammar
+from loraserve.chat.formats.special.lark import SPACE, STYLE
 
 ANY = r"/(.|\n)*/"
-JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def _json(schema: dict[str, Any]) -> str:
-    """An embedded JSON value of `schema`, spaced as templates' `tojson` writes it (a free
-    whitespace choice lets a small model write spaces forever)."""
-    return "%json " + json.dumps({"x-guidance": JSON_STYLE, **schema})
+    """An embedded JSON value of `schema`, spaced as llama.cpp's schema grammars allow
+    (its bounded `space` between tokens: a free whitespace choice would let a small model
+    write spaces forever)."""
+    return "%json " + json.dumps({"x-guidance": STYLE, **schema})
 
 
 def _not_containing(*markers: str) -> str:
@@ -62,12 +63,15 @@ def _closed(params: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-class _Builder:
+class _Builder(TaggedArgs):
     def __init__(self, fmt: ChatFormat, special: Callable[[str], bool]) -> None:
         self.fmt = fmt
         self.special = special
         self.rules: list[str] = []
         self.n = 0
+
+    def json_value(self, schema: Any) -> str:
+        return _json(schema if isinstance(schema, dict) else {})
 
     def q(self, marker: str) -> str:
         """A marker as grammar items (its whitespace as text, a special token as a token)."""
@@ -104,28 +108,24 @@ class _Builder:
             between = f.id_position == "between_name_and_args" and f.id_prefix
             # Mistral Small 3.2: NAME[CALL_ID]ID[ARGS]{..}, the name's suffix is the id's
             suffix = "" if between and f.name_suffix == f.id_suffix else f.name_suffix
-            items += [self.q(suffix) if suffix else "", self.q(f.args_separator)]
+            sep = f"WS {self.q(f.args_separator)}" if f.args_separator else ""
+            items += [self.q(suffix) if suffix else "", sep]
             if between:
                 items += [self.q(f.id_prefix), "/[a-zA-Z0-9]{9}/", self.q(f.id_suffix)]
-            items.append(self.q(f.args_start))
+            items += ["WS", self.q(f.args_start)]  # llama.cpp: `space` before the arguments
             if f.tool_mode == "tag_json":
                 items.append(_json(params))
             else:
-                items.append(self._tagged_args(params))
+                items.append(self.tagged_args(params))
             items += ["WS", self.q(f.args_end), "WS", self.q(f.call_close)]
-        items += ["WS", self.q(f.call_end)] if f.call_end else []
+        if f.call_end:  # Kimi K2's may be left out (llama.cpp: an optional tool_close)
+            end = f"({self.q(f.call_end)})?" if f.detector == "kimi_k2" else self.q(f.call_end)
+            items += ["WS", end]
         return self.rule(" ".join(x for x in items if x))
-
-    def _text_value(self, schema: dict[str, Any]) -> str:
-        """A tagged string value and its end marker (bounded as its schema says)."""
-        end = self.q(self.fmt.arg_value_suffix)
-        bounded = _bounded(schema)
-        if bounded is None:
-            return self.rule(f"TEXT {end}", lazy=True)
-        return f"{bounded} {end}"
 
     def _call_schema(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
         f = self.fmt
+        optional = f.gen_id_field.rpartition(".")[2] if f.gen_id_field else ""
         if f.fun_name_is_key:
             props: dict[str, Any] = {name: params}
         else:
@@ -137,44 +137,14 @@ class _Builder:
                     "type": "string",
                     "pattern": "^[a-zA-Z0-9]{9}$",
                 }
+            if optional:  # an id the model may write (Command R7B's "tool_call_id": "0")
+                fields[optional] = {"type": ["string", "number"]}
             order = [k.rpartition(".")[2] for k in f.parameter_order] or list(fields)
             props = {k: fields[k] for k in order if k in fields}
             props.update({k: v for k, v in fields.items() if k not in props})
-        return {"type": "object", "properties": props, "required": list(props),
+        required = [k for k in props if k != optional]
+        return {"type": "object", "properties": props, "required": required,
                 "additionalProperties": False}  # fmt: skip
-
-    def _tagged_args(self, params: dict[str, Any]) -> str:
-        f = self.fmt
-        props = params.get("properties") or {}
-        required = [k for k in props if k in (params.get("required") or [])]
-        optional = [k for k in props if k not in required]
-        out = []
-        for key in required + optional:
-            pieces = (self.q(f.arg_name_prefix), json.dumps(key), self.q(f.arg_name_suffix),
-                      self.q(f.arg_value_prefix))  # fmt: skip
-            head = " ".join(x for x in pieces if x)
-            if _is_string(props[key]):
-                value = self._text_value(props[key])
-            else:
-                value = f"{_json(props[key])} {self.q(f.arg_value_suffix)}"
-            sep = self.q(f.arg_separator)
-            arg = self.rule(f"{head} {value} {sep}".strip())
-            out.append(arg if key in required else f"{arg}?")
-        return " ".join(out)
-
-
-def _bounded(schema: dict[str, Any]) -> str | None:
-    """A tagged string value's own rule when the schema bounds it (enum, const, maxLength),
-    else None (free text up to the value's end marker)."""
-    options = schema.get("enum") or (["const"] if "const" in schema else None)
-    if options:
-        values = [schema["const"]] if "const" in schema else options
-        return "(" + " | ".join(json.dumps(str(v)) for v in values) + ")"
-    top = schema.get("maxLength")
-    if isinstance(top, int):
-        low = schema.get("minLength", 0)
-        return f"/(.|\\n){{{low if isinstance(low, int) else 0},{top}}}/"
-    return None
 
 
 def tool_grammar(
@@ -214,8 +184,8 @@ def tool_grammar(
     first = b.rule(" | ".join(b.call(t, with_start) for t in tools))
     one = b.rule(" | ".join(b.call(t, True) for t in tools)) if not with_start else first
     if fmt.array_wrapped:
-        more = f'("," /[ ]?/ {one})*' if parallel else ""
-        calls = f'"[" {first} {more} "]"'
+        more = f'(WS "," WS {one})*' if parallel else ""
+        calls = f'"[" WS {first} {more} WS "]"'
         first_calls = calls
     else:
         more = f"(WS {one})*" if parallel and fmt.call_start else ""
@@ -238,6 +208,8 @@ def tool_grammar(
             think = inner
             if lazy and thinking_open and trigger.strip() in fmt.reasoning_stops:
                 think = f"({inner})?"  # the reasoning may end at the calls (Qwen3.5)
+        elif lazy and trigger.strip() in fmt.reasoning_stops:  # Kimi K2: ends at the calls
+            think = f"({b.q(r_start)} ({inner})?)?"
         else:
             think = f"({b.q(r_start)} {inner})?"
     lines = ["%llguidance {}"]
@@ -260,6 +232,6 @@ def tool_grammar(
         lines.append(f"TAIL: {_not_containing(*avoid)}")
     else:
         lines.append(f"start: {think} WS {body_calls}".replace("  ", " "))
-    lines.append("WS: /( |\\n{1,2})?/")  # llama.cpp's `space`, bounded
+    lines.append(f"WS: /{SPACE}/")  # llama.cpp's `space`, bounded
     lines.append(f"TEXT: {ANY}")
     return "\n".join(lines + b.rules) + "\n"

@@ -24,9 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 from loraserve.chat.formats.description import ChatFormat
-from loraserve.chat.formats.special.lark import Lark, closed
+from loraserve.chat.formats.special.lark import STYLE, Lark, closed
 
-JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 HEADER_TEXT = r"/[^<\n]*/ & ~/(.|\n)*to=functions(.|\n)*/"  # never a recipient
 
 
@@ -48,7 +47,7 @@ def harmony_grammar(
     for t in tools:
         fn = t["function"]
         params = closed(fn.get("parameters") or {"type": "object"})
-        args = "%json " + json.dumps({"x-guidance": JSON_STYLE, **params})
+        args = "%json " + json.dumps({"x-guidance": STYLE, **params})
         to = json.dumps(" to=functions." + fn["name"])
         heads = f"({to} {channel} | {channel} {to})"
         calls.append(g.rule(f"{heads} {constrain} {msg} {args}"))

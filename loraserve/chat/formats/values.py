@@ -47,6 +47,13 @@ def is_string(schema: Any) -> bool:
     return not types or types == {"string"}
 
 
+def may_be_string(schema: Any) -> bool:
+    """Whether a value of this schema may be a string (llama.cpp's `may_be_string`): such a
+    tagged value is raw text in the grammar, whatever other types it allows."""
+    types = types_of(schema)
+    return not types or "string" in types
+
+
 def typed(raw: str, schema: Any) -> str:
     """A tagged value as JSON text: a string as written when the schema says string only,
     else the JSON value it spells (a string when it spells none)."""

@@ -54,10 +54,13 @@ def render_for(source: str):  # noqa: ANN201 - formats.analyze.Render
     return render
 
 
-def assistant_text(source: str, message: dict[str, Any], tools: list[dict[str, Any]]) -> str:
+def assistant_text(
+    source: str, message: dict[str, Any], tools: list[dict[str, Any]], render: Any = None
+) -> str:
     """What the template writes for `message` after the generation prompt (up to the turn's
-    end marker): the text a model trained on it would generate."""
-    render = render_for(source)
+    end marker): the text a model trained on it would generate. `render`: a renderer as
+    `render_for` returns (default: plain jinja2)."""
+    render = render or render_for(source)
     user = [{"role": "user", "content": "Hi"}]
     prompt = render(user, tools, True, True)
     full = render([*user, message], tools, False, True)

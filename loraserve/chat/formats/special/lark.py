@@ -8,7 +8,11 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-STYLE = {"whitespace_flexible": True, "whitespace_pattern": "[ ]?"}  # bounded: one space
+SPACE = r"( |\n{1,2}[ \t]{0,20})?"  # llama.cpp's json-schema-to-grammar `space`, bounded
+# JSON values as llama.cpp's schema grammars space them: `space` after `{`, `[`, `,`, `:`
+# and every value, so both `{"a":1}` and a template's indented `{\n    "a": 1\n}` pass
+STYLE = {"whitespace_flexible": True, "whitespace_pattern": SPACE, "item_separator": ",",
+         "key_separator": ":"}  # fmt: skip
 NUMBER = r"/-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][-+]?[0-9]{1,3})?/"  # bounded digits
 
 
@@ -71,7 +75,7 @@ class Lark:
         return name
 
     def lark(self, start: str) -> str:
-        head = ["%llguidance {}", f"start: {start}", "WS: /( |\\n{1,2})?/", r"TEXT: /(.|\n)*/",
+        head = ["%llguidance {}", f"start: {start}", f"WS: /{SPACE}/", r"TEXT: /(.|\n)*/",
                 r"SP: /[ \n]{0,12}/"]  # fmt: skip
         return "\n".join(head + self.rules) + "\n"
 
