@@ -86,6 +86,10 @@ class GatedDeltaNet(nn.Module):
         self.a = _req(w, p + "ssm_a", (self.hv,)).reshape(-1)  # [H_v] (-exp(A_log))
         self.norm = _req(w, p + "ssm_norm.weight", (self.s,)).reshape(-1)  # [S]
         r = self.hv // self.hk
+        n = float(self.s)  # q, k L2-normed per head: rms_norm(x, eps / S) / sqrt(S)
+        self.ones = torch.ones(self.s)  # [S]
+        self.inv = torch.tensor(1.0 / math.sqrt(n), dtype=torch.float32)  # also o's scale
+        self.ba_slices = None  # (beta, alpha) column slices where each is one contiguous run
         if self.interleave:  # ssm_ba rows: per key head g, betas g*2r..g*2r+r-1, then alphas
             g = torch.arange(self.hv) // r * 2 * r + torch.arange(self.hv) % r
             self.beta_cols, self.alpha_cols = g, g + r
@@ -94,6 +98,8 @@ class GatedDeltaNet(nn.Module):
             self.beta_cols = torch.arange(self.hv)
             self.alpha_cols = torch.arange(self.hv, 2 * self.hv)
             self.kmap = torch.arange(self.hv) % self.hk
+            self.ba_slices = (slice(0, self.hv), slice(self.hv, 2 * self.hv))
+        self.kmap_identity = self.hv == self.hk  # each value head reads its own key head
 
     @staticmethod
     def state_shape(cfg: ModelConfig) -> tuple[int, ...]:
@@ -112,8 +118,10 @@ class GatedDeltaNet(nn.Module):
             mixed = mixed[:, self.order]
         z = mixed[:, cd : cd + hv * s]
         ba = mixed[:, cd + hv * s :]  # [T, 2 H_v]
-        beta_l = ba[:, self.beta_cols]  # [T, H_v]
-        alpha_l = ba[:, self.alpha_cols]
+        if self.ba_slices is not None:  # views, no gather
+            beta_l, alpha_l = ba[:, self.ba_slices[0]], ba[:, self.ba_slices[1]]  # [T, H_v]
+        else:
+            beta_l, alpha_l = ba[:, self.beta_cols], ba[:, self.alpha_cols]
         qkv = torch.empty(t, cd)
         n_conv = (k - 1) * cd
         per_seq = []
@@ -125,14 +133,15 @@ class GatedDeltaNet(nn.Module):
             qkv[lo:hi] = gated_act(pre, torch.ones_like(pre), "silu")  # SiLU, row-invariant
             per_seq.append((seq, xpad))
         n = float(s)  # q, k L2-normed per head: rms_norm(x, eps / S) / sqrt(S), as llama.cpp
-        ones, inv = torch.ones(s), torch.tensor(1.0 / math.sqrt(n), dtype=torch.float32)
+        ones, inv = self.ones, self.inv
         q = rms_norm(qkv[:, : hk * s].reshape(t, hk, s).contiguous(), ones, self.eps / n) * inv
         kk = rms_norm(qkv[:, hk * s : 2 * hk * s].reshape(t, hk, s).contiguous(), ones,
                       self.eps / n) * inv  # fmt: skip
-        q, kk = q[:, self.kmap], kk[:, self.kmap]  # [T, H_v, S]: each value head's key head
+        if not self.kmap_identity:  # [T, H_v, S]: each value head's key head
+            q, kk = q[:, self.kmap], kk[:, self.kmap]
         v = qkv[:, 2 * hk * s :].view(t, hv, s)
         o = torch.empty(t, hv, s)
-        scale = torch.tensor(1.0 / math.sqrt(n), dtype=torch.float32)
+        scale = inv  # 1 / sqrt(S), float32
         spans, m_in, m_out, snaps = [], [], [], []
         for seq, xpad in per_seq:  # each sequence's new state and snapshots, conv rows filled
             lo, hi = seq.lo, seq.hi
@@ -152,7 +161,11 @@ class GatedDeltaNet(nn.Module):
                     seq.rows.setdefault(self.i, []).append(snap)
             snaps.append(mine)
         if USE_C and hv > 1 and kernel.available():
-            g, beta = gates(alpha_l, beta_l, self.dt_b, self.a)
+            if t == 1:  # one row: `gate_row` itself (what `gates` equals row by row)
+                g, beta = (x.unsqueeze(0) for x in gate_row(alpha_l[0], beta_l[0], self.dt_b,
+                                                            self.a))  # fmt: skip
+            else:
+                g, beta = gates(alpha_l, beta_l, self.dt_b, self.a)
             kernel.gdn_recur(spans, m_in, m_out, q, kk, v, g, beta, scale.item(), o, snaps)
         else:  # the reference: each row's gates alone, then the recurrence in torch
             rows = [gate_row(alpha_l[r], beta_l[r], self.dt_b, self.a) for r in range(t)]
