@@ -6,6 +6,7 @@
 #include "packed_k.h"
 #include "packed_nl.h"
 #include "packed_xs.h"
+#include "packed_z.h"
 
 void ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd,
                     const int16_t *bs32, int64_t K, int R, int ahead, float *out, int64_t ldy) {
@@ -26,6 +27,34 @@ void ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd
     }
 #undef LS_T
 }
+
+// Groups g and g + gb together (pz_pairs' types): R (1..4) activation rows against 16
+// weight rows, out[r * ldy + 0..15]; the bits of two ls_packed_tile calls.
+void ls_packed_tile2(int type, const uint8_t *g, int64_t gb, const int8_t *x, const float *xd,
+                     const int16_t *bs32, int64_t K, int R, int ahead, float *out, int64_t ldy) {
+#if PZ_PAIRS
+    const int hb = type == T_Q5_1 ? 2 : type == T_Q5_0;
+#define LS_T(RR)                                                                              \
+    do {                                                                                      \
+        if (type == T_Q4_K) pz_dot_q4_k(g, gb, x, xd, bs32, K, RR, ahead, out, ldy);           \
+        else pz_dot_q5_0(g, gb, hb, x, xd, bs32, K, RR, ahead, out, ldy);                      \
+    } while (0)
+    switch (R) {
+    case 4: LS_T(4); break;
+    case 3: LS_T(3); break;
+    case 2: LS_T(2); break;
+    default: LS_T(1); break;
+    }
+#undef LS_T
+#else
+    ls_packed_tile(type, g, x, xd, bs32, K, R, ahead, out, ldy);
+    ls_packed_tile(type, g + gb, x, xd, bs32, K, R, ahead, out + PK_ROWS, ldy);
+#endif
+}
+
+// whether ls_packed_tile2 takes two groups of `type` in one pass here (else it makes two
+// ls_packed_tile calls)
+int ls_packed_pairs(int type) { return pz_pairs(type); }
 
 // group bytes of a packable type, 0 otherwise (for the Python side's allocation)
 int64_t ls_packed_group_bytes(int type, int64_t K) { return packed_group_bytes(type, K); }

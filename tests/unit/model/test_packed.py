@@ -42,7 +42,7 @@ def test_unpacking_gives_the_file_bytes_back(name: str) -> None:
 @pytest.mark.parametrize("name", PACKABLE)
 def test_packed_kernel_equals_the_dequantized_reference(name: str, k: int) -> None:
     rng = np.random.default_rng(GGML_TYPE[name] + k)
-    n, m = 48, 7
+    n, m = 48, 19  # from 16 rows on, tasks of 4 groups (pairs of groups: packed_z.h)
     raw = random_rows(rng, name, n, k)
     w = dequantized(raw, name, n, k)  # [n, k] float64: the oracle's weights
     x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
@@ -73,7 +73,7 @@ def test_packed_k_quants_equal_the_rows_read_in_place_bitwise(name: str) -> None
     rng = np.random.default_rng(9)
     k = 1024
     raw = torch.from_numpy(random_rows(rng, name, 32, k))
-    xa = quantized(torch.from_numpy(rng.standard_normal((9, k)).astype(np.float32)), name)
+    xa = quantized(torch.from_numpy(rng.standard_normal((17, k)).astype(np.float32)), name)
     direct = K.qmatmul(xa, raw, GGML_TYPE[name])
     assert torch.equal(K.qmatmul(xa, packed(raw, name, k), GGML_TYPE[name] | K.PACKED), direct)
 

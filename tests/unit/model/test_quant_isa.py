@@ -4,7 +4,8 @@ are exact, and the float steps around them are the same operations in the same o
 On a machine with AVX-512 VNNI, the library is built twice, as `loraserve build-kernels` builds
 it for this CPU and again with AVX-512 off (``LORASERVE_KERNEL_NO_AVX512=1``); each build
 multiplies the same random rows of every quantized type (and the packed layouts) by the same
-activations at 1, 4, 8 and 13 rows and both block sizes, through qmatmul and the fused
+activations at 1, 4, 8, 13 and 21 rows (from 16 on, the packed types' pairs of groups) and
+both block sizes, through qmatmul and the fused
 multi-part call. Their outputs are compared byte for byte.
 """
 
@@ -35,9 +36,9 @@ for name in {names!r}:
     rng = np.random.default_rng(t)
     for k in (256, 1024):
         raw = torch.from_numpy(random_rows(rng, name, 24, k))
-        x = torch.from_numpy(rng.standard_normal((13, k)).astype(np.float32))
+        x = torch.from_numpy(rng.standard_normal((21, k)).astype(np.float32))
         h = hashlib.sha256()
-        for m in (1, 4, 8, 13):
+        for m in (1, 4, 8, 13, 21):
             xa = K.quantize_rows(x[:m], K.activation_block(t))
             h.update(K.qmatmul(xa, raw, t).numpy().tobytes())
             packed = K.pack_rows(raw, t, k)
