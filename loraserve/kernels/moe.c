@@ -87,8 +87,8 @@ int ls_moe_matmul(const ls_moe_proj_t *pr, int64_t E, const int64_t *off, int64_
         abuf_init(&b, pr, P, K, E, 1, &ar);
         if (src != NULL && scale == NULL) abuf_init(&tmp, pr, R, K, E, 0, &ar);
     }
-    plan_fill(&pl, E, off);
-    abuf_blocks(&b, E, off);
+    plan_fill(&pl, 0, E, off);
+    abuf_blocks(&b, 0, E, off);
 #pragma omp parallel num_threads(stage_threads(&pl, K, nthreads))
     {
         scratch_t t;
@@ -122,12 +122,35 @@ void ls_moe_combine(const float *d, int64_t H, int64_t T, int64_t k, const int64
     st_combine(d, H, T, k, experts, inv, w, db, out);
 }
 
+// The expert groups of a routed call: runs of consecutive experts whose rows fit `cap`
+// (an expert with more rows alone); gstart [E + 1] their first experts, ending with E.
+// Returns the number of groups; *rows the most rows of one group.
+static int64_t expert_groups(int64_t E, const int64_t *off, int64_t cap, int64_t *gstart,
+                             int64_t *rows) {
+    int64_t n = 0, most = 0;
+    for (int64_t e = 0; e < E; e++) {
+        if (n == 0 || off[e + 1] - off[gstart[n - 1]] > cap) gstart[n++] = e;
+        const int64_t r = off[e + 1] - off[gstart[n - 1]];
+        most = r > most ? r : most;
+    }
+    gstart[n] = E;
+    *rows = most;
+    return n;
+}
+
+// Bytes of one group's gate|up rows: experts are run in groups whose rows' gate|up outputs
+// fit this, so that a prompt's [P, 2F] and [P, F] activations are never held at once (for
+// 512 tokens of gpt-oss-20b shapes they were 68 MB of the call's 109 MB workspace).
+#define GROUP_BYTES ((int64_t)8 << 20)
+
 // The routed experts of T tokens in one call: out [T, H] = sum over slots j of w[t, j] *
 // (down_e(act(gate_up_e(x_t) + biases)) + down bias), e = experts[t, j] ([T, k] int64, each
 // in 0..E-1); with `before` (llama4) each expert's input is x_t * w[t, j] and its output is
 // not weighted. The same stages, functions and orders as ls_moe_route, ls_moe_matmul,
-// ls_moe_act, ls_moe_matmul and ls_moe_combine called in turn, so the same bits. Returns
-// 0 or ls_moe_matmul's codes.
+// ls_moe_act, ls_moe_matmul and ls_moe_combine called in turn, so the same bits: each
+// group of experts (`expert_groups`) runs gate|up, the activation and down on its own rows,
+// and a row's numbers depend on its expert's rows only through the tile chosen for their
+// count, the same in either path. Returns 0 or ls_moe_matmul's codes.
 int ls_moe_ffn(const ls_moe_proj_t *gate_up, const ls_moe_proj_t *down, int64_t E, int64_t H,
                int64_t F, const float *x, int64_t T, int64_t k, const int64_t *experts,
                const float *w, int before, const float *gb, const float *ub, const float *db,
@@ -135,60 +158,81 @@ int ls_moe_ffn(const ls_moe_proj_t *gate_up, const ls_moe_proj_t *down, int64_t 
     const int64_t P = T * k;
     if (H % 32 != 0 || F % 32 != 0 || gate_up->n_out != 2 * F || down->n_out != H) return -3;
     if (P == 0) return 0;
-    int64_t *off = NULL, *pair = NULL, *inv = NULL, *src = NULL;
-    float *scale = NULL, *gu = NULL, *a = NULL, *d = NULL;
-    plan_t p1, p2;
-    abuf_t bx, tmp, ba;
-    memset(&tmp, 0, sizeof(tmp));
-    arena_t ar = {NULL, 0};
-    wspace_t ws = {NULL, 0};
-    for (int pass = 0; pass < 2; pass++) {  // the sizes, then the buffers
-        if (pass == 1 && (ws = ws_take(ar.used)).base == NULL) return -2;
-        ar = (arena_t){ws.base, 0};
-        int rc = plan_init(&p1, gate_up, E, P, H, &ar);
-        if (rc == 0) rc = plan_init(&p2, down, E, P, F, &ar);
-        if (rc != 0) return rc;  // only the first pass can fail
-        off = take(&ar, sizeof(int64_t) * (size_t)(E + 1));
-        pair = take(&ar, sizeof(int64_t) * (size_t)P), inv = take(&ar, sizeof(int64_t) * (size_t)P);
-        src = take(&ar, sizeof(int64_t) * (size_t)P);
-        if (before) scale = take(&ar, sizeof(float) * (size_t)P);
-        gu = take(&ar, sizeof(float) * (size_t)(P * 2 * F));
-        a = take(&ar, sizeof(float) * (size_t)(P * F)), d = take(&ar, sizeof(float) * (size_t)(P * H));
-        abuf_init(&bx, gate_up, P, H, E, 1, &ar);
-        if (!before) abuf_init(&tmp, gate_up, T, H, E, 0, &ar);
-        abuf_init(&ba, down, P, F, E, 1, &ar);
-    }
-    const int rc = ls_moe_route(T, k, E, experts, off, pair, inv);
+    // the routing and the groups (small: 5 P + 3 (E + 1) values)
+    int64_t *idx = malloc(sizeof(int64_t) * (size_t)(5 * P + 3 * (E + 1)));
+    if (idx == NULL) return -2;
+    int64_t *off = idx, *pair = off + E + 1, *inv = pair + P, *src = inv + P;
+    int64_t *goff = src + P, *gstart = goff + E + 1;
+    float *scale = (float *)(gstart + E + 1);
+    int rc = ls_moe_route(T, k, E, experts, off, pair, inv);
     if (rc != 0) {
-        ws_give(ws);
+        free(idx);
         return rc;
     }
     for (int64_t s = 0; s < P; s++) {
         src[s] = pair[s] / k;
         if (before) scale[s] = w[pair[s]];
     }
-    plan_fill(&p1, E, off), plan_fill(&p2, E, off);
-    abuf_blocks(&bx, E, off), abuf_blocks(&ba, E, off);
-    int nt = stage_threads(&p1, H, nthreads);
-    if (stage_threads(&p2, F, nthreads) > nt) nt = nthreads;
+    int64_t G = 0;
+    const int64_t ng = expert_groups(E, off, GROUP_BYTES / (8 * F), gstart, &G);
+    float *gu = NULL, *d = NULL;
+    plan_t p1, p2;
+    abuf_t bx, tmp, ba;
+    memset(&tmp, 0, sizeof(tmp));
+    arena_t ar = {NULL, 0};
+    wspace_t ws = {NULL, 0};
+    for (int pass = 0; pass < 2; pass++) {  // the sizes, then the buffers
+        if (pass == 1 && (ws = ws_take(ar.used)).base == NULL) rc = -2;
+        ar = (arena_t){ws.base, 0};
+        if (rc == 0) rc = plan_init(&p1, gate_up, E, G, H, &ar);
+        if (rc == 0) rc = plan_init(&p2, down, E, G, F, &ar);
+        if (rc != 0) {  // only the first pass can fail (or the mapping)
+            free(idx);
+            return rc;
+        }
+        gu = take(&ar, sizeof(float) * (size_t)(G * 2 * F));
+        d = take(&ar, sizeof(float) * (size_t)(P * H));
+        abuf_init(&bx, gate_up, G, H, E, 1, &ar);
+        if (!before) abuf_init(&tmp, gate_up, T, H, E, 0, &ar);
+        abuf_init(&ba, down, G, F, E, 1, &ar);
+    }
+    // threads as the stages' costs (weight rows x (rows + 2) over K) ask, qmatmul_multi's rule
+    int64_t used = 0;
+    for (int64_t e = 0; e < E; e++) used += off[e + 1] > off[e];
+    const int64_t c1 = 2 * F * (P + 2 * used) * H, c2 = H * (P + 2 * used) * F;
+    const int nt = c1 < (1 << 17) && c2 < (1 << 17) ? 1 : nthreads;
 #pragma omp parallel num_threads(nt)
     {
         scratch_t t;
         scratch_init(&t, H > F ? H : F);
-        float *row = before ? malloc(sizeof(float) * (size_t)H) : NULL;
-        st_quant(&bx, &tmp, x, H, T, P, src, scale, row, E, off);
-        st_matmul(&p1, gate_up, E, off, &bx, gu, &t);
+        float *row = malloc(sizeof(float) * (size_t)(H > F ? H : F));
+        if (!before) {  // each token's row quantized once, copied to its k pairs
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < T; r++) quant_row(&tmp, r, x + r * H);
+        }
+        for (int64_t g = 0; g < ng; g++) {
+            const int64_t e0 = gstart[g], e1 = gstart[g + 1], s0 = off[e0];
+#pragma omp single
+            {
+                for (int64_t e = e0; e <= e1; e++) goff[e] = off[e] - s0;
+                plan_fill(&p1, e0, e1, goff), plan_fill(&p2, e0, e1, goff);
+                abuf_blocks(&bx, e0, e1, goff), abuf_blocks(&ba, e0, e1, goff);
+            }
+            st_quant_group(&bx, &tmp, x, H, src, before ? scale : NULL, row, s0, e0, e1, goff);
+            st_matmul(&p1, gate_up, E, goff, &bx, gu, &t);
 #pragma omp barrier
-        st_act(gu, P, F, off, gb, ub, act, a, &ba);
+            st_act_group(gu, F, goff, e0, e1, gb, ub, act, row, &ba);
 #pragma omp barrier
 #pragma omp for schedule(static)
-        for (int64_t e = 0; e < E; e++) expert_dT(&ba, off, e);
-        st_matmul(&p2, down, E, off, &ba, d, &t);
+            for (int64_t e = e0; e < e1; e++) expert_dT(&ba, goff, e);
+            st_matmul(&p2, down, E, goff, &ba, d + s0 * H, &t);
 #pragma omp barrier
+        }
         st_combine(d, H, T, k, experts, inv, before ? NULL : w, db, out);
         free(row);
         scratch_free(&t);
     }
     ws_give(ws);
+    free(idx);
     return 0;
 }

@@ -11,7 +11,7 @@ outputs in its top-k slot order, so nothing depends on the batch.
 
 Stacks are read as the kernel type given: ggml rows, rows packed by `kernels.pack_rows`, or
 Q6_K rows packed by `kernels.pack_q6k` (``PACKED | 14``, only these kernels read them). The C
-side keeps one workspace between calls (up to 256 MB) and unmaps it when the last
+side keeps one workspace between calls (up to 64 MB) and unmaps it when the last
 `GroupedExperts` is collected (`workspace_bytes` says what it holds).
 """
 
@@ -90,7 +90,7 @@ def _kernels() -> ctypes.CDLL:
 
 
 # the live grouped layers: when the last goes (its model unloaded), the C side's kept
-# workspace (up to 256 MB, `moe_buf.h`) is unmapped
+# workspace (up to 64 MB, `moe_buf.h`) is unmapped
 _live = 0
 _live_lock = threading.Lock()
 

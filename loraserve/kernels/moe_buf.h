@@ -37,12 +37,12 @@ static void *take(arena_t *ar, size_t n) {
 }
 
 // One workspace of up to this size is kept for the process between calls: a prompt's
-// buffers (~90 MB for 512 tokens of Qwen3-30B-A3B shapes) faulted in and zeroed anew by
+// buffers (~42 MB for 512 tokens of Qwen3-30B-A3B shapes) faulted in and zeroed anew by
 // the kernel every call cost ~20% of its MoE layer's CPU time (measured, 1 thread). A call
 // takes it (grown to what the call needs, never past this), gives it back after, and
 // `ls_moe_release` unmaps it (the Python side calls it when the last grouped layer goes).
 // mmap'd, not malloc'd, so its pages go back to the system when it goes.
-#define WS_KEEP_MAX ((size_t)256 << 20)
+#define WS_KEEP_MAX ((size_t)64 << 20)
 static pthread_mutex_t ws_lock = PTHREAD_MUTEX_INITIALIZER;
 static char *ws_base;  // the kept workspace (NULL: none, or taken by a call)
 static size_t ws_cap;
@@ -53,18 +53,17 @@ typedef struct {
 } wspace_t;
 
 // n bytes for one call (NULL base when out of memory): the kept workspace when it is
-// large enough, else a new mapping; `ws_give` hands it back.
+// large enough, else a new mapping (the kept one unmapped first, so that the two are never
+// resident at once); `ws_give` hands it back.
 static wspace_t ws_take(size_t n) {
     n = (n + 4095) & ~(size_t)4095;
     if (n == 0) n = 4096;
-    wspace_t w = {NULL, 0};
     pthread_mutex_lock(&ws_lock);
-    if (ws_base != NULL && ws_cap >= n) {
-        w = (wspace_t){ws_base, ws_cap};
-        ws_base = NULL, ws_cap = 0;
-    }
+    wspace_t w = {ws_base, ws_cap};
+    ws_base = NULL, ws_cap = 0;
     pthread_mutex_unlock(&ws_lock);
-    if (w.base != NULL) return w;
+    if (w.base != NULL && w.cap >= n) return w;
+    if (w.base != NULL) munmap(w.base, w.cap);
     void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? (wspace_t){NULL, 0} : (wspace_t){p, n};
 }
@@ -126,11 +125,11 @@ static void abuf_init(abuf_t *b, const ls_moe_proj_t *pr, int64_t P, int64_t K, 
     }
 }
 
-// Each expert's block of dT (the padding rows 0), once the rows are routed.
-static void abuf_blocks(abuf_t *b, int64_t E, const int64_t *off) {
+// Each block of dT of experts e0..e1-1 (the padding rows 0), once the rows are routed.
+static void abuf_blocks(abuf_t *b, int64_t e0, int64_t e1, const int64_t *off) {
     if (b->dt_off == NULL) return;
     int64_t total = 0;
-    for (int64_t e = 0; e < E; e++) {
+    for (int64_t e = e0; e < e1; e++) {
         const int64_t m = off[e + 1] - off[e];
         b->dt_off[e] = total;
         if (m >= 4) total += (m + 3) / 4 * (b->K / 32) * 4;

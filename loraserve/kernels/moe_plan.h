@@ -53,11 +53,11 @@ static int plan_init(plan_t *pl, const ls_moe_proj_t *pr, int64_t E, int64_t P, 
     return 0;
 }
 
-// The tasks of the routed rows, expert by expert.
-static void plan_fill(plan_t *pl, int64_t E, const int64_t *off) {
+// The tasks of the routed rows of experts e0..e1-1, expert by expert.
+static void plan_fill(plan_t *pl, int64_t e0, int64_t e1, const int64_t *off) {
     pl->cost[0] = 0;
     pl->n = 0;
-    for (int64_t e = 0; e < E; e++) {
+    for (int64_t e = e0; e < e1; e++) {
         const int64_t M = off[e + 1] - off[e];
         if (M == 0) continue;
         for (int i = 0; i < pl->nparts; i++) {

@@ -52,6 +52,47 @@ static void st_act(float *gu, int64_t P, int64_t F, const int64_t *off, const fl
         for (int64_t s = s0; s < s1; s++) quant_row(qa, s, a + s * F);
 }
 
+// A group's rows into b (experts e0..e1-1, sorted rows s0.. of the call; goff: their rows
+// from 0): st_quant's numbers for those rows, from the tokens' rows quantized once into tmp,
+// or (scale given) each token's row times its pair's scale quantized here.
+static void st_quant_group(const abuf_t *b, const abuf_t *tmp, const float *x, int64_t ldx,
+                           const int64_t *src, const float *scale, float *row, int64_t s0,
+                           int64_t e0, int64_t e1, const int64_t *goff) {
+    const int64_t Pg = goff[e1];
+#pragma omp for schedule(static)
+    for (int64_t s = 0; s < Pg; s++) {
+        if (scale == NULL) {
+            copy_row(b, s, tmp, src[s0 + s]);
+            continue;
+        }
+        const float *xr = x + src[s0 + s] * ldx;
+        for (int64_t c = 0; c < b->K; c++) row[c] = xr[c] * scale[s0 + s];
+        quant_row(b, s, row);
+    }
+#pragma omp for schedule(static)
+    for (int64_t e = e0; e < e1; e++) expert_dT(b, goff, e);
+}
+
+// This thread's share of a group's rows of gu [Pg, 2F] (experts from e0, rows by goff):
+// st_act's numbers row by row (the biases added in place, the gated activation into row
+// [F]), each row quantized into qa at once, so the activations [P, F] are never stored.
+static void st_act_group(float *gu, int64_t F, const int64_t *goff, int64_t e0, int64_t e1,
+                         const float *gb, const float *ub, int act, float *row,
+                         const abuf_t *qa) {
+    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num(), Pg = goff[e1];
+    int64_t e = e0;
+    for (int64_t s = Pg * me / nt; s < Pg * (me + 1) / nt; s++) {
+        while (goff[e + 1] <= s) e++;
+        float *g = gu + s * 2 * F, *u = g + F;
+        if (gb != NULL)
+            for (int64_t f = 0; f < F; f++) g[f] = g[f] + gb[e * F + f];
+        if (ub != NULL)
+            for (int64_t f = 0; f < F; f++) u[f] = u[f] + ub[e * F + f];
+        ls_gated_act(g, u, 1, F, 2 * F, act, row, 1);
+        quant_row(qa, s, row);
+    }
+}
+
 // out [T, H]: each token's k expert rows of d [P, H] (sorted; inv: each pair's row), each
 // plus its expert's down bias (db [E, H] or NULL) and times its weight (w [T, k], NULL: as
 // they are), summed in slot order 0..k-1.
