@@ -10,6 +10,10 @@ import torch
 from loraserve import kernels as K
 
 PACKABLE = frozenset({2, 6, 7, 8, 12, 20, 23})  # Q4_0, Q5_0, Q5_1, Q8_0, Q4_K, IQ4_NL, IQ4_XS
+# Q6_K has a packed kernel too (pack_q6k.h's layout, packed_q6.h), packed here only with
+# LORASERVE_KERNEL_PACK_Q6K=1 for now: `routed.RoutedExperts` packs its Q6_K experts itself
+# (`Q6KPacked`, the same bytes) and its tests expect that class from `Matrix.pack`'s rows
+Q6_K = 14
 PACK_ROWS = 8
 
 
@@ -24,7 +28,10 @@ def pack_rows(raw: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor | None:
     n = raw.shape[0]
     if os.environ.get("LORASERVE_KERNEL_NO_PACK") == "1":
         return None
-    if lib is None or ggml_type not in PACKABLE or n % PACK_ROWS or n == 0:
+    on = ggml_type in PACKABLE or (
+        ggml_type == Q6_K and os.environ.get("LORASERVE_KERNEL_PACK_Q6K") == "1"
+    )
+    if lib is None or not on or n % PACK_ROWS or n == 0:
         return None
     gb = lib.ls_packed_group_bytes(ggml_type, k)
     if gb <= 0:

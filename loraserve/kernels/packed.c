@@ -17,6 +17,7 @@ void ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd
             pk_dot_q5_0(g, type == T_Q5_1 ? 2 : type == T_Q5_0, x, xd, bs32, K, RR, ahead, out, ldy); \
         else if (type == T_IQ4_NL) pk_dot_iq4_nl(g, x, xd, bs32, K, RR, ahead, out, ldy);     \
         else if (type == T_IQ4_XS) pk_dot_iq4_xs(g, x, xd, bs32, K, RR, ahead, out, ldy);     \
+        else if (type == T_Q6_K) pq6_dot(g, x, xd, bs32, K, RR, ahead, out, ldy);             \
         else pk_dot_q4_k(g, x, xd, bs32, K, RR, ahead, out, ldy);                             \
     } while (0)
     switch (R) {
@@ -37,6 +38,8 @@ void ls_packed_tile2(int type, const uint8_t *g, int64_t gb, const int8_t *x, co
 #define LS_T(RR)                                                                              \
     do {                                                                                      \
         if (type == T_Q4_K) pz_dot_q4_k(g, gb, x, xd, bs32, K, RR, ahead, out, ldy);           \
+        else if (type == T_IQ4_NL) pz_dot_iq4_nl(g, gb, x, xd, bs32, K, RR, ahead, out, ldy);  \
+        else if (type == T_Q6_K) pz_dot_q6_k(g, gb, x, xd, bs32, K, RR, ahead, out, ldy);      \
         else pz_dot_q5_0(g, gb, hb, x, xd, bs32, K, RR, ahead, out, ldy);                      \
     } while (0)
     switch (R) {
@@ -78,6 +81,10 @@ static void pack_group(int type, uint8_t *rows, int64_t row_bytes, int64_t K, ui
     } while (0)
     if (type == T_IQ4_XS) {
         for (int64_t b = 0; b < K / 256; b++) pk_move_iq4_xs(rows, row_bytes, b, g, dir);
+        return;
+    }
+    if (type == T_Q6_K) {
+        pq6_group(rows, row_bytes, K, g, dir);
         return;
     }
     for (int r = 0; r < PK_ROWS; r++) {

@@ -207,20 +207,22 @@ static void part_packed(const part_t *p, int64_t n0, int64_t ng, int64_t K, cons
     const int pairs = ls_packed_pairs(p->type);
     for (int64_t m = 0; m < M; m += 4) {
         const int R = M - m < 4 ? (int)(M - m) : 4;
+        // the K-quants' activation sums: per 16 for Q6_K (packed_q6.h), else per 32
+        const int16_t *ks = p->type == T_Q6_K ? a->kbs + m * (K / 16) : a->kbs32 + m * (K / 32);
         for (int64_t j = 0; j < ng; j++) {  // the tile's activations stay in cache
             const uint8_t *g = p->w + (n0 / PK_ROWS + j) * gb;
             float *out = y + m * ldy + p->col + n0 + PK_ROWS * j;
             if (pairs && j + 1 < ng) {  // two groups in one pass (packed_z.h)
                 if (p->kq)
-                    ls_packed_tile2(p->type, g, gb, a->kq + m * K, a->kd + m * (K / 256),
-                                    a->kbs32 + m * (K / 32), K, R, M <= 4, out, ldy);
+                    ls_packed_tile2(p->type, g, gb, a->kq + m * K, a->kd + m * (K / 256), ks, K,
+                                    R, M <= 4, out, ldy);
                 else
                     ls_packed_tile2(p->type, g, gb, a->q + m * K, a->d + m * (K / 32),
                                     a->bs + m * (K / 32), K, R, M <= 4, out, ldy);
                 j++;
             } else if (p->kq)
-                ls_packed_tile(p->type, g, a->kq + m * K, a->kd + m * (K / 256),
-                               a->kbs32 + m * (K / 32), K, R, M <= 4, out, ldy);
+                ls_packed_tile(p->type, g, a->kq + m * K, a->kd + m * (K / 256), ks, K, R,
+                               M <= 4, out, ldy);
             else
                 ls_packed_tile(p->type, g, a->q + m * K, a->d + m * (K / 32),
                                a->bs + m * (K / 32), K, R, M <= 4, out, ldy);

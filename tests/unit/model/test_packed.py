@@ -17,9 +17,14 @@ from tests.unit.model.test_kernels import (
     random_rows,
 )
 
-PACKABLE = ["Q4_0", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "IQ4_NL", "IQ4_XS"]
+PACKABLE = ["Q4_0", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
 
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="packing needs the C kernels")
+
+
+@pytest.fixture(autouse=True)
+def _pack_q6k(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LORASERVE_KERNEL_PACK_Q6K", "1")  # dense Q6_K packing is opt-in
 
 
 def packed(raw: torch.Tensor, name: str, k: int) -> torch.Tensor:
@@ -67,7 +72,7 @@ def test_packed_rows_are_independent_of_the_batch(name: str) -> None:
         assert torch.equal(batch, alone[lo : lo + size]), f"{name}: batch of {size} differs"
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "IQ4_XS"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "IQ4_XS"])
 def test_packed_k_quants_equal_the_rows_read_in_place_bitwise(name: str) -> None:
     """Packed K-quants keep kquant.h's float sequence: the same bits as the file's layout."""
     rng = np.random.default_rng(9)
@@ -115,3 +120,14 @@ def test_projection_of_packed_and_file_layout_parts_equals_each_part_alone() -> 
         xa = K.quantize_rows(x, K.activation_block(m.ggml_type))
         assert torch.equal(y[:, col : col + m.shape[0]], K.qmatmul(xa, m.data, m.kernel_type))
         col += m.shape[0]
+
+
+def test_dense_q6_k_packing_is_the_expert_kernels_layout() -> None:
+    """Dense Q6_K rows are packed into pack_q6k.h's layout byte for byte, so a matrix packed
+    by either reads the same in both the dense and the grouped expert kernels."""
+    from loraserve.kernels.pack_q6k import pack_q6k
+
+    rng = np.random.default_rng(14)
+    k = 512
+    raw = torch.from_numpy(random_rows(rng, "Q6_K", 24, k))
+    assert torch.equal(packed(raw, "Q6_K", k), pack_q6k(raw, k))
