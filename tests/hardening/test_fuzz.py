@@ -2,12 +2,14 @@
 names with arbitrary JSON values, raw bytes under odd content types, arbitrary header names
 and values on every endpoint, and malformed request lines, framing and encodings sent on a
 raw socket. Never a 5xx: only 4xx (or a success), the contract's error body where the app
-answers, and the server stays healthy."""
+answers, and the server stays healthy. ``LORASERVE_FUZZ_EXAMPLES`` multiplies the number of
+examples of each property (default 1: CI's 80 header and 60 body/raw cases), for longer runs."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 
 import pytest
@@ -69,8 +71,13 @@ def check(r) -> None:
         assert err["code"] == r.status_code and err["message"], r.text
 
 
+SCALE = int(os.environ.get("LORASERVE_FUZZ_EXAMPLES", "1"))
+
+
 @settings(
-    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=80 * SCALE,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     endpoint=st.sampled_from(ENDPOINTS),
@@ -161,7 +168,9 @@ JSON = st.recursive(
 )
 BODIES = st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=6)
 SETTINGS = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60 * SCALE,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 
 
