@@ -214,7 +214,7 @@ def tool_grammar(
             think = f"({b.q(r_start)} {inner})?"
     lines = ["%llguidance {}"]
     if started:
-        lines.append(f"start: WS {body_calls}")
+        lines.append(f"start: WS {body_calls} WS")
     elif lazy:
         trig = trigger.strip()
         avoid = [trig] + ([r_start] if r_start and not b.special(r_start) else [])
@@ -231,7 +231,7 @@ def tool_grammar(
         lines.append(f"LEAD: {_not_containing(*([r_start] if r_start else []))}")
         lines.append(f"TAIL: {_not_containing(*avoid)}")
     else:
-        lines.append(f"start: {think} WS {body_calls}".replace("  ", " "))
+        lines.append(f"start: {think} WS {body_calls} WS".replace("  ", " "))  # llama.cpp: `space`
     lines.append(f"WS: /{SPACE}/")  # llama.cpp's `space`, bounded
     lines.append(f"TEXT: {ANY}")
     return "\n".join(lines + b.rules) + "\n"

@@ -19,7 +19,9 @@ END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>", "<｜end▁of�
                "<|endoftext|>", "<|user|>", "<|observation|>", "[/TOOL_CALLS]", "<|im_assistant|>",
                "]~b]", "<|im_user|>", "<|end|>", "[e~[", "<|message_sep|>", "<|tool_response>",
                "<turn|>", "<|END_OF_TURN_TOKEN|>", "<|close|>message<|sep|>",
-               "<|eot|>")  # fmt: skip
+               "<|eot|>", "<seed:eos>", "<｜hy_eos:opensource｜>", "<end_of_sentence>",
+               "<SPECIAL_12>", "<sep>", "<|end_of_text|>", "</assistant>",
+               "<|START_OF_TURN_TOKEN|>")  # fmt: skip
 
 
 def _raise(msg: str) -> None:

@@ -11,8 +11,9 @@ from typing import Any
 SPACE = r"( |\n{1,2}[ \t]{0,20})?"  # llama.cpp's json-schema-to-grammar `space`, bounded
 # JSON values as llama.cpp's schema grammars space them: `space` after `{`, `[`, `,`, `:`
 # and every value, so both `{"a":1}` and a template's indented `{\n    "a": 1\n}` pass
+# and `\uXXXX` escapes as its `char` rule takes them (templates' ASCII-only `tojson`)
 STYLE = {"whitespace_flexible": True, "whitespace_pattern": SPACE, "item_separator": ",",
-         "key_separator": ":"}  # fmt: skip
+         "key_separator": ":", "json_allow_general_unicode_escapes": True}  # fmt: skip
 NUMBER = r"/-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][-+]?[0-9]{1,3})?/"  # bounded digits
 
 
