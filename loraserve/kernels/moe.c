@@ -16,7 +16,8 @@
 // Compiled in one unit after qmatmul.c and quantize.c (cbuild.UNITS): it calls their static
 // helpers (quantize_block, check_sizes, the part_* tiles). Its headers: moe_buf.h (the
 // workspace and the quantized rows), moe_plan.h (the tasks), moe_stages.h (the stages of a
-// parallel region), pack_q6k.h (Q6_K experts repacked 8 rows to a group).
+// parallel region), moe_pend.h (the sums of a grouped call's rows as their groups end),
+// pack_q6k.h (Q6_K experts repacked 8 rows to a group).
 
 #include <omp.h>
 #include <string.h>
@@ -61,6 +62,7 @@ int ls_moe_route(int64_t T, int64_t k, int64_t E, const int64_t *experts, int64_
 #include "moe_buf.h"
 #include "moe_plan.h"
 #include "moe_stages.h"
+#include "moe_pend.h"
 
 // y [P, pr->n_out] = sorted rows times their experts' matrices: sorted row s is input row
 // src[s] of x [R, K] (row stride ldx; src NULL: row s, R = P) times scale[s] (NULL: none),
@@ -139,8 +141,8 @@ static int64_t expert_groups(int64_t E, const int64_t *off, int64_t cap, int64_t
 }
 
 // Bytes of one group's gate|up rows: experts are run in groups whose rows' gate|up outputs
-// fit this, so that a prompt's [P, 2F] and [P, F] activations are never held at once (for
-// 512 tokens of gpt-oss-20b shapes they were 68 MB of the call's 109 MB workspace).
+// fit this, so that a prompt's [P, 2F], [P, F] and [P, H] rows are never held at once (for
+// 512 tokens of gpt-oss-20b shapes the workspace went from 109 MB to 26 MB).
 #define GROUP_BYTES ((int64_t)8 << 20)
 
 // The routed experts of T tokens in one call: out [T, H] = sum over slots j of w[t, j] *
@@ -150,7 +152,8 @@ static int64_t expert_groups(int64_t E, const int64_t *off, int64_t cap, int64_t
 // ls_moe_act, ls_moe_matmul and ls_moe_combine called in turn, so the same bits: each
 // group of experts (`expert_groups`) runs gate|up, the activation and down on its own rows,
 // and a row's numbers depend on its expert's rows only through the tile chosen for their
-// count, the same in either path. Returns 0 or ls_moe_matmul's codes.
+// count, the same in either path; each token's sum adds its slots in order as their groups
+// end (`moe_pend.h`), the combine's operations. Returns 0 or ls_moe_matmul's codes.
 int ls_moe_ffn(const ls_moe_proj_t *gate_up, const ls_moe_proj_t *down, int64_t E, int64_t H,
                int64_t F, const float *x, int64_t T, int64_t k, const int64_t *experts,
                const float *w, int before, const float *gb, const float *ub, const float *db,
@@ -158,12 +161,13 @@ int ls_moe_ffn(const ls_moe_proj_t *gate_up, const ls_moe_proj_t *down, int64_t 
     const int64_t P = T * k;
     if (H % 32 != 0 || F % 32 != 0 || gate_up->n_out != 2 * F || down->n_out != H) return -3;
     if (P == 0) return 0;
-    // the routing and the groups (small: 5 P + 3 (E + 1) values)
-    int64_t *idx = malloc(sizeof(int64_t) * (size_t)(5 * P + 3 * (E + 1)));
+    // the routing, the groups and the pending rows' plan (small: 9 P + 2 T + 3 (E + 1) values)
+    int64_t *idx = malloc(sizeof(int64_t) * (size_t)(9 * P + 2 * T + 3 * (E + 1)));
     if (idx == NULL) return -2;
     int64_t *off = idx, *pair = off + E + 1, *inv = pair + P, *src = inv + P;
-    int64_t *goff = src + P, *gstart = goff + E + 1;
-    float *scale = (float *)(gstart + E + 1);
+    int64_t *goff = src + P, *gstart = goff + E + 1, *grp = gstart + E + 1, *pslot = grp + P;
+    int64_t *nx = pslot + P, *freel = nx + T;  // freel [2 P], then scale [P] floats
+    float *scale = (float *)(freel + 2 * P);
     int rc = ls_moe_route(T, k, E, experts, off, pair, inv);
     if (rc != 0) {
         free(idx);
@@ -175,7 +179,9 @@ int ls_moe_ffn(const ls_moe_proj_t *gate_up, const ls_moe_proj_t *down, int64_t 
     }
     int64_t G = 0;
     const int64_t ng = expert_groups(E, off, GROUP_BYTES / (8 * F), gstart, &G);
-    float *gu = NULL, *d = NULL;
+    const int64_t npool = pend_plan(T, k, ng, gstart, off, pair, grp, pslot, nx, freel);
+    for (int64_t t = 0; t < T; t++) nx[t] = 0;
+    float *gu = NULL, *dg = NULL, *pool = NULL;
     plan_t p1, p2;
     abuf_t bx, tmp, ba;
     memset(&tmp, 0, sizeof(tmp));
@@ -191,7 +197,8 @@ int ls_moe_ffn(const ls_moe_proj_t *gate_up, const ls_moe_proj_t *down, int64_t 
             return rc;
         }
         gu = take(&ar, sizeof(float) * (size_t)(G * 2 * F));
-        d = take(&ar, sizeof(float) * (size_t)(P * H));
+        dg = take(&ar, sizeof(float) * (size_t)(G * H));
+        pool = take(&ar, sizeof(float) * (size_t)(npool * H));
         abuf_init(&bx, gate_up, G, H, E, 1, &ar);
         if (!before) abuf_init(&tmp, gate_up, T, H, E, 0, &ar);
         abuf_init(&ba, down, G, F, E, 1, &ar);
@@ -225,10 +232,11 @@ int ls_moe_ffn(const ls_moe_proj_t *gate_up, const ls_moe_proj_t *down, int64_t 
 #pragma omp barrier
 #pragma omp for schedule(static)
             for (int64_t e = e0; e < e1; e++) expert_dT(&ba, goff, e);
-            st_matmul(&p2, down, E, goff, &ba, d + s0 * H, &t);
+            st_matmul(&p2, down, E, goff, &ba, dg, &t);
 #pragma omp barrier
+            st_pend_group(g, dg, s0, goff[e1], pool, H, T, k, experts, inv, pair, grp, pslot, nx,
+                          before ? NULL : w, db, out);
         }
-        st_combine(d, H, T, k, experts, inv, before ? NULL : w, db, out);
         free(row);
         scratch_free(&t);
     }

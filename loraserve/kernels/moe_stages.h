@@ -93,28 +93,32 @@ static void st_act_group(float *gu, int64_t F, const int64_t *goff, int64_t e0, 
     }
 }
 
+// Slot j of a token's sum into o [H]: its expert row r plus the down bias bb (NULL: none),
+// times wt unless unweighted; slot 0 writes o, the others add to it.
+static inline void combine_one(float *o, const float *r, const float *bb, const float *w,
+                               float wt, int64_t j, int64_t H) {
+    if (bb != NULL && w != NULL)
+        for (int64_t h = 0; h < H; h++) o[h] = j ? o[h] + (r[h] + bb[h]) * wt : (r[h] + bb[h]) * wt;
+    else if (bb != NULL)
+        for (int64_t h = 0; h < H; h++) o[h] = j ? o[h] + (r[h] + bb[h]) : r[h] + bb[h];
+    else if (w != NULL)
+        for (int64_t h = 0; h < H; h++) o[h] = j ? o[h] + r[h] * wt : r[h] * wt;
+    else
+        for (int64_t h = 0; h < H; h++) o[h] = j ? o[h] + r[h] : r[h];
+}
+
 // out [T, H]: each token's k expert rows of d [P, H] (sorted; inv: each pair's row), each
 // plus its expert's down bias (db [E, H] or NULL) and times its weight (w [T, k], NULL: as
 // they are), summed in slot order 0..k-1.
 static void st_combine(const float *d, int64_t H, int64_t T, int64_t k, const int64_t *experts,
                        const int64_t *inv, const float *w, const float *db, float *out) {
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < T; t++) {
-        float *o = out + t * H;
+    for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < k; j++) {
             const int64_t p = t * k + j;
-            const float *r = d + inv[p] * H, *bb = db != NULL ? db + experts[p] * H : NULL;
-            const float wt = w != NULL ? w[p] : 1.0f;
-            if (bb != NULL && w != NULL)
-                for (int64_t h = 0; h < H; h++) o[h] = j ? o[h] + (r[h] + bb[h]) * wt : (r[h] + bb[h]) * wt;
-            else if (bb != NULL)
-                for (int64_t h = 0; h < H; h++) o[h] = j ? o[h] + (r[h] + bb[h]) : r[h] + bb[h];
-            else if (w != NULL)
-                for (int64_t h = 0; h < H; h++) o[h] = j ? o[h] + r[h] * wt : r[h] * wt;
-            else
-                for (int64_t h = 0; h < H; h++) o[h] = j ? o[h] + r[h] : r[h];
+            combine_one(out + t * H, d + inv[p] * H, db != NULL ? db + experts[p] * H : NULL, w,
+                        w != NULL ? w[p] : 1.0f, j, H);
         }
-    }
 }
 
 // Threads for a stage of this cost (weight rows x activation rows) over K: one below the
