@@ -21,10 +21,61 @@ static inline int k_has_min(int type) {
     return type == T_Q2_K || type == T_Q4_K || type == T_Q5_K;
 }
 
+#if defined(__AVX2__)
+// The int8 values of a Q2_K, Q3_K or Q5_K row of K values into q, 32 at a time: the numbers
+// their unpackers write (quant_blocks.h), whose scalar loops were most of a decode row's
+// time (Q3_K: ~70% of a 1-row matmul in perf's samples). Returns 0 for another type.
+static int k_values(int type, const uint8_t *r, int64_t K, int8_t *q) {
+    if (type != T_Q2_K && type != T_Q3_K && type != T_Q5_K) return 0;
+    const __m256i m1 = _mm256_set1_epi8(1), m3 = _mm256_set1_epi8(3), lo4 = _mm256_set1_epi8(15);
+#define LS_SR(v, n) _mm256_srl_epi16(v, _mm_cvtsi32_si128(n))
+#define LS_ST(o, v) _mm256_storeu_si256((__m256i *)(o), v)
+    for (int64_t b = 0; b < K / 256; b++) {
+        int8_t *o = q + 256 * b;
+        if (type == T_Q2_K) {  // value 128h + 32j + l: bits 2j, 2j + 1 of qs[32h + l]
+            const uint8_t *x = r + 84 * b;
+            for (int h = 0; h < 2; h++) {
+                const __m256i qs = _mm256_loadu_si256((const __m256i *)(x + 16 + 32 * h));
+                for (int j = 0; j < 4; j++) LS_ST(o + 128 * h + 32 * j, _mm256_and_si256(LS_SR(qs, 2 * j), m3));
+            }
+        } else if (type == T_Q3_K) {  // the same, less 4 where bit 4h + j of hmask[l] is clear
+            const uint8_t *x = r + 110 * b;
+            const __m256i hm = _mm256_loadu_si256((const __m256i *)x);
+            for (int h = 0; h < 2; h++) {
+                const __m256i qs = _mm256_loadu_si256((const __m256i *)(x + 32 + 32 * h));
+                for (int j = 0; j < 4; j++) {
+                    const __m256i lo = _mm256_and_si256(LS_SR(qs, 2 * j), m3);
+                    const __m256i hb = _mm256_and_si256(LS_SR(hm, 4 * h + j), m1);
+                    LS_ST(o + 128 * h + 32 * j, _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hb, 2)),
+                                                                _mm256_set1_epi8(4)));
+                }
+            }
+        } else {  // Q5_K: nibbles of qs[32g + l], fifth bits 2g and 2g + 1 of qh[l]
+            const uint8_t *x = r + 176 * b;
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(x + 16));
+            for (int g = 0; g < 4; g++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(x + 48 + 32 * g));
+                const __m256i h0 = _mm256_and_si256(LS_SR(qh, 2 * g), m1);
+                const __m256i h1 = _mm256_and_si256(LS_SR(qh, 2 * g + 1), m1);
+                LS_ST(o + 64 * g, _mm256_or_si256(_mm256_and_si256(v, lo4), _mm256_slli_epi16(h0, 4)));
+                LS_ST(o + 64 * g + 32, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo4),
+                                                       _mm256_slli_epi16(h1, 4)));
+            }
+        }
+    }
+#undef LS_ST
+#undef LS_SR
+    return 1;
+}
+#endif
+
 // Fills p for one row of K values (K a multiple of 256); unpack: also its int8 values.
 static void k_prepare(int type, const uint8_t *r, int64_t K, kprep_t *p, int unpack,
                       float *fs, float *fm) {
     int has_min;
+#if defined(__AVX2__)
+    if (unpack && k_values(type, r, K, p->q)) unpack = 0;  // the values without the scales
+#endif
     if (unpack) unpacker(type, &has_min)(r, K, p->q, fs, fm);  // values only are used
     for (int64_t b = 0; b < K / 256; b++) {
         int16_t *sc = p->sc + 16 * b, *mn = p->mn + 16 * b;
