@@ -3,7 +3,9 @@ here with its order spelt out (each product rounded, each sum over the key index
 0, as ggml's CPU loop), bit for bit: outputs, final states and the snapshots after chosen rows,
 on random inputs of several head counts and widths, several sequences of different lengths in
 one call. The reference is elementwise float32 torch ops only, whose results do not depend on
-the CPU or BLAS (torch's bmm, which `recur_torch` uses, may sum in another order elsewhere). The
+the CPU or BLAS (torch's bmm, which `recur_torch` uses, may sum in another order elsewhere);
+widths that are multiples of 8 run the kernel's register-tiled form, the others (20) its
+transposing loop, and empty sequences (state copied through) are in both. The
 row-batched gates (`gates`) equal each row's computed alone, and a whole model's logits with the
 C recurrence are those of the torch one within rounding. (Agreement with llama-server itself:
 test_deltanet.py and test_archs.py, which run the C path.)"""
@@ -104,7 +106,7 @@ def _run_recur(fn, x: dict, h: int, s: int) -> tuple:  # type: ignore[no-untyped
 @pytest.mark.parametrize(
     "h,s,lens",
     [(2, 8, [5]), (4, 16, [1, 9, 3]), (3, 20, [4, 0, 6]), (8, 32, [12, 1]), (16, 64, [3, 2]),
-     (4, 128, [2, 3, 1]), (2, 256, [2])],
+     (4, 128, [2, 3, 1]), (2, 256, [2]), (3, 24, [3, 0, 5])],
 )  # fmt: skip
 def test_kernel_equals_in_order_recurrence(h: int, s: int, lens: list[int]) -> None:
     x = _inputs(h, s, lens, seed=h * 1000 + s)
