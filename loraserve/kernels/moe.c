@@ -142,8 +142,8 @@ static int64_t expert_groups(int64_t E, const int64_t *off, int64_t cap, int64_t
 
 // Bytes of one group's gate|up rows: experts are run in groups whose rows' gate|up outputs
 // fit this, so that a prompt's [P, 2F], [P, F] and [P, H] rows are never held at once (for
-// 512 tokens of gpt-oss-20b shapes the workspace went from 109 MB to 26 MB).
-#define GROUP_BYTES ((int64_t)8 << 20)
+// 512 tokens of gpt-oss-20b shapes the workspace went from 109 MB to ~20 MB).
+#define GROUP_BYTES ((int64_t)4 << 20)
 
 // The routed experts of T tokens in one call: out [T, H] = sum over slots j of w[t, j] *
 // (down_e(act(gate_up_e(x_t) + biases)) + down bias), e = experts[t, j] ([T, k] int64, each

@@ -117,6 +117,39 @@ def test_grouped_equals_each_pair_alone_bitwise(types: tuple, variant: str) -> N
     assert torch.equal(ge.combine(d, r, None if before else w), got)
 
 
+@pytest.mark.parametrize("variant", ["silu", "swiglu_oai+bias", "before"])
+def test_many_rows_run_in_expert_groups_bitwise(variant: str) -> None:
+    """A prompt whose rows outgrow one group of experts (moe.c's GROUP_BYTES: 2048 rows of
+    this F) runs group by group, each token's slots summed as their groups end, some rows
+    waiting for an earlier slot of a later group: every token as its pairs alone give it,
+    and as the staged path's whole-prompt buffers and combine give it."""
+    rng = np.random.default_rng(11)
+    gate, up = stack(rng, "Q4_K", FF, H, True), stack(rng, "Q4_K", FF, H, True)
+    down = stack(rng, "Q6_K", H, FF, True)
+    act = "swiglu_oai" if "oai" in variant else "silu"
+    g = torch.Generator().manual_seed(3)
+    biases = (None, None, None)
+    if "bias" in variant:
+        biases = tuple(torch.randn(E, n, generator=g) * 0.1 for n in (FF, FF, H))
+    before = variant == "before"
+    ge = GroupedExperts([gate[:2], up[:2]], down[:2], act, *biases)
+    t = 1500  # 3000 rows: two or three groups
+    x = torch.randn(t, H, generator=g)
+    experts, w = routing(t, 4)
+    got = ge.ffn_rows(x, experts, w, before)
+    r = ge.route(experts)
+    scale = w.reshape(-1)[r.pair].contiguous() if before else None
+    d = ge.down(ge.act_rows(ge.gate_up(x, r, scale), r), r)
+    assert torch.equal(ge.combine(d, r, None if before else w), got)
+    for i in range(0, t, 97):
+        parts = [pair_alone(x[i : i + 1], [gate, up, down], int(experts[i, j]), w[i, j], act,
+                            biases, before) for j in range(TOP)]  # fmt: skip
+        want = parts[0]
+        for p in parts[1:]:
+            want = want + p
+        assert torch.equal(got[i : i + 1], want), f"token {i}"
+
+
 @pytest.mark.parametrize("types", TYPES[:3], ids=lambda t: "-".join(map(str, t)))
 def test_grouped_equals_float64_dequantized_reference(types: tuple) -> None:
     rng = np.random.default_rng(11)
