@@ -76,12 +76,12 @@ static inline __attribute__((always_inline)) void kdot(
     __m128 y4 = _mm_setzero_ps();  // R == 4: y of the 4 rows, one lane each
 #endif
     for (int64_t b = 0; b < nb; b++) {
-        if ((type == T_Q4_K || type == T_Q6_K) && p->ahead) {  // a super-block's lines ahead
-            const uint8_t *f = row + (type == T_Q4_K ? 144 : 210) * b;
+        if ((type == T_Q4_K || type == T_Q5_K || type == T_Q6_K) && p->ahead) {  // lines ahead
+            const uint8_t *f = row + (type == T_Q4_K ? 144 : type == T_Q5_K ? 176 : 210) * b;
             PREFETCH(f);
             PREFETCH(f + 64);
             PREFETCH(f + 128);
-            if (type == T_Q6_K) PREFETCH(f + 192);
+            if (type != T_Q4_K) PREFETCH(f + 192);
         }
         int32_t isum[4], msum[4] = {0, 0, 0, 0};
         float d, dm = 0.0f;
@@ -117,8 +117,12 @@ static inline __attribute__((always_inline)) void kdot(
             LS_KROW(3, a3, c, aw, sx_of);                                                     \
         }                                                                                     \
     } while (0)
-        if (type == T_Q4_K) {  // everything from the block, on the fly
-            const uint8_t *blk = row + 144 * b;
+        if (type == T_Q4_K || type == T_Q5_K) {  // everything from the block, on the fly
+            // Q5_K: Q4_K's fields, then qh[32] (value 64g + l: bit 2g of qh[l], 64g + 32 + l:
+            // bit 2g + 1) before the nibbles
+            const int q5 = type == T_Q5_K;
+            const uint8_t *blk = row + (q5 ? 176 : 144) * b;
+            const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
             uint32_t u[4];  // bytes of u[0..1]: the 8 scales, of u[2..3]: the 8 mins
             k_scale_words(blk + 4, u);
             d = half_to_float(blk);
@@ -128,9 +132,16 @@ static inline __attribute__((always_inline)) void kdot(
             const __m128i mn16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)u[3], (int)u[2]));
             const __m256i lo4 = _mm256_set1_epi8(0x0F);
             for (int g = 0; g < 4; g++) {  // 64 values: low nibbles, then high nibbles
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * g));
-                const __m256i wl = _mm256_and_si256(v, lo4);
-                const __m256i wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + (q5 ? 48 : 16) + 32 * g));
+                __m256i wl = _mm256_and_si256(v, lo4);
+                __m256i wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+                if (q5) {  // the fifth bits (16-bit shifts: the mask keeps each byte's own)
+                    const __m256i b16 = _mm256_set1_epi8(0x10);
+                    wl = _mm256_or_si256(wl, _mm256_and_si256(g <= 2 ? _mm256_slli_epi16(qh, 4 - 2 * g)
+                                                                     : _mm256_srli_epi16(qh, 2 * g - 4), b16));
+                    wh = _mm256_or_si256(wh, _mm256_and_si256(g <= 1 ? _mm256_slli_epi16(qh, 3 - 2 * g)
+                                                                     : _mm256_srli_epi16(qh, 2 * g - 3), b16));
+                }
                 const int64_t c = 8 * b + 2 * g;
                 __m256i sv = _mm256_shuffle_epi8(scv, _mm256_load_si256((const __m256i *)KSH32[2 * g]));
                 LS_KROWS(c, wl, xv);  // values 0..15: maddubs takes them unsigned as they are
@@ -288,6 +299,7 @@ typedef void (*kdot_fn)(const uint8_t *, const kprep_t *, int, const int8_t *, c
 KDOT_FNS(T_BUF, kdot_buf)
 #if defined(__AVX2__)
 KDOT_FNS(T_Q4_K, kdot_q4_k)
+KDOT_FNS(T_Q5_K, kdot_q5_k)
 KDOT_FNS(T_Q6_K, kdot_q6_k)
 KDOT_FNS(T_BUF6, kdot_q6b)
 KDOT_FNS(T_IQ4_XS, kdot_iq4xs)

@@ -1,0 +1,28 @@
+"""Q5_K rows read in place (kquant.h: scales and values from the block on the fly) give
+bitwise the numbers of the rows unpacked into the buffer, at decode and prompt sizes (the
+unpacked values, kprep.h's k_values, are checked against gguf-py in test_kernels)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import loraserve.kernels as K
+from loraserve.model.dequant import GGML_TYPE
+from tests.unit.model.test_kernels import quantized, random_rows
+
+pytestmark = pytest.mark.skipif(K.backend() != "c", reason="needs the C kernels")
+
+
+def test_q5_k_in_place_equals_the_unpacked_rows_bitwise(monkeypatch) -> None:
+    name = "Q5_K"
+    rng = np.random.default_rng(GGML_TYPE[name])
+    raw = torch.from_numpy(random_rows(rng, name, 33, 768))
+    x = torch.from_numpy(rng.standard_normal((21, 768)).astype(np.float32))
+    for m in (1, 3, 21):  # one row at a time, the 4-row tiles, and the blocked prompt rows
+        xa = quantized(x[:m], name)
+        direct = K.qmatmul(xa, raw, GGML_TYPE[name])
+        monkeypatch.setenv("LORASERVE_KERNEL_UNPACK", "1")
+        assert torch.equal(K.qmatmul(xa, raw, GGML_TYPE[name]), direct), m
+        monkeypatch.delenv("LORASERVE_KERNEL_UNPACK")
