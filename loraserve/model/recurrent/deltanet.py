@@ -122,7 +122,8 @@ class GatedDeltaNet(nn.Module):
             beta_l, alpha_l = ba[:, self.ba_slices[0]], ba[:, self.ba_slices[1]]  # [T, H_v]
         else:
             beta_l, alpha_l = ba[:, self.beta_cols], ba[:, self.alpha_cols]
-        qkv = torch.empty(t, cd)
+        sole = len(ctx.states) == 1 and (ctx.states[0].lo, ctx.states[0].hi) == (0, t)
+        qkv = None if sole else torch.empty(t, cd)  # one sequence: its own rows
         n_conv = (k - 1) * cd
         per_seq = []
         for seq in ctx.states:
@@ -130,7 +131,11 @@ class GatedDeltaNet(nn.Module):
             st = seq.state[self.i]
             xpad = torch.cat((st[:n_conv].view(k - 1, cd), mixed[lo:hi, :cd]))
             pre = causal_conv(xpad, self.taps)  # [n, conv_dim]
-            qkv[lo:hi] = gated_act(pre, torch.ones_like(pre), "silu")  # SiLU, row-invariant
+            act = gated_act(pre, torch.ones_like(pre), "silu")  # SiLU, row-invariant
+            if qkv is None:  # the step's only sequence: its rows are all the rows
+                qkv = act
+            else:
+                qkv[lo:hi] = act
             per_seq.append((seq, xpad))
         n = float(s)  # q, k L2-normed per head: rms_norm(x, eps / S) / sqrt(S), as llama.cpp
         ones, inv = self.ones, self.inv

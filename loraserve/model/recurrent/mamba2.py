@@ -65,7 +65,8 @@ class Mamba2(nn.Module):
         z = zxbcdt[:, :di]
         xbc_in = zxbcdt[:, di : di + self.conv_dim]
         dt_raw = zxbcdt[:, di + self.conv_dim :]  # [T, H]
-        xbc = torch.empty(t, self.conv_dim)
+        sole = len(ctx.states) == 1 and (ctx.states[0].lo, ctx.states[0].hi) == (0, t)
+        xbc = None if sole else torch.empty(t, self.conv_dim)  # one sequence: its own rows
         n_conv = (k - 1) * self.conv_dim
         pads, spans, states, wanted = [], [], [], []
         for seq in ctx.states:
@@ -73,7 +74,11 @@ class Mamba2(nn.Module):
             st = seq.state[self.i]
             xpad = torch.cat((st[:n_conv].view(k - 1, self.conv_dim), xbc_in[lo:hi]))
             pre = causal_conv(xpad, self.taps) + self.conv_b
-            xbc[lo:hi] = gated_act(pre, torch.ones_like(pre), "silu")  # SiLU, row-invariant
+            act = gated_act(pre, torch.ones_like(pre), "silu")  # SiLU, row-invariant
+            if xbc is None:  # the step's only sequence: its rows are all the rows
+                xbc = act
+            else:
+                xbc[lo:hi] = act
             pads.append(xpad)
             spans.append((lo, hi))
             states.append(st[n_conv:].view(h, di // h, n))
