@@ -1,6 +1,6 @@
 // The tasks of one grouped expert projection (moe.c): blocks of each routed expert's weight
 // rows, balanced between the threads by cost, each run on the tile qmatmul_multi would
-// choose for that expert's rows (packed Q6_K on pack_q6k.h's).
+// choose for that expert's rows (packed Q6_K in pack_q6k.h's layout, packed_q6.h's).
 
 #pragma once
 
@@ -21,7 +21,7 @@ typedef struct {
     int64_t *cost, n;
 } plan_t;
 
-// PACKED | T_Q6_K: Q6_K rows repacked by pack_q6k.h (read by q6p_rows, not qparts.h's tiles)
+// PACKED | T_Q6_K: Q6_K rows repacked by pack_q6k.h (read by part_packed's packed_q6.h tiles)
 #define Q6_PACKED (PACKED | T_Q6_K)
 
 // The plan's parts and room for its tasks (at most min(E, P) experts with rows); -1 for a
@@ -80,9 +80,7 @@ static void run_task(const part_t *p, const task_t *tk, int64_t K, const act_t *
     if (p->packed) {
         const int64_t g0 = tk->pg * tk->blk, left = p->n / PK_ROWS - g0;
         const int64_t ng = left < tk->pg ? left : tk->pg;
-        if (p->type == T_Q6_K)
-            q6p_rows(p->w, p->col, PK_ROWS * g0, ng, K, a->kq, a->kd, a->kbs, M, y, ldy);
-        else part_packed(p, PK_ROWS * g0, ng, K, a, M, y, ldy);
+        part_packed(p, PK_ROWS * g0, ng, K, a, M, y, ldy);  // packed Q6_K too (packed_q6.h)
         return;
     }
     const int64_t n0 = 4 * tk->blk, n1 = n0 + 4 < p->n ? n0 + 4 : p->n;

@@ -2,13 +2,10 @@
 // 4 consecutive values of each of 8 weight rows, so a sub-block's sums are vertical adds and
 // the float steps run once per super-block for 8 rows. Used by the grouped expert matmuls
 // (moe.c), where Q4_K_M files keep ffn_down_exps in Q6_K for some layers: in its own layout
-// a Q6_K row ran at about half the packed Q4_K rate there.
-//
-// Numbers: the same integer sum per (row, super-block) as kquant.h's Q6_K path, the stored
-// values u = q + 32 (0..63) times the activations, each 16-value sub-block times its scale,
-// less 32 * sum_j sc_j * bs16_j (exact in int32), then the same float steps:
-//     y = 0; for each super-block b: y = y + (d_b * xd_b) * isum_b
-// so every output has the bits of the row read in its own layout, whatever M or the tile.
+// a Q6_K row ran at about half the packed Q4_K rate there. The layout is packed_q6.h's, byte
+// for byte (the dense kernels' packing, tested equal), and the experts are read by its tiles
+// (qparts.h's part_packed: pq6_dot, and two groups at once on AVX-512 builds), which give
+// every output the bits of the row read in its own layout, whatever M or the tile.
 //
 // Layout, per group of 8 rows, per super-block (256 values), 1680 B (8 x 210, the file's):
 //   f16 d[8 rows] | int8 sc[16 sub-blocks j][8 rows] |
@@ -92,127 +89,4 @@ int ls_repack_q6k(uint8_t *rows, int64_t N, int64_t K, int64_t row_bytes, uint8_
     for (int64_t g = 0; g < N / PK_ROWS; g++)
         q6p_group(rows + g * PK_ROWS * row_bytes, row_bytes, K, packed + g * gb, dir);
     return 0;
-}
-
-// 8 rows (group g) of packed Q6_K against R (1..4, compile-time) activation rows quantized
-// per 256: x [R, K], xd [R, K/256], bs16 [R, K/16]: y[r * ldy + 0..7].
-static inline __attribute__((always_inline)) void pk_dot_q6_k(
-    const uint8_t *g, const int8_t *x, const float *xd, const int16_t *bs16, int64_t K, int R,
-    int ahead, float *y, int64_t ldy) {
-    const int64_t nb = K / 256;
-#if defined(__AVX2__)
-    __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), h2 = _mm256_set1_epi8(0x30),
-                  low16 = _mm256_set1_epi32(0xFFFF);
-// acc + the int16 pair sums times the scale pairs (dpwssd: the same in one instruction)
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define LS_KMADD(acc, p16, sv) _mm256_dpwssd_epi32(acc, p16, sv)
-#else
-#define LS_KMADD(acc, p16, sv) _mm256_add_epi32(acc, _mm256_madd_epi16(p16, sv))
-#endif
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = g + Q6P_SB * b;
-        const int8_t *xb = x + 256 * b;
-        __m256i i0 = _mm256_setzero_si256(), i1 = i0, i2 = i0, i3 = i0;
-        for (int j = 0; j < 16; j++) {
-            const uint8_t *sb = blk + 144 + 96 * j;
-            if (ahead) PREFETCH(sb), PREFETCH(sb + 64);
-            const __m256i n0 = _mm256_loadu_si256((const __m256i *)sb);
-            const __m256i n1 = _mm256_loadu_si256((const __m256i *)(sb + 32));
-            const __m256i hv = _mm256_loadu_si256((const __m256i *)(sb + 64));
-            // 16-bit shifts: the masks keep each byte's own bits
-            const __m256i w0 = _mm256_or_si256(_mm256_and_si256(n0, lo4),
-                                               _mm256_and_si256(_mm256_slli_epi16(hv, 4), h2));
-            const __m256i w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n0, 4), lo4),
-                                               _mm256_and_si256(_mm256_slli_epi16(hv, 2), h2));
-            const __m256i w2 = _mm256_or_si256(_mm256_and_si256(n1, lo4), _mm256_and_si256(hv, h2));
-            const __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n1, 4), lo4),
-                                               _mm256_and_si256(_mm256_srli_epi16(hv, 2), h2));
-            const __m256i s32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 16 + 8 * j)));
-            const __m256i sp = _mm256_or_si256(_mm256_and_si256(s32, low16), _mm256_slli_epi32(s32, 16));
-            // int16 sums of two steps: at most 2 * 2 * 63 * 127 = 32004, exact
-#define LS_PR(r, acc, yy)                                                                     \
-    do {                                                                                      \
-        const int8_t *xr = xb + (r) * K + 16 * j;                                              \
-        acc = LS_KMADD(acc, _mm256_add_epi16(_mm256_maddubs_epi16(w0, pk_bcast4(xr)),          \
-                                             _mm256_maddubs_epi16(w1, pk_bcast4(xr + 4))), sp); \
-        acc = LS_KMADD(acc, _mm256_add_epi16(_mm256_maddubs_epi16(w2, pk_bcast4(xr + 8)),      \
-                                             _mm256_maddubs_epi16(w3, pk_bcast4(xr + 12))), sp); \
-    } while (0)
-            PK_EACH(LS_PR, i, y);
-#undef LS_PR
-        }
-        // 32 * sum_j sc_j * bs16_j per row lane: sub-block pairs (sc_2k, sc_2k+1)
-        __m256i mp[8];
-        for (int k = 0; k < 8; k++) {
-            const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 16 + 16 * k)));
-            const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 24 + 16 * k)));
-            mp[k] = _mm256_or_si256(_mm256_and_si256(lo, low16), _mm256_slli_epi32(hi, 16));
-        }
-        const __m256 d = pk_halves8(blk);
-#define LS_PF(r, acc, yy)                                                                     \
-    do {                                                                                      \
-        const int16_t *bs = bs16 + (r) * (K / 16) + 16 * b;                                    \
-        __m256i ms = _mm256_madd_epi16(mp[0], _mm256_set1_epi32(*(const int32_t *)bs));        \
-        for (int k = 1; k < 8; k++)                                                           \
-            ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(*(const int32_t *)(bs + 2 * k)))); \
-        const __m256i is = _mm256_sub_epi32(acc, _mm256_slli_epi32(ms, 5));                   \
-        const __m256 xs = _mm256_set1_ps(xd[(r) * nb + b]);                                    \
-        yy = _mm256_add_ps(yy, _mm256_mul_ps(_mm256_mul_ps(d, xs), _mm256_cvtepi32_ps(is)));   \
-    } while (0)
-        PK_EACH(LS_PF, i, y);
-#undef LS_PF
-    }
-#undef LS_KMADD
-    pk_store(y, ldy, R, y0, y1, y2, y3);
-#else
-    (void)ahead;
-    for (int r = 0; r < R; r++)
-        for (int l = 0; l < 8; l++) {
-            float acc = 0.0f;
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = g + Q6P_SB * b;
-                int32_t is = 0;
-                for (int j = 0; j < 16; j++) {
-                    const uint8_t *sb = blk + 144 + 96 * j;
-                    int32_t s = 0;
-                    for (int st = 0; st < 4; st++)
-                        for (int i = 0; i < 4; i++) {
-                            const uint8_t nb4 = sb[32 * (st / 2) + 4 * l + i];
-                            const int u = (st & 1 ? nb4 >> 4 : nb4 & 15) |
-                                          (((sb[64 + 4 * l + i] >> (2 * st)) & 3) << 4);
-                            s += (u - 32) * x[r * K + 256 * b + 16 * j + 4 * st + i];
-                        }
-                    is += (int8_t)blk[16 + 8 * j + l] * s;
-                }
-                acc = acc + (half_to_float(blk + 2 * l) * xd[r * nb + b]) * (float)is;
-            }
-            y[r * ldy + l] = acc;
-        }
-    (void)bs16;
-#endif
-}
-
-// Output columns col + n0 .. + 8 ng - 1 of all M rows from the ng packed Q6_K groups of w
-// from row n0: 4 activation rows at a time, then the rest together (as part_packed).
-static void q6p_rows(const uint8_t *w, int64_t col, int64_t n0, int64_t ng, int64_t K,
-                     const int8_t *x, const float *xd, const int16_t *bs16, int64_t M, float *y,
-                     int64_t ldy) {
-    const int64_t gb = K / 256 * Q6P_SB;
-    for (int64_t m = 0; m < M; m += 4) {
-        const int R = M - m < 4 ? (int)(M - m) : 4;
-        const int8_t *xm = x + m * K;
-        const float *dm = xd + m * (K / 256);
-        const int16_t *bm = bs16 + m * (K / 16);
-        for (int64_t j = 0; j < ng; j++) {  // the tile's activations stay in cache
-            const uint8_t *g = w + (n0 / PK_ROWS + j) * gb;
-            float *out = y + m * ldy + col + n0 + PK_ROWS * j;
-            switch (R) {
-            case 4: pk_dot_q6_k(g, xm, dm, bm, K, 4, M <= 4, out, ldy); break;
-            case 3: pk_dot_q6_k(g, xm, dm, bm, K, 3, M <= 4, out, ldy); break;
-            case 2: pk_dot_q6_k(g, xm, dm, bm, K, 2, M <= 4, out, ldy); break;
-            default: pk_dot_q6_k(g, xm, dm, bm, K, 1, M <= 4, out, ldy); break;
-            }
-        }
-    }
 }
