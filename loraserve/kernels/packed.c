@@ -6,7 +6,7 @@
 #include "packed_k.h"
 #include "packed_nl.h"
 #include "packed_xs.h"
-#include "packed_z.h"
+#include "packed_zk.h"
 
 void ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd,
                     const int16_t *bs32, int64_t K, int R, int ahead, float *out, int64_t ldy) {
@@ -40,6 +40,7 @@ void ls_packed_tile2(int type, const uint8_t *g, int64_t gb, const int8_t *x, co
         if (type == T_Q4_K) pz_dot_q4_k(g, gb, x, xd, bs32, K, RR, ahead, out, ldy);           \
         else if (type == T_IQ4_NL) pz_dot_iq4_nl(g, gb, x, xd, bs32, K, RR, ahead, out, ldy);  \
         else if (type == T_Q6_K) pz_dot_q6_k(g, gb, x, xd, bs32, K, RR, ahead, out, ldy);      \
+        else if (type == T_IQ4_XS) pz_dot_iq4_xs(g, gb, x, xd, bs32, K, RR, ahead, out, ldy);  \
         else pz_dot_q5_0(g, gb, hb, x, xd, bs32, K, RR, ahead, out, ldy);                      \
     } while (0)
     switch (R) {

@@ -1,0 +1,209 @@
+// The K-quant kernels on two packed groups at once (packed_z.h's idea and numbers): Q4_K
+// (packed_k.h's layout), Q6_K (packed_q6.h) and IQ4_XS (packed_xs.h), 16 weight rows in
+// the lanes of 512-bit vectors, each lane with the integer sums and float steps of the
+// one-group kernels.
+
+#pragma once
+
+#include "packed_q6.h"
+#include "packed_xs.h"
+#include "packed_z.h"
+
+#if PZ_PAIRS
+// the 8 bytes at a then the 8 at b, zero-extended to 16 int32 lanes
+static inline __m512i pz_u8x16(const uint8_t *a, const uint8_t *b) {
+    return _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a),
+                                                   _mm_loadl_epi64((const __m128i *)b)));
+}
+
+// pk_dot_q4_k's VNNI steps (packed_k.h) on groups g and g + gb: y[r * ldy + 0..15] for the R
+// (1..4, compile-time) activation rows x [R, K] quantized per 256 (xd [R, K/256], bs32
+// [R, K/32]).
+static inline __attribute__((always_inline)) void pz_dot_q4_k(
+    const uint8_t *g, int64_t gb, const int8_t *x, const float *xd, const int16_t *bs32,
+    int64_t K, int R, int ahead, float *y, int64_t ldy) {
+    const int64_t nb = K / 256;
+    __m512 y0 = _mm512_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *b0 = g + 1184 * b, *b1 = b0 + gb;
+        const int8_t *xb = x + 256 * b;
+        __m512i i0 = _mm512_setzero_si512(), i1 = i0, i2 = i0, i3 = i0;
+        for (int gp = 0; gp < 4; gp++) {
+            __m512i l0 = _mm512_setzero_si512(), l1 = l0, l2 = l0, l3 = l0;
+            __m512i h0 = l0, h1 = l0, h2 = l0, h3 = l0;
+            const uint8_t *n0 = b0 + 160 + 256 * gp, *n1 = b1 + 160 + 256 * gp;
+#define LS_PR(r, lo, hi)                                                                      \
+    do {                                                                                      \
+        const int8_t *xr = xb + (r) * K + 64 * gp + 4 * t;                                     \
+        lo = _mm512_dpbusd_epi32(lo, wl, pz_bcast4(xr));                                       \
+        hi = _mm512_dpbusd_epi32(hi, wh, pz_bcast4(xr + 32));                                  \
+    } while (0)
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                if (ahead && !(t & 1)) PREFETCH(n0 + 32 * t), PREFETCH(n1 + 32 * t);
+                const __m512i v = pz_load2(n0 + 32 * t, n1 + 32 * t);
+                const __m512i wl = _mm512_and_si512(v, lo4);
+                const __m512i wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+                LS_PR(0, l0, h0);
+                if (R > 1) LS_PR(1, l1, h1);
+                if (R > 2) LS_PR(2, l2, h2);
+                if (R > 3) LS_PR(3, l3, h3);
+            }
+#undef LS_PR
+            // the 32-bit sums times each row's scale (one per lane)
+            const __m512i sl = pz_u8x16(b0 + 32 + 16 * gp, b1 + 32 + 16 * gp);
+            const __m512i sh = pz_u8x16(b0 + 40 + 16 * gp, b1 + 40 + 16 * gp);
+#define LS_PS(lo, hi, acc)                                                                    \
+    acc = _mm512_add_epi32(acc, _mm512_add_epi32(_mm512_mullo_epi32(lo, sl), _mm512_mullo_epi32(hi, sh)))
+            LS_PS(l0, h0, i0);
+            if (R > 1) LS_PS(l1, h1, i1);
+            if (R > 2) LS_PS(l2, h2, i2);
+            if (R > 3) LS_PS(l3, h3, i3);
+#undef LS_PS
+        }
+        // sum_j mn_j * bs32_j: pairs of sub-blocks (mn_2i, mn_2i+1) per row lane
+        __m512i mp[4];
+        for (int i = 0; i < 4; i++)
+            mp[i] = _mm512_or_si512(pz_u8x16(b0 + 96 + 16 * i, b1 + 96 + 16 * i),
+                                    _mm512_slli_epi32(pz_u8x16(b0 + 104 + 16 * i, b1 + 104 + 16 * i), 16));
+        const __m512 d = pz_halves16(b0, b1), dm = pz_halves16(b0 + 16, b1 + 16);
+#define LS_PF(r, acc, yy)                                                                     \
+    do {                                                                                      \
+        const int16_t *bs = bs32 + (r) * (K / 32) + 8 * b;                                     \
+        __m512i ms = _mm512_madd_epi16(mp[0], _mm512_set1_epi32(*(const int32_t *)bs));        \
+        for (int i = 1; i < 4; i++)                                                           \
+            ms = _mm512_add_epi32(ms, _mm512_madd_epi16(mp[i], _mm512_set1_epi32(*(const int32_t *)(bs + 2 * i)))); \
+        const __m512 xs = _mm512_set1_ps(xd[(r) * nb + b]);                                    \
+        yy = _mm512_add_ps(yy, _mm512_mul_ps(_mm512_mul_ps(d, xs), _mm512_cvtepi32_ps(acc)));  \
+        yy = _mm512_sub_ps(yy, _mm512_mul_ps(_mm512_mul_ps(dm, xs), _mm512_cvtepi32_ps(ms)));  \
+    } while (0)
+        PZ_EACH(LS_PF);
+#undef LS_PF
+    }
+    PZ_STORE(y, ldy);
+}
+
+// the 8 bytes at a then the 8 at b, sign-extended to 16 int32 lanes
+static inline __m512i pz_i8x16(const uint8_t *a, const uint8_t *b) {
+    return _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a),
+                                                   _mm_loadl_epi64((const __m128i *)b)));
+}
+
+// pq6_dot's steps (packed_q6.h) on groups g and g + gb: y[r * ldy + 0..15] for the R (1..4)
+// activation rows x [R, K] quantized per 256 (xd [R, K/256], bs16 [R, K/16]).
+static inline __attribute__((always_inline)) void pz_dot_q6_k(
+    const uint8_t *g, int64_t gb, const int8_t *x, const float *xd, const int16_t *bs16,
+    int64_t K, int R, int ahead, float *y, int64_t ldy) {
+    const int64_t nb = K / 256;
+    __m512 y0 = _mm512_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), h2 = _mm512_set1_epi8(0x30),
+                  low16 = _mm512_set1_epi32(0xFFFF);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *b0 = g + PQ6_SB * b, *b1 = b0 + gb;
+        const int8_t *xb = x + 256 * b;
+        __m512i i0 = _mm512_setzero_si512(), i1 = i0, i2 = i0, i3 = i0;
+        for (int j = 0; j < 16; j++) {
+            const uint8_t *s0 = b0 + 144 + 96 * j, *s1 = b1 + 144 + 96 * j;
+            if (ahead) PREFETCH(s0), PREFETCH(s0 + 64), PREFETCH(s1), PREFETCH(s1 + 64);
+            const __m512i n0 = pz_load2(s0, s1), n1 = pz_load2(s0 + 32, s1 + 32);
+            const __m512i hv = pz_load2(s0 + 64, s1 + 64);
+            const __m512i w0 = _mm512_or_si512(_mm512_and_si512(n0, lo4),
+                                               _mm512_and_si512(_mm512_slli_epi16(hv, 4), h2));
+            const __m512i w1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n0, 4), lo4),
+                                               _mm512_and_si512(_mm512_slli_epi16(hv, 2), h2));
+            const __m512i w2 = _mm512_or_si512(_mm512_and_si512(n1, lo4), _mm512_and_si512(hv, h2));
+            const __m512i w3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n1, 4), lo4),
+                                               _mm512_and_si512(_mm512_srli_epi16(hv, 2), h2));
+            const __m512i s32 = pz_i8x16(b0 + 16 + 8 * j, b1 + 16 + 8 * j);
+            const __m512i sp = _mm512_or_si512(_mm512_and_si512(s32, low16), _mm512_slli_epi32(s32, 16));
+#define LS_PR(r, acc, yy)                                                                     \
+    do {                                                                                      \
+        const int8_t *xr = xb + (r) * K + 16 * j;                                              \
+        acc = _mm512_dpwssd_epi32(acc, _mm512_add_epi16(_mm512_maddubs_epi16(w0, pz_bcast4(xr)), \
+                                                        _mm512_maddubs_epi16(w1, pz_bcast4(xr + 4))), sp); \
+        acc = _mm512_dpwssd_epi32(acc, _mm512_add_epi16(_mm512_maddubs_epi16(w2, pz_bcast4(xr + 8)), \
+                                                        _mm512_maddubs_epi16(w3, pz_bcast4(xr + 12))), sp); \
+    } while (0)
+            PZ_EACH(LS_PR);
+#undef LS_PR
+        }
+        // 32 * sum_j sc_j * bs16_j per row lane: sub-block pairs (sc_2k, sc_2k+1)
+        __m512i mp[8];
+        for (int k = 0; k < 8; k++) {
+            const __m512i lo = pz_i8x16(b0 + 16 + 16 * k, b1 + 16 + 16 * k);
+            const __m512i hi = pz_i8x16(b0 + 24 + 16 * k, b1 + 24 + 16 * k);
+            mp[k] = _mm512_or_si512(_mm512_and_si512(lo, low16), _mm512_slli_epi32(hi, 16));
+        }
+        const __m512 d = pz_halves16(b0, b1);
+#define LS_PF(r, acc, yy)                                                                     \
+    do {                                                                                      \
+        const int16_t *bs = bs16 + (r) * (K / 16) + 16 * b;                                    \
+        __m512i ms = _mm512_madd_epi16(mp[0], _mm512_set1_epi32(*(const int32_t *)bs));        \
+        for (int k = 1; k < 8; k++)                                                           \
+            ms = _mm512_add_epi32(ms, _mm512_madd_epi16(mp[k], _mm512_set1_epi32(*(const int32_t *)(bs + 2 * k)))); \
+        const __m512i is = _mm512_sub_epi32(acc, _mm512_slli_epi32(ms, 5));                   \
+        const __m512 xs = _mm512_set1_ps(xd[(r) * nb + b]);                                    \
+        yy = _mm512_add_ps(yy, _mm512_mul_ps(_mm512_mul_ps(d, xs), _mm512_cvtepi32_ps(is)));   \
+    } while (0)
+        PZ_EACH(LS_PF);
+#undef LS_PF
+    }
+    PZ_STORE(y, ldy);
+}
+
+// pk_dot_iq4_xs's VNNI steps (packed_xs.h) on groups g and g + gb: y[r * ldy + 0..15] for
+// the R (1..4) activation rows x [R, K] quantized per 256 (xd [R, K/256], bs32 [R, K/32]).
+static inline __attribute__((always_inline)) void pz_dot_iq4_xs(
+    const uint8_t *g, int64_t gb, const int8_t *x, const float *xd, const int16_t *bs32,
+    int64_t K, int R, int ahead, float *y, int64_t ldy) {
+    const int64_t nb = K / 256;
+    __m512 y0 = _mm512_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    const __m512i kv = _mm512_broadcast_i32x4(
+        _mm_add_epi8(_mm_loadu_si128((const __m128i *)KV_IQ4NL), _mm_set1_epi8((char)0x80)));
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *b0 = g + PK_XS_BYTES * b, *b1 = b0 + gb;
+        const int8_t *xb = x + 256 * b;
+        __m512i i0 = _mm512_setzero_si512(), i1 = i0, i2 = i0, i3 = i0;
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *n0 = b0 + 80 + 128 * j, *n1 = b1 + 80 + 128 * j;
+            const __m512i sc = pz_i8x16(b0 + 16 + 8 * j, b1 + 16 + 8 * j);
+            __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+#define LS_PR(r, acc, s)                                                                      \
+    do {                                                                                      \
+        const int8_t *xr = xb + (r) * K + 32 * j + 4 * t;                                      \
+        s = _mm512_dpbusd_epi32(s, wl, pz_bcast4(xr));                                         \
+        s = _mm512_dpbusd_epi32(s, wh, pz_bcast4(xr + 16));                                    \
+    } while (0)
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) {
+                if (ahead) PREFETCH(n0 + 32 * t), PREFETCH(n1 + 32 * t);
+                const __m512i v = pz_load2(n0 + 32 * t, n1 + 32 * t);
+                const __m512i wl = _mm512_shuffle_epi8(kv, _mm512_and_si512(v, lo4));
+                const __m512i wh = _mm512_shuffle_epi8(kv, _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4));
+                LS_PR(0, i0, s0);
+                if (R > 1) LS_PR(1, i1, s1);
+                if (R > 2) LS_PR(2, i2, s2);
+                if (R > 3) LS_PR(3, i3, s3);
+            }
+#undef LS_PR
+#define LS_PS(r, acc, s)                                                                      \
+    acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(_mm512_sub_epi32(                           \
+              s, _mm512_set1_epi32(128 * bs32[(r) * (K / 32) + 8 * b + j])), sc))
+            LS_PS(0, i0, s0);
+            if (R > 1) LS_PS(1, i1, s1);
+            if (R > 2) LS_PS(2, i2, s2);
+            if (R > 3) LS_PS(3, i3, s3);
+#undef LS_PS
+        }
+        const __m512 d = pz_halves16(b0, b1);
+#define LS_PF(r, acc, yy)                                                                     \
+    yy = _mm512_add_ps(yy, _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(xd[(r) * nb + b])),   \
+                                         _mm512_cvtepi32_ps(acc)))
+        PZ_EACH(LS_PF);
+#undef LS_PF
+    }
+    PZ_STORE(y, ldy);
+}
+#endif
