@@ -166,7 +166,7 @@ def test_tool_history_and_thinking_are_rendered(srv) -> None:
 )
 def test_forced_tool_call(srv, client, choice) -> None:
     other = {**TOOL, "name": "other"}
-    kw = {"model": "m", "max_tokens": 96, "messages": HI, "tools": [TOOL, other]}
+    kw = {"model": "m", "max_tokens": 320, "messages": HI, "tools": [TOOL, other]}
     kw["tool_choice"] = choice
     res = client.messages.create(**kw)
     (block,) = res.content

@@ -35,4 +35,4 @@ def test_array_parameter_is_the_templates_400(srv) -> None:
 def test_scalar_tools_give_a_valid_forced_call(srv) -> None:
     choice = chat(srv, tool_choice="required", n_predict=256, parallel_tool_calls=False)
     choice = choice["choices"][0]
-    assert len(check_calls(choice["message"])) == 1 and choice["finish_reason"] == "tool_calls"
+    assert len(check_calls(choice)) == 1 and choice["finish_reason"] == "tool_calls"

@@ -61,20 +61,20 @@ def forced(srv, **body) -> dict:
 
 def test_required_gives_valid_calls(srv) -> None:
     choice = forced(srv)
-    calls = check_calls(choice["message"])
-    assert calls and choice["finish_reason"] == "tool_calls"
+    calls = check_calls(choice)
+    assert calls
     assert choice["message"]["content"] in (None, "")
 
 
 def test_named_function_is_called(srv) -> None:
     res = chat(srv, tool_choice={"type": "function", "function": {"name": "add"}}, n_predict=N)
-    calls = check_calls(res["choices"][0]["message"])
+    calls = check_calls(res["choices"][0])
     assert calls and {c["function"]["name"] for c in calls} == {"add"}
 
 
 def test_parallel_false_gives_one_call(srv) -> None:
     choice = forced(srv, parallel_tool_calls=False)
-    assert len(check_calls(choice["message"])) == 1
+    assert len(check_calls(choice)) == 1
 
 
 def test_streamed_equals_unstreamed(srv) -> None:
@@ -102,7 +102,7 @@ def test_openai_client_second_turn(srv) -> None:
     client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x")
     first = client.chat.completions.create(
         model="m", messages=USER, tools=TOOLS, tool_choice="required", max_tokens=N,
-        temperature=0,
+        temperature=0, parallel_tool_calls=False,
     )  # fmt: skip
     call = first.choices[0].message.tool_calls[0]
     jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
@@ -123,7 +123,7 @@ def test_openai_client_second_turn(srv) -> None:
 def test_responses_function_tools(srv) -> None:
     tools = [{"type": "function", **t["function"]} for t in TOOLS]
     body = {"input": USER[0]["content"], "tools": tools, "tool_choice": "required",
-            "max_output_tokens": N, "temperature": 0}  # fmt: skip
+            "max_output_tokens": N, "temperature": 0, "parallel_tool_calls": False}  # fmt: skip
     res = srv.client.post("/v1/responses", json=body).json()
     calls = [o for o in res["output"] if o["type"] == "function_call"]
     assert calls, res
@@ -168,7 +168,7 @@ def test_prefilled_trigger_constrains_the_rest_of_the_call(srv) -> None:
     msgs = [*USER, {"role": "assistant", "content": fmt.trigger}]
     res = chat(srv, messages=msgs, tool_choice="auto", parallel_tool_calls=False, n_predict=N)
     choice = res["choices"][0]
-    assert check_calls(choice["message"]) and choice["finish_reason"] == "tool_calls"
+    assert check_calls(choice) and choice["finish_reason"] == "tool_calls"
 
 
 def test_reasoning_formats(srv) -> None:

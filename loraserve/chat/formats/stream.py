@@ -4,7 +4,8 @@ Each `feed` re-parses the whole text so far as partial (`ChatParser.parse`, as l
 re-parses its output each step) and sends the difference from the last parse:
 `reasoning_content` and `content` text, and for tool calls first `{index, id, type, name}`
 and then argument fragments. `finish` parses the text as complete and sends the rest; the
-deltas add up to the final message. A call the model gives no id gets a generated one,
+deltas add up to the final message (a call cut off by the token limit, which the complete
+parse drops, stays in it with the arguments sent so far). A call the model gives no id gets
 fixed at its first delta. Continuing a prefilled assistant message, the deltas start
 from the prefill's own parse (llama-server's `is_continuation` without `echo`), while the
 whole message includes it.
@@ -51,6 +52,10 @@ class MessageStream:
         """The remaining deltas; `self.final` is then the whole message (ids filled in)."""
         msg = self.parser.parse(self.text, partial=False)
         out = self._advance(msg)
+        # a call the deltas opened stays in the message when the complete parse drops it (an
+        # answer cut inside a call, as OpenAI's: its arguments so far): deltas add up to it
+        for sent in self.sent.tool_calls[len(msg.tool_calls) :]:
+            msg.tool_calls.append(ToolCall(sent.name, sent.arguments, sent.id))
         for i, call in enumerate(msg.tool_calls):
             call.id = self.ids[i] if i < len(self.ids) else call.id or new_call_id(self.id_prefix)
         self.final = msg

@@ -180,9 +180,7 @@ async def chat_completions(request: HttpRequest) -> Response:
                 "finish_reason": None,
             }
             if ev.done:
-                choice["finish_reason"] = (
-                    "tool_calls" if final and final.tool_calls else finish_reason(out)
-                )
+                choice["finish_reason"] = finish_reason(out, bool(final and final.tool_calls))
             if params.n_probs and ev.probs is not None and ev.token is not None:
                 choice["logprobs"] = chat_logprobs(tok, [(ev.token, token_prob(ev), ev.probs)])
             body = {**head, "choices": [choice]}
@@ -204,14 +202,18 @@ async def chat_completions(request: HttpRequest) -> Response:
     choices = []
     for i, o in enumerate(outs):
         msg = {"role": "assistant", "content": o.text}
-        if plan.parses:
-            msg = message_dict(plan.parser().parse(o.text, partial=False))
+        if plan.parses:  # read as a stream reads it: the same message, a cut call included
+            reader = plan.reader(stream=False)
+            reader.feed(o.text)
+            reader.finish()
+            assert reader.final is not None
+            msg = message_dict(reader.final)
         choices.append(
             {
                 "index": i,
                 "message": msg,
                 "logprobs": chat_logprobs(tok, o.probs) if params.n_probs else None,
-                "finish_reason": "tool_calls" if msg.get("tool_calls") else finish_reason(o),
+                "finish_reason": finish_reason(o, bool(msg.get("tool_calls"))),
             }
         )
     out = outs[0]

@@ -64,7 +64,9 @@ def chat_logprobs(tok: Tokenizer, probs: list[tuple[int, float | None, list]]) -
     }
 
 
-def finish_reason(out: Output) -> str:
-    """OpenAI `finish_reason` of a finished output."""
+def finish_reason(out: Output, calls: bool = False) -> str:
+    """OpenAI `finish_reason` of a finished output; as llama-server's, "tool_calls" when it
+    has ``calls`` and stopped at an end token or a stop word (a cut answer is "length")."""
     assert out.final is not None
-    return FINISH.get(str(out.final.stop_type), "stop")
+    reason = FINISH.get(str(out.final.stop_type), "stop")
+    return "tool_calls" if calls and reason == "stop" else reason
