@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,10 +178,30 @@ def is_slot_file(path: Path) -> bool:
         return False
 
 
-def write(path: Path, image: SlotImage, fp: dict[str, object]) -> int:
+_WRITING = threading.Lock()  # one save at a time: the budget check and the write as one
+
+
+def _slot_bytes(folder: Path, skip: Path) -> int:
+    """Bytes the slot files of ours in ``folder`` take, the file ``skip`` (to be replaced)
+    and other files left out."""
+    total = 0
+    for entry in os.scandir(folder):
+        p = Path(entry.path)
+        if entry.is_file(follow_symlinks=False) and p != skip and is_slot_file(p):
+            total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def write(path: Path, image: SlotImage, fp: dict[str, object], budget: int = -1) -> int:
     """Write `image` atomically to `path` (a symlink there is replaced, not followed);
     returns the bytes written. `SlotFileError` if a regular file there is not a slot file
-    of ours (it is left as it is)."""
+    of ours (it is left as it is), or if the folder's slot files would take more than
+    ``budget`` bytes with this one (-1: no limit; a file replaced no longer counts)."""
+    with _WRITING:
+        return _write(path, image, fp, budget)
+
+
+def _write(path: Path, image: SlotImage, fp: dict[str, object], budget: int) -> int:
     if path.is_file() and not path.is_symlink() and not is_slot_file(path):
         raise SlotFileError(f"{path.name}: exists and is not a loraserve slot file; not replaced")
     tensors = {"tokens": torch.tensor(image.tokens, dtype=torch.int64)}
@@ -189,6 +210,16 @@ def write(path: Path, image: SlotImage, fp: dict[str, object]) -> int:
     for j, st in image.states.items():
         for i, t in st.items():
             tensors[f"state.{j}.{i}"] = t.contiguous()
+    if budget >= 0:
+        need = sum(t.numel() * t.element_size() for t in tensors.values())
+        held = _slot_bytes(path.parent, path)
+        if held + need > budget:
+            mib = 2**20
+            raise SlotFileError(
+                f"{path.name}: {need / mib:.1f} MiB more would pass the slot files' budget "
+                f"(--slot-save-max {budget // mib} MiB, {held / mib:.1f} MiB held): "
+                "erase or overwrite a saved slot"
+            )
     meta = {
         "format": FORMAT,
         "fingerprint": json.dumps(fp, sort_keys=True),

@@ -104,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--cache-prompt", action=argparse.BooleanOptionalAction, help=f"request default {d}")
     a("--slot-save-path", metavar="DIR", help="directory for POST /slots/{id}?action=save")
+    a(
+        "--slot-save-max",
+        dest="slot_save_max_mib",
+        type=int_in(-1),
+        metavar="MIB",
+        help=f"MiB all slot files in --slot-save-path may take, -1 = no limit {d}",
+    )
     a("--host", help=f"listen addresses, comma-separated {d}")
     a("--port", type=int_in(0, 65535), help=f"listen port {d}")
     a("--api-key", dest="api_keys", action=ApiKeyAppend, metavar="KEY[,KEY]", help="API keys")

@@ -47,6 +47,7 @@ class ServerConfig:
     checkpoint_min_step: int = 8192  # -cms: recurrent state snapshots this many tokens apart
     cache_prompt: bool = True
     slot_save_path: str | None = None
+    slot_save_max_mib: int = 4096  # all slot files in slot_save_path; -1 = no limit
     host: str = "127.0.0.1"
     port: int = 8080
     api_keys: tuple[str, ...] = ()

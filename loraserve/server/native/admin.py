@@ -167,7 +167,9 @@ async def slot_action(request: HttpRequest, id_slot: int, action: str = "") -> R
         path = _slot_path(state, filename, must_exist=False)
         image = await wait(engine.save_slot(id_slot))
         try:
-            n_written = await io_thread(slot_io.write, path, image, fp)
+            mib = state.cfg.slot_save_max_mib
+            budget = mib * 2**20 if mib >= 0 else -1
+            n_written = await io_thread(slot_io.write, path, image, fp, budget)
         except slot_io.SlotFileError as e:
             raise invalid_request(str(e)) from None
         ms = (time.perf_counter() - t0) * 1000
