@@ -101,14 +101,19 @@ def test_raw_http(srv, raw: bytes, caplog) -> None:
     host, port = srv.url.removeprefix("http://").split(":")
     raw = raw.replace(b"Host: x\r\n", b"Host: x\r\nAuthorization: Bearer k\r\n")
     with socket.create_connection((host, int(port)), timeout=10) as s:
+        answer = b""
         try:
             s.sendall(raw)
+            # The server may answer 4xx and close before the request is all read (an
+            # oversized header): the half-close then finds no connection (ENOTCONN).
             s.shutdown(socket.SHUT_WR)
-            answer = b""
+        except OSError:
+            pass
+        try:
             while chunk := s.recv(65536):
                 answer += chunk
-        except (ConnectionResetError, BrokenPipeError):
-            answer = b""  # refused by closing: fine
+        except OSError:
+            pass  # refused by closing (reset): fine, whatever was read is checked
     if answer:
         status = int(answer.split(b" ", 2)[1])
         assert 400 <= status < 500 or status == 200, answer[:300]
