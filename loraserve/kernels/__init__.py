@@ -5,9 +5,10 @@ fp16-rounded scale per block, as llama.cpp's Q8_0) or, for the K-quant weights, 
 (llama.cpp's Q8_K, whose one scale per 256 makes a super-block's dot product one exact integer:
 `kquant.h`); `qmatmul` multiplies them by quantized weight rows straight from the file's bytes,
 or from the same bytes repacked once at load 8 rows to a group (`pack_rows`, `pack.py`: Q4_0,
-Q5_0, Q5_1, Q8_0, Q4_K, IQ4_NL, IQ4_XS; a vector's lanes are then 8 weight rows, which halves a
-prompt's matmul time; several matrices of one input: `QuantizedParts`, `parts.py`; float
-weights and LoRA deltas: `floatmm`). Each output row depends on its own input row only (the
+Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, IQ4_NL, IQ4_XS; a vector's lanes are then 8 weight rows, which
+halves a prompt's matmul time, and AVX-512 builds take two groups in one 512-bit vector:
+`packed_z.h`, `packed_zk.h`; several matrices of one input: `QuantizedParts`, `parts.py`;
+float weights and LoRA deltas: `floatmm`). Each output row depends on its own input row only (the
 sum over k has one fixed order, threads split output columns), so a token's numbers never
 depend on its batch, its chunk or the cache state.
 

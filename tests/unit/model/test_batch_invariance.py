@@ -45,7 +45,8 @@ def setup(tmp_path_factory) -> tuple[LoadedModel, AdapterRegistry]:
         int(Q.Q8_0)
     }  # really mixed formats, on the quantized kernels
     if K.backend() == "c":  # both layouts: rows repacked 8 to a group and the file's own
-        assert {p.ggml_type for p in parts if p.packed} == {int(Q.Q4_K), int(Q.Q5_0), int(Q.Q4_0)}
+        packed = {int(Q.Q4_K), int(Q.Q6_K), int(Q.Q5_0), int(Q.Q4_0)}
+        assert {p.ggml_type for p in parts if p.packed} == packed
         assert model.decoder.output.parts[0].packed  # the tied Q8_0 output matrix
     reg = AdapterRegistry(model)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -24,7 +24,7 @@ import loraserve.kernels as K
 from loraserve.kernels.moe import GroupedExperts
 from loraserve.kernels.pack_q6k import pack_q6k, packable_q6k, unpack_q6k
 from loraserve.lora.delta import LoraBatch
-from loraserve.model.ffn.routed import Q6KPacked, RoutedExperts
+from loraserve.model.ffn.routed import RoutedExperts
 from loraserve.model.projection import Matrix
 from tests.unit.model.test_kernels import dequantized, random_rows
 from tests.unit.model.test_moe_grouped import _Lora, _Weights
@@ -150,7 +150,10 @@ def test_adapters_without_expert_targets_keep_the_one_call() -> None:
                                    ("ffn_down_exps.weight", down, Q6, f))}  # fmt: skip
     cfg = SimpleNamespace(act="silu", expert_weight_input=False)
     routed = RoutedExperts(cfg, p, _Weights(tensors, {}))  # type: ignore[arg-type]
-    assert routed.grouped is not None and isinstance(routed.down[0], Q6KPacked)
+    # packed at load (`Matrix.pack`: dense Q6_K packing is pack_q6k.h's layout) or by
+    # `Q6KPacked`: the same bytes either way
+    assert routed.grouped is not None and routed.down[0].kernel_type == K.PACKED | Q6
+    assert torch.equal(routed.down[2].data, pack_q6k(down[2], f))
     assert torch.equal(routed.down[2].file_rows(), down[2])
     g = torch.Generator().manual_seed(2)
     x = torch.randn(12, h, generator=g)

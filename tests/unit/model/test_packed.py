@@ -22,11 +22,6 @@ PACKABLE = ["Q4_0", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="packing needs the C kernels")
 
 
-@pytest.fixture(autouse=True)
-def _pack_q6k(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LORASERVE_KERNEL_PACK_Q6K", "1")  # dense Q6_K packing is opt-in
-
-
 def packed(raw: torch.Tensor, name: str, k: int) -> torch.Tensor:
     pk = K.pack_rows(raw, GGML_TYPE[name], k)
     assert pk is not None, f"{name} rows were not packed"

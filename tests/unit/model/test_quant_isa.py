@@ -64,7 +64,7 @@ def _run(env: dict[str, str]) -> dict[str, object]:
     root = str(Path(__file__).resolve().parents[3])
     code = CODE.format(root=root, names=QUANT)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "LORASERVE_KERNEL_PACK_Q6K": "1", **env},
+                         env={**os.environ, **env},
                          timeout=600, cwd=root)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
