@@ -8,7 +8,7 @@ from loraserve.cache.prefix_cache import PrefixCache
 from loraserve.cache.state import StateStore
 from loraserve.engine.engine_config import EngineConfig
 from loraserve.model.config import ModelConfig
-from loraserve.model.recurrent import state_shapes
+from loraserve.model.recurrent import kv_heads, state_shapes
 
 
 def build_cache(
@@ -16,13 +16,14 @@ def build_cache(
 ) -> tuple[BlockPool, PrefixCache, StateStore | None]:
     """The pool, the cache over it, and (recurrent models) the state store beside the KV.
 
-    A block costs its K and V across layers; a recurrent model's block may also carry the
-    state snapshot that follows it (one every `--checkpoint-min-step` tokens, in blocks), and
-    a cached block without one costs only its KV's share of a budget unit.
+    A block costs its K and V across the layers that attend; a recurrent model's block may
+    also carry the state snapshot that follows it (one every `--checkpoint-min-step` tokens,
+    in blocks), and a cached block without one costs only its KV's share of a budget unit.
     """
     bs = config.block_size
     per_slot = (n_ctx_slot + bs - 1) // bs + 1
-    block_bytes = 2 * cfg.n_layers * bs * cfg.n_kv_heads * cfg.head_dim * config.kv_dtype.itemsize
+    heads = sum(kv_heads(cfg, i) for i in range(cfg.n_layers))  # attending layers only
+    block_bytes = 2 * heads * bs * cfg.head_dim * config.kv_dtype.itemsize
     every = max(1, -(-config.checkpoint_min_step // bs))  # in blocks
     states = StateStore(state_shapes(cfg), bs, every, block_bytes) if cfg.recurrent else None
     if states is not None:

@@ -10,7 +10,7 @@ import torch
 from loraserve.cache.state import SeqStep, StateStore
 from loraserve.model.context import AttnMeta, LoraDelta, StepContext, set_context
 from loraserve.model.decoder import Decoder
-from loraserve.model.recurrent import state_shapes
+from loraserve.model.recurrent import kv_heads, state_shapes
 
 
 @dataclass
@@ -37,7 +37,8 @@ LoraBuilder = Callable[[list[tuple[int, int, Mapping[int, float]]]], LoraDelta |
 
 
 class ModelRunner:
-    """KV pool tensors per layer ``[capacity * block_size, n_kv_heads, head_dim]``.
+    """KV pool tensors per layer ``[capacity * block_size, n_kv_heads, head_dim]`` (no heads
+    where the layer does not attend: a recurrent mixer or an FFN alone).
 
     ``lora`` builds a step's LoRA delta from its row spans (``(start, end, mix)`` for the
     rows whose mix is not empty); without it every row runs the base model. A model with
@@ -69,8 +70,8 @@ class ModelRunner:
             return
         cfg, n = self.cfg, n_blocks * self.bs
         new = []
-        for i in range(cfg.n_layers):
-            k = torch.zeros(n, cfg.n_kv_heads, cfg.head_dim, dtype=self.kv_dtype)
+        for i in range(cfg.n_layers):  # no heads where a layer does not attend
+            k = torch.zeros(n, kv_heads(cfg, i), cfg.head_dim, dtype=self.kv_dtype)
             v = torch.zeros_like(k)
             if self.kv:
                 old_k, old_v = self.kv[i]

@@ -1,7 +1,8 @@
 """Save, restore and erase a slot's KV (`POST /slots/{id}?action=save|restore|erase`).
 
 A slot file is a safetensors file: `tokens` [n] int64 and per layer `k.{i}`, `v.{i}`
-[n, n_kv_heads, head_dim] in the KV dtype, with metadata naming the format, the model
+[n, n_kv_heads, head_dim] in the KV dtype (no heads at a layer that does not attend), with
+metadata naming the format, the model
 (architecture, KV shape and the SHA-256 of its weight files, so a slot never restores onto
 other weights) and the **cache key** the KV was computed under. A restore
 indexes the KV in the prefix cache under that saved key, so only a request whose
@@ -34,6 +35,7 @@ from loraserve.cache.prefix_cache import CacheKey, Spans, spans
 from loraserve.engine.runner import ModelRunner
 from loraserve.engine.scheduler import Scheduler
 from loraserve.model.loader import LoadedModel
+from loraserve.model.recurrent import kv_heads
 
 FORMAT = "loraserve-slot-1"
 
@@ -88,6 +90,8 @@ def fingerprint(model: LoadedModel) -> dict[str, object]:
         "n_kv_heads": cfg.n_kv_heads,
         "head_dim": cfg.head_dim,
         "vocab_size": cfg.vocab_size,
+        # a recurrent model's cache has no KV heads where a layer does not attend
+        **({"kv_heads": [kv_heads(cfg, i) for i in range(cfg.n_layers)]} if cfg.recurrent else {}),
     }
 
 
@@ -251,13 +255,15 @@ def read(path: Path, fp: dict[str, object], max_tokens: int) -> SlotImage:
                 )
             cache_key = _decode_key(json.loads(meta["cache_key"]))
             n_layers = int(fp["n_layers"])  # type: ignore[call-overload]
-            shape = [int(fp["n_kv_heads"]), int(fp["head_dim"])]  # type: ignore[call-overload]
+            heads = fp.get("kv_heads") or [fp["n_kv_heads"]] * n_layers
+            dim = int(fp["head_dim"])  # type: ignore[call-overload]
             (n,) = f.get_slice("tokens").get_shape()
             if n > max_tokens:
                 raise SlotFileError(f"{path.name}: {n} tokens do not fit a slot ({max_tokens})")
             for i in range(n_layers):
+                shape = [n, int(heads[i]), dim]  # type: ignore[index]
                 for part in "kv":
-                    if list(f.get_slice(f"{part}.{i}").get_shape()) != [n, *shape]:
+                    if list(f.get_slice(f"{part}.{i}").get_shape()) != shape:
                         raise SlotFileError(f"{path.name}: tensor {part}.{i} has a wrong shape")
             tokens = f.get_tensor("tokens").tolist()
             kv = [(f.get_tensor(f"k.{i}"), f.get_tensor(f"v.{i}")) for i in range(n_layers)]

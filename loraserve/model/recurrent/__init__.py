@@ -23,7 +23,9 @@ from loraserve.model.recurrent.mamba2 import Mamba2
 from loraserve.model.recurrent.shortconv import ShortConv
 from loraserve.model.weights import WeightSource
 
-__all__ = ["GatedDeltaNet", "Mamba1", "Mamba2", "ShortConv", "build", "state_shapes"]
+__all__ = [
+    "GatedDeltaNet", "Mamba1", "Mamba2", "ShortConv", "build", "kv_heads", "state_shapes",
+]
 
 
 def build(cfg: ModelConfig, i: int, w: WeightSource) -> nn.Module | None:
@@ -40,6 +42,13 @@ def build(cfg: ModelConfig, i: int, w: WeightSource) -> nn.Module | None:
     if kind == "mamba1":
         return Mamba1(cfg, i, w)
     raise ValueError(f"unknown layer kind {kind!r}")
+
+
+def kv_heads(cfg: ModelConfig, i: int) -> int:
+    """Layer ``i``'s KV heads in the cache: the model's where the layer attends ("attn",
+    "attn+..."), none where it has no attention (a recurrent mixer alone, an FFN alone)."""
+    kind = cfg.layer_kinds[i]
+    return cfg.n_kv_heads if kind == "attn" or kind.startswith("attn+") else 0
 
 
 def state_shapes(cfg: ModelConfig) -> dict[int, tuple[int, ...]]:

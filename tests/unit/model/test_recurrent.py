@@ -161,7 +161,8 @@ def test_adapter_on_recurrent_projections_equals_merged(tmp: Path, arch: str, va
     m = model(tmp, arch, variant, "F32")
     pairs = _adapter(rec, 3, RECURRENT_STEMS)
     assert pairs, "no recurrent projection to adapt"
-    write_gguf_lora(tmp / f"{arch}-rec.gguf", arch, pairs, qk_heads=(m.config.n_heads,) * 2)
+    name = RECORDS[arch]["arch"]  # the record's architecture (a tagged record: arch+tag)
+    write_gguf_lora(tmp / f"{arch}-rec.gguf", name, pairs, qk_heads=(m.config.n_heads,) * 2)
     values = tensor_values(rec)
     for name, (a, b) in pairs.items():
         values[name] = values[name] + 0.7 * (b.double() @ a.double()).float().numpy()
@@ -196,6 +197,12 @@ def test_restored_slot_resumes_exact_state(tmp: Path, arch: str, variant: str) -
     answers(first, [ask(prompt, 3, sampling=PROBS)])
     image = slot_io.capture(first.core.scheduler, first.core.runner, 0)
     assert image is not None and image.states, "no state saved with the slot"
+    cfg_m = m.config  # no KV held (in the pool or the file) where a layer does not attend
+    attends = [k == "attn" or k.startswith("attn+") for k in cfg_m.layer_kinds]
+    assert [k.shape[1] for k, _ in first.core.runner.kv] == [
+        cfg_m.n_kv_heads if a else 0 for a in attends
+    ]
+    assert [k.shape[1] for k, _ in image.kv] == [cfg_m.n_kv_heads if a else 0 for a in attends]
     fp = slot_io.fingerprint(m)
     slot_io.write(tmp / f"{arch}.slot", image, fp)
     second = Engine(m, cfg)
