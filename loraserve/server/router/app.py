@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
 from fastapi import FastAPI, Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
@@ -140,12 +139,16 @@ class Router:
             "source": preset.source,
             "can_remove": False,
         }
-        if eng is not None and eng.status == "loaded" and eng.app is not None:
-            transport = httpx.ASGITransport(app=eng.app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://engine") as c:
-                data = (await c.get("/v1/models")).json().get("data") or [{}]
-            for k, v in data[0].items():
-                entry.setdefault(k, v)
+        model = eng.app.state.server.model if eng is not None and eng.app is not None else None
+        if eng is not None and eng.status == "loaded" and model is not None:
+            # the engine's own `/v1/models` meta, read here: that route lists the adapters
+            # on the engine thread, and a public list must not wait for any engine's step
+            cfg = model.config
+            entry["meta"] = {
+                "n_vocab": cfg.vocab_size,
+                "n_ctx_train": cfg.context_length,
+                "n_embd": cfg.hidden_size,
+            }
         return entry
 
 
@@ -226,6 +229,9 @@ def create_router_app(cfg: ServerConfig) -> FastAPI:
         if preset is None:
             raise ApiError(404, "not_found_error", "model is not found")
         if router.running(preset):
+            eng = router.engine_of(preset)
+            if eng is not None:  # queued for requests: kept now, even if they all leave
+                eng.pinned = True
             raise _bad("model is already running")
         if preset.key is None:
             raise ApiError(500, "server_error", f"model name={preset.name} failed to load")

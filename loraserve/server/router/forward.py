@@ -3,7 +3,9 @@ through the engine of the model the request names, as `router.app` describes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
@@ -16,6 +18,8 @@ from loraserve.server.router.rename import renaming_send
 
 if TYPE_CHECKING:
     from loraserve.server.router.app import Router
+    from loraserve.server.router.pool import Engine
+    from loraserve.server.router.presets import Preset
 
 FORWARDED_METHODS = ["GET", "POST", "DELETE"]
 
@@ -40,10 +44,9 @@ class Forward:
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
         r = self.router
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        raw = b""
+        raw = await _read_body(receive)  # (a GET's: empty) next comes the disconnect
         body: Any = None
         if scope["method"] == "POST":
-            raw = await _read_body(receive)
             try:
                 body = json.loads(raw) if raw else {}
             except ValueError:
@@ -66,12 +69,46 @@ class Forward:
         eng = r.pool.engine(preset.key)
         if not load and not eng.running:
             raise _bad("model is not loaded")
+        # waiting for the engine, a request keeps it from eviction and its queued load alive;
+        # a client that leaves meanwhile is seen (its next message) and stops waiting
+        watch = asyncio.ensure_future(receive())
+        eng.waiting += 1
+        counted = True
+
+        def stop_waiting() -> None:
+            nonlocal counted
+            if counted:
+                counted = False
+                eng.waiting -= 1
+
         try:
-            await r.pool.ready(preset.key)
-        except RuntimeError:
-            raise ApiError(
-                500, "server_error", f"model name={preset.name} failed to load"
-            ) from None
+            ready = asyncio.ensure_future(r.pool.ready(preset.key))
+            await asyncio.wait({ready, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if not ready.done():
+                ready.cancel()
+                return  # the client left: nobody to answer
+            if ready.exception() is not None or eng.app is None:
+                raise ApiError(500, "server_error", f"model name={preset.name} failed to load")
+            await self._serve(scope, send, preset, eng, raw, body, (receive, watch, stop_waiting))
+        finally:
+            stop_waiting()
+            if not watch.done():
+                watch.cancel()
+
+    async def _serve(
+        self,
+        scope: Scope,
+        send: Send,
+        preset: Preset,
+        eng: Engine,
+        raw: bytes,
+        body: Any,
+        client: tuple[Receive, asyncio.Future[Message], Callable[[], None]],
+    ) -> None:
+        """Run the request through `eng`'s app (loaded). `client`: its `receive`, its next
+        message (already asked for) and what takes it out of `eng.waiting` once it is
+        counted busy."""
+        receive, watch, stop_waiting = client
         if isinstance(body, dict):
             raw = json.dumps(preset.inject(body)).encode()
         headers = [
@@ -82,16 +119,21 @@ class Forward:
         headers.append((b"content-length", str(len(raw)).encode()))
         inner = {**scope, "headers": headers}
         sent = False
+        pending: asyncio.Future[Message] | None = watch
 
         async def replay() -> Message:
-            nonlocal sent
+            nonlocal sent, pending
             if not sent:
                 sent = True
                 return {"type": "http.request", "body": raw, "more_body": False}
+            if pending is not None:
+                waited, pending = pending, None
+                return await waited
             return await receive()
 
-        own = preset.key.alias[0] if preset.key.alias else preset.name
+        own = preset.key.alias[0] if preset.key is not None and preset.key.alias else preset.name
         async with eng.use() as app:
+            stop_waiting()
             await app(inner, replay, renaming_send(send, own, preset.name))
 
 

@@ -9,6 +9,14 @@ hop per request, and every failure we can meet while loading (a broken file, a m
 does not fit) is an exception caught here, reported in `GET /models`, never the router's end.
 Engines over the same file with different settings (context, template) still share the
 weights: loaded models are kept by path while any engine uses them.
+
+The queue, as llama-server's router (llama.cpp's `test_router_queue_*`): an engine past
+`--models-max` waits for room (status `loading`, holding no place) in arrival order; room is
+made by unloading the least-recently-used engine that nobody uses, a request being served
+or waiting to be (`busy`, `waiting`) counting as a use; requests for one engine share its
+load; a load that requests started is dropped while it still waits for room once none of
+them waits any more (their clients left), so a client that gives up costs no running model
+its place. `POST /models/load` and `load-on-startup` loads are kept (`pinned`).
 """
 
 from __future__ import annotations
@@ -44,6 +52,9 @@ class Engine:
     failed: bool = False
     last_used: float = 0.0
     busy: int = 0  # requests being served now (never evicted meanwhile)
+    waiting: int = 0  # requests waiting to be served (not evicted either: router.forward)
+    placed: bool = False  # holds one of the `--models-max` places (loading past the queue)
+    pinned: bool = False  # asked by /models/load or load-on-startup: never dropped queued
     holds_model: bool = False  # counted in the pool's shared weights
     _life: AbstractAsyncContextManager[None] | None = field(default=None, repr=False)
     _task: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -84,10 +95,13 @@ class Pool:
             self.engines[cfg] = Engine(cfg)
         return self.engines[cfg]
 
-    def start_load(self, cfg: ServerConfig) -> Engine:
-        """Start loading `cfg`'s engine in the background (nothing if it runs already)."""
+    def start_load(self, cfg: ServerConfig, pinned: bool = True) -> Engine:
+        """Start loading `cfg`'s engine in the background (nothing if it runs already).
+        A load requests start (`pinned` False) is dropped if they all leave while queued."""
         eng = self.engine(cfg)
+        eng.pinned = eng.pinned or pinned
         if not eng.running:
+            eng.pinned = pinned
             eng.failed, eng.error = False, None
             eng.touch()
             self._set_status(eng, "loading")
@@ -95,8 +109,9 @@ class Pool:
         return eng
 
     async def ready(self, cfg: ServerConfig) -> Engine:
-        """`cfg`'s engine once loaded, loading it first if needed (RuntimeError if it fails)."""
-        eng = self.start_load(cfg)
+        """`cfg`'s engine once loaded, loading it first if needed (RuntimeError if it fails).
+        The caller counts itself in `waiting` meanwhile (`router.forward`)."""
+        eng = self.start_load(cfg, pinned=False)
         while eng.status == "loading":
             await asyncio.sleep(POLL_S)
         if eng.status != "loaded":
@@ -108,7 +123,10 @@ class Pool:
         from loraserve.server.startup import check_files
 
         try:
-            await self._make_room(eng)
+            if not await self._make_room(eng):
+                log.info("router: %s: nobody waits for it any more, not loaded", eng.cfg.alias)
+                self._set_status(eng, "unloaded")
+                return
             await io_thread(_assemble_default, eng.cfg)
             await io_thread(check_files, eng.cfg)
             model = await self._model(eng.cfg)
@@ -157,17 +175,24 @@ class Pool:
             else:
                 self._models[key] = (model, n - 1)
 
-    async def _make_room(self, eng: Engine) -> None:
-        """Unload least-recently-used idle engines until `eng` fits under `max_loaded`;
-        waits while every other running engine is serving a request."""
+    async def _make_room(self, eng: Engine) -> bool:
+        """Take a place for `eng` under `max_loaded`, unloading least-recently-used idle
+        engines; waits (in arrival order: the lock is fair) while every placed engine is in
+        use. False, with no place taken, when nobody waits for a load requests started."""
         if self.max_loaded <= 0:
-            return
+            eng.placed = True
+            return True
         async with self._lock:
             while True:
-                others = [e for e in self.engines.values() if e.running and e is not eng]
+                others = [e for e in self.engines.values() if e.placed and e is not eng]
                 if len(others) < self.max_loaded:
-                    return
-                idle = [e for e in others if e.busy == 0 and e.status == "loaded"]
+                    eng.placed = True
+                    return True
+                if not eng.pinned and eng.waiting == 0:
+                    return False
+                idle = [
+                    e for e in others if e.busy == 0 and e.waiting == 0 and e.status == "loaded"
+                ]
                 if idle:
                     victim = min(idle, key=lambda e: e.last_used)
                     log.info(
@@ -194,6 +219,7 @@ class Pool:
     async def _close(self, eng: Engine) -> None:
         life = eng._life
         eng.app, eng._life = None, None
+        eng.placed = eng.pinned = False
         if eng.status != "unloaded":
             self._set_status(eng, "unloaded")
         if life is not None:
