@@ -46,9 +46,14 @@ def tag_calls(
             if out.calls:
                 break
             raise
+        id_ = ""
+        if fmt.id_position == "pre_name" and fmt.id_suffix.strip():  # Solar Open: ID<|..:name|>
+            k = _opt(text, i, fmt.id_prefix)
+            e = _until(text, k, fmt.id_suffix)
+            id_, i = text[k:e].strip(), _lit(text, e, fmt.id_suffix)
         n = skip_ws(text, i)
         e = _until(text, n, *name_stops, *id_stops)
-        name, id_ = text[n:e].strip(), ""
+        name = text[n:e].strip()
         if fmt.name_id_index:
             id_ = fmt.name_prefix.strip() + name
             name = name.rpartition(":")[0] or name

@@ -102,6 +102,8 @@ class _Builder(TaggedArgs):
         if f.tool_mode == "json":
             items.append(_json(self._call_schema(name, params)))
         else:
+            if f.id_position == "pre_name" and f.id_suffix.strip():  # Solar Open's own id
+                items += [self.q(f.id_prefix), r"/[A-Za-z0-9_\-]{1,40}/", self.q(f.id_suffix)]
             items += [self.q(f.name_prefix), json.dumps(name)]
             if f.name_id_index:
                 items.append('":" /[0-9]{1,2}/')  # the call's index, bounded

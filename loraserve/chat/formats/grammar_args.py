@@ -6,9 +6,11 @@ and the like), after llama.cpp's grammars for them:
 - Qwen3-Coder/Qwen3.5/StepFun (`parsers/qwen3-coder.cpp`): the required ones in any order
   (its `permute`, up to six), then the optional ones in any order;
 - MiniCPM5 (`parsers/minicpm5.cpp`): every argument in any order;
-- llama.cpp lets an optional argument come back any number of times (and MiniCPM5's
-  required ones be left out): ours takes each key once, the required ones always, as a
-  JSON object holds them (a random model otherwise repeats one key until its token limit);
+- every optional argument may come any number of times, as llama.cpp's grammars let it
+  (`repeat(space + any_optional, 0, -1)`; `zero_or_more` in Qwen3-Coder and MiniCPM5), so a
+  key may repeat (the parser keeps each occurrence, JSON readers the last); ours keeps the
+  required ones exactly once where MiniCPM5's lets them be left out or repeat (each tool's
+  `required` holds);
 - a value whose schema may be a string is raw text up to the value's end marker (a union
   with other types too: llama.cpp's grammar keeps only the string rule), MiniCPM5's may be
   wrapped in `<![CDATA[..]]>` (then it may hold the end marker); any other value is JSON
@@ -45,50 +47,55 @@ class TaggedArgs:
         args = {key: self._arg(key, props[key]) for key in props}
         req = [args[k] for k in required]
         opt = [args[k] for k in props if k not in required]
+        any_opt = self.rule(" | ".join(opt)) if opt else ""
         detector = self.fmt.detector
         ws = "" if detector == "qwen3_coder" else "WS "  # the autoparser's `space` between
-        if detector == "minicpm5" and len(req) + len(opt) <= MAX_ANY_ORDER:
-            some = self._some(req, opt, ws) if req or opt else ""
-            return some if req or not some else f"({some})?"
+        if detector == "minicpm5":  # each argument then `space`, in any order
+            return self._any_order(req, any_opt, ws)
         if detector == "qwen3_coder" and 1 < len(req) <= MAX_PERMUTE:
-            head = self._some(req, [], ws)
+            head = self._permute(req, ws)
         else:
             head = " ".join(f"{ws if i else ''}{a}" for i, a in enumerate(req))
-        if not opt:
-            return head
-        lead = ws if head else ""
-        if len(opt) > MAX_ANY_ORDER:  # each in order
-            tail = " ".join(f"({lead if not i else ws}{a})?" for i, a in enumerate(opt))
-        else:
-            tail = f"({lead}{self._some([], opt, ws)})?"
-        return f"{head} {tail}".strip()
+        return f"{head} ({ws}{any_opt})*".strip() if opt else head
 
-    def _some(self, req: list[str], opt: list[str], ws: str) -> str:
-        """A rule taking each of `req` once and each of `opt` at most once (one at least), in
-        any order, `ws` between: llama.cpp's `permute` of the required arguments (its
-        optional ones may also repeat, but a key twice makes no JSON object); one rule per
-        set of arguments left."""
-        every = req + opt
-        needed = (1 << len(req)) - 1
+    def _permute(self, req: list[str], ws: str) -> str:
+        """Each of `req` exactly once, in any order, `ws` between (llama.cpp's `permute`);
+        one rule per set of arguments left."""
         memo: dict[int, str] = {}
 
-        def some(left: int) -> str:
-            if left not in memo:
+        def left(mask: int) -> str:
+            if mask not in memo:
                 alts = []
-                for i, arg in enumerate(every):
-                    rest = left & ~(1 << i)
-                    if not left & (1 << i):
-                        continue
-                    if not rest:
-                        alts.append(arg)
-                    elif rest & needed:
-                        alts.append(f"{arg} {ws}{some(rest)}")
-                    else:
-                        alts.append(f"{arg} ({ws}{some(rest)})?")
-                memo[left] = self.rule(" | ".join(alts))
-            return memo[left]
+                for i, arg in enumerate(req):
+                    rest = mask & ~(1 << i)
+                    if mask & (1 << i):
+                        alts.append(f"{arg} {ws}{left(rest)}" if rest else arg)
+                memo[mask] = self.rule(" | ".join(alts))
+            return memo[mask]
 
-        return some((1 << len(every)) - 1)
+        return left((1 << len(req)) - 1)
+
+    def _any_order(self, req: list[str], any_opt: str, ws: str) -> str:
+        """MiniCPM5: the arguments in any order, each followed by `ws`, the optional ones any
+        number of times, the required ones once each (in the schema's order past
+        MAX_ANY_ORDER of them)."""
+        tail = f"({any_opt} {ws})*" if any_opt else ""
+        if not req:
+            return tail
+        if len(req) > MAX_ANY_ORDER:
+            return " ".join(f"{tail} {a} {ws}" for a in req) + f" {tail}"
+        memo: dict[int, str] = {}
+
+        def left(mask: int) -> str:  # optional ones, then one of the required ones left
+            if not mask:
+                return tail
+            if mask not in memo:
+                alts = [f"{a} {ws}{left(mask & ~(1 << i))}" for i, a in enumerate(req)
+                        if mask & (1 << i)]  # fmt: skip
+                memo[mask] = self.rule(f"{tail} ({' | '.join(alts)})")
+            return memo[mask]
+
+        return left((1 << len(req)) - 1)
 
     def _arg(self, key: str, schema: Any) -> str:
         f = self.fmt

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from loraserve.chat.formats.analyze import Analysis
+from loraserve.chat.formats.analyze import ID1, Analysis
 from loraserve.chat.formats.diff import trim
 
 Patch = Callable[[str, Analysis, dict[str, Any]], None]
@@ -101,6 +101,13 @@ def _fireworks(src: str, an: Analysis, extra: dict[str, Any]) -> None:
 def _solar_open(src: str, an: Analysis, extra: dict[str, Any]) -> None:
     if "<|begin|>assistant<|think|><|end|>" in src:
         an.f["assistant_start"] = "<|begin|>assistant"
+    # ours: the call id before the name is the call's own (`<|tool_call:begin|>ID
+    # <|tool_call:name|>NAME`); the analysis (llama.cpp's too) bakes its sentinel id into
+    # the name marker, so a call with any other id would not be one
+    head = an.get("name_prefix")
+    if head.startswith(ID1) and head[len(ID1) :].strip() and an.get("id_position") == "none":
+        an.f.update(id_position="pre_name", id_prefix="", id_suffix=head[len(ID1) :],
+                    name_prefix="")  # fmt: skip
 
 
 def _apriel_16(src: str, an: Analysis, extra: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>", "<｜end▁of�
                "<turn|>", "<|END_OF_TURN_TOKEN|>", "<|close|>message<|sep|>",
                "<|eot|>", "<seed:eos>", "<｜hy_eos:opensource｜>", "<end_of_sentence>",
                "<SPECIAL_12>", "<sep>", "<|end_of_text|>", "</assistant>",
-               "<|START_OF_TURN_TOKEN|>")  # fmt: skip
+               "<|START_OF_TURN_TOKEN|>", "<|begin|>")  # fmt: skip
 
 
 def _raise(msg: str) -> None:

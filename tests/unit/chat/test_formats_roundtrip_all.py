@@ -6,10 +6,11 @@ test_formats_roundtrip does for the P0/P1 formats with plain jinja2).
 
 Left out, with why:
 - LFM2-8B-A1B, LFM2.5-Instruct: their templates write no `tool_calls` in an assistant turn
-  (the model's calls live in its content), so there is no template-written call;
-- upstage-Solar-Open-100B: its description, the one llama-server derives, holds the
-  analyser's sentinel call id in the name marker (`call00001<|tool_call:name|>`), so a call
-  with any other id is not one.
+  (the model's calls live in its content), so there is no template-written call.
+
+Solar Open writes each call's id before its name (`<|tool_call:begin|>ID<|tool_call:name|>`):
+llama-server's description bakes the analyser's sentinel id into the name marker, ours reads
+the id as the call's own, so the call parses back with the id the template wrote.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tests.unit.chat.format_util import TEMPLATES, assistant_text, grammar_accep
 from tests.unit.chat.test_formats_parse_oracle import _format
 from tests.unit.chat.test_formats_roundtrip import _check_stream, _named_token, tool_and_call
 
-NO_WRITTEN_CALL = {"LFM2-8B-A1B.jinja", "LFM2.5-Instruct.jinja", "upstage-Solar-Open-100B.jinja"}
+NO_WRITTEN_CALL = {"LFM2-8B-A1B.jinja", "LFM2.5-Instruct.jinja"}
 STOPS = ("<|call|>",)  # gpt-oss ends a call's message with a stop token the output never holds
 
 
@@ -54,7 +55,7 @@ def _server_render(source: str):  # noqa: ANN202 - format_util's renderer signat
 
 
 def test_most_templates_are_covered() -> None:
-    assert len(ALL) == 70 and len(WITH_TOOLS) >= 55
+    assert len(ALL) == 70 and len(WITH_TOOLS) >= 62
 
 
 @pytest.mark.parametrize("name", WITH_TOOLS)
@@ -79,6 +80,8 @@ def test_template_written_call_parses_back(name: str) -> None:
         whole = parser.parse(text, partial=False)
         assert [c.name for c in whole.tool_calls] == [fn], (text, whole)
         assert arguments_object(whole.tool_calls[0].arguments) == args, (text, whole)
+        if "abc123def" in text:  # a format that writes the id reads it back
+            assert whole.tool_calls[0].id == "abc123def", (text, whole)
         streamed = _check_stream(parser, text)
         assert json.loads(streamed[0]["arguments"]) == args
         named = _named_token(fmt)

@@ -23,11 +23,10 @@ from loraserve.chat.formats.special.lark import (
 from loraserve.chat.formats.special.text import may_be_string, types_of
 
 
-def _any_order(g: Lark, props: dict[str, Any], member: Any, sep: str = "WS") -> str:
-    if not props:
-        return ""
-    one = g.rule(" | ".join(member(k, v) for k, v in props.items()))
-    return f"({sep} {one})*"
+def _members(g: Lark, schema: dict[str, Any], member: Any) -> str:
+    """llama.cpp's `members_of`: the required properties in the schema's order, then the
+    optional ones in any order and number, `space` before each."""
+    return f"WS {members(g, schema, member, 'WS')}" if schema.get("properties") else ""
 
 
 def _mm_value(g: Lark, schema: Any, close: str) -> str:
@@ -43,7 +42,7 @@ def _mm_value(g: Lark, schema: Any, close: str) -> str:
         def member(key: str, sub: Any) -> str:
             return g.rule(f"{g.q(f'{ns}<{key}>')} {_mm_value(g, sub, f'{ns}</{key}>')}")
 
-        return g.rule(f"{_any_order(g, schema['properties'], member)} WS {g.q(close)}")
+        return g.rule(f"{_members(g, schema, member)} WS {g.q(close)}")
     if schema.get("type") == "array":
         item = _mm_value(g, schema.get("items"), f"{ns}</item>")
         return g.rule(f"(WS {g.q(ns + '<item>')} {item})* WS {g.q(close)}")
@@ -64,7 +63,7 @@ def minimax_m3_body(
             ns = minimax_m3.NS
             return g.rule(f"{g.q(f'{ns}<{key}>')} {_mm_value(g, sub, f'{ns}</{key}>')}")
 
-        args = _any_order(g, params.get("properties") or {}, member)
+        args = _members(g, params, member)
         head = g.q(f'{minimax_m3.INVOKE}{fn["name"]}">')
         calls.append(g.rule(f"{head} {args} WS {g.q(minimax_m3.INVOKE_END)}"))
     call = g.rule(" | ".join(calls))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from loraserve.chat.formats.special import cohere2, kimi_k3, ling3
-from loraserve.chat.formats.special.lark import Lark, closed, json_value, members
+from loraserve.chat.formats.special.lark import Lark, closed, json_value, members, permuted
 from loraserve.chat.formats.special.text import types_of
 
 
@@ -36,9 +36,14 @@ def ling3_body(
             head = f'{g.q(ling3.KEY)} "{key}" {g.q(ling3.KEY_END)} WS {g.q(ling3.VALUE)}'
             return g.rule(f"{head} {_value(g, sub, ling3.VALUE_END)}")
 
-        props = (fn.get("parameters") or {}).get("properties") or {}
-        one = g.rule(" | ".join(member(k, v) for k, v in props.items())) if props else ""
-        args = f"(WS {one})*" if one else ""  # any order, as llama.cpp's permutation allows
+        params = fn.get("parameters") or {}
+        props = params.get("properties") or {}
+        need = [k for k in props if k in (params.get("required") or [])]
+        opt = [member(k, v) for k, v in props.items() if k not in need]
+        one = g.rule(" | ".join(opt)) if opt else ""
+        # llama.cpp's: the required ones once each in any order, the optional ones any number
+        args = permuted(g, [member(k, props[k]) for k in need], "WS")
+        args += f" (WS {one})*" if one else ""
         calls.append(g.rule(f'"{fn["name"]}" {args} WS {g.q(ling3.CALL_END)}'))
     rest = g.rule(" | ".join(calls))
     more = f"(WS {g.q(ling3.CALL)} {rest})*" if parallel else ""

@@ -111,16 +111,34 @@ def closed(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def members(g: Lark, params: dict[str, Any], member: Callable[[str, Any], str], sep: str) -> str:
-    """The arguments: the required ones in order, then any optional ones in order."""
+    """The arguments: the required ones in the schema's order, then the optional ones in any
+    order and number, `sep` between (llama.cpp's `repeat(space + any_optional, 0, -1)`)."""
     props = params.get("properties") or {}
     required = [k for k in props if k in (params.get("required") or [])]
-    items = [member(k, props[k]) for k in required]
-    for k in props:
-        if k not in required:
-            items.append(
-                f"({sep} {member(k, props[k])})?" if items else f"({member(k, props[k])})?"
-            )
-    if not required and len(items) > 1:  # no first member to hang the separators on
-        anyone = g.rule(" | ".join(member(k, props[k]) for k in props))
+    head = f" {sep} ".join(member(k, props[k]) for k in required)
+    opt = [member(k, props[k]) for k in props if k not in required]
+    if not opt:
+        return head
+    anyone = g.rule(" | ".join(opt))
+    if not head:  # no first member to hang the separators on
         return f"({anyone} ({sep} {anyone})*)?"
-    return f" {sep} ".join(items[: len(required)]) + " " + " ".join(items[len(required) :])
+    return f"{head} ({sep} {anyone})*"
+
+
+def permuted(g: Lark, items: list[str], sep: str, limit: int = 6) -> str:
+    """Each of `items` exactly once in any order, `sep` before each (llama.cpp's `permute`,
+    up to `limit` items; past it they keep their order); one rule per set left."""
+    if len(items) > limit:
+        return " ".join(f"{sep} {x}" for x in items)
+    memo: dict[int, str] = {}
+
+    def left(mask: int) -> str:
+        if not mask:
+            return ""
+        if mask not in memo:
+            alts = [f"{sep} {x} {left(mask & ~(1 << i))}" for i, x in enumerate(items)
+                    if mask & (1 << i)]  # fmt: skip
+            memo[mask] = g.rule(" | ".join(alts))
+        return memo[mask]
+
+    return left((1 << len(items)) - 1)

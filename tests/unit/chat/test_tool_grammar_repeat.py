@@ -1,0 +1,82 @@
+"""Tagged arguments as llama.cpp's grammars take them: an optional argument may come any
+number of times (`repeat(space + any_optional, 0, -1)` in the autoparser, DeepSeek's DSML
+and MiniMax-M3; `zero_or_more` in Qwen3-Coder, Ling 3, Kimi K3, MiniCPM5 and Muse), the
+required ones once. Each template writes the call itself (keys renamed afterwards, as a
+dict cannot hold one twice); the `required` grammar accepts the repeats and refuses a
+required argument written twice, and the parser keeps every occurrence in order.
+
+Ours keeps each required argument exactly once where llama.cpp's MiniCPM5, Kimi K3 and Muse
+grammars let them be left out or repeat (the tool's `required` holds): those refusals are
+ours, the others llama.cpp's too."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from loraserve.chat.formats.grammar import tool_grammar
+from loraserve.chat.formats.parse import ChatParser
+from loraserve.chat.formats.special.grammars import dialect_grammar
+from loraserve.chat.formats.special.lark import named
+from tests.unit.chat.format_util import TEMPLATES, assistant_text, grammar_accepts
+from tests.unit.chat.test_formats_parse_oracle import _format
+from tests.unit.chat.test_formats_roundtrip import _named_token
+from tests.unit.chat.test_formats_roundtrip_all import _server_render
+
+TOOL = {"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "required": ["city"],
+    "properties": {"city": {"type": "string"}, "unit": {"type": "string"},
+                   "days": {"type": "integer"}}}}}  # fmt: skip
+TAGGED = [
+    "GLM-4.6.jinja", "GLM-4.7-Flash.jinja", "ByteDance-Seed-OSS.jinja", "MiniMax-M2.jinja",
+    "Spark2.5.jinja", "tencent-Hy3.jinja", "poolside-Laguna-XS.2.jinja", "Qwen3-Coder.jinja",
+    "Qwen3.5-4B.jinja", "StepFun3.5-Flash.jinja", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja",
+    "openbmb-MiniCPM5-1B.jinja", "deepseek-ai-DeepSeek-V3.2.jinja", "deepseek-ai-DeepSeek-V4.jinja",
+    "Kimi-K3.jinja", "MiniMax-M3.jinja", "inclusionai-ling-3.0-flash.jinja", "muse-glimmer.jinja",
+]  # fmt: skip
+
+
+def _call_text(name: str, args: dict) -> str:
+    """The call as the template writes it, keys `zz<key>` renamed to `<key>`."""
+    src = (TEMPLATES / name).read_text()
+    call = {"id": "abc123def", "type": "function",
+            "function": {"name": "weather", "arguments": args}}  # fmt: skip
+    msg = {"role": "assistant", "content": "", "tool_calls": [call]}
+    return assistant_text(src, msg, [TOOL], _server_render(src)).replace("zz", "")
+
+
+def _accepts(name: str, text: str) -> str | None:
+    logging.disable(logging.WARNING)
+    fmt = _format(name)
+    logging.disable(logging.NOTSET)
+    special = _named_token(fmt)
+    if fmt.dialect:
+        lark = dialect_grammar(fmt, [TOOL], "required", special=special)
+    else:
+        lark = tool_grammar(fmt, [TOOL], "required", thinking_open=False, special=special)
+    assert lark is not None
+    body = text[text.find(fmt.trigger.strip()) :] if fmt.trigger else text
+    specials = tuple(t for t in fmt.preserved_tokens if named(t)) if fmt.dialect else ()
+    return grammar_accepts(lark, body, specials)
+
+
+@pytest.mark.parametrize("name", TAGGED)
+def test_optional_arguments_repeat(name: str) -> None:
+    args = {"city": "Paris", "unit": "c", "days": 2, "zzunit": "f", "zzdays": 3}
+    text = _call_text(name, args)
+    assert _accepts(name, text) is None, text
+    (call,) = ChatParser(_format(name), [TOOL]).parse(text, partial=False).tool_calls
+    assert call.arguments == '{"city": "Paris", "unit": "c", "days": 2, "unit": "f", "days": 3}'
+
+
+@pytest.mark.parametrize("name", TAGGED)
+def test_required_argument_only_once(name: str) -> None:
+    text = _call_text(name, {"city": "Paris", "zzcity": "Rome"})
+    assert _accepts(name, text) is not None, text
+
+
+@pytest.mark.parametrize("name", TAGGED)
+def test_required_argument_present(name: str) -> None:
+    text = _call_text(name, {"unit": "c"})
+    assert _accepts(name, text) is not None, text
