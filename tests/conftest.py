@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REAL_MODEL_NAME = "gemma3-270m-q4_k_m.gguf"
+# The router lists llama-server's download cache (server/router/hf_cache.py): the tests (and
+# the servers they start) see an empty one, whatever this machine has downloaded.
+os.environ["LLAMA_CACHE"] = os.path.join(tempfile.gettempdir(), "loraserve-tests-no-llama-cache")
 
 
 @pytest.fixture(scope="session")

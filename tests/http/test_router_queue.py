@@ -159,3 +159,14 @@ def test_two_waiters_share_one_eviction(models_dir: Path) -> None:
         assert status(c, A)["value"] == "unloaded"
         loaded = [n for n in (B, C) if status(c, n)["value"] == "loaded"]
         assert len(loaded) == 1
+
+
+def test_llama_servers_debug_delays_follow_its_variable(monkeypatch) -> None:
+    """llama.cpp's suite sets LLAMA_SERVER_DEBUG_FAKE_TIMING for its queue tests (a request
+    counted busy, and a load, each wait 2 s in llama-server's router): read as it is."""
+    from loraserve.server.router.pool import Pool
+
+    monkeypatch.delenv("LLAMA_SERVER_DEBUG_FAKE_TIMING", raising=False)
+    assert Pool(1).fake_delay_s == 0.0
+    monkeypatch.setenv("LLAMA_SERVER_DEBUG_FAKE_TIMING", "1")
+    assert Pool(1).fake_delay_s == 2.0

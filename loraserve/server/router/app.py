@@ -8,7 +8,8 @@ Own routes: `GET /health` (the router's; `?model=` asks that model's engine), `G
 `POST /models/unload`, `GET /models/sse` (status changes, `router.events`). Every other API
 route is forwarded, in-process (`router.forward`), to the engine of the model its JSON
 body's `model` (GET: the `model` query parameter) names (none: the only model, when the
-catalogue has one; ours, for the README's plain `loraserve`), loading it first unless
+catalogue has one, else, ours, for the README's plain `loraserve`, the default model when
+neither `--models-dir` nor `--models-preset` is given: `Router.implicit`), loading it first unless
 `--no-models-autoload` (or `?autoload=false`); the body gets that preset's adapter mix and
 sampling defaults (`Preset.inject`). Errors and status codes are llama-server's
 (tools/server/server-models.cpp, `router_validate_model` and the `/models` handlers).
@@ -42,7 +43,7 @@ from loraserve.server.router.forward import (
     _model_field,
 )
 from loraserve.server.router.pool import Engine, Pool
-from loraserve.server.router.presets import Preset, load_catalog
+from loraserve.server.router.presets import Preset, default_model_entry, load_catalog
 from loraserve.server.tools.routes import ToolsMiddleware
 
 
@@ -72,6 +73,18 @@ class Router:
             return self.catalog[name]
         folded = {k.casefold(): p for k, p in self.catalog.items()}
         return folded.get(name.casefold())
+
+    def implicit(self) -> str:
+        """The model a request naming none goes to ('' for llama-server's 400): the only
+        one; ours: else the default model on a plain `loraserve` (models in the download
+        cache are listed beside it there, as llama-server lists them)."""
+        if len(self.catalog) == 1:
+            return next(iter(self.catalog))
+        default = default_model_entry()
+        plain = not self.cfg.models_dir and not self.cfg.models_preset
+        if plain and default is not None and default[0] in self.catalog:
+            return default[0]
+        return ""
 
     def engine_of(self, preset: Preset) -> Engine | None:
         return None if preset.key is None else self.pool.engine(preset.key)

@@ -57,8 +57,8 @@ class Forward:
             name = query.get("model", [""])[0]
         autoload = query.get("autoload", [None])[0]
         load = r.cfg.models_autoload if autoload is None else autoload in ("true", "1")
-        if not name and len(r.catalog) == 1:  # ours: the one model (router.app)
-            name = next(iter(r.catalog))
+        if not name:
+            name = r.implicit()  # the only model, or ours: the default one (router.app)
         if not name:
             raise _bad("model name is missing from the request")
         preset = r.find(name)
@@ -134,6 +134,8 @@ class Forward:
         own = preset.key.alias[0] if preset.key is not None and preset.key.alias else preset.name
         async with eng.use() as app:
             stop_waiting()
+            if self.router.pool.fake_delay_s:  # llama-server's debug delay, counted busy
+                await asyncio.sleep(self.router.pool.fake_delay_s)
             await app(inner, replay, renaming_send(send, own, preset.name))
 
 

@@ -17,6 +17,8 @@ or waiting to be (`busy`, `waiting`) counting as a use; requests for one engine 
 load; a load that requests started is dropped while it still waits for room once none of
 them waits any more (their clients left), so a client that gives up costs no running model
 its place. `POST /models/load` and `load-on-startup` loads are kept (`pinned`).
+`LLAMA_SERVER_DEBUG_FAKE_TIMING` (set by llama.cpp's test suite) adds llama-server's debug
+delays: 2 s before a load takes its place, 2 s after a request is counted busy.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -38,6 +41,7 @@ from loraserve.server.offload import io_thread
 
 log = logging.getLogger("loraserve.router")
 POLL_S = 0.02
+FAKE_TIMING_S = 2.0  # llama-server's (server-models.cpp, `debug_fake_timing`)
 
 
 @dataclass
@@ -88,6 +92,8 @@ class Pool:
         self.engines: dict[ServerConfig, Engine] = {}
         self._models: dict[tuple[str, str], tuple[LoadedModel, int]] = {}  # path -> (model, n)
         self._lock = asyncio.Lock()  # one eviction decision at a time
+        fake = os.environ.get("LLAMA_SERVER_DEBUG_FAKE_TIMING")
+        self.fake_delay_s = FAKE_TIMING_S if fake else 0.0
 
     def engine(self, cfg: ServerConfig) -> Engine:
         """The engine of `cfg` (created unloaded on first sight)."""
@@ -123,6 +129,8 @@ class Pool:
         from loraserve.server.startup import check_files
 
         try:
+            if self.fake_delay_s:
+                await asyncio.sleep(self.fake_delay_s)
             if not await self._make_room(eng):
                 log.info("router: %s: nobody waits for it any more, not loaded", eng.cfg.alias)
                 self._set_status(eng, "unloaded")

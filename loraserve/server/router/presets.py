@@ -1,4 +1,5 @@
-"""The router's catalogue: models found under `--models-dir` and presets read from
+"""The router's catalogue: models of the download cache (`hf_cache`, llama-server's
+`ORG/NAME:TAG` ids), models found under `--models-dir` and presets read from
 `--models-preset FILE.ini`, as llama-server reads them (common/preset.cpp), and how they map
 onto engines.
 
@@ -33,6 +34,7 @@ from typing import Any
 
 from loraserve.server.config.arg_types import LoraSpec
 from loraserve.server.config.args import ServerConfig, build_parser, parse_server_args
+from loraserve.server.router.hf_cache import cached_models
 
 ROUTER_KEYS = ("load-on-startup", "stop-timeout", "dedup-cache-models")
 DEFAULT_STOP_TIMEOUT_S = 10.0  # llama-server's
@@ -204,6 +206,8 @@ def load_catalog(cfg: ServerConfig) -> dict[str, Preset]:
 
             demo = ",".join(f"{gguf_path(name)}:0" for name in DEMO_ADAPTERS)
             sections[default[0]][1]["lora-scaled"] = demo
+    for name, path in cached_models().items():  # llama-server's download cache
+        sections[name] = ("cache", {"model": path})
     if cfg.models_dir:
         for name, path in models_dir_entries(cfg.models_dir).items():
             sections[name] = ("models_dir", {"model": path})

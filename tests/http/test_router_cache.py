@@ -1,0 +1,113 @@
+"""The router lists llama-server's download cache (issue 30: its router lists the Hugging Face
+hub cache, ids `ORG/NAME:TAG`; llama.cpp's router tests name their models so): which files
+are models (first shards, tagged, no projectors or draft heads, the commit `refs/main`
+names), where the cache is (llama-server's variables in its order), the models served by
+that id over HTTP; and a plain `loraserve` keeps answering requests that name no model with
+the default model when the cache lists others beside it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from loraserve.server.config.args import parse_server_args
+from loraserve.server.router import app as router_app
+from loraserve.server.router import hf_cache, presets
+from tests.http.test_router import router
+from tests.server_util import tiny_model_path
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+OLD = "fedcba9876543210fedcba9876543210fedcba98"
+
+
+def repo(root: Path, repo_id: str, files: list[str], commit: str = COMMIT) -> Path:
+    """A hub-cache repository folder whose `refs/main` snapshot holds `files` (tiny models)."""
+    folder = root / ("models--" + repo_id.replace("/", "--"))
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit + "\n")
+    for name in files:
+        path = folder / "snapshots" / commit / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(tiny_model_path(), path)
+    return folder
+
+
+@pytest.fixture()
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "hub"
+    repo(root, "org/tiny-GGUF", ["tiny-Q8_0.gguf", "tiny.f16.gguf", "mmproj-tiny-F16.gguf"])
+    repo(root, "org/split-GGUF", [f"q4/big-Q4_K_M-0000{i}-of-00002.gguf" for i in (1, 2)])
+    repo(root, "org/drafts", ["mtp-x-Q8_0.gguf", "notag.gguf", "x-Q2_K.bin"])
+    stale = repo(root, "org/stale", ["s-Q8_0.gguf"], commit=OLD)
+    (stale / "refs" / "main").write_text("not-a-commit\n")  # no valid ref: skipped
+    repo(root, "bad--name--x", ["b-Q8_0.gguf"])  # two slashes: not a repository id
+    (root / "models--org--noref" / "snapshots").mkdir(parents=True)
+    monkeypatch.setenv("LLAMA_CACHE", str(root))
+    return root
+
+
+def test_which_files_are_models(cache: Path) -> None:
+    snap = f"snapshots/{COMMIT}"
+    assert hf_cache.cached_models() == {
+        "org/split-GGUF:Q4_K_M": str(
+            cache / "models--org--split-GGUF" / snap / "q4/big-Q4_K_M-00001-of-00002.gguf"
+        ),
+        "org/tiny-GGUF:F16": str(cache / "models--org--tiny-GGUF" / snap / "tiny.f16.gguf"),
+        "org/tiny-GGUF:Q8_0": str(cache / "models--org--tiny-GGUF" / snap / "tiny-Q8_0.gguf"),
+    }
+
+
+def test_the_cache_folder_follows_llama_servers_variables(monkeypatch, tmp_path: Path) -> None:
+    order = ["LLAMA_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"]
+    for var in order:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert hf_cache.cache_dir() == tmp_path / ".cache/huggingface/hub"
+    expected = {
+        "XDG_CACHE_HOME": tmp_path / "x/huggingface/hub",
+        "HF_HOME": tmp_path / "x/hub",
+        "HUGGINGFACE_HUB_CACHE": tmp_path / "x",
+        "HF_HUB_CACHE": tmp_path / "x",
+        "LLAMA_CACHE": tmp_path / "x",
+    }
+    for var in reversed(order):  # each one set wins over those set before it
+        monkeypatch.setenv(var, str(tmp_path / "x"))
+        assert hf_cache.cache_dir() == expected[var], var
+
+
+def test_cached_models_are_served_by_their_id(cache: Path) -> None:
+    with router(["--models-max", "1", "-c", "256"]) as (c, _):
+        listed = {m["id"]: m for m in c.get("/models").json()["data"]}
+        ids = {i for i, m in listed.items() if m["source"] == "cache"}
+        assert {"org/tiny-GGUF:Q8_0", "org/tiny-GGUF:F16", "org/split-GGUF:Q4_K_M"} <= ids
+        body = {"model": "org/tiny-GGUF:Q8_0", "prompt": "hi", "n_predict": 2}
+        r = c.post("/completion", json=body)
+        assert r.status_code == 200 and r.json()["model"] == "org/tiny-GGUF:Q8_0", r.text
+        status = {m["id"]: m["status"]["value"] for m in c.get("/models").json()["data"]}
+        assert status["org/tiny-GGUF:Q8_0"] == "loaded"
+
+
+def test_nameless_requests_on_a_plain_start(cache: Path, monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(router_app, "default_model_entry", lambda: ("dflt", "/m/dflt.gguf"))
+    monkeypatch.setattr(presets, "default_model_entry", lambda: ("dflt", "/m/dflt.gguf"))
+    plain = router_app.Router(parse_server_args([]))
+    assert len(plain.catalog) > 1 and plain.implicit() == "dflt"
+    folder = tmp_path / "models"
+    folder.mkdir()
+    shutil.copy(tiny_model_path(), folder / "a.gguf")
+    given = router_app.Router(parse_server_args(["--models-dir", str(folder)]))
+    assert given.implicit() == ""  # llama-server's 400: several models, none named
+    monkeypatch.setenv("LLAMA_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setattr(presets, "default_model_entry", lambda: None)
+    monkeypatch.setattr(router_app, "default_model_entry", lambda: None)
+    assert router_app.Router(parse_server_args(["--models-dir", str(folder)])).implicit() == "a"
+
+
+def test_tests_never_read_the_machines_cache() -> None:
+    """tests/conftest.py points the cache at an empty folder, so the router tests' model
+    lists do not depend on what this machine has downloaded."""
+    assert hf_cache.cached_models() == {}
+    assert "LLAMA_CACHE" in os.environ
