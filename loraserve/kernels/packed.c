@@ -4,6 +4,7 @@
 // parallel with qmatmul.c's, which a cold first start waits for).
 
 #include "packed_k.h"
+#include "packed_kb.h"
 #include "packed_nl.h"
 #include "packed_xs.h"
 #include "packed_zk.h"
@@ -59,6 +60,66 @@ void ls_packed_tile2(int type, const uint8_t *g, int64_t gb, const int8_t *x, co
 // whether ls_packed_tile2 takes two groups of `type` in one pass here (else it makes two
 // ls_packed_tile calls)
 int ls_packed_pairs(int type) { return pz_pairs(type); }
+
+// whether K-quant `type` (packed: Q6_K only) takes ls_kbytes_task here, and its scratch bytes
+int ls_kbytes_type(int type) { return kb_type(type); }
+int64_t ls_kbytes_scratch(int64_t K, int64_t ng) { return kb_scratch_bytes(K, ng); }
+
+// Output columns n0 .. n0 + 8 ng - 1 (y at the part's first column) of all M activation rows
+// (xq, xd, bs16: quantized per 256) for a K-quant part read through decoded groups
+// (packed_kb.h): the ng groups of 8 rows from row n0 (w: the file's rows at stride
+// row_bytes, or packed Q6_K groups) decoded once into buf (ls_kbytes_scratch bytes, 64-byte
+// aligned), then 4 activation rows at a time against pairs of them. Returns 0, or -1 where
+// this build has no such tiles.
+int ls_kbytes_task(int type, int packed, const uint8_t *w, int64_t row_bytes, int64_t n0,
+                   int64_t ng, int64_t K, const int8_t *xq, const float *xd, const int16_t *bs16,
+                   int64_t M, float *y, int64_t ldy, uint8_t *buf) {
+#if PZ_PAIRS
+    const int64_t nb = K / 256, gb = nb * KB_SB;
+    int8_t *q = (int8_t *)(buf + ng * gb);
+    int16_t *sc = (int16_t *)(q + 8 * K), *mn = sc + K / 16 + 16;
+    float *d = (float *)(mn + K / 16 + 16);
+    kprep_t kp = {sc, mn, d, d + nb + 1, q, 0};
+    for (int64_t j = 0; j < ng; j++) {
+        const uint8_t *g = w + (n0 + PK_ROWS * j) * row_bytes;
+        if (packed) kb_group_q6p(g, K, buf + j * gb);
+        else kb_group_rows(type, g, row_bytes, K, q, &kp, buf + j * gb);
+    }
+    const int has_min = k_has_min(type);
+    float tmp[4 * 16];
+    for (int64_t m = 0; m < M; m += 4) {
+        const int R = M - m < 4 ? (int)(M - m) : 4;
+        const int8_t *x = xq + m * K;
+        const float *xs = xd + m * nb;
+        const int16_t *bs = bs16 + m * (K / 16);
+        for (int64_t j = 0; j < ng; j += 2) {
+            const int two = j + 1 < ng;  // a last group alone: paired with itself, half kept
+            float *out = two ? y + m * ldy + n0 + PK_ROWS * j : tmp;
+            const int64_t ld = two ? ldy : 16, g2 = two ? gb : 0;
+#define LS_T(RR)                                                                              \
+    do {                                                                                      \
+        if (has_min) kb_dot(buf + j * gb, g2, 1, x, xs, bs, K, RR, out, ld);                   \
+        else kb_dot(buf + j * gb, g2, 0, x, xs, bs, K, RR, out, ld);                           \
+    } while (0)
+            switch (R) {
+            case 4: LS_T(4); break;
+            case 3: LS_T(3); break;
+            case 2: LS_T(2); break;
+            default: LS_T(1); break;
+            }
+#undef LS_T
+            if (!two)
+                for (int r = 0; r < R; r++)
+                    memcpy(y + (m + r) * ldy + n0 + PK_ROWS * j, tmp + 16 * r, sizeof(float) * PK_ROWS);
+        }
+    }
+    return 0;
+#else
+    (void)type, (void)packed, (void)w, (void)row_bytes, (void)n0, (void)ng, (void)K, (void)xq;
+    (void)xd, (void)bs16, (void)M, (void)y, (void)ldy, (void)buf;
+    return -1;
+#endif
+}
 
 // group bytes of a packable type, 0 otherwise (for the Python side's allocation)
 int64_t ls_packed_group_bytes(int type, int64_t K) { return packed_group_bytes(type, K); }

@@ -58,6 +58,7 @@ static int qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws,
     for (int i = 0; i < nparts; i++) {
         if (part_init(&parts[i], types[i], ws[i], ns[i], row_bytes[i], cols[i]) != 0) return -1;
         if (parts[i].kq ? (K % 256 != 0 || a->kq == NULL) : a->q == NULL) return -1;
+        parts[i].kbytes = part_kbytes_on(&parts[i], M);
         total += ns[i];
     }
     if (total * K * M < (1 << 17)) nthreads = 1;  // tiny products: no thread wake-up
@@ -67,8 +68,9 @@ static int qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws,
     first[0] = 0;
     const int64_t pg = M >= ROWS_MIN_M ? PK_TASK_GROUPS : 1;  // packed groups per task
     for (int i = 0; i < nparts; i++)
-        first[i + 1] = first[i] + (parts[i].packed ? (parts[i].n / PK_ROWS + pg - 1) / pg
-                                                   : (parts[i].n + 3) / 4);
+        first[i + 1] = first[i] + (parts[i].packed || parts[i].kbytes
+                                       ? (parts[i].n / PK_ROWS + pg - 1) / pg
+                                       : (parts[i].n + 3) / 4);
     const int64_t n_tasks = first[nparts];
 #pragma omp parallel num_threads(nthreads)
     {
@@ -79,6 +81,11 @@ static int qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws,
             int i = 0;
             while (g >= first[i + 1]) i++;
             const part_t *p = &parts[i];
+            if (p->kbytes) {  // decoded groups (M >= ROWS_MIN_M, so pg groups a task)
+                const int64_t g0 = pg * (g - first[i]), left = p->n / PK_ROWS - g0;
+                part_kbytes(p, PK_ROWS * g0, left < pg ? left : pg, K, a, M, y, ldy, &t);
+                continue;
+            }
             if (p->packed) {
                 const int64_t g0 = pg * (g - first[i]), left = p->n / PK_ROWS - g0;
                 part_packed(p, PK_ROWS * g0, left < pg ? left : pg, K, a, M, y, ldy);

@@ -30,6 +30,7 @@ static int use_direct(int type) {
 typedef struct {
     int type, has_min, in_place, kq;  // kq: a K-quant, on per-256 activations
     int packed;  // rows repacked in groups of 8 (packed.h; n a multiple of 8)
+    int kbytes;  // read through decoded groups of 8 rows (packed_kb.h; set per call by M)
     unpack_fn unpack;
     dot_fn one, four, eight;
     dot_fn bu4, bu8;  // Q4_0 / Q5_0 in place: 4 and 8 rows on values decoded once (or NULL)
@@ -69,6 +70,7 @@ static inline int64_t part_row_bytes(int type, int64_t K) {
 static int part_init(part_t *p, int type, const uint8_t *w, int64_t n, int64_t row_bytes,
                      int64_t col) {
     p->packed = (type & PACKED) != 0;
+    p->kbytes = 0;
     if (p->packed) {
         type &= ~PACKED;
         if (!packable(type) || n % PK_ROWS != 0) return -1;

@@ -21,6 +21,7 @@ typedef struct {
 
 typedef struct {
     rowbuf_t r[4];  // up to 4 weight rows at a time (part_rows, part_cols4)
+    uint8_t *kb;    // a task's decoded groups (part_kbytes), allocated on first use
 } scratch_t;
 
 static void scratch_init(scratch_t *t, int64_t K) {
@@ -38,6 +39,7 @@ static void scratch_init(scratch_t *t, int64_t K) {
         b->kp.q = b->qbuf;
         b->kp.ahead = 0;
     }
+    t->kb = NULL;
 }
 
 static void scratch_free(scratch_t *t) {
@@ -52,6 +54,7 @@ static void scratch_free(scratch_t *t) {
         free(b->kp.d);
         free(b->kp.dm);
     }
+    free(t->kb);
 }
 
 // Output columns p->col + n0 .. + 3 of rows m < M (M < 4): four weight rows at a time.
@@ -228,4 +231,37 @@ static void part_packed(const part_t *p, int64_t n0, int64_t ng, int64_t K, cons
                                a->bs + m * (K / 32), K, R, M <= 4, out, ldy);
         }
     }
+}
+
+// the decoded-group tiles of packed.c (packed_kb.h)
+int ls_kbytes_type(int type);
+int64_t ls_kbytes_scratch(int64_t K, int64_t ng);
+int ls_kbytes_task(int type, int packed, const uint8_t *w, int64_t row_bytes, int64_t n0,
+                   int64_t ng, int64_t K, const int8_t *xq, const float *xd, const int16_t *bs16,
+                   int64_t M, float *y, int64_t ldy, uint8_t *buf);
+
+// Whether part p reads through decoded groups for M activation rows: a prompt-sized M (the
+// decode is once per task, read by every 4 rows), a K-quant with 16-value sub-blocks
+// (packed_kb.h; packed: Q6_K), whole groups of 8 rows. LORASERVE_KERNEL_NO_KBYTES=1 keeps
+// the rows' own paths (the tests compare both).
+static int part_kbytes_on(const part_t *p, int64_t M) {
+    return M >= ROWS_MIN_M && p->kq && p->n % PK_ROWS == 0 && ls_kbytes_type(p->type) &&
+           (!p->packed || p->type == T_Q6_K) && getenv("LORASERVE_KERNEL_NO_KBYTES") == NULL;
+}
+
+// Output columns p->col + n0 .. + 8 ng - 1 of all M rows through decoded groups (packed.c's
+// ls_kbytes_task), the task's scratch allocated on first use; where it cannot be, the
+// part's own tiles (the same bits).
+static void part_kbytes(const part_t *p, int64_t n0, int64_t ng, int64_t K, const act_t *a,
+                        int64_t M, float *y, int64_t ldy, scratch_t *t) {
+    if (t->kb == NULL) {
+        const int64_t bytes = (ls_kbytes_scratch(K, PK_TASK_GROUPS) + 63) / 64 * 64;
+        t->kb = aligned_alloc(64, (size_t)bytes);
+    }
+    if (t->kb != NULL && ls_kbytes_task(p->type, p->packed, p->w, p->row_bytes, n0, ng, K, a->kq,
+                                        a->kd, a->kbs, M, y + p->col, ldy, t->kb) == 0)
+        return;
+    if (p->packed) part_packed(p, n0, ng, K, a, M, y, ldy);
+    else
+        for (int64_t n = n0; n < n0 + PK_ROWS * ng; n += 4) part_rows(p, n, n + 4, K, a, M, y, ldy, t);
 }
