@@ -123,7 +123,10 @@ def _check(rc: int, what: str) -> None:
 class GroupedExperts:
     """The routed experts of one layer: gate|up stacks side by side (``gate_up``: one fused
     stack of 2F rows, gate first, or a gate and an up stack) and the down stack, with the
-    optional biases gate/up [E, F], down [E, H] and the activation ``act`` (`rowops.ACTS`)."""
+    optional biases gate/up [E, F], down [E, H] and the activation ``act`` (`rowops.ACTS`).
+    Ungated experts (``gated=False``: nemotron_h_moe's relu^2) give ``gate_up`` the up stack
+    alone; they run in stages (`gate_up` [P, F], the caller's activation, `down`, `combine`),
+    not by `ffn_rows`."""
 
     def __init__(
         self,
@@ -133,13 +136,16 @@ class GroupedExperts:
         gate_bias: torch.Tensor | None = None,
         up_bias: torch.Tensor | None = None,
         down_bias: torch.Tensor | None = None,
+        gated: bool = True,
     ) -> None:
         self.n_experts = len(down[0])
         self.hidden = down[0][0].shape[0]
-        self.ffn = sum(s[0][0].shape[0] for s in gate_up) // 2
-        self.act = ACTS[act]
+        self.gated = gated
+        self.width = sum(s[0][0].shape[0] for s in gate_up)  # gate_up's output columns
+        self.ffn = self.width // 2 if gated else self.width
+        self.act = ACTS[act] if gated else -1
         self._keep: list[object] = []
-        self._gate_up = self._proj(gate_up, 2 * self.ffn)
+        self._gate_up = self._proj(gate_up, self.width)
         self._down = self._proj([down], self.hidden)
         self.biases = tuple(None if b is None else b.float().contiguous()
                             for b in (gate_bias, up_bias, down_bias))  # fmt: skip
@@ -187,10 +193,10 @@ class GroupedExperts:
         return Route(off, pair, inv, pair // k, experts)
 
     def gate_up(self, x: torch.Tensor, r: Route, scale: torch.Tensor | None = None) -> torch.Tensor:
-        """x [T, H] float32 -> [P, 2F]: sorted row s is x[r.tok[s]] (times scale[s] [P]
-        float32 when given) through its expert's gate|up."""
+        """x [T, H] float32 -> [P, 2F] ([P, F] ungated): sorted row s is x[r.tok[s]] (times
+        scale[s] [P] float32 when given) through its expert's gate|up."""
         x = x.contiguous()
-        y = torch.empty(r.pair.numel(), 2 * self.ffn)
+        y = torch.empty(r.pair.numel(), self.width)
         sc = None if scale is None else scale.contiguous()
         rc = _kernels().ls_moe_matmul(
             ctypes.byref(self._gate_up), self.n_experts, r.off.data_ptr(), self.hidden,
@@ -201,6 +207,8 @@ class GroupedExperts:
 
     def act_rows(self, gu: torch.Tensor, r: Route) -> torch.Tensor:
         """gu [P, 2F] (its rows plus the gate/up biases, in place) -> act(gate) * up [P, F]."""
+        if not self.gated:
+            raise ValueError("ungated experts: the caller applies the activation")
         a = torch.empty(gu.shape[0], self.ffn)
         gb, ub, _ = self.biases
         _kernels().ls_moe_act(gu.data_ptr(), self.n_experts, r.off.data_ptr(), self.ffn, _ptr(gb),
@@ -234,6 +242,8 @@ class GroupedExperts:
         """The routed FFN in one call: x [T, H] float32, experts [T, k] int64, weights [T, k]
         -> [T, H]; ``before`` (llama4): each expert's input times its weight, its output
         unweighted. The same bits as the stages in turn."""
+        if not self.gated:
+            raise ValueError("ungated experts run in stages")
         x = x.contiguous()
         experts = experts.contiguous()
         w = weights.float().contiguous()

@@ -39,7 +39,8 @@ def base_shapes(decoder: nn.Module) -> dict[str, tuple[int, ...]]:
                 shapes[name] = (hi - lo, m.in_features)
         elif isinstance(m, MoE):
             for stem, w in (("gate", m.gate), ("up", m.up), ("down", m.down)):
-                shapes[f"{m.prefix}ffn_{stem}_exps.weight"] = (len(w), *w[0].shape)
+                if w:  # ungated experts have no gate stack
+                    shapes[f"{m.prefix}ffn_{stem}_exps.weight"] = (len(w), *w[0].shape)
             if m.fused:  # the file's fused gate|up stack (gate rows first)
                 n, d = m.gate[0].shape
                 shapes[f"{m.prefix}ffn_gate_up_exps.weight"] = (len(m.gate), 2 * n, d)

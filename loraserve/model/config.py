@@ -52,6 +52,7 @@ class ModelConfig:
     expert_ffn_dim: int = 0  # routed experts' width (0: ffn_dim)
     expert_norm: bool = True  # the chosen experts' weights renormalised to sum 1
     expert_scale: float = 0.0  # the chosen weights times this (0 or 1: unscaled)
+    moe_latent: int = 0  # routed experts' width in and out when not hidden (nemotron_h_moe)
     # q/k RMSNorm (with qk_norm): "head" per head before rope; "full" over all heads' width
     # before rope (olmo2, olmoe, minimax-m2); "head_after_rope" per head after rope (hunyuan);
     # "head_if_present": per head before rope in the layers whose file has them (glm4moe)

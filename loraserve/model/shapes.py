@@ -41,6 +41,11 @@ def _expert_ffn(c: ModelConfig, i: int) -> int:
     return per_layer(c, "expert_ffn_dim", i, 0) or ffn_width(c, i)
 
 
+def _moe_io(c: ModelConfig) -> int:
+    """The routed experts' input and output width: the latent one where the config has it."""
+    return getattr(c, "moe_latent", 0) or c.hidden_size
+
+
 def _n_experts(c: ModelConfig, i: int) -> int:
     return per_layer(c, "n_experts", i, 0)
 
@@ -116,9 +121,11 @@ SHAPES: dict[str, ShapeFn] = {
         if per_layer(c, "layer_kinds", i, "") == "deltanet"
         else (c.ssm[4], c.ssm[1] // c.ssm[4])
     ),
-    "ffn_gate_exps": lambda c, i: (_n_experts(c, i), _expert_ffn(c, i), c.hidden_size),
-    "ffn_up_exps": lambda c, i: (_n_experts(c, i), _expert_ffn(c, i), c.hidden_size),
-    "ffn_down_exps": lambda c, i: (_n_experts(c, i), c.hidden_size, _expert_ffn(c, i)),
+    "ffn_gate_exps": lambda c, i: (_n_experts(c, i), _expert_ffn(c, i), _moe_io(c)),
+    "ffn_up_exps": lambda c, i: (_n_experts(c, i), _expert_ffn(c, i), _moe_io(c)),
+    "ffn_down_exps": lambda c, i: (_n_experts(c, i), _moe_io(c), _expert_ffn(c, i)),
+    "ffn_latent_down": lambda c, i: (_moe_io(c), c.hidden_size),
+    "ffn_latent_up": lambda c, i: (c.hidden_size, _moe_io(c)),
 }
 
 
@@ -148,7 +155,10 @@ def required_stems(cfg: ModelConfig, i: int) -> list[str]:
     if not has_ffn(cfg, i):  # the mixer and its residual alone (mamba2)
         pass
     elif moe:
-        stems += ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
+        gate = [] if _ffn_kind(cfg) == "plain" else ["ffn_gate_exps"]  # plain: act(up) alone
+        stems += ["ffn_gate_inp", *gate, "ffn_up_exps", "ffn_down_exps"]
+        if getattr(cfg, "moe_latent", 0):
+            stems += ["ffn_latent_down", "ffn_latent_up"]
     else:
         stems += (["ffn_gate"] if _ffn_kind(cfg) == "gated" else []) + ["ffn_up", "ffn_down"]
     return stems

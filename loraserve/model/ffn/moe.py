@@ -9,7 +9,9 @@ raw logits and multiplies each chosen expert's input, not its output, by the wei
 experts with the architecture's activation (SiLU, or gpt-oss's clamped swiglu_oai), with router
 and expert biases where the file has them (gpt-oss: the bias of each projection after it).
 Shared experts (``*_shexp``) run on every token and are added, gated by
-``sigmoid(x . ffn_gate_inp_shexp)`` where that tensor exists (qwen2moe).
+``sigmoid(x . ffn_gate_inp_shexp)`` where that tensor exists (qwen2moe). nemotron_h_moe's
+experts, routed and shared, have no gate stack (relu(up x)^2, then down), and its routed
+experts may work in a latent space (``ffn_latent_down`` / ``ffn_latent_up`` around them).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from torch import nn
 
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
-from loraserve.model.ffn.routed import RoutedExperts
+from loraserve.model.ffn.routed import RoutedExperts, ungated_act
 from loraserve.model.layers import gated_act
 from loraserve.model.projection import Matrix, Projection, matmul
 from loraserve.model.weights import WeightSource
@@ -50,14 +52,23 @@ class MoE(nn.Module):
         # shared experts: submodules, so adapters find their parts as targets
         self.shared_gate_up: Projection | None = None
         self.shared_down: Projection | None = None
+        # gated by ffn_gate_shexp; without it act(up) alone (nemotron_h_moe's relu^2)
+        self.shared_gated = w.has(prefix + "ffn_gate_shexp.weight") or cfg.ffn_kind != "plain"
         if w.has(prefix + "ffn_up_shexp.weight"):
-            parts = [w.matrix(prefix + n + ".weight") for n in ("ffn_gate_shexp", "ffn_up_shexp")]
+            stems = ("ffn_gate_shexp", "ffn_up_shexp") if self.shared_gated else ("ffn_up_shexp",)
+            parts = [w.matrix(prefix + n + ".weight") for n in stems]
             down = w.matrix(prefix + "ffn_down_shexp.weight")
             if any(p is None for p in parts) or down is None:
                 raise ValueError(f"model file lacks a shared expert tensor of {prefix!r}")
             gate_up = Projection(prefix + "ffn_gate_up_shexp.weight", parts)  # type: ignore[arg-type]
             self.shared_gate_up = gate_up
             self.shared_down = Projection(prefix + "ffn_down_shexp.weight", [down])
+        # a latent space the routed experts work in (nemotron_h_moe: ffn_latent_down before
+        # them, ffn_latent_up after; the router and shared experts read the layer's input)
+        self.latent_down = _optional(w, prefix + "ffn_latent_down.weight")
+        self.latent_up = _optional(w, prefix + "ffn_latent_up.weight")
+        if (self.latent_down is None) != (self.latent_up is None):
+            raise ValueError(f"{prefix!r}: ffn_latent_down and ffn_latent_up go together")
         gate = w.float(prefix + "ffn_gate_inp_shexp.weight")  # [hidden] or None
         self.shared_gate = (  # [1, hidden]: one fixed-order float row
             None if gate is None else Matrix.from_float(prefix + "ffn_gate_inp_shexp.weight",
@@ -87,14 +98,26 @@ class MoE(nn.Module):
             weights = weights / weights.sum(-1, keepdim=True).clamp_min(6.103515625e-5)
         if cfg.expert_scale not in (0.0, 1.0):
             weights = weights * torch.tensor(cfg.expert_scale, dtype=torch.float32)
-        out = self.experts(h, experts, weights, get_context().lora)  # [T, hidden]
+        x = h if self.latent_down is None else self.latent_down(h)  # the experts' input
+        out = self.experts(x, experts, weights, get_context().lora)  # [T, hidden or latent]
+        if self.latent_up is not None:
+            out = self.latent_up(out)
         if self.shared_gate_up is not None and self.shared_down is not None:
-            gate, up = self.shared_gate_up(h).chunk(2, dim=-1)
-            s = self.shared_down(gated_act(gate, up, "silu"))  # [T, hidden]
+            if self.shared_gated:
+                gate, up = self.shared_gate_up(h).chunk(2, dim=-1)
+                s = self.shared_down(gated_act(gate, up, "silu"))  # [T, hidden]
+            else:
+                s = self.shared_down(ungated_act(self.shared_gate_up(h), cfg.act))
             if self.shared_gate is not None:
                 s = s * _sigmoid(matmul(h, self.shared_gate))  # [T, 1]
             out = out + s
         return out
+
+
+def _optional(w: WeightSource, name: str) -> Projection | None:
+    """The projection ``name`` where the file has it (an adapter target like the others)."""
+    m = w.matrix(name) if w.has(name) else None
+    return None if m is None else Projection(name, [m])
 
 
 def _sigmoid(x: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,8 @@
   say) keeps the one call: the staged path would give the same bits, more slowly.
 - Float experts (the float32 precision, F16/BF16 files) or no C kernels: a loop over the
   experts of the step, each on `projection.matmul`, the outputs combined the same way.
+- Experts without a gate stack (nemotron_h_moe: relu(up x)^2, then down) always run in
+  stages, the activation in torch between the grouped matmuls (or in the loop).
 
 Q6_K experts (Q4_K_M files keep some layers' ffn_down_exps in Q6_K) are repacked 8 rows to a
 group for the grouped kernels (`kernels.pack_q6k`); other types as `Matrix.pack` packs them.
@@ -40,33 +42,39 @@ class RoutedExperts:
     def __init__(self, cfg: ModelConfig, prefix: str, w: WeightSource) -> None:
         self.cfg, self.prefix = cfg, prefix
         self.fused = w.has(prefix + "ffn_gate_up_exps.weight")
+        self.gated = True
         if self.fused:  # gate|up stored fused: split at load
             fused = _stack(w, prefix + "ffn_gate_up_exps.weight")  # E x [2 ffn, hidden]
             n = fused[0].shape[0] // 2
             self.gate = [m.rows(torch.arange(n)).pack() for m in fused]
             self.up = [m.rows(torch.arange(n, 2 * n)).pack() for m in fused]
             w.release(prefix + "ffn_gate_up_exps.weight")
-        else:
-            self.gate = _packed(w, prefix + "ffn_gate_exps.weight")
+        else:  # no gate stack: act(up) alone (nemotron_h_moe's relu^2)
+            self.gated = w.has(prefix + "ffn_gate_exps.weight")
+            self.gate = _packed(w, prefix + "ffn_gate_exps.weight") if self.gated else []
             self.up = _packed(w, prefix + "ffn_up_exps.weight")
         self.down = _packed(w, prefix + "ffn_down_exps.weight")
+        # biases as the file has them; ungated experts take none (llama.cpp's graph passes none)
         self.gate_bias = w.float(prefix + "ffn_gate_exps.bias")  # [E, ffn] or None
-        self.up_bias = w.float(prefix + "ffn_up_exps.bias")  # [E, ffn] or None
-        self.down_bias = w.float(prefix + "ffn_down_exps.bias")  # [E, hidden] or None
+        self.up_bias = w.float(prefix + "ffn_up_exps.bias") if self.gated else None  # [E, ffn]
+        self.down_bias = w.float(prefix + "ffn_down_exps.bias") if self.gated else None
         self.grouped: GroupedExperts | None = None
-        stacks = [self.gate, self.up, self.down]
+        names = ("gate", "up", "down") if self.gated else ("up", "down")
+        stacks = [getattr(self, n) for n in names]
         if GroupedExperts.supports([m[0].kernel_type for m in stacks]) and all(
             m.quantized for s in stacks for m in s
         ):
-            self.gate, self.up, self.down = (_packed_q6k(s) for s in stacks)
-            for s, t, n in zip(stacks, (self.gate, self.up, self.down), ("gate", "up", "down"),
-                               strict=True):  # fmt: skip
+            for s, n in zip(stacks, names, strict=True):
+                t = _packed_q6k(s)
+                setattr(self, n, t)
                 if t is not s and not (self.fused and n != "down"):  # the mapping's pages
                     w.release(prefix + f"ffn_{n}_exps.weight")
             self.grouped = GroupedExperts(
-                [([m.data for m in s], s[0].kernel_type) for s in (self.gate, self.up)],
+                [([m.data for m in getattr(self, n)], getattr(self, n)[0].kernel_type)
+                 for n in names[:-1]],
                 ([m.data for m in self.down], self.down[0].kernel_type),
-                cfg.act, self.gate_bias, self.up_bias, self.down_bias,
+                cfg.act if self.gated else "silu", self.gate_bias, self.up_bias, self.down_bias,
+                gated=self.gated,
             )  # fmt: skip
         # the stacked targets an adapter may have on these experts
         self._targets = [prefix + f"ffn_{n}_exps.weight" for n in ("gate", "up", "down", "gate_up")]
@@ -80,20 +88,23 @@ class RoutedExperts:
         g = self.grouped
         if g is None:
             return self._loop(h, experts, weights, lora, before)
-        if lora is None or not self._adapted(lora):
+        adapted = lora is not None and self._adapted(lora)
+        if self.gated and not adapted:
             return g.ffn_rows(h, experts, weights, before)
         r = g.route(experts)
         scale = weights.reshape(-1)[r.pair].contiguous() if before else None  # [P]
-        gu = g.gate_up(h, r, scale)  # [P, 2 ffn]
+        gu = g.gate_up(h, r, scale)  # [P, 2 ffn] ([P, ffn] ungated)
         spans = _spans(r)
-        for e, lo, hi in spans:
-            x = _inputs(h, r.tok[lo:hi], None if scale is None else scale[lo:hi])
-            self._lora_gate_up(lora, e, x, gu[lo:hi], r.tok[lo:hi])
-        a = g.act_rows(gu, r)  # [P, ffn]
+        if lora is not None and adapted:
+            for e, lo, hi in spans:
+                x = _inputs(h, r.tok[lo:hi], None if scale is None else scale[lo:hi])
+                self._lora_gate_up(lora, e, x, gu[lo:hi], r.tok[lo:hi])
+        a = g.act_rows(gu, r) if self.gated else ungated_act(gu, self.cfg.act)  # [P, ffn]
         d = g.down(a, r)  # [P, hidden]
         target = self.prefix + "ffn_down_exps.weight"
-        for e, lo, hi in spans:
-            _put(d[lo:hi], lora.apply_expert(target, e, a[lo:hi], d[lo:hi], r.tok[lo:hi]))
+        if lora is not None and adapted:
+            for e, lo, hi in spans:
+                _put(d[lo:hi], lora.apply_expert(target, e, a[lo:hi], d[lo:hi], r.tok[lo:hi]))
         return g.combine(d, r, None if before else weights)
 
     def _adapted(self, lora: LoraDelta) -> bool:
@@ -108,8 +119,9 @@ class RoutedExperts:
         """Expert e's adapter deltas added in place to its rows gu [n, 2 ffn] (gate | up):
         on the stored ``ffn_gate_up_exps`` (gate rows first) where the file fuses them, else
         on ``ffn_gate_exps`` and ``ffn_up_exps``."""
-        if self.fused:
-            _put(gu, lora.apply_expert(self.prefix + "ffn_gate_up_exps.weight", e, x, gu, tok))
+        if self.fused or not self.gated:  # one stack: the fused gate|up, or up alone
+            name = "ffn_gate_up_exps" if self.fused else "ffn_up_exps"
+            _put(gu, lora.apply_expert(self.prefix + name + ".weight", e, x, gu, tok))
             return
         f = gu.shape[1] // 2
         for name, part in (("ffn_gate_exps", gu[:, :f]), ("ffn_up_exps", gu[:, f:])):
@@ -127,17 +139,23 @@ class RoutedExperts:
             pairs = torch.nonzero(flat == e).squeeze(1)  # the pairs routed to e, ascending
             tok = pairs // k
             x = _inputs(h, tok, weights.reshape(-1)[pairs] if before else None)  # [n, hidden]
-            gu = torch.cat((matmul(x, _plain(self.gate[e])), matmul(x, _plain(self.up[e]))),
-                           1)  # [n, 2 ffn]  # fmt: skip
-            if lora is not None:
-                self._lora_gate_up(lora, e, x, gu, tok)
-            f = gu.shape[1] // 2
-            g, u = gu[:, :f], gu[:, f:]  # views of one row stride, as gated_act reads them
-            if self.gate_bias is not None:
-                g += self.gate_bias[e]
-            if self.up_bias is not None:
-                u += self.up_bias[e]
-            a = gated_act(g, u, self.cfg.act)  # one C call: a row's bits are its own
+            if not self.gated:  # act(up) alone
+                gu = matmul(x, _plain(self.up[e]))  # [n, ffn]
+                if lora is not None:
+                    self._lora_gate_up(lora, e, x, gu, tok)
+                a = ungated_act(gu, self.cfg.act)
+            else:
+                gu = torch.cat((matmul(x, _plain(self.gate[e])), matmul(x, _plain(self.up[e]))),
+                               1)  # [n, 2 ffn]  # fmt: skip
+                if lora is not None:
+                    self._lora_gate_up(lora, e, x, gu, tok)
+                f = gu.shape[1] // 2
+                g, u = gu[:, :f], gu[:, f:]  # views of one row stride, as gated_act reads them
+                if self.gate_bias is not None:
+                    g += self.gate_bias[e]
+                if self.up_bias is not None:
+                    u += self.up_bias[e]
+                a = gated_act(g, u, self.cfg.act)  # one C call: a row's bits are its own
             d = matmul(a, _plain(self.down[e]))
             if lora is not None:
                 d = lora.apply_expert(self.prefix + "ffn_down_exps.weight", e, a, d, tok)
@@ -151,6 +169,14 @@ class RoutedExperts:
         for j in range(1, k):  # slot order: one add per value, the same bits anywhere
             out = out + d_all[:, j]
         return out
+
+
+def ungated_act(u: torch.Tensor, act: str) -> torch.Tensor:
+    """An ungated FFN's activation of u [n, ffn]: relu(u)^2 (nemotron-h), each value alone."""
+    if act != "relu_sqr":
+        raise ValueError(f"ungated experts with activation {act!r}")
+    r = torch.relu(u)
+    return r * r
 
 
 def _stack(w: WeightSource, name: str) -> list[Matrix]:

@@ -1,7 +1,7 @@
 """Crafted falcon-h1 / nemotron_h / jamba files are refused whole at load, with one line naming
 the problem, before any layer reads a weight (`recurrent.tensors`, `validate`): wrong shapes of
 tensors with and without a ``.weight`` suffix, missing tensors, SSM sizes that do not divide,
-per-layer counts of the wrong length, and nemotron_h_moe's experts, not run yet."""
+per-layer counts of the wrong length, and nemotron_h_moe's expert tensors that do not fit."""
 
 from __future__ import annotations
 
@@ -71,12 +71,28 @@ def test_crafted_file_refused_clearly(tmp_path: Path, arch: str, craft: Any, mes
         load_model(path)
 
 
-@pytest.mark.parametrize("arch", ["nemotron_h_moe"])
-def test_expert_variants_refused_by_name(tmp_path: Path, arch: str) -> None:
-    s = meta(meta(spec(arch), f"{arch}.expert_count", "UINT32", 4),
-             f"{arch}.expert_used_count", "UINT32", 2)  # fmt: skip
-    with pytest.raises(UnsupportedModelError, match=f"{arch}: routed experts"):
-        load_model(write_model(s, tmp_path / "moe.gguf"))
+def moe_spec(record: str = "nemotron_h_moe") -> dict[str, Any]:
+    """nemotron_h_moe's recorded variant with routed experts (scripts/record_hybrid_experts.py)."""
+    return copy.deepcopy(json.loads((DATA / f"{record}.json").read_text())["variants"]["moe"])
+
+
+@pytest.mark.parametrize(
+    "tag,craft,message",
+    [
+        ("", lambda s: reshape(s, "blk.2.ffn_up_exps.weight", [4, 256, 128]), "ffn_up_exps"),
+        ("", lambda s: reshape(s, "blk.2.ffn_down_exps.weight", None), "ffn_down_exps"),
+        ("+latent", lambda s: reshape(s, "blk.2.ffn_latent_up.weight", None), "ffn_latent_up"),
+        ("+latent", lambda s: meta(s, "nemotron_h_moe.moe_latent_size", "UINT32", 64),
+         "ffn_up_exps"),
+    ],
+    ids=["expert-width", "missing-down", "missing-latent-up", "latent-width"],
+)
+def test_crafted_expert_file_refused_clearly(
+    tmp_path: Path, tag: str, craft: Any, message: str
+) -> None:
+    path = write_model(craft(moe_spec("nemotron_h_moe" + tag)), tmp_path / "moe.gguf")
+    with pytest.raises((ModelFileError, UnsupportedModelError), match=message):
+        load_model(path)
 
 
 def test_untouched_files_load(tmp_path: Path) -> None:
