@@ -6,11 +6,12 @@ and the like), after llama.cpp's grammars for them:
 - Qwen3-Coder/Qwen3.5/StepFun (`parsers/qwen3-coder.cpp`): the required ones in any order
   (its `permute`, up to six), then the optional ones in any order;
 - MiniCPM5 (`parsers/minicpm5.cpp`): every argument in any order;
-- every optional argument may come any number of times, as llama.cpp's grammars let it
-  (`repeat(space + any_optional, 0, -1)`; `zero_or_more` in Qwen3-Coder and MiniCPM5), so a
-  key may repeat (the parser keeps each occurrence, JSON readers the last); ours keeps the
-  required ones exactly once where MiniCPM5's lets them be left out or repeat (each tool's
-  `required` holds);
+- the optional arguments in any order, a key repeating, as llama.cpp's grammars let them
+  (`repeat(space + any_optional, 0, -1)`; `zero_or_more` in Qwen3-Coder and MiniCPM5; the
+  parser keeps each occurrence, JSON readers the last), up to `optional_runs` of them in a
+  row (each once and four more: a random model repeating one key otherwise never ends the
+  call); ours keeps the required ones exactly once where MiniCPM5's lets them be left out
+  or repeat (each tool's `required` holds);
 - a value whose schema may be a string is raw text up to the value's end marker (a union
   with other types too: llama.cpp's grammar keeps only the string rule), MiniCPM5's may be
   wrapped in `<![CDATA[..]]>` (then it may hold the end marker); any other value is JSON
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from loraserve.chat.formats.description import ChatFormat
+from loraserve.chat.formats.special.lark import optional_runs
 from loraserve.chat.formats.values import may_be_string
 
 NO_CDATA = r"NOCDATA: /(.|\n)*/ & ~/<!\[CDATA\[(.|\n)*/"
@@ -51,12 +53,12 @@ class TaggedArgs:
         detector = self.fmt.detector
         ws = "" if detector == "qwen3_coder" else "WS "  # the autoparser's `space` between
         if detector == "minicpm5":  # each argument then `space`, in any order
-            return self._any_order(req, any_opt, ws)
+            return self._any_order(req, any_opt, ws, optional_runs(len(opt)))
         if detector == "qwen3_coder" and 1 < len(req) <= MAX_PERMUTE:
             head = self._permute(req, ws)
         else:
             head = " ".join(f"{ws if i else ''}{a}" for i, a in enumerate(req))
-        return f"{head} ({ws}{any_opt})*".strip() if opt else head
+        return f"{head} ({ws}{any_opt}){{0,{optional_runs(len(opt))}}}".strip() if opt else head
 
     def _permute(self, req: list[str], ws: str) -> str:
         """Each of `req` exactly once, in any order, `ws` between (llama.cpp's `permute`);
@@ -75,11 +77,11 @@ class TaggedArgs:
 
         return left((1 << len(req)) - 1)
 
-    def _any_order(self, req: list[str], any_opt: str, ws: str) -> str:
-        """MiniCPM5: the arguments in any order, each followed by `ws`, the optional ones any
-        number of times, the required ones once each (in the schema's order past
-        MAX_ANY_ORDER of them)."""
-        tail = f"({any_opt} {ws})*" if any_opt else ""
+    def _any_order(self, req: list[str], any_opt: str, ws: str, most: int) -> str:
+        """MiniCPM5: the arguments in any order, each followed by `ws`, the optional ones
+        repeating (up to `most` in a row), the required ones once each (in the schema's
+        order past MAX_ANY_ORDER of them)."""
+        tail = f"({any_opt} {ws}){{0,{most}}}" if any_opt else ""
         if not req:
             return tail
         if len(req) > MAX_ANY_ORDER:

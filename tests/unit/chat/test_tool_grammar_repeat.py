@@ -1,9 +1,11 @@
 """Tagged arguments as llama.cpp's grammars take them: an optional argument may come any
 number of times (`repeat(space + any_optional, 0, -1)` in the autoparser, DeepSeek's DSML
 and MiniMax-M3; `zero_or_more` in Qwen3-Coder, Ling 3, Kimi K3, MiniCPM5 and Muse), the
-required ones once. Each template writes the call itself (keys renamed afterwards, as a
-dict cannot hold one twice); the `required` grammar accepts the repeats and refuses a
-required argument written twice, and the parser keeps every occurrence in order.
+required ones once; up to `optional_runs` optional ones in a row (each once and four
+more), so a random model repeating a key still ends the call. Each template writes the
+call itself (keys renamed afterwards, as a dict cannot hold one twice); the `required`
+grammar accepts the repeats and refuses a required argument written twice, and the parser
+keeps every occurrence in order.
 
 Ours keeps each required argument exactly once where llama.cpp's MiniCPM5, Kimi K3 and Muse
 grammars let them be left out or repeat (the tool's `required` holds): those refusals are
@@ -18,7 +20,7 @@ import pytest
 from loraserve.chat.formats.grammar import tool_grammar
 from loraserve.chat.formats.parse import ChatParser
 from loraserve.chat.formats.special.grammars import dialect_grammar
-from loraserve.chat.formats.special.lark import named
+from loraserve.chat.formats.special.lark import named, optional_runs
 from tests.unit.chat.format_util import TEMPLATES, assistant_text, grammar_accepts
 from tests.unit.chat.test_formats_parse_oracle import _format
 from tests.unit.chat.test_formats_roundtrip import _named_token
@@ -38,7 +40,7 @@ TAGGED = [
 
 
 def _call_text(name: str, args: dict) -> str:
-    """The call as the template writes it, keys `zz<key>` renamed to `<key>`."""
+    """The call as the template writes it, keys `zz<key>` (`zzzz<key>`..) renamed `<key>`."""
     src = (TEMPLATES / name).read_text()
     call = {"id": "abc123def", "type": "function",
             "function": {"name": "weather", "arguments": args}}  # fmt: skip
@@ -80,3 +82,14 @@ def test_required_argument_only_once(name: str) -> None:
 def test_required_argument_present(name: str) -> None:
     text = _call_text(name, {"unit": "c"})
     assert _accepts(name, text) is not None, text
+
+
+@pytest.mark.parametrize("name", TAGGED)
+def test_optional_runs_are_bounded(name: str) -> None:
+    """Up to `optional_runs` optional arguments after the required ones (two optional
+    ones: six), so a model repeating a key reaches the call's end."""
+    assert optional_runs(2) == 6
+    six = {"city": "Paris", "unit": "c", "days": 2, "zzunit": "f", "zzdays": 3,
+           "zzzzunit": "c", "zzzzdays": 4}  # fmt: skip
+    assert _accepts(name, _call_text(name, six)) is None
+    assert _accepts(name, _call_text(name, {**six, "zzzzzzunit": "f"})) is not None

@@ -8,7 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 from loraserve.chat.formats.special import cohere2, kimi_k3, ling3
-from loraserve.chat.formats.special.lark import Lark, closed, json_value, members, permuted
+from loraserve.chat.formats.special.lark import (
+    Lark,
+    closed,
+    json_value,
+    members,
+    optional_runs,
+    permuted,
+)
 from loraserve.chat.formats.special.text import types_of
 
 
@@ -43,7 +50,7 @@ def ling3_body(
         one = g.rule(" | ".join(opt)) if opt else ""
         # llama.cpp's: the required ones once each in any order, the optional ones any number
         args = permuted(g, [member(k, props[k]) for k in need], "WS")
-        args += f" (WS {one})*" if one else ""
+        args += f" (WS {one}){{0,{optional_runs(len(opt))}}}" if one else ""
         calls.append(g.rule(f'"{fn["name"]}" {args} WS {g.q(ling3.CALL_END)}'))
     rest = g.rule(" | ".join(calls))
     more = f"(WS {g.q(ling3.CALL)} {rest})*" if parallel else ""

@@ -14,6 +14,7 @@ SPACE = r"( |\n{1,2}[ \t]{0,20})?"  # llama.cpp's json-schema-to-grammar `space`
 # and `\uXXXX` escapes as its `char` rule takes them (templates' ASCII-only `tojson`)
 STYLE = {"whitespace_flexible": True, "whitespace_pattern": SPACE, "item_separator": ",",
          "key_separator": ":", "json_allow_general_unicode_escapes": True}  # fmt: skip
+REPEATS = 4  # optional arguments written again beyond each one once (`optional_runs`)
 NUMBER = r"/-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][-+]?[0-9]{1,3})?/"  # bounded digits
 
 
@@ -110,19 +111,27 @@ def closed(params: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
+def optional_runs(n: int) -> int:
+    """How many optional arguments may follow one another: each of the `n` once, and
+    `REPEATS` more (llama.cpp's grammars take any number, keys repeating; a bound lets a
+    random model that keeps repeating one reach the call's end)."""
+    return n + REPEATS
+
+
 def members(g: Lark, params: dict[str, Any], member: Callable[[str, Any], str], sep: str) -> str:
     """The arguments: the required ones in the schema's order, then the optional ones in any
-    order and number, `sep` between (llama.cpp's `repeat(space + any_optional, 0, -1)`)."""
+    order, keys repeating (llama.cpp's `repeat(space + any_optional, 0, -1)`, bounded by
+    `optional_runs`), `sep` between."""
     props = params.get("properties") or {}
     required = [k for k in props if k in (params.get("required") or [])]
     head = f" {sep} ".join(member(k, props[k]) for k in required)
     opt = [member(k, props[k]) for k in props if k not in required]
     if not opt:
         return head
-    anyone = g.rule(" | ".join(opt))
+    anyone, most = g.rule(" | ".join(opt)), optional_runs(len(opt))
     if not head:  # no first member to hang the separators on
-        return f"({anyone} ({sep} {anyone})*)?"
-    return f"{head} ({sep} {anyone})*"
+        return f"({anyone} ({sep} {anyone}){{0,{most - 1}}})?"
+    return f"{head} ({sep} {anyone}){{0,{most}}}"
 
 
 def permuted(g: Lark, items: list[str], sep: str, limit: int = 6) -> str:
