@@ -238,6 +238,8 @@ class OAIChatRequest(_GenerationParams):
     reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] | None = None
     reasoning_effort: str | None = None
     reasoning_budget_tokens: int | None = Field(None, ge=-1)
+    thinking_budget_tokens: int | None = Field(None, ge=-1)  # llama-server's other spelling
+    reasoning_budget_message: str | None = None  # before the forced end (over the flag's)
 
     @model_validator(mode="after")
     def _tools(self) -> Self:

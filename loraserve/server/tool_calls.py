@@ -125,21 +125,37 @@ def is_response_format(constrained: tuple[str, Any] | None) -> bool:
     return constrained is not None and constrained[0] != "grammar"
 
 
-def reasoning_budget(cfg: Any, body: Any) -> int:
-    """The request's reasoning budget in tokens (`reasoning_budget_tokens`, else
-    `--reasoning-budget`; -1: none), as llama-server reads it."""
+@dataclass(frozen=True)
+class Budget:
+    """A request's reasoning budget: tokens (-1: none) and the message written before the
+    forced end marker ("" : none)."""
+
+    tokens: int = -1
+    message: str = ""
+
+
+def reasoning_budget(cfg: Any, body: Any) -> Budget:
+    """The request's reasoning budget, as llama-server reads it: `reasoning_budget_tokens`
+    (else `thinking_budget_tokens`, else `--reasoning-budget`; -1: none) and
+    `reasoning_budget_message` (else `--reasoning-budget-message`)."""
     budget = getattr(body, "reasoning_budget_tokens", None)
+    if budget is None:
+        budget = getattr(body, "thinking_budget_tokens", None)
     if budget is None or budget == -1:
         budget = getattr(cfg, "reasoning_budget", -1)
-    return -1 if budget is None else int(budget)
+    message = getattr(body, "reasoning_budget_message", None)
+    if message is None:
+        message = getattr(cfg, "reasoning_budget_message", "") or ""
+    return Budget(-1 if budget is None else int(budget), message)
 
 
-def _budget(tok: Tokenizer, fmt: ChatFormat, prompt: str, budget: int) -> BudgetSpec | None:
+def _budget(tok: Tokenizer, fmt: ChatFormat, prompt: str, budget: Budget) -> BudgetSpec | None:
     """The budget's markers as tokens: the reasoning start arms it, the end marker (or a
-    marker that also ends reasoning) ends it, and the end marker is forced when it is spent
-    (llama-server's thinking_start_tag / thinking_end_tags)."""
+    marker that also ends reasoning) ends it, and the end marker, after the budget's
+    message, is forced when it is spent (llama-server's thinking_start_tag /
+    thinking_end_tags / reasoning_budget_message)."""
     start, end = fmt.reasoning_start.strip(), fmt.reasoning_end.rstrip()
-    if budget < 0 or not start or not end.strip():
+    if budget.tokens < 0 or not start or not end.strip():
         return None
 
     def ids(text: str) -> tuple[int, ...]:
@@ -157,8 +173,9 @@ def _budget(tok: Tokenizer, fmt: ChatFormat, prompt: str, budget: int) -> Budget
 
     ends = [end, end.strip(), *(m.strip() for m in fmt.reasoning_stops)]
     end_seqs = [s for e in dict.fromkeys(ends) if e for s in spellings(e)]
-    return BudgetSpec(budget, tuple(dict.fromkeys(spellings(start))),
-                      tuple(dict.fromkeys(end_seqs)), ids(end),
+    forced = (ids(budget.message) if budget.message else ()) + ids(end)
+    return BudgetSpec(budget.tokens, tuple(dict.fromkeys(spellings(start))),
+                      tuple(dict.fromkeys(end_seqs)), forced,
                       opens_reasoning(fmt, prompt))  # fmt: skip
 
 
@@ -199,12 +216,12 @@ async def plan_reply(
     parallel: bool = True,
     reasoning_format: str | None = None,
     has_grammar: bool = False,
-    budget: int = -1,
+    budget: Budget | int = -1,
     response_format: bool = False,
     continuation: str | bool | None = None,
 ) -> ReplyPlan:
     """The plan of one request: its format, parser settings, compiled tool grammar and
-    reasoning budget (`budget` tokens; -1: none); a 400 for a grammar with active tools or
+    reasoning budget (`budget`, or its tokens; -1: none); a 400 for a grammar with active tools or
     a named function missing from `tools`. `response_format`: a JSON answer was asked for
     (`json_schema`, `response_format`), whose ```json fences the parser unwraps;
     `continuation`: the continued assistant message's text (`continues`), None when none."""
@@ -212,10 +229,10 @@ async def plan_reply(
     fmt = await asyncio.to_thread(chat_format, state, tools)
     rf = reasoning_format or getattr(cfg, "reasoning_format", "auto")
     active = tools if tools and choice != "none" else None
+    if active and has_grammar:  # llama-server checks it before --skip-chat-parsing too
+        raise invalid_request("Cannot specify grammar with tools")
     if getattr(cfg, "skip_chat_parsing", False):
         return ReplyPlan(PLAIN, None, "none", "none", False)
-    if active and has_grammar:
-        raise invalid_request("Cannot specify grammar with tools")
     if active and choice not in ("auto", "required"):
         if not any(t["function"]["name"] == choice for t in active):
             raise invalid_request(f"tool_choice: no function named {choice!r} in tools")
@@ -237,7 +254,7 @@ async def plan_reply(
     cont = continuation is not None and continuation is not False
     plan = ReplyPlan(fmt, active, choice, rf, thinking_open, lead, continuation=cont)
     tok = state.require().tokenizer
-    plan.budget = _budget(tok, fmt, prompt, budget)
+    plan.budget = _budget(tok, fmt, prompt, Budget(budget) if isinstance(budget, int) else budget)
     plan.response_format = response_format and not active
     if active:
         engine = state.require()

@@ -1,8 +1,9 @@
 """Command-line flags of chat parsing, as llama-server spells them: `--reasoning-format`
 (none: reasoning stays in `content`; auto / deepseek: it goes to `reasoning_content`;
 deepseek-legacy: also, except in streams, where it stays inline), `--reasoning-budget`
-(-1 unlimited; 0 turns thinking off; N forces the end marker after N reasoning tokens) and
-`--skip-chat-parsing` (answers are plain text: no reasoning split, no tool calls); and of
+(-1 unlimited; 0 turns thinking off; N forces the end marker after N reasoning tokens),
+`--reasoning-budget-message` (written before that forced end marker) and
+`--[no-]skip-chat-parsing` (answers are plain text: no reasoning split, no tool calls); and of
 chat rendering: `-rea/--reasoning on|off|auto` (`enable_thinking` for the template; auto:
 on where the template supports thinking; llama.cpp's spellings: on/enabled/true/1,
 off/disabled/false/0, auto/-1), `--reasoning-effort LEVEL` (a template kwarg; "default"
@@ -45,6 +46,12 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         type=int_in(-1),
         help="-1 = unlimited, 0 = thinking off (default: %(default)s)",
     )
+    g.add_argument(
+        "--reasoning-budget-message",
+        metavar="MESSAGE",
+        help="written before the forced end of thinking when the reasoning budget is spent "
+        "(default: none)",
+    )
     r = p.add_argument_group("chat rendering")
     r.add_argument(
         "-rea",
@@ -75,8 +82,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--skip-chat-parsing",
-        action="store_true",
-        help="answer plain text: no reasoning_content, no tool calls",
+        action=argparse.BooleanOptionalAction,
+        help="answer plain text: no reasoning_content, no tool calls (default: %(default)s)",
     )
 
 

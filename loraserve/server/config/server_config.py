@@ -88,6 +88,7 @@ class ServerConfig:
     strict_model_names: bool = False
     reasoning_format: str = "auto"  # chat parsing: see `server/config/chat_flags.py`
     reasoning_budget: int = -1
+    reasoning_budget_message: str = ""
     skip_chat_parsing: bool = False
     reasoning: str = "auto"  # chat rendering: see `server/config/chat_flags.py`
     prefill_assistant: bool = True
