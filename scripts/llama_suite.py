@@ -127,10 +127,38 @@ def prepare(work: Path, model: Path, start_s: int = 0) -> Path:
         "stories15M-q4_0.gguf": model,
     }.items():
         (tmp / name).symlink_to(target)
+    router_cache(tmp, model)
     wrapper = work / "server-wrapper"
     wrapper.write_text(WRAPPER.format(python=sys.executable))
     wrapper.chmod(0o755)
     return tests
+
+
+# The download-cache models llama.cpp's router tests name (test_router.py); its download test's
+# model is left out (nothing is downloaded). The commit is any valid one.
+ROUTER_MODELS = {
+    "ggml-org/tinygemma3-GGUF": "tinygemma3-Q8_0.gguf",
+    "ggml-org/test-model-stories260K": "stories260K-F32.gguf",
+    "ggml-org/test-model-stories260K-infill": "stories260K-infill-F32.gguf",
+}
+CACHE_COMMIT = "0" * 40
+
+
+def router_cache(tmp: Path, model: Path) -> None:
+    """A Hugging Face hub cache in ``tmp`` (the suite's LLAMA_CACHE) holding the router tests'
+    models, each a hard link to ``model`` (a copy across file systems): both routers list
+    it, and each model is its own file, as each is a process of its own in llama-server's
+    router (loraserve's router shares one engine between ids of one file)."""
+    for repo_id, name in ROUTER_MODELS.items():
+        folder = tmp / ("models--" + repo_id.replace("/", "--"))
+        (folder / "refs").mkdir(parents=True)
+        (folder / "refs" / "main").write_text(CACHE_COMMIT)
+        snapshot = folder / "snapshots" / CACHE_COMMIT
+        snapshot.mkdir(parents=True)
+        try:
+            os.link(model, snapshot / name)
+        except OSError:
+            shutil.copy(model, snapshot / name)
 
 
 def free_port() -> int:
@@ -154,6 +182,7 @@ def run_target(target: str, tests: Path, work: Path, model: Path, args: argparse
         "SUITE_LLAMA_BIN": str(llama or ""),
         "SUITE_EXITS": str(exits),
         "PORT": str(free_port()),
+        "LLAMA_CACHE": str(tests / "tmp"),  # the suite's default (relative), made absolute
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         # the tools tests read and write the tree and /tmp by absolute path: loraserve's

@@ -111,3 +111,41 @@ def test_tests_never_read_the_machines_cache() -> None:
     lists do not depend on what this machine has downloaded."""
     assert hf_cache.cached_models() == {}
     assert "LLAMA_CACHE" in os.environ
+
+
+def test_hf_repo_resolves_in_the_cache_as_llama_server_offline(cache: Path) -> None:
+    tiny = cache / "models--org--tiny-GGUF" / "snapshots" / COMMIT
+    assert hf_cache.resolve("org/tiny-GGUF:q8_0") == str(tiny / "tiny-Q8_0.gguf")
+    assert hf_cache.resolve("org/tiny-GGUF:F16") == str(tiny / "tiny.f16.gguf")
+    assert hf_cache.resolve("org/tiny-GGUF") == str(tiny / "tiny-Q8_0.gguf")  # Q4_K_M, Q8_0
+    assert hf_cache.resolve("org/tiny-GGUF", "tiny.f16.gguf") == str(tiny / "tiny.f16.gguf")
+    split = cache / "models--org--split-GGUF" / "snapshots" / COMMIT / "q4"
+    assert hf_cache.resolve("org/split-GGUF") == str(split / "big-Q4_K_M-00001-of-00002.gguf")
+    for missing in ("org/tiny-GGUF:Q2_K", "org/none", "org/stale:Q8_0"):
+        assert hf_cache.resolve(missing) is None, missing
+    assert parse_server_args(["-hf", "org/tiny-GGUF:F16"]).model == str(tiny / "tiny.f16.gguf")
+    assert not parse_server_args(["-hf", "org/tiny-GGUF:F16"]).router
+
+
+def test_dedup_cache_models_hides_the_entries_presets_serve(cache: Path, tmp_path: Path) -> None:
+    ini = tmp_path / "p.ini"
+    for text in (
+        "[p]\nhf-repo = org/tiny-GGUF:Q8_0\ndedup-cache-models = 1\n",
+        "[*]\ndedup-cache-models = true\n[p]\nhf = org/split-GGUF\nhfd = org/tiny-GGUF:Q8_0\n",
+    ):
+        ini.write_text(text)
+        catalog = presets.load_catalog(parse_server_args(["--models-preset", str(ini)]))
+        listed = {n for n, p in catalog.items() if p.listed}
+        assert "org/tiny-GGUF:Q8_0" in catalog and "org/tiny-GGUF:Q8_0" not in listed, text
+        assert {"p", "org/tiny-GGUF:F16"} <= listed and catalog["p"].error is None, text
+    hidden_split = "org/split-GGUF:Q4_K_M" not in listed
+    assert hidden_split  # the second preset's model is hidden too
+    ini.write_text("[p]\nhf-repo = org/tiny-GGUF:Q8_0\n")
+    catalog = presets.load_catalog(parse_server_args(["--models-preset", str(ini)]))
+    assert all(p.listed for p in catalog.values())
+    with router(["--models-preset", str(ini)]) as (c, _):
+        ini.write_text("[p]\nhf-repo = org/tiny-GGUF:Q8_0\ndedup-cache-models = 1\n")
+        ids = {m["id"] for m in c.get("/models?reload=1").json()["data"]}
+        assert "p" in ids and "org/tiny-GGUF:Q8_0" not in ids
+        body = {"model": "org/tiny-GGUF:Q8_0", "content": "hi"}  # hidden, still served
+        assert c.post("/tokenize", json=body).status_code == 200

@@ -67,6 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("llama-server flags")
     a = g.add_argument
     a("-m", "--model", help="GGUF file or Hugging Face folder (default: the built-in model)")
+    a(
+        "-hf",
+        "-hfr",
+        "--hf-repo",
+        metavar="REPO[:TAG]",
+        dest="hf_repo",
+        help="a model of the Hugging Face download cache (LLAMA_CACHE, ...); nothing is downloaded",
+    )
+    a("-hff", "--hf-file", metavar="FILE", dest="hf_file", help="that file of the -hf repository")
     a("--lora", action=LoraAction, metavar="PATH[,PATH]", help="adapter at scale 1")
     a(
         "--lora-scaled",
@@ -190,6 +199,18 @@ def parse_server_args(argv: list[str]) -> ServerConfig:
     ns = parser.parse_args(argv[1:] if argv[:1] == ["serve"] else argv)
     if ns.n_parallel == 0:
         parser.error("argument -np/--parallel: must be >= 1 (or -1 = auto), got 0")
+    if ns.hf_repo is not None:  # llama-server offline: the file in its download cache
+        from loraserve.server.router.hf_cache import cache_dir, resolve
+
+        if ns.model is not None:
+            parser.error("argument -hf/--hf-repo: give it or -m, not both")
+        ns.model = resolve(ns.hf_repo, ns.hf_file or "")
+        if ns.model is None:
+            parser.error(
+                f"argument -hf/--hf-repo: {' '.join(filter(None, (ns.hf_repo, ns.hf_file)))} is "
+                f"not in the download "
+                f"cache ({cache_dir()}); loraserve downloads nothing: pass -m PATH"
+            )
     api_keys = list(ns.api_keys)
     if ns.api_key_file:
         api_keys += read_api_key_file(parser, ns.api_key_file)

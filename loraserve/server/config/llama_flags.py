@@ -32,7 +32,7 @@ IGNORED_WITH_VALUE = """
 
 # Flags llama-server has and loraserve refuses, with why (an error beats a silent difference).
 UNSUPPORTED_FLAGS = {
-    "-hf|-hfr|--hf-repo|-hff|--hf-file|-mu|--model-url": "downloading models; pass -m PATH",
+    "-mu|--model-url": "downloading models; pass -m PATH (or -hf REPO[:TAG] of the cache)",
     "-mm|--mmproj|-mmu|--mmproj-url": "multimodal models",
     "--grammar|--grammar-file|-j|--json-schema|-jf|--json-schema-file": (
         "a server-wide grammar; send `grammar` or `json_schema` with each request"

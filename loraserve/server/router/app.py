@@ -229,7 +229,7 @@ def create_router_app(cfg: ServerConfig) -> FastAPI:
         if request.query_params.get("reload"):
             await router.reload()
         t = int(time.time())
-        data = [await router.model_entry(p, t) for p in router.catalog.values()]
+        data = [await router.model_entry(p, t) for p in router.catalog.values() if p.listed]
         return {"data": data, "object": "list"}
 
     @app.get("/models/sse")

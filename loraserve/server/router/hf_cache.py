@@ -7,6 +7,11 @@ first of `$LLAMA_CACHE`, `$HF_HUB_CACHE`, `$HUGGINGFACE_HUB_CACHE`, `$HF_HOME/hu
 `gemma-Q4_K_M.gguf`), from the first shard of a split file; projectors (`mmproj`) and draft
 heads (`mtp-`, `eagle3-`, `dflash-`, `dspark-`) are left out.
 
+`resolve` finds the file of `-hf REPO[:TAG]` (and `-hff FILE`) in the cache as llama-server
+does offline (`common_download_resolve_path`: the tag's file, else Q4_K_M, else Q8_0, else the
+first model); `dedup_hidden` is the router's `dedup-cache-models`: cache entries whose file a
+preset with that key already serves (as its `hf-repo` or `spec-draft-hf`) are not listed.
+
 loraserve downloads nothing: what is in the cache is served, by that name, as any file.
 """
 
@@ -79,29 +84,82 @@ def _commit(repo: Path) -> str | None:
     return found
 
 
-def cached_models(root: Path | None = None) -> dict[str, str]:
-    """`ORG/NAME:TAG` -> the file to load (its first shard), for every model in the cache."""
+def _repos(root: Path | None, only: str | None = None) -> dict[str, list[tuple[str, Path]]]:
+    """Repository id -> its snapshot's GGUF files (path in the repository, local path)."""
     root = cache_dir() if root is None else root
-    out: dict[str, str] = {}
+    out: dict[str, list[tuple[str, Path]]] = {}
     if root is None or not root.is_dir():
         return out
     for repo in sorted(root.iterdir()):
         repo_id = _repo_id(repo.name)
-        commit = _commit(repo) if repo_id and repo.is_dir() else None
-        snapshot = repo / "snapshots" / commit if commit else None
-        if repo_id is None or snapshot is None or not snapshot.is_dir():
+        if repo_id is None or (only is not None and repo_id != only) or not repo.is_dir():
             continue
-        files = []
+        commit = _commit(repo)
+        snapshot = repo / "snapshots" / commit if commit else None
+        if snapshot is None or not snapshot.is_dir():
+            continue
+        files = out.setdefault(repo_id, [])
         for n, path in enumerate(sorted(snapshot.rglob("*.gguf"))):
             if n >= MAX_FILES:
                 break
-            files.append(path)
-        for path in files:
-            info = split_info(path.relative_to(snapshot).as_posix())
-            if info is None or (not path.is_file()):
-                continue
-            prefix, tag, index = info
-            if index != 1 or not tag or any(s in prefix for s in _SKIPPED):
-                continue
-            out.setdefault(f"{repo_id}:{tag}", str(path))
+            if path.is_file():
+                files.append((path.relative_to(snapshot).as_posix(), path))
     return out
+
+
+def _is_model(info: tuple[str, str, int] | None) -> bool:
+    return info is not None and not any(s in info[0] for s in _SKIPPED)
+
+
+def cached_models(root: Path | None = None) -> dict[str, str]:
+    """`ORG/NAME:TAG` -> the file to load (its first shard), for every model in the cache."""
+    out: dict[str, str] = {}
+    for repo_id, files in _repos(root).items():
+        for name, path in files:
+            info = split_info(name)
+            if _is_model(info) and info is not None and info[2] == 1 and info[1]:
+                out.setdefault(f"{repo_id}:{info[1]}", str(path))
+    return out
+
+
+def resolve(repo_tag: str, hf_file: str = "", root: Path | None = None) -> str | None:
+    """The cached file of `-hf REPO[:TAG]` (`-hff FILE`: that file), None if not cached."""
+    repo_id, _, tag = repo_tag.partition(":")
+    files = _repos(root, repo_id).get(repo_id, [])
+    if hf_file:
+        return next((str(p) for n, p in files if n == hf_file), None)
+    models = [(n, p) for n, p in files if _is_model(info := split_info(n)) and info[2] == 1]
+    for t in [tag] if tag else ["Q4_K_M", "Q8_0"]:
+        pattern = re.compile(re.escape(t) + "[.-]", re.IGNORECASE)
+        for name, path in models:
+            if pattern.search(name):
+                return str(path)
+    return str(models[0][1]) if models and not tag else None
+
+
+_HF_KEYS = {  # INI keys of a preset's cached files (their flag and environment spellings)
+    "repo": ("hf-repo", "hf", "hfr", "LLAMA_ARG_HF_REPO"),
+    "file": ("hf-file", "hff", "LLAMA_ARG_HF_FILE"),
+    "draft": ("spec-draft-hf", "hfd", "hfrd", "hf-repo-draft", "LLAMA_ARG_SPEC_DRAFT_HF_REPO"),
+}
+
+
+def dedup_hidden(keys: list[dict[str, str]], cache: dict[str, str]) -> set[str]:
+    """The cache ids (of `cache`: id -> file) whose file one of the presets `keys` (merged
+    INI keys) with `dedup-cache-models` true serves as its model or draft model."""
+
+    def first(merged: dict[str, str], kind: str) -> str:
+        return next((merged[k] for k in _HF_KEYS[kind] if merged.get(k)), "")
+
+    served = set()
+    for merged in keys:
+        if merged.get("dedup-cache-models", "").lower() not in ("1", "true", "on", "yes"):
+            continue
+        for repo, file in (
+            (first(merged, "repo"), first(merged, "file")),
+            (first(merged, "draft"), ""),
+        ):
+            path = resolve(repo, file) if repo else None
+            if path is not None:
+                served.add(path)
+    return {name for name, path in cache.items() if path in served}

@@ -34,7 +34,7 @@ from typing import Any
 
 from loraserve.server.config.arg_types import LoraSpec
 from loraserve.server.config.args import ServerConfig, build_parser, parse_server_args
-from loraserve.server.router.hf_cache import cached_models
+from loraserve.server.router.hf_cache import cached_models, dedup_hidden
 
 ROUTER_KEYS = ("load-on-startup", "stop-timeout", "dedup-cache-models")
 DEFAULT_STOP_TIMEOUT_S = 10.0  # llama-server's
@@ -68,6 +68,7 @@ class Preset:
     load_on_startup: bool = False
     stop_timeout: float = DEFAULT_STOP_TIMEOUT_S
     error: str | None = None
+    listed: bool = True  # in GET /models (a cache entry `dedup-cache-models` hides: False)
 
     @property
     def key(self) -> ServerConfig | None:
@@ -206,7 +207,8 @@ def load_catalog(cfg: ServerConfig) -> dict[str, Preset]:
 
             demo = ",".join(f"{gguf_path(name)}:0" for name in DEMO_ADAPTERS)
             sections[default[0]][1]["lora-scaled"] = demo
-    for name, path in cached_models().items():  # llama-server's download cache
+    cache = cached_models()  # llama-server's download cache
+    for name, path in cache.items():
         sections[name] = ("cache", {"model": path})
     if cfg.models_dir:
         for name, path in models_dir_entries(cfg.models_dir).items():
@@ -216,6 +218,8 @@ def load_catalog(cfg: ServerConfig) -> dict[str, Preset]:
             continue
         source, base = sections.get(name, ("preset", {}))
         sections[name] = (source, {**base, **keys})
+    merged_ini = [{**common, **keys} for name, keys in ini.items() if name not in ("", "*")]
+    hidden = dedup_hidden(merged_ini, {n: p for n, p in cache.items() if sections[n][0] == "cache"})
     router_args = strip_router_args(cfg.argv)
     base_cfg = _parse(router_args)
     presets = {}
@@ -229,7 +233,9 @@ def load_catalog(cfg: ServerConfig) -> dict[str, Preset]:
             if child.model is None:
                 raise PresetError("no model: give `model = PATH` (or use --models-dir)")
             presets[name] = dataclasses.replace(
-                _preset(name, source, text, child, base_cfg, extra), args=("loraserve", *argv)
+                _preset(name, source, text, child, base_cfg, extra),
+                args=("loraserve", *argv),
+                listed=name not in hidden,
             )
         except PresetError as e:
             presets[name] = Preset(name, source, text, error=str(e))
