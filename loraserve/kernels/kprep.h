@@ -26,17 +26,21 @@ static inline int k_has_min(int type) {
 // their unpackers write (quant_blocks.h), whose scalar loops were most of a decode row's
 // time (Q3_K: ~70% of a 1-row matmul in perf's samples). Returns 0 for another type.
 static int k_values(int type, const uint8_t *r, int64_t K, int8_t *q) {
-    if (type != T_Q2_K && type != T_Q3_K && type != T_Q5_K) return 0;
+    if (type != T_Q2_K && type != T_Q3_K && type != T_Q5_K && type != T_TQ2_0) return 0;
     const __m256i m1 = _mm256_set1_epi8(1), m3 = _mm256_set1_epi8(3), lo4 = _mm256_set1_epi8(15);
 #define LS_SR(v, n) _mm256_srl_epi16(v, _mm_cvtsi32_si128(n))
 #define LS_ST(o, v) _mm256_storeu_si256((__m256i *)(o), v)
     for (int64_t b = 0; b < K / 256; b++) {
         int8_t *o = q + 256 * b;
-        if (type == T_Q2_K) {  // value 128h + 32j + l: bits 2j, 2j + 1 of qs[32h + l]
-            const uint8_t *x = r + 84 * b;
+        if (type == T_Q2_K || type == T_TQ2_0) {  // value 128h + 32j + l: bits 2j, 2j + 1 of
+            // qs[32h + l] (TQ2_0: qs first, less 1)
+            const int tq = type == T_TQ2_0;
+            const uint8_t *x = tq ? r + 66 * b : r + 84 * b + 16;
             for (int h = 0; h < 2; h++) {
-                const __m256i qs = _mm256_loadu_si256((const __m256i *)(x + 16 + 32 * h));
-                for (int j = 0; j < 4; j++) LS_ST(o + 128 * h + 32 * j, _mm256_and_si256(LS_SR(qs, 2 * j), m3));
+                const __m256i qs = _mm256_loadu_si256((const __m256i *)(x + 32 * h));
+                for (int j = 0; j < 4; j++)
+                    LS_ST(o + 128 * h + 32 * j, _mm256_sub_epi8(_mm256_and_si256(LS_SR(qs, 2 * j), m3),
+                                                                _mm256_set1_epi8((char)tq)));
             }
         } else if (type == T_Q3_K) {  // the same, less 4 where bit 4h + j of hmask[l] is clear
             const uint8_t *x = r + 110 * b;
@@ -66,6 +70,42 @@ static int k_values(int type, const uint8_t *r, int64_t K, int8_t *q) {
 #undef LS_ST
 #undef LS_SR
     return 1;
+}
+
+// The stored values u >= 0 of chunk j (0..7: values 32j ..) of a super-block blk, 32 at a
+// time: Q6_K's u = q + 32 (ql | qh), Q3_K's q + 4 (qs | hmask), Q2_K's q (qs); 16-bit
+// shifts, the masks keep each byte's own bits. The numbers the unpackers write, plus the
+// offset.
+static inline __attribute__((always_inline)) __m256i k_chunk_u(int type, const uint8_t *blk,
+                                                                int j) {
+    const int h = j / 4, jj = j % 4;
+    const __m256i m3 = _mm256_set1_epi8(3);
+#define LS_LD(o) _mm256_loadu_si256((const __m256i *)(blk + (o)))
+#define LS_SR(v, n) _mm256_srl_epi16(v, _mm_cvtsi32_si128(n))
+    if (type == T_Q2_K) return _mm256_and_si256(LS_SR(LS_LD(16 + 32 * h), 2 * jj), m3);
+    if (type == T_Q3_K) {
+        const __m256i hb = _mm256_and_si256(LS_SR(LS_LD(0), 4 * h + jj), _mm256_set1_epi8(1));
+        return _mm256_or_si256(_mm256_and_si256(LS_SR(LS_LD(32 + 32 * h), 2 * jj), m3),
+                               _mm256_slli_epi16(hb, 2));
+    }
+    __m256i l = LS_LD(h * 64 + (jj & 1) * 32);
+    if (jj >> 1) l = _mm256_srli_epi16(l, 4);
+    const __m256i hi = _mm256_and_si256(LS_SR(LS_LD(128 + h * 32), 2 * jj), m3);
+    return _mm256_or_si256(_mm256_and_si256(l, _mm256_set1_epi8(0x0F)), _mm256_slli_epi16(hi, 4));
+#undef LS_SR
+#undef LS_LD
+}
+
+// A Q3_K super-block's 16 six-bit scales (12 bytes at s: low nibbles, then 2-bit highs),
+// less 32, as int16: kprep's scalar loop in a few vector operations
+static inline __m256i k_q3_scales(const uint8_t *s) {
+    const __m128i a = _mm_loadl_epi64((const __m128i *)s);  // scale i < 8: a[i] & 15, else a[i - 8] >> 4
+    const __m128i lo = _mm_and_si128(_mm_unpacklo_epi64(a, _mm_srli_epi16(a, 4)), _mm_set1_epi8(15));
+    uint32_t h;
+    memcpy(&h, s + 8, 4);  // scale i's high bits: bits 2 (i / 4) of byte i % 4
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)h), _mm_set_epi32(6, 4, 2, 0)),
+                                     _mm_set1_epi8(3));
+    return _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32)));
 }
 #endif
 

@@ -17,6 +17,9 @@
 
 #include "kprep.h"
 
+// the offset o of the unsigned values u = q + o that kdot reads in place (0: none)
+#define K_OFF(t) ((t) == T_Q6_K || (t) == T_BUF6 ? 32 : (t) == T_Q3_K ? 4 : 0)
+
 #if defined(__AVX2__)
 static inline int32_t hsum_i32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -76,12 +79,14 @@ static inline __attribute__((always_inline)) void kdot(
     __m128 y4 = _mm_setzero_ps();  // R == 4: y of the 4 rows, one lane each
 #endif
     for (int64_t b = 0; b < nb; b++) {
-        if ((type == T_Q4_K || type == T_Q5_K || type == T_Q6_K) && p->ahead) {  // lines ahead
-            const uint8_t *f = row + (type == T_Q4_K ? 144 : type == T_Q5_K ? 176 : 210) * b;
+        if (type >= T_Q2_K && type <= T_Q6_K && p->ahead) {  // lines ahead (in place)
+            const int size = type == T_Q2_K ? 84 : type == T_Q3_K ? 110 : type == T_Q4_K ? 144
+                             : type == T_Q5_K ? 176 : 210;
+            const uint8_t *f = row + size * b;
             PREFETCH(f);
             PREFETCH(f + 64);
-            PREFETCH(f + 128);
-            if (type != T_Q4_K) PREFETCH(f + 192);
+            if (size > 128) PREFETCH(f + 128);
+            if (size > 192) PREFETCH(f + 192);
         }
         int32_t isum[4], msum[4] = {0, 0, 0, 0};
         float d, dm = 0.0f;
@@ -167,11 +172,20 @@ static inline __attribute__((always_inline)) void kdot(
                 msum[0] = _mm_cvtsi128_si32(t);
             }
         } else {
-            __m256i sc16;  // the 16 sub-block scales as int16
+            __m256i sc16, mnv = _mm256_setzero_si256();  // the 16 sub-block scales as int16
+            const uint8_t *blk = row + (type == T_Q2_K ? 84 : type == T_Q3_K ? 110 : 210) * b;
             if (type == T_Q6_K || type == T_BUF6) {
-                const uint8_t *blk = row + 210 * b;
                 sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
                 d = half_to_float(blk + 208);
+            } else if (type == T_Q3_K) {  // in place: scales from the block
+                sc16 = k_q3_scales(blk + 96);
+                d = half_to_float(blk + 108);
+            } else if (type == T_Q2_K) {  // in place: scales (low nibbles) and mins (high)
+                const __m128i s8 = _mm_loadu_si128((const __m128i *)blk), m15 = _mm_set1_epi8(15);
+                sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s8, m15));
+                mnv = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m15));
+                d = half_to_float(blk + 80);
+                dm = half_to_float(blk + 82);
             } else if (type == T_IQ4_XS) {  // in place: its scales from the block
                 int16_t t16[16];
                 d = nl_k_scales(T_IQ4_XS, row + 136 * b, t16);
@@ -183,25 +197,16 @@ static inline __attribute__((always_inline)) void kdot(
             }
             const __m256i slo = _mm256_permute2x128_si256(sc16, sc16, 0x00);
             const __m256i shi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
-            if (type == T_Q6_K || type == T_BUF6) {
-                // the stored 6-bit values u = q + 32 (0..63) go to maddubs unsigned as they
-                // are (63 * 127 * 2 fits int16), and 32 * sum_j sc_j * bs16_j comes off once
-                // per super-block: the same integers as the signed form, no sign operations
-                // (T_BUF6: the values decoded once into the buffer, decode_values)
-                const uint8_t *blk = row + 210 * b;
-                const __m256i lo4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+            if (type == T_Q6_K || type == T_BUF6 || type == T_Q3_K || type == T_Q2_K) {
+                // the stored values u = q + o >= 0 (Q6_K: 0..63, o 32; Q3_K: 0..7, o 4;
+                // Q2_K: 0..3, o 0) go to maddubs unsigned as they are (63 * 127 * 2 fits
+                // int16), and o * sum_j sc_j * bs16_j comes off once per super-block: the
+                // same integers as the signed form, no sign operations (T_BUF6: Q6_K's
+                // values decoded once into the buffer, decode_values)
                 for (int j = 0; j < 8; j++) {
-                    const int64_t c = 8 * b + j, h = j / 4, jj = j % 4;
-                    __m256i u;
-                    if (type == T_BUF6) {
-                        u = _mm256_load_si256((const __m256i *)(p->q + 32 * c));
-                    } else {
-                        __m256i l = _mm256_loadu_si256((const __m256i *)(blk + h * 64 + (jj & 1) * 32));
-                        if (jj >> 1) l = _mm256_srli_epi16(l, 4);
-                        __m256i hi = _mm256_loadu_si256((const __m256i *)(blk + 128 + h * 32));
-                        hi = _mm256_and_si256(_mm256_srl_epi16(hi, _mm_cvtsi32_si128((int)(2 * jj))), three);
-                        u = _mm256_or_si256(_mm256_and_si256(l, lo4), _mm256_slli_epi16(hi, 4));
-                    }
+                    const int64_t c = 8 * b + j;
+                    const __m256i u = type == T_BUF6 ? _mm256_load_si256((const __m256i *)(p->q + 32 * c))
+                                                     : k_chunk_u(type, blk, j);
                     const __m256i sv = _mm256_shuffle_epi8(
                         j < 4 ? slo : shi, _mm256_load_si256((const __m256i *)KSH16[j & 3]));
                     LS_KROWS(c, u, xv);
@@ -209,8 +214,9 @@ static inline __attribute__((always_inline)) void kdot(
                 }
                 // held in m4 / msum until the sums below
 #define LS_M(r) _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(bs16 + (r) * (K / 16) + 16 * b)))
-                if (R == 4) m4 = _mm_slli_epi32(hsum4_i32(LS_M(0), LS_M(1), LS_M(2), LS_M(3)), 5);
-                else msum[0] = 32 * hsum_i32(LS_M(0));
+                if (K_OFF(type) && R == 4)
+                    m4 = _mm_mullo_epi32(hsum4_i32(LS_M(0), LS_M(1), LS_M(2), LS_M(3)), _mm_set1_epi32(K_OFF(type)));
+                else if (K_OFF(type)) msum[0] = K_OFF(type) * hsum_i32(LS_M(0));
 #undef LS_M
             } else {
                 for (int j = 0; j < 8; j++) {
@@ -224,7 +230,7 @@ static inline __attribute__((always_inline)) void kdot(
                 }
             }
             if (has_min) {
-                const __m256i mnv = _mm256_loadu_si256((const __m256i *)(p->mn + 16 * b));
+                if (type != T_Q2_K) mnv = _mm256_loadu_si256((const __m256i *)(p->mn + 16 * b));
 #define LS_M(r) _mm256_madd_epi16(mnv, _mm256_loadu_si256((const __m256i *)(bs16 + (r) * (K / 16) + 16 * b)))
                 if (R == 4) m4 = hsum4_i32(LS_M(0), LS_M(1), LS_M(2), LS_M(3));
                 else msum[0] = hsum_i32(LS_M(0));
@@ -239,7 +245,7 @@ static inline __attribute__((always_inline)) void kdot(
             // per lane exactly the scalar operations below (integer sums are exact in any
             // order; -ffp-contract=off keeps each float multiply and add as written)
             __m128i i4 = hsum4_i32(a0, a1, a2, a3);
-            if (type == T_Q6_K || type == T_BUF6) {  // the offset of the unsigned values
+            if (K_OFF(type)) {  // the offset of the unsigned values
                 i4 = _mm_sub_epi32(i4, m4);
                 m4 = _mm_setzero_si128();
             }
@@ -250,7 +256,7 @@ static inline __attribute__((always_inline)) void kdot(
             continue;
         }
         isum[0] = hsum_i32(a0);
-        if (type == T_Q6_K || type == T_BUF6) {  // the offset of the unsigned values (no min)
+        if (K_OFF(type)) {  // the offset of the unsigned values (no min)
             isum[0] -= msum[0];
             msum[0] = 0;
         }
@@ -301,6 +307,8 @@ KDOT_FNS(T_BUF, kdot_buf)
 KDOT_FNS(T_Q4_K, kdot_q4_k)
 KDOT_FNS(T_Q5_K, kdot_q5_k)
 KDOT_FNS(T_Q6_K, kdot_q6_k)
+KDOT_FNS(T_Q2_K, kdot_q2_k)
+KDOT_FNS(T_Q3_K, kdot_q3_k)
 KDOT_FNS(T_BUF6, kdot_q6b)
 KDOT_FNS(T_IQ4_XS, kdot_iq4xs)
 #endif

@@ -47,6 +47,13 @@ static inline float e8m0_half(uint8_t e) {
 
 // 32 values from 16 bytes of nibbles (low nibbles first) through a table
 static inline void nib_table(const uint8_t *qs, const int8_t *kv, int8_t *q) {
+#if defined(__AVX2__)  // one shuffle per 16 values (the same lookups)
+    const __m128i t = _mm_loadu_si128((const __m128i *)kv), v = _mm_loadu_si128((const __m128i *)qs);
+    const __m128i m15 = _mm_set1_epi8(15);
+    _mm_storeu_si128((__m128i *)q, _mm_shuffle_epi8(t, _mm_and_si128(v, m15)));
+    _mm_storeu_si128((__m128i *)(q + 16), _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(v, 4), m15)));
+    return;
+#endif
     for (int i = 0; i < 16; i++) {
         q[i] = kv[qs[i] & 15];
         q[i + 16] = kv[qs[i] >> 4];

@@ -1,6 +1,7 @@
-"""Q5_K rows read in place (kquant.h: scales and values from the block on the fly) give
-bitwise the numbers of the rows unpacked into the buffer, at decode and prompt sizes (the
-unpacked values, kprep.h's k_values, are checked against gguf-py in test_kernels)."""
+"""Q2_K, Q3_K and Q5_K rows read in place (kquant.h: scales and values from the block on the
+fly; Q2_K's and Q3_K's values unsigned, their offset off once per super-block) give bitwise
+the numbers of the rows unpacked into the buffer, at decode and prompt sizes (the unpacked
+values, kprep.h's k_values, are checked against gguf-py in test_kernels)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from tests.unit.model.test_kernels import quantized, random_rows
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="needs the C kernels")
 
 
-def test_q5_k_in_place_equals_the_unpacked_rows_bitwise(monkeypatch) -> None:
-    name = "Q5_K"
+@pytest.mark.parametrize("name", ["Q2_K", "Q3_K", "Q5_K"])
+def test_k_quant_in_place_equals_the_unpacked_rows_bitwise(name: str, monkeypatch) -> None:
     rng = np.random.default_rng(GGML_TYPE[name])
     raw = torch.from_numpy(random_rows(rng, name, 33, 768))
     x = torch.from_numpy(rng.standard_normal((21, 768)).astype(np.float32))
