@@ -16,6 +16,7 @@ A grammar (`grammar`, `json_schema`, `response_format`) together with active too
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,21 @@ from loraserve.server.state import ServerState
 
 BARE_JSON = ChatFormat(detector="bare_json", tool_mode="json")
 """Calls as bare JSON objects: the forced form for templates with no tool-call format."""
+
+log = logging.getLogger(__name__)
+_warned: set[int] = set()  # templates warned about having no tool-call format
+
+
+def _warn_no_tool_format(state: ServerState) -> None:
+    """One warning per template: tools were given, but its format has no tool calls."""
+    key = hash(state.template().source)
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(
+            "chat template: no tool-call format found in it; with tools, tool_choice auto "
+            "answers plain content, required or a named function force a call in the "
+            "notation it describes, else bare JSON"
+        )
 
 
 def tool_choice_of(tools: list[dict[str, Any]] | None, choice: Any) -> str:
@@ -237,6 +253,7 @@ async def plan_reply(
         if not any(t["function"]["name"] == choice for t in active):
             raise invalid_request(f"tool_choice: no function named {choice!r} in tools")
     if active and not fmt.has_tools:
+        _warn_no_tool_format(state)
         if choice == "auto":
             active = None
         else:
