@@ -1,7 +1,8 @@
 """The chat rendering flags, as llama.cpp's common/arg.cpp reads them: `-rea/--reasoning`
 (on/enabled/true/1, off/disabled/false/0, auto/-1), `--reasoning-effort` ("default" leaves
 the kwarg out), `--[no-]reasoning-preserve` (the `preserve_reasoning` kwarg, true unless
-given), `--[no-]prefill-assistant`."""
+given), `--[no-]prefill-assistant`; and of chat parsing: `--reasoning-budget-message`,
+`--[no-]skip-chat-parsing`."""
 
 from __future__ import annotations
 
@@ -39,3 +40,15 @@ def test_defaults_and_kwargs(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         parse_server_args(["-rea", "maybe"])
     assert "unknown value for --reasoning" in capsys.readouterr().err
+
+
+def test_parsing_flags() -> None:
+    """`--reasoning-budget-message` (none by default) and `--[no-]skip-chat-parsing`."""
+    cfg = parse_server_args([])
+    assert (cfg.reasoning_budget, cfg.reasoning_budget_message) == (-1, "")
+    assert not cfg.skip_chat_parsing
+    cfg = parse_server_args(["--reasoning-budget", "5", "--reasoning-budget-message", "Done."])
+    assert (cfg.reasoning_budget, cfg.reasoning_budget_message) == (5, "Done.")
+    assert parse_server_args(["--skip-chat-parsing"]).skip_chat_parsing
+    off = parse_server_args(["--skip-chat-parsing", "--no-skip-chat-parsing"])
+    assert not off.skip_chat_parsing
