@@ -170,3 +170,32 @@ int ls_gdn_recur(int64_t n_seq, const int64_t *lo, const int64_t *n, const float
     }
     return failed ? -1 : 0;
 }
+
+void ls_gated_act(const float *g, const float *u, int64_t T, int64_t F, int64_t ld, int act,
+                  float *out, int nthreads);
+
+// One row of one sequence through a recurrent layer's causal depthwise conv (a decode step of
+// the delta-net and Mamba-2 mixers): pre[c] = sum_j rows[j][c] * taps[j C + c], in order
+// j = 0..L-1, where rows are the state's L-1 conv rows st [L-1, C] and then x [C], plus bias[c]
+// (NULL: none); act = SiLU(pre) as ls_gated_act(pre, ones) computes it (ones [C] of 1.0f);
+// conv_out [(L-1) C] gets the conv rows after this one (st's last L-2 rows, then x). Every
+// product is rounded before it is added (-ffp-contract=off): the bits of the torch
+// reference's multiply and add per tap (shortconv.causal_conv) on these values.
+void ls_conv_step(const float *st, const float *x, const float *taps, const float *bias,
+                  int64_t C, int64_t L, const float *ones, float *pre, float *act,
+                  float *conv_out) {
+    for (int64_t c = 0; c < C; c++) {
+        float acc = (L > 1 ? st[c] : x[c]) * taps[c];
+        for (int64_t j = 1; j < L; j++) {
+            const float r = j < L - 1 ? st[j * C + c] : x[c];
+            acc = acc + r * taps[j * C + c];
+        }
+        if (bias != NULL) acc = acc + bias[c];
+        pre[c] = acc;
+    }
+    ls_gated_act(pre, ones, 1, C, C, 0, act, 1);  // act code 0: SiLU (rowops.ACTS)
+    if (L > 1) {
+        memmove(conv_out, st + C, sizeof(float) * (size_t)((L - 2) * C));
+        memcpy(conv_out + (L - 2) * C, x, sizeof(float) * (size_t)C);
+    }
+}

@@ -17,6 +17,7 @@ _SIGNATURES = {
         [_I, _P, _P, _P, _P, _P, _P, _P, _I, _P, _P, _F, _P, _I, _I, _P, _P, _P, ctypes.c_int],
         ctypes.c_int,
     ),
+    "ls_conv_step": ([_P, _P, _P, _P, _I, _I, _P, _P, _P, _P], None),
 }
 _lib: ctypes.CDLL | None = None
 _loaded = False
@@ -87,3 +88,32 @@ def gdn_recur(
     )  # fmt: skip
     if rc != 0:
         raise RuntimeError("gdn_recur: out of memory for its work buffers")
+
+
+def conv_step(
+    st: torch.Tensor,
+    x: torch.Tensor,
+    taps: torch.Tensor,
+    bias: torch.Tensor | None,
+    ones: torch.Tensor,
+    conv_out: torch.Tensor,
+) -> torch.Tensor:
+    """One row of a recurrent layer's causal depthwise conv, then SiLU (a decode step of the
+    delta-net and Mamba-2 mixers): st [(L-1) C] the state's conv rows, x [C] the new row,
+    taps [L, C], bias [C] or None, ones [C] of 1.0; writes the conv rows after this row into
+    conv_out [(L-1) C] and returns SiLU(conv) [1, C]: the bits of `shortconv.causal_conv`
+    (+ bias) and `rowops.gated_act(pre, 1, "silu")` on the padded rows. Every tensor float32
+    and contiguous (x: its C values in a row)."""
+    lib = _c()
+    if lib is None:
+        raise RuntimeError("the delta-net C kernel is not built here")
+    n, c = taps.shape
+    if x.numel() != c or st.numel() != (n - 1) * c or conv_out.numel() != (n - 1) * c:
+        raise ValueError(f"conv_step: state {st.numel()}, row {x.numel()} for taps {(n, c)}")
+    if x.stride(-1) != 1 or not (st.is_contiguous() and conv_out.is_contiguous()):
+        raise ValueError("conv_step: rows of unit stride")
+    pre, act = torch.empty(c), torch.empty(1, c)
+    lib.ls_conv_step(st.data_ptr(), x.data_ptr(), taps.data_ptr(),
+                     None if bias is None else bias.data_ptr(), c, n, ones.data_ptr(),
+                     pre.data_ptr(), act.data_ptr(), conv_out.data_ptr())  # fmt: skip
+    return act

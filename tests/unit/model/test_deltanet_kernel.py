@@ -6,7 +6,8 @@ one call. The reference is elementwise float32 torch ops only, whose results do 
 the CPU or BLAS (torch's bmm, which `recur_torch` uses, may sum in another order elsewhere);
 widths that are multiples of 8 run the kernel's register-tiled form, the others (20) its
 transposing loop, and empty sequences (state copied through) are in both. The
-row-batched gates (`gates`) equal each row's computed alone, and a whole model's logits with the
+row-batched gates (`gates`) equal each row's computed alone, the decode step's C conv
+(`conv_step`) equals the padded torch conv bit for bit, and a whole model's logits with the
 C recurrence are those of the torch one within rounding. (Agreement with llama-server itself:
 test_deltanet.py and test_archs.py, which run the C path.)"""
 
@@ -20,7 +21,9 @@ import torch
 
 from loraserve.engine.runner import ModelRunner
 from loraserve.kernels import deltanet as kernel
+from loraserve.model.layers import gated_act
 from loraserve.model.recurrent import deltanet
+from loraserve.model.recurrent.shortconv import causal_conv
 from tests.unit.model.test_deltanet import _run, _variant, model
 
 pytestmark = pytest.mark.skipif(not kernel.available(), reason="C kernels not built here")
@@ -154,3 +157,24 @@ def test_model_logits_with_c_and_torch(tmp_path: Path, monkeypatch) -> None:  # 
     for a, b in zip(with_c, logits(False), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     assert len(calls) == n, "the torch path called the kernel"
+
+
+@pytest.mark.parametrize("c,taps,bias", [(8192, 4, False), (3328, 4, True), (37, 4, True),
+                                         (20, 2, False), (9, 1, True)])  # fmt: skip
+def test_conv_step_equals_padded_conv(c: int, taps: int, bias: bool) -> None:
+    """The decode step's C conv (`conv_step`): the bits of causal_conv on the padded rows,
+    plus the bias, through gated_act's SiLU; the conv rows after the step written out."""
+    gen = torch.Generator().manual_seed(c + taps)
+    st = torch.randn((taps - 1) * c, generator=gen) * 3
+    row = torch.randn(1, c + 5, generator=gen)[:, 2 : 2 + c] * 3  # a view in a wider row
+    w = torch.randn(taps, c, generator=gen)
+    b = torch.randn(c, generator=gen) if bias else None
+    out = torch.full(((taps - 1) * c,), float("nan"))
+    got = kernel.conv_step(st, row, w, b, torch.ones(1, c), out)
+    xpad = torch.cat((st.view(taps - 1, c), row))
+    pre = causal_conv(xpad, [t.contiguous() for t in w])
+    if b is not None:
+        pre = pre + b
+    want = gated_act(pre, torch.ones_like(pre), "silu")
+    assert _same(got, want)
+    assert _same(out, xpad[1:].reshape(-1))
