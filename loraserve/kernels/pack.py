@@ -8,6 +8,7 @@ import os
 import torch
 
 from loraserve import kernels as K
+from loraserve.kernels.hugebuf import empty_u8
 
 # Q4_0, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, IQ4_NL, IQ4_XS. Q6_K's layout is packed_q6.h's (the
 # grouped expert kernels' pack_q6k.h, byte for byte): measured (Zen 5, 2 threads, Gemma 1B
@@ -18,13 +19,17 @@ PACKABLE = frozenset({2, 6, 7, 8, 12, 14, 20, 23})
 PACK_ROWS = 8
 
 
-def pack_rows(raw: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor | None:
+def pack_rows(
+    raw: torch.Tensor, ggml_type: int, k: int, out: torch.Tensor | None = None
+) -> torch.Tensor | None:
     """ggml rows [N, row_bytes] uint8 -> the same values repacked 8 rows to a group
     (``kernels/packed.h``: a vector's lanes are 8 weight rows, the layout prompt-sized
     matmuls run fastest on), as [N, group_bytes / 8] uint8 for the kernel type
     ``PACKED | ggml_type``; None where the type, the row count or the backend has no
     packed kernel (the rows then stay as they are). ``LORASERVE_KERNEL_NO_PACK=1`` keeps
-    every matrix in the file's layout (for side-by-side measurements)."""
+    every matrix in the file's layout (for side-by-side measurements). Written into
+    ``out`` (contiguous [N, `packed_width`]) when given, else into a new buffer on huge
+    pages where it spans one (`hugebuf`)."""
     lib = K._c()
     n = raw.shape[0]
     if os.environ.get("LORASERVE_KERNEL_NO_PACK") == "1":
@@ -42,10 +47,25 @@ def pack_rows(raw: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor | None:
             f"pack_rows: rows of {raw.shape[-1]} bytes for {k} values of type {ggml_type}"
         )
     raw = raw.contiguous()
-    out = torch.empty(n, gb // PACK_ROWS, dtype=torch.uint8)
+    if out is None:
+        out = empty_u8(n, gb // PACK_ROWS)
+    elif out.shape != (n, gb // PACK_ROWS) or not out.is_contiguous():
+        raise ValueError(f"pack_rows: out {tuple(out.shape)} for [{n}, {gb // PACK_ROWS}]")
     rc = lib.ls_repack(ggml_type, raw.data_ptr(), n, k, raw.stride(0), out.data_ptr(), 1,
                        torch.get_num_threads())  # fmt: skip
     return out if rc == 0 else None
+
+
+def packed_width(ggml_type: int, k: int, n: int) -> int | None:
+    """Bytes per row of `pack_rows`' output for n rows of k values of the type (None: those
+    rows stay unpacked)."""
+    lib = K._c()
+    if os.environ.get("LORASERVE_KERNEL_NO_PACK") == "1":
+        return None
+    if lib is None or ggml_type not in PACKABLE or n % PACK_ROWS or n == 0:
+        return None
+    gb = lib.ls_packed_group_bytes(ggml_type, k)
+    return gb // PACK_ROWS if gb > 0 else None
 
 
 def unpack_rows(packed: torch.Tensor, ggml_type: int, k: int, row_bytes: int) -> torch.Tensor:

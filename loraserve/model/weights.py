@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 
 from loraserve.kernels import pack_rows
+from loraserve.kernels.hugebuf import empty_u8
 from loraserve.model.config import ModelConfig
 from loraserve.model.gguf import GGUFFile
 from loraserve.model.hf import HFCheckpoint
@@ -106,7 +107,7 @@ class WeightSource:
         first = None if n % 8 else pack_rows(m.data[:rows], m.ggml_type, m.shape[1])
         if first is None:  # no packed kernel for this type or row count: the file's rows
             return m
-        out = torch.empty(n, first.shape[1], dtype=torch.uint8)  # [N, group bytes / 8]
+        out = empty_u8(n, first.shape[1])  # [N, group bytes / 8], on huge pages (`hugebuf`)
         part: torch.Tensor | None = first
         for lo in range(0, n, rows):
             hi = min(lo + rows, n)

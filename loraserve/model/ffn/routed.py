@@ -25,7 +25,9 @@ import os
 
 import torch
 
+from loraserve.kernels.hugebuf import empty_u8
 from loraserve.kernels.moe import GroupedExperts, Route
+from loraserve.kernels.pack import pack_rows, packed_width
 from loraserve.kernels.pack_q6k import Q6_K, pack_q6k, packable_q6k, unpack_q6k
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import LoraDelta
@@ -190,10 +192,31 @@ def _packed(w: WeightSource, name: str) -> list[Matrix]:
     """The stack's experts repacked where their type has a packed layout; the mapping's
     pages released once the copies serve."""
     mats = _stack(w, name)
-    packed = [m.pack() for m in mats]
+    packed = _pack_stack(mats)
     if any(p is not m for p, m in zip(packed, mats, strict=True)):
         w.release(name)
     return packed
+
+
+def _pack_stack(mats: list[Matrix]) -> list[Matrix]:
+    """``[m.pack() for m in mats]``, the packed experts side by side in one buffer on huge
+    pages (`kernels.hugebuf`: an expert of Qwen3-30B-A3B shapes is under 2 MiB, a stack
+    of them is not, so only a stack can be backed by whole huge pages)."""
+    m0 = mats[0]
+    n, k = m0.shape
+    width = packed_width(m0.ggml_type, k, n) if m0.quantized and not m0.packed else None
+    if width is None or any(
+        m.ggml_type != m0.ggml_type or m.shape != m0.shape or m.packed for m in mats
+    ):
+        return [m.pack() for m in mats]
+    buf = empty_u8(len(mats) * n, width)  # [E N, width]
+    out = []
+    for e, m in enumerate(mats):
+        data = pack_rows(m.data, m.ggml_type, k, buf[e * n : (e + 1) * n])
+        if data is None:  # not packable after all: as Matrix.pack leaves them
+            return [m.pack() for m in mats]
+        out.append(Matrix(m.name, data, m.ggml_type, m.shape, True, m.data.shape[1]))
+    return out
 
 
 class Q6KPacked(Matrix):

@@ -1,0 +1,50 @@
+"""Weight buffers on transparent huge pages.
+
+A decode step streams every weight it uses from memory once (a few hundred MB for a MoE
+model), so each 4 KiB page costs a TLB miss and a restart of the hardware prefetcher at its
+boundary. llama.cpp's weights are the file's page cache, which the kernel partly maps in
+2 MiB pages (FilePmdMapped in its smaps); the weights packed here at load are copies, on
+4 KiB pages unless asked otherwise (the machine's THP mode is ``madvise``). `empty_u8`
+gives a buffer of its own anonymous private mapping, aligned to 2 MiB and advised
+``MADV_HUGEPAGE`` before it is written, so the kernel backs its whole 2 MiB ranges with huge
+pages (the partial range at its end with small ones: no page is resident that the data does
+not fill). Freed with the tensor (the mapping goes with the last reference).
+
+``LORASERVE_NO_HUGEPAGES=1`` keeps ordinary allocations (for side-by-side measurements).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+
+import torch
+
+HUGE = 2 << 20  # bytes of an x86-64 huge page
+_ADVICE = getattr(mmap, "MADV_HUGEPAGE", None)
+
+
+def enabled() -> bool:
+    """Whether large buffers go on huge pages here (Linux, not switched off)."""
+    return _ADVICE is not None and os.environ.get("LORASERVE_NO_HUGEPAGES") != "1"
+
+
+def empty_u8(rows: int, cols: int) -> torch.Tensor:
+    """An uninitialised uint8 tensor [rows, cols]: huge pages when it spans at least one
+    (see the module doc), else `torch.empty`."""
+    n = rows * cols
+    if n < HUGE or not enabled():
+        return torch.empty(rows, cols, dtype=torch.uint8)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    try:
+        mm = mmap.mmap(-1, n + HUGE, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    except OSError:
+        return torch.empty(rows, cols, dtype=torch.uint8)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+    off = -base % HUGE
+    try:
+        mm.madvise(_ADVICE, off // mmap.PAGESIZE * mmap.PAGESIZE, n)  # type: ignore[arg-type]
+    except OSError:  # no THP in this kernel: the mapping serves with small pages
+        pass
+    return torch.frombuffer(mm, dtype=torch.uint8, count=n, offset=off).view(rows, cols)
