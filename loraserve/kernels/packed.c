@@ -69,12 +69,12 @@ int64_t ls_kbytes_scratch(int64_t K, int64_t ng) { return kb_scratch_bytes(K, ng
 // (xq, xd, bs16: quantized per 256) for a K-quant part read through decoded groups
 // (packed_kb.h): the ng groups of 8 rows from row n0 (w: the file's rows at stride
 // row_bytes, or packed Q6_K groups) decoded once into buf (ls_kbytes_scratch bytes, 64-byte
-// aligned), then 4 activation rows at a time against pairs of them. Returns 0, or -1 where
-// this build has no such tiles.
+// aligned), then 4 activation rows at a time against pairs of them (one group at a time in
+// AVX2 builds). Returns 0, or -1 where this build has no such tiles (no AVX2).
 int ls_kbytes_task(int type, int packed, const uint8_t *w, int64_t row_bytes, int64_t n0,
                    int64_t ng, int64_t K, const int8_t *xq, const float *xd, const int16_t *bs16,
                    int64_t M, float *y, int64_t ldy, uint8_t *buf) {
-#if PZ_PAIRS
+#if defined(__AVX2__)
     const int64_t nb = K / 256, gb = nb * KB_SB;
     int8_t *q = (int8_t *)(buf + ng * gb);
     int16_t *sc = (int16_t *)(q + 8 * K), *mn = sc + K / 16 + 16;
@@ -86,13 +86,16 @@ int ls_kbytes_task(int type, int packed, const uint8_t *w, int64_t row_bytes, in
         else kb_group_rows(type, g, row_bytes, K, q, &kp, buf + j * gb);
     }
     const int has_min = k_has_min(type);
+#if PZ_PAIRS
     float tmp[4 * 16];
+#endif
     for (int64_t m = 0; m < M; m += 4) {
         const int R = M - m < 4 ? (int)(M - m) : 4;
         const int8_t *x = xq + m * K;
         const float *xs = xd + m * nb;
         const int16_t *bs = bs16 + m * (K / 16);
-        for (int64_t j = 0; j < ng; j += 2) {
+        for (int64_t j = 0; j < ng; j += 1 + PZ_PAIRS) {
+#if PZ_PAIRS
             const int two = j + 1 < ng;  // a last group alone: paired with itself, half kept
             float *out = two ? y + m * ldy + n0 + PK_ROWS * j : tmp;
             const int64_t ld = two ? ldy : 16, g2 = two ? gb : 0;
@@ -111,6 +114,21 @@ int ls_kbytes_task(int type, int packed, const uint8_t *w, int64_t row_bytes, in
             if (!two)
                 for (int r = 0; r < R; r++)
                     memcpy(y + (m + r) * ldy + n0 + PK_ROWS * j, tmp + 16 * r, sizeof(float) * PK_ROWS);
+#else  // one group at a time in 256-bit vectors
+            float *out = y + m * ldy + n0 + PK_ROWS * j;
+#define LS_T(RR)                                                                              \
+    do {                                                                                      \
+        if (has_min) kb_dot8(buf + j * gb, 1, x, xs, bs, K, RR, out, ldy);                     \
+        else kb_dot8(buf + j * gb, 0, x, xs, bs, K, RR, out, ldy);                             \
+    } while (0)
+            switch (R) {
+            case 4: LS_T(4); break;
+            case 3: LS_T(3); break;
+            case 2: LS_T(2); break;
+            default: LS_T(1); break;
+            }
+#undef LS_T
+#endif
         }
     }
     return 0;

@@ -1,10 +1,11 @@
 // Prompt-sized matmuls (M >= ROWS_MIN_M) of the K-quants with 16-value sub-blocks -- Q2_K,
-// Q3_K, Q5_K in the file's layout, Q6_K in its own or packed_q6.h's -- on AVX-512 builds:
-// each task decodes its groups of 8 weight rows once into plain bytes laid out as packed.h
-// lays out values (a vector's lanes are 8 rows, 4 values each), and every tile of 4
-// activation rows then reads them with dpbusd alone, two groups in a 512-bit vector
-// (packed_z.h). In its own layout a row decoded its values again for each 4 activation rows
-// (Q3_K's 3-bit values: ~8 instructions per 32 values, more than its products).
+// Q3_K, Q5_K in the file's layout, Q6_K in its own or packed_q6.h's: each task decodes its
+// groups of 8 weight rows once into plain bytes laid out as packed.h lays out values (a
+// vector's lanes are 8 rows, 4 values each), and every tile of 4 activation rows then reads
+// them with dpbusd alone, two groups in a 512-bit vector (packed_z.h) on AVX-512 builds, or
+// one group with maddubs and madd on AVX2 (kb_dot8). In its own layout a row decoded its
+// values again for each 4 activation rows (Q3_K's 3-bit values: ~8 instructions per 32
+// values, more than its products).
 //
 // Numbers: per (row, super-block), the stored values u >= 0 (Q3_K: q + 4, Q6_K: q + 32,
 // else q) times the activations per 16-value sub-block j (dpbusd: exact), times the int
@@ -33,10 +34,15 @@
 
 // whether `type` (a ggml type; Q6_K also packed) takes the decoded tiles here
 static inline int kb_type(int type) {
-    return PZ_PAIRS && (type == T_Q2_K || type == T_Q3_K || type == T_Q5_K || type == T_Q6_K);
+#if defined(__AVX2__)
+    return type == T_Q2_K || type == T_Q3_K || type == T_Q5_K || type == T_Q6_K;
+#else
+    (void)type;
+    return 0;
+#endif
 }
 
-#if PZ_PAIRS
+#if defined(__AVX2__)
 // 8 rows' 32 values (row r at q + r * K) into 8 steps of [8 rows][4] (a 32-bit transpose)
 static inline void kb_transpose(const int8_t *q, int64_t K, __m256i add, uint8_t *out) {
     __m256i r[8], t[8], u[8];
@@ -121,6 +127,60 @@ static void kb_group_q6p(const uint8_t *g, int64_t K, uint8_t *db) {
     }
 }
 
+// Decoded group g against R (1..4, compile-time) activation rows (kb_dot's arguments) on
+// AVX2: y[r * ldy + 0..7]. A sub-block's 4 steps: maddubs products (u <= 63, |x| <= 128:
+// two steps' int16 sums at most 32256, exact), then madd with its scale in int16 pairs;
+// the integers and float steps of kb_dot.
+static inline __attribute__((always_inline)) void kb_dot8(
+    const uint8_t *g, int mn, const int8_t *x, const float *xd, const int16_t *bs16, int64_t K,
+    int R, float *y, int64_t ldy) {
+    const int64_t nb = K / 256;
+    __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
+    const __m256i low16 = _mm256_set1_epi32(0xFFFF);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *b0 = g + KB_SB * b;
+        const int8_t *xb = x + 256 * b;
+        __m256i i0 = _mm256_setzero_si256(), i1 = i0, i2 = i0, i3 = i0;
+        for (int j = 0; j < 16; j++) {
+            const __m256i *v = (const __m256i *)(b0 + KB_V + 128 * j);
+            const __m256i w0 = _mm256_loadu_si256(v), w1 = _mm256_loadu_si256(v + 1);
+            const __m256i w2 = _mm256_loadu_si256(v + 2), w3 = _mm256_loadu_si256(v + 3);
+            const __m256i s32 = _mm256_loadu_si256((const __m256i *)(b0 + KB_SC + 32 * j));
+            const __m256i sp = _mm256_or_si256(_mm256_and_si256(s32, low16), _mm256_slli_epi32(s32, 16));
+#define LS_PR(r, acc, yy)                                                                     \
+    do {                                                                                      \
+        const int8_t *xr = xb + (r) * K + 16 * j;                                              \
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_add_epi16(                         \
+                  _mm256_maddubs_epi16(w0, pk_bcast4(xr)), _mm256_maddubs_epi16(w1, pk_bcast4(xr + 4))), sp)); \
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_add_epi16(                         \
+                  _mm256_maddubs_epi16(w2, pk_bcast4(xr + 8)), _mm256_maddubs_epi16(w3, pk_bcast4(xr + 12))), sp)); \
+    } while (0)
+            PK_EACH(LS_PR, i, y);
+#undef LS_PR
+        }
+        __m256i mp[8];
+        for (int k = 0; k < 8; k++) mp[k] = _mm256_loadu_si256((const __m256i *)(b0 + KB_MP + 32 * k));
+        const __m256 d = _mm256_loadu_ps((const float *)b0);
+        const __m256 dm = _mm256_loadu_ps((const float *)(b0 + KB_DM));
+#define LS_PF(r, acc, yy)                                                                     \
+    do {                                                                                      \
+        const int16_t *bs = bs16 + (r) * (K / 16) + 16 * b;                                    \
+        __m256i ms = _mm256_madd_epi16(mp[0], _mm256_set1_epi32(*(const int32_t *)bs));        \
+        for (int k = 1; k < 8; k++)                                                           \
+            ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(*(const int32_t *)(bs + 2 * k)))); \
+        const __m256 xs = _mm256_set1_ps(xd[(r) * nb + b]);                                    \
+        const __m256i is = mn ? acc : _mm256_sub_epi32(acc, ms);                               \
+        yy = _mm256_add_ps(yy, _mm256_mul_ps(_mm256_mul_ps(d, xs), _mm256_cvtepi32_ps(is)));   \
+        if (mn) yy = _mm256_sub_ps(yy, _mm256_mul_ps(_mm256_mul_ps(dm, xs), _mm256_cvtepi32_ps(ms))); \
+    } while (0)
+        PK_EACH(LS_PF, i, y);
+#undef LS_PF
+    }
+    pk_store(y, ldy, R, y0, y1, y2, y3);
+}
+#endif
+
+#if PZ_PAIRS
 // Decoded groups g and g + gb against R (1..4, compile-time) activation rows x [R, K]
 // quantized per 256 (xd [R, K/256], bs16 [R, K/16]): y[r * ldy + 0..15]. mn: the type has
 // a minimum (else an offset).

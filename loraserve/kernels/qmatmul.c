@@ -63,14 +63,16 @@ static int qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws,
     }
     if (total * K * M < (1 << 17)) nthreads = 1;  // tiny products: no thread wake-up
     // tasks: blocks of 4 rows of one part (the last block of a part may be shorter), or of
-    // pg packed groups
-    int64_t first[9];
+    // pgs[i] packed groups: PK_TASK_GROUPS for many rows, else 2 where two groups share a
+    // 512-bit vector (ls_packed_pairs: half the instructions of a decode row, the same bits)
+    int64_t first[9], pgs[8];
     first[0] = 0;
-    const int64_t pg = M >= ROWS_MIN_M ? PK_TASK_GROUPS : 1;  // packed groups per task
-    for (int i = 0; i < nparts; i++)
+    for (int i = 0; i < nparts; i++) {
+        pgs[i] = M >= ROWS_MIN_M ? PK_TASK_GROUPS : parts[i].packed && ls_packed_pairs(parts[i].type) ? 2 : 1;
         first[i + 1] = first[i] + (parts[i].packed || parts[i].kbytes
-                                       ? (parts[i].n / PK_ROWS + pg - 1) / pg
+                                       ? (parts[i].n / PK_ROWS + pgs[i] - 1) / pgs[i]
                                        : (parts[i].n + 3) / 4);
+    }
     const int64_t n_tasks = first[nparts];
 #pragma omp parallel num_threads(nthreads)
     {
@@ -81,6 +83,7 @@ static int qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws,
             int i = 0;
             while (g >= first[i + 1]) i++;
             const part_t *p = &parts[i];
+            const int64_t pg = pgs[i];
             if (p->kbytes) {  // decoded groups (M >= ROWS_MIN_M, so pg groups a task)
                 const int64_t g0 = pg * (g - first[i]), left = p->n / PK_ROWS - g0;
                 part_kbytes(p, PK_ROWS * g0, left < pg ? left : pg, K, a, M, y, ldy, &t);
