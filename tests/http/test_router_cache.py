@@ -149,3 +149,20 @@ def test_dedup_cache_models_hides_the_entries_presets_serve(cache: Path, tmp_pat
         assert "p" in ids and "org/tiny-GGUF:Q8_0" not in ids
         body = {"model": "org/tiny-GGUF:Q8_0", "content": "hi"}  # hidden, still served
         assert c.post("/tokenize", json=body).status_code == 200
+
+
+def test_download_and_delete_are_refused_without_loading(cache: Path) -> None:
+    """llama-server's `POST /models` (download) and `DELETE /models` (remove the files): a
+    400 each, and the model they name is not loaded (they were forwarded and autoloaded it)."""
+    with router(["-c", "256"]) as (c, state):
+        name = "org/tiny-GGUF:Q8_0"
+        for r, message in (
+            (c.post("/models", json={"model": name}), f"model '{name}' already exists"),
+            (c.post("/models", json={"model": "org/new:Q8_0"}), "downloads nothing"),
+            (c.post("/models", json={}), "model must be a non-empty string"),
+            (c.delete("/models", params={"model": name}), "removes no model file"),
+            (c.delete("/models", params={"model": "org/none:Q8_0"}), "not found"),
+        ):
+            assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+        assert not any(e.running for e in state.pool.engines.values())
+        assert Path(hf_cache.cached_models()[name]).is_file()

@@ -5,7 +5,8 @@
 Own routes: `GET /health` (the router's; `?model=` asks that model's engine), `GET /props`
 (the router's `role: router` object; `?model=` forwards), `GET /models` and `/v1/models`
 (every model id with its `status`; `?reload=1` re-reads the sources), `POST /models/load`,
-`POST /models/unload`, `GET /models/sse` (status changes, `router.events`). Every other API
+`POST /models/unload`, `GET /models/sse` (status changes, `router.events`), and 400s for
+llama-server's `POST /models` (download) and `DELETE /models` (file removal). Every other API
 route is forwarded, in-process (`router.forward`), to the engine of the model its JSON
 body's `model` (GET: the `model` query parameter) names (none: the only model, when the
 catalogue has one, else, ours, for the README's plain `loraserve`, the default model when
@@ -42,6 +43,7 @@ from loraserve.server.router.forward import (
     _forwarded,
     _model_field,
 )
+from loraserve.server.router.hf_cache import cache_dir
 from loraserve.server.router.pool import Engine, Pool
 from loraserve.server.router.presets import Preset, default_model_entry, load_catalog
 from loraserve.server.tools.routes import ToolsMiddleware
@@ -250,6 +252,30 @@ def create_router_app(cfg: ServerConfig) -> FastAPI:
             raise ApiError(500, "server_error", f"model name={preset.name} failed to load")
         router.pool.start_load(preset.key)
         return {"success": True}
+
+    @app.post("/models")
+    async def models_download(request: Request) -> Any:
+        """llama-server's download into its cache: ours downloads nothing (a 400 saying so,
+        never a load of the model named)."""
+        name = _model_field(await request.body())
+        if not name:
+            raise _bad("model must be a non-empty string")
+        if router.find(name) is not None:
+            raise _bad(f"model '{name}' already exists")
+        raise _bad(
+            f"loraserve downloads nothing: put the model in the download cache ({cache_dir()}) "
+            "or in --models-dir"
+        )
+
+    @app.delete("/models")
+    async def models_delete(request: Request) -> Any:
+        """llama-server's removal of a cached model's files: ours removes no file."""
+        name = request.query_params.get("model") or ""
+        if not name:
+            raise _bad("model must be a non-empty string")
+        if router.find(name) is None:
+            raise _bad(f"model '{name}' not found")
+        raise _bad("loraserve removes no model file: delete it from the download cache yourself")
 
     @app.post("/models/unload")
     async def models_unload(request: Request) -> Any:
