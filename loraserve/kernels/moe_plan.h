@@ -19,6 +19,7 @@ typedef struct {
     int nparts;
     task_t *tasks;
     int64_t *cost, n;
+    int64_t next;  // the first task no thread has taken yet (`st_matmul`)
 } plan_t;
 
 // PACKED | T_Q6_K: Q6_K rows repacked by pack_q6k.h (read by part_packed's packed_q6.h tiles)
@@ -56,7 +57,7 @@ static int plan_init(plan_t *pl, const ls_moe_proj_t *pr, int64_t E, int64_t P, 
 // The tasks of the routed rows of experts e0..e1-1, expert by expert.
 static void plan_fill(plan_t *pl, int64_t e0, int64_t e1, const int64_t *off) {
     pl->cost[0] = 0;
-    pl->n = 0;
+    pl->n = pl->next = 0;
     for (int64_t e = e0; e < e1; e++) {
         const int64_t M = off[e + 1] - off[e];
         if (M == 0) continue;
@@ -91,17 +92,26 @@ static void run_task(const part_t *p, const task_t *tk, int64_t K, const act_t *
         for (int64_t n = n0; n < n1; n++) part_row(p, n, K, a, M, y, ldy, t);
 }
 
-// This thread's share of the plan's tasks (a run of about 1 / nt of the cost): y [P, n_out].
-static void st_matmul(const plan_t *pl, const ls_moe_proj_t *pr, int64_t E, const int64_t *off,
+// This thread's share of the plan's tasks: y [P, n_out]. Threads take runs of consecutive
+// tasks from a shared counter (about 16 runs a thread), so a thread the system preempts
+// (the server's own HTTP thread, a client on a 2-core machine) leaves its runs to the
+// others instead of holding the whole stage; each task writes its own rows with the same
+// tile whoever runs it, so the bits do not depend on which thread took it. The counter is
+// reset by plan_fill, which runs before a barrier.
+static void st_matmul(plan_t *pl, const ls_moe_proj_t *pr, int64_t E, const int64_t *off,
                       const abuf_t *b, float *y, scratch_t *t) {
-    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num(), C = pl->cost[pl->n];
-    for (int64_t i = 0; i < pl->n; i++) {
-        if (C == 0 || pl->cost[i] * nt / C != me) continue;
-        const task_t *tk = &pl->tasks[i];
-        part_t p = pl->parts[tk->part];
-        p.w = pr->ws[tk->part * E + tk->e];
-        const act_t a = expert_act(b, off, tk->e);
-        run_task(&p, tk, b->K, &a, off[tk->e + 1] - off[tk->e], y + off[tk->e] * pr->n_out,
-                 pr->n_out, t);
+    const int64_t nt = omp_get_num_threads(), n = pl->n;
+    const int64_t run = nt > 1 && n / (16 * nt) > 1 ? n / (16 * nt) : 1;
+    for (;;) {
+        const int64_t i0 = __atomic_fetch_add(&pl->next, run, __ATOMIC_RELAXED);
+        if (i0 >= n) break;
+        for (int64_t i = i0; i < i0 + run && i < n; i++) {
+            const task_t *tk = &pl->tasks[i];
+            part_t p = pl->parts[tk->part];
+            p.w = pr->ws[tk->part * E + tk->e];
+            const act_t a = expert_act(b, off, tk->e);
+            run_task(&p, tk, b->K, &a, off[tk->e + 1] - off[tk->e], y + off[tk->e] * pr->n_out,
+                     pr->n_out, t);
+        }
     }
 }

@@ -74,11 +74,15 @@ static int qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws,
                                        : (parts[i].n + 3) / 4);
     }
     const int64_t n_tasks = first[nparts];
+    // runs of tasks taken from a shared counter (about 16 a thread): a thread the system
+    // preempts leaves its runs to the others; every task's rows have the same bits whoever
+    // runs it
+    const int64_t run = nthreads > 1 && n_tasks / (16 * nthreads) > 1 ? n_tasks / (16 * nthreads) : 1;
 #pragma omp parallel num_threads(nthreads)
     {
         scratch_t t;
         scratch_init(&t, K);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, run)
         for (int64_t g = 0; g < n_tasks; g++) {
             int i = 0;
             while (g >= first[i + 1]) i++;
