@@ -93,3 +93,15 @@ def test_optional_runs_are_bounded(name: str) -> None:
            "zzzzunit": "c", "zzzzdays": 4}  # fmt: skip
     assert _accepts(name, _call_text(name, six)) is None
     assert _accepts(name, _call_text(name, {**six, "zzzzzzunit": "f"})) is not None
+
+
+@pytest.mark.parametrize(
+    "name", ["deepseek-ai-DeepSeek-V3.2.jinja", "deepseek-ai-DeepSeek-V4.jinja"]
+)
+def test_dsml_spacing_is_llama_cpps_space(name: str) -> None:
+    """DSML: `space` (none, or a bounded run of blanks) after each argument, as llama.cpp's
+    grammar; the template writes one newline."""
+    text = _call_text(name, {"city": "Paris", "unit": "c", "days": 2})
+    between = "parameter>\n<｜DSML｜"  # after an argument
+    assert _accepts(name, text.replace(between, "parameter><｜DSML｜")) is None
+    assert _accepts(name, text.replace(between, "parameter>\n\n  <｜DSML｜")) is None

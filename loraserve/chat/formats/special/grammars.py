@@ -124,12 +124,13 @@ def _dsml(g: Lark, tools: list[dict[str, Any]], parallel: bool, v4: bool) -> str
             value = g.string_until(sub, end) if text else f"{json_value(sub)} {g.q(end)}"
             return g.rule(f"{head} {value}")
 
-        args = members(g, closed(fn.get("parameters") or {}), member, '"\\n"')
+        # llama.cpp's `space` between the arguments, the calls and the block's markers
+        args = members(g, closed(fn.get("parameters") or {}), member, "WS")
         head = g.q(f'{dsml.INVOKE}{fn["name"]}">\n')
-        calls.append(g.rule(f'{head} {args} "\\n" {g.q(dsml.INVOKE_END)}'))
+        calls.append(g.rule(f"{head} {args} WS {g.q(dsml.INVOKE_END)}"))
     call = g.rule(" | ".join(calls))
-    more = f'("\\n" {call})*' if parallel else ""
-    return f'"\\n" {call} {more} "\\n" {g.q(end)}'  # after the block's start (the trigger)
+    more = f"(WS {call})*" if parallel else ""
+    return f"WS {call} {more} WS {g.q(end)}"  # after the block's start (the trigger)
 
 
 def _lazy(g: Lark, fmt: ChatFormat, think: str, rest: str, lazy: bool) -> str:
