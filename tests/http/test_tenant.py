@@ -10,6 +10,7 @@ block that another tenant's sequence computed.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -131,3 +132,21 @@ def test_no_block_is_reused_across_salts(runs, budget) -> None:
         cache.insert(key, prompt, blocks)
         cache.release(blocks)
         cache.check()
+
+
+def test_slots_show_a_request_only_to_its_tenant(keyed: Served) -> None:
+    """Under `--cache-isolation key`, `/slots` shows a slot's last request (its params: stop
+    strings, grammar, biases) only to that request's key; another key sees the slot as one
+    that has run nothing (llama-server's shape for it)."""
+    ask(keyed, SECRET, KEYS[0], stop=["secret-stop-word"])
+
+    def slots(key: str) -> list[dict[str, Any]]:
+        r = keyed.client.get("/slots", headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 200
+        return r.json()
+
+    mine = [s for s in slots(KEYS[0]) if "params" in s]
+    assert any(s["params"]["stop"] == ["secret-stop-word"] for s in mine)
+    theirs = slots(KEYS[1])
+    assert len(theirs) == len(mine + [s for s in slots(KEYS[0]) if "params" not in s])
+    assert "secret-stop-word" not in json.dumps(theirs)

@@ -18,6 +18,7 @@ from starlette.responses import Response
 
 from loraserve.cache.block_pool import OutOfBlocks
 from loraserve.engine import slot_io
+from loraserve.engine.admission import current_tenant
 from loraserve.engine.views import SlotView
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.body import body_doc, read_body
@@ -77,9 +78,13 @@ async def props(request: HttpRequest) -> Response:
     return JsonResponse(out)
 
 
-def _slot_json(n_ctx: int, slot: SlotView, speculative: bool = False) -> dict[str, Any]:
+def _slot_json(
+    n_ctx: int, slot: SlotView, speculative: bool = False, tenant: str = ""
+) -> dict[str, Any]:
     """One slot as llama-server shows it: the task fields (`id_task`, `params`,
-    `next_token`) only once the slot has run a request."""
+    `next_token`) only once the slot has run a request, and (ours) under `--cache-isolation
+    key` only to that request's tenant (`tenant`: the caller's): another key's stop strings,
+    grammar or biases are not shown, as its prompt is not (issue 31 item 6)."""
     out: dict[str, Any] = {
         "id": slot.id,
         "n_ctx": n_ctx,
@@ -88,7 +93,7 @@ def _slot_json(n_ctx: int, slot: SlotView, speculative: bool = False) -> dict[st
         "n_tokens": slot.n_tokens,
     }
     req = slot.request
-    if req is None:
+    if req is None or (tenant and req.cache_salt.split("\x00", 1)[0] != tenant):
         return out
     params = dataclasses.asdict(req.sampling)
     params["logit_bias"] = [list(x) for x in req.sampling.logit_bias]
@@ -123,7 +128,8 @@ async def slots(request: HttpRequest, fail_on_no_slot: int = 0) -> Response:
     if not state.cfg.slots:
         raise not_supported("This server does not support slots endpoint. Start it with `--slots`")
     spec = state.cfg.spec.enabled
-    infos = [_slot_json(engine.n_ctx_slot, s, spec) for s in await wait(engine.slots())]
+    tenant = current_tenant.get()  # '' unless --cache-isolation key
+    infos = [_slot_json(engine.n_ctx_slot, s, spec, tenant) for s in await wait(engine.slots())]
     if fail_on_no_slot and all(s["is_processing"] for s in infos):
         raise unavailable("no slot available")
     return JsonResponse(infos)
