@@ -65,7 +65,10 @@ class ModelRunner:
         self.states = states
 
     def ensure_capacity(self, n_blocks: int) -> None:
-        """Grow the KV tensors to ``n_blocks`` blocks, keeping their contents."""
+        """Grow the KV tensors to ``n_blocks`` blocks, keeping their contents, one layer at
+        a time: each layer's old tensors go as its new ones are filled, so the old and new
+        sizes coexist for one layer only (all layers at once, the prefix cache's growth
+        from 2048 to 4096 blocks of Gemma 270M held 3456 MiB of KV for 2304)."""
         if n_blocks <= self.capacity:
             return
         cfg, n = self.cfg, n_blocks * self.bs
@@ -77,6 +80,8 @@ class ModelRunner:
                 old_k, old_v = self.kv[i]
                 k[: old_k.shape[0]] = old_k
                 v[: old_v.shape[0]] = old_v
+                self.kv[i] = (k, v)  # the only reference to the old layer goes
+                del old_k, old_v
             new.append((k, v))
         self.kv, self.capacity = new, n_blocks
 
