@@ -20,14 +20,17 @@ Halves = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # A16, `tiles`(B), `ta
 
 def tiles(b: torch.Tensor) -> torch.Tensor:
     """B [out, r] -> float16 [out // 8, r, 8]: tile t holds B[8t + i, j] at [t, j, i] (the
-    outputs past the last whole tile are in `tail`)."""
+    outputs past the last whole tile are in `tail`); always a copy of its own."""
     n8 = b.shape[0] // 8 * 8
-    return b[:n8].half().reshape(n8 // 8, 8, b.shape[1]).transpose(1, 2).contiguous()
+    tiled = b[:n8].reshape(n8 // 8, 8, b.shape[1]).transpose(1, 2)
+    return tiled.to(torch.float16, memory_format=torch.contiguous_format, copy=True)
 
 
 def tail(b: torch.Tensor) -> torch.Tensor:
-    """B [out, r] -> its rows past the last whole tile, float16 [out % 8, r]."""
-    return b[b.shape[0] // 8 * 8 :].half().contiguous()
+    """B [out, r] -> its rows past the last whole tile, float16 [out % 8, r], a tensor of
+    its own (an empty slice of B kept all of B's storage alive: the file's mapping, or
+    a float16 B's copy, held beside its tiles)."""
+    return b[b.shape[0] // 8 * 8 :].to(torch.float16, copy=True).contiguous()
 
 
 def untile(bt: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:

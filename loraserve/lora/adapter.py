@@ -15,24 +15,20 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from loraserve.kernels import lora16
 from loraserve.kernels.lora16 import tail, tiles
+from loraserve.lora.read_gguf import Pairs, open_gguf, read_gguf, tensors_finite
 from loraserve.lora.weight import LoraWeight
 from loraserve.model.config import ModelConfig
-from loraserve.model.gguf import GGUFFile
 from loraserve.model.hf import hf_to_gguf_name
-from loraserve.model.loader import unpermute_qk
 
 _EMBED = "token_embd.weight"
-_GGML_F16 = 1
 _PEFT_KEY = re.compile(r"^(.+)\.(lora_A|lora_B|lora_embedding_A|lora_embedding_B)(?:\.weight)?$")
 
 
@@ -87,84 +83,29 @@ def load_adapter(
     try:  # a crafted file is refused with its reason, never with Python's own error
         if path.is_dir():
             name, meta, pairs = _read_peft(path, model_config)
-        else:
-            name, meta, pairs = _read_gguf(path, model_config, base_shapes)
-        weights = {t: _check(path, t, *pair, base_shapes) for t, pair in pairs.items()}
+            return _adapter(path, name, meta, pairs, _all_finite(pairs), base_shapes)
+        with open_gguf(path) as gg:  # its pairs are views of the mapping until held
+            name, meta, pairs, finite = read_gguf(gg, path, model_config, base_shapes)
+            return _adapter(path, name, meta, pairs, finite, base_shapes)
     except (TypeError, ArithmeticError, RecursionError, re.error, KeyError, IndexError) as e:
         raise AdapterError(f"{path}: unusable adapter: {type(e).__name__}: {e}") from None
-    if not weights:
+
+
+def _adapter(
+    path: Path,
+    name: str,
+    meta: dict[str, Any],
+    pairs: Pairs,
+    finite: bool,
+    base_shapes: dict[str, tuple[int, ...]],
+) -> Adapter:
+    """The pairs checked and held (each tensor copied once at most), and the content id
+    hashed from the values as stored, B's halves read before tiling (no copy back)."""
+    held = {t: _check(path, t, *pair, base_shapes, finite) for t, pair in pairs.items()}
+    if not held:
         raise AdapterError(f"{path}: the adapter has no LoRA tensors")
-    return Adapter(name, path, _content_id(weights), weights, metadata=meta)
-
-
-# target -> (A, B, factor, whether the file stored both as float16)
-Pairs = dict[str, tuple[torch.Tensor, torch.Tensor, float, bool]]
-
-
-def _read_gguf(
-    path: Path, cfg: ModelConfig, base_shapes: dict[str, tuple[int, ...]] | None = None
-) -> tuple[str, dict[str, Any], Pairs]:
-    try:
-        gg = GGUFFile(path)
-    except (ValueError, OSError) as e:
-        raise AdapterError(f"cannot read GGUF LoRA {path}: {e}") from None
-    with gg:
-        meta = gg.metadata
-        if meta.get("general.type") != "adapter" or meta.get("adapter.type") != "lora":
-            raise AdapterError(
-                f"{path}: not a LoRA adapter (general.type={meta.get('general.type')!r}, "
-                f"adapter.type={meta.get('adapter.type')!r})"
-            )
-        arch = meta.get("general.architecture")
-        if arch != cfg.arch:
-            raise AdapterError(
-                f"{path}: adapter architecture {arch!r} does not match the model's {cfg.arch!r}"
-            )
-        from loraserve.lora.validate import check_alpha, gguf_pairs
-
-        # every pair's ranks and shapes against the base before any tensor is dequantized
-        gguf_pairs(path, {n: i.shape for n, i in gg.tensors.items()}, base_shapes)
-        alpha = check_alpha(path, meta.get("adapter.lora.alpha", 0.0))
-        halves: dict[str, dict[str, torch.Tensor]] = {}
-        wide: set[str] = set()  # pairs with a tensor not stored as float16
-        for tname in gg.tensors:
-            base, dot, part = tname.rpartition(".")
-            if part not in ("lora_a", "lora_b"):
-                if tname.endswith("_norm.weight"):
-                    continue  # llama.cpp ignores norm vectors in adapters too
-                raise AdapterError(f"{path}: tensor {tname!r} is neither .lora_a nor .lora_b")
-            try:
-                halves.setdefault(base, {})[part] = _tensor(gg, tname)
-                if gg.tensors[tname].ggml_type != _GGML_F16:
-                    wide.add(base)
-            except ValueError as e:
-                raise AdapterError(f"{path}: tensor {tname!r}: {e}") from None
-        pairs: Pairs = {}
-        for base, ab in halves.items():
-            if len(ab) != 2:
-                missing = "lora_b" if "lora_a" in ab else "lora_a"
-                raise AdapterError(f"{path}: {base}.{missing} is missing (its pair is present)")
-            a, b = ab["lora_a"], ab["lora_b"]
-            if cfg.permuted_qk and base.endswith((".attn_q.weight", ".attn_k.weight")):
-                heads = cfg.n_heads if ".attn_q." in base else cfg.n_kv_heads
-                if b.dim() == 2 and b.shape[0] % (2 * heads) == 0:
-                    b = unpermute_qk(b, heads)  # the converter permuted B's rows as the base's
-            rank = b.shape[-1]
-            pairs[base] = (a, b, alpha / rank if alpha else 1.0, base not in wide)
-        return str(meta.get("general.name") or path.stem), dict(meta), pairs
-
-
-def _tensor(gg: GGUFFile, name: str) -> torch.Tensor:
-    """A tensor as float32, or F16 as its halves, copied by torch from the mapping (numpy's
-    astype took ~30x longer; no NaN fix-up: refused anyway); any other type through
-    `GGUFFile.tensor`."""
-    info = gg.tensors[name]
-    if info.ggml_type != _GGML_F16:
-        return gg.tensor(name)
-    with warnings.catch_warnings():  # read-only mapping; the bytes are only ever read
-        warnings.simplefilter("ignore", UserWarning)
-        half = torch.from_numpy(gg.raw(name).view(np.float16))
-    return half.clone().reshape(info.shape)
+    weights = {t: w for t, (w, _) in held.items()}
+    return Adapter(name, path, _content_id(held), weights, metadata=meta)
 
 
 def _read_peft(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs]:
@@ -198,7 +139,7 @@ def _read_peft(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs
                     raise AdapterError(
                         f"{st_file}: {key!r} is a LoRA on {_EMBED!r}, which is not supported"
                     )
-                t = st.get_tensor(key)
+                t = st.get_tensor(key)  # its own copy: held as it is when it can be
                 if t.dtype != torch.float16:
                     wide.add(module)
                 halves.setdefault(module, {})[part] = t if t.dtype == torch.float16 else t.float()
@@ -223,7 +164,7 @@ def _read_peft(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs
             )
         alpha = float(_lookup(conf, "alpha_pattern", key, conf.get("lora_alpha", 8)))
         factor = alpha / math.sqrt(r) if conf.get("use_rslora") else alpha / r
-        pairs[target] = (a, b, factor, module not in wide)
+        pairs[target] = (a, b, factor, module not in wide, False)
     return path.name, {"adapter_config": conf}, pairs
 
 
@@ -247,8 +188,14 @@ def _check(
     b: torch.Tensor,
     factor: float,
     halves: bool,
+    mapped: bool,
     base_shapes: dict[str, tuple[int, ...]],
-) -> LoraWeight:
+    finite: bool = False,
+) -> tuple[LoraWeight, tuple[torch.Tensor, torch.Tensor]]:
+    """One pair checked against the base and held: (the weight, the contiguous tensors
+    whose bytes its content id hashes: the halves of A and B [out, r], or float32 A and
+    B). ``mapped``: the tensors may be views of a file mapping, copied before they are
+    held; ``finite``: their values are known finite (else checked here)."""
     if target == _EMBED:
         raise AdapterError(f"{path}: a LoRA on {target!r} (token embeddings) is not supported")
     if target not in base_shapes:
@@ -267,15 +214,16 @@ def _check(
             f"{path}: LoRA for {target!r} has A {tuple(a.shape)} and B {tuple(b.shape)}, "
             f"which do not fit the base tensor {tuple(base)} (A [r, in], B [out, r])"
         )
-    keep16 = halves and a.dim() == 2 and lora16.available()
-    if not keep16:
-        a, b = a.float(), b.float()
-    a, b = a.contiguous(), b.contiguous()
-    if not (math.isfinite(factor) and _finite(a) and _finite(b)):
+    if not (math.isfinite(factor) and (finite or (_finite(a) and _finite(b)))):
         raise AdapterError(f"{path}: LoRA for {target!r} holds non-finite values")
-    if keep16:  # the file's own halves, held alone: the kernels read them (same bits)
-        return LoraWeight(None, None, factor, a.half(), tiles(b), tail(b))
-    return LoraWeight(a, b, factor)
+    a, b = a.contiguous(), b.contiguous()
+    if halves and a.dim() == 2 and lora16.available():  # the file's own halves, held alone
+        a16 = a.clone() if mapped else a  # the kernels read them (the same bits)
+        return LoraWeight(None, None, factor, a16, tiles(b), tail(b)), (a16, b)
+    wa, wb = a.float(), b.float()  # a copy of a float16 or BF16 tensor; float32 as it is:
+    wa = wa.clone() if mapped and wa is a else wa  # then copied off the mapping
+    wb = wb.clone() if mapped and wb is b else wb
+    return LoraWeight(wa, wb, factor), (wa, wb)
 
 
 def _finite(t: torch.Tensor) -> bool:
@@ -286,16 +234,21 @@ def _finite(t: torch.Tensor) -> bool:
     return math.isfinite(float(lo)) and math.isfinite(float(hi))
 
 
-def _content_id(weights: dict[str, LoraWeight]) -> str:
+def _all_finite(pairs: Pairs) -> bool:
+    """Whether every value of every pair is finite, one check per tensor type (one a
+    tensor cost more than the copies); False sends `_check` tensor by tensor, to name it."""
+    return tensors_finite([t for a, b, *_ in pairs.values() for t in (a, b)])
+
+
+def _content_id(held: dict[str, tuple[LoraWeight, tuple[torch.Tensor, torch.Tensor]]]) -> str:
     """sha256 of each target's name, shapes, factor and weights as stored: a float16 pair
     its halves (tagged: half the bytes, one value each), any other its float32 values (the
     same values stored both ways get two ids: KV not shared, never wrongly hit)."""
     h = hashlib.sha256()
-    for t in sorted(weights):
-        w = weights[t]
+    for t in sorted(held):
+        w, pair = held[t]
         tag = "|f16" if w.a16 is not None else ""
         h.update(f"{t}|{w.a_shape}|{w.b_shape}|{w.factor!r}{tag}\n".encode())
-        pair = (w.a16, w.b16()) if w.a16 is not None else (w.a, w.b)
         for x in pair:  # the buffer itself (all are contiguous)
             h.update(x.numpy().data)
     return h.hexdigest()
