@@ -11,8 +11,12 @@ alternating order, and the ratio is the median of the rounds' Zipf / single thro
 own, varied 191-300 tok/s between runs). Round 0 is the first use of its adapters (read from
 disk), the later rounds the steady state; both are reported. TTFT p50/p95 are split by
 whether the adapter was resident (used within the last 64 distinct adapters the client side
-sent, an LRU model of the server's tier) or had to be read from disk. Peak RSS (VmHWM) and
-the server's `loraserve:lora_resident_bytes` at the end are reported beside the budget.
+sent, an LRU model of the server's tier) or had to be read from disk. Peak RSS (VmHWM,
+and RSS sampled every 0.2 s: anonymous and file pages, a timeline) is reported against
+the budgets (`adapter_scale_memory.server_memory`): the RSS once warm, the most KV the
+flags allow (`--cache-ram`, 256 MiB here by default: every prompt is new, so a larger
+cache only fills with KV no request reads, up to 2.3 GiB at -1), the adapter budget and
+the reads in flight; and the server's `loraserve:lora_resident_bytes` at the end.
 Each row says what share of its adapters' file bytes the page cache held at its start
 (`fincore`): the requests name the same adapters from run to run, so a second run reads
 them from memory unless `--cold` drops them first (before every Zipf round).
@@ -48,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.adapter_scale_memory import kv_max_mib, sampler, server_memory
 from bench.adapter_scale_rounds import TierModel, metrics, rounds
 from bench.client import body
 from bench.peer import find_peer
@@ -77,6 +82,7 @@ class Plan:
     repeats: int = 3  # paired rounds (single-adapter load, Zipf load) per server
     warmup: int = 8  # requests on adapter 0 before the rounds (not counted)
     peer_repeats: int = 1  # llama-server's Zipf rounds (its 8-adapter load is ~4x slower)
+    cache_ram: int = 256  # --cache-ram MiB, both servers (-1: no bound)
 
     @staticmethod
     def quick() -> Plan:
@@ -197,6 +203,7 @@ def run_loraserve(plan: Plan, model: Path, n: int) -> dict[str, Any]:
                     for a in zipf_choices(n, plan.requests, plan.seed + r)})  # fmt: skip
     used = [folder / f"a{a:04d}.gguf" for a in picks]
     file_mib = sum(p.stat().st_size for p in used) / len(used) / 2**20
+    largest = max(p.stat().st_size for p in used) / 2**20
     if plan.cold:
         drop_cached(used)
     cached = page_cached(used)
@@ -208,15 +215,18 @@ def run_loraserve(plan: Plan, model: Path, n: int) -> dict[str, Any]:
     warm, single, multi = _workload(plan, n, lambda a: [{"name": f"a{a:04d}", "scale": 1.0}])
     port = free_port()
     argv = server_argv(kind, model, port, threads=2, parallel=plan.parallel, ctx=plan.ctx,
-                       cache_ram=-1)  # fmt: skip
+                       cache_ram=plan.cache_ram)  # fmt: skip
+    kv_mib = kv_max_mib(model, plan.parallel, plan.ctx, plan.cache_ram)
     with launch(kind.name, argv, port, timeout=300) as server:
+        rss = sampler(server.proc.pid)
         out = rounds(server, plan.clients, plan.repeats, warm, single, multi,
-                     TierModel(plan.max_loaded), before_multi)  # fmt: skip
+                     TierModel(plan.max_loaded), before_multi, rss.mark)  # fmt: skip
         out.update({k: v for k, v in metrics(server.url).items()
                     if k in ("resident_bytes", "resident")})  # fmt: skip
         out["budget"] = plan.max_loaded
         out["peak_rss_mib"] = server.peak_rss_mib()
         out["startup_s"] = server.startup_s
+        out.update(server_memory(rss.stop(), kv_mib, plan.max_loaded, largest))
     return {"server": "loraserve", "adapters": n, "dtype": plan.dtype, "file_mib": file_mib,
             "page_cached": cached, **out}  # fmt: skip
 
@@ -230,10 +240,14 @@ def run_peer(plan: Plan, model: Path, binary: Path, n: int) -> dict[str, Any]:
     kind = peer_kind(binary)
     port = free_port()
     argv = server_argv(kind, model, port, threads=2, parallel=plan.parallel, ctx=plan.ctx,
-                       cache_ram=-1, adapters=adapter_pool(n, plan.dtype))  # fmt: skip
+                       cache_ram=plan.cache_ram, adapters=adapter_pool(n, plan.dtype))  # fmt: skip
     with launch(kind.name, argv, port, timeout=300) as server:
-        out = rounds(server, plan.clients, plan.peer_repeats, warm, None, multi, TierModel(n))
+        rss = sampler(server.proc.pid)
+        out = rounds(server, plan.clients, plan.peer_repeats, warm, None, multi, TierModel(n),
+                     mark=rss.mark)  # fmt: skip
         out["peak_rss_mib"] = server.peak_rss_mib()
+        sampled = rss.stop()
+        out.update({k: v for k, v in sampled.items() if k.startswith("peak_")})
         out["startup_s"] = server.startup_s
     return {"server": "llama-server", "adapters": n, "dtype": plan.dtype, **out}
 
@@ -248,8 +262,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     out = [
         "| server | adapters | dtype | tok/s | single tok/s | vs 1 adapter median (first / "
         "steady) [range] | TTFT resident p50/p95 s | TTFT cold p50/p95 s (n) | loads (s) / "
-        "evictions | file MiB (cached) | resident MiB (n/budget) | peak RSS MiB | finished "
-        "| other cores |",
+        "evictions | file MiB (cached) | resident MiB (n/budget) | peak RSS MiB (warm + KV "
+        "max + adapter budget + in flight = bound) | finished | other cores |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -265,10 +279,19 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {f(r.get('loads'), 0)} ({f(r.get('load_s'))}) / {f(r.get('evictions'), 0)} "
             f"| {f(r.get('file_mib'), 1)} ({f(r.get('page_cached'))}) "
             f"| {f(res / 2**20 if res else None, 0)} ({f(r.get('resident'), 0)}/"
-            f"{r.get('budget', '-')}) | {f(r['peak_rss_mib'], 0)} "
+            f"{r.get('budget', '-')}) | {f(r['peak_rss_mib'], 0)} {_bound(r)} "
             f"| {r['finished']}/{r['requests']} | {f(max(other) if other else None, 1)} |"
         )
     return "\n".join(out)
+
+
+def _bound(r: dict[str, Any]) -> str:
+    """``(warm + KV + budget + in flight = bound)`` for a loraserve row, else nothing."""
+    if r.get("rss_bound_mib") is None:
+        return ""
+    parts = [r[k] for k in ("rss_warm_mib", "kv_max_mib", "adapter_budget_mib",
+                            "adapter_in_flight_mib", "rss_bound_mib")]  # fmt: skip
+    return "({:.0f} + {:.0f} + {:.0f} + {:.0f} = {:.0f})".format(*parts)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -284,6 +307,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, help="paired rounds per server (default 3)")
     ap.add_argument("--peer-first", action="store_true", help="llama-server before loraserve")
     ap.add_argument("--peer-repeats", type=int, help="llama-server's Zipf rounds (default 1)")
+    ap.add_argument("--cache-ram", type=int, help="--cache-ram MiB, both servers (default 256)")
     args = ap.parse_args(argv)
     plan = Plan.quick() if args.quick else Plan()
     if args.sizes:
@@ -296,6 +320,8 @@ def main(argv: list[str] | None = None) -> None:
         plan = replace(plan, repeats=args.repeats)
     if args.peer_repeats:
         plan = replace(plan, peer_repeats=args.peer_repeats)
+    if args.cache_ram is not None:
+        plan = replace(plan, cache_ram=args.cache_ram)
     plan = replace(plan, cold=args.cold)
     adapter_pool(max(plan.sizes), plan.dtype)
     RESULTS.mkdir(exist_ok=True)
@@ -315,7 +341,8 @@ def main(argv: list[str] | None = None) -> None:
         write()
     for n in plan.sizes:
         rows.append(run_loraserve(plan, args.model, n))
-        print(json.dumps({k: v for k, v in rows[-1].items() if k != "rounds"}), file=sys.stderr)
+        brief = {k: v for k, v in rows[-1].items() if k not in ("rounds", "rss_timeline")}
+        print(json.dumps(brief), file=sys.stderr)
         write()
     if binary is not None and 8 in plan.sizes and not args.peer_first:
         rows.append(run_peer(plan, args.model, binary, 8))

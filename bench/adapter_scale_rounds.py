@@ -153,16 +153,22 @@ def rounds(
     multi: Callable[[int], tuple[list[dict[str, Any]], list[int]]],
     tier: TierModel,
     before_multi: Callable[[list[int]], None] | None = None,
+    mark: Callable[[str], object] | None = None,
 ) -> dict[str, Any]:
     """Warm-up, then `repeats` rounds of the single-adapter load and the Zipf load in
     alternating order; ``single(r)`` / ``multi(r)`` give round r's payloads and adapter
-    picks (``single`` None: the Zipf loads alone, no ratio). Returns the rounds, the
+    picks (``single`` None: the Zipf loads alone, no ratio); ``mark`` names the moments
+    (``warm``: the warm-up done, ``round r``) to a memory sampler. Returns the rounds, the
     medians and the pooled TTFTs of the Zipf loads."""
     if warmup:
         asyncio.run(closed_loop(server.url, warmup, clients))
         tier.feed([0] * len(warmup))
+    if mark is not None:
+        mark("warm")
     out_rounds = []
     for r in range(repeats):
+        if mark is not None and r:
+            mark(f"round {r}")
         sides: dict[str, dict[str, Any]] = {}
         order = ("single", "multi") if r % 2 == 0 else ("multi", "single")
         for side in order if single is not None else ("multi",):
