@@ -46,6 +46,12 @@ static inline uint16_t iq_u16(const uint8_t *p) {
 
 // 8 values: the grid entry's bytes (lowest first), negated where bit j of signs is set
 static inline void iq_put8(int8_t *q, uint64_t g, uint8_t signs) {
+#if defined(__AVX2__)  // (v ^ m) - m with m = -1 where the bit is set: the same 8 values
+    const __m128i bit = _mm_set_epi64x(0, (long long)0x8040201008040201ULL);
+    const __m128i m = _mm_cmpeq_epi8(_mm_and_si128(_mm_set1_epi8((char)signs), bit), bit);
+    _mm_storel_epi64((__m128i *)q, _mm_sub_epi8(_mm_xor_si128(_mm_cvtsi64_si128((long long)g), m), m));
+    return;
+#endif
     for (int j = 0; j < 8; j++) {
         const int v = (int)((g >> (8 * j)) & 0xFF);
         q[j] = (int8_t)((signs >> j) & 1 ? -v : v);
@@ -54,6 +60,11 @@ static inline void iq_put8(int8_t *q, uint64_t g, uint8_t signs) {
 
 // IQ1: 8 values 8 g +- 1 from an iq1s_grid entry (bytes -1, 0, 1)
 static inline void iq1_put8(int8_t *q, uint64_t g, int neg) {
+#if defined(__AVX2__)  // 8 g: a 16-bit shift, each byte's low 3 bits cleared (the same bytes)
+    const __m128i v8 = _mm_and_si128(_mm_slli_epi16(_mm_cvtsi64_si128((long long)g), 3), _mm_set1_epi8((char)0xF8));
+    _mm_storel_epi64((__m128i *)q, _mm_add_epi8(v8, _mm_set1_epi8(neg ? -1 : 1)));
+    return;
+#endif
     for (int j = 0; j < 8; j++) q[j] = (int8_t)(8 * (int8_t)((g >> (8 * j)) & 0xFF) + (neg ? -1 : 1));
 }
 
