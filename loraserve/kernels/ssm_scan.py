@@ -81,6 +81,17 @@ def softplus_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def _index(spans: list[tuple[int, int]], wanted: list[list[int]]) -> tuple[torch.Tensor, ...]:
+    if spans == [(0, 1)] and wanted == [[]]:  # a decode step of one sequence: made once
+        if _ONE_ROW[0] is None:
+            _ONE_ROW[0] = _make_index(spans, wanted)
+        return _ONE_ROW[0]
+    return _make_index(spans, wanted)
+
+
+_ONE_ROW: list[tuple[torch.Tensor, ...] | None] = [None]  # the kernel only reads them
+
+
+def _make_index(spans: list[tuple[int, int]], wanted: list[list[int]]) -> tuple[torch.Tensor, ...]:
     lo = torch.tensor([a for a, _ in spans], dtype=torch.int64)
     hi = torch.tensor([b for _, b in spans], dtype=torch.int64)
     rows = [a + r for (a, _), w in zip(spans, wanted, strict=True) for r in w]
@@ -124,14 +135,14 @@ def scan2(
         if st.dtype != torch.float32 or not st.is_contiguous() or st.numel() != h * p * n:
             raise ValueError("scan2: each state must be contiguous float32 [H, P, N]")
     # the kernel copies each starting state into finals head by head, as it scans
-    s_in = torch.tensor([st.data_ptr() for st in states], dtype=torch.int64)
+    s_in = (ctypes.c_void_p * len(states))(*(st.data_ptr() for st in states))
     s = finals
     lo, hi, snap_rows, off = _index(spans, wanted)
     snaps = torch.empty(len(snap_rows), h, p, n)
     y = torch.empty(t, h, p)
     lib.ls_ssm_scan2(
         xbc.data_ptr(), xbc.stride(0), dt.data_ptr(), da.data_ptr(), h, p, n, g, len(spans),
-        lo.data_ptr(), hi.data_ptr(), s.data_ptr(), s_in.data_ptr(), snap_rows.data_ptr(),
+        lo.data_ptr(), hi.data_ptr(), s.data_ptr(), ctypes.addressof(s_in), snap_rows.data_ptr(),
         off.data_ptr(),
         snaps.data_ptr(), y.data_ptr(), lanes, torch.get_num_threads(),
     )  # fmt: skip

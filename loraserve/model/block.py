@@ -82,6 +82,8 @@ class Block(nn.Module):
         self.chunk = cfg.attn_chunk if cfg.sliding_layers[i] else 0  # llama4's chunked layers
         self.local_rope = self.sliding or self.chunk > 0  # the local rope base (if any)
         self.has_ffn = cfg.ffn_layers[i]  # none: the mixer and its residual alone (mamba2)
+        rs = cfg.residual_scale  # the branches' scale as a float32 scalar tensor, made once
+        self.rs = None if rs == 1.0 else torch.tensor(rs, dtype=torch.float32)
         if cfg.moe_layers[i] and self.has_ffn:
             self.moe: MoE | None = MoE(cfg, p, w)
         elif not self.has_ffn:
@@ -156,8 +158,8 @@ class Block(nn.Module):
 
     def _scaled(self, a: torch.Tensor) -> torch.Tensor:
         """A branch's output [T, hidden] times the residual scale (granite), else as is."""
-        rs = self.cfg.residual_scale
-        return a if rs == 1.0 else a * torch.tensor(rs, dtype=torch.float32)
+        rs = self.rs
+        return a if rs is None else a * rs
 
     def _ffn(self, h: torch.Tensor) -> torch.Tensor:
         """The feed-forward of the normed h [T, hidden] -> [T, hidden], post-norm included."""

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loraserve.cache.state import SeqStep
 from loraserve.kernels import deltanet as kernel
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
@@ -82,6 +83,7 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = Projection(p + "ssm_out.weight", [matrix(w, p + "ssm_out.weight")])
         conv = _req(w, p + "ssm_conv1d.weight", (self.conv_dim, self.k))  # [conv_dim, d_conv]
         self.taps = [c.contiguous() for c in conv.t()]
+        self.taps_lc = conv.t().contiguous()  # [d_conv, conv_dim]: the C conv step's taps
         self.dt_b = _req(w, p + "ssm_dt.bias", (self.hv,)).reshape(-1)  # [H_v]
         self.a = _req(w, p + "ssm_a", (self.hv,)).reshape(-1)  # [H_v] (-exp(A_log))
         self.norm = _req(w, p + "ssm_norm.weight", (self.s,)).reshape(-1)  # [S]
@@ -89,6 +91,7 @@ class GatedDeltaNet(nn.Module):
         n = float(self.s)  # q, k L2-normed per head: rms_norm(x, eps / S) / sqrt(S)
         self.ones = torch.ones(self.s)  # [S]
         self.inv = torch.tensor(1.0 / math.sqrt(n), dtype=torch.float32)  # also o's scale
+        self.inv_f = self.inv.item()  # the float32 value, as the kernel takes it
         self.ba_slices = None  # (beta, alpha) column slices where each is one contiguous run
         if self.interleave:  # ssm_ba rows: per key head g, betas g*2r..g*2r+r-1, then alphas
             g = torch.arange(self.hv) // r * 2 * r + torch.arange(self.hv) % r
@@ -100,6 +103,8 @@ class GatedDeltaNet(nn.Module):
             self.kmap = torch.arange(self.hv) % self.hk
             self.ba_slices = (slice(0, self.hv), slice(self.hv, 2 * self.hv))
         self.kmap_identity = self.hv == self.hk  # each value head reads its own key head
+        self.kmap2 = torch.cat((self.kmap, self.kmap + self.hk))  # q's then k's per value head
+        self.ones_row = torch.ones(1, self.conv_dim)  # SiLU as gated_act(x, 1) of one row
 
     @staticmethod
     def state_shape(cfg: ModelConfig) -> tuple[int, ...]:
@@ -113,6 +118,9 @@ class GatedDeltaNet(nn.Module):
         if ctx.states is None:
             raise RuntimeError("a recurrent layer ran without its sequences' states")
         t, k, s, hv, hk, cd = hs.shape[0], self.k, self.s, self.hv, self.hk, self.conv_dim
+        if t == 1 and len(ctx.states) == 1 and ctx.states[0].hi == 1 and not ctx.states[0].every:
+            if USE_C and hv > 1 and self.order is None and kernel.available():
+                return self._step(hs, ctx.states[0])
         mixed = self.in_proj(hs)  # [T, conv_dim + H_v S + 2 H_v]
         if self.order is not None:  # ssm_in's rows -> q|k|v, z (a copy of each value)
             mixed = mixed[:, self.order]
@@ -180,6 +188,46 @@ class GatedDeltaNet(nn.Module):
         normed = rms_norm(o, self.norm, self.eps).view(t, hv * s)  # [T, H_v S]
         zc = torch.empty(t, hv * s).copy_(z)  # contiguous rows: the C kernel's layout
         return self.out_proj(gated_act(zc, normed, "silu"))  # SiLU(z) * norm(o)
+
+
+    def _step(self, hs: torch.Tensor, seq: SeqStep) -> torch.Tensor:
+        """One row of one sequence (every decode step at -np 1): `forward`'s float
+        operations on the same values, in fewer torch calls. The conv and its SiLU run in
+        one C call on the state's rows in place (`kernels.deltanet.conv_step`), q and k are
+        normed in one call (each head's row alone either way), the gates run on the row as
+        it lies, and a snapshot after the row is the new state itself (the same values;
+        states are never changed in place)."""
+        k, s, hv, hk, cd, i = self.k, self.s, self.hv, self.hk, self.conv_dim, self.i
+        n_conv = (k - 1) * cd
+        mixed = self.in_proj(hs)  # [1, conv_dim + H_v S + 2 H_v]
+        st = seq.state[i]
+        seq.out[i] = out = torch.empty(n_conv + hv * s * s)  # [conv rows | M]
+        # conv and SiLU in one call (causal_conv's bits), the conv rows after it into out
+        act = kernel.conv_step(st[:n_conv], mixed[:, :cd], self.taps_lc, None, self.ones_row,
+                               out[:n_conv])  # [1, conv_dim]  # fmt: skip
+        n = float(s)
+        qk = rms_norm(act[:, : 2 * hk * s].view(1, 2 * hk, s), self.ones, self.eps / n)
+        qk = qk * self.inv  # [1, 2 H_k, S]: q's heads, then k's
+        if not self.kmap_identity:  # each value head's key head, for q and k at once
+            qk = qk[:, self.kmap2]  # [1, 2 H_v, S]
+        q, kk = qk[:, :hv], qk[:, hv:]  # one row: contiguous views
+        v = act[:, 2 * hk * s :].view(1, hv, s)
+        ba = mixed[:, cd + hv * s :]  # [1, 2 H_v]
+        if self.ba_slices is not None:
+            beta_l, alpha_l = ba[:, self.ba_slices[0]], ba[:, self.ba_slices[1]]
+        else:
+            beta_l, alpha_l = ba[:, self.beta_cols], ba[:, self.alpha_cols]
+        g = torch.exp(F.softplus(alpha_l + self.dt_b) * self.a)  # gate_row on the row
+        beta = torch.sigmoid(beta_l)
+        o = torch.empty(1, hv, s)
+        kernel.gdn_recur([(0, 1)], [st[n_conv:]], [out[n_conv:]], q, kk, v, g, beta,
+                         self.inv_f, o, [[]])  # fmt: skip
+        for r, block in seq.cuts:  # a block ends with this row: its snapshot is the state
+            if r == 0:
+                seq.snaps.setdefault(block, {})[i] = out
+        normed = rms_norm(o, self.norm, self.eps).view(1, hv * s)  # [1, H_v S]
+        z = mixed[:, cd : cd + hv * s].as_strided((1, hv * s), (hv * s, 1))  # normed's stride
+        return self.out_proj(gated_act(z, normed, "silu"))  # SiLU(z) * norm(o)
 
 
 def gate_row(
