@@ -25,7 +25,37 @@ static inline int k_has_min(int type) {
 // The int8 values of a Q2_K, Q3_K or Q5_K row of K values into q, 32 at a time: the numbers
 // their unpackers write (quant_blocks.h), whose scalar loops were most of a decode row's
 // time (Q3_K: ~70% of a 1-row matmul in perf's samples). Returns 0 for another type.
+// TQ1_0's trits of the bytes v at power p = 3^n (quant_nl.h trit): ((v * p mod 256) * 3 >> 8)
+// - 1 per byte, in 16-bit lanes (even bytes, then odd ones)
+static inline __m256i k_trits(__m256i v, int p) {
+    const __m256i pp = _mm256_set1_epi16((short)p), three = _mm256_set1_epi16(3),
+                  lo8 = _mm256_set1_epi16(0xFF);
+    const __m256i e = _mm256_and_si256(_mm256_mullo_epi16(_mm256_and_si256(v, lo8), pp), lo8);
+    const __m256i o = _mm256_and_si256(_mm256_mullo_epi16(_mm256_srli_epi16(v, 8), pp), lo8);
+    const __m256i t = _mm256_or_si256(_mm256_srli_epi16(_mm256_mullo_epi16(e, three), 8),
+                                      _mm256_slli_epi16(_mm256_srli_epi16(_mm256_mullo_epi16(o, three), 8), 8));
+    return _mm256_sub_epi8(t, _mm256_set1_epi8(1));
+}
+
 static int k_values(int type, const uint8_t *r, int64_t K, int8_t *q) {
+    if (type == T_TQ1_0) {  // 32 bytes x 5 trits, 16 x 5, then 4 x 4 (unpack_nl_k's order)
+        static const int P3[5] = {1, 3, 9, 27, 81};
+        for (int64_t b = 0; b < K / 256; b++) {
+            const uint8_t *x = r + 54 * b;
+            int8_t *o = q + 256 * b, t[32];
+            const __m256i a = _mm256_loadu_si256((const __m256i *)x);
+            uint8_t tail[32] = {0};
+            memcpy(tail, x + 32, 20);  // the 16 bytes, then the 4 (and 12 unused)
+            const __m256i c = _mm256_loadu_si256((const __m256i *)tail);
+            for (int n = 0; n < 5; n++) {
+                _mm256_storeu_si256((__m256i *)(o + 32 * n), k_trits(a, P3[n]));
+                _mm256_storeu_si256((__m256i *)t, k_trits(c, P3[n]));
+                memcpy(o + 160 + 16 * n, t, 16);
+                if (n < 4) memcpy(o + 240 + 4 * n, t + 16, 4);
+            }
+        }
+        return 1;
+    }
     if (type != T_Q2_K && type != T_Q3_K && type != T_Q5_K && type != T_TQ2_0) return 0;
     const __m256i m1 = _mm256_set1_epi8(1), m3 = _mm256_set1_epi8(3), lo4 = _mm256_set1_epi8(15);
 #define LS_SR(v, n) _mm256_srl_epi16(v, _mm_cvtsi32_si128(n))
