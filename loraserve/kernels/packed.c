@@ -78,12 +78,12 @@ int ls_kbytes_task(int type, int packed, const uint8_t *w, int64_t row_bytes, in
     const int64_t nb = K / 256, gb = nb * KB_SB;
     int8_t *q = (int8_t *)(buf + ng * gb);
     int16_t *sc = (int16_t *)(q + 8 * K), *mn = sc + K / 16 + 16;
-    float *d = (float *)(mn + K / 16 + 16);
+    float *d = (float *)(mn + K / 16 + 16), *fs = d + 2 * (nb + 1);
     kprep_t kp = {sc, mn, d, d + nb + 1, q, 0};
     for (int64_t j = 0; j < ng; j++) {
         const uint8_t *g = w + (n0 + PK_ROWS * j) * row_bytes;
         if (packed) kb_group_q6p(g, K, buf + j * gb);
-        else kb_group_rows(type, g, row_bytes, K, q, &kp, buf + j * gb);
+        else kb_group_rows(type, g, row_bytes, K, q, &kp, fs, fs + K / 16, buf + j * gb);
     }
     const int has_min = k_has_min(type);
 #if PZ_PAIRS

@@ -1,5 +1,7 @@
 // Prompt-sized matmuls (M >= ROWS_MIN_M) of the K-quants with 16-value sub-blocks -- Q2_K,
-// Q3_K, Q5_K in the file's layout, Q6_K in its own or packed_q6.h's: each task decodes its
+// Q3_K, Q5_K in the file's layout, Q6_K in its own or packed_q6.h's -- and of the grid and
+// ternary types (IQ2_*, IQ3_*, IQ1_*, TQ*: their scalar grid decode once per task instead of
+// once per row and call, kb_offset making their values unsigned): each task decodes its
 // groups of 8 weight rows once into plain bytes laid out as packed.h lays out values (a
 // vector's lanes are 8 rows, 4 values each), and every tile of 4 activation rows then reads
 // them with dpbusd alone, two groups in a 512-bit vector (packed_z.h) on AVX-512 builds, or
@@ -32,10 +34,30 @@
 #define KB_MP 576
 #define KB_V 832
 
-// whether `type` (a ggml type; Q6_K also packed) takes the decoded tiles here
+// The offset o that makes a type's int8 values q non-negative (u = q + o; 0: they are):
+// Q6_K 32, Q3_K 4, and the grid types' largest |q| (quant_iq.h: IQ2_* grid bytes up to 43,
+// IQ3_XXS 62, IQ3_S 15, IQ1_* 8 g +- 1 up to 9), TQ*'s 1
+static inline int kb_offset(int type) {
+    switch (type) {
+    case T_Q6_K: return 32;
+    case T_Q3_K: return 4;
+    case T_IQ2_XXS: case T_IQ2_XS: case T_IQ2_S: return 43;
+    case T_IQ3_XXS: return 62;
+    case T_IQ3_S: return 15;
+    case T_IQ1_S: case T_IQ1_M: return 9;
+    case T_TQ1_0: case T_TQ2_0: return 1;
+    default: return 0;
+    }
+}
+
+// whether `type` (a ggml type; Q6_K also packed) takes the decoded tiles here: the K-quants
+// with 16-value sub-blocks, the grid and ternary types; on AVX2 (kb_dot8's int16 sums of
+// two steps) only those whose u stays <= 63, on AVX-512 (dpbusd) all of them
 static inline int kb_type(int type) {
 #if defined(__AVX2__)
-    return type == T_Q2_K || type == T_Q3_K || type == T_Q5_K || type == T_Q6_K;
+    const int any = type == T_Q2_K || type == T_Q3_K || type == T_Q5_K || type == T_Q6_K ||
+                    (is_nl_kform(type) && type != T_IQ4_XS);
+    return any && (PZ_PAIRS || type == T_Q6_K || 2 * kb_offset(type) <= 63);
 #else
     (void)type;
     return 0;
@@ -65,16 +87,16 @@ static inline void kb_transpose(const int8_t *q, int64_t K, __m256i add, uint8_t
 }
 
 // One group of 8 file rows (stride row_bytes) decoded into db; q: 8 K bytes, kp: one row's
-// scales (its q unused).
+// scales (its q unused), fs / fm: K / 16 floats each for the unpackers' float scales.
 static void kb_group_rows(int type, const uint8_t *rows, int64_t row_bytes, int64_t K,
-                          int8_t *q, kprep_t *kp, uint8_t *db) {
+                          int8_t *q, kprep_t *kp, float *fs, float *fm, uint8_t *db) {
     const int64_t nb = K / 256;
-    const int o = type == T_Q6_K ? 32 : type == T_Q3_K ? 4 : 0;
+    const int o = kb_offset(type);
     for (int r = 0; r < PK_ROWS; r++) {
         const uint8_t *row = rows + r * row_bytes;
         kp->q = q + r * K;
         if (type == T_Q6_K) decode_values(T_Q6_K, row, K, kp->q);  // u = q + 32
-        k_prepare(type, row, K, kp, type != T_Q6_K, NULL, NULL);  // Q6_K: its scales only
+        k_prepare(type, row, K, kp, type != T_Q6_K, fs, fm);  // Q6_K: its scales only
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *out = db + KB_SB * b;
             ((float *)out)[r] = kp->d[b];
@@ -87,7 +109,7 @@ static void kb_group_rows(int type, const uint8_t *rows, int64_t row_bytes, int6
             }
         }
     }
-    const __m256i add = _mm256_set1_epi8(type == T_Q3_K ? 4 : 0);  // Q3_K's u = q + 4
+    const __m256i add = _mm256_set1_epi8((char)(type == T_Q6_K ? 0 : o));  // u = q + o
     for (int64_t b = 0; b < nb; b++)
         for (int c = 0; c < 8; c++)
             kb_transpose(q + 256 * b + 32 * c, K, add, db + KB_SB * b + KB_V + 256 * c);
@@ -247,5 +269,5 @@ static inline __attribute__((always_inline)) void kb_dot(
 
 // Bytes of scratch ls_kbytes_task needs for ng groups of K values.
 static inline int64_t kb_scratch_bytes(int64_t K, int64_t ng) {
-    return ng * (K / 256) * KB_SB + 8 * K + 4 * (K / 16 + 16) + 8 * (K / 256 + 1) + 256;
+    return ng * (K / 256) * KB_SB + 8 * K + 4 * (K / 16 + 16) + 8 * (K / 256 + 1) + 8 * (K / 16) + 256;
 }

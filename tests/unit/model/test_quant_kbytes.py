@@ -1,5 +1,5 @@
-"""Prompt-sized K-quant matmuls through decoded groups of 8 rows (kernels/packed_kb.h: Q2_K,
-Q3_K, Q5_K, Q6_K in the file's layout and Q6_K packed, on AVX-512 builds): bitwise the
+"""Prompt-sized K-form matmuls through decoded groups of 8 rows (kernels/packed_kb.h: Q2_K,
+Q3_K, Q5_K, Q6_K in the file's layout and Q6_K packed, the grid and ternary types): bitwise the
 numbers of each row alone (the decode-step paths) and of the rows' own prompt paths
 (``LORASERVE_KERNEL_NO_KBYTES=1``), whatever the tile of activation rows, a task's group
 count (a lone last group) or the columns of a multi-part call; and gguf-py's float64
@@ -16,7 +16,8 @@ from loraserve.model.dequant import GGML_TYPE
 from tests.unit.model.test_kernels import activations_as_used, dequantized, quantized, random_rows
 
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="needs the C kernels")
-TYPES = ["Q2_K", "Q3_K", "Q5_K", "Q6_K", "Q6_K/packed"]
+TYPES = ["Q2_K", "Q3_K", "Q5_K", "Q6_K", "Q6_K/packed", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
+         "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0"]  # fmt: skip
 
 
 def _weights(name: str, n: int, k: int, seed: int) -> tuple[np.ndarray, torch.Tensor, int]:
