@@ -77,7 +77,10 @@ def answer(client: httpx.Client, url: str, preset: str) -> float:
     """Seconds from sending a 16-token completion under `preset` to its whole answer."""
     body = {"model": preset, "prompt": PROMPT, "n_predict": 16, "temperature": 0}
     t0 = time.perf_counter()
-    r = client.post(f"{url}/v1/completions", json={**body, "max_tokens": 16})
+    # a connection of its own: llama-server's router dropped a kept-alive connection after
+    # nine answers (the tenth request got no response), which is the client's cost, not a load
+    close = {"Connection": "close"}
+    r = client.post(f"{url}/v1/completions", json={**body, "max_tokens": 16}, headers=close)
     if r.status_code != 200:
         raise RuntimeError(f"{preset}: HTTP {r.status_code}: {r.text[:300]}")
     return time.perf_counter() - t0
