@@ -32,9 +32,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -150,6 +152,12 @@ def one_round(url: str, app: object | None) -> str:
     )
 
 
+def _drain(pipe: IO[bytes]) -> None:
+    """Read a server's stderr to its end (its log lines are not needed here)."""
+    while pipe.read(65536):
+        pass
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--server", choices=["thread", "process"], default="thread")
@@ -172,6 +180,9 @@ def main() -> None:
             url, app = srv.url, srv.app
         else:
             proc, url = slow_process(args, a.slow_ms) if a.slow_ms else start_process(args)
+            if proc.stderr is not None:  # drained: a full pipe blocks the server's logging,
+                # and its loop with it (two runs froze at the 7th round, 09:03 and 09:14)
+                threading.Thread(target=_drain, args=(proc.stderr,), daemon=True).start()
             stack.callback(proc.wait, 15)
             stack.callback(proc.terminate)
             app = None
