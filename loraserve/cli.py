@@ -15,9 +15,9 @@ COMMANDS = ("serve", "generate", "merge", "ray", "build-kernels")
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``loraserve`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    from loraserve import logsink
+
+    logsink.install(logging.INFO)  # stderr that nobody reads must not freeze the server
     cmd = argv[0] if argv and argv[0] in COMMANDS else "serve"
     if argv and argv[0] == cmd:
         argv = argv[1:]

@@ -237,6 +237,7 @@ def serve(cfg: ServerConfig) -> None:
         app,
         http=HTTP_IMPL,
         log_level="warning",
+        log_config=None,  # uvicorn's lines go through our root handler (logsink), never blocking
         timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S) + 2,  # after our own abort below
         access_log=False,
         limit_concurrency=cfg.max_connections or None,  # --max-connections: past it a 503
