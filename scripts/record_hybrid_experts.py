@@ -67,8 +67,9 @@ def nemotron_template(dense: Path, out: Path, seed: int, stdev: float, latent: i
     io = latent or h
     if latent:
         spec["metadata"].append([a + "moe_latent_size", "UINT32", latent])
-    spec["tensors"] = [t for t in spec["tensors"] if not t[0].startswith((b + "ffn_up.",
-                                                                          b + "ffn_down."))]
+    spec["tensors"] = [
+        t for t in spec["tensors"] if not t[0].startswith((b + "ffn_up.", b + "ffn_down."))
+    ]
     spec["tensors"] += [[b + "ffn_gate_inp.weight", [e, h], 0], [b + "exp_probs_b.bias", [e], 0],
                         [b + "ffn_up_exps.weight", [e, f, io], 0],
                         [b + "ffn_down_exps.weight", [e, io, f], 0],

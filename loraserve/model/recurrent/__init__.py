@@ -24,7 +24,13 @@ from loraserve.model.recurrent.shortconv import ShortConv
 from loraserve.model.weights import WeightSource
 
 __all__ = [
-    "GatedDeltaNet", "Mamba1", "Mamba2", "ShortConv", "build", "kv_heads", "state_shapes",
+    "GatedDeltaNet",
+    "Mamba1",
+    "Mamba2",
+    "ShortConv",
+    "build",
+    "kv_heads",
+    "state_shapes",
 ]
 
 

@@ -189,7 +189,6 @@ class GatedDeltaNet(nn.Module):
         zc = torch.empty(t, hv * s).copy_(z)  # contiguous rows: the C kernel's layout
         return self.out_proj(gated_act(zc, normed, "silu"))  # SiLU(z) * norm(o)
 
-
     def _step(self, hs: torch.Tensor, seq: SeqStep) -> torch.Tensor:
         """One row of one sequence (every decode step at -np 1): `forward`'s float
         operations on the same values, in fewer torch calls. The conv and its SiLU run in

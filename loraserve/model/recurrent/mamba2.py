@@ -129,7 +129,6 @@ class Mamba2(nn.Module):
             out = rms_norm(out.reshape(t, g, di // g).contiguous(), self.norm, self.eps)
         return self.out_proj(out.view(t, di))
 
-
     def _step(self, hs: torch.Tensor, seq: SeqStep) -> torch.Tensor:
         """One row of one sequence (every decode step at -np 1): `forward`'s float
         operations on the same values in fewer torch calls: the conv, its bias and SiLU run

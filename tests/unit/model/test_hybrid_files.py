@@ -82,8 +82,11 @@ def moe_spec(record: str = "nemotron_h_moe") -> dict[str, Any]:
         ("", lambda s: reshape(s, "blk.2.ffn_up_exps.weight", [4, 256, 128]), "ffn_up_exps"),
         ("", lambda s: reshape(s, "blk.2.ffn_down_exps.weight", None), "ffn_down_exps"),
         ("+latent", lambda s: reshape(s, "blk.2.ffn_latent_up.weight", None), "ffn_latent_up"),
-        ("+latent", lambda s: meta(s, "nemotron_h_moe.moe_latent_size", "UINT32", 64),
-         "ffn_up_exps"),
+        (
+            "+latent",
+            lambda s: meta(s, "nemotron_h_moe.moe_latent_size", "UINT32", 64),
+            "ffn_up_exps",
+        ),
     ],
     ids=["expert-width", "missing-down", "missing-latent-up", "latent-width"],
 )
