@@ -31,9 +31,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from loraserve.cache.block_pool import OutOfBlocks
-from loraserve.cache.prefix_cache import CacheKey, Spans, spans
+from loraserve.cache.prefix_cache import CacheKey, Spans
 from loraserve.engine.runner import ModelRunner
 from loraserve.engine.scheduler import Scheduler
+from loraserve.engine.slot_keys import decode_key, encode_key
 from loraserve.model.loader import LoadedModel
 from loraserve.model.recurrent import kv_heads
 
@@ -227,7 +228,7 @@ def _write(path: Path, image: SlotImage, fp: dict[str, object], budget: int) -> 
     meta = {
         "format": FORMAT,
         "fingerprint": json.dumps(fp, sort_keys=True),
-        "cache_key": json.dumps(_encode_key(image.cache_key)),
+        "cache_key": json.dumps(encode_key(image.cache_key)),
     }
     fd, tmp = tempfile.mkstemp(prefix=".slot-", dir=path.parent)
     os.close(fd)
@@ -253,7 +254,7 @@ def read(path: Path, fp: dict[str, object], max_tokens: int) -> SlotImage:
                 raise SlotFileError(
                     f"{path.name}: saved from another model ({_differs(saved, fp)})"
                 )
-            cache_key = _decode_key(json.loads(meta["cache_key"]))
+            cache_key = decode_key(json.loads(meta["cache_key"]))
             n_layers = int(fp["n_layers"])  # type: ignore[call-overload]
             heads = fp.get("kv_heads") or [fp["n_kv_heads"]] * n_layers
             dim = int(fp["head_dim"])  # type: ignore[call-overload]
@@ -288,21 +289,3 @@ def _differs(saved: object, here: dict[str, object]) -> str:
         return "no fingerprint"
     keys = [k for k in sorted({*saved, *here}) if saved.get(k) != here.get(k)]
     return "; ".join(f"{k}: {saved.get(k)!r} in the file, {here.get(k)!r} here" for k in keys)
-
-
-def _plain(key: object) -> CacheKey:
-    return tuple((str(c), float(s)) for c, s in key)  # type: ignore[attr-defined]
-
-
-def _encode_key(key: CacheKey | Spans) -> object:
-    """A cache key as JSON: [[content id, scale], ...], or {"spans": [[first position,
-    key], ...]} for a key per position span (aLoRA)."""
-    if isinstance(key, Spans):
-        return {"spans": [[start, [[c, s] for c, s in k]] for start, k in key.parts]}
-    return [[c, s] for c, s in key]
-
-
-def _decode_key(obj: object) -> CacheKey | Spans:
-    if isinstance(obj, dict):
-        return spans([(int(start), _plain(k)) for start, k in obj["spans"]])
-    return _plain(obj)

@@ -16,43 +16,16 @@ from typing import Any
 import torch
 
 from loraserve.cbuild import bind
+from loraserve.kernels.layers_abi import I64 as _I
+from loraserve.kernels.layers_abi import SIGNATURES as _SIGNATURES
+from loraserve.kernels.layers_abi import LayerC as _Layer
+from loraserve.kernels.layers_abi import LoraC as _Lora
+from loraserve.kernels.layers_abi import LoraWC as _LoraW
+from loraserve.kernels.layers_abi import ModelC as _Model
+from loraserve.kernels.layers_abi import P as _P
+from loraserve.kernels.layers_abi import ProjC as _Proj
+from loraserve.kernels.layers_abi import StepC as _Step
 from loraserve.kernels.rowops import ACTS
-
-_P, _I, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
-
-
-class _Proj(ctypes.Structure):
-    _fields_ = [("nparts", _I32), ("types", ctypes.c_int * 8), ("ws", _P * 8),
-                ("ns", _I * 8), ("row_bytes", _I * 8), ("cols", _I * 8), ("n_out", _I),
-                ("bias", _P)]  # fmt: skip
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [("qkv", _Proj), ("o", _Proj), ("gate_up", _Proj), ("down", _Proj),
-                ("attn_norm", _P), ("qk_norm", _P), ("post_attn_norm", _P), ("ffn_norm", _P),
-                ("post_ffn_norm", _P), ("sliding", _I32), ("norm_n", _I * 5)]  # fmt: skip
-
-
-class _Model(ctypes.Structure):
-    _fields_ = [("n_layers", _I), ("hidden", _I), ("n_heads", _I), ("n_kv", _I),
-                ("head_dim", _I), ("ffn", _I), ("eps", _F), ("attn_scale", _F), ("act", _I32),
-                ("layers", _P)]  # fmt: skip
-
-
-class _LoraW(ctypes.Structure):
-    _fields_ = [("a", _P), ("b", _P), ("rank", _I), ("factor", _F), ("bt", _P), ("in_", _I),
-                ("out", _I), ("a16", _P), ("bt16", _P), ("tail16", _P)]  # fmt: skip
-
-
-class _Lora(ctypes.Structure):
-    _fields_ = [("n_active", _I32), ("table", _P), ("ad", _P)]
-
-
-class _Step(ctypes.Structure):
-    _fields_ = [("slot_mapping", _P), ("slots", _P), ("seq_off", _P), ("B", _I),
-                ("row_seq", _P), ("row_nkeys", _P), ("window", _I32), ("cos_g", _P),
-                ("sin_g", _P), ("cos_l", _P), ("sin_l", _P), ("k_caches", _P),
-                ("v_caches", _P), ("S", _I), ("lora", _P)]  # fmt: skip
 
 
 def _halves(t: Any, shape: tuple[int, ...]) -> bool:
@@ -60,9 +33,6 @@ def _halves(t: Any, shape: tuple[int, ...]) -> bool:
     `lora.adapter.LoraWeight`)."""
     return isinstance(t, torch.Tensor) and t.dtype == torch.float16 and t.is_contiguous() \
         and tuple(t.shape) == shape  # fmt: skip
-
-
-_SIGNATURES = {"ls_decoder_layers": ([_P, _P, _P, _I, ctypes.c_int], ctypes.c_int)}
 
 
 @dataclass(frozen=True)
