@@ -13,22 +13,19 @@
 - Experts without a gate stack (nemotron_h_moe: relu(up x)^2, then down) always run in
   stages, the activation in torch between the grouped matmuls (or in the loop).
 
-Q6_K experts (Q4_K_M files keep some layers' ffn_down_exps in Q6_K) are repacked 8 rows to a
-group for the grouped kernels (`kernels.pack_q6k`); other types as `Matrix.pack` packs them.
+Experts are repacked as `Matrix.pack` packs them (Q6_K, which Q4_K_M files keep for some
+layers' ffn_down_exps, in pack_q6k.h's 8-row groups, the layout the grouped kernels read).
 
 Every path sums a token's k expert outputs in its top-k slot order (llama.cpp's order).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from loraserve.kernels.hugebuf import empty_u8
 from loraserve.kernels.moe import GroupedExperts, Route
 from loraserve.kernels.pack import pack_rows, packed_width
-from loraserve.kernels.pack_q6k import Q6_K, pack_q6k, packable_q6k, unpack_q6k
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import LoraDelta
 from loraserve.model.layers import gated_act
@@ -66,14 +63,8 @@ class RoutedExperts:
         if GroupedExperts.supports([m[0].kernel_type for m in stacks]) and all(
             m.quantized for s in stacks for m in s
         ):
-            for s, n in zip(stacks, names, strict=True):
-                t = _packed_q6k(s)
-                setattr(self, n, t)
-                if t is not s and not (self.fused and n != "down"):  # the mapping's pages
-                    w.release(prefix + f"ffn_{n}_exps.weight")
             self.grouped = GroupedExperts(
-                [([m.data for m in getattr(self, n)], getattr(self, n)[0].kernel_type)
-                 for n in names[:-1]],
+                [([m.data for m in s], s[0].kernel_type) for s in stacks[:-1]],
                 ([m.data for m in self.down], self.down[0].kernel_type),
                 cfg.act if self.gated else "silu", self.gate_bias, self.up_bias, self.down_bias,
                 gated=self.gated,
@@ -142,12 +133,12 @@ class RoutedExperts:
             tok = pairs // k
             x = _inputs(h, tok, weights.reshape(-1)[pairs] if before else None)  # [n, hidden]
             if not self.gated:  # act(up) alone
-                gu = matmul(x, _plain(self.up[e]))  # [n, ffn]
+                gu = matmul(x, self.up[e])  # [n, ffn]
                 if lora is not None:
                     self._lora_gate_up(lora, e, x, gu, tok)
                 a = ungated_act(gu, self.cfg.act)
             else:
-                gu = torch.cat((matmul(x, _plain(self.gate[e])), matmul(x, _plain(self.up[e]))),
+                gu = torch.cat((matmul(x, self.gate[e]), matmul(x, self.up[e])),
                                1)  # [n, 2 ffn]  # fmt: skip
                 if lora is not None:
                     self._lora_gate_up(lora, e, x, gu, tok)
@@ -158,7 +149,7 @@ class RoutedExperts:
                 if self.up_bias is not None:
                     u += self.up_bias[e]
                 a = gated_act(g, u, self.cfg.act)  # one C call: a row's bits are its own
-            d = matmul(a, _plain(self.down[e]))
+            d = matmul(a, self.down[e])
             if lora is not None:
                 d = lora.apply_expert(self.prefix + "ffn_down_exps.weight", e, a, d, tok)
             if self.down_bias is not None:
@@ -217,32 +208,6 @@ def _pack_stack(mats: list[Matrix]) -> list[Matrix]:
             return [m.pack() for m in mats]
         out.append(Matrix(m.name, data, m.ggml_type, m.shape, True, m.data.shape[1]))
     return out
-
-
-class Q6KPacked(Matrix):
-    """Q6_K rows repacked for the grouped expert kernels (`kernels.pack_q6k`); ``data``
-    [n_out, row_bytes] uint8 with the file's bytes per row, in the packed order."""
-
-    def file_rows(self) -> torch.Tensor:
-        return unpack_q6k(self.data, self.shape[1])
-
-
-def _packed_q6k(mats: list[Matrix]) -> list[Matrix]:
-    """The stack's Q6_K experts repacked (`Q6KPacked`) where they can be, else as they are
-    (and with ``LORASERVE_KERNEL_NO_PACK=1``, as `kernels.pack_rows`)."""
-    if os.environ.get("LORASERVE_KERNEL_NO_PACK") == "1":
-        return mats
-    if any(m.ggml_type != Q6_K or m.packed or not packable_q6k(m.data, m.shape[1]) for m in mats):
-        return mats
-    return [Q6KPacked(m.name, pack_q6k(m.data, m.shape[1]), Q6_K, m.shape, True,
-                      m.data.shape[1]) for m in mats]  # fmt: skip
-
-
-def _plain(m: Matrix) -> Matrix:
-    """m in a layout `projection.matmul` reads (a packed Q6_K stack's matrix unpacked)."""
-    if isinstance(m, Q6KPacked):
-        return Matrix(m.name, m.file_rows(), m.ggml_type, m.shape)
-    return m
 
 
 def _spans(r: Route) -> list[tuple[int, int, int]]:

@@ -150,8 +150,7 @@ def test_adapters_without_expert_targets_keep_the_one_call() -> None:
                                    ("ffn_down_exps.weight", down, Q6, f))}  # fmt: skip
     cfg = SimpleNamespace(act="silu", expert_weight_input=False)
     routed = RoutedExperts(cfg, p, _Weights(tensors, {}))  # type: ignore[arg-type]
-    # packed at load (`Matrix.pack`: dense Q6_K packing is pack_q6k.h's layout) or by
-    # `Q6KPacked`: the same bytes either way
+    # packed at load (`Matrix.pack`: dense Q6_K packing is pack_q6k.h's layout)
     assert routed.grouped is not None and routed.down[0].kernel_type == K.PACKED | Q6
     assert torch.equal(routed.down[2].data, pack_q6k(down[2], f))
     assert torch.equal(routed.down[2].file_rows(), down[2])
