@@ -37,7 +37,7 @@ from loraserve.server.compat import sglang, vllm
 from loraserve.server.config.args import ServerConfig
 from loraserve.server.cors import CorsMiddleware, cors_policy
 from loraserve.server.errors import ApiError, JsonResponse, install_error_handlers
-from loraserve.server.native import admin, completion, embeddings, lora_api, metrics
+from loraserve.server.native import admin, completion, embeddings, lora_api, metrics, slots
 from loraserve.server.openai import endpoints as oai
 from loraserve.server.openai import responses, token_count
 from loraserve.server.sleep import SleepMiddleware, SleepWatch
@@ -170,7 +170,7 @@ def create_app(
     app.add_middleware(SleepMiddleware, watch=app.state.sleep)
     app.add_middleware(HealthFastPath, state=state)  # inside CORS: its headers still apply
     app.add_middleware(CorsMiddleware, policy=cors_policy(cfg))  # outermost: preflights
-    routes = (completion, oai, anthropic, responses, admin, lora_api, metrics, embeddings)
+    routes = (completion, oai, anthropic, responses, admin, slots, lora_api, metrics, embeddings)
     for module in (*routes, vllm, sglang, token_count, webui):
         app.include_router(module.router)
     gcp.install(app)  # Vertex AI's /predict, with AIP_MODE=PREDICTION
