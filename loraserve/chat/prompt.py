@@ -42,12 +42,18 @@ def render_prompt(
     reasoning: Reasoning = "auto",
     reasoning_effort: str | None = None,
     now: datetime | None = None,
+    pure_content: bool = False,
 ) -> str:
     """The chat prompt from the server's template, with the template kwargs `defaults`
     (`--chat-template-kwargs`) updated by the request's `kwargs`, `enable_thinking` from
     `reasoning` (`--reasoning`) and the template, then the kwargs and `reasoning_effort`;
     a 400 naming the problem when the messages or the template fail. `now`: the time the
-    template shows (default: the local time)."""
+    template shows (default: the local time). `pure_content` (`--skip-chat-parsing`): as
+    llama-server's forced pure-content render (common/chat.cpp), a continued message is
+    dropped, not prefilled: the messages before it are rendered with no generation prompt
+    and nothing is appended (tests/data/chat/skip_parsing_server.json)."""
+    if pure_content and continuation != "none":
+        messages, add_generation_prompt, continuation = messages[:-1], False, "none"
     merged = {**(defaults or {}), **(kwargs or {})}
     thinking = {"on": True, "off": False}.get(reasoning)  # auto: whether the template thinks
     if (kw := thinking_kwarg(merged)) is not None:

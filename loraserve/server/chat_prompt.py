@@ -25,7 +25,8 @@ def chat_prompt(state: ServerState, body: Any, tools: list[dict[str, Any]] | Non
     unless ``--no-prefill-assistant`` or the request sets ``continue_final_message`` false;
     true asks for it explicitly and then needs ``add_generation_prompt`` false ("content"
     or "reasoning_content": continue that part of it, the reasoning left open). Two
-    assistant messages at the end, or continuing one with tool calls, are 400s."""
+    assistant messages at the end, or continuing one with tool calls, are 400s. Under
+    ``--skip-chat-parsing`` the continued message is dropped, as llama-server drops it."""
     cfg = state.cfg
     messages = body.messages
     add_gen = body.add_generation_prompt
@@ -54,6 +55,7 @@ def chat_prompt(state: ServerState, body: Any, tools: list[dict[str, Any]] | Non
         continuation=CONTINUATION.get(cont, "auto" if cont else "none"),  # type: ignore[arg-type]
         reasoning=cfg.reasoning,  # type: ignore[arg-type]
         reasoning_effort=_effort(cfg, body),
+        pure_content=getattr(cfg, "skip_chat_parsing", False),
     )
 
 

@@ -92,13 +92,15 @@ def test_deepseek_formats(srv) -> None:
 
 
 def test_skip_chat_parsing_answers_plain_content(raw, srv) -> None:
-    """No reasoning split and no tool calls: the greedy text the parsing server answers
-    with reasoning_format none (there after the prefilled turn's start); tools under
+    """No reasoning split and no tool calls: the prefilled message is dropped, as
+    llama-server drops it (test_chat_skip_parsing_oracle), so the greedy text is the
+    parsing server's answer to the user's turn with no generation prompt; tools under
     `required` are not forced (no grammar: the random model's text, never a call)."""
     plain = answer(raw)
     assert "reasoning_content" not in plain or not plain["reasoning_content"]
     assert plain["content"] and "</think>" not in plain["content"]
-    assert answer(srv, reasoning_format="none")["content"].endswith(plain["content"])
+    bare = answer(srv, messages=USER, add_generation_prompt=False, reasoning_format="none")
+    assert bare["content"] == plain["content"]
     called = answer(raw, messages=USER, tools=TOOLS, tool_choice="required")
     assert not called.get("tool_calls") and called["content"]
     forced = answer(srv, messages=USER, tools=TOOLS, tool_choice="required", n_predict=60)
