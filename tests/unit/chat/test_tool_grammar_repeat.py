@@ -13,6 +13,7 @@ ours, the others llama.cpp's too."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -105,3 +106,57 @@ def test_dsml_spacing_is_llama_cpps_space(name: str) -> None:
     between = "parameter>\n<｜DSML｜"  # after an argument
     assert _accepts(name, text.replace(between, "parameter><｜DSML｜")) is None
     assert _accepts(name, text.replace(between, "parameter>\n\n  <｜DSML｜")) is None
+
+
+TWO = {"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "required": ["city", "day"],
+    "properties": {"city": {"type": "string"}, "day": {"type": "string"},
+                   "unit": {"type": "string"}}}}}  # fmt: skip
+# llama.cpp's grammars: `zero_or_more` of any argument (Kimi K3, Muse, MiniCPM5); the
+# required ones permuted, then the optional ones (Qwen3-Coder's family, Ling 3); else the
+# required ones in the schema's order, then the optional ones
+ANY_ORDER = {"Kimi-K3.jinja", "muse-glimmer.jinja", "openbmb-MiniCPM5-1B.jinja"}
+PERMUTED = {"Qwen3-Coder.jinja", "Qwen3.5-4B.jinja", "StepFun3.5-Flash.jinja",
+            "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", "inclusionai-ling-3.0-flash.jinja"}  # fmt: skip
+
+
+def _two_text(name: str, args: dict) -> str:
+    src = (TEMPLATES / name).read_text()
+    call = {"id": "abc123def", "type": "function",
+            "function": {"name": "weather", "arguments": args}}  # fmt: skip
+    msg = {"role": "assistant", "content": "", "tool_calls": [call]}
+    return assistant_text(src, msg, [TWO], _server_render(src))
+
+
+def _two_accepts(name: str, text: str) -> str | None:
+    logging.disable(logging.WARNING)
+    fmt = _format(name)
+    logging.disable(logging.NOTSET)
+    special = _named_token(fmt)
+    if fmt.dialect:
+        lark = dialect_grammar(fmt, [TWO], "required", special=special)
+    else:
+        lark = tool_grammar(fmt, [TWO], "required", thinking_open=False, special=special)
+    assert lark is not None
+    body = text[text.find(fmt.trigger.strip()) :] if fmt.trigger else text
+    specials = tuple(t for t in fmt.preserved_tokens if named(t)) if fmt.dialect else ()
+    return grammar_accepts(lark, body, specials)
+
+
+@pytest.mark.parametrize("name", TAGGED)
+def test_argument_order_as_llama_cpps_grammar(name: str) -> None:
+    """The required arguments out of the schema's order, and an optional one before or
+    between them, where llama.cpp's grammar for the format takes them; the schema's order
+    everywhere; each text parses to its call."""
+    in_order = {"city": "Paris", "day": "mon", "unit": "c"}
+    swapped = {"day": "mon", "city": "Paris", "unit": "c"}
+    first = {"unit": "c", "day": "mon", "city": "Paris"}
+    between = {"city": "Paris", "unit": "c", "day": "mon"}
+    assert _two_accepts(name, _two_text(name, in_order)) is None
+    takes_swapped = name in ANY_ORDER or name in PERMUTED
+    for args, takes in ((swapped, takes_swapped), (first, name in ANY_ORDER),
+                        (between, name in ANY_ORDER)):  # fmt: skip
+        text = _two_text(name, args)
+        assert (_two_accepts(name, text) is None) == takes, (args, text)
+        (call,) = ChatParser(_format(name), [TWO]).parse(text, partial=False).tool_calls
+        assert json.loads(call.arguments) == args

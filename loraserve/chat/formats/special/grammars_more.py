@@ -15,6 +15,7 @@ from loraserve.chat.formats.special.functionary import ALL, SEP
 from loraserve.chat.formats.special.lark import (
     NUMBER,
     Lark,
+    any_order,
     closed,
     integer,
     json_value,
@@ -127,7 +128,8 @@ def muse_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool)
                 return g.rule(f"{head} {g.string_until(sub, muse.PARAM_END)}")
             return g.rule(f"{head} {json_value(sub)} {g.q(muse.PARAM_END)}")
 
-        args = members(g, closed(fn.get("parameters") or {}), member, "WS")
+        # llama.cpp's: `zero_or_more` of any argument (ours: the required ones once each)
+        args = any_order(g, closed(fn.get("parameters") or {}), member, "WS")
         head = f"{json.dumps(' to=' + fn['name'])} {g.q(muse.MESSAGE)} {g.q(muse.CALLS)} WS"
         invoke = g.q(f'{muse.INVOKE}{fn["name"]}">')
         end = f"WS {g.q(muse.INVOKE_END)} WS {g.q(muse.CALLS_END)}"

@@ -10,9 +10,9 @@ from typing import Any
 from loraserve.chat.formats.special import cohere2, kimi_k3, ling3
 from loraserve.chat.formats.special.lark import (
     Lark,
+    any_order,
     closed,
     json_value,
-    members,
     optional_runs,
     permuted,
 )
@@ -74,7 +74,8 @@ def kimi_k3_body(
             )
             return g.rule(f"{head} {_value(g, sub, kimi_k3.ARG_END)}")
 
-        args = members(g, closed(fn.get("parameters") or {}), member, "")
+        # llama.cpp's: `zero_or_more` of any argument (ours: the required ones once each)
+        args = any_order(g, closed(fn.get("parameters") or {}), member, "")
         head = f'{g.q(kimi_k3.CALL)} "{fn["name"]}\\" index=\\"" /[0-9]{{1,3}}/ "\\"" '
         calls.append(g.rule(f"{head} {g.q(kimi_k3.SEP)} {args} {g.q(kimi_k3.CALL_END)}"))
     call = g.rule(" | ".join(calls))

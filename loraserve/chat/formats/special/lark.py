@@ -1,6 +1,6 @@
 """llguidance Lark building blocks for the dialect grammars: markers as text or as named
 special tokens, free text up to a marker, embedded JSON values spaced as templates write
-them, and a tool's arguments in schema order."""
+them, and a tool's arguments (schema order, or any order)."""
 
 from __future__ import annotations
 
@@ -132,6 +132,43 @@ def members(g: Lark, params: dict[str, Any], member: Callable[[str, Any], str], 
     if not head:  # no first member to hang the separators on
         return f"({anyone} ({sep} {anyone}){{0,{most - 1}}})?"
     return f"{head} ({sep} {anyone}){{0,{most}}}"
+
+
+def any_order(
+    g: Lark, params: dict[str, Any], member: Callable[[str, Any], str], sep: str, limit: int = 8
+) -> str:
+    """The arguments in any order, `sep` between: the required ones once each, runs of up to
+    `optional_runs` optional ones before, between and after them (llama.cpp's Kimi K3 and
+    Muse grammars: `zero_or_more` of any argument; ours keeps each required one exactly
+    once). One rule per set of required ones left; past `limit` of them they keep the
+    schema's order."""
+    props = params.get("properties") or {}
+    required = [k for k in props if k in (params.get("required") or [])]
+    req = [member(k, props[k]) for k in required]
+    opt = [member(k, props[k]) for k in props if k not in required]
+    s = f"{sep} " if sep else ""
+    if not req:
+        return members(g, params, member, sep)
+    runs = ""
+    lead = ""
+    if opt:
+        anyone, most = g.rule(" | ".join(opt)), optional_runs(len(opt))
+        runs, lead = f"({s}{anyone}){{0,{most}}} ", f"({anyone} {s}){{0,{most}}} "
+    if len(req) > limit:
+        return lead + f" {runs}{s}".join(req) + f" {runs}".rstrip()
+    memo: dict[int, str] = {}
+
+    def left(mask: int) -> str:  # one of the required ones left, then what follows it
+        if mask not in memo:
+            alts = []
+            for i, x in enumerate(req):
+                rest = mask & ~(1 << i)
+                if mask & (1 << i):
+                    alts.append(f"{x} {runs}{s}{left(rest)}" if rest else f"{x} {runs}")
+            memo[mask] = g.rule(" | ".join(a.strip() for a in alts))
+        return memo[mask]
+
+    return f"{lead}{left((1 << len(req)) - 1)}".strip()
 
 
 def permuted(g: Lark, items: list[str], sep: str, limit: int = 6) -> str:
