@@ -105,7 +105,10 @@ static inline __attribute__((always_inline)) void pz_dot_q6_k(
         __m512i i0 = _mm512_setzero_si512(), i1 = i0, i2 = i0, i3 = i0;
         for (int j = 0; j < 16; j++) {
             const uint8_t *s0 = b0 + 144 + 96 * j, *s1 = b1 + 144 + 96 * j;
-            if (ahead) PREFETCH(s0), PREFETCH(s0 + 64), PREFETCH(s1), PREFETCH(s1 + 64);
+            if (ahead) {  // the next pair (packed_q6.h's PQ6_AHEAD), its 192 B per step in order
+                const uint8_t *pf = g + 2 * gb + 2 * (s0 - g);
+                PQ6_AHEAD(pf), PQ6_AHEAD(pf + 64), PQ6_AHEAD(pf + 128);
+            }
             const __m512i n0 = pz_load2(s0, s1), n1 = pz_load2(s0 + 32, s1 + 32);
             const __m512i hv = pz_load2(s0 + 64, s1 + 64);
             const __m512i w0 = _mm512_or_si512(_mm512_and_si512(n0, lo4),
