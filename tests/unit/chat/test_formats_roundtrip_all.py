@@ -4,9 +4,11 @@ random tool schemas and calls, the call as the template writes it in an assistan
 streamed, and the grammar `tool_choice: required` builds accepts it (as
 test_formats_roundtrip does for the P0/P1 formats with plain jinja2).
 
-Left out, with why:
+Left out here, covered by test_formats_roundtrip_rest (so all 70 templates are):
 - LFM2-8B-A1B, LFM2.5-Instruct: their templates write no `tool_calls` in an assistant turn
-  (the model's calls live in its content), so there is no template-written call.
+  (the model's calls live in its content); their sibling LFM2.5-8B-A1B writes the call.
+- SmolLM3, R1 Distill Llama 8B, Gemma 2, Granite 3.3, RWKV World, Phi 3.5: llama.cpp finds
+  no tool format (no grammar, no parsed call); their forced calls are checked there.
 
 Solar Open writes each call's id before its name (`<|tool_call:begin|>ID<|tool_call:name|>`):
 llama-server's description bakes the analyser's sentinel id into the name marker, ours reads
