@@ -1,7 +1,8 @@
-// K-quant weights (Q2_K..Q6_K) against activations quantized per 256 values, as llama.cpp's
-// Q8_K: one float scale per 256 activations, so a super-block's whole dot product is an
-// exact integer, sum_j sc_j * sum_i q_i x_i over its 16-value sub-blocks (and, for the types
-// with a minimum, sum_j mn_j * sum_i x_i), scaled by two float products once per 256 values.
+// K-form weights (Q2_K..Q6_K, IQ4_XS, the grid and ternary types) against activations
+// quantized per 256 values, as llama.cpp's Q8_K: one float scale per 256 activations, so a
+// super-block's whole dot product is an exact integer, sum_j sc_j * sum_i q_i x_i over its
+// 16-value sub-blocks (and, for the types with a minimum, sum_j mn_j * sum_i x_i), scaled
+// by two float products once per 256 values.
 // The per-32 float scaling of the Q8_0 path cost ~3 vector ops per 32 values; this is the
 // step that made K-quant matmuls compute-bound (measured: Q4_K one-row at 9 GB/s).
 //
@@ -16,58 +17,12 @@
 #include "quant_dot.h"
 
 #include "kprep.h"
+#include "ksum.h"
 
-// the offset o of the unsigned values u = q + o that kdot reads in place (0: none)
-#define K_OFF(t) ((t) == T_Q6_K || (t) == T_BUF6 ? 32 : (t) == T_Q3_K ? 4 : 0)
-
-#if defined(__AVX2__)
-static inline int32_t hsum_i32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
-
-// The lane sums of 4 vectors, as the 4 lanes of one (exact, like hsum_i32 of each): each
-// 128-bit half's sums by two 256-bit pair-adds, then the halves added
-static inline __m128i hsum4_i32(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
-    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
-    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-}
-#endif
-
-// sum_j mn[j] * bs[j] over the 16 sub-blocks of one super-block (exact)
-static inline int32_t k_msum(const int16_t *mn, const int16_t *bs) {
-#if defined(__AVX2__)
-    return hsum_i32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)mn),
-                                      _mm256_loadu_si256((const __m256i *)bs)));
-#else
-    int32_t s = 0;
-    for (int j = 0; j < 16; j++) s += (int32_t)mn[j] * bs[j];
-    return s;
-#endif
-}
-
-#if defined(__AVX2__)
-// shuffle controls that spread one chunk's scales over its 16 int16 products (pairs):
-// KSH32[j]: scale j of 8 (both 128-bit lanes); KSH16[j]: scales 2j (low lane) and 2j + 1
-// (high lane) of the 8 held in each lane
-#define LS_B2(a) (int8_t)(a), (int8_t)((a) + 1)
-#define LS_B16(a) LS_B2(a), LS_B2(a), LS_B2(a), LS_B2(a), LS_B2(a), LS_B2(a), LS_B2(a), LS_B2(a)
-static const int8_t KSH32[8][32] __attribute__((aligned(32))) = {
-    {LS_B16(0), LS_B16(0)}, {LS_B16(2), LS_B16(2)}, {LS_B16(4), LS_B16(4)},
-    {LS_B16(6), LS_B16(6)}, {LS_B16(8), LS_B16(8)}, {LS_B16(10), LS_B16(10)},
-    {LS_B16(12), LS_B16(12)}, {LS_B16(14), LS_B16(14)}};
-static const int8_t KSH16[4][32] __attribute__((aligned(32))) = {
-    {LS_B16(0), LS_B16(2)}, {LS_B16(4), LS_B16(6)}, {LS_B16(8), LS_B16(10)},
-    {LS_B16(12), LS_B16(14)}};
-#undef LS_B16
-#undef LS_B2
-#endif
-
-// One K-quant weight row against R (1 or 4, a compile-time constant) activation rows.
-// type: T_Q4_K / T_Q6_K decode in place (scales read from the row on the fly), T_BUF reads
-// p's values and scales. x: R rows of K int8 (row stride K), xd [R, K/256], bs16 [R, K/16],
+// One K-form weight row against R (1 or 4, a compile-time constant) activation rows.
+// type: a ggml type decodes in place (scales and values read from the row on the fly:
+// kdots.h lists them), T_BUF reads p's values and scales, T_BUF6 Q6_K's values decoded
+// once. x: R rows of K int8 (row stride K), xd [R, K/256], bs16 [R, K/16],
 // bs32 [R, K/32]; out[r * ldy].
 static inline __attribute__((always_inline)) void kdot(
     int type, const uint8_t *row, const kprep_t *p, int has_min, const int8_t *x,
@@ -79,9 +34,8 @@ static inline __attribute__((always_inline)) void kdot(
     __m128 y4 = _mm_setzero_ps();  // R == 4: y of the 4 rows, one lane each
 #endif
     for (int64_t b = 0; b < nb; b++) {
-        if (type >= T_Q2_K && type <= T_Q6_K && p->ahead) {  // lines ahead (in place)
-            const int size = type == T_Q2_K ? 84 : type == T_Q3_K ? 110 : type == T_Q4_K ? 144
-                             : type == T_Q5_K ? 176 : 210;
+        if (type >= 0 && type != T_IQ4_XS && p->ahead) {  // lines ahead (in place)
+            const int size = k_block_bytes(type);
             const uint8_t *f = row + size * b;
             PREFETCH(f);
             PREFETCH(f + 64);
@@ -113,9 +67,16 @@ static inline __attribute__((always_inline)) void kdot(
     do {                                                                                      \
         if (R == 4) __asm__("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3));                     \
     } while (0)
+// (one row: its chunks alternate between two accumulators, a0 and a1, swapped after each
+// chunk -- two chains of dependent multiply-adds instead of one; integer sums, so exact)
 #define LS_KROWS(c, aw, sx_of)                                                                \
     do {                                                                                      \
         LS_KROW(0, a0, c, aw, sx_of);                                                         \
+        if (R == 1) {                                                                         \
+            const __m256i t_ = a0;                                                            \
+            a0 = a1;                                                                          \
+            a1 = t_;                                                                          \
+        }                                                                                     \
         if (R == 4) {                                                                         \
             LS_KROW(1, a1, c, aw, sx_of);                                                     \
             LS_KROW(2, a2, c, aw, sx_of);                                                     \
@@ -173,7 +134,7 @@ static inline __attribute__((always_inline)) void kdot(
             }
         } else {
             __m256i sc16, mnv = _mm256_setzero_si256();  // the 16 sub-block scales as int16
-            const uint8_t *blk = row + (type == T_Q2_K ? 84 : type == T_Q3_K ? 110 : 210) * b;
+            const uint8_t *blk = row + k_block_bytes(type) * b;
             if (type == T_Q6_K || type == T_BUF6) {
                 sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
                 d = half_to_float(blk + 208);
@@ -186,9 +147,12 @@ static inline __attribute__((always_inline)) void kdot(
                 mnv = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m15));
                 d = half_to_float(blk + 80);
                 dm = half_to_float(blk + 82);
-            } else if (type == T_IQ4_XS) {  // in place: its scales from the block
+            } else if (type == T_TQ2_0) {  // in place: one d, every scale 1
+                sc16 = _mm256_set1_epi16(1);
+                d = half_to_float(blk + 64);
+            } else if (type == T_IQ4_XS || K_GRID(type)) {  // in place: scales from the block
                 int16_t t16[16];
-                d = nl_k_scales(T_IQ4_XS, row + 136 * b, t16);
+                d = nl_k_scales(type, blk, t16);
                 sc16 = _mm256_loadu_si256((const __m256i *)t16);
             } else {
                 sc16 = _mm256_loadu_si256((const __m256i *)(p->sc + 16 * b));
@@ -197,16 +161,20 @@ static inline __attribute__((always_inline)) void kdot(
             }
             const __m256i slo = _mm256_permute2x128_si256(sc16, sc16, 0x00);
             const __m256i shi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
-            if (type == T_Q6_K || type == T_BUF6 || type == T_Q3_K || type == T_Q2_K) {
+            if (type == T_Q6_K || type == T_BUF6 || type == T_Q3_K || type == T_Q2_K ||
+                type == T_TQ2_0) {
                 // the stored values u = q + o >= 0 (Q6_K: 0..63, o 32; Q3_K: 0..7, o 4;
-                // Q2_K: 0..3, o 0) go to maddubs unsigned as they are (63 * 127 * 2 fits
-                // int16), and o * sum_j sc_j * bs16_j comes off once per super-block: the
-                // same integers as the signed form, no sign operations (T_BUF6: Q6_K's
-                // values decoded once into the buffer, decode_values)
+                // Q2_K: 0..3, o 0; TQ2_0: 0..2, o 1) go to maddubs unsigned as they are
+                // (63 * 127 * 2 fits int16), and o * sum_j sc_j * bs16_j comes off once per
+                // super-block: the same integers as the signed form, no sign operations
+                // (T_BUF6: Q6_K's values decoded once into the buffer, decode_values)
                 for (int j = 0; j < 8; j++) {
                     const int64_t c = 8 * b + j;
+                    const __m256i tq = _mm256_loadu_si256((const __m256i *)(blk + 32 * (j / 4)));
                     const __m256i u = type == T_BUF6 ? _mm256_load_si256((const __m256i *)(p->q + 32 * c))
-                                                     : k_chunk_u(type, blk, j);
+                                      : type == T_TQ2_0  // Q2_K's 2-bit fields, qs first
+                                          ? _mm256_and_si256(_mm256_srli_epi16(tq, 2 * (j % 4)), _mm256_set1_epi8(3))
+                                          : k_chunk_u(type, blk, j);
                     const __m256i sv = _mm256_shuffle_epi8(
                         j < 4 ? slo : shi, _mm256_load_si256((const __m256i *)KSH16[j & 3]));
                     LS_KROWS(c, u, xv);
@@ -218,6 +186,16 @@ static inline __attribute__((always_inline)) void kdot(
                     m4 = _mm_mullo_epi32(hsum4_i32(LS_M(0), LS_M(1), LS_M(2), LS_M(3)), _mm_set1_epi32(K_OFF(type)));
                 else if (K_OFF(type)) msum[0] = K_OFF(type) * hsum_i32(LS_M(0));
 #undef LS_M
+            } else if (K_GRID(type)) {  // magnitudes u <= 62 and signs (quant_iq.h iq_chunk)
+                for (int j = 0; j < 8; j++) {
+                    const int64_t c = 8 * b + j;
+                    __m256i sg;
+                    const __m256i u = iq_chunk(type, blk, j, &sg);
+                    const __m256i sv = _mm256_shuffle_epi8(
+                        j < 4 ? slo : shi, _mm256_load_si256((const __m256i *)KSH16[j & 3]));
+                    LS_KROWS(c, u, _mm256_sign_epi8(xv, sg));
+                    LS_KEEP();
+                }
             } else {
                 for (int j = 0; j < 8; j++) {
                     const int64_t c = 8 * b + j;
@@ -255,7 +233,7 @@ static inline __attribute__((always_inline)) void kdot(
                 y4 = _mm_sub_ps(y4, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(dm), xs4), _mm_cvtepi32_ps(m4)));
             continue;
         }
-        isum[0] = hsum_i32(a0);
+        isum[0] = hsum_i32(_mm256_add_epi32(a0, a1));
         if (K_OFF(type)) {  // the offset of the unsigned values (no min)
             isum[0] -= msum[0];
             msum[0] = 0;
@@ -288,27 +266,3 @@ static inline __attribute__((always_inline)) void kdot(
 #endif
     for (int r = 0; r < R; r++) out[r * ldy] = y[r];
 }
-
-#define KDOT_FNS(T, NAME)                                                                     \
-    static void NAME##_1(const uint8_t *row, const kprep_t *p, int hm, const int8_t *x,        \
-                         const float *xd, const int16_t *bs, const int16_t *b32, int64_t K,    \
-                         float *out, int64_t ldy) {                                            \
-        kdot(T, row, p, hm, x, xd, bs, b32, K, 1, out, ldy);                                   \
-    }                                                                                         \
-    static void NAME##_4(const uint8_t *row, const kprep_t *p, int hm, const int8_t *x,        \
-                         const float *xd, const int16_t *bs, const int16_t *b32, int64_t K,    \
-                         float *out, int64_t ldy) {                                            \
-        kdot(T, row, p, hm, x, xd, bs, b32, K, 4, out, ldy);                                   \
-    }
-typedef void (*kdot_fn)(const uint8_t *, const kprep_t *, int, const int8_t *, const float *,
-                        const int16_t *, const int16_t *, int64_t, float *, int64_t);
-KDOT_FNS(T_BUF, kdot_buf)
-#if defined(__AVX2__)
-KDOT_FNS(T_Q4_K, kdot_q4_k)
-KDOT_FNS(T_Q5_K, kdot_q5_k)
-KDOT_FNS(T_Q6_K, kdot_q6_k)
-KDOT_FNS(T_Q2_K, kdot_q2_k)
-KDOT_FNS(T_Q3_K, kdot_q3_k)
-KDOT_FNS(T_BUF6, kdot_q6b)
-KDOT_FNS(T_IQ4_XS, kdot_iq4xs)
-#endif

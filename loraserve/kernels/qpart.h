@@ -6,7 +6,7 @@
 
 #include <stdlib.h>
 
-#include "kquant.h"
+#include "kdots.h"
 #include "packed.h"
 
 // One call's activations in the forms its parts read: per 32 (q, d, ms: legacy types) and
@@ -87,24 +87,11 @@ static int part_init(part_t *p, int type, const uint8_t *w, int64_t n, int64_t r
     p->kq = is_kquant(type);
     p->k1 = kdot_buf_1;
     p->k4 = kdot_buf_4;
-    p->in_place = p->kq ? p->in_place && ((type >= T_Q2_K && type <= T_Q6_K) || type == T_IQ4_XS)
-                        : p->in_place;
-#if defined(__AVX2__)
-    if (p->kq && p->in_place) {
-        p->k1 = type == T_Q4_K   ? kdot_q4_k_1
-                : type == T_Q5_K ? kdot_q5_k_1
-                : type == T_Q6_K ? kdot_q6_k_1
-                : type == T_Q3_K ? kdot_q3_k_1
-                : type == T_Q2_K ? kdot_q2_k_1
-                                 : kdot_iq4xs_1;
-        p->k4 = type == T_Q4_K   ? kdot_q4_k_4
-                : type == T_Q5_K ? kdot_q5_k_4
-                : type == T_Q6_K ? kdot_q6_k_4
-                : type == T_Q3_K ? kdot_q3_k_4
-                : type == T_Q2_K ? kdot_q2_k_4
-                                 : kdot_iq4xs_4;
+    if (p->kq) {  // the in-place dot products where the type has them (kquant.h)
+        kdot_fn k1, k4;
+        if (p->in_place && kdot_in_place(type, &k1, &k4)) p->k1 = k1, p->k4 = k4;
+        else p->in_place = 0;
     }
-#endif
     p->w = w;
     p->n = n;
     p->row_bytes = row_bytes;
