@@ -116,8 +116,10 @@ TWO = {"type": "function", "function": {"name": "weather", "parameters": {
 # required ones permuted, then the optional ones (Qwen3-Coder's family, Ling 3); else the
 # required ones in the schema's order, then the optional ones
 ANY_ORDER = {"Kimi-K3.jinja", "muse-glimmer.jinja", "openbmb-MiniCPM5-1B.jinja"}
-PERMUTED = {"Qwen3-Coder.jinja", "Qwen3.5-4B.jinja", "StepFun3.5-Flash.jinja",
-            "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", "inclusionai-ling-3.0-flash.jinja"}  # fmt: skip
+PERMUTED = {
+    "Qwen3-Coder.jinja", "Qwen3.5-4B.jinja", "StepFun3.5-Flash.jinja",
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", "inclusionai-ling-3.0-flash.jinja",
+}  # fmt: skip
 
 
 def _two_text(name: str, args: dict) -> str:
@@ -160,3 +162,30 @@ def test_argument_order_as_llama_cpps_grammar(name: str) -> None:
         assert (_two_accepts(name, text) is None) == takes, (args, text)
         (call,) = ChatParser(_format(name), [TWO]).parse(text, partial=False).tool_calls
         assert json.loads(call.arguments) == args
+
+
+def test_bound_is_never_reached_in_llama_cpps_cases() -> None:
+    """The bound on optional runs is not observable on anything llama.cpp recorded: of the
+    calls in its parse cases (test-chat.cpp), none writes an optional argument twice, so
+    every one stays under `optional_runs` (the whole-call grammar tests accept them all);
+    the bound only ends a call whose model keeps repeating a key."""
+    from collections import Counter
+
+    from tests.unit.chat.test_formats_parse_oracle import CASES
+
+    calls, most = 0, 0
+    for case in CASES:
+        if case["is_partial"]:
+            continue
+        tools = case["request"]["tools"] or []
+        schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
+        for call in case["expect"]["tool_calls"]:
+            pairs = json.loads(call["arguments"] or "{}", object_pairs_hook=lambda p: p)
+            params = schemas.get(call["name"]) or {}
+            required = set(params.get("required") or [])
+            props = [k for k in params.get("properties") or {} if k not in required]
+            optional = [k for k, _ in pairs if k not in required]
+            assert len(optional) <= optional_runs(len(props)), (case["id"], call)
+            assert max(Counter(k for k, _ in pairs).values(), default=1) == 1
+            most, calls = max(most, len(optional) - len(props)), calls + 1
+    assert calls >= 300 and most == 0
