@@ -21,6 +21,7 @@ import torch
 
 from loraserve.kernels import pack_rows
 from loraserve.kernels.hugebuf import empty_u8
+from loraserve.kernels.pack import packed_width
 from loraserve.model.config import ModelConfig
 from loraserve.model.gguf import GGUFFile
 from loraserve.model.hf import HFCheckpoint
@@ -104,18 +105,15 @@ class WeightSource:
         the peak RSS by as much). The same bytes as packing it whole (groups of 8 rows)."""
         n, rb = m.shape[0], m.data.shape[1]
         rows = max(PACK_CHUNK // rb // 8 * 8, 8)
-        first = None if n % 8 else pack_rows(m.data[:rows], m.ggml_type, m.shape[1])
-        if first is None:  # no packed kernel for this type or row count: the file's rows
+        width = None if n % 8 else packed_width(m.ggml_type, m.shape[1], n)
+        if width is None:  # no packed kernel for this type or row count: the file's rows
             return m
-        out = empty_u8(n, first.shape[1])  # [N, group bytes / 8], on huge pages (`hugebuf`)
-        part: torch.Tensor | None = first
+        out = empty_u8(n, width)  # [N, group bytes / 8] (`hugebuf`)
         for lo in range(0, n, rows):
             hi = min(lo + rows, n)
-            if lo > 0:
-                part = pack_rows(m.data[lo:hi], m.ggml_type, m.shape[1])
-            assert part is not None  # the same type, whole groups of 8 rows
-            out[lo:hi] = part
-            part = first = None  # a block's copy freed before the next is made
+            # each block packed in place (no block-sized copy to make, fault in and free)
+            done = pack_rows(m.data[lo:hi], m.ggml_type, m.shape[1], out=out[lo:hi])
+            assert done is not None  # the same type, whole groups of 8 rows
             self._gg.release(name, lo * rb, hi * rb)  # type: ignore[union-attr]
         return Matrix(m.name, out, m.ggml_type, m.shape, True, rb)
 
