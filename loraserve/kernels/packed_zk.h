@@ -41,7 +41,12 @@ static inline __attribute__((always_inline)) void pz_dot_q4_k(
     } while (0)
 #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) {
-                if (ahead && !(t & 1)) PREFETCH(n0 + 32 * t), PREFETCH(n1 + 32 * t);
+                if (ahead && !(t & 1)) {  // the next pair in order, 148 B a step (PQ6_AHEAD's
+                    // reason: 1 thread, a 262 MB K = 2048 matrix, 13.4-13.9 -> 7.2-7.4 ms
+                    // against a plain read in 6.9-7.4)
+                    const uint8_t *pf = g + 2 * gb + 2 * 1184 * b + 592 * gp + 74 * t;
+                    PQ6_AHEAD(pf), PQ6_AHEAD(pf + 64), PQ6_AHEAD(pf + 128);
+                }
                 const __m512i v = pz_load2(n0 + 32 * t, n1 + 32 * t);
                 const __m512i wl = _mm512_and_si512(v, lo4);
                 const __m512i wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
