@@ -51,6 +51,43 @@ def test_half_route_equals_float32_route_bitwise(k: int, n: int) -> None:
 
 
 @needs_c
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("t", [1, 2, 21])
+def test_rows_grouped_by_adapter_keep_each_rows_bits(threads: int, t: int) -> None:
+    """The kernel groups a step's rows by adapter (up to 4 rows share each widened A
+    vector) and splits rows or columns over threads: for any number of rows sharing an
+    adapter (1 to 9 here, and adapters no row uses), ranks 8, 16 and 5, and 1 to 3
+    threads, each row's delta is ls_lora's float32 bits, and the row alone gives them."""
+    g = torch.Generator().manual_seed(t * 10 + threads)
+    k, n = 300, 1204  # an output tail of 4; 2 rows are work enough for threads
+    pairs = [_halves(g, r, k, n) for r in (8, 16, 5, 8, 16)]
+    x = torch.randn(t, k, generator=g)
+    owner = torch.randint(0, 3, (t,), generator=g)  # most rows on adapters 0-2, some on more
+    s = torch.zeros(len(pairs), t)
+    for row in range(t):
+        s[owner[row], row] = 0.5 + row / 8
+        if row % 5 == 3:
+            s[4, row] = -1.25  # a second adapter in the row's mix
+    y0 = torch.randn(t, n, generator=g)
+    ref = y0.clone()
+    lora_delta(x, ref, [(a, b) for a, b in pairs], s)
+    halves = [(a.half(), lora16.tiles(b), lora16.tail(b)) for a, b in pairs]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = y0.clone()
+        lora16.lora_delta16(x, got, halves, s)
+        alone = [y0[r : r + 1].clone() for r in range(t)]
+        for r in range(t):
+            lora16.lora_delta16(x[r : r + 1], alone[r], halves, s[:, r : r + 1])
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(got, ref)
+    for r in range(t):
+        assert torch.equal(alone[r][0], got[r])
+
+
+@needs_c
 def test_half_route_refuses_shapes_that_do_not_fit() -> None:
     g = torch.Generator().manual_seed(0)
     a, b = _halves(g, 4, 16, 8)
