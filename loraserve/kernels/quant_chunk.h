@@ -13,11 +13,19 @@
 // types whose scale is one per 32 values (both halves of a chunk equal): the scale vector
 // is one broadcast (the same numbers as the two-half form, fewer instructions)
 #define UNIFORM(t)                                                                            \
-    ((t) == T_Q8_0 || (t) == T_Q4_0 || (t) == T_Q5_0 || (t) == T_IQ4_NL || (t) == T_BUFU)
+    ((t) == T_Q8_0 || (t) == T_Q4_0 || (t) == T_Q5_0 || (t) == T_IQ4_NL || (t) == T_MXFP4 ||    \
+     (t) == T_BUFU)
 
 // bytes per 32 values of the types decoded in place by chunk_values (0: values from a buffer)
 #define CHUNK_BYTES(t)                                                                        \
-    ((t) == T_Q8_0 ? 34 : (t) == T_Q4_0 || (t) == T_IQ4_NL ? 18 : (t) == T_Q5_0 ? 22 : 0)
+    ((t) == T_Q8_0 ? 34 : (t) == T_Q4_0 || (t) == T_IQ4_NL ? 18 : (t) == T_Q5_0 ? 22          \
+     : (t) == T_MXFP4 ? 17 : 0)
+
+// the float scale of chunk c of a row decoded in place (an f16 at the block's start;
+// MXFP4's e8m0 exponent byte)
+static inline float chunk_scale(int type, const uint8_t *r, int64_t c) {
+    return type == T_MXFP4 ? e8m0_half(r[17 * c]) : half_to_float(r + CHUNK_BYTES(type) * c);
+}
 
 #if defined(__AVX2__)
 // The 32 int8 values of chunk c of a row (the same numbers the unpack functions write).
@@ -36,6 +44,12 @@ static inline __attribute__((always_inline)) __m256i chunk_values(int type, cons
         __m128i t = _mm_loadu_si128((const __m128i *)(r + 18 * c + 2));
         __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), lo4);
         const __m128i kv = _mm_loadu_si128((const __m128i *)KV_IQ4NL);
+        return _mm256_shuffle_epi8(_mm256_set_m128i(kv, kv), v);
+    }
+    case T_MXFP4: {  // IQ4_NL's nibbles after a 1-byte exponent, through kvalues_mxfp4
+        __m128i t = _mm_loadu_si128((const __m128i *)(r + 17 * c + 1));
+        __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), lo4);
+        const __m128i kv = _mm_loadu_si128((const __m128i *)KV_MXFP4);
         return _mm256_shuffle_epi8(_mm256_set_m128i(kv, kv), v);
     }
     case T_IQ4_XS: {  // chunk c: sub-block c % 8 of super-block c / 8, through the table

@@ -65,7 +65,7 @@ static inline __attribute__((always_inline)) void dot_rows(
         __m256i w = chunk_values(type, row, qbuf, c);
         __m256i aw = _mm256_sign_epi8(w, w);
         // in place: the block's own f16 scale (the value row_scales would have written)
-        __m256 scw = CHUNK_BYTES(type) ? _mm256_set1_ps(half_to_float(row + CHUNK_BYTES(type) * c))
+        __m256 scw = CHUNK_BYTES(type) ? _mm256_set1_ps(chunk_scale(type, row, c))
                      : UNIFORM(type) ? _mm256_broadcast_ss(s + c)
                      : R == 1   ? _mm256_set_m128(_mm_set1_ps(s[2 * c + 1]), _mm_set1_ps(s[2 * c]))
                                 : _mm256_loadu_ps(sv + 8 * c);
@@ -201,6 +201,7 @@ DOT_FNS(T_Q8_0, dot_q8_0)
 DOT_FNS(T_Q4_0, dot_q4_0)
 DOT_FNS(T_Q5_0, dot_q5_0)
 DOT_FNS(T_IQ4_NL, dot_iq4_nl)
+DOT_FNS(T_MXFP4, dot_mxfp4)
 #endif
 
 static void dot_fns(int type, dot_fn *one, dot_fn *four, dot_fn *eight, cols_fn *c4) {
@@ -221,6 +222,9 @@ static void dot_fns(int type, dot_fn *one, dot_fn *four, dot_fn *eight, cols_fn 
         break;
     case T_IQ4_NL:
         *one = dot_iq4_nl_1, *four = dot_iq4_nl_4, *eight = dot_iq4_nl_8, *c4 = dot_iq4_nl_c4;
+        break;
+    case T_MXFP4:
+        *one = dot_mxfp4_1, *four = dot_mxfp4_4, *eight = dot_mxfp4_8, *c4 = dot_mxfp4_c4;
         break;
     }
 #endif

@@ -227,18 +227,24 @@ def test_unsupported_type_is_refused_naming_tensor_and_type() -> None:
         Matrix.from_raw("blk.0.ffn_up.weight", torch.zeros(144, dtype=torch.uint8), 40, (1, 256))
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
+@pytest.mark.parametrize(
+    "name", ["Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"]
+)
 def test_in_place_decoding_equals_the_unpacked_rows_bitwise(name: str, monkeypatch) -> None:
     """The SIMD decoders that read the common types straight from their blocks give bitwise
-    the numbers of the scalar unpackers (which the reference test checks against gguf-py)."""
+    the numbers of the scalar unpackers (which the reference test checks against gguf-py),
+    for 4 weight rows at a time (2 activation rows), and 8 and 1 rows of one weight row."""
     if K.backend() != "c":
         pytest.skip("no C compiler on this machine")
     rng = np.random.default_rng(11)
     raw = torch.from_numpy(random_rows(rng, name, 33, 512))
-    xa = quantized(torch.from_numpy(rng.standard_normal((9, 512)).astype(np.float32)), name)
-    direct = K.qmatmul(xa, raw, GGML_TYPE[name])
-    monkeypatch.setenv("LORASERVE_KERNEL_UNPACK", "1")
-    assert torch.equal(K.qmatmul(xa, raw, GGML_TYPE[name]), direct)
+    x = torch.from_numpy(rng.standard_normal((9, 512)).astype(np.float32))
+    for m in (2, 9):
+        xa = quantized(x[:m], name)
+        direct = K.qmatmul(xa, raw, GGML_TYPE[name])
+        monkeypatch.setenv("LORASERVE_KERNEL_UNPACK", "1")
+        assert torch.equal(K.qmatmul(xa, raw, GGML_TYPE[name]), direct), m
+        monkeypatch.delenv("LORASERVE_KERNEL_UNPACK")
 
 
 def test_rms_norm_equals_float64_and_is_row_independent() -> None:
