@@ -22,15 +22,6 @@
 
 #define PQ6_SB 1680  // bytes per group per super-block
 
-// Read-ahead of the decode tiles (pq6_dot, packed_zk.h's pz_dot_q6_k): the bytes of the next
-// group (of the next pair), at the offset this one reads, not simd.h's PREFETCH_AHEAD. The
-// tasks of a thread run over consecutive groups, so what is asked for is what comes next.
-// Measured (Zen 4, 1 thread, thread-CPU time, a 255 MB matrix of K = 2048 as qwen3moe's
-// output, huge pages): the pair tile 11-13 ms with 2 KB ahead, 7.7-8.4 ms so (the machine
-// streamed 6.6-7.7 ms' worth: 85-95%); K = 768 / 4096 / 8192 alike; the one-group tile
-// 9.4-9.9 -> 7.7 ms. Same bits (a hint).
-#define PQ6_AHEAD(p) __builtin_prefetch((const char *)(p), 0, 0)
-
 // The 256 stored 6-bit values u of a file Q6_K block (ql[128] | qh[64] | sc[16] | d), or
 // (dir 0) the block's ql and qh from them: value 128h + 32k + l has the low nibble of
 // ql[64h + 32(k & 1) + l] (high nibble for k >= 2) and bits 2k, 2k + 1 of qh[32h + l].
@@ -112,7 +103,7 @@ static inline __attribute__((always_inline)) void pq6_dot(
         __m256i i0 = _mm256_setzero_si256(), i1 = i0, i2 = i0, i3 = i0;
         for (int j = 0; j < 16; j++) {
             const uint8_t *sb = blk + 144 + 96 * j;
-            if (ahead) PQ6_AHEAD(sb + PQ6_SB * nb), PQ6_AHEAD(sb + PQ6_SB * nb + 64);
+            if (ahead) PK_AHEAD(sb + PQ6_SB * nb), PK_AHEAD(sb + PQ6_SB * nb + 64);
             const __m256i n0 = _mm256_loadu_si256((const __m256i *)sb);
             const __m256i n1 = _mm256_loadu_si256((const __m256i *)(sb + 32));
             const __m256i hv = _mm256_loadu_si256((const __m256i *)(sb + 64));

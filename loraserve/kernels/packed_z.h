@@ -73,8 +73,10 @@ static inline __attribute__((always_inline)) void pz_dot_q5_0(
     const __m512i lo4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
     for (int64_t c = 0; c < nc; c++) {
         const uint8_t *b0 = g + bb * c, *b1 = b0 + gb;
-        if (ahead) PREFETCH(b0), PREFETCH(b0 + 64), PREFETCH(b0 + 128);
-        if (ahead) PREFETCH(b1), PREFETCH(b1 + 64), PREFETCH(b1 + 128);
+        if (ahead) {  // the next pair in its byte order (packed.h's PK_AHEAD)
+            const uint8_t *pf = g + 2 * gb + 2 * bb * c;
+            for (int l = 0; l < 2 * bb; l += 64) PK_AHEAD(pf + l);
+        }
         const __m512i h = hb ? pz_load2(b0 + hoff, b1 + hoff) : _mm512_setzero_si512();
         __m512i i0 = _mm512_setzero_si512(), i1 = i0, i2 = i0, i3 = i0;
 #define LS_PR(r, acc, yy) acc = _mm512_dpbusd_epi32(acc, w, pz_bcast4(x + (r) * K + 32 * c + 4 * t))

@@ -41,11 +41,9 @@ static inline __attribute__((always_inline)) void pz_dot_q4_k(
     } while (0)
 #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) {
-                if (ahead && !(t & 1)) {  // the next pair in order, 148 B a step (PQ6_AHEAD's
-                    // reason: 1 thread, a 262 MB K = 2048 matrix, 13.4-13.9 -> 7.2-7.4 ms
-                    // against a plain read in 6.9-7.4)
+                if (ahead && !(t & 1)) {  // the next pair in its byte order (PK_AHEAD)
                     const uint8_t *pf = g + 2 * gb + 2 * 1184 * b + 592 * gp + 74 * t;
-                    PQ6_AHEAD(pf), PQ6_AHEAD(pf + 64), PQ6_AHEAD(pf + 128);
+                    PK_AHEAD(pf), PK_AHEAD(pf + 64), PK_AHEAD(pf + 128);
                 }
                 const __m512i v = pz_load2(n0 + 32 * t, n1 + 32 * t);
                 const __m512i wl = _mm512_and_si512(v, lo4);
@@ -110,9 +108,9 @@ static inline __attribute__((always_inline)) void pz_dot_q6_k(
         __m512i i0 = _mm512_setzero_si512(), i1 = i0, i2 = i0, i3 = i0;
         for (int j = 0; j < 16; j++) {
             const uint8_t *s0 = b0 + 144 + 96 * j, *s1 = b1 + 144 + 96 * j;
-            if (ahead) {  // the next pair (packed_q6.h's PQ6_AHEAD), its 192 B per step in order
+            if (ahead) {  // the next pair in its byte order (packed.h's PK_AHEAD)
                 const uint8_t *pf = g + 2 * gb + 2 * (s0 - g);
-                PQ6_AHEAD(pf), PQ6_AHEAD(pf + 64), PQ6_AHEAD(pf + 128);
+                PK_AHEAD(pf), PK_AHEAD(pf + 64), PK_AHEAD(pf + 128);
             }
             const __m512i n0 = pz_load2(s0, s1), n1 = pz_load2(s0 + 32, s1 + 32);
             const __m512i hv = pz_load2(s0 + 64, s1 + 64);
