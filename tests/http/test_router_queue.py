@@ -11,12 +11,14 @@ the download cache), here on tiny models in a `--models-dir`:
   order, each model kept until its waiting request is served (they deadlocked: a model
   waiting for room was counted as holding one);
 
-A model is held busy by its engine thread waiting on a gate (an engine call) while one of
-its requests is in flight, so what is busy when is exact, not a matter of sleeps."""
+A model is held busy by its engine process being stopped (SIGSTOP) while one of its
+requests is in flight, so what is busy when is exact, not a matter of sleeps."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -65,15 +67,16 @@ def engine_of(state: object, name: str):
 @contextmanager
 def held_busy(c: httpx.Client, state: object, name: str) -> Iterator[list]:
     """`name` serving a completion that cannot finish until the block ends (its engine
-    thread waits on a gate); yields the completion's answer list."""
+    process is stopped meanwhile); yields the completion's answer list."""
     eng = engine_of(state, name)
-    gate = threading.Event()
-    done = eng.app.state.server.engine.call(gate.wait)
+    pid = eng.host.pid
+    os.kill(pid, signal.SIGSTOP)
     out: list = []
 
     def run() -> None:
         body = {"model": name, "prompt": "x", "n_predict": 1}
-        out.append(c.post("/completion", json=body, timeout=60).status_code)
+        r = c.post("/completion", json=body, timeout=60)
+        out.append(r.status_code if r.status_code == 200 else (r.status_code, r.text))
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
@@ -81,8 +84,7 @@ def held_busy(c: httpx.Client, state: object, name: str) -> Iterator[list]:
     try:
         yield out
     finally:
-        gate.set()
-        done.result(10)
+        os.kill(pid, signal.SIGCONT)
         t.join(60)
 
 

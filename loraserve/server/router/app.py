@@ -44,7 +44,7 @@ from loraserve.server.router.forward import (
     _model_field,
 )
 from loraserve.server.router.hf_cache import cache_dir
-from loraserve.server.router.pool import Engine, Pool
+from loraserve.server.router.pool import Engine, Pool, base_of
 from loraserve.server.router.presets import Preset, default_model_entry, load_catalog
 from loraserve.server.tools.routes import ToolsMiddleware
 
@@ -59,6 +59,7 @@ class Router:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.events = ModelEvents()  # GET /models/sse
         self.pool.on_status = self._status_changed
+        self.pool.bases = lambda: {base_of(p.key) for p in self.catalog.values() if p.key}
 
     def _status_changed(self, eng: Engine) -> None:
         """Every preset served by `eng` changed status with it (`/models/sse`)."""
@@ -110,14 +111,14 @@ class Router:
     @property
     def flights(self) -> range:
         """As many items as requests in flight over all engines (`serve` counts them)."""
-        return range(
-            sum(len(e.app.state.server.flights) for e in self.pool.engines.values() if e.app)
-        )
+        return range(sum(e.busy for e in self.pool.engines.values()))
 
     def abort_flights(self, message: str = "the server is shutting down") -> None:
+        """Event loop: every engine ends its requests in flight now (in its process)."""
+        assert self.loop is not None
         for eng in self.pool.engines.values():
-            if eng.app is not None:
-                eng.app.state.server.abort_flights(message)
+            if eng.host is not None and eng.busy:
+                self.loop.create_task(eng.host.abort(eng.eid, message))
 
     # --- answers ---
     def props(self) -> dict[str, Any]:
@@ -154,16 +155,10 @@ class Router:
             "source": preset.source,
             "can_remove": False,
         }
-        model = eng.app.state.server.model if eng is not None and eng.app is not None else None
-        if eng is not None and eng.status == "loaded" and model is not None:
-            # the engine's own `/v1/models` meta, read here: that route lists the adapters
-            # on the engine thread, and a public list must not wait for any engine's step
-            cfg = model.config
-            entry["meta"] = {
-                "n_vocab": cfg.vocab_size,
-                "n_ctx_train": cfg.context_length,
-                "n_embd": cfg.hidden_size,
-            }
+        if eng is not None and eng.status == "loaded" and eng.meta is not None:
+            # the engine's model sizes, from its load: the engine's own `/v1/models` lists
+            # the adapters on its engine thread, and a public list must not wait for a step
+            entry["meta"] = dict(eng.meta)
         return entry
 
 
@@ -175,6 +170,9 @@ def create_router_app(cfg: ServerConfig) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         router.loop = asyncio.get_running_loop()
         offload.install(router.loop)
+        spare = router.pool.start_spare()
+        if spare is not None:  # ready means a first load does not wait for a process start
+            await asyncio.wait({spare})
         for preset in router.catalog.values():
             if preset.load_on_startup and preset.key is not None:
                 router.pool.start_load(preset.key)

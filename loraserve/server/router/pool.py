@@ -1,14 +1,14 @@
 """The router's engines: one whole loraserve app (`create_app`: its own engine, KV pool,
-adapters and chat template) per engine configuration, hosted in the router's process and
-event loop, loaded on demand and unloaded least-recently-used past `--models-max`.
+adapters and chat template) per engine configuration, loaded on demand and unloaded
+least-recently-used past `--models-max`.
 
-In-process rather than llama-server's child processes: presets over one base must share one
-engine (one copy of the weights, one KV pool) whatever process hosts it, an in-process engine
-costs no second Python interpreter and torch runtime (hundreds of MiB per child) and no extra
-hop per request, and every failure we can meet while loading (a broken file, a model that
-does not fit) is an exception caught here, reported in `GET /models`, never the router's end.
-Engines over the same file with different settings (context, template) still share the
-weights: loaded models are kept by path while any engine uses them.
+Engines run in child processes, one per base file (`router.host`, `router.hosts`): a native
+crash in one (a segfault, an abort) ends that process and its engines (`unloaded`, `failed`,
+loaded again on the next request), never the router (issue 30 item 2). Presets over one base
+still share one engine (one copy of the weights, one KV pool) in that base's process, and
+engines over the same file with different settings (context, template) still share its
+weights there. A spare process, started ahead and holding its imports, takes the next base
+to load, so a first load costs the model's load, not an interpreter's start.
 
 The queue, as llama-server's router (llama.cpp's `test_router_queue_*`): an engine past
 `--models-max` waits for room (status `loading`, holding no place) in arrival order; room is
@@ -25,33 +25,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from fastapi import FastAPI
-
-from loraserve.model.loader import LoadedModel
 from loraserve.server.config.args import ServerConfig
-from loraserve.server.offload import io_thread
+from loraserve.server.router.hosts import Host, ProxyApp, describe_exit
 
 log = logging.getLogger("loraserve.router")
 POLL_S = 0.02
 FAKE_TIMING_S = 2.0  # llama-server's (server-models.cpp, `debug_fake_timing`)
+_ids = itertools.count(1)
+
+
+def base_of(cfg: ServerConfig) -> tuple[str, str]:
+    """The host key of an engine configuration: its model file and weights' type."""
+    return (str(cfg.model), cfg.dtype)
 
 
 @dataclass
 class Engine:
-    """One hosted engine app and its lifecycle: status `unloaded` / `loading` / `loaded`
-    (llama-server's words); `failed` with `error` after a load that did not go through."""
+    """One hosted engine and its lifecycle: status `unloaded` / `loading` / `loaded`
+    (llama-server's words); `failed` with `error` after a load that did not go through or
+    a process that died."""
 
     cfg: ServerConfig
     status: str = "unloaded"
-    app: FastAPI | None = None
+    app: ProxyApp | None = None
     error: str | None = None
     failed: bool = False
     last_used: float = 0.0
@@ -59,8 +64,9 @@ class Engine:
     waiting: int = 0  # requests waiting to be served (not evicted either: router.forward)
     placed: bool = False  # holds one of the `--models-max` places (loading past the queue)
     pinned: bool = False  # asked by /models/load or load-on-startup: never dropped queued
-    holds_model: bool = False  # counted in the pool's shared weights
-    _life: AbstractAsyncContextManager[None] | None = field(default=None, repr=False)
+    host: Host | None = None  # the process it runs in, once loading there
+    eid: str = ""  # its id in that process
+    meta: dict[str, int] | None = None  # its model's sizes, for `GET /models`
     _task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
@@ -70,8 +76,8 @@ class Engine:
     def touch(self) -> None:
         self.last_used = time.monotonic()
 
-    @asynccontextmanager
-    async def use(self) -> AsyncIterator[FastAPI]:
+    @contextlib.asynccontextmanager
+    async def use(self) -> AsyncIterator[ProxyApp]:
         """The app, held busy (not evicted) while the caller serves a request with it."""
         assert self.app is not None
         self.busy += 1
@@ -84,13 +90,16 @@ class Engine:
 
 
 class Pool:
-    """Engines by configuration, at most `max_loaded` running (0: no limit)."""
+    """Engines by configuration, at most `max_loaded` running (0: no limit), in host
+    processes by base file."""
 
     def __init__(self, max_loaded: int) -> None:
         self.max_loaded = max_loaded
         self.on_status: Callable[[Engine], None] = lambda eng: None  # after each change
+        self.bases: Callable[[], set[tuple[str, str]]] = set  # the catalogue's base files
         self.engines: dict[ServerConfig, Engine] = {}
-        self._models: dict[tuple[str, str], tuple[LoadedModel, int]] = {}  # path -> (model, n)
+        self.hosts: dict[tuple[str, str], asyncio.Task[Host]] = {}  # by base file
+        self.spare: asyncio.Task[Host] | None = None
         self._lock = asyncio.Lock()  # one eviction decision at a time
         fake = os.environ.get("LLAMA_SERVER_DEBUG_FAKE_TIMING")
         self.fake_delay_s = FAKE_TIMING_S if fake else 0.0
@@ -100,6 +109,13 @@ class Pool:
         if cfg not in self.engines:
             self.engines[cfg] = Engine(cfg)
         return self.engines[cfg]
+
+    def start_spare(self) -> asyncio.Task[Host] | None:
+        """Start a spare host if a base of the catalogue has none and none is spare."""
+        hosted = {k for k, t in self.hosts.items() if not t.done() or _alive(t)}
+        if self.spare is None and self.bases() - hosted:
+            self.spare = asyncio.get_running_loop().create_task(Host.start())
+        return self.spare
 
     def start_load(self, cfg: ServerConfig, pinned: bool = True) -> Engine:
         """Start loading `cfg`'s engine in the background (nothing if it runs already).
@@ -125,9 +141,6 @@ class Pool:
         return eng
 
     async def _load(self, eng: Engine) -> None:
-        from loraserve.server.app import create_app
-        from loraserve.server.startup import check_files
-
         try:
             if self.fake_delay_s:
                 await asyncio.sleep(self.fake_delay_s)
@@ -135,21 +148,19 @@ class Pool:
                 log.info("router: %s: nobody waits for it any more, not loaded", eng.cfg.alias)
                 self._set_status(eng, "unloaded")
                 return
-            await io_thread(_assemble_default, eng.cfg)
-            await io_thread(check_files, eng.cfg)
-            model = await self._model(eng.cfg)
-            eng.holds_model = True
-            app = create_app(eng.cfg, model)
-            life = app.router.lifespan_context(app)
-            await life.__aenter__()
-            eng.app, eng._life = app, life
-            state = app.state.server
-            while state.engine is None and state.load_error is None:
-                await asyncio.sleep(POLL_S)
-            if state.load_error is not None:
-                raise RuntimeError(state.load_error)
+            host = await self._host(base_of(eng.cfg))
+            eng.host, eng.eid = host, str(next(_ids))
+            eng.meta = await host.load(eng.eid, eng.cfg)
+            if not host.alive:
+                why = describe_exit(host.proc.returncode)
+                raise RuntimeError(f"the engine process died ({why})")
+            eng.app = ProxyApp(host, eng.eid)
             self._set_status(eng, "loaded")
-            log.info("router: engine for %s loaded", eng.cfg.alias[0] if eng.cfg.alias else "?")
+            log.info(
+                "router: engine for %s loaded (process %d)",
+                eng.cfg.alias[0] if eng.cfg.alias else "?",
+                host.pid,
+            )
         except asyncio.CancelledError:  # unloaded while loading
             await self._close(eng)
             raise
@@ -159,29 +170,38 @@ class Pool:
             eng.failed = True
             await self._close(eng)
 
-    async def _model(self, cfg: ServerConfig) -> LoadedModel:
-        """The loaded weights of `cfg.model`, shared by every engine over the same file
-        (counted here, on the event loop, so a load cancelled meanwhile counts nothing)."""
-        from loraserve.model.loader import load_model
+    async def _host(self, key: tuple[str, str]) -> Host:
+        """The live host of base file `key`: the spare (a new one started for the next base),
+        or a new process."""
+        task = self.hosts.get(key)
+        if task is None or (task.done() and not _alive(task)):
+            spare, self.spare = self.spare, None
+            if spare is not None and spare.done() and not _alive(spare):
+                spare = None
+            task = spare or asyncio.get_running_loop().create_task(Host.start())
+            self.hosts[key] = task
+            host = await asyncio.shield(task)
+            host.key = key
+            host.on_exit = self._host_ended
+            self.start_spare()
+            return host
+        return await asyncio.shield(task)
 
-        key = (str(cfg.model), cfg.dtype)
-        if key not in self._models:
-            dtype = "float32" if cfg.dtype == "float32" else "native"
-            model = await io_thread(load_model, Path(str(cfg.model)), dtype)
-            if key not in self._models:  # else loaded meanwhile by another engine: that one
-                self._models[key] = (model, 0)
-        model, n = self._models[key]
-        self._models[key] = (model, n + 1)
-        return model
-
-    def _release_model(self, cfg: ServerConfig) -> None:
-        key = (str(cfg.model), cfg.dtype)
-        if key in self._models:
-            model, n = self._models[key]
-            if n <= 1:
-                del self._models[key]
-            else:
-                self._models[key] = (model, n - 1)
+    def _host_ended(self, host: Host, code: int) -> None:
+        """A host process ended: its engines are unloaded; a death marks them failed."""
+        if host.key is not None:
+            task = self.hosts.get(host.key)
+            if task is not None and task.done() and not task.cancelled() and task.result() is host:
+                del self.hosts[host.key]
+        for eng in self.engines.values():
+            if eng.host is host:
+                if not host.stopping:
+                    eng.failed = True
+                    eng.error = f"the engine process died ({describe_exit(code)})"
+                eng.app, eng.host = None, None
+                eng.placed = eng.pinned = False
+                if eng.status == "loaded":
+                    self._set_status(eng, "unloaded")
 
     async def _make_room(self, eng: Engine) -> bool:
         """Take a place for `eng` under `max_loaded`, unloading least-recently-used idle
@@ -206,12 +226,15 @@ class Pool:
                     log.info(
                         "router: --models-max %d: unloading %s", self.max_loaded, victim.cfg.alias
                     )
-                    await self.unload(victim, timeout=0.0)
+                    await self.unload(victim, timeout=0.0, keep_host=base_of(eng.cfg))
                     continue
                 await asyncio.sleep(POLL_S)
 
-    async def unload(self, eng: Engine, timeout: float) -> None:
-        """Stop `eng`: requests in flight get up to `timeout` seconds, then are cancelled."""
+    async def unload(
+        self, eng: Engine, timeout: float, keep_host: tuple[str, str] | None = None
+    ) -> None:
+        """Stop `eng`: requests in flight get up to `timeout` seconds, then are cancelled.
+        Its host process ends with its last engine, unless it serves base `keep_host`."""
         task = eng._task
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
@@ -220,34 +243,52 @@ class Pool:
         deadline = time.monotonic() + timeout
         while eng.busy and time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
-        if eng.app is not None and eng.busy:
-            eng.app.state.server.abort_flights("the model is being unloaded")
-        await self._close(eng)
+        if eng.host is not None and eng.busy:
+            await eng.host.abort(eng.eid, "the model is being unloaded")
+        await self._close(eng, keep_host)
 
-    async def _close(self, eng: Engine) -> None:
-        life = eng._life
-        eng.app, eng._life = None, None
+    async def _close(self, eng: Engine, keep_host: tuple[str, str] | None = None) -> None:
+        host = eng.host
+        eng.app, eng.host, eng.meta = None, None, None
         eng.placed = eng.pinned = False
         if eng.status != "unloaded":
             self._set_status(eng, "unloaded")
-        if life is not None:
-            await life.__aexit__(None, None, None)
-        if eng.holds_model:
-            eng.holds_model = False
-            self._release_model(eng.cfg)
+        if host is None:
+            return
+        await host.unload(eng.eid)
+        loading = any(
+            e.status == "loading" and base_of(e.cfg) == host.key for e in self.engines.values()
+        )
+        if not host.engines and host.key != keep_host and not loading:
+            if host.key is not None and self.hosts.get(host.key) is not None:
+                del self.hosts[host.key]
+            await host.stop()
 
     def _set_status(self, eng: Engine, status: str) -> None:
         eng.status = status
         self.on_status(eng)
 
     async def close_all(self) -> None:
-        """Stop every engine, loading ones included (the router's shutdown)."""
+        """Stop every engine, loading ones included, and every host (the router's end)."""
         for eng in list(self.engines.values()):
             if eng.running or eng.app is not None:
                 await self.unload(eng, timeout=0.0)
+        tasks = [*self.hosts.values(), *([self.spare] if self.spare is not None else [])]
+        self.hosts, self.spare = {}, None
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+            with contextlib.suppress(BaseException):  # a start cancelled, or failed
+                host = await t
+                await host.stop()
 
 
-def _assemble_default(cfg: ServerConfig) -> None:
+def _alive(task: asyncio.Task[Host]) -> bool:
+    """Whether a finished host task gave a host that still runs."""
+    return not task.cancelled() and task.exception() is None and task.result().alive
+
+
+def assemble_default(cfg: Any) -> None:
     """The default model's file is assembled from its package on its first load."""
     from loraserve.model.default import FILE_NAME, cache_dir, default_model_path
 
