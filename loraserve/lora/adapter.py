@@ -23,6 +23,7 @@ import torch
 
 from loraserve.kernels import lora16
 from loraserve.kernels.lora16 import tail, tiles
+from loraserve.lora.content_ids import ContentIds, Seen
 from loraserve.lora.read_gguf import Pairs, open_gguf, read_gguf, tensors_finite
 from loraserve.lora.weight import LoraWeight
 from loraserve.model.config import ModelConfig
@@ -69,24 +70,29 @@ class Adapter:
 
 
 def load_adapter(
-    path: str | Path, model_config: ModelConfig, base_shapes: dict[str, tuple[int, ...]]
+    path: str | Path,
+    model_config: ModelConfig,
+    base_shapes: dict[str, tuple[int, ...]],
+    ids: ContentIds | None = None,
 ) -> Adapter:
     """Read a GGUF LoRA file or a PEFT folder and check it against the model.
 
     ``base_shapes`` maps each adaptable base tensor name to its shape: (out, in) for
     projections, (E, out, in) for stacked experts. Raises `AdapterError` for anything that
     does not fit (architecture, target names, shapes, unsupported features, corrupt files).
+    ``ids``: the content ids of files read before (`lora.content_ids`), for this model.
     """
     path = Path(path)
     if not path.exists():
         raise AdapterError(f"{path}: no such adapter file or folder")
+    seen = ids.before_read(path) if ids is not None else None
     try:  # a crafted file is refused with its reason, never with Python's own error
         if path.is_dir():
             name, meta, pairs = _read_peft(path, model_config)
-            return _adapter(path, name, meta, pairs, _all_finite(pairs), base_shapes)
+            return _adapter(path, name, meta, pairs, _all_finite(pairs), base_shapes, ids, seen)
         with open_gguf(path) as gg:  # its pairs are views of the mapping until held
             name, meta, pairs, finite = read_gguf(gg, path, model_config, base_shapes)
-            return _adapter(path, name, meta, pairs, finite, base_shapes)
+            return _adapter(path, name, meta, pairs, finite, base_shapes, ids, seen)
     except (TypeError, ArithmeticError, RecursionError, re.error, KeyError, IndexError) as e:
         raise AdapterError(f"{path}: unusable adapter: {type(e).__name__}: {e}") from None
 
@@ -98,14 +104,21 @@ def _adapter(
     pairs: Pairs,
     finite: bool,
     base_shapes: dict[str, tuple[int, ...]],
+    ids: ContentIds | None = None,
+    seen: Seen | None = None,
 ) -> Adapter:
     """The pairs checked and held (each tensor copied once at most), and the content id
-    hashed from the values as stored, B's halves read before tiling (no copy back)."""
+    hashed from the values as stored, B's halves read before tiling (no copy back), or
+    the one ``ids`` holds for the unchanged file (``seen`` before the read)."""
     held = {t: _check(path, t, *pair, base_shapes, finite) for t, pair in pairs.items()}
     if not held:
         raise AdapterError(f"{path}: the adapter has no LoRA tensors")
     weights = {t: w for t, (w, _) in held.items()}
-    return Adapter(name, path, _content_id(held), weights, metadata=meta)
+    if ids is not None and seen is not None:
+        cid = ids.content_id(seen, lambda: _content_id(held))
+    else:
+        cid = _content_id(held)
+    return Adapter(name, path, cid, weights, metadata=meta)
 
 
 def _read_peft(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs]:

@@ -20,6 +20,7 @@ from torch import nn
 from loraserve.lora.adapter import Adapter, AdapterError, load_adapter
 from loraserve.lora.alora import invocation_tokens
 from loraserve.lora.catalogue import Catalogue
+from loraserve.lora.content_ids import ContentIds
 from loraserve.lora.delta import LoraBatch, Span
 from loraserve.lora.mixes import BASE, Mix, MixResolver, UnknownModelName, scale_of
 from loraserve.lora.tiers import TierLimits, TierStats, resident_bytes
@@ -64,6 +65,7 @@ class AdapterRegistry(MixResolver):
         self.catalogue = catalogue or Catalogue()
         self.limits = limits or TierLimits()
         self.stats = TierStats()
+        self.content_ids = ContentIds()  # files read before: a re-read skips the hash
         self._adapters: dict[int, Adapter] = {}
         self._global: dict[int, float] = {}
         self._next_id = 0
@@ -86,7 +88,7 @@ class AdapterRegistry(MixResolver):
     def read_path(self, path: str | Path) -> Adapter:
         """Read an adapter file or PEFT folder (any thread; `AdapterError` if it does not
         fit the model)."""
-        adapter = load_adapter(path, self.model.config, self.shapes)
+        adapter = load_adapter(path, self.model.config, self.shapes, self.content_ids)
         try:
             adapter.alora = invocation_tokens(adapter.metadata)
         except ValueError as e:
