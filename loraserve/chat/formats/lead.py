@@ -62,9 +62,17 @@ def _harmony_turn(prompt: str, at: int, start: str) -> int:
     return at
 
 
+MUSE_START, MUSE_SELF, MUSE_EOM = "<|start|>assistant", " to=self<|message|>", "<|eom|>"
+
+
 def opens_reasoning(fmt: ChatFormat, prompt: str) -> bool:
     """Whether the prompt leaves the answer inside reasoning: the generation prompt (or a
-    continued assistant message) opened the reasoning block and did not close it."""
+    continued assistant message) opened the reasoning block and did not close it (Muse
+    Glimmer: its last message is an unended ` to=self` one, a reasoning prefill)."""
+    if fmt.dialect == "muse_glimmer":
+        at = prompt.rfind(MUSE_START)
+        tail = prompt[at + len(MUSE_START) :] if at >= 0 else ""
+        return tail.startswith(MUSE_SELF) and MUSE_EOM not in tail
     r_start, r_end = fmt.reasoning_start.strip(), fmt.reasoning_end.strip()
     if not r_start:
         return False

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from loraserve.chat.formats.description import ChatFormat
 from loraserve.chat.formats.detect import detect
 from loraserve.chat.formats.grammar import tool_grammar
+from loraserve.chat.formats.lead import opens_reasoning
 from loraserve.chat.formats.parse import ChatParser, arguments_object
 from loraserve.chat.formats.special.grammars import dialect_grammar
 from loraserve.chat.formats.stream import MessageStream
@@ -233,7 +234,7 @@ def test_dialect_auto_grammar_accepts_llama_cpps_answers(tokens: bool) -> None:
         inner = exp["reasoning_content"] + "".join(c["arguments"] for c in exp["tool_calls"])
         if any(t in inner for t in fmt.preserved_tokens):
             continue
-        opened = case["params"]["generation_prompt"].rstrip().endswith(fmt.reasoning_start)
+        opened = opens_reasoning(fmt, case["params"]["generation_prompt"].rstrip())
         lark = dialect_grammar(fmt, req["tools"], "auto", True, opened, named)
         specials = tuple(t for t in fmt.preserved_tokens if named(t))
         assert grammar_accepts(lark, case["input"], specials) is None, case["id"]

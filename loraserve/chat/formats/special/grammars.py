@@ -97,8 +97,13 @@ def _gemma_object(g: Lark, schema: dict[str, Any]) -> str:
     return g.rule(f'"{{" {first}{"" if required else "?"} "}}"')
 
 
-def _gemma4(g: Lark, tools: list[dict[str, Any]], parallel: bool) -> tuple[str, str]:
-    """(the optional thought, the calls after the first one's trigger)."""
+def _gemma4(
+    g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_open: bool
+) -> tuple[str, str]:
+    """(the thought, the calls after the first one's trigger). The thought: an optional
+    `<|channel>thought ..<channel|>` block, or where the prompt opened it (a reasoning
+    prefill: llama.cpp's generation prompt `<|channel>thought\n` + the prefill) its rest
+    and `<channel|>` (required under `required`, as llama.cpp's `thought` rule)."""
     calls = []
     for t in tools:
         fn = t["function"]
@@ -107,7 +112,7 @@ def _gemma4(g: Lark, tools: list[dict[str, Any]], parallel: bool) -> tuple[str, 
     rest = g.rule(" | ".join(calls))  # a call after its trigger
     call = g.rule(f"{g.q(gemma4.CALL)} {rest}")
     thought = g.text_until(gemma4.CHANNEL_END)
-    think = f"({g.q(gemma4.THOUGHT)} {thought})?"
+    think = thought if thinking_open else f"({g.q(gemma4.THOUGHT)} {thought})?"
     return think, (f"{rest} {call}*" if parallel else rest)
 
 
@@ -185,10 +190,12 @@ def dialect_grammar(
             raise ValueError(f"tool_choice names a function that is not in tools: {choice}")
     if fmt.dialect == "gemma_4":
         g = Lark(special, fmt.preserved_tokens)
-        think, rest = _gemma4(g, tools, parallel)
+        think, rest = _gemma4(g, tools, parallel, thinking_open)
         if started:
             return g.lark(rest)
-        return g.lark(_lazy(g, fmt, think if lazy else "", rest, lazy))
+        if lazy and thinking_open:  # the answer may end inside the opened thought
+            think = f"({think})?"
+        return g.lark(_lazy(g, fmt, think if lazy or thinking_open else "", rest, lazy))
     if fmt.dialect in ("deepseek_v3_2", "deepseek_v4"):
         g = Lark(special, (dsml.DSML,))
         rest = _dsml(g, tools, parallel, fmt.dialect == "deepseek_v4")
@@ -207,8 +214,10 @@ def dialect_grammar(
         think, rest = triggered[dialect](g, tools, parallel, thinking_open)
         if started:
             return g.lark(rest)
-        if not lazy and dialect in _NEW_BLOCK:  # required: no new reasoning block
-            think = _NEW_BLOCK[dialect](g)
+        if not lazy and dialect in _NEW_BLOCK and not thinking_open:  # required: no new
+            think = _NEW_BLOCK[dialect](g)  # reasoning block (one the prompt opened ends)
+        elif lazy and thinking_open and dialect in _NEW_BLOCK:  # the answer may end in it
+            think = f"({think})?"
         return g.lark(_lazy(g, fmt, think, rest, lazy))
     if dialect in whole:
         return g.lark((whole_auto if lazy else whole)[dialect](g, tools, parallel, thinking_open))

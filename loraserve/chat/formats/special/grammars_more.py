@@ -51,7 +51,7 @@ def _mm_value(g: Lark, schema: Any, close: str) -> str:
 
 
 def minimax_m3_body(
-    g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool
+    g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_open: bool
 ) -> tuple[str, str]:
     """MiniMax-M3: `NS<tool_call>` `NS<invoke name="NAME">` `NS<KEY>V NS</KEY>`..
     `NS</invoke>` `NS</tool_call>`, after an optional `<mm:think>` block."""
@@ -69,8 +69,11 @@ def minimax_m3_body(
         calls.append(g.rule(f"{head} {args} WS {g.q(minimax_m3.INVOKE_END)}"))
     call = g.rule(" | ".join(calls))
     more = f"(WS {call})*" if parallel else ""
-    block = f"{g.q(minimax_m3.THINK)} {g.text_until(minimax_m3.THINK_END)}"
+    rest = g.text_until(minimax_m3.THINK_END)
+    block = f"{g.q(minimax_m3.THINK)} {rest}"
     think = f"({block} | {g.q(minimax_m3.THINK_END)})?"  # a turn without: a bare end
+    if thinking_open:  # a reasoning prefill opened the block: its rest, then the end
+        think = rest
     return think, f"WS {call} {more} WS {g.q(minimax_m3.END)}"
 
 
@@ -96,28 +99,47 @@ def _py_value(g: Lark, schema: Any) -> str:
     return g.rule(" | ".join(options))
 
 
-def lfm2_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool) -> tuple[str, str]:
+def lfm2_body(
+    g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_open: bool
+) -> tuple[str, str]:
     """LFM2: `<|tool_call_start|>[NAME(KEY=VALUE, ..), ..]<|tool_call_end|>`, Python or
-    JSON literals as the parser reads them."""
+    JSON literals as the parser reads them; after the rest of a `<think>` block a reasoning
+    prefill opened (llama.cpp's continuation: `<think>` + the prefill)."""
     g.rules.append(f"d0: {_py_value(g, {})}")  # any value
     g.rules.append(r'd00: /"([^"\\\n]|\\.)*"/')  # a dict's key
     calls = []
     for t in tools:
         fn = t["function"]
-        props = (fn.get("parameters") or {}).get("properties") or {}
-        one = " | ".join(g.rule(f'"{k}=" {_py_value(g, v)}') for k, v in props.items())
-        args = f'({one}) ("," WS ({one}))*' if one else ""
-        calls.append(g.rule(f'"{fn["name"]}(" {f"({args})?" if args else ""} ")"'))
+        params = fn.get("parameters") or {}
+
+        def member(key: str, sub: Any) -> str:
+            return g.rule(f'"{key}=" {_py_value(g, sub)}')
+
+        # llama.cpp's: any argument, then more after `,` `space`, `space` inside the
+        # parentheses (ours: the required ones once each, in any order)
+        args = any_order(g, params, member, '"," WS') if params.get("properties") else ""
+        calls.append(g.rule(f'"{fn["name"]}(" WS {args} WS ")"'.replace("  ", " ")))
     call = g.rule(" | ".join(calls))
     more = f'("," WS {call})*' if parallel else ""
-    think = f"({g.q(lfm2.THINK)} {g.text_until(lfm2.THINK_END)})?"
+    rest = g.text_until(lfm2.THINK_END)
+    think = rest if thinking_open else f"({g.q(lfm2.THINK)} {rest})?"
     return think, f'"[" {call} {more} "]" {g.q(lfm2.END)}'
 
 
-def muse_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool) -> str:
+def _muse_text(g: Lark) -> str:
+    """A Muse message's text up to and past its `<|eom|>`, then the next message's start."""
+    if g.q(muse.EOM).startswith('"'):  # markers spelled as text: up to the first <|eom|>
+        return f"{g.text_until(muse.EOM)} {g.q(muse.START)}"
+    inner = [q for q in map(g.q, muse.BODY_TOKENS) if not q.startswith('"')]  # as tokens
+    text = g.rule(f"TEXT (({' | '.join(inner)}) TEXT)*") if inner else "TEXT"
+    return f"{text} {g.q(muse.EOM)} {g.q(muse.START)}"
+
+
+def muse_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_open: bool) -> str:
     """Muse Glimmer: ` to=NAME<|message|><atem:function_calls><atem:invoke name="NAME">
     <atem:parameter name="K">V</atem:parameter>..</atem:invoke></atem:function_calls>`;
-    more calls as `<|eom|>` messages."""
+    more calls as `<|eom|>` messages. `thinking_open`: a reasoning prefill left the answer
+    inside a ` to=self` message (llama.cpp's continuation), which ends first."""
     calls = []
     for t in tools:
         fn = t["function"]
@@ -137,10 +159,11 @@ def muse_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool)
     call = g.rule(" | ".join(calls))
     nxt = f"{g.q(muse.EOM)} {g.q(muse.START)}"
     more = f"({nxt} {call})*" if parallel else ""
-    return f"{call} {more}"  # required: no reasoning message first
+    head = f"{_muse_text(g)} " if thinking_open else ""
+    return f"{head}{call} {more}"  # required: no new reasoning message first
 
 
-def muse_auto(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool) -> str:
+def muse_auto(g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_open: bool) -> str:
     """Muse Glimmer under `auto`: reasoning messages (` to=self`) and the answer (` to=user`
     or no recipient) free, a message to any other recipient one of the tools' calls
     (llama.cpp's trigger: ` to=` other than self or user), calls after the answer too."""
@@ -154,12 +177,16 @@ def muse_auto(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool)
         last = f"({g.text_until(muse.EOT)} | {g.not_containing(muse.EOM)})"
         final = f'(" to=user")? {message} ({ended} {g.q(muse.START)} {calls} | {last})'
         g.rules[int(body[1:]) - 1] = f"{body}: {calls} | {analysis} | {final}"
-        return body
-    inner = [q for q in map(g.q, muse.BODY_TOKENS) if not q.startswith('"')]  # as tokens
-    text = g.rule(f"TEXT (({' | '.join(inner)}) TEXT)*") if inner else "TEXT"
-    analysis = f'" to=self" {message} {text} {nxt} {body}'
-    final = f'(" to=user")? {message} {text} ({nxt} {calls} | {g.q(muse.EOT)})?'
-    g.rules[int(body[1:]) - 1] = f"{body}: {calls} | {analysis} | {final}"
+        unended = g.not_containing(muse.EOM)
+    else:
+        inner = [q for q in map(g.q, muse.BODY_TOKENS) if not q.startswith('"')]  # as tokens
+        text = g.rule(f"TEXT (({' | '.join(inner)}) TEXT)*") if inner else "TEXT"
+        analysis = f'" to=self" {message} {text} {nxt} {body}'
+        final = f'(" to=user")? {message} {text} ({nxt} {calls} | {g.q(muse.EOT)})?'
+        g.rules[int(body[1:]) - 1] = f"{body}: {calls} | {analysis} | {final}"
+        unended = text
+    if thinking_open:  # the open ` to=self` message ends, then the messages as above
+        return g.rule(f"{_muse_text(g)} {body} | {unended}")
     return body
 
 

@@ -1,0 +1,94 @@
+"""Dialect grammars after a reasoning prefill (a last assistant message with only
+`reasoning_content`, continued as llama.cpp continues it: the generation prompt opens the
+reasoning and writes the prefill). The answer starts inside the reasoning, so the grammar
+takes its rest and its end marker before the call, as llama.cpp's grammar (built over the
+generation prompt and the answer) does for Gemma 4, LFM2, MiniMax-M3 and Muse Glimmer.
+
+Found over HTTP on the tiny model: `tool_choice: required` with such a prefill was a 500
+("the grammar refused token") for Gemma 4, LFM2 and MiniMax-M3, whose grammars forced the
+call at once while the reasoning budget forced the end marker; Muse's forced the call's
+recipient into the reasoning message. And LFM2's calls as llama.cpp's
+`python_style_tool_calls` takes them: `space` inside the parentheses, at least one argument
+where the tool has any; ours keeps the schema's required ones, once each, in any order."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from loraserve.chat.formats.lead import opens_reasoning
+from loraserve.chat.formats.special.grammars import dialect_grammar
+from tests.unit.chat.format_util import TEMPLATES, assistant_text, grammar_accepts
+from tests.unit.chat.test_formats_parse_oracle import _format
+from tests.unit.chat.test_formats_roundtrip import TOOL, _named_token
+from tests.unit.chat.test_formats_roundtrip_all import _server_render
+
+# template -> (what closes the opened reasoning, the prompt's end after a reasoning prefill)
+OPENED = {
+    "google-gemma-4-31B-it.jinja": ("<channel|>", "<|turn>model\n<|channel>thought\nLet me"),
+    "LFM2.5-8B-A1B.jinja": ("</think>", "<|im_start|>assistant\n<think>Let me"),
+    "MiniMax-M3.jinja": ("</mm:think>", "]~b]ai\n<mm:think>Let me"),
+    "muse-glimmer.jinja": (
+        "<|eom|><|start|>assistant", "<|start|>assistant to=self<|message|>Let me",
+    ),
+}  # fmt: skip
+
+
+def _call_text(name: str, args: dict) -> str:
+    src = (TEMPLATES / name).read_text()
+    call = {"id": "abc123def", "type": "function",
+            "function": {"name": "get_time", "arguments": args}}  # fmt: skip
+    msg = {"role": "assistant", "content": "", "tool_calls": [call]}
+    text = assistant_text(src, msg, [TOOL], _server_render(src))
+    return text.removeprefix("</mm:think>")  # MiniMax-M3's turn without reasoning
+
+
+def _accepts(name: str, text: str, choice: str, thinking_open: bool) -> str | None:
+    logging.disable(logging.WARNING)
+    fmt = _format(name)
+    logging.disable(logging.NOTSET)
+    named = _named_token(fmt)
+    lark = dialect_grammar(fmt, [TOOL], choice, False, thinking_open, named)
+    assert lark is not None
+    return grammar_accepts(lark, text, tuple(t for t in fmt.preserved_tokens if named(t)))
+
+
+@pytest.mark.parametrize("name", sorted(OPENED))
+def test_the_prompt_opens_the_reasoning(name: str) -> None:
+    logging.disable(logging.WARNING)
+    fmt = _format(name)
+    logging.disable(logging.NOTSET)
+    end, prompt = OPENED[name]
+    assert opens_reasoning(fmt, "<|im_start|>user\nHi" + prompt)
+    assert not opens_reasoning(fmt, "<|im_start|>user\nHi" + prompt + " more" + end)
+
+
+@pytest.mark.parametrize("name", sorted(OPENED))
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_reasoning_rest_then_the_call(name: str, choice: str) -> None:
+    """The rest of the reasoning, its end, then the call: accepted where the prompt opened
+    the reasoning; the bare call is not (`required`: the reasoning must end first)."""
+    end, _ = OPENED[name]
+    call = _call_text(name, {"city": "Oslo", "n": 3})
+    assert _accepts(name, f" to think{end}{call}", choice, True) is None
+    if choice == "required":
+        assert _accepts(name, call, choice, True) is not None
+        assert _accepts(name, call, choice, False) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ('[get_time(city="Oslo", n=3)]', True),
+        ("[get_time(n=3, city='Oslo')]", True),  # any order, as llama.cpp's
+        ('[get_time( city="Oslo",\nn=3 )]', True),  # `space` inside the parentheses
+        ("[get_time(n=3)]", False),  # city is required
+        ("[get_time()]", False),
+        ('[get_time(city="Oslo", city="Rome", n=3)]', False),  # a required one twice
+        ('[get_time(city="Oslo", n="3")]', False),  # n is an integer
+    ],
+)
+def test_lfm2_arguments_as_the_schema(text: str, ok: bool) -> None:
+    full = f"<|tool_call_start|>{text}<|tool_call_end|>"
+    assert (_accepts("LFM2.5-8B-A1B.jinja", full, "required", False) is None) == ok
