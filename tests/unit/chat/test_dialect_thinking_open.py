@@ -92,3 +92,31 @@ def test_reasoning_rest_then_the_call(name: str, choice: str) -> None:
 def test_lfm2_arguments_as_the_schema(text: str, ok: bool) -> None:
     full = f"<|tool_call_start|>{text}<|tool_call_end|>"
     assert (_accepts("LFM2.5-8B-A1B.jinja", full, "required", False) is None) == ok
+
+
+BOUNDED = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string", "maxLength": 5}, "unit": {"enum": ["c", "f"]}}}}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "ok"),
+    [
+        ("city='Oslo', unit=\"c\"", True),
+        ("city=\"Paris\", unit='f'", True),
+        ("city='Berlin'", False),  # longer than maxLength
+        ("city='Oslo', unit='k'", False),  # not in the enum
+    ],
+)
+def test_lfm2_strings_as_the_schema_bounds_them(args: str, ok: bool) -> None:
+    """maxLength and enum hold for LFM2's quoted strings too (they were any text: a random
+    model wrote a string until the token limit)."""
+    logging.disable(logging.WARNING)
+    fmt = _format("LFM2.5-8B-A1B.jinja")
+    logging.disable(logging.NOTSET)
+    named = _named_token(fmt)
+    lark = dialect_grammar(fmt, [BOUNDED], "required", False, False, named)
+    assert lark is not None
+    text = f"<|tool_call_start|>[get_weather({args})]<|tool_call_end|>"
+    specials = tuple(t for t in fmt.preserved_tokens if named(t))
+    assert (grammar_accepts(lark, text, specials) is None) == ok

@@ -77,12 +77,26 @@ def minimax_m3_body(
     return think, f"WS {call} {more} WS {g.q(minimax_m3.END)}"
 
 
+def _py_string(schema: dict[str, Any]) -> str:
+    """A quoted Python or JSON string as the schema bounds it: one of its `enum` strings,
+    else up to `maxLength` characters (an escape counted as one), else any."""
+    enum = schema.get("enum")
+    if enum and all(isinstance(v, str) for v in enum):
+        quoted = [json.dumps(json.dumps(v, ensure_ascii=False)) for v in enum]
+        quoted += [json.dumps(f"'{v}'") for v in enum if "'" not in v and "\\" not in v]
+        return " | ".join(quoted)
+    top = schema.get("maxLength")
+    low = schema.get("minLength", 0)
+    reps = f"{{{low if isinstance(low, int) else 0},{top}}}" if isinstance(top, int) else "*"
+    return rf'/"([^"\\\n]|\\.){reps}"/ | /' + rf"'([^'\\\n]|\\.){reps}'/"
+
+
 def _py_value(g: Lark, schema: Any) -> str:
     schema = schema if isinstance(schema, dict) else {}
     kinds = types_of(schema) or {"string", "number", "boolean", "null", "array", "object"}
     options = []
     if "string" in kinds:
-        options.append(r'/"([^"\\\n]|\\.)*"/ | /' + r"'([^'\\\n]|\\.)*'/")
+        options.append(_py_string(schema))
     if "integer" in kinds:
         options.append(integer(schema))
     if "number" in kinds:

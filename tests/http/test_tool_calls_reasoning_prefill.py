@@ -1,0 +1,50 @@
+"""A reasoning prefill with tools over HTTP on the tiny model: the last assistant message
+holds only `reasoning_content`, so the prompt opens the reasoning and writes it (llama.cpp's
+continuation), and the answer continues inside it. Under `required` this was a 500 for
+Gemma 4, LFM2 and MiniMax-M3 (their grammars forced the call at once); now the budget ends
+the reasoning and a call valid for the schema follows, with the prefill leading
+`reasoning_content`. Muse Glimmer's analysis message has no budget (llama.cpp sets no
+thinking end tags for it), so the random model writes it until the token limit, and the
+call's recipient is never forced into it. LFM2-8B-A1B's template has no `<think>`, so
+llama.cpp extracts no reasoning there: the prefill and its continuation are content."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.http.test_tool_calls import USER, chat, check_calls
+from tests.server_util import serve_in_thread
+from tests.unit.chat.format_util import TEMPLATES
+
+NAMES = [
+    "google-gemma-4-31B-it.jinja", "LFM2.5-8B-A1B.jinja", "LFM2-8B-A1B.jinja",
+    "MiniMax-M3.jinja", "muse-glimmer.jinja",
+]  # fmt: skip
+PREFILL = [*USER, {"role": "assistant", "content": "", "reasoning_content": "Let me"}]
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def srv(request):
+    args = ["-np", "1", "-c", "16384", "--chat-template-file", str(TEMPLATES / request.param),
+            "--reasoning-budget", "8"]  # fmt: skip
+    with serve_in_thread(args) as s:
+        s.template_name = request.param
+        yield s
+
+
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_reasoning_prefill_continues(srv, choice: str) -> None:
+    body = {"messages": PREFILL, "tool_choice": choice, "n_predict": 512,
+            "parallel_tool_calls": False}  # fmt: skip
+    choice_ = chat(srv, **body)["choices"][0]
+    msg = choice_["message"]
+    if srv.template_name == "LFM2-8B-A1B.jinja":
+        assert msg["content"].startswith("<think>Let me") and not msg.get("reasoning_content")
+    else:
+        assert msg["reasoning_content"].startswith("Let me")
+        assert " to=" not in msg["reasoning_content"]
+    calls = check_calls(choice_)
+    if choice == "required" and srv.template_name != "muse-glimmer.jinja":
+        assert choice_["finish_reason"] == "tool_calls" and len(calls) == 1
+    if choice == "auto" or srv.template_name == "muse-glimmer.jinja":
+        assert not calls  # the random model calls nothing by itself
