@@ -185,16 +185,24 @@ def test_prefilled_trigger_constrains_the_rest_of_the_call(srv) -> None:
 
 
 def test_reasoning_formats(srv) -> None:
-    """Where the prompt opens reasoning, the budget ends it and the call follows: the
-    reasoning is `reasoning_content` by default and under deepseek, and stays in the content
-    with its end marker under none (as llama.cpp's parse cases); the calls are the same."""
+    """Where the prompt opens reasoning (the generation prompt, else a reasoning prefill:
+    the continued message's `reasoning_content`), the budget ends it and the call follows:
+    the reasoning is `reasoning_content` by default and under deepseek, and stays in the
+    content with its end marker under none (as llama.cpp's parse cases); the calls are the
+    same."""
     source = (TEMPLATES / srv.template_name).read_text()
     fmt = detect(source, render_for(source))
+    msgs = USER
     auto = forced(srv, parallel_tool_calls=False)["message"]
     if not auto.get("reasoning_content"):
-        pytest.skip("the prompt opens no reasoning block")
-    deepseek = forced(srv, parallel_tool_calls=False, reasoning_format="deepseek")["message"]
-    none = forced(srv, parallel_tool_calls=False, reasoning_format="none")["message"]
+        if not fmt.has_reasoning:
+            pytest.skip("the template has no reasoning markers")
+        msgs = [*USER, {"role": "assistant", "content": "", "reasoning_content": "Let me"}]
+        auto = forced(srv, messages=msgs, parallel_tool_calls=False)["message"]
+        assert auto["reasoning_content"].startswith("Let me")
+    body = {"messages": msgs, "parallel_tool_calls": False}
+    deepseek = forced(srv, reasoning_format="deepseek", **body)["message"]
+    none = forced(srv, reasoning_format="none", **body)["message"]
     assert deepseek == {**auto, "tool_calls": deepseek["tool_calls"]}
     calls = [[(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"]]
              for m in (auto, deepseek, none)]  # fmt: skip
