@@ -29,6 +29,7 @@ from loraserve.engine.request import Request, Submission
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.spec.config import SpecRequest
 from loraserve.engine.spec.draft_model import DraftModel, check_vocab
+from loraserve.heap import HeapTrim
 from loraserve.lora.registry import Mix
 from loraserve.model.loader import LoadedModel
 
@@ -224,6 +225,7 @@ class Engine(EngineCalls):
         return self.core.step()
 
     def _loop(self) -> None:
+        heap = HeapTrim()  # the C heaps' free pages back: on falling idle, every few s
         while not self._stop:
             try:
                 ran = self.step()
@@ -232,7 +234,10 @@ class Engine(EngineCalls):
                 for seq in self.core.scheduler.running:
                     self.core.fail(seq, f"internal error in the engine: {e}")
                 ran = True
-            if not ran:
+            if ran:
+                heap.worked()
+            else:
+                heap.idle()
                 self._inbox.wake.wait(0.05)
                 self._inbox.wake.clear()
 
