@@ -41,14 +41,27 @@ def instrument(decoder: Any, meter: Meter) -> None:
         blk.forward = meter.wrap(blk.forward, "layers (all)")
 
 
-def profile(arch: str, threads: int, tokens: int, reps: int = 2) -> list[Rows]:
-    """Per repetition: (label, seconds per decode token, calls per token), largest first."""
+def output_bytes(decoder: Any) -> int:
+    """The bytes of the output matrix (``output.weight``, or the tied embedding) as stored."""
+    from loraserve.model.projection import Projection
+
+    for mod in decoder.modules():
+        if isinstance(mod, Projection) and not mod.name.startswith("blk."):
+            if mod.name in ("output.weight", "token_embd.weight"):
+                return sum(p.data.numel() * p.data.element_size() for p in mod.parts)
+    return 0
+
+
+def profile(arch: str, threads: int, tokens: int, reps: int = 2) -> tuple[list[Rows], int]:
+    """Per repetition: (label, seconds per decode token, calls per token), largest first;
+    and the output matrix's bytes."""
     from loraserve.model.loader import load_model
 
     m = load_model(synth_model(arch, 4, None))
     meter = Meter()
     instrument(m.decoder, meter)
-    return decode_profile(m, meter, threads, tokens, n_ctx=2048, reps=reps)
+    rows = decode_profile(m, meter, threads, tokens, n_ctx=2048, reps=reps)
+    return rows, output_bytes(m.decoder)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -58,7 +71,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=16)
     args = ap.parse_args(argv)
-    print_rows(args.arch, profile(args.arch, args.threads, args.tokens))
+    reps, nbytes = profile(args.arch, args.threads, args.tokens)
+    print_rows(args.arch, reps)
+    labels = ("mm output.weight", "mm token_embd.weight")
+    for i, rows in enumerate(reps):
+        secs = next((r[1] for r in rows if r[0] in labels), 0.0)
+        if nbytes and secs > 0:
+            print(f"output matrix, repetition {i + 1}: {nbytes / 1e6:.0f} MB in "
+                  f"{secs * 1e3:.2f} ms thread CPU = {nbytes / secs / 1e9:.1f} GB/s")  # fmt: skip
 
 
 if __name__ == "__main__":
