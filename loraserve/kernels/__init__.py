@@ -61,8 +61,8 @@ _loaded = False
 
 _CI = ctypes.c_int
 _SIGNATURES = {
-    "ls_quantize_rows": ([_P, _I, _I, _I, _P, _P, _P, _P, _CI], None),
-    "ls_quantize_rows_k": ([_P, _I, _I, _I, _P, _P, _P, _P, _CI], None),
+    "ls_quantize_rows": ([_P, _I, _I, _I, _P, _P, _P, _P, _CI], _CI),
+    "ls_quantize_rows_k": ([_P, _I, _I, _I, _P, _P, _P, _P, _CI], _CI),
     "ls_qmatmul": ([_CI, _P, _I, _I, _I, _P, _P, _P, _P, _I, _P, _I, _CI], _CI),
     "ls_qmatmul_multi_f32": ([_CI, _P, _P, _P, _P, _P, _I, _P, _I, _I, _P, _I, _CI], _CI),
     "ls_repack": ([_CI, _P, _I, _I, _I, _P, _CI, _CI], _CI),

@@ -43,12 +43,18 @@ def quantize_rows(x: torch.Tensor, block: int = 32) -> QuantizedRows:
     n = torch.get_num_threads()
     b32 = torch.empty(m, k // 32, dtype=torch.int16)
     if block == 32:
-        lib.ls_quantize_rows(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), d.data_ptr(),
-                             ms.data_ptr(), b32.data_ptr(), n)  # fmt: skip
+        _ok(lib.ls_quantize_rows(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), d.data_ptr(),
+                             ms.data_ptr(), b32.data_ptr(), n), "quantize_rows")  # fmt: skip
     else:
-        lib.ls_quantize_rows_k(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), d.data_ptr(),
-                               ms.data_ptr(), b32.data_ptr(), n)  # fmt: skip
+        _ok(lib.ls_quantize_rows_k(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), d.data_ptr(),
+                               ms.data_ptr(), b32.data_ptr(), n), "quantize_rows_k")  # fmt: skip
     return QuantizedRows(q, d, ms, x, block, b32)
+
+
+def _ok(rc: int, what: str) -> None:
+    """A C entry point's refusal (-3: sizes that do not fit, issue 31) as an exception."""
+    if rc != 0:
+        raise ValueError(f"{what}: sizes that do not fit the C kernel ({rc})")
 
 
 def _quantize_torch(

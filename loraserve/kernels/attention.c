@@ -59,7 +59,7 @@ int ls_attention_ex(const float *q, int64_t ldq, const float *k_cache, int64_t l
                     const float *sinks, float *out, int64_t T, int64_t H, int64_t Hkv,
                     int64_t D, int64_t Dv, int nthreads) {
     if (H <= 0 || Hkv <= 0 || H % Hkv != 0 || D <= 0 || Dv <= 0 || T < 0 || B < 0 ||
-        seq_off[0] < 0)
+        seq_off[0] < 0 || ldq < H * D || ldk < Hkv * D || ldv < Hkv * Dv)
         return -1;
     const opts_t o = {softcap, sinks, Dv, ldk, ldv};
     int64_t max_seq = 1, max_keys = 1;

@@ -93,12 +93,20 @@ static void token_tiles(const float *src, float *dst, const float *kr, const flo
 // state M [H, S, S] is read from m_in[z] and the state after its last row written to m_out[z]
 // (m_in is never written). Snapshots: for e in snap_off[z] .. snap_off[z+1] - 1, the state
 // after its row snap_row[e] (counted from lo[z], ascending) goes to snap_dst[e] [H, S, S].
-// Returns 0, or -1 when a work buffer could not be allocated (outputs then undefined).
+// Returns 0, -1 when a work buffer could not be allocated (outputs then undefined), or -3
+// for sizes that do not fit (a span or snapshot row outside its sequence, v_ld < H S).
 int ls_gdn_recur(int64_t n_seq, const int64_t *lo, const int64_t *n, const float *const *m_in,
                  float *const *m_out, const float *q, const float *k, const float *v,
                  int64_t v_ld, const float *g, const float *beta, float scale, float *o,
                  int64_t H, int64_t S, const int64_t *snap_off, const int64_t *snap_row,
                  float *const *snap_dst, int nthreads) {
+    if (n_seq < 0 || H < 1 || S < 1 || v_ld < H * S || (n_seq > 0 && snap_off[0] < 0))
+        return -3;
+    for (int64_t z = 0; z < n_seq; z++) {  // spans and snapshot rows inside their sequence
+        if (lo[z] < 0 || n[z] < 0 || snap_off[z + 1] < snap_off[z]) return -3;
+        for (int64_t e = snap_off[z]; e < snap_off[z + 1]; e++)
+            if (snap_row[e] < 0 || snap_row[e] >= n[z]) return -3;
+    }
     int failed = 0;
     const int64_t tasks = n_seq * H, ss = S * S;
     if (tasks < 2) nthreads = 1;
@@ -171,8 +179,8 @@ int ls_gdn_recur(int64_t n_seq, const int64_t *lo, const int64_t *n, const float
     return failed ? -1 : 0;
 }
 
-void ls_gated_act(const float *g, const float *u, int64_t T, int64_t F, int64_t ld, int act,
-                  float *out, int nthreads);
+int ls_gated_act(const float *g, const float *u, int64_t T, int64_t F, int64_t ld, int act,
+                 float *out, int nthreads);
 
 // One row of one sequence through a recurrent layer's causal depthwise conv (a decode step of
 // the delta-net and Mamba-2 mixers): pre[c] = sum_j rows[j][c] * taps[j C + c], in order

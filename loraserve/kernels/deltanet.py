@@ -86,6 +86,8 @@ def gdn_recur(
         g.data_ptr(), beta.data_ptr(), scale, o.data_ptr(), h, s, _ints(off), _ints(rows),
         _ptrs([d for z in snaps for _, d in z]), torch.get_num_threads(),
     )  # fmt: skip
+    if rc == -3:
+        raise ValueError("gdn_recur: spans or snapshot rows that do not fit the C kernel")
     if rc != 0:
         raise RuntimeError("gdn_recur: out of memory for its work buffers")
 

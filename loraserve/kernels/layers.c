@@ -17,17 +17,17 @@ int ls_qmatmul_multi_f32(int nparts, const int *types, const uint8_t *const *ws,
                          const int64_t *ns, const int64_t *row_bytes, const int64_t *cols,
                          int64_t K, const float *x, int64_t ldx, int64_t M, float *y,
                          int64_t ldy, int nthreads);
-void ls_rms_norm(const float *x, int64_t T, int64_t H, int64_t K, int64_t ldt, const float *w,
-                 int64_t HW, float eps, float *y, int nthreads);
-void ls_norm_rope(const float *x, int64_t T, int64_t H, int64_t K, int64_t ldt, const float *w,
-                  int64_t HW, float eps, const float *cos, const float *sin, float *y,
-                  int nthreads);
+int ls_rms_norm(const float *x, int64_t T, int64_t H, int64_t K, int64_t ldt, const float *w,
+                int64_t HW, float eps, float *y, int nthreads);
+int ls_norm_rope(const float *x, int64_t T, int64_t H, int64_t K, int64_t ldt, const float *w,
+                 int64_t HW, float eps, const float *cos, const float *sin, float *y,
+                 int nthreads);
 int ls_attention(const float *q, int64_t ldq, const float *k_cache, const float *v_cache,
                  int64_t S, const int64_t *slots, const int64_t *seq_off, int64_t B,
                  const int32_t *row_seq, const int32_t *row_nkeys, int32_t window, float scale,
                  float *out, int64_t T, int64_t H, int64_t Hkv, int64_t D, int nthreads);
-void ls_gated_act(const float *g, const float *u, int64_t T, int64_t F, int64_t ld, int act,
-                  float *out, int nthreads);
+int ls_gated_act(const float *g, const float *u, int64_t T, int64_t F, int64_t ld, int act,
+                 float *out, int nthreads);
 int ls_lora(int n_ad, const float *const *as, const float *const *bs, const float *const *bts,
             const int64_t *ranks, const float *s, const float *x, int64_t ldx, int64_t T,
             int64_t K, float *y, int64_t ldy, int64_t N, int nthreads);

@@ -69,8 +69,9 @@ static piece_t scan_piece(const float *x, int64_t lo, int64_t hi) {
 // For R rows of V values (row stride ld): bad[r] = 1 where row r holds an inf or NaN, else
 // 0; arg[r] = the index of its first maximum (meaningful for finite rows only). A row is
 // split into one piece per thread when there are fewer rows than threads.
-void ls_scan_rows(const float *x, int64_t R, int64_t V, int64_t ld, uint8_t *bad, int64_t *arg,
-                  int nthreads) {
+int ls_scan_rows(const float *x, int64_t R, int64_t V, int64_t ld, uint8_t *bad, int64_t *arg,
+                 int nthreads) {
+    if (R < 0 || V < 1 || (R > 1 && ld < V)) return -3;
     if (R * V < (1 << 15)) nthreads = 1;
     const int64_t P = R < nthreads ? nthreads : 1;
     piece_t *ps = __builtin_alloca(sizeof(piece_t) * (size_t)(P > 1 ? P : 1));
@@ -90,7 +91,7 @@ void ls_scan_rows(const float *x, int64_t R, int64_t V, int64_t ld, uint8_t *bad
             bad[r] = (uint8_t)best.bad;
             arg[r] = best.arg;
         }
-        return;
+        return 0;
     }
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t r = 0; r < R; r++) {
@@ -98,4 +99,5 @@ void ls_scan_rows(const float *x, int64_t R, int64_t V, int64_t ld, uint8_t *bad
         bad[r] = (uint8_t)p.bad;
         arg[r] = p.arg;
     }
+    return 0;
 }

@@ -22,8 +22,8 @@
 #include <omp.h>
 #include <string.h>
 
-void ls_gated_act(const float *g, const float *u, int64_t T, int64_t F, int64_t ld, int act,
-                  float *out, int nthreads);
+int ls_gated_act(const float *g, const float *u, int64_t T, int64_t F, int64_t ld, int act,
+                 float *out, int nthreads);
 
 // One expert projection: up to 8 stacked matrices side by side on the output columns
 // (gate|up); part i of expert e at ws[i * E + e], every expert of a part of one type and size.
@@ -40,6 +40,7 @@ typedef struct {
 // inv [P] each pair's sorted position. Returns 0, or -3 for an expert id outside 0..E-1.
 int ls_moe_route(int64_t T, int64_t k, int64_t E, const int64_t *experts, int64_t *off,
                  int64_t *pair, int64_t *inv) {
+    if (T < 0 || k < 0 || E < 1) return -3;
     const int64_t P = T * k;
     for (int64_t e = 0; e <= E; e++) off[e] = 0;
     for (int64_t p = 0; p < P; p++) {
@@ -159,7 +160,9 @@ int ls_moe_ffn(const ls_moe_proj_t *gate_up, const ls_moe_proj_t *down, int64_t 
                const float *w, int before, const float *gb, const float *ub, const float *db,
                int act, float *out, int nthreads) {
     const int64_t P = T * k;
-    if (H % 32 != 0 || F % 32 != 0 || gate_up->n_out != 2 * F || down->n_out != H) return -3;
+    if (T < 0 || k < 0 || E < 1 || H < 1 || F < 1 || H % 32 != 0 || F % 32 != 0 ||
+        gate_up->n_out != 2 * F || down->n_out != H)
+        return -3;
     if (P == 0) return 0;
     // the routing, the groups and the pending rows' plan (small: 9 P + 2 T + 3 (E + 1) values)
     int64_t *idx = malloc(sizeof(int64_t) * (size_t)(9 * P + 2 * T + 3 * (E + 1)));

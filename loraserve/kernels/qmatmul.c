@@ -14,10 +14,10 @@
 #include "qparts.h"
 
 // the activation quantizers of quantize.c
-void ls_quantize_rows(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *q, float *d,
-                      float *ms, int16_t *bs, int nthreads);
-void ls_quantize_rows_k(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *q, float *d,
-                        int16_t *bs16, int16_t *bs32, int nthreads);
+int ls_quantize_rows(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *q, float *d,
+                     float *ms, int16_t *bs, int nthreads);
+int ls_quantize_rows_k(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *q, float *d,
+                       int16_t *bs16, int16_t *bs32, int nthreads);
 
 // Decode rows (M < 4) of a legacy-type matrix read 4 weight rows per activation row
 // (part_cols4: four independent chains of multiply-adds), except a single row in a matrix

@@ -92,8 +92,9 @@ static float quantize_block(const float *xb, int n, int8_t *q, int *sums, int k)
 // Legacy-type activations: x [M, K] (row stride ldx) -> q [M, K] int8, d [M, K/32] scales
 // (llama.cpp's Q8_0), ms [M, K/16] = d * sum(q) over each 16, bs [M, K/32] the sums of q
 // over each 32 (what packed Q5_0 / Q4_0 read; bs may be NULL).
-void ls_quantize_rows(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *q, float *d,
-                      float *ms, int16_t *bs, int nthreads) {
+int ls_quantize_rows(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *q, float *d,
+                     float *ms, int16_t *bs, int nthreads) {
+    if (M < 0 || K < 0 || (M > 1 && ldx < K)) return -3;
     if (M * K < (1 << 16)) nthreads = 1;  // a few rows: waking a thread costs more
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t m = 0; m < M; m++)
@@ -105,12 +106,14 @@ void ls_quantize_rows(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t 
             ms[m * (K / 16) + 2 * b + 1] = dd * (float)sums[1];
             if (bs != NULL) bs[m * (K / 32) + b] = (int16_t)(sums[0] + sums[1]);
         }
+    return 0;
 }
 
 // K-quant activations: x [M, K] -> q [M, K] int8, d [M, K/256], bs16 [M, K/16] and bs32
 // [M, K/32] (the sums of q per 16 / 32), as kquant.h describes.
-void ls_quantize_rows_k(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *q, float *d,
-                        int16_t *bs16, int16_t *bs32, int nthreads) {
+int ls_quantize_rows_k(const float *x, int64_t M, int64_t K, int64_t ldx, int8_t *q, float *d,
+                       int16_t *bs16, int16_t *bs32, int nthreads) {
+    if (M < 0 || K < 0 || (M > 1 && ldx < K)) return -3;
     if (M * K < (1 << 16)) nthreads = 1;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t m = 0; m < M; m++)
@@ -122,5 +125,6 @@ void ls_quantize_rows_k(const float *x, int64_t M, int64_t K, int64_t ldx, int8_
             for (int j = 0; j < 16; j++) b16[j] = (int16_t)sums[j];
             for (int j = 0; j < 8; j++) b32[j] = (int16_t)(sums[2 * j] + sums[2 * j + 1]);
         }
+    return 0;
 }
 

@@ -26,8 +26,9 @@ static inline float sum_squares(const float *x, int64_t K) {
 
 // y[t, h] = x[t, h] / sqrt(mean(x[t, h]^2) + eps) * w[h % HW] for T tokens of H rows of K
 // values: x[t, h, k] at x + t * ldt + h * K, y contiguous [T, H, K]; w: HW rows of K.
-void ls_rms_norm(const float *x, int64_t T, int64_t H, int64_t K, int64_t ldt, const float *w,
-                 int64_t HW, float eps, float *y, int nthreads) {
+int ls_rms_norm(const float *x, int64_t T, int64_t H, int64_t K, int64_t ldt, const float *w,
+                int64_t HW, float eps, float *y, int nthreads) {
+    if (T < 0 || H < 1 || K < 1 || HW < 1 || (T > 1 && ldt < H * K)) return -3;
     if (T * H * K < (1 << 16)) nthreads = 1;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t r = 0; r < T * H; r++) {
@@ -37,6 +38,7 @@ void ls_rms_norm(const float *x, int64_t T, int64_t H, int64_t K, int64_t ldt, c
         const float inv = 1.0f / sqrtf(sum_squares(xr, K) / (float)K + eps);
         for (int64_t k = 0; k < K; k++) yr[k] = (xr[k] * inv) * wr[k];
     }
+    return 0;
 }
 
 // sum of x[k] (or of (x[k] - m)^2 when sq) in one fixed order: 8-lane partial sums, their
@@ -63,8 +65,9 @@ static inline float row_sum(const float *x, int64_t K, float m, int sq) {
 // LayerNorm (cohere2, and every "norm" of llama.cpp's LLM_NORM): y[t] = (x[t] - mean) /
 // sqrt(var + eps) * w (+ b), mean and (biased) variance over the row's K values. x rows at
 // stride ldt, y contiguous [T, K]; b may be NULL.
-void ls_layer_norm(const float *x, int64_t T, int64_t K, int64_t ldt, const float *w,
-                   const float *b, float eps, float *y, int nthreads) {
+int ls_layer_norm(const float *x, int64_t T, int64_t K, int64_t ldt, const float *w,
+                  const float *b, float eps, float *y, int nthreads) {
+    if (T < 0 || K < 1 || (T > 1 && ldt < K)) return -3;
     if (T * K < (1 << 16)) nthreads = 1;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t t = 0; t < T; t++) {
@@ -77,15 +80,17 @@ void ls_layer_norm(const float *x, int64_t T, int64_t K, int64_t ldt, const floa
             yr[k] = b != NULL ? v + b[k] : v;
         }
     }
+    return 0;
 }
 
 // Rotary embedding (halves rotated, as Hugging Face layouts expect), after an optional
 // per-head RMSNorm: y[t, h] = rope(norm(x[t, h]) or x[t, h]) with cos/sin [T, K/2] of the
 // token's position. x[t, h, k] at x + t * ldt + h * K; y contiguous [T, H, K]; w (HW rows
 // of K) may be NULL for no norm.
-void ls_norm_rope(const float *x, int64_t T, int64_t H, int64_t K, int64_t ldt, const float *w,
-                  int64_t HW, float eps, const float *cos, const float *sin, float *y,
-                  int nthreads) {
+int ls_norm_rope(const float *x, int64_t T, int64_t H, int64_t K, int64_t ldt, const float *w,
+                 int64_t HW, float eps, const float *cos, const float *sin, float *y,
+                 int nthreads) {
+    if (T < 0 || H < 1 || K < 2 || K % 2 != 0 || HW < 1 || (T > 1 && ldt < H * K)) return -3;
     const int64_t half = K / 2;
     if (T * H * K < (1 << 16)) nthreads = 1;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
@@ -109,6 +114,7 @@ void ls_norm_rope(const float *x, int64_t T, int64_t H, int64_t K, int64_t ldt, 
             yr[k + half] = b * c[k] + a * s[k];
         }
     }
+    return 0;
 }
 
 // act(x) for 8 lanes: 0 = SiLU x / (1 + exp(-x)); 1 = GELU (tanh form)
@@ -167,8 +173,9 @@ static inline float gated1(float x, float u, int act) {
 // out[t, f] = act(g[t * ld + f]) * up(u[t * ld + f]) for T rows of F (the gate and up halves
 // of a fused projection's output, row stride ld); out contiguous [T, F]. act: 0 SiLU, 1
 // GELU-tanh, 2 swiglu_oai (whose up factor is clamp(u, -7, 7) + 1; u itself otherwise).
-void ls_gated_act(const float *g, const float *u, int64_t T, int64_t F, int64_t ld, int act,
-                  float *out, int nthreads) {
+int ls_gated_act(const float *g, const float *u, int64_t T, int64_t F, int64_t ld, int act,
+                 float *out, int nthreads) {
+    if (T < 0 || F < 0 || (T > 1 && ld < F)) return -3;
     if (T * F < (1 << 16)) nthreads = 1;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t t = 0; t < T; t++) {
@@ -182,11 +189,13 @@ void ls_gated_act(const float *g, const float *u, int64_t T, int64_t F, int64_t 
 #endif
         for (; f < F; f++) o[f] = gated1(gr[f], ur[f], act);
     }
+    return 0;
 }
 
 // Logit soft-capping in place: x[r * ld + v] = cap * tanh(x / cap) for R rows of V values
 // (gemma2's final logits). Each value by tanh8's formula, wherever it lies.
-void ls_softcap(float *x, int64_t R, int64_t V, int64_t ld, float cap, int nthreads) {
+int ls_softcap(float *x, int64_t R, int64_t V, int64_t ld, float cap, int nthreads) {
+    if (R < 0 || V < 0 || (R > 1 && ld < V)) return -3;
     const float inv = 1.0f / cap;
     if (R * V < (1 << 15)) nthreads = 1;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
@@ -202,4 +211,5 @@ void ls_softcap(float *x, int64_t R, int64_t V, int64_t ld, float cap, int nthre
 #endif
         for (; v < V; v++) xr[v] = cap * tanh1(xr[v] * inv);
     }
+    return 0;
 }

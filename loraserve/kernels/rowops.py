@@ -17,13 +17,21 @@ _loaded = False
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
-    "ls_rms_norm": ([_P, _I, _I, _I, _I, _P, _I, _F, _P, ctypes.c_int], None),
-    "ls_norm_rope": ([_P, _I, _I, _I, _I, _P, _I, _F, _P, _P, _P, ctypes.c_int], None),
-    "ls_gated_act": ([_P, _P, _I, _I, _I, ctypes.c_int, _P, ctypes.c_int], None),
-    "ls_scan_rows": ([_P, _I, _I, _I, _P, _P, ctypes.c_int], None),
-    "ls_softcap": ([_P, _I, _I, _I, _F, ctypes.c_int], None),
-    "ls_layer_norm": ([_P, _I, _I, _I, _P, _P, _F, _P, ctypes.c_int], None),
+    "ls_rms_norm": ([_P, _I, _I, _I, _I, _P, _I, _F, _P, ctypes.c_int], ctypes.c_int),
+    "ls_norm_rope": ([_P, _I, _I, _I, _I, _P, _I, _F, _P, _P, _P, ctypes.c_int], ctypes.c_int),
+    "ls_gated_act": ([_P, _P, _I, _I, _I, ctypes.c_int, _P, ctypes.c_int], ctypes.c_int),
+    "ls_scan_rows": ([_P, _I, _I, _I, _P, _P, ctypes.c_int], ctypes.c_int),
+    "ls_softcap": ([_P, _I, _I, _I, _F, ctypes.c_int], ctypes.c_int),
+    "ls_layer_norm": ([_P, _I, _I, _I, _P, _P, _F, _P, ctypes.c_int], ctypes.c_int),
 }
+
+
+def _ok(rc: int, what: str) -> None:
+    """A C entry point's refusal (-3: sizes that do not fit, issue 31) as an exception."""
+    if rc != 0:
+        raise ValueError(f"{what}: sizes that do not fit the C kernel ({rc})")
+
+
 ACTS = {"silu": 0, "gelu_tanh": 1, "swiglu_oai": 2}  # the C kernel's activation codes
 OAI_ALPHA, OAI_LIMIT = 1.702, 7.0  # swiglu_oai's constants (llama.cpp hard-codes them too)
 
@@ -48,33 +56,39 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if lib is not None and x.dtype == torch.float32 and x.stride(-1) == 1:
         if x.dim() == 2:
             y = torch.empty_like(x, memory_format=torch.contiguous_format)
-            lib.ls_rms_norm(
-                x.data_ptr(),
-                x.shape[0],
-                1,
-                x.shape[1],
-                x.stride(0),
-                weight.data_ptr(),
-                1,
-                eps,
-                y.data_ptr(),
-                torch.get_num_threads(),
+            _ok(
+                lib.ls_rms_norm(
+                    x.data_ptr(),
+                    x.shape[0],
+                    1,
+                    x.shape[1],
+                    x.stride(0),
+                    weight.data_ptr(),
+                    1,
+                    eps,
+                    y.data_ptr(),
+                    torch.get_num_threads(),
+                ),
+                "rms_norm",
             )
             return y
         if x.dim() == 3 and x.stride(1) == x.shape[2]:
             y = torch.empty_like(x, memory_format=torch.contiguous_format)
             hw = 1 if weight.dim() == 1 else weight.shape[0]
-            lib.ls_rms_norm(
-                x.data_ptr(),
-                x.shape[0],
-                x.shape[1],
-                x.shape[2],
-                x.stride(0),
-                weight.data_ptr(),
-                hw,
-                eps,
-                y.data_ptr(),
-                torch.get_num_threads(),
+            _ok(
+                lib.ls_rms_norm(
+                    x.data_ptr(),
+                    x.shape[0],
+                    x.shape[1],
+                    x.shape[2],
+                    x.stride(0),
+                    weight.data_ptr(),
+                    hw,
+                    eps,
+                    y.data_ptr(),
+                    torch.get_num_threads(),
+                ),
+                "rms_norm",
             )
             return y
     xf = x.float()
@@ -93,8 +107,10 @@ def layer_norm(
     if lib is not None and x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1:
         y = torch.empty(x.shape, dtype=torch.float32)
         bp = None if bias is None else bias.data_ptr()
-        lib.ls_layer_norm(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), weight.data_ptr(),
-                          bp, eps, y.data_ptr(), torch.get_num_threads())  # fmt: skip
+        rc = lib.ls_layer_norm(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0),
+                               weight.data_ptr(), bp, eps, y.data_ptr(),
+                               torch.get_num_threads())  # fmt: skip
+        _ok(rc, "layer_norm")
         return y
     xf = x.float()
     mean = xf.mean(-1, keepdim=True)
@@ -124,8 +140,10 @@ def norm_rope(
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     hw = 0 if weight is None else (1 if weight.dim() == 1 else weight.shape[0])
     wp = None if weight is None else weight.data_ptr()
-    lib.ls_norm_rope(x.data_ptr(), t, h, d, x.stride(0), wp, max(hw, 1), eps, cos.data_ptr(),
-                     sin.data_ptr(), y.data_ptr(), torch.get_num_threads())  # fmt: skip
+    rc = lib.ls_norm_rope(x.data_ptr(), t, h, d, x.stride(0), wp, max(hw, 1), eps,
+                          cos.data_ptr(), sin.data_ptr(), y.data_ptr(),
+                          torch.get_num_threads())  # fmt: skip
+    _ok(rc, "norm_rope")
     return y
 
 
@@ -147,8 +165,8 @@ def gated_act(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
         and gate.stride(0) == up.stride(0)
     ):
         out = torch.empty(t, f)
-        lib.ls_gated_act(gate.data_ptr(), up.data_ptr(), t, f, gate.stride(0), ACTS[act],
-                         out.data_ptr(), torch.get_num_threads())  # fmt: skip
+        _ok(lib.ls_gated_act(gate.data_ptr(), up.data_ptr(), t, f, gate.stride(0), ACTS[act],
+                         out.data_ptr(), torch.get_num_threads()), "gated_act")  # fmt: skip
         return out
     if act == "silu":
         return F.silu(gate) * up
@@ -164,8 +182,8 @@ def softcap_(x: torch.Tensor, cap: float) -> torch.Tensor:
     fallback is elementwise torch."""
     lib = _c()
     if lib is not None and x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1:
-        lib.ls_softcap(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), float(cap),
-                       torch.get_num_threads())  # fmt: skip
+        _ok(lib.ls_softcap(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), float(cap),
+                       torch.get_num_threads()), "softcap")  # fmt: skip
         return x
     return x.copy_(torch.tanh(x * (1.0 / cap)) * cap)
 
@@ -180,6 +198,6 @@ def scan_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return ~torch.isfinite(x).all(dim=1), x.argmax(dim=1)
     bad = torch.empty(rows, dtype=torch.uint8)
     top = torch.empty(rows, dtype=torch.int64)
-    lib.ls_scan_rows(x.data_ptr(), rows, vocab, x.stride(0), bad.data_ptr(), top.data_ptr(),
-                     torch.get_num_threads())  # fmt: skip
+    _ok(lib.ls_scan_rows(x.data_ptr(), rows, vocab, x.stride(0), bad.data_ptr(), top.data_ptr(),
+                     torch.get_num_threads()), "scan_rows")  # fmt: skip
     return bad.bool(), top
