@@ -6,7 +6,10 @@ the reasoning and a call valid for the schema follows, with the prefill leading
 `reasoning_content`. Muse Glimmer's analysis message has no budget (llama.cpp sets no
 thinking end tags for it), so the random model writes it until the token limit, and the
 call's recipient is never forced into it. LFM2-8B-A1B's template has no `<think>`, so
-llama.cpp extracts no reasoning there: the prefill and its continuation are content."""
+llama.cpp extracts no reasoning there: the prefill and its continuation are content.
+Command R7B (whose analysed assistant marker, `<|START_RESPONSE|>`, is not in the prompt)
+and SmolLM3 (no tool format: the forced call is bare JSON) lost the prefill from
+`reasoning_content`."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from tests.unit.chat.format_util import TEMPLATES
 NAMES = [
     "google-gemma-4-31B-it.jinja", "LFM2.5-8B-A1B.jinja", "LFM2-8B-A1B.jinja",
     "MiniMax-M3.jinja", "muse-glimmer.jinja",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "HuggingFaceTB-SmolLM3-3B.jinja",
 ]  # fmt: skip
 PREFILL = [*USER, {"role": "assistant", "content": "", "reasoning_content": "Let me"}]
 

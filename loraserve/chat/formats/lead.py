@@ -19,11 +19,17 @@ def turn_lead(fmt: ChatFormat, prompt: str, continued: str = "") -> str:
     closed empty reasoning block (llama.cpp's literal prefix consumes it), leading
     whitespace dropped; "" when a user turn follows the last marker. `continued`: the text
     of a continued assistant message, the lead when the format knows no assistant marker
-    and the prompt ends with it."""
+    and the prompt ends with it; else, with no marker found, the reasoning the prompt left
+    open (llama.cpp's continuation of a reasoning prefill: reasoning start + prefill)."""
     start = fmt.assistant_start
     at = _turn_at(fmt, prompt)
     if at < 0:
-        return continued if continued and prompt.endswith(continued) else ""
+        if continued and prompt.endswith(continued):
+            return continued
+        r_start = fmt.reasoning_start.strip()
+        if r_start and opens_reasoning(fmt, prompt):  # no marker to find the turn by: the
+            return prompt[prompt.rfind(r_start) :]  # reasoning it opened (and its prefill)
+        return ""
     turn = prompt[at:]
     r_start, r_end = fmt.reasoning_start.strip(), fmt.reasoning_end.strip()
     opens = turn.find(r_start) if r_start else -1

@@ -17,7 +17,7 @@ import logging
 
 import pytest
 
-from loraserve.chat.formats.lead import opens_reasoning
+from loraserve.chat.formats.lead import opens_reasoning, turn_lead
 from loraserve.chat.formats.special.grammars import dialect_grammar
 from tests.unit.chat.format_util import TEMPLATES, assistant_text, grammar_accepts
 from tests.unit.chat.test_formats_parse_oracle import _format
@@ -120,3 +120,24 @@ def test_lfm2_strings_as_the_schema_bounds_them(args: str, ok: bool) -> None:
     text = f"<|tool_call_start|>[get_weather({args})]<|tool_call_end|>"
     specials = tuple(t for t in fmt.preserved_tokens if named(t))
     assert (grammar_accepts(lark, text, specials) is None) == ok
+
+
+@pytest.mark.parametrize(
+    ("name", "prompt", "lead"),
+    [
+        ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",  # assistant marker:
+         "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|>Let me",  # <|START_RESPONSE|>
+         "<|START_THINKING|>Let me"),
+        ("Qwen-Qwen3-0.6B.jinja", "<|im_start|>assistant\n<think>\nLet me", "<think>\nLet me"),
+    ],
+)  # fmt: skip
+def test_a_reasoning_prefill_leads_the_answer(name: str, prompt: str, lead: str) -> None:
+    """The reasoning prefill is the answer's start (llama.cpp parses its generation prompt,
+    reasoning start + prefill, with the answer), also where the analysed assistant marker is
+    not in the prompt (Command R7B's is `<|START_RESPONSE|>`; was "": the prefill was lost)."""
+    logging.disable(logging.WARNING)
+    fmt = _format(name)
+    logging.disable(logging.NOTSET)
+    full = "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi<|END_OF_TURN_TOKEN|>" + prompt
+    assert turn_lead(fmt, full) == lead
+    assert opens_reasoning(fmt, full)
