@@ -106,13 +106,23 @@ class HostApp:
 
             torch.set_num_threads(cfg.n_threads)
         await io_thread(assemble_default, cfg)
-        await io_thread(check_files, cfg)
         key = (str(cfg.model), cfg.dtype)
-        if key not in self.models:
+        if key in self.models:
+            await io_thread(check_files, cfg)
+        else:
+            # the files' header checks alongside the weights' load (on the cold path, the
+            # checks' Python parsing overlaps the load's packing, which releases the GIL);
+            # a refusal still wins: the load's result is then dropped
             from loraserve.model.loader import load_model
 
             dtype = "float32" if cfg.dtype == "float32" else "native"
-            model = await io_thread(load_model, Path(str(cfg.model)), dtype)
+            load = asyncio.ensure_future(io_thread(load_model, Path(str(cfg.model)), dtype))
+            try:
+                await io_thread(check_files, cfg)
+            except BaseException:
+                await asyncio.gather(load, return_exceptions=True)
+                raise
+            model = await load
             if key not in self.models:  # else loaded meanwhile by another engine: that one
                 self.models[key] = (model, 0)
         model, n = self.models[key]
@@ -174,6 +184,9 @@ def main(argv: list[str]) -> None:
     from loraserve.server.app import HTTP_IMPL
 
     logsink.install()
+    from loraserve.cbuild import library
+
+    library()  # the kernels loaded (and their hash checked) before the first model
     sock_path = argv[0]
     config = uvicorn.Config(
         HostApp(), uds=sock_path, http=HTTP_IMPL, log_level="warning", log_config=None
