@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import multiprocessing as mp
 import os
 import socket
@@ -50,13 +51,21 @@ from tests.server_util import (
 )
 
 
+def stats(xs: list[float]) -> dict[str, float]:
+    """p50/p99/max of `xs` (seconds) in ms, and their count."""
+    if not xs:
+        return {"n": 0}
+    s = sorted(xs)
+    q = lambda p: round(s[int(p * (len(s) - 1))] * 1000, 1)  # noqa: E731
+    return {"p50_ms": q(0.5), "p99_ms": q(0.99), "max_ms": round(s[-1] * 1000, 1), "n": len(s)}
+
+
 def pct(xs: list[float]) -> str:
     """p50/p99/max of `xs` (seconds) in ms."""
     if not xs:
         return "-"
-    s = sorted(xs)
-    q = lambda p: s[int(p * (len(s) - 1))] * 1000  # noqa: E731
-    return f"p50 {q(0.5):.0f} p99 {q(0.99):.0f} max {s[-1] * 1000:.0f} (n={len(s)})"
+    st = stats(xs)
+    return f"p50 {st['p50_ms']:.0f} p99 {st['p99_ms']:.0f} max {st['max_ms']:.0f} (n={st['n']})"
 
 
 def raw_probe(port: int, stop: mp.synchronize.Event, out: mp.Queue) -> None:  # type: ignore[name-defined]
@@ -125,7 +134,7 @@ def slow_process(args: list[str], slow_ms: float) -> tuple[subprocess.Popen, str
     raise RuntimeError("server did not become healthy")
 
 
-def one_round(url: str, app: object | None) -> str:
+def one_round(url: str, app: object | None, record: list[dict] | None = None) -> str:
     port = int(url.rsplit(":", 1)[1])
     stop, out = mp.Event(), mp.Queue()
     probe = mp.Process(target=raw_probe, args=(port, stop, out), daemon=True)
@@ -146,6 +155,13 @@ def one_round(url: str, app: object | None) -> str:
         loop.call_soon_threadsafe(lag_stop.set)
         lag_task.result(5)
     bad = {c: n for c, n in codes.items() if c >= 500}
+    if record is not None:
+        row = {"storm_s": round(took, 2), "codes": {str(c): n for c, n in codes.items()}}
+        row.update(inloop=stats(inloop), probe=stats(probe_lat), good=len(good))
+        row["good_200"] = sum(1 for g in good if g[0] == 200)
+        if app is not None:
+            row["lag"] = stats(lag)
+        record.append(row)
     return (
         f"storm {took:.1f}s 5xx={bad or 0}\n  inloop {pct(inloop)}\n  probe  {pct(probe_lat)}"
         + (f"\n  lag    {pct(lag)}" if app is not None else "")
@@ -164,10 +180,32 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--url", help="a server already running with the test's flags")
     ap.add_argument("--slow-ms", type=float, help="process: log loop callbacks over this")
+    ap.add_argument("--json", action="store_true", help="write bench/results/hostile_health_*")
     a = ap.parse_args()
+    rounds: list[dict] = []
+    try:
+        _run(a, rounds)
+    finally:
+        if a.json and rounds:
+            write_json(a, rounds)
+
+
+def write_json(a: argparse.Namespace, rounds: list[dict]) -> None:
+    """The rounds, and over all of them the probe's p99 and the 5xx count."""
+    out_dir = Path(__file__).resolve().parent / "results"
+    path = out_dir / f"hostile_health_{time.strftime('%Y-%m-%d_%H%M%S')}.json"
+    p99 = [r["probe"].get("p99_ms", 0.0) for r in rounds]
+    n5xx = sum(n for r in rounds for c, n in r["codes"].items() if int(c) >= 500)
+    summary = {"rounds": len(rounds), "probe_p99_ms_max": max(p99), "5xx": n5xx}
+    body = {"server": a.server, "summary": summary, "rounds": rounds}
+    path.write_text(json.dumps(body, indent=1) + "\n")
+    print(f"wrote {path}: {summary}", flush=True)
+
+
+def _run(a: argparse.Namespace, rounds: list[dict]) -> None:
     if a.url:
         for i in range(a.rounds):
-            print(f"[{a.url} round {i}] {one_round(a.url, None)}", flush=True)
+            print(f"[{a.url} round {i}] {one_round(a.url, None, rounds)}", flush=True)
         return
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -187,7 +225,7 @@ def main() -> None:
             stack.callback(proc.terminate)
             app = None
         for i in range(a.rounds):
-            print(f"[{a.server} round {i}] {one_round(url, app)}", flush=True)
+            print(f"[{a.server} round {i}] {one_round(url, app, rounds)}", flush=True)
 
 
 if __name__ == "__main__":
