@@ -35,8 +35,19 @@ OUT = Path(__file__).resolve().parent.parent / "tests/data/requant_greedy.json"
 # files whose every K-width matrix takes the named types (on this model's n_embd of 640 only
 # attn_output and ffn_down have rows of whole 256-blocks, and the IQ2_S / IQ3_XXS ftypes pick
 # IQ2_XS and IQ3_S/Q3_K for those): ftype and llama-quantize's extra arguments
+# (the last three: types that no ftype writes into this model's 256-wide rows -- its Q2_K
+# ftype picks Q3_K for them -- forced, so that every kernel type runs on real weights; the
+# ternary ones on three layers' tensors each: the model is not ternary, and with them in
+# every layer its logits were chaotic, our exact float32 reference itself no nearer to
+# llama-server's tokens than our kernels)
 FORCED = {"IQ2_S+IQ3_XXS": ("IQ2_S", ["--tensor-type", "ffn_down=iq2_s",
-                                      "--tensor-type", "attn_output=iq3_xxs"])}  # fmt: skip
+                                      "--tensor-type", "attn_output=iq3_xxs"]),
+          "IQ2_XXS+Q2_K": ("Q2_K", ["--tensor-type", "ffn_down=iq2_xxs",
+                                    "--tensor-type", "attn_output=q2_k"]),
+          "IQ1_S+IQ1_M": ("IQ1_M", ["--tensor-type", "ffn_down=iq1_s",
+                                    "--tensor-type", "attn_output=iq1_m"]),
+          "TQ1_0+TQ2_0": ("Q4_K_M", ["--tensor-type", r"blk\.(3|9|15)\.ffn_down=tq1_0",
+                                     "--tensor-type", r"blk\.(4|10|16)\.attn_output=tq2_0"])}  # fmt: skip
 SOURCE = "Q4_K_M"  # the real model's own type: recorded as the baseline, not requantized
 TYPES = [SOURCE, "Q4_0", "Q5_1", "Q2_K", "Q3_K_M", "Q5_K_M",
          "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", *FORCED]  # fmt: skip
@@ -70,6 +81,13 @@ def imatrix(model: Path, quantize: Path) -> Path:
     return out
 
 
+def needs_imatrix(qtype: str) -> bool:
+    """Whether the file's ftype or a type forced on some tensors needs an importance matrix."""
+    ftype, extra = FORCED.get(qtype, (qtype, []))
+    forced = [a.split("=")[1].upper() for a in extra[1::2]]
+    return any(t in NEEDS_IMATRIX for t in [ftype, *forced])
+
+
 def requantize(model: Path, qtype: str, quantize: Path) -> Path:
     if qtype == SOURCE:
         return model  # the baseline: the source file itself
@@ -78,7 +96,7 @@ def requantize(model: Path, qtype: str, quantize: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         ftype, extra = FORCED.get(qtype, (qtype, []))
         cmd = [str(quantize), "--allow-requantize", *extra]
-        if ftype in NEEDS_IMATRIX:
+        if needs_imatrix(qtype):
             cmd += ["--imatrix", str(imatrix(model, quantize))]
         cmd += [str(model), str(path), ftype, "1"]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -137,7 +155,7 @@ def main() -> None:
         digest, types = tensor_digest(path)
         print(f"{qtype}: {path}")
         data["files"][qtype] = {"tensors_sha256": digest, "types": types,
-                                "imatrix": FORCED.get(qtype, (qtype,))[0] in NEEDS_IMATRIX,
+                                "imatrix": needs_imatrix(qtype),
                                 "records": record(peer, path, args.port)}  # fmt: skip
         OUT.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {OUT}")
