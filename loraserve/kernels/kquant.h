@@ -150,7 +150,9 @@ static inline __attribute__((always_inline)) void kdot(
             } else if (type == T_TQ2_0) {  // in place: one d, every scale 1
                 sc16 = _mm256_set1_epi16(1);
                 d = half_to_float(blk + 64);
-            } else if (type == T_IQ4_XS || K_GRID(type)) {  // in place: scales from the block
+            } else if (K_GRID(type)) {  // in place: scales from the block
+                sc16 = iq_scales16(type, blk, &d);
+            } else if (type == T_IQ4_XS) {  // in place: its scales from the block
                 int16_t t16[16];
                 d = nl_k_scales(type, blk, t16);
                 sc16 = _mm256_loadu_si256((const __m256i *)t16);

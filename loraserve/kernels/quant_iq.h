@@ -172,6 +172,49 @@ static inline uint32_t iq_ksigns4(uint32_t s) {
            (uint32_t)KSIGNS_IQ2XS[(s >> 14) & 127] << 16 | (uint32_t)KSIGNS_IQ2XS[(s >> 21) & 127] << 24;
 }
 
+// The 16 integer scales iq_k_scales writes (as int16, sub-block order) and in *d its float
+// scale, in a few vector operations (IQ1_M: its scalar loop)
+static inline __m256i iq_scales16(int type, const uint8_t *x, float *d) {
+    const __m256i one = _mm256_set1_epi32(1);
+    __m256i v;  // 8 int32 field values, one per 32-value sub-block, each scale 2 v + 1
+    switch (type) {
+    case T_IQ2_XXS: {  // the top nibbles of the second word of each 8-byte group
+        const __m256 lo = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(x + 2)));
+        const __m256 hi = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(x + 34)));
+        v = _mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(lo, hi, 0xDD)), 0xD8);
+        v = _mm256_srli_epi32(v, 28);
+        break;
+    }
+    case T_IQ3_XXS: v = _mm256_srli_epi32(_mm256_loadu_si256((const __m256i *)(x + 66)), 28); break;
+    case T_IQ1_S:
+        v = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + 34))), 12),
+                             _mm256_set1_epi32(7));
+        break;
+    case T_IQ2_XS: case T_IQ2_S: {  // low nibble: the first 16 values, high: the second
+        const __m128i s = _mm_loadl_epi64((const __m128i *)(x + (type == T_IQ2_XS ? 66 : 74)));
+        const __m128i m15 = _mm_set1_epi8(15);
+        const __m256i w = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_and_si128(s, m15),
+                                                                 _mm_and_si128(_mm_srli_epi16(s, 4), m15)));
+        *d = half_to_float(x) * 0.125f;
+        return _mm256_add_epi16(_mm256_add_epi16(w, w), _mm256_set1_epi16(1));
+    }
+    case T_IQ3_S: {  // a nibble per sub-block, low nibbles first
+        const __m128i s = _mm_cvtsi32_si128((int)iq_u32(x + 106)), m15 = _mm_set1_epi8(15);
+        v = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(_mm_and_si128(s, m15), _mm_and_si128(_mm_srli_epi16(s, 4), m15)));
+        break;
+    }
+    default: {
+        int16_t t16[16];
+        *d = iq_k_scales(type, x, t16);
+        return _mm256_loadu_si256((const __m256i *)t16);
+    }
+    }
+    v = _mm256_add_epi32(_mm256_add_epi32(v, v), one);
+    *d = type == T_IQ3_XXS ? half_to_float(x) * 0.25f : type == T_IQ3_S ? half_to_float(x)
+                                                                          : half_to_float(x) * 0.125f;
+    return _mm256_or_si256(v, _mm256_slli_epi32(v, 16));  // each scale for both its halves
+}
+
 // IQ1 values 8 g + delta per 8 (g: an iq1s_grid entry's bytes -1/0/1; dl: delta bytes)
 static inline __m256i iq1_vals(__m256i g, __m256i dl) {
     return _mm256_add_epi8(_mm256_and_si256(_mm256_slli_epi16(g, 3), _mm256_set1_epi8((char)0xF8)), dl);
