@@ -16,6 +16,7 @@
 
 #include "quant_dot.h"
 
+#include "iq_chunk.h"
 #include "kprep.h"
 #include "ksum.h"
 
@@ -188,7 +189,7 @@ static inline __attribute__((always_inline)) void kdot(
                     m4 = _mm_mullo_epi32(hsum4_i32(LS_M(0), LS_M(1), LS_M(2), LS_M(3)), _mm_set1_epi32(K_OFF(type)));
                 else if (K_OFF(type)) msum[0] = K_OFF(type) * hsum_i32(LS_M(0));
 #undef LS_M
-            } else if (K_GRID(type)) {  // magnitudes u <= 62 and signs (quant_iq.h iq_chunk)
+            } else if (K_GRID(type)) {  // magnitudes u <= 62 and signs (iq_chunk.h)
                 for (int j = 0; j < 8; j++) {
                     const int64_t c = 8 * b + j;
                     __m256i sg;

@@ -17,7 +17,7 @@ static inline int k_block_bytes(int type) {
            : type == T_Q5_K ? 176 : type == T_Q6_K ? 210 : (int)nl_block_bytes(type, &block);
 }
 
-// the grid types kdot decodes in place (quant_iq.h iq_chunk)
+// the grid types kdot decodes in place (iq_chunk.h)
 #define K_GRID(t) (iq_block_bytes(t) > 0)
 
 #if defined(__AVX2__)
