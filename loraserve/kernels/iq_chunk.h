@@ -1,6 +1,6 @@
 // The grid types read in place, 32 values at a time (kquant.h's kdot): a sub-block's
 // magnitudes and signs, and a super-block's 16 integer scales, the very numbers of
-// quant_iq.h's scalar unpacking (iq_values, iq_k_scales).
+// quant_iq.h's scalar unpacking (iq_values, iq_k_scales); and TQ1_0's trits.
 
 #pragma once
 
@@ -134,5 +134,30 @@ static inline __attribute__((always_inline)) __m256i iq_chunk(int type, const ui
     }
     }
 #undef LS_G64
+}
+
+// TQ1_0's trits t (0..2, the value t - 1) of the bytes v at the powers of 3 in pp (one per
+// 16-bit lane): ((v * p mod 256) * 3) >> 8, as quant_nl.h's trit
+static inline __m256i tq1_trits(__m256i v, __m256i pp) {
+    const __m256i three = _mm256_set1_epi16(3), lo8 = _mm256_set1_epi16(0xFF);
+    const __m256i e = _mm256_and_si256(_mm256_mullo_epi16(_mm256_and_si256(v, lo8), pp), lo8);
+    const __m256i o = _mm256_and_si256(_mm256_mullo_epi16(_mm256_srli_epi16(v, 8), pp), lo8);
+    return _mm256_or_si256(_mm256_srli_epi16(_mm256_mullo_epi16(e, three), 8),
+                           _mm256_slli_epi16(_mm256_srli_epi16(_mm256_mullo_epi16(o, three), 8), 8));
+}
+
+// Chunk j (values 32 j ..) of TQ1_0 super-block x, in place: its trits t = q + 1 (quant_nl.h
+// unpack_nl_k's order: 32 bytes x 5 powers, then 16 bytes x 5, then 4 bytes x 4)
+static inline __attribute__((always_inline)) __m256i tq1_chunk_u(const uint8_t *x, int j) {
+    static const short P3[5] = {1, 3, 9, 27, 81};
+    if (j < 5) return tq1_trits(_mm256_loadu_si256((const __m256i *)x), _mm256_set1_epi16(P3[j]));
+    const __m128i c = _mm_loadu_si128((const __m128i *)(x + 32));
+    if (j < 7)  // values 160 + 16 n + i: byte 32 + i at 3^n, n = 2 (j - 5) and the next
+        return tq1_trits(_mm256_broadcastsi128_si256(c),
+                         _mm256_set_m128i(_mm_set1_epi16(P3[2 * j - 9]), _mm_set1_epi16(P3[2 * j - 10])));
+    // values 224 .. 239 (n = 4), then 240 + 4 n + i: byte 48 + i at 3^n
+    const __m128i t = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)iq_u32(x + 48)), _mm_set1_epi32(0x03020100));
+    return tq1_trits(_mm256_set_m128i(t, c), _mm256_set_m128i(_mm_set_epi16(27, 27, 9, 9, 3, 3, 1, 1),
+                                                              _mm_set1_epi16(81)));
 }
 #endif

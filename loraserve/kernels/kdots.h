@@ -28,6 +28,7 @@ KDOT_FNS(T_Q3_K, kdot_q3_k)
 KDOT_FNS(T_BUF6, kdot_q6b)
 KDOT_FNS(T_IQ4_XS, kdot_iq4xs)
 KDOT_FNS(T_TQ2_0, kdot_tq2)
+KDOT_FNS(T_TQ1_0, kdot_tq1)
 KDOT_FNS(T_IQ2_XXS, kdot_iq2xxs)
 KDOT_FNS(T_IQ2_XS, kdot_iq2xs)
 KDOT_FNS(T_IQ2_S, kdot_iq2s)
@@ -38,7 +39,7 @@ KDOT_FNS(T_IQ1_M, kdot_iq1m)
 #endif
 
 // The dot products of a K-form type read in place (k1: 1 activation row, k4: 4), or 0 where
-// its rows are unpacked first (T_BUF: TQ1_0, and every type without AVX2).
+// its rows are unpacked first (T_BUF: every type without AVX2).
 static inline int kdot_in_place(int type, kdot_fn *k1, kdot_fn *k4) {
 #if defined(__AVX2__)
 #define LS_K(T, NAME)                                                                         \
@@ -51,6 +52,7 @@ static inline int kdot_in_place(int type, kdot_fn *k1, kdot_fn *k4) {
     LS_K(T_Q6_K, kdot_q6_k);
     LS_K(T_IQ4_XS, kdot_iq4xs);
     LS_K(T_TQ2_0, kdot_tq2);
+    LS_K(T_TQ1_0, kdot_tq1);
     LS_K(T_IQ2_XXS, kdot_iq2xxs);
     LS_K(T_IQ2_XS, kdot_iq2xs);
     LS_K(T_IQ2_S, kdot_iq2s);

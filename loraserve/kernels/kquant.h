@@ -148,9 +148,9 @@ static inline __attribute__((always_inline)) void kdot(
                 mnv = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), m15));
                 d = half_to_float(blk + 80);
                 dm = half_to_float(blk + 82);
-            } else if (type == T_TQ2_0) {  // in place: one d, every scale 1
+            } else if (type == T_TQ2_0 || type == T_TQ1_0) {  // in place: one d, scales 1
                 sc16 = _mm256_set1_epi16(1);
-                d = half_to_float(blk + 64);
+                d = half_to_float(blk + (type == T_TQ2_0 ? 64 : 52));
             } else if (K_GRID(type)) {  // in place: scales from the block
                 sc16 = iq_scales16(type, blk, &d);
             } else if (type == T_IQ4_XS) {  // in place: its scales from the block
@@ -165,9 +165,9 @@ static inline __attribute__((always_inline)) void kdot(
             const __m256i slo = _mm256_permute2x128_si256(sc16, sc16, 0x00);
             const __m256i shi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
             if (type == T_Q6_K || type == T_BUF6 || type == T_Q3_K || type == T_Q2_K ||
-                type == T_TQ2_0) {
+                type == T_TQ2_0 || type == T_TQ1_0) {
                 // the stored values u = q + o >= 0 (Q6_K: 0..63, o 32; Q3_K: 0..7, o 4;
-                // Q2_K: 0..3, o 0; TQ2_0: 0..2, o 1) go to maddubs unsigned as they are
+                // Q2_K: 0..3, o 0; TQ*: 0..2, o 1) go to maddubs unsigned as they are
                 // (63 * 127 * 2 fits int16), and o * sum_j sc_j * bs16_j comes off once per
                 // super-block: the same integers as the signed form, no sign operations
                 // (T_BUF6: Q6_K's values decoded once into the buffer, decode_values)
@@ -177,7 +177,8 @@ static inline __attribute__((always_inline)) void kdot(
                     const __m256i u = type == T_BUF6 ? _mm256_load_si256((const __m256i *)(p->q + 32 * c))
                                       : type == T_TQ2_0  // Q2_K's 2-bit fields, qs first
                                           ? _mm256_and_si256(_mm256_srli_epi16(tq, 2 * (j % 4)), _mm256_set1_epi8(3))
-                                          : k_chunk_u(type, blk, j);
+                                      : type == T_TQ1_0 ? tq1_chunk_u(blk, j)
+                                                        : k_chunk_u(type, blk, j);
                     const __m256i sv = _mm256_shuffle_epi8(
                         j < 4 ? slo : shi, _mm256_load_si256((const __m256i *)KSH16[j & 3]));
                     LS_KROWS(c, u, xv);

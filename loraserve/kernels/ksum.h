@@ -7,7 +7,7 @@
 #include "quant_chunk.h"
 
 // the offset o of the unsigned values u = q + o that kdot reads in place (0: none)
-#define K_OFF(t) ((t) == T_Q6_K || (t) == T_BUF6 ? 32 : (t) == T_Q3_K ? 4 : (t) == T_TQ2_0 ? 1 : 0)
+#define K_OFF(t) ((t) == T_Q6_K || (t) == T_BUF6 ? 32 : (t) == T_Q3_K ? 4 : (t) == T_TQ2_0 || (t) == T_TQ1_0 ? 1 : 0)
 
 // bytes per super-block of a type kdot reads in place (T_BUF6: Q6_K's, whose scales it
 // reads from the row; 0: T_BUF)

@@ -107,7 +107,7 @@ static void row_prep(const part_t *p, int64_t n, int64_t K, int64_t M, rowbuf_t 
         } else if (p->type == T_Q6_K && M >= KBUF_ROWS) {  // decode once, then read the buffer
             decode_values(p->type, row, K, b->kp.q);
             b->k4 = kdot_q6b_4, b->k1 = kdot_q6b_1;
-        } else if ((K_GRID(p->type) || p->type == T_TQ2_0) && M >= KBUF_ROWS) {
+        } else if ((K_GRID(p->type) || p->type == T_TQ2_0 || p->type == T_TQ1_0) && M >= KBUF_ROWS) {
             // their in-place decode (grid lookups) costs more than their unpacking once
             k_prepare(p->type, row, K, &b->kp, 1, b->s, b->mn);
             b->k4 = kdot_buf_4, b->k1 = kdot_buf_1;

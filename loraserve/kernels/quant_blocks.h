@@ -277,6 +277,6 @@ static inline void row_scales(int type, const uint8_t *r, int64_t K, float *s, f
 static inline int direct(int type) {
     return type == T_Q8_0 || type == T_Q4_0 || type == T_Q5_0 || type == T_Q4_K || type == T_Q6_K ||
            type == T_IQ4_NL || type == T_IQ4_XS || type == T_Q5_K || type == T_Q2_K || type == T_Q3_K ||
-           type == T_TQ2_0 || iq_block_bytes(type) > 0 || type == T_MXFP4;
+           type == T_TQ2_0 || type == T_TQ1_0 || iq_block_bytes(type) > 0 || type == T_MXFP4;
 }
 

@@ -1,6 +1,6 @@
 """K-form rows read in place (kquant.h: scales and values from the block on the fly; Q2_K's,
-Q3_K's and TQ2_0's values unsigned, their offset off once per super-block; the grid types'
-magnitudes and signs from quant_iq.h's iq_chunk) give bitwise the numbers of the rows
+Q3_K's and the ternary types' values unsigned, their offset off once per super-block; the
+grid types' magnitudes and signs from iq_chunk.h) give bitwise the numbers of the rows
 unpacked into the buffer, at decode and prompt sizes (the unpacked values are checked
 against gguf-py in test_kernels)."""
 
@@ -17,8 +17,8 @@ from tests.unit.model.test_kernels import quantized, random_rows
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="needs the C kernels")
 
 
-IN_PLACE = ["Q2_K", "Q3_K", "Q5_K", "TQ2_0", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
-            "IQ1_S", "IQ1_M"]  # fmt: skip
+IN_PLACE = ["Q2_K", "Q3_K", "Q5_K", "TQ2_0", "TQ1_0", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
+            "IQ3_S", "IQ1_S", "IQ1_M"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", IN_PLACE)
