@@ -106,3 +106,13 @@ def test_hosts_end_with_their_models_and_the_router(models_dir: Path) -> None:
     wait_dead(other)
     if spare_pid is not None:
         wait_dead(spare_pid)
+
+
+def test_a_stuck_engine_never_holds_the_router_up(models_dir: Path) -> None:
+    """A host that stops answering (SIGSTOP: as a deadlock looks from outside) is killed at
+    the router's end instead of being waited for, and the router's end still comes."""
+    with router(["--models-dir", str(models_dir), "-c", "256"]) as (c, state):
+        assert complete(c, "tiny").status_code == 200
+        pid = pid_of(state, "tiny")
+        os.kill(pid, signal.SIGSTOP)
+    wait_dead(pid)  # `router` joins its server thread for 15 s at most

@@ -204,7 +204,10 @@ def main(argv: list[str]) -> None:
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
-        print("ready", flush=True)
+        try:
+            print("ready", flush=True)
+        except BrokenPipeError:  # the router ended while this one started: so do we
+            os._exit(0)
         threading.Thread(target=watch_stdin, daemon=True).start()
         await task
 

@@ -33,6 +33,7 @@ from loraserve.server.router.host import ENGINE_HEADER, PEER_HEADER
 log = logging.getLogger("loraserve.router")
 START_TIMEOUT_S = 300.0  # a host's interpreter start and imports (a busy machine's)
 STOP_TIMEOUT_S = 3.0  # a host asked to end gets this long before SIGKILL
+CONTROL_TIMEOUT_S = 30.0  # an unload or abort past this: the host is stuck, and killed
 HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"host", b"content-length"}
 
 
@@ -106,9 +107,11 @@ class Host:
     def alive(self) -> bool:
         return self.proc.returncode is None and not self.stopping
 
-    async def _call(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _call(
+        self, route: str, body: dict[str, Any], timeout: float | None = None
+    ) -> dict[str, Any]:
         try:
-            r = await self.client.post(f"/_host/{route}", json=body)
+            r = await self.client.post(f"/_host/{route}", json=body, timeout=timeout)
             out: dict[str, Any] = r.json()
         except (httpx.HTTPError, ValueError) as e:
             out = {"error": f"the engine process is gone ({describe_exit(self.proc.returncode)})"}
@@ -129,11 +132,20 @@ class Host:
     async def unload(self, eid: str) -> None:
         self.engines.discard(eid)
         if self.alive:
-            await self._call("unload", {"id": eid})
+            await self._checked("unload", {"id": eid})
 
     async def abort(self, eid: str, message: str) -> None:
         if self.alive:
-            await self._call("abort", {"id": eid, "message": message})
+            await self._checked("abort", {"id": eid, "message": message})
+
+    async def _checked(self, route: str, body: dict[str, Any]) -> None:
+        """A control call that must answer in CONTROL_TIMEOUT_S: a host that does not is
+        stuck (a deadlock, a stopped process) and is killed, its engines failed with it."""
+        out = await self._call(route, body, CONTROL_TIMEOUT_S)
+        if "error" in out and self.alive:
+            log.error("router: engine process %d: %s: %s; killing it", self.pid, route, out)
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
 
     async def stop(self) -> None:
         """End the process: its stdin closes (it shuts its engines down), then SIGKILL."""

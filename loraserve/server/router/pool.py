@@ -100,6 +100,7 @@ class Pool:
         self.engines: dict[ServerConfig, Engine] = {}
         self.hosts: dict[tuple[str, str], asyncio.Task[Host]] = {}  # by base file
         self.spare: asyncio.Task[Host] | None = None
+        self.closing = False  # the router is ending: hosts are stopped, not asked
         self._lock = asyncio.Lock()  # one eviction decision at a time
         fake = os.environ.get("LLAMA_SERVER_DEBUG_FAKE_TIMING")
         self.fake_delay_s = FAKE_TIMING_S if fake else 0.0
@@ -253,7 +254,7 @@ class Pool:
         eng.placed = eng.pinned = False
         if eng.status != "unloaded":
             self._set_status(eng, "unloaded")
-        if host is None:
+        if host is None or self.closing:
             return
         await host.unload(eng.eid)
         loading = any(
@@ -269,18 +270,31 @@ class Pool:
         self.on_status(eng)
 
     async def close_all(self) -> None:
-        """Stop every engine, loading ones included, and every host (the router's end)."""
+        """Stop every engine, loading ones included, and every host (the router's end): the
+        hosts end together, each within `hosts.STOP_TIMEOUT_S` (then SIGKILL), whatever
+        state they are in, so the router's shutdown never waits on a stuck engine."""
+        self.closing = True
         for eng in list(self.engines.values()):
-            if eng.running or eng.app is not None:
-                await self.unload(eng, timeout=0.0)
+            task = eng._task
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         tasks = [*self.hosts.values(), *([self.spare] if self.spare is not None else [])]
         self.hosts, self.spare = {}, None
+        hosts = []
         for t in tasks:
             if not t.done():
                 t.cancel()
             with contextlib.suppress(BaseException):  # a start cancelled, or failed
-                host = await t
-                await host.stop()
+                hosts.append(await t)
+        hosts += [e.host for e in self.engines.values() if e.host is not None]
+        await asyncio.gather(*(h.stop() for h in set(hosts)), return_exceptions=True)
+        for eng in self.engines.values():
+            eng.app, eng.host = None, None
+            eng.placed = eng.pinned = False
+            if eng.status != "unloaded":
+                self._set_status(eng, "unloaded")
 
 
 def _alive(task: asyncio.Task[Host]) -> bool:
