@@ -53,6 +53,8 @@ class Decoder(nn.Module):
             out = Matrix.from_float("output.weight", self.embed)
         else:
             out = _matrix(w, "token_embd.weight", "output.weight")
+            if out.packed and out.ggml_type == self.embed.ggml_type:
+                self.embed.read_packed(out.data)  # the table's pages stay unmapped
         self.output = Projection("output.weight", [out])
         # steps run every layer in one C call (`kernels.layers`), LoRA included, same bits
         self.use_fused = True

@@ -16,17 +16,40 @@ class RowEmbedding(nn.Module):
     ggml stores each row as whole blocks, so dequantizing only the looked-up rows gives
     exactly the values of the full table, without a 671 MB float32 copy for Gemma's
     262,144 x 640 vocabulary.
+
+    With a tied output matrix packed at load (`read_packed`), the rows are unpacked from
+    that copy instead: the file's pages of the table are then never mapped in again, where
+    each looked-up row faulted in 64 KiB of them (the kernel's fault-around), so random
+    prompts kept a second copy of the vocabulary resident beside the packed one.
     """
 
     def __init__(self, raw: torch.Tensor, ggml_type: int, dim: int) -> None:
         super().__init__()
         self.raw = raw  # [V, row_bytes] uint8
         self.ggml_type, self.dim = ggml_type, dim
+        self.packed: torch.Tensor | None = None  # [V, group_bytes / 8] (`read_packed`)
+
+    def read_packed(self, packed: torch.Tensor) -> None:
+        """Look rows up in `packed`: the same rows of the same type packed 8 to a group
+        (`kernels.pack_rows`), so the unpacked bytes are the file's."""
+        if packed.shape[0] != self.raw.shape[0] or packed.shape[0] % 8:
+            raise ValueError(f"packed rows {tuple(packed.shape)} for a table of {self.raw.shape}")
+        self.packed = packed
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         from loraserve.model.dequant import dequantize
 
-        rows = self.raw.index_select(0, ids)  # [T, row_bytes]
+        if self.packed is not None:
+            from loraserve.kernels.pack import unpack_rows
+
+            groups, at = torch.unique(ids // 8, return_inverse=True)
+            width = self.packed.shape[1]
+            sub = self.packed.view(-1, 8 * width).index_select(0, groups).view(-1, width)
+            rb = self.raw.shape[1]
+            unpacked = unpack_rows(sub, self.ggml_type, self.dim, rb).view(-1, 8, rb)
+            rows = unpacked[at, ids % 8]  # [T, row_bytes]
+        else:
+            rows = self.raw.index_select(0, ids)  # [T, row_bytes]
         return dequantize(rows, self.ggml_type, (ids.shape[0], self.dim))  # [T, dim] float32
 
 
