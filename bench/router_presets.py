@@ -5,7 +5,9 @@ model, each with its own adapter mix (the two demo adapters at different scales)
 defaults, `--models-max 10`, autoload on. One server at a time, never together.
 
 Measured per server:
-- **cold first answer**: a request naming the first preset while nothing is loaded, from send
+- **cold first answer**: a request naming the first preset while nothing is loaded, sent once
+  the router has been up `IDLE_S` (loraserve starts a spare engine process at start, which a
+  first load takes: right after start the answer would also wait for that process), from send
   to the whole answer (16 tokens): it includes loading the model;
 - **second preset**: the same for a second preset over the same base, once the first is loaded
   (llama-server starts another process; loraserve's presets share one engine);
@@ -38,6 +40,7 @@ from loraserve.adapters import ADAPTERS_DIR
 MODEL = Path.home() / ".cache/loraserve/gemma3-270m-q4_k_m.gguf"
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT = "The old lighthouse keeper opened the door and"
+IDLE_S = 5.0  # after start, before the cold request: on both servers
 
 
 def presets_ini(model: Path, n: int) -> str:
@@ -92,7 +95,8 @@ def run_server(name: str, argv0: tuple[str, ...], ini: Path, n: int) -> dict[str
     argv = [*argv0, "--models-preset", str(ini), "--models-max", str(n)]
     argv += ["--host", HOST, "--port", str(port)]
     with launch(name, argv, port, timeout=300) as srv, httpx.Client(timeout=600) as client:
-        out: dict[str, Any] = {"startup_s": round(srv.startup_s, 2)}
+        out: dict[str, Any] = {"startup_s": round(srv.startup_s, 2), "idle_s": IDLE_S}
+        time.sleep(IDLE_S)  # a router up a while (loraserve's spare engine process is ready)
         out["cold_first_answer_s"] = round(answer(client, srv.url, "preset-0"), 3)
         out["warm_answer_s"] = round(answer(client, srv.url, "preset-0"), 3)
         out["second_preset_s"] = round(answer(client, srv.url, "preset-1"), 3)

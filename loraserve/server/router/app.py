@@ -170,9 +170,10 @@ def create_router_app(cfg: ServerConfig) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         router.loop = asyncio.get_running_loop()
         offload.install(router.loop)
-        spare = router.pool.start_spare()
-        if spare is not None:  # ready means a first load does not wait for a process start
-            await asyncio.wait({spare})
+        # an engine process starts now, in the background (a first load takes it, so it
+        # waits for no interpreter start once it is up); the router answers meanwhile, as
+        # llama-server's does at once
+        router.pool.start_spare()
         for preset in router.catalog.values():
             if preset.load_on_startup and preset.key is not None:
                 router.pool.start_load(preset.key)
