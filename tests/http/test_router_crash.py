@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.http.test_router import complete, router, status, wait_status
+from tests.http.test_router import PROMPT, complete, router, status, wait_status
 from tests.server_util import tiny_model_path
 from tests.tiny import hf_model, write_gguf
 
@@ -86,7 +86,8 @@ def test_an_engine_crash_leaves_the_router_and_other_models_serving(
         assert complete(c, "other", n_predict=6).json()["content"] == before["other"]
         assert pid_of(state, "other") == survivor
         # the crashed model loads again on its next request, in a new process
-        again = complete(c, "tiny", n_predict=6)
+        body = {"model": "tiny", "prompt": PROMPT, "n_predict": 6, "temperature": 0}
+        again = c.post("/completion", json=body, timeout=300)  # a process start, on a busy CI
         assert again.status_code == 200 and again.json()["content"] == before["tiny"]
         assert pid_of(state, "tiny") not in (victim, survivor)
         assert wait_status(c, "tiny", "loaded").get("failed") is None

@@ -203,6 +203,8 @@ class Pool:
                 eng.placed = eng.pinned = False
                 if eng.status == "loaded":
                     self._set_status(eng, "unloaded")
+        if not host.stopping and not self.closing:
+            self.start_spare()  # a process ready for the next load of what died
 
     async def _make_room(self, eng: Engine) -> bool:
         """Take a place for `eng` under `max_loaded`, unloading least-recently-used idle
