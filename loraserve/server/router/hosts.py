@@ -181,7 +181,8 @@ class ProxyApp:
             body.append(msg.get("body", b""))
             if not msg.get("more_body"):
                 break
-        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in HOP]
+        ours = HOP | {ENGINE_HEADER, PEER_HEADER}  # a client's own copies are dropped
+        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in ours]
         headers += [(ENGINE_HEADER, self.eid.encode())]
         if scope.get("client"):
             headers.append((PEER_HEADER, str(scope["client"][0]).encode()))
