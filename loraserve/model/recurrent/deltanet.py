@@ -165,6 +165,9 @@ class GatedDeltaNet(nn.Module):
             out[:n_conv] = xpad[hi - lo :].reshape(-1)
             m_out.append(out[n_conv:])
             cuts, mine = dict(seq.cuts), []
+            if not seq.every and hi - lo - 1 in cuts:  # a cut at the last row: the new
+                # state itself (never changed in place), not a second copy of it
+                seq.snaps.setdefault(cuts.pop(hi - lo - 1), {})[self.i] = out
             for r in range(hi - lo) if seq.every else sorted(c for c in cuts if c < hi - lo):
                 snap = torch.empty(n_conv + hv * s * s)
                 snap[:n_conv] = xpad[r + 1 : r + k].reshape(-1)

@@ -90,7 +90,10 @@ class Mamba2(nn.Module):
             pads.append(xpad)
             spans.append((lo, hi))
             states.append(st[n_conv:].view(h, di // h, n))
-            wanted.append(list(range(hi - lo)) if seq.every else sorted(dict(seq.cuts)))
+            # a cut at the last row is the final state itself (below), not a second copy
+            last = -1 if seq.every else hi - lo - 1
+            wanted.append(list(range(hi - lo)) if seq.every else
+                          sorted(r for r in dict(seq.cuts) if r != last))  # fmt: skip
         dims = (h, di // h, n, g)
         rec = None
         if ssm_scan.available():
@@ -122,6 +125,8 @@ class Mamba2(nn.Module):
                 seq.out[self.i] = torch.cat(
                     (xpad[seq.hi - seq.lo :].reshape(-1), finals[q].reshape(-1))
                 )
+            if not seq.every and seq.hi - seq.lo - 1 in cuts:  # (never changed in place)
+                seq.snaps.setdefault(cuts[seq.hi - seq.lo - 1], {})[self.i] = seq.out[self.i]
         x = xbc[:, :di].view(t, h, -1)
         zc = torch.empty(t, di).copy_(z)  # rows of di: the C kernel's layout even at T = 1
         out = gated_act(zc, (y + x * self.d).view(t, di), "silu")  # [T, d_inner]

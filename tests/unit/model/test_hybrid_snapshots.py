@@ -140,3 +140,21 @@ def test_cache_on_equals_cache_off_any_interval(
 ) -> None:
     check_cache_on_equals_off(tmp, arch, "dense", actions, n_slots, ubatch=ubatch,
                               cache_ram_mib=cache_mib, checkpoint_min_step=cms)  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", [a for a in ("granitehybrid", "qwen35") if a in RECORDS])
+def test_snapshot_at_a_step_end_is_the_live_state(tmp_path: Path, arch: str) -> None:
+    """A prompt ending on a block boundary: the snapshot after that block is the sequence's
+    new live state itself (one tensor per layer, never changed in place), not a copy of it:
+    a Mamba-2 / delta-net layer's state is 1.5-2.1 MiB at the bench shapes."""
+    m = model(tmp_path, arch, "dense")
+    eng = Engine(m, EngineConfig(n_slots=1, n_ctx=64, block_size=4))
+    eng.submit(**ask([5, 9, 3, 7, 11, 2, 8, 4], 1))
+    eng.run_until_idle()
+    states = eng.core.runner.states
+    assert states is not None
+    (live,) = states.live.values()
+    end = live.at[8]
+    shared = [s for s in states.snaps.values() if any(s[i] is end[i] for i in s)]
+    assert shared, "no snapshot shares the live state"
+    assert all(shared[0][i] is end[i] for i in end)
