@@ -189,9 +189,16 @@ class GatedDeltaNet(nn.Module):
             g = torch.stack([x for x, _ in rows]) if t else torch.empty(0, hv)
             beta = torch.stack([x for _, x in rows]) if t else torch.empty(0, hv)
             recur_torch(spans, m_in, m_out, q, kk, v, g, beta, scale, o, snaps)
+        # the prompt's temporaries go before the next ones are made (a 512-token step of
+        # the qwen35 bench model held ~120 MiB of them into its output projection)
+        del q, kk, v, qkv, per_seq, xpad, pre, act, g, beta, snaps
         normed = rms_norm(o, self.norm, self.eps).view(t, hv * s)  # [T, H_v S]
+        del o
         zc = torch.empty(t, hv * s).copy_(z)  # contiguous rows: the C kernel's layout
-        return self.out_proj(gated_act(zc, normed, "silu"))  # SiLU(z) * norm(o)
+        del mixed, z, ba, beta_l, alpha_l
+        gated = gated_act(zc, normed, "silu")  # SiLU(z) * norm(o)
+        del zc, normed
+        return self.out_proj(gated)
 
     def _step(self, hs: torch.Tensor, seq: SeqStep) -> torch.Tensor:
         """One row of one sequence (every decode step at -np 1): `forward`'s float

@@ -127,9 +127,15 @@ class Mamba2(nn.Module):
                 )
             if not seq.every and seq.hi - seq.lo - 1 in cuts:  # (never changed in place)
                 seq.snaps.setdefault(cuts[seq.hi - seq.lo - 1], {})[self.i] = seq.out[self.i]
+        # the prompt's temporaries go before the next ones are made (see deltanet's)
+        del pads, xpad, pre, act, snaps, finals
         x = xbc[:, :di].view(t, h, -1)
         zc = torch.empty(t, di).copy_(z)  # rows of di: the C kernel's layout even at T = 1
-        out = gated_act(zc, (y + x * self.d).view(t, di), "silu")  # [T, d_inner]
+        del zxbcdt, z, xbc_in, dt_raw
+        yd = (y + x * self.d).view(t, di)
+        del y, x, xbc
+        out = gated_act(zc, yd, "silu")  # [T, d_inner]
+        del zc, yd
         if self.norm is not None:
             out = rms_norm(out.reshape(t, g, di // g).contiguous(), self.norm, self.eps)
         return self.out_proj(out.view(t, di))
