@@ -41,6 +41,9 @@ def turn_lead(fmt: ChatFormat, prompt: str, continued: str = "") -> str:
     else:
         lead = turn[len(start) :]
     lead = lead.lstrip(" \t\n\r")
+    if r_start and lead.startswith(r_start) and lead[len(r_start) :].lstrip().startswith(r_start):
+        lead = lead[len(r_start) :].lstrip()  # the template opened it without the generation
+        # prompt too (RWKV World): llama.cpp's generation prompt, a render diff, holds one
     if r_end and lead.startswith(r_end) and r_start not in lead:  # thinking off: closed block
         lead = lead[len(r_end) :].lstrip(" \t\n\r")
     return lead

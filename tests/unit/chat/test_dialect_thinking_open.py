@@ -141,3 +141,26 @@ def test_a_reasoning_prefill_leads_the_answer(name: str, prompt: str, lead: str)
     full = "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi<|END_OF_TURN_TOKEN|>" + prompt
     assert turn_lead(fmt, full) == lead
     assert opens_reasoning(fmt, full)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "reasoning", "content"),
+    [
+        ("Assistant: <think><think>Let me", "Let me sunny", ""),
+        ("Assistant: <think><think>\n</think>It is", "", "It is sunny"),
+    ],
+)
+def test_rwkv_worlds_doubled_reasoning_start(prompt: str, reasoning: str, content: str) -> None:
+    """RWKV World's template writes `Assistant: <think>` without the generation prompt too
+    (its add_generation_prompt defaults to true), so a prefill's prompt opens the reasoning
+    twice; llama.cpp's generation prompt (a render diff) holds one, and parses as here (the
+    reasoning was `<think>Let me sunny`, and `<think>` for the content prefill)."""
+    from loraserve.chat.formats.parse import ChatParser
+
+    logging.disable(logging.WARNING)
+    fmt = _format("llama-cpp-rwkv-world.jinja")
+    logging.disable(logging.NOTSET)
+    full = "User: Hi\n\n" + prompt
+    lead = turn_lead(fmt, full)
+    msg = ChatParser(fmt, None, "auto", False, lead).parse(" sunny", partial=False)
+    assert (msg.reasoning_content, msg.content) == (reasoning, content)
