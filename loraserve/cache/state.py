@@ -162,6 +162,19 @@ class StateStore:
         for r in range(step.hi - step.lo if step.every else 0):
             live.at[start + r + 1] = {i: rows[r] for i, rows in step.rows.items()}
 
+    def adopt(self, slot: int, seq: int, new_seq: int, at: int) -> bool:
+        """Hand ``slot``'s live state at position ``at`` of finished sequence ``seq`` to
+        ``new_seq``, whose prompt extends ``seq``'s first ``at`` tokens under the same cache
+        key (the scheduler checks both): its first step then starts from that exact state,
+        at any position, not from a snapshot at a block boundary. False (nothing changed)
+        where the slot holds no live state of ``seq`` at ``at``."""
+        live = self.live.get(slot)
+        if live is None or live.seq != seq or at not in live.at:
+            return False
+        # the old sequence's latest decode snapshot stays in the cache (as for a new one)
+        self.live[slot] = _Live(new_seq, {at: live.at[at]})
+        return True
+
     def forget(self, slot: int) -> None:
         """Drop the live states of ``slot``'s sequence."""
         self.live.pop(slot, None)

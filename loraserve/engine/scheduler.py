@@ -34,6 +34,9 @@ class Slot:
     blocks: list[int] = field(default_factory=list)
     last_used: float = 0.0
     last_request: Request | None = None
+    # the request whose live recurrent state follows `tokens` (this very list: a slot
+    # restored or erased gets another one), for `Scheduler._live_match`
+    live: tuple[int, list[int]] | None = None
 
     @property
     def busy(self) -> bool:
@@ -191,6 +194,7 @@ class Scheduler:
             m: Match | None = self._share(lead, limit)
         else:
             m = self.cache.match(req.cache_key, req.prompt, limit) if limit > 0 else None
+            m = self._live_match(slot, req, limit, m)
         if m is not None:
             run.blocks = self._take(m)
             run.n_computed = run.n_cached = m.n_tokens
@@ -200,6 +204,27 @@ class Scheduler:
         run.timings.cache_n = run.n_cached
         run.t_prompt_start = time.perf_counter()
         return run
+
+    def _live_match(self, slot: Slot, req: Request, limit: int, m: Match | None) -> Match | None:
+        """Recurrent models: where ``req``'s prompt extends the tokens ``slot`` retains from
+        its last sequence under the same cache key, past what ``m`` (the cache's match, cut
+        to a snapshot at a block boundary) reaches, that sequence's live state there is
+        handed over (`StateStore.adopt`) and the slot's blocks are the match: no token it
+        computed is computed again (a chat's next turn: its new message and the last answer
+        token, as llama-server's slot). Else ``m``."""
+        states, n, live = self.cache.states, len(slot.tokens), slot.live
+        if (
+            states is None
+            or live is None
+            or live[1] is not slot.tokens
+            or slot.cache_key != req.cache_key
+            or not (m.n_tokens if m is not None else 0) < n <= limit
+            or req.prompt[:n] != slot.tokens
+            or not states.adopt(slot.id, live[0], req.id, n)
+        ):
+            return m
+        k, rem = divmod(n, self.bs)
+        return Match(list(slot.blocks[:k]), slot.blocks[k] if rem else None, rem, n)
 
     def _take(self, m: Match) -> list[int]:
         """References on a match's blocks (its partial block copied into a new one), all or
@@ -282,6 +307,7 @@ class Scheduler:
         extra = run.blocks[keep:]
         slot.run, slot.cache_key = None, run.req.cache_key
         slot.tokens, slot.blocks = run.tokens[:n], run.blocks[:keep]
+        slot.live = (run.req.id, slot.tokens)
         slot.last_used = time.perf_counter()
         self.cache.release(extra)  # then the cache budget holds again
 

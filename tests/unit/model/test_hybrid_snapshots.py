@@ -158,3 +158,53 @@ def test_snapshot_at_a_step_end_is_the_live_state(tmp_path: Path, arch: str) -> 
     shared = [s for s in states.snaps.values() if any(s[i] is end[i] for i in s)]
     assert shared, "no snapshot shares the live state"
     assert all(shared[0][i] is end[i] for i in end)
+
+
+@pytest.mark.parametrize("arch", [a for a in ("granitehybrid", "qwen35") if a in RECORDS])
+def test_next_turn_resumes_from_the_live_state(tmp_path: Path, arch: str) -> None:
+    """A chat's next turn (the last prompt, its answer, a new message) resumes from the slot's
+    live state at the exact position its last sequence reached, inside a block: only the new
+    message and the last answer token are computed (llama-server's 38 of 77 per turn), and
+    the answers equal the cache-off ones. Under another adapter mix (another cache key) the
+    slot's state is not used."""
+    m = model(tmp_path, arch, "dense")
+    rec = RECORDS[arch]["variants"]["dense"]
+    p = tmp_path / f"{arch}-live.gguf"
+    pairs = _adapter(rec, 3, RECURRENT_STEMS + ("attn_q", "attn_v", "ffn_up"))
+    write_gguf_lora(p, arch, pairs, qk_heads=(m.config.n_heads,) * 2)
+    eng = Engine(m, EngineConfig(n_slots=1, n_ctx=128, block_size=4))
+    off = Engine(m, EngineConfig(n_slots=1, n_ctx=128, block_size=4))
+    for e in (eng, off):
+        e.load_adapter(p, 0.0).result()
+    turn = [5, 9, 3, 7, 11, 2, 8, 4, 6, 10]  # with 5 answer tokens fed: 15, inside a block
+    for mix in (None, {0: 0.5}):
+        ((gen, _, _),) = answers(eng, [ask(turn, 6, mix)])
+        nxt = turn + gen + [13, 14, 15]
+        ((again, _, cached),) = answers(eng, [ask(nxt, 4, mix)])
+        ((ref, _, _),) = answers(off, [ask(nxt, 4, mix, cache_prompt=False)])
+        assert again == ref
+        assert cached == len(turn) + len(gen) - 1  # all but the last answer token
+    # the slot now holds the mixed sequence: a base-model request extending it starts over
+    # from a snapshot at a block boundary (another cache key), never from that state
+    ((gen2, _, _),) = answers(eng, [ask(nxt, 4, {0: 0.5})])
+    ((base, _, cached),) = answers(eng, [ask(nxt + gen2 + [16], 2)])
+    ((ref, _, _),) = answers(off, [ask(nxt + gen2 + [16], 2, cache_prompt=False)])
+    assert base == ref and cached % 4 == 0
+
+
+def test_restored_slot_never_continues_another_sequences_state(tmp_path: Path) -> None:
+    """A slot restored from a file retains that file's tokens, not the live state of the
+    sequence that ran in it since: a prompt extending the restored tokens resumes from a
+    snapshot at a block boundary, even where the live state sits at the same position."""
+    m = model(tmp_path, "qwen35", "dense")
+    eng = Engine(m, EngineConfig(n_slots=1, n_ctx=128, block_size=4))
+    off = Engine(m, EngineConfig(n_slots=1, n_ctx=128, block_size=4))
+    a, b = [5, 9, 3, 7, 11, 2, 8, 4, 6, 10], [12, 4, 9, 9, 3, 5, 7, 2, 8, 6]
+    ((gen_a, _, _),) = answers(eng, [ask(a, 6)])
+    image = eng.save_slot(0).result()
+    answers(eng, [ask(b, 6)])  # its live state: 15 tokens in, as a's was
+    eng.restore_slot(0, image).result()
+    nxt = a + gen_a + [13, 14, 15]
+    ((got, _, cached),) = answers(eng, [ask(nxt, 4)])
+    ((ref, _, _),) = answers(off, [ask(nxt, 4, cache_prompt=False)])
+    assert got == ref and cached % 4 == 0
