@@ -2,11 +2,14 @@
 answer of ~4k tokens (reasoning, content, then a tool call with a long string argument)
 streamed in 4-character pieces (about one token each) through `MessageStream`, which
 re-parses the whole text each step as llama.cpp does; prints the mean and the last step's
-cost. Run: python scripts/bench_chat_parser.py"""
+cost. Run: python scripts/bench_chat_parser.py [--runs N] [--json PATH] (PATH: the runs'
+figures as JSON, for bench/results)."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,7 +25,8 @@ PARAMS = {"type": "object", "properties": {"text": {"type": "string"}}, "require
 TOOLS = [{"type": "function", "function": {"name": "write", "parameters": PARAMS}}]
 
 
-def main() -> None:
+def run() -> dict:
+    """One pass over the answer: its size and the per-piece costs."""
     src = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
     fmt = detect(src, render_for(src))
     words = " ".join(f"word{i}" for i in range(830))
@@ -40,7 +44,21 @@ def main() -> None:
     total = time.perf_counter() - t0
     n = len(pieces)
     print(f"{n} pieces ({len(text)} chars): {total * 1e3 / n:.3f} ms per piece on average, "
-          f"{last * 1e3:.3f} ms for the last, {total:.2f} s in all")  # fmt: skip
+          f"{last * 1e3:.3f} ms for the last, {total:.2f} s in all", flush=True)  # fmt: skip
+    return {"pieces": n, "chars": len(text), "mean_ms": total * 1e3 / n, "last_ms": last * 1e3,
+            "total_s": total}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    runs = [run() for _ in range(args.runs)]
+    if args.json:
+        load = os.getloadavg()
+        args.json.write_text(json.dumps({"bench": "chat_parser", "load_avg": load,
+                                         "runs": runs}, indent=1) + "\n")  # fmt: skip
 
 
 if __name__ == "__main__":
