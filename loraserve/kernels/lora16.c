@@ -144,9 +144,10 @@ static void lora_b16(const uint16_t *bt, const uint16_t *tail, int64_t r, int64_
 // expands per block of rows (T / threads, at most 8), each adding its rows' adapters in
 // order, sweeping each B whole (one stream; sweeping it in column ranges row by row was
 // slower). A step of rows on many adapters reads each from memory: every work item asks
-// for the next one's weights while it runs (measured on Zen 4, 8 rows on 8 rank-8/16
-// adapters of Gemma 270M's 126 targets, one thread, thread CPU time per step, medians:
-// 3.7-4.9 ms before, 3.4-4.3 after; rows on one adapter unchanged).
+// for the next one's weights while it runs (Zen 4, Gemma 270M's 126 targets, 8 rows, 2
+// threads, L3 flushed between steps, wall ms a step, medians: 8 rows on 8 rank-8/16
+// adapters 2.41-2.44 before, 2.21-2.23 after; on 5 adapters 2.02-2.08, 1.91-1.92; on one
+// adapter unchanged within the noise; a 128-row prefill on 8 adapters 17.3, 14.0).
 int ls_lora16(int n_ad, const uint16_t *const *as16, const uint16_t *const *tails,
               const uint16_t *const *bt16s, const int64_t *ranks, const float *s,
               const float *x, int64_t ldx, int64_t T, int64_t K, float *y, int64_t ldy,
