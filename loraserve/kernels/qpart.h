@@ -33,7 +33,7 @@ typedef struct {
     int kbytes;  // read through decoded groups of 8 rows (packed_kb.h; set per call by M)
     unpack_fn unpack;
     dot_fn one, four, eight;
-    dot_fn bu4, bu8;  // Q4_0 / Q5_0 in place: 4 and 8 rows on values decoded once (or NULL)
+    dot_fn bu4, bu8;  // Q4_0 / Q5_0 / MXFP4 in place: 4, 8 rows on values decoded once (or NULL)
     cols_fn c4;
     kdot_fn k1, k4;
     const uint8_t *w;
@@ -82,7 +82,8 @@ static int part_init(part_t *p, int type, const uint8_t *w, int64_t n, int64_t r
     dot_fns(p->in_place ? type : T_BUF, &p->one, &p->four, &p->eight, &p->c4);
     p->bu4 = p->bu8 = NULL;
 #if defined(__AVX2__)
-    if (p->in_place && (type == T_Q4_0 || type == T_Q5_0)) p->bu4 = dot_bufu_4, p->bu8 = dot_bufu_8;
+    if (p->in_place && (type == T_Q4_0 || type == T_Q5_0 || type == T_MXFP4))
+        p->bu4 = dot_bufu_4, p->bu8 = dot_bufu_8;
 #endif
     p->kq = is_kquant(type);
     p->k1 = kdot_buf_1;

@@ -90,7 +90,7 @@ static inline __attribute__((always_inline)) __m256i chunk_values(int type, cons
 #endif
 
 #if defined(__AVX2__)
-// A Q4_0 / Q5_0 row's values into qbuf (32 per chunk), decoded once for many activation
+// A Q4_0 / Q5_0 / MXFP4 row's values into qbuf (32 per chunk), decoded once for many activation
 // rows (in place, every pass over 8 activation rows decodes each chunk again), and a Q6_K
 // row's unsigned values u = q + 32 (kquant.h's T_BUF6). The same numbers as the in-place
 // decode, so the same bits.
@@ -98,6 +98,7 @@ static void decode_values(int type, const uint8_t *row, int64_t K, int8_t *qbuf)
     for (int64_t c = 0; c < K / 32; c++) {
         __m256i v = type == T_Q4_0   ? chunk_values(T_Q4_0, row, NULL, c)
                     : type == T_Q5_0 ? chunk_values(T_Q5_0, row, NULL, c)
+                    : type == T_MXFP4 ? chunk_values(T_MXFP4, row, NULL, c)
                                      : _mm256_add_epi8(chunk_values(T_Q6_K, row, NULL, c),
                                                        _mm256_set1_epi8(32));
         _mm256_storeu_si256((__m256i *)(qbuf + 32 * c), v);
