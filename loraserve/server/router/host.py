@@ -188,9 +188,13 @@ def main(argv: list[str]) -> None:
 
     library()  # the kernels loaded (and their hash checked) before the first model
     sock_path = argv[0]
+    # The router is the only client, over a private socket, and reuses its connections: a
+    # host that closed an idle one (uvicorn's 5 s keep-alive) as the router sent a request
+    # on it lost that request (a ReadError, a 500), so idle connections are kept for a day.
     config = uvicorn.Config(
-        HostApp(), uds=sock_path, http=HTTP_IMPL, log_level="warning", log_config=None
-    )
+        HostApp(), uds=sock_path, http=HTTP_IMPL, log_level="warning", log_config=None,
+        timeout_keep_alive=86400,
+    )  # fmt: skip
     config.access_log = False
     server = uvicorn.Server(config)
 
