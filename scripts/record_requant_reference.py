@@ -47,7 +47,8 @@ FORCED = {"IQ2_S+IQ3_XXS": ("IQ2_S", ["--tensor-type", "ffn_down=iq2_s",
           "IQ1_S+IQ1_M": ("IQ1_M", ["--tensor-type", "ffn_down=iq1_s",
                                     "--tensor-type", "attn_output=iq1_m"]),
           "TQ1_0+TQ2_0": ("Q4_K_M", ["--tensor-type", r"blk\.(3|9|15)\.ffn_down=tq1_0",
-                                     "--tensor-type", r"blk\.(4|10|16)\.attn_output=tq2_0"])}  # fmt: skip
+                                     "--tensor-type",
+                                     r"blk\.(4|10|16)\.attn_output=tq2_0"])}  # fmt: skip
 SOURCE = "Q4_K_M"  # the real model's own type: recorded as the baseline, not requantized
 TYPES = [SOURCE, "Q4_0", "Q5_1", "Q2_K", "Q3_K_M", "Q5_K_M",
          "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", *FORCED]  # fmt: skip
