@@ -32,6 +32,35 @@ static inline __m256 ld16x8(const uint16_t *p) {
     return _mm256_loadu_ps(f);
 #endif
 }
+
+// y[0..8) += the 8 outputs of one B tile (8 columns interleaved over the rank: tile[k * 8 + c])
+// times h [r]: 8 accumulator chains over the rank in fixed order, then the remainder. The
+// prefetches ask for the tile 4 on (hints, no bit changes). Shared by lora_b16 and b_row.
+static inline __attribute__((always_inline)) void b16_tile(const uint16_t *tile, int64_t r,
+                                                           const float *h, float *y) {
+    const int64_t r8 = r / 8 * 8;
+    __builtin_prefetch(tile + 4 * r * 8, 0, 0);
+    __builtin_prefetch(tile + 4 * r * 8 + 32, 0, 0);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+#define LS_LANE16(i, acc) \
+    acc = madd8(ld16x8(tile + (j + (i)) * 8), _mm256_broadcast_ss(h + j + (i)), acc)
+    for (int64_t j = 0; j < r8; j += 8) {
+        LS_LANE16(0, a0);
+        LS_LANE16(1, a1);
+        LS_LANE16(2, a2);
+        LS_LANE16(3, a3);
+        LS_LANE16(4, a4);
+        LS_LANE16(5, a5);
+        LS_LANE16(6, a6);
+        LS_LANE16(7, a7);
+    }
+#undef LS_LANE16
+    __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a4), _mm256_add_ps(a2, a6)),
+                               _mm256_add_ps(_mm256_add_ps(a1, a5), _mm256_add_ps(a3, a7)));
+    for (int64_t k = r8; k < r; k++)
+        sum = _mm256_add_ps(sum, _mm256_mul_ps(ld16x8(tile + k * 8), _mm256_broadcast_ss(h + k)));
+    _mm256_storeu_ps(y, _mm256_add_ps(_mm256_loadu_ps(y), sum));
+}
 #endif
 
 #include "lora16_rows.h"
@@ -95,33 +124,7 @@ static void lora_b16(const uint16_t *bt, const uint16_t *tail, int64_t r, int64_
     const int64_t n8 = N / 8 * 8;
     int64_t o = lo;
 #if defined(__AVX2__)
-    const int64_t r8 = r / 8 * 8;
-    for (; o + 8 <= hi; o += 8) {
-        const uint16_t *tile = bt + o * r;  // (o / 8) * r * 8
-        __builtin_prefetch(tile + 4 * r * 8, 0, 0);  // 4 tiles on: hints, no bit changes
-        __builtin_prefetch(tile + 4 * r * 8 + 32, 0, 0);
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
-               a7 = a0;
-#define LS_LANE16(i, acc) \
-    acc = madd8(ld16x8(tile + (j + (i)) * 8), _mm256_broadcast_ss(h + j + (i)), acc)
-        for (int64_t j = 0; j < r8; j += 8) {
-            LS_LANE16(0, a0);
-            LS_LANE16(1, a1);
-            LS_LANE16(2, a2);
-            LS_LANE16(3, a3);
-            LS_LANE16(4, a4);
-            LS_LANE16(5, a5);
-            LS_LANE16(6, a6);
-            LS_LANE16(7, a7);
-        }
-#undef LS_LANE16
-        __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a4), _mm256_add_ps(a2, a6)),
-                                   _mm256_add_ps(_mm256_add_ps(a1, a5), _mm256_add_ps(a3, a7)));
-        for (int64_t k = r8; k < r; k++)
-            sum = _mm256_add_ps(sum, _mm256_mul_ps(ld16x8(tile + k * 8),
-                                                   _mm256_broadcast_ss(h + k)));
-        _mm256_storeu_ps(y + o, _mm256_add_ps(_mm256_loadu_ps(y + o), sum));
-    }
+    for (; o + 8 <= hi; o += 8) b16_tile(bt + o * r, r, h, y + o);  // (o / 8) * r * 8
 #endif
     // without AVX2, dot_f is a plain chain over the rank: the same on a tile's column
     for (; o < hi && o < n8; o++) {

@@ -71,35 +71,11 @@ LS_AI void h_rows(const uint16_t *A, int64_t rank, const float *const *xs, int64
 // slower: 16 of them do not fit the registers beside the tile)
 LS_AI void b_row(const uint16_t *bt, int64_t r, const float *h, float *y, int64_t lo,
                  int64_t hi, const char *pf, int64_t pf_lines) {
-    const int64_t r8 = r / 8 * 8;
     int64_t done = 0;
     const int64_t per = (pf_lines + (hi - lo) / 8) / ((hi - lo) / 8 + 1) + 1;
     for (int64_t o = lo; o + 8 <= hi; o += 8) {
-        const uint16_t *tile = bt + o * r;
         pf_step(pf, pf_lines, &done, per);
-        __builtin_prefetch(tile + 4 * r * 8, 0, 0);  // lora_b16's hints
-        __builtin_prefetch(tile + 4 * r * 8 + 32, 0, 0);
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
-               a7 = a0;
-#define LS_LANE16(i, acc) \
-    acc = madd8(ld16x8(tile + (j + (i)) * 8), _mm256_broadcast_ss(h + j + (i)), acc)
-        for (int64_t j = 0; j < r8; j += 8) {
-            LS_LANE16(0, a0);
-            LS_LANE16(1, a1);
-            LS_LANE16(2, a2);
-            LS_LANE16(3, a3);
-            LS_LANE16(4, a4);
-            LS_LANE16(5, a5);
-            LS_LANE16(6, a6);
-            LS_LANE16(7, a7);
-        }
-#undef LS_LANE16
-        __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a4), _mm256_add_ps(a2, a6)),
-                                   _mm256_add_ps(_mm256_add_ps(a1, a5), _mm256_add_ps(a3, a7)));
-        for (int64_t k = r8; k < r; k++)
-            sum = _mm256_add_ps(sum, _mm256_mul_ps(ld16x8(tile + k * 8),
-                                                   _mm256_broadcast_ss(h + k)));
-        _mm256_storeu_ps(y + o, _mm256_add_ps(_mm256_loadu_ps(y + o), sum));
+        b16_tile(bt + o * r, r, h, y + o);  // lora_b16's very operations
     }
     pf_step(pf, pf_lines, &done, pf_lines);
 }

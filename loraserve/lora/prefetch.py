@@ -27,6 +27,7 @@ from pathlib import Path
 
 from loraserve.lora.adapter import Adapter
 from loraserve.lora.catalogue import PEFT_FILES
+from loraserve.lora.content_ids import Identity, identity
 from loraserve.lora.registry import AdapterRegistry
 
 MAX_UNCLAIMED = 16  # reads held for requests the engine has not received yet
@@ -34,18 +35,13 @@ TTL_S = 10.0  # an unclaimed read older than this is dropped
 
 # (adapter, error, seconds the read took)
 ReadResult = tuple[Adapter | None, BaseException | None, float]
-FileKey = tuple[str, tuple[tuple[int, int, int, int], ...]]
+FileKey = Identity
 
 
 def file_key(path: str | Path) -> FileKey | None:
-    """The identity of an adapter's file (or PEFT folder's files) now; None if gone."""
-    real = os.path.realpath(path)
-    files = [os.path.join(real, f) for f in PEFT_FILES] if os.path.isdir(real) else [real]
-    try:
-        stats = [os.stat(f) for f in files]
-    except OSError:
-        return None
-    return real, tuple((s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns) for s in stats)
+    """The identity of an adapter's file (or PEFT folder's files) now; None if gone: a read
+    made under another identity is stale (`content_ids.identity`)."""
+    return identity(path)
 
 
 def disk_path(reg: AdapterRegistry, ref: int | str) -> Path | None:
