@@ -117,3 +117,31 @@ def test_a_stuck_engine_never_holds_the_router_up(models_dir: Path) -> None:
         pid = pid_of(state, "tiny")
         os.kill(pid, signal.SIGSTOP)
     wait_dead(pid)  # `router` joins its server thread for 15 s at most
+
+
+def _zombie_children() -> set[int]:
+    """This process's children that ended and were never waited for."""
+    out = set()
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().split(") ", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "Z" and int(fields[1]) == os.getpid():
+            out.add(int(p))
+    return out
+
+
+def test_the_routers_end_reaps_a_spare_still_starting(models_dir: Path) -> None:
+    # a load takes the spare and starts the next one; the router ends at once, while that
+    # spare is still starting: its process is ended and waited for, not left a zombie
+    before = _zombie_children()
+    with router(["--models-dir", str(models_dir)]) as (c, _):
+        assert c.post("/models/load", json={"model": "tiny"}).json() == {"success": True}
+        wait_status(c, "tiny", "loaded")
+    # an unreaped spare ends once its imports are done and it reads its closed stdin
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline and not _zombie_children() - before:
+        time.sleep(0.1)
+    assert _zombie_children() - before == set()

@@ -86,6 +86,9 @@ class Host:
             line = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S)
         except TimeoutError:
             line = b""
+        except asyncio.CancelledError:  # the router ended while it started: end and reap it
+            await host.stop()
+            raise
         if line.strip() != b"ready":
             await host.stop()
             why = describe_exit(proc.returncode)
