@@ -11,36 +11,16 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
 
-from loraserve.cache.prefix_cache import CacheKey, Match, PrefixCache, Spans
+from loraserve.cache.prefix_cache import Match, PrefixCache
 from loraserve.engine.admission import QueueBudget, fair_order
 from loraserve.engine.preemption import Preemption
 from loraserve.engine.request import Request, Run
 from loraserve.engine.runner import BatchItem
+from loraserve.engine.slot import Slot
 from loraserve.engine.step_plan import compose
 
 log = logging.getLogger("loraserve.engine")
-
-
-@dataclass
-class Slot:
-    """A concurrent sequence position (`-np`), retaining its last sequence when idle."""
-
-    id: int
-    run: Run | None = None
-    cache_key: CacheKey | Spans = ()
-    tokens: list[int] = field(default_factory=list)  # tokens whose KV `blocks` hold
-    blocks: list[int] = field(default_factory=list)
-    last_used: float = 0.0
-    last_request: Request | None = None
-    # the request whose live recurrent state follows `tokens` (this very list: a slot
-    # restored or erased gets another one), for `Scheduler._live_match`
-    live: tuple[int, list[int]] | None = None
-
-    @property
-    def busy(self) -> bool:
-        return self.run is not None
 
 
 class Scheduler:

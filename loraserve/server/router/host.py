@@ -98,7 +98,6 @@ class HostApp:
         """Load engine `eid` (a `ServerConfig`); its model's sizes for `GET /models`."""
         from loraserve.server.app import create_app
         from loraserve.server.offload import io_thread
-        from loraserve.server.router.pool import assemble_default
         from loraserve.server.startup import check_files
 
         if cfg.n_threads > 0:
@@ -172,6 +171,14 @@ async def _json(send: Send, obj: object, status: int = 200) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": raw})
+
+
+def assemble_default(cfg: Any) -> None:
+    """The default model's file is assembled from its package on its first load."""
+    from loraserve.model.default import FILE_NAME, cache_dir, default_model_path
+
+    if Path(str(cfg.model)) == (cache_dir() / FILE_NAME).resolve():
+        default_model_path()
 
 
 def main(argv: list[str]) -> None:

