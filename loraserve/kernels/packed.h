@@ -20,6 +20,7 @@
 //                value 4t + i of the row, for byte 4 * row + i)
 //   Q4_K 1184 B: f16 d[8] | f16 dmin[8] | u8 sc[8][8 rows] | u8 mn[8][8 rows] |
 //                nibbles[4 pairs g][8 steps t][8 rows][4]: low = sub-block 2g, high = 2g + 1
+//   MXFP4  136 B: u8 e8m0 exponents[8] | nibbles as Q4_0 (packed_nl.h)
 //   IQ4_XS 1104 B: packed_xs.h
 //   Q6_K 1680 B: packed_q6.h (pack_q6k.h's layout)
 
@@ -35,7 +36,9 @@
 // 1 thread, thread-CPU time, ~200-260 MB matrices on huge pages, against a plain read of
 // the same bytes in 5.1-7.7 ms): the pair tiles Q6_K (K = 2048) 11-13 -> 7.7-8.4 ms, Q4_K
 // 13.4-13.9 -> 7.2-7.4, Q5_0 (K = 2048 / 2880) 8.0-10.4 -> 6.3-6.4; the one-group tiles
-// Q6_K 9.4-9.9 -> 7.7, Q8_0 6.3-7.4 -> 5.5-6.7. A hint: the same bits.
+// Q6_K 9.4-9.9 -> 7.7, Q8_0 6.3-7.4 -> 5.5-6.7; the AVX2 build's one-group tiles (~240 MB,
+// read 7.2-7.5 ms) Q4_K (K = 2048) 9.0-10.0 -> 8.0, Q5_0 (K = 2048 / 2880) 9.3-10.2 -> 7.9-8.3.
+// A hint: the same bits.
 #define PK_AHEAD(p) __builtin_prefetch((const char *)(p), 0, 0)
 
 #define PACKED 256  // a packed type's code: PACKED | its ggml type
@@ -43,7 +46,8 @@
 
 static inline int packable(int type) {
     return type == T_Q8_0 || type == T_Q5_0 || type == T_Q4_0 || type == T_Q4_K ||
-           type == T_IQ4_NL || type == T_IQ4_XS || type == T_Q5_1 || type == T_Q6_K;
+           type == T_IQ4_NL || type == T_IQ4_XS || type == T_Q5_1 || type == T_Q6_K ||
+           type == T_MXFP4;
 }
 
 // values per block of a packable type's layout (a row's K a multiple of it)
@@ -59,6 +63,7 @@ static inline int64_t packed_group_bytes(int type, int64_t K) {
     case T_Q5_1: return K / 32 * 192;
     case T_Q4_0:
     case T_IQ4_NL: return K / 32 * 144;  // Q4_0's layout (packed_nl.h)
+    case T_MXFP4: return K / 32 * 136;   // u8 e8m0[8] | Q4_0's nibbles (packed_nl.h)
     case T_Q4_K: return K / 256 * 1184;
     case T_IQ4_XS: return K / 256 * 1104;  // packed_xs.h
     case T_Q6_K: return K / 256 * 1680;    // packed_q6.h
@@ -192,7 +197,10 @@ static inline __attribute__((always_inline)) void pk_dot_q5_0(
     (void)ones;  // unused where LS_PR is dpbusd
     for (int64_t c = 0; c < nc; c++) {
         const uint8_t *blk = g + bb * c, *nib = blk + noff;
-        if (ahead) PREFETCH(blk), PREFETCH(blk + 64), PREFETCH(blk + 128);
+        if (ahead) {  // the next group's block c (PK_AHEAD)
+            const uint8_t *pf = blk + bb * nc;
+            PK_AHEAD(pf), PK_AHEAD(pf + 64), PK_AHEAD(pf + 128);
+        }
         const __m256i h = hb ? _mm256_loadu_si256((const __m256i *)(blk + hoff)) : _mm256_setzero_si256();
         __m256i i0 = _mm256_setzero_si256(), i1 = i0, i2 = i0, i3 = i0;
         // the unsigned values (0..31) as they are: 4 steps add in int16 (31 * 127 * 2 * 4 =

@@ -41,7 +41,7 @@ static inline __attribute__((always_inline)) void pk_dot_q4_k(
 #endif
 #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) {
-                if (ahead && !(t & 1)) PREFETCH(nib + 32 * t);
+                if (ahead) PK_AHEAD(blk + 1184 * nb + 296 * gp + 37 * t);  // the next group
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(nib + 32 * t));
                 const __m256i wl = _mm256_and_si256(v, lo4);
                 const __m256i wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
