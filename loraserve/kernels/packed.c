@@ -16,7 +16,8 @@ void ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd
         if (type == T_Q8_0) pk_dot_q8_0(g, x, xd, K, RR, ahead, out, ldy);                    \
         else if (type == T_Q5_0 || type == T_Q4_0 || type == T_Q5_1)                          \
             pk_dot_q5_0(g, type == T_Q5_1 ? 2 : type == T_Q5_0, x, xd, bs32, K, RR, ahead, out, ldy); \
-        else if (type == T_IQ4_NL) pk_dot_iq4_nl(g, x, xd, bs32, K, RR, ahead, out, ldy);     \
+        else if (type == T_IQ4_NL) pk_dot_iq4_nl(g, 0, x, xd, bs32, K, RR, ahead, out, ldy);  \
+        else if (type == T_MXFP4) pk_dot_iq4_nl(g, 1, x, xd, bs32, K, RR, ahead, out, ldy);   \
         else if (type == T_IQ4_XS) pk_dot_iq4_xs(g, x, xd, bs32, K, RR, ahead, out, ldy);     \
         else if (type == T_Q6_K) pq6_dot(g, x, xd, bs32, K, RR, ahead, out, ldy);             \
         else pk_dot_q4_k(g, x, xd, bs32, K, RR, ahead, out, ldy);                             \
@@ -39,7 +40,8 @@ void ls_packed_tile2(int type, const uint8_t *g, int64_t gb, const int8_t *x, co
 #define LS_T(RR)                                                                              \
     do {                                                                                      \
         if (type == T_Q4_K) pz_dot_q4_k(g, gb, x, xd, bs32, K, RR, ahead, out, ldy);           \
-        else if (type == T_IQ4_NL) pz_dot_iq4_nl(g, gb, x, xd, bs32, K, RR, ahead, out, ldy);  \
+        else if (type == T_IQ4_NL) pz_dot_iq4_nl(g, gb, 0, x, xd, bs32, K, RR, ahead, out, ldy); \
+        else if (type == T_MXFP4) pz_dot_iq4_nl(g, gb, 1, x, xd, bs32, K, RR, ahead, out, ldy); \
         else if (type == T_Q6_K) pz_dot_q6_k(g, gb, x, xd, bs32, K, RR, ahead, out, ldy);      \
         else if (type == T_IQ4_XS) pz_dot_iq4_xs(g, gb, x, xd, bs32, K, RR, ahead, out, ldy);  \
         else pz_dot_q5_0(g, gb, hb, x, xd, bs32, K, RR, ahead, out, ldy);                      \
@@ -175,13 +177,16 @@ static void pack_group(int type, uint8_t *rows, int64_t row_bytes, int64_t K, ui
                 LS_MOVE(blk + 2 * r, src, 2);
                 for (int t = 0; t < 8; t++) LS_MOVE(blk + 16 + 32 * t + 4 * r, src + 2 + 4 * t, 4);
             }
-        } else if (type == T_Q5_0 || type == T_Q4_0 || type == T_IQ4_NL || type == T_Q5_1) {
-            // Q5_1: d, m, qh, qs in the row; d[8], m[8], hb, nibbles in the group
-            const int hb = type == T_Q5_0 || type == T_Q5_1, m1 = type == T_Q5_1;
-            const int bb = m1 ? 192 : hb ? 176 : 144, rb = m1 ? 24 : hb ? 22 : 18;
+        } else if (type == T_Q5_0 || type == T_Q4_0 || type == T_IQ4_NL || type == T_Q5_1 ||
+                   type == T_MXFP4) {
+            // Q5_1: d, m, qh, qs in the row; d[8], m[8], hb, nibbles in the group. MXFP4:
+            // e, qs in the row; e[8], nibbles in the group
+            const int hb = type == T_Q5_0 || type == T_Q5_1, m1 = type == T_Q5_1, mx = type == T_MXFP4;
+            const int bb = m1 ? 192 : hb ? 176 : mx ? 136 : 144, rb = m1 ? 24 : hb ? 22 : mx ? 17 : 18;
             for (int64_t c = 0; c < K / 32; c++) {
                 uint8_t *blk = g + bb * c, *src = row + rb * c, *nib = blk + bb - 128;
-                LS_MOVE(blk + 2 * r, src, 2);
+                if (mx) LS_MOVE(blk + r, src, 1);
+                else LS_MOVE(blk + 2 * r, src, 2);
                 if (m1) LS_MOVE(blk + 16 + 2 * r, src + 2, 2);
                 for (int u = 0; u < 4; u++) LS_MOVE(nib + 32 * u + 4 * r, src + rb - 16 + 4 * u, 4);
                 if (!hb) continue;

@@ -106,31 +106,41 @@ static inline __attribute__((always_inline)) void pz_dot_q5_0(
     PZ_STORE(y, ldy);
 }
 
-// pk_dot_iq4_nl's VNNI steps (packed_nl.h: the table offset by 128 into dpbusd, less 128 *
-// sum(x) per block) on groups g and g + gb: y[r * ldy + 0..15] for R (1..4) rows x [R, K].
+// the two groups' 8 e8m0 exponent bytes each as 16 floats (pk_e8m0x8's, exact)
+static inline __m512 pz_e8m0x16(const uint8_t *a, const uint8_t *b) {
+    const __m512i e = _mm512_cvtepu8_epi32(
+        _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a), _mm_loadl_epi64((const __m128i *)b)));
+    const __m512i big = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __mmask16 small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    return _mm512_castsi512_ps(_mm512_mask_sllv_epi32(big, small, _mm512_set1_epi32(0x00200000), e));
+}
+
+// pk_dot_iq4_nl's VNNI steps (packed_nl.h: IQ4_NL mx 0, MXFP4 mx 1; the table offset by 128
+// into dpbusd, less 128 * sum(x) per block) on groups g and g + gb: y[r * ldy + 0..15] for
+// R (1..4) rows x [R, K].
 static inline __attribute__((always_inline)) void pz_dot_iq4_nl(
-    const uint8_t *g, int64_t gb, const int8_t *x, const float *xd, const int16_t *bs,
+    const uint8_t *g, int64_t gb, int mx, const int8_t *x, const float *xd, const int16_t *bs,
     int64_t K, int R, int ahead, float *y, int64_t ldy) {
-    const int64_t nc = K / 32;
+    const int64_t nc = K / 32, bb = PK_NL_BYTES(mx), hd = bb - 128;
     __m512 y0 = _mm512_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
     const __m512i lo4 = _mm512_set1_epi8(0x0F);
-    const __m512i kv = _mm512_broadcast_i32x4(
-        _mm_add_epi8(_mm_loadu_si128((const __m128i *)KV_IQ4NL), _mm_set1_epi8((char)0x80)));
+    const __m512i kv = _mm512_broadcast_i32x4(_mm_add_epi8(
+        _mm_loadu_si128((const __m128i *)(mx ? KV_MXFP4 : KV_IQ4NL)), _mm_set1_epi8((char)0x80)));
     for (int64_t c = 0; c < nc; c++) {
-        const uint8_t *b0 = g + 144 * c, *b1 = b0 + gb;
+        const uint8_t *b0 = g + bb * c, *b1 = b0 + gb;
         if (ahead) PREFETCH(b0), PREFETCH(b0 + 64), PREFETCH(b0 + 128);
         if (ahead) PREFETCH(b1), PREFETCH(b1 + 64), PREFETCH(b1 + 128);
         __m512i i0 = _mm512_setzero_si512(), i1 = i0, i2 = i0, i3 = i0;
 #define LS_PR(r, acc, yy) acc = _mm512_dpbusd_epi32(acc, w, pz_bcast4(x + (r) * K + 32 * c + 4 * t))
 #pragma GCC unroll 8
         for (int t = 0; t < 8; t++) {
-            const __m512i v = pz_load2(b0 + 16 + 32 * (t & 3), b1 + 16 + 32 * (t & 3));
+            const __m512i v = pz_load2(b0 + hd + 32 * (t & 3), b1 + hd + 32 * (t & 3));
             const __m512i w = _mm512_shuffle_epi8(
                 kv, t < 4 ? _mm512_and_si512(v, lo4) : _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4));
             PZ_EACH(LS_PR);
         }
 #undef LS_PR
-        const __m512 dw = pz_halves16(b0, b1);
+        const __m512 dw = mx ? pz_e8m0x16(b0, b1) : pz_halves16(b0, b1);
 #define LS_PF(r, acc, yy)                                                                     \
     yy = pz_madd16(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(128 * bs[(r) * nc + c]))), \
                    _mm512_mul_ps(dw, _mm512_set1_ps(xd[(r) * nc + c])), yy)
@@ -146,5 +156,5 @@ static inline __attribute__((always_inline)) void pz_dot_iq4_nl(
 // whether packed `type` has a kernel for two groups at once here (ls_packed_tile2)
 static inline int pz_pairs(int type) {
     return PZ_PAIRS && (type == T_Q5_0 || type == T_Q4_0 || type == T_Q5_1 || type == T_Q4_K ||
-                        type == T_IQ4_NL || type == T_Q6_K || type == T_IQ4_XS);
+                        type == T_IQ4_NL || type == T_Q6_K || type == T_IQ4_XS || type == T_MXFP4);
 }

@@ -17,7 +17,7 @@ from tests.unit.model.test_kernels import (
     random_rows,
 )
 
-PACKABLE = ["Q4_0", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
+PACKABLE = ["Q4_0", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"]
 
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="packing needs the C kernels")
 
