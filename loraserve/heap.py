@@ -10,8 +10,9 @@ temporary of 1 MiB or more on every step. ``malloc_trim(0)`` instead returns the
 pages inside every arena (``MADV_DONTNEED``) and leaves the allocation paths alone; the
 pages a later step reuses are faulted in again then. `HeapTrim` calls it when the engine
 falls idle and at most every ``every_s`` seconds while it runs (`LORASERVE_HEAP_TRIM_S`,
-0: never), and `trim` is called after the KV pool has grown (the old layers freed). No-op
-without glibc.
+0: never), and `after_growth` after the KV pool has grown (the old layers freed), unless
+trimming is off (`LORASERVE_HEAP_TRIM_S` 0: no trim at all, there either). No-op without
+glibc.
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ def trim() -> bool:
     without glibc's ``malloc_trim``)."""
     lib = _trim_fn()
     return bool(lib.malloc_trim(0)) if lib is not None else False
+
+
+def after_growth() -> bool:
+    """After a large free (the KV pool grown): `trim` unless `LORASERVE_HEAP_TRIM_S` turns
+    trimming off (0 or less); whether any page was given back."""
+    return every_s_from_env() > 0 and trim()
 
 
 def every_s_from_env() -> float:

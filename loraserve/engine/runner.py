@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from loraserve.cache.state import SeqStep, StateStore
-from loraserve.heap import trim
+from loraserve.heap import after_growth
 from loraserve.model.context import AttnMeta, LoraDelta, StepContext, set_context
 from loraserve.model.decoder import Decoder
 from loraserve.model.recurrent import kv_heads, state_shapes
@@ -85,7 +85,7 @@ class ModelRunner:
                 del old_k, old_v
             new.append((k, v))
         self.kv, self.capacity = new, n_blocks
-        trim()  # the old layers' pages, and what their freeing left in the heaps
+        after_growth()  # the old layers' pages, and what their freeing left in the heaps
 
     def copy_block(self, src: int, dst: int, n: int) -> None:
         """Copy the first ``n`` token slots of block ``src`` into block ``dst`` (all layers)."""

@@ -77,3 +77,39 @@ def test_period_from_env(monkeypatch) -> None:
     assert heap.every_s_from_env() == 2.5
     monkeypatch.setenv(heap.ENV, "junk")
     assert heap.every_s_from_env() == heap.EVERY_S
+
+
+def test_after_growth_respects_the_switch(monkeypatch) -> None:
+    """The KV pool's growth trims only while trimming is on: `LORASERVE_HEAP_TRIM_S=0`
+    turns every trim off, that one included (it ran regardless before)."""
+    calls: list[int] = []
+    monkeypatch.setattr(heap, "trim", lambda: calls.append(1) or True)
+    monkeypatch.setenv(heap.ENV, "0")
+    assert not heap.after_growth() and calls == []
+    monkeypatch.setenv(heap.ENV, "-1")
+    assert not heap.after_growth() and calls == []
+    monkeypatch.delenv(heap.ENV)
+    assert heap.after_growth() and calls == [1]
+
+
+def test_kv_pool_growth_trims_only_when_on(monkeypatch) -> None:
+    """The runner's KV pool growth: a trim with the default period, none at 0."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from loraserve.engine import runner
+
+    calls: list[int] = []  # glibc's malloc_trim itself, whoever calls it
+    libc = SimpleNamespace(malloc_trim=lambda pad: calls.append(pad) or 1)
+    monkeypatch.setattr(heap, "_trim_fn", lambda: libc)
+    cfg = SimpleNamespace(n_layers=2, layer_kinds=["attn", "attn"], n_kv_heads=1, head_dim=4,
+                          recurrent=False)  # fmt: skip
+    monkeypatch.setenv(heap.ENV, "0")
+    pool = runner.ModelRunner(SimpleNamespace(cfg=cfg), 4, torch.float32)  # type: ignore[arg-type]
+    pool.ensure_capacity(2)
+    pool.ensure_capacity(4)
+    assert calls == [] and pool.capacity == 4
+    monkeypatch.delenv(heap.ENV)
+    pool.ensure_capacity(8)
+    assert calls == [0]
