@@ -20,6 +20,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from loraserve.chat.formats.budget import budget_markers
 from loraserve.chat.formats.description import PLAIN, ChatFormat
 from loraserve.chat.formats.grammar import tool_grammar
 from loraserve.chat.formats.lead import opens_reasoning, turn_lead
@@ -166,12 +167,12 @@ def reasoning_budget(cfg: Any, body: Any) -> Budget:
 
 
 def _budget(tok: Tokenizer, fmt: ChatFormat, prompt: str, budget: Budget) -> BudgetSpec | None:
-    """The budget's markers as tokens: the reasoning start arms it, the end marker (or a
-    marker that also ends reasoning) ends it, and the end marker, after the budget's
-    message, is forced when it is spent (llama-server's thinking_start_tag /
-    thinking_end_tags / reasoning_budget_message)."""
-    start, end = fmt.reasoning_start.strip(), fmt.reasoning_end.rstrip()
-    if budget.tokens < 0 or not start or not end.strip():
+    """The budget's markers (`chat.formats.budget`) as tokens: the reasoning start arms it,
+    an end marker ends it, and the first end marker, after the budget's message, is forced
+    when it is spent (llama-server's thinking_start_tag / thinking_end_tags /
+    reasoning_budget_message)."""
+    markers = budget_markers(fmt)
+    if budget.tokens < 0 or markers is None:
         return None
 
     def ids(text: str) -> tuple[int, ...]:
@@ -187,10 +188,9 @@ def _budget(tok: Tokenizer, fmt: ChatFormat, prompt: str, budget: Budget) -> Bud
             out.append(tuple(fragment(text, False)))
         return out
 
-    ends = [end, end.strip(), *(m.strip() for m in fmt.reasoning_stops)]
-    end_seqs = [s for e in dict.fromkeys(ends) if e for s in spellings(e)]
-    forced = (ids(budget.message) if budget.message else ()) + ids(end)
-    return BudgetSpec(budget.tokens, tuple(dict.fromkeys(spellings(start))),
+    end_seqs = [s for e in markers.ends for s in spellings(e)]
+    forced = (ids(budget.message) if budget.message else ()) + ids(markers.ends[0])
+    return BudgetSpec(budget.tokens, tuple(dict.fromkeys(spellings(markers.start))),
                       tuple(dict.fromkeys(end_seqs)), forced,
                       opens_reasoning(fmt, prompt))  # fmt: skip
 

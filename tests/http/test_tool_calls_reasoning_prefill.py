@@ -3,9 +3,11 @@ holds only `reasoning_content`, so the prompt opens the reasoning and writes it 
 continuation), and the answer continues inside it. Under `required` this was a 500 for
 Gemma 4, LFM2 and MiniMax-M3 (their grammars forced the call at once); now the budget ends
 the reasoning and a call valid for the schema follows, with the prefill leading
-`reasoning_content`. Muse Glimmer's analysis message has no budget (llama.cpp sets no
-thinking end tags for it), so the random model writes it until the token limit, and the
-call's recipient is never forced into it. LFM2-8B-A1B's template has no `<think>`, so
+`reasoning_content`. Muse Glimmer's analysis message had no budget (llama.cpp sets no
+thinking end tags for it), so the random model wrote it until the token limit and never
+called; its budget (`chat.formats.budget`) now forces the message's `<|eom|>`, and the call
+follows as for the others (the call's recipient is never forced into the reasoning).
+LFM2-8B-A1B's template has no `<think>`, so
 llama.cpp extracts no reasoning there: the prefill and its continuation are content.
 Command R7B (whose analysed assistant marker, `<|START_RESPONSE|>`, is not in the prompt)
 and SmolLM3 (no tool format: the forced call is bare JSON) lost the prefill from
@@ -48,7 +50,7 @@ def test_reasoning_prefill_continues(srv, choice: str) -> None:
         assert msg["reasoning_content"].startswith("Let me")
         assert " to=" not in msg["reasoning_content"]
     calls = check_calls(choice_)
-    if choice == "required" and srv.template_name != "muse-glimmer.jinja":
+    if choice == "required":
         assert choice_["finish_reason"] == "tool_calls" and len(calls) == 1
-    if choice == "auto" or srv.template_name == "muse-glimmer.jinja":
+    else:
         assert not calls  # the random model calls nothing by itself

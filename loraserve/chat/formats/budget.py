@@ -1,0 +1,40 @@
+"""The reasoning budget's markers for a format (`--reasoning-budget`, `reasoning_budget_tokens`):
+the text that opens a reasoning block, arming the budget, and the texts that end one, the
+first of which is forced when the budget is spent (`engine.budget`).
+
+llama-server reads them from the format as `thinking_start_tag` / `thinking_end_tags`
+(server-common.cpp: no end tags, no budget). Ours are the same for every template
+llama.cpp gives them (tests/unit/chat/test_budget_markers.py, over the 70 templates'
+recorded answers), plus the format's own end spellings and the markers that also end its
+reasoning (a call's start), so a call written inside reasoning is never cut by a forced end
+marker. Beyond llama-server: Muse Glimmer, whose reasoning is a ` to=self` message ended by
+`<|eom|>` and for which llama.cpp sets no tags, gets a budget too, so under `required` a
+model that never ends its reasoning message still reaches the call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loraserve.chat.formats.description import ChatFormat
+from loraserve.chat.formats.lead import MUSE_EOM, MUSE_SELF
+
+
+@dataclass(frozen=True)
+class BudgetMarkers:
+    """Where a format's reasoning starts and ends, as text."""
+
+    start: str  # opens a reasoning block (the budget arms after it)
+    ends: tuple[str, ...]  # end it; `ends[0]` is forced when the budget is spent
+
+
+def budget_markers(fmt: ChatFormat) -> BudgetMarkers | None:
+    """The reasoning budget's markers for `fmt`, or None where it has no reasoning block
+    with an end marker."""
+    if fmt.dialect == "muse_glimmer":  # a reasoning message: ` to=self<|message|>..<|eom|>`
+        return BudgetMarkers(MUSE_SELF, (MUSE_EOM,))
+    start, end = fmt.reasoning_start.strip(), fmt.reasoning_end.rstrip()
+    if not start or not end.strip():
+        return None
+    ends = (end, end.strip(), *fmt.thinking_end_tags, *(m.strip() for m in fmt.reasoning_stops))
+    return BudgetMarkers(start, tuple(dict.fromkeys(e for e in ends if e)))
