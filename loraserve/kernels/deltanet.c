@@ -189,9 +189,12 @@ int ls_gated_act(const float *g, const float *u, int64_t T, int64_t F, int64_t l
 // conv_out [(L-1) C] gets the conv rows after this one (st's last L-2 rows, then x). Every
 // product is rounded before it is added (-ffp-contract=off): the bits of the torch
 // reference's multiply and add per tap (shortconv.causal_conv) on these values.
-void ls_conv_step(const float *st, const float *x, const float *taps, const float *bias,
-                  int64_t C, int64_t L, const float *ones, float *pre, float *act,
-                  float *conv_out) {
+// Returns 0, or -3 for sizes that do not fit (C or L below 1, a row pointer missing).
+int ls_conv_step(const float *st, const float *x, const float *taps, const float *bias,
+                 int64_t C, int64_t L, const float *ones, float *pre, float *act,
+                 float *conv_out) {
+    if (C < 1 || L < 1 || !x || !taps || !ones || !pre || !act || (L > 1 && (!st || !conv_out)))
+        return -3;
     for (int64_t c = 0; c < C; c++) {
         float acc = (L > 1 ? st[c] : x[c]) * taps[c];
         for (int64_t j = 1; j < L; j++) {
@@ -206,4 +209,5 @@ void ls_conv_step(const float *st, const float *x, const float *taps, const floa
         memmove(conv_out, st + C, sizeof(float) * (size_t)((L - 2) * C));
         memcpy(conv_out + (L - 2) * C, x, sizeof(float) * (size_t)C);
     }
+    return 0;
 }

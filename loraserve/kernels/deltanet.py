@@ -17,7 +17,7 @@ _SIGNATURES = {
         [_I, _P, _P, _P, _P, _P, _P, _P, _I, _P, _P, _F, _P, _I, _I, _P, _P, _P, ctypes.c_int],
         ctypes.c_int,
     ),
-    "ls_conv_step": ([_P, _P, _P, _P, _I, _I, _P, _P, _P, _P], None),
+    "ls_conv_step": ([_P, _P, _P, _P, _I, _I, _P, _P, _P, _P], ctypes.c_int),
 }
 _lib: ctypes.CDLL | None = None
 _loaded = False
@@ -115,7 +115,9 @@ def conv_step(
     if x.stride(-1) != 1 or not (st.is_contiguous() and conv_out.is_contiguous()):
         raise ValueError("conv_step: rows of unit stride")
     pre, act = torch.empty(c), torch.empty(1, c)
-    lib.ls_conv_step(st.data_ptr(), x.data_ptr(), taps.data_ptr(),
-                     None if bias is None else bias.data_ptr(), c, n, ones.data_ptr(),
-                     pre.data_ptr(), act.data_ptr(), conv_out.data_ptr())  # fmt: skip
+    rc = lib.ls_conv_step(st.data_ptr(), x.data_ptr(), taps.data_ptr(),
+                          None if bias is None else bias.data_ptr(), c, n, ones.data_ptr(),
+                          pre.data_ptr(), act.data_ptr(), conv_out.data_ptr())  # fmt: skip
+    if rc != 0:
+        raise ValueError(f"conv_step: sizes that do not fit the C kernel ({rc})")
     return act

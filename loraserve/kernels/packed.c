@@ -9,8 +9,19 @@
 #include "packed_xs.h"
 #include "packed_zk.h"
 
-void ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd,
-                    const int16_t *bs32, int64_t K, int R, int ahead, float *out, int64_t ldy) {
+// Whether R (1..4) rows of K values against a group of packable `type` fit: K whole blocks
+// of the type, out rows at least `width` apart (issue 31: every C entry point checks its
+// sizes rather than trusting its caller).
+static inline int tile_fits(int type, const uint8_t *g, const int8_t *x, const float *xd,
+                            int64_t K, int R, float *out, int64_t ldy, int64_t width) {
+    return packed_group_bytes(type, K) > 0 && K % packed_block(type) == 0 && R >= 1 && R <= 4 &&
+           (R == 1 || ldy >= width) && g && x && xd && out;
+}
+
+// Returns 0, or -3 for sizes that do not fit.
+int ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd,
+                   const int16_t *bs32, int64_t K, int R, int ahead, float *out, int64_t ldy) {
+    if (!tile_fits(type, g, x, xd, K, R, out, ldy, PK_ROWS)) return -3;
 #define LS_T(RR)                                                                              \
     do {                                                                                      \
         if (type == T_Q8_0) pk_dot_q8_0(g, x, xd, K, RR, ahead, out, ldy);                    \
@@ -29,13 +40,19 @@ void ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd
     default: LS_T(1); break;
     }
 #undef LS_T
+    return 0;
 }
 
 // Groups g and g + gb together (pz_pairs' types): R (1..4) activation rows against 16
-// weight rows, out[r * ldy + 0..15]; the bits of two ls_packed_tile calls.
-void ls_packed_tile2(int type, const uint8_t *g, int64_t gb, const int8_t *x, const float *xd,
-                     const int16_t *bs32, int64_t K, int R, int ahead, float *out, int64_t ldy) {
+// weight rows, out[r * ldy + 0..15]; the bits of two ls_packed_tile calls. Returns 0, or -3
+// for sizes that do not fit (gb less than a group, a type without pair tiles here).
+int ls_packed_tile2(int type, const uint8_t *g, int64_t gb, const int8_t *x, const float *xd,
+                    const int16_t *bs32, int64_t K, int R, int ahead, float *out, int64_t ldy) {
+    if (!tile_fits(type, g, x, xd, K, R, out, ldy, 2 * PK_ROWS) ||
+        gb < packed_group_bytes(type, K))
+        return -3;
 #if PZ_PAIRS
+    if (!pz_pairs(type)) return -3;
     const int hb = type == T_Q5_1 ? 2 : type == T_Q5_0;
 #define LS_T(RR)                                                                              \
     do {                                                                                      \
@@ -53,9 +70,10 @@ void ls_packed_tile2(int type, const uint8_t *g, int64_t gb, const int8_t *x, co
     default: LS_T(1); break;
     }
 #undef LS_T
+    return 0;
 #else
     ls_packed_tile(type, g, x, xd, bs32, K, R, ahead, out, ldy);
-    ls_packed_tile(type, g + gb, x, xd, bs32, K, R, ahead, out + PK_ROWS, ldy);
+    return ls_packed_tile(type, g + gb, x, xd, bs32, K, R, ahead, out + PK_ROWS, ldy);
 #endif
 }
 
@@ -67,16 +85,31 @@ int ls_packed_pairs(int type) { return pz_pairs(type); }
 int ls_kbytes_type(int type) { return kb_type(type); }
 int64_t ls_kbytes_scratch(int64_t K, int64_t ng) { return kb_scratch_bytes(K, ng); }
 
+#if defined(__AVX2__)
+// bytes per 256 values of a type ls_kbytes_task takes (its rows' least length per block)
+static int64_t kb_block_bytes(int type) {
+    int64_t block;
+    return type == T_Q2_K ? 84 : type == T_Q3_K ? 110 : type == T_Q5_K ? 176
+           : type == T_Q6_K ? 210 : nl_block_bytes(type, &block);
+}
+#endif
+
 // Output columns n0 .. n0 + 8 ng - 1 (y at the part's first column) of all M activation rows
 // (xq, xd, bs16: quantized per 256) for a K-quant part read through decoded groups
 // (packed_kb.h): the ng groups of 8 rows from row n0 (w: the file's rows at stride
 // row_bytes, or packed Q6_K groups) decoded once into buf (ls_kbytes_scratch bytes, 64-byte
 // aligned), then 4 activation rows at a time against pairs of them (one group at a time in
-// AVX2 builds). Returns 0, or -1 where this build has no such tiles (no AVX2).
+// AVX2 builds). Returns 0, -1 where this build has no such tiles (no AVX2), or -3 for sizes
+// that do not fit (a type without these tiles, K not whole super-blocks, rows shorter than K
+// values of the type, y rows closer than the task's columns).
 int ls_kbytes_task(int type, int packed, const uint8_t *w, int64_t row_bytes, int64_t n0,
                    int64_t ng, int64_t K, const int8_t *xq, const float *xd, const int16_t *bs16,
                    int64_t M, float *y, int64_t ldy, uint8_t *buf) {
 #if defined(__AVX2__)
+    if (!kb_type(type) || (packed && type != T_Q6_K) || K < 256 || K % 256 != 0 || n0 < 0 ||
+        ng < 0 || M < 0 || (M > 1 && ldy < n0 + PK_ROWS * ng) || !w || !xq || !xd || !bs16 ||
+        !y || !buf || (!packed && row_bytes < K / 256 * kb_block_bytes(type)))
+        return -3;
     const int64_t nb = K / 256, gb = nb * KB_SB;
     int8_t *q = (int8_t *)(buf + ng * gb);
     int16_t *sc = (int16_t *)(q + 8 * K), *mn = sc + K / 16 + 16;

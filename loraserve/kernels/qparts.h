@@ -189,14 +189,14 @@ static void part_rows(const part_t *p, int64_t n0, int64_t n1, int64_t K, const 
 }
 
 // R (1..4) activation rows x [R, K] against packed group g, into out (packed.c)
-void ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd,
-                    const int16_t *bs32, int64_t K, int R, int ahead, float *out, int64_t ldy);
+int ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd,
+                   const int16_t *bs32, int64_t K, int R, int ahead, float *out, int64_t ldy);
 
 // two groups at once (packed.c, packed_z.h: 512-bit vectors, the same bits). Measured (Zen 5,
 // 1 thread, thread CPU time, Gemma 270M at 512 rows, alternated with one group at a time):
 // Q5_0 2048 x 640 0.55x the time, Q4_K 640 x 2048 0.57x, 640 x 1024 0.60x.
-void ls_packed_tile2(int type, const uint8_t *g, int64_t gb, const int8_t *x, const float *xd,
-                     const int16_t *bs32, int64_t K, int R, int ahead, float *out, int64_t ldy);
+int ls_packed_tile2(int type, const uint8_t *g, int64_t gb, const int8_t *x, const float *xd,
+                    const int16_t *bs32, int64_t K, int R, int ahead, float *out, int64_t ldy);
 int ls_packed_pairs(int type);
 
 // From ROWS_MIN_M activation rows on, a task takes this many packed groups, each tile of 4

@@ -88,15 +88,42 @@ static float torch_sum(const float *v, int64_t n, int vl) {
     return 0.0f + lanes[0];
 }
 
+// The largest state width the scans take: `prod` is a stack array of N floats per task.
+#define SSM_MAX_N 4096
+
+// Whether sequences q = 0..nseq-1 own rows lo[q] <= .. < hi[q] (from row 0) and their snapshot
+// rows snap_rows[snap_off[q] .. snap_off[q+1]-1] ascend inside them; vl a lane count the sums
+// take (1..16): what the scans check before touching memory (issue 31: every C entry point
+// checks its sizes rather than trusting its caller).
+static int spans_fit(int64_t nseq, const int64_t *lo, const int64_t *hi,
+                     const int64_t *snap_rows, const int64_t *snap_off, int vl) {
+    if (nseq < 0 || vl < 1 || vl > 16) return 0;
+    if (nseq == 0) return 1;
+    if (!lo || !hi || !snap_off || snap_off[0] < 0) return 0;
+    for (int64_t q = 0; q < nseq; q++) {
+        if (lo[q] < 0 || hi[q] < lo[q] || snap_off[q + 1] < snap_off[q]) return 0;
+        for (int64_t e = snap_off[q]; e < snap_off[q + 1]; e++)
+            if (snap_rows[e] < lo[q] || snap_rows[e] >= hi[q] ||
+                (e > snap_off[q] && snap_rows[e] <= snap_rows[e - 1]))
+                return 0;
+    }
+    return 1;
+}
+
 // Mamba-2. xbc [T, ldx]: x [H, P] at 0, B [G, N] at H P, C [G, N] at H P + G N of each row;
 // dt, da [T, H]; sequences q = 0..nseq-1 own rows lo[q]..hi[q]-1 and their state
 // s[q] [H, P, N] (updated in place, starting from s_in[q] where given); rows snap_rows[snap_off[q]..snap_off[q+1]-1] (ascending)
-// copy the state after that row into snaps [n_snaps, H P N]; y [T, H, P].
-void ls_ssm_scan2(const float *xbc, int64_t ldx, const float *dt, const float *da, int64_t H,
-                  int64_t P, int64_t N, int64_t G, int64_t nseq, const int64_t *lo,
-                  const int64_t *hi, float *s, const float *const *s_in,
-                  const int64_t *snap_rows, const int64_t *snap_off, float *snaps, float *y,
-                  int vl, int nthreads) {
+// copy the state after that row into snaps [n_snaps, H P N]; y [T, H, P]. Returns 0, or -3
+// for sizes that do not fit (a head count G does not divide, ldx < H P + 2 G N, a span or
+// snapshot row out of order, N past SSM_MAX_N).
+int ls_ssm_scan2(const float *xbc, int64_t ldx, const float *dt, const float *da, int64_t H,
+                 int64_t P, int64_t N, int64_t G, int64_t nseq, const int64_t *lo,
+                 const int64_t *hi, float *s, const float *const *s_in,
+                 const int64_t *snap_rows, const int64_t *snap_off, float *snaps, float *y,
+                 int vl, int nthreads) {
+    if (H < 1 || P < 1 || N < 1 || N > SSM_MAX_N || G < 1 || H % G != 0 ||
+        ldx < H * P + 2 * G * N || !spans_fit(nseq, lo, hi, snap_rows, snap_off, vl))
+        return -3;
     const int64_t HPN = H * P * N, rep = H / G;
     if (nseq * HPN < 4096) nthreads = 1;
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
@@ -130,17 +157,21 @@ void ls_ssm_scan2(const float *xbc, int64_t ldx, const float *dt, const float *d
             }
         }
     }
+    return 0;
 }
 
 // Mamba-1. x, dt [T, D] (dt after softplus); da [rows r0..r1-1 of T, D, N] (exp(dt A));
 // b, c [T, N]; rows r0..r1-1 only (a block of the step: da is built a block at a time), each
 // sequence's rows lo[q]..hi[q]-1 within it, its state s[q] [D, N] updated in place; snapshots
-// as ls_ssm_scan2 (state [D N]); y [T, D].
-void ls_ssm_scan1(const float *x, const float *dt, const float *da, const float *b,
-                  const float *c, int64_t D, int64_t N, int64_t nseq, const int64_t *lo,
-                  const int64_t *hi, int64_t r0, int64_t r1, float *s,
-                  const int64_t *snap_rows, const int64_t *snap_off, float *snaps, float *y,
-                  int vl, int nthreads) {
+// as ls_ssm_scan2 (state [D N]); y [T, D]. Returns 0, or -3 for sizes that do not fit.
+int ls_ssm_scan1(const float *x, const float *dt, const float *da, const float *b,
+                 const float *c, int64_t D, int64_t N, int64_t nseq, const int64_t *lo,
+                 const int64_t *hi, int64_t r0, int64_t r1, float *s,
+                 const int64_t *snap_rows, const int64_t *snap_off, float *snaps, float *y,
+                 int vl, int nthreads) {
+    if (D < 1 || N < 1 || N > SSM_MAX_N || r0 < 0 || r1 < r0 ||
+        !spans_fit(nseq, lo, hi, snap_rows, snap_off, vl))
+        return -3;
     const int64_t DN = D * N, CH = 64;  // channels per task
     const int64_t nch = (D + CH - 1) / CH;
     if (nseq * DN < 4096) nthreads = 1;
@@ -171,10 +202,14 @@ void ls_ssm_scan1(const float *x, const float *dt, const float *da, const float 
             }
         }
     }
+    return 0;
 }
 
 // out[r] = torch_sum(v[r, :n]) for rows r = 0..rows-1 of v [rows, n]: the wrapper checks
-// which vector width makes these torch's own sums before running a scan.
-void ls_ssm_rowsum(const float *v, int64_t rows, int64_t n, int vl, float *out) {
+// which vector width makes these torch's own sums before running a scan. Returns 0, or -3
+// for sizes that do not fit (vl outside 1..16: the lanes are a stack array of 16).
+int ls_ssm_rowsum(const float *v, int64_t rows, int64_t n, int vl, float *out) {
+    if (rows < 0 || n < 0 || vl < 1 || vl > 16) return -3;
     for (int64_t r = 0; r < rows; r++) out[r] = torch_sum(v + r * n, n, vl);
+    return 0;
 }

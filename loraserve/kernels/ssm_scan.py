@@ -18,9 +18,11 @@ from loraserve.cbuild import bind
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {
-    "ls_ssm_scan2": ([_P, _I, _P, _P] + [_I] * 5 + [_P] * 8 + [ctypes.c_int] * 2, None),
-    "ls_ssm_rowsum": ([_P, _I, _I, ctypes.c_int, _P], None),
-    "ls_ssm_scan1": ([_P] * 5 + [_I] * 3 + [_P, _P, _I, _I] + [_P] * 5 + [ctypes.c_int] * 2, None),
+    "ls_ssm_scan2": ([_P, _I, _P, _P] + [_I] * 5 + [_P] * 8 + [ctypes.c_int] * 2, ctypes.c_int),
+    "ls_ssm_rowsum": ([_P, _I, _I, ctypes.c_int, _P], ctypes.c_int),
+    "ls_ssm_scan1": (
+        [_P] * 5 + [_I] * 3 + [_P, _P, _I, _I] + [_P] * 5 + [ctypes.c_int] * 2, ctypes.c_int
+    ),
 }
 _lib: ctypes.CDLL | None = None
 _loaded = False
@@ -50,7 +52,8 @@ def vector_lanes() -> int | None:
                 ok = True
                 for v in probes:
                     out = torch.empty(v.shape[0])
-                    lib.ls_ssm_rowsum(v.data_ptr(), v.shape[0], v.shape[1], vl, out.data_ptr())
+                    _ok(lib.ls_ssm_rowsum(v.data_ptr(), v.shape[0], v.shape[1], vl,
+                                          out.data_ptr()), "ssm_rowsum")  # fmt: skip
                     ok = ok and torch.equal(out, v.sum(-1))
                 if ok:
                     _lanes = vl
@@ -61,6 +64,12 @@ def vector_lanes() -> int | None:
 def available() -> bool:
     """Whether the C scans can run here (library built, torch's vector width known)."""
     return _c() is not None and vector_lanes() is not None
+
+
+def _ok(rc: int, what: str) -> None:
+    """A C entry point's refusal (-3: sizes that do not fit, issue 31) as an exception."""
+    if rc != 0:
+        raise ValueError(f"{what}: sizes that do not fit the C kernel ({rc})")
 
 
 def softplus_rows(x: torch.Tensor) -> torch.Tensor:
@@ -140,12 +149,12 @@ def scan2(
     lo, hi, snap_rows, off = _index(spans, wanted)
     snaps = torch.empty(len(snap_rows), h, p, n)
     y = torch.empty(t, h, p)
-    lib.ls_ssm_scan2(
+    _ok(lib.ls_ssm_scan2(
         xbc.data_ptr(), xbc.stride(0), dt.data_ptr(), da.data_ptr(), h, p, n, g, len(spans),
         lo.data_ptr(), hi.data_ptr(), s.data_ptr(), ctypes.addressof(s_in), snap_rows.data_ptr(),
         off.data_ptr(),
         snaps.data_ptr(), y.data_ptr(), lanes, torch.get_num_threads(),
-    )  # fmt: skip
+    ), "ssm_scan2")  # fmt: skip
     return y, s, snaps
 
 
@@ -179,10 +188,10 @@ def scan1(
     for r0 in range(0, t, step):
         r1 = min(t, r0 + step)
         da = torch.exp(dts[r0:r1].view(-1, d, 1) * a)  # [rows, D, N]
-        lib.ls_ssm_scan1(
+        _ok(lib.ls_ssm_scan1(
             x.data_ptr(), dts.data_ptr(), da.data_ptr(), b.data_ptr(), c.data_ptr(), d, n,
             len(spans), lo.data_ptr(), hi.data_ptr(), r0, r1, s.data_ptr(),
             snap_rows.data_ptr(), off.data_ptr(), snaps.data_ptr(), y.data_ptr(), lanes,
             torch.get_num_threads(),
-        )  # fmt: skip
+        ), "ssm_scan1")  # fmt: skip
     return y, s, snaps

@@ -82,3 +82,94 @@ def test_wrappers_turn_a_refusal_into_an_error() -> None:
     ok = base.view(2, 8)
     bad, top = rowops.scan_rows(ok)
     assert not bad.any() and top.tolist() == [7, 7]
+
+
+# The recurrent and packed-tile entry points (conv step, selective scans, the scans' row sum,
+# packed tiles, decoded-group tasks): null pointers with sizes that do not fit return -3 (the
+# old code read them and died), and a call with sizes that fit still runs (returns 0: a
+# refusal of a valid call would quietly push the matmuls onto their slower fallbacks).
+PROBE2 = r"""
+import ctypes, json
+from loraserve import kernels
+from loraserve.kernels import deltanet, ssm_scan
+k, d, s = kernels._c(), deltanet._c(), ssm_scan._c()
+if None in (k, d, s):
+    print(json.dumps(None)); raise SystemExit
+P, I, C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+for f, n in (("ls_packed_tile", 0), ("ls_packed_tile2", 1)):
+    getattr(k, f).argtypes = [C, P] + [I] * n + [P, P, P, I, C, C, P, I]
+    getattr(k, f).restype = C
+k.ls_kbytes_task.argtypes = [C, C, P, I, I, I, I, P, P, P, I, P, I, P]
+k.ls_kbytes_task.restype = C
+k.ls_kbytes_scratch.argtypes, k.ls_kbytes_scratch.restype = [I, I], I
+N = None
+one, two = (I * 1)(0), (I * 1)(2)
+off0, off1 = (I * 2)(0, 0), (I * 2)(0, 1)
+Q8_0, Q4_K, Q6_K = 8, 12, 14
+out = {
+    "conv_step null rows": d.ls_conv_step(N, N, N, N, 4, 2, N, N, N, N),
+    "conv_step C=0": d.ls_conv_step(N, N, N, N, 0, 2, N, N, N, N),
+    "ssm_rowsum vl=99": s.ls_ssm_rowsum(N, 1, 8, 99, N),
+    "ssm_scan2 G does not divide H": s.ls_ssm_scan2(
+        N, 64, N, N, 3, 4, 8, 2, 1, one, two, N, N, N, off0, N, N, 8, 1),
+    "ssm_scan2 ldx < H P + 2 G N": s.ls_ssm_scan2(
+        N, 8, N, N, 2, 4, 8, 1, 1, one, two, N, N, N, off0, N, N, 8, 1),
+    "ssm_scan2 N too wide for its stack": s.ls_ssm_scan2(
+        N, 1 << 40, N, N, 1, 1, 1 << 30, 1, 1, one, two, N, N, N, off0, N, N, 8, 1),
+    "ssm_scan2 snapshot row outside": s.ls_ssm_scan2(
+        N, 64, N, N, 2, 4, 8, 1, 1, one, two, N, N, (I * 1)(5), off1, N, N, 8, 1),
+    "ssm_scan1 span backwards": s.ls_ssm_scan1(
+        N, N, N, N, N, 4, 8, 1, two, one, 0, 2, N, N, off0, N, N, 8, 1),
+    "ssm_scan1 r1 < r0": s.ls_ssm_scan1(
+        N, N, N, N, N, 4, 8, 1, one, two, 2, 0, N, N, off0, N, N, 8, 1),
+    "packed_tile R=0": k.ls_packed_tile(Q8_0, N, N, N, N, 32, 0, 0, N, 8),
+    "packed_tile K not blocks": k.ls_packed_tile(Q4_K, N, N, N, N, 100, 1, 0, N, 8),
+    "packed_tile2 gb < group": k.ls_packed_tile2(Q4_K, N, 0, N, N, N, 256, 1, 0, N, 16),
+    "kbytes_task short rows": k.ls_kbytes_task(Q6_K, 0, N, 10, 0, 1, 256, N, N, N, 1, N, 8, N),
+}
+# calls whose sizes fit, on zeroed buffers: each returns 0
+import torch
+K = 256
+x = torch.zeros(K, dtype=torch.int8)
+xd = torch.zeros(K // 32)
+bs = torch.zeros(K // 16, dtype=torch.int16)
+y = torch.zeros(16)
+g = torch.zeros(2 * 8 * 210, dtype=torch.uint8)
+buf = torch.zeros(k.ls_kbytes_scratch(K, 1) + 64, dtype=torch.uint8)
+ab = buf.data_ptr() + (-buf.data_ptr()) % 64
+out["packed_tile fits"] = k.ls_packed_tile(Q8_0, g.data_ptr(), x.data_ptr(), xd.data_ptr(),
+                                           bs.data_ptr(), K, 1, 0, y.data_ptr(), 8)
+out["kbytes_task fits"] = k.ls_kbytes_task(Q6_K, 0, g.data_ptr(), 210, 0, 1, K, x.data_ptr(),
+                                           xd.data_ptr(), bs.data_ptr(), 1, y.data_ptr(), 8, ab)
+print(json.dumps(out))
+"""
+
+
+def test_recurrent_and_tile_entry_points_refuse_sizes_that_do_not_fit() -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", PROBE2], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, f"the probe died ({run.returncode}): {run.stderr[-2000:]}"
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    if got is None:
+        pytest.skip("no C kernels on this machine")
+    fits = {name: got.pop(name) for name in ("packed_tile fits", "kbytes_task fits")}
+    assert set(got.values()) == {-3}, got
+    assert fits["packed_tile fits"] == 0
+    assert fits["kbytes_task fits"] in (0, -1)  # -1: a build without these tiles (no AVX2)
+
+
+def test_scan_wrappers_turn_a_refusal_into_an_error() -> None:
+    from loraserve.kernels import deltanet, ssm_scan
+
+    if not ssm_scan.available() or not deltanet.available():
+        pytest.skip("no C kernels on this machine")
+    with pytest.raises(ValueError, match="ssm_scan2: sizes that do not fit"):
+        # three heads in two groups
+        ssm_scan.scan2(torch.zeros(2, 64), torch.zeros(2, 3), torch.zeros(2, 3), (3, 4, 8, 2),
+                       [(0, 2)], [torch.zeros(3, 4, 8)], [[]])  # fmt: skip
+    with pytest.raises(ValueError, match="ssm_scan1: sizes that do not fit"):
+        d, n = 4, 8  # a sequence whose span runs backwards
+        ssm_scan.scan1(torch.zeros(2, d), torch.zeros(2, d), torch.zeros(d, n),
+                       torch.zeros(2, n), torch.zeros(2, n), [(2, 0)],
+                       [torch.zeros(d, n)], [[]])  # fmt: skip
