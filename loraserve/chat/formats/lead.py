@@ -36,14 +36,13 @@ def turn_lead(fmt: ChatFormat, prompt: str, continued: str = "") -> str:
     if fmt.dialect == "harmony":
         at = _harmony_turn(prompt, at, start)
         lead = prompt[at + len(start) :]
+    elif fmt.dialect == "muse_glimmer":
+        lead = prompt[_muse_turn(prompt, at) + len(start) :]
     elif opens >= 0 and opens < len(start):  # the marker is (part of) the reasoning start
         lead = turn[opens:]
     else:
         lead = turn[len(start) :]
-    lead = lead.lstrip(" \t\n\r")
-    if r_start and lead.startswith(r_start) and lead[len(r_start) :].lstrip().startswith(r_start):
-        lead = lead[len(r_start) :].lstrip()  # the template opened it without the generation
-        # prompt too (RWKV World): llama.cpp's generation prompt, a render diff, holds one
+    lead = _last_opener(lead.lstrip(" \t\n\r"), r_start, r_end)
     if r_end and lead.startswith(r_end) and r_start not in lead:  # thinking off: closed block
         lead = lead[len(r_end) :].lstrip(" \t\n\r")
     return lead
@@ -56,6 +55,38 @@ def _turn_at(fmt: ChatFormat, prompt: str) -> int:
     at = prompt.rfind(start) if start else -1
     if at >= 0 and fmt.user_start and prompt.find(fmt.user_start, at) >= 0:
         return -1
+    return at
+
+
+def _last_opener(lead: str, r_start: str, r_end: str) -> str:
+    """The lead from the last reasoning opener of its leading run of reasoning markers.
+    A template that writes the opener, or a closed empty block, itself without the
+    generation prompt (llama.cpp leaves `add_generation_prompt` undefined there, and RWKV
+    World defaults it to true) or whose generation prompt closes the reasoning (GLM 4.7,
+    Laguna, Spark with thinking off: `</think>`) is followed, in a reasoning prefill's
+    prompt, by the continuation's own opener; llama.cpp's generation prompt, a render diff
+    (up to its opener), then holds only the continuation's, and parses from there."""
+    if not r_start:
+        return lead
+    i, last = 0, 0
+    while True:
+        i += len(lead[i:]) - len(lead[i:].lstrip(" \t\n\r"))
+        if lead.startswith(r_start, i):
+            last, i = i, i + len(r_start)
+        elif r_end and lead.startswith(r_end, i):
+            i += len(r_end)
+        else:
+            return lead[last:]
+
+
+def _muse_turn(prompt: str, at: int) -> int:
+    """Muse Glimmer writes a turn as several assistant messages: a continued answer's turn
+    starts at the ` to=self` message before it (llama.cpp's generation prompt holds both)."""
+    while prompt.endswith(MUSE_EOM, 0, at):
+        before = prompt.rfind(MUSE_START, 0, at)
+        if before < 0 or "<|start|>" in prompt[before + len(MUSE_START) : at]:
+            break
+        at = before
     return at
 
 
