@@ -31,7 +31,8 @@ int ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd,
         else if (type == T_MXFP4) pk_dot_iq4_nl(g, 1, x, xd, bs32, K, RR, ahead, out, ldy);   \
         else if (type == T_IQ4_XS) pk_dot_iq4_xs(g, x, xd, bs32, K, RR, ahead, out, ldy);     \
         else if (type == T_Q6_K) pq6_dot(g, x, xd, bs32, K, RR, ahead, out, ldy);             \
-        else pk_dot_q4_k(g, x, xd, bs32, K, RR, ahead, out, ldy);                             \
+        else if (type == T_Q5_K) pk_dot_q4_k(g, 1, x, xd, bs32, K, RR, ahead, out, ldy);     \
+        else pk_dot_q4_k(g, 0, x, xd, bs32, K, RR, ahead, out, ldy);                          \
     } while (0)
     switch (R) {
     case 4: LS_T(4); break;
@@ -56,7 +57,8 @@ int ls_packed_tile2(int type, const uint8_t *g, int64_t gb, const int8_t *x, con
     const int hb = type == T_Q5_1 ? 2 : type == T_Q5_0;
 #define LS_T(RR)                                                                              \
     do {                                                                                      \
-        if (type == T_Q4_K) pz_dot_q4_k(g, gb, x, xd, bs32, K, RR, ahead, out, ldy);           \
+        if (type == T_Q4_K) pz_dot_q4_k(g, gb, 0, x, xd, bs32, K, RR, ahead, out, ldy);        \
+        else if (type == T_Q5_K) pz_dot_q4_k(g, gb, 1, x, xd, bs32, K, RR, ahead, out, ldy);   \
         else if (type == T_IQ4_NL) pz_dot_iq4_nl(g, gb, 0, x, xd, bs32, K, RR, ahead, out, ldy); \
         else if (type == T_MXFP4) pz_dot_iq4_nl(g, gb, 1, x, xd, bs32, K, RR, ahead, out, ldy); \
         else if (type == T_Q6_K) pz_dot_q6_k(g, gb, x, xd, bs32, K, RR, ahead, out, ldy);      \
@@ -236,9 +238,10 @@ static void pack_group(int type, uint8_t *rows, int64_t row_bytes, int64_t K, ui
                 }
                 if (!dir) memcpy(src + rb - 20, &qh, 4);
             }
-        } else {  // T_Q4_K
+        } else {  // T_Q4_K, T_Q5_K (Q4_K's fields, qh[32] before the nibbles: packed_k.h)
+            const int q5 = type == T_Q5_K, sb = q5 ? 1440 : 1184, rb = q5 ? 176 : 144;
             for (int64_t b = 0; b < K / 256; b++) {
-                uint8_t *blk = g + 1184 * b, *src = row + 144 * b;
+                uint8_t *blk = g + sb * b, *src = row + rb * b, *qs = src + (q5 ? 48 : 16);
                 LS_MOVE(blk + 2 * r, src, 2);
                 LS_MOVE(blk + 16 + 2 * r, src + 2, 2);
                 if (dir) {
@@ -259,7 +262,20 @@ static void pack_group(int type, uint8_t *rows, int64_t row_bytes, int64_t K, ui
                 }
                 for (int gp = 0; gp < 4; gp++)
                     for (int t = 0; t < 8; t++)
-                        LS_MOVE(blk + 160 + 256 * gp + 32 * t + 4 * r, src + 16 + 32 * gp + 4 * t, 4);
+                        LS_MOVE(blk + 160 + 256 * gp + 32 * t + 4 * r, qs + 32 * gp + 4 * t, 4);
+                if (!q5) continue;
+                // value 32 j + l's fifth bit: bit j of qh[l] <-> bit l / 4 of byte 4 r + l % 4
+                // of sub-block j's hb
+                for (int j = 0; j < 8; j++)
+                    for (int i = 0; i < 4; i++) {
+                        uint8_t *hbyte = blk + 1184 + 32 * j + 4 * r + i;
+                        if (dir) *hbyte = 0;
+                        for (int t = 0; t < 8; t++) {
+                            uint8_t *qh = src + 16 + 4 * t + i;
+                            if (dir) *hbyte |= (uint8_t)(((*qh >> j) & 1) << t);
+                            else *qh = (uint8_t)((*qh & ~(1u << j)) | (((*hbyte >> t) & 1u) << j));
+                        }
+                    }
             }
         }
     }

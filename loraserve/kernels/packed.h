@@ -20,6 +20,7 @@
 //                value 4t + i of the row, for byte 4 * row + i)
 //   Q4_K 1184 B: f16 d[8] | f16 dmin[8] | u8 sc[8][8 rows] | u8 mn[8][8 rows] |
 //                nibbles[4 pairs g][8 steps t][8 rows][4]: low = sub-block 2g, high = 2g + 1
+//   Q5_K 1440 B: Q4_K's 1184, then hb[4 pairs g][2][8 rows][4] (packed_k.h)
 //   MXFP4  136 B: u8 e8m0 exponents[8] | nibbles as Q4_0 (packed_nl.h)
 //   IQ4_XS 1104 B: packed_xs.h
 //   Q6_K 1680 B: packed_q6.h (pack_q6k.h's layout)
@@ -47,12 +48,12 @@
 static inline int packable(int type) {
     return type == T_Q8_0 || type == T_Q5_0 || type == T_Q4_0 || type == T_Q4_K ||
            type == T_IQ4_NL || type == T_IQ4_XS || type == T_Q5_1 || type == T_Q6_K ||
-           type == T_MXFP4;
+           type == T_MXFP4 || type == T_Q5_K;
 }
 
 // values per block of a packable type's layout (a row's K a multiple of it)
 static inline int64_t packed_block(int type) {
-    return type == T_Q4_K || type == T_IQ4_XS || type == T_Q6_K ? 256 : 32;
+    return type == T_Q4_K || type == T_Q5_K || type == T_IQ4_XS || type == T_Q6_K ? 256 : 32;
 }
 
 // bytes per group of 8 rows of K values (0: not packable)
@@ -65,6 +66,7 @@ static inline int64_t packed_group_bytes(int type, int64_t K) {
     case T_IQ4_NL: return K / 32 * 144;  // Q4_0's layout (packed_nl.h)
     case T_MXFP4: return K / 32 * 136;   // u8 e8m0[8] | Q4_0's nibbles (packed_nl.h)
     case T_Q4_K: return K / 256 * 1184;
+    case T_Q5_K: return K / 256 * 1440;  // Q4_K's, then the fifth bits (packed_k.h)
     case T_IQ4_XS: return K / 256 * 1104;  // packed_xs.h
     case T_Q6_K: return K / 256 * 1680;    // packed_q6.h
     default: return 0;

@@ -156,5 +156,6 @@ static inline __attribute__((always_inline)) void pz_dot_iq4_nl(
 // whether packed `type` has a kernel for two groups at once here (ls_packed_tile2)
 static inline int pz_pairs(int type) {
     return PZ_PAIRS && (type == T_Q5_0 || type == T_Q4_0 || type == T_Q5_1 || type == T_Q4_K ||
-                        type == T_IQ4_NL || type == T_Q6_K || type == T_IQ4_XS || type == T_MXFP4);
+                        type == T_IQ4_NL || type == T_Q6_K || type == T_IQ4_XS || type == T_MXFP4 ||
+                        type == T_Q5_K);
 }

@@ -1,10 +1,11 @@
 // The K-quant kernels on two packed groups at once (packed_z.h's idea and numbers): Q4_K
-// (packed_k.h's layout), Q6_K (packed_q6.h) and IQ4_XS (packed_xs.h), 16 weight rows in
+// and Q5_K (packed_k.h's layouts), Q6_K (packed_q6.h) and IQ4_XS (packed_xs.h), 16 weight rows in
 // the lanes of 512-bit vectors, each lane with the integer sums and float steps of the
 // one-group kernels.
 
 #pragma once
 
+#include "packed_k.h"
 #include "packed_q6.h"
 #include "packed_xs.h"
 #include "packed_z.h"
@@ -16,23 +17,26 @@ static inline __m512i pz_u8x16(const uint8_t *a, const uint8_t *b) {
                                                    _mm_loadl_epi64((const __m128i *)b)));
 }
 
-// pk_dot_q4_k's VNNI steps (packed_k.h) on groups g and g + gb: y[r * ldy + 0..15] for the R
-// (1..4, compile-time) activation rows x [R, K] quantized per 256 (xd [R, K/256], bs32
-// [R, K/32]).
+// pk_dot_q4_k's VNNI steps (packed_k.h: Q4_K q5 0, Q5_K q5 1) on groups g and g + gb:
+// y[r * ldy + 0..15] for the R (1..4, compile-time) activation rows x [R, K] quantized per
+// 256 (xd [R, K/256], bs32 [R, K/32]).
 static inline __attribute__((always_inline)) void pz_dot_q4_k(
-    const uint8_t *g, int64_t gb, const int8_t *x, const float *xd, const int16_t *bs32,
+    const uint8_t *g, int64_t gb, int q5, const int8_t *x, const float *xd, const int16_t *bs32,
     int64_t K, int R, int ahead, float *y, int64_t ldy) {
-    const int64_t nb = K / 256;
+    const int64_t nb = K / 256, sb = PK_K_BYTES(q5);
     __m512 y0 = _mm512_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
-    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), b4 = _mm512_set1_epi8(0x10);
+    (void)b4;  // Q5_K's fifth bits only
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *b0 = g + 1184 * b, *b1 = b0 + gb;
+        const uint8_t *b0 = g + sb * b, *b1 = b0 + gb;
         const int8_t *xb = x + 256 * b;
         __m512i i0 = _mm512_setzero_si512(), i1 = i0, i2 = i0, i3 = i0;
         for (int gp = 0; gp < 4; gp++) {
             __m512i l0 = _mm512_setzero_si512(), l1 = l0, l2 = l0, l3 = l0;
             __m512i h0 = l0, h1 = l0, h2 = l0, h3 = l0;
             const uint8_t *n0 = b0 + 160 + 256 * gp, *n1 = b1 + 160 + 256 * gp;
+            const __m512i hl = q5 ? pz_load2(b0 + 1184 + 64 * gp, b1 + 1184 + 64 * gp) : l0;
+            const __m512i hh = q5 ? pz_load2(b0 + 1216 + 64 * gp, b1 + 1216 + 64 * gp) : l0;
 #define LS_PR(r, lo, hi)                                                                      \
     do {                                                                                      \
         const int8_t *xr = xb + (r) * K + 64 * gp + 4 * t;                                     \
@@ -42,12 +46,18 @@ static inline __attribute__((always_inline)) void pz_dot_q4_k(
 #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) {
                 if (ahead && !(t & 1)) {  // the next pair in its byte order (PK_AHEAD)
-                    const uint8_t *pf = g + 2 * gb + 2 * 1184 * b + 592 * gp + 74 * t;
+                    const uint8_t *pf = g + 2 * gb + 2 * sb * b + (sb / 2) * gp + (sb / 16) * t;
                     PK_AHEAD(pf), PK_AHEAD(pf + 64), PK_AHEAD(pf + 128);
                 }
                 const __m512i v = pz_load2(n0 + 32 * t, n1 + 32 * t);
-                const __m512i wl = _mm512_and_si512(v, lo4);
-                const __m512i wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+                __m512i wl = _mm512_and_si512(v, lo4);
+                __m512i wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+                if (q5) {  // bit t of each byte to bit 4 (packed_k.h)
+                    wl = _mm512_or_si512(wl, _mm512_and_si512(t <= 4 ? _mm512_slli_epi16(hl, 4 - t)
+                                                                      : _mm512_srli_epi16(hl, t - 4), b4));
+                    wh = _mm512_or_si512(wh, _mm512_and_si512(t <= 4 ? _mm512_slli_epi16(hh, 4 - t)
+                                                                      : _mm512_srli_epi16(hh, t - 4), b4));
+                }
                 LS_PR(0, l0, h0);
                 if (R > 1) LS_PR(1, l1, h1);
                 if (R > 2) LS_PR(2, l2, h2);
