@@ -17,7 +17,8 @@ from tests.unit.model.test_kernels import (
     random_rows,
 )
 
-PACKABLE = ["Q4_0", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"]
+PACKABLE = ["Q4_0", "Q5_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+            "MXFP4"]
 
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="packing needs the C kernels")
 
@@ -34,7 +35,8 @@ def test_unpacking_gives_the_file_bytes_back(name: str) -> None:
     k = 512
     raw = torch.from_numpy(random_rows(rng, name, 24, k))
     pk = packed(raw, name, k)
-    assert pk.numel() >= raw.numel() and pk.numel() <= raw.numel() * 1.03  # same bit width
+    # the same bit width (Q3_K: its 6-bit scales as bytes, 1.036x)
+    assert pk.numel() >= raw.numel() and pk.numel() <= raw.numel() * 1.04
     assert torch.equal(K.unpack_rows(pk, GGML_TYPE[name], k, raw.shape[1]), raw)
 
 
@@ -67,7 +69,7 @@ def test_packed_rows_are_independent_of_the_batch(name: str) -> None:
         assert torch.equal(batch, alone[lo : lo + size]), f"{name}: batch of {size} differs"
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])
+@pytest.mark.parametrize("name", ["Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])
 def test_packed_k_quants_equal_the_rows_read_in_place_bitwise(name: str) -> None:
     """Packed K-quants keep kquant.h's float sequence: the same bits as the file's layout."""
     rng = np.random.default_rng(9)
