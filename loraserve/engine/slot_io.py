@@ -142,6 +142,9 @@ def install(sched: Scheduler, runner: ModelRunner, slot_id: int, image: SlotImag
             runner.states.snaps[blocks[j]] = st
     cache.insert(image.cache_key, image.tokens, blocks)
     slot.tokens, slot.blocks, slot.cache_key = list(image.tokens), blocks, image.cache_key
+    # the slot holds no request's sequence now: its last request no longer describes it
+    # (`/slots` under --cache-isolation key credits a restore by this, atomically with it)
+    slot.last_request = None
     slot.last_used = time.perf_counter()
     cache.enforce_budget()
     return n

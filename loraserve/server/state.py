@@ -45,9 +45,11 @@ class ServerState:
         self.listeners: list[Callable[[Run, Event], None]] = []  # added at `attach`
         self._warned_models: OrderedDict[str, None] = OrderedDict()  # LRU, WARNED_MODELS_MAX
         self.unknown_model_requests = 0  # requests whose `model` named nothing known
-        # slot id -> (tenant that restored it, the id of the slot's last request then): a
-        # restored slot's owner under `--cache-isolation key` (`native/slots.py`)
+        # slot id -> (tenant that restored it, the id of the slot's last request then: None,
+        # as a restore clears it): a restored slot's owner under `--cache-isolation key`
+        # (`native/slots.py`); slot actions on one slot run one at a time (`slot_locks`)
         self.slot_restores: dict[int, tuple[str, int | None]] = {}
+        self.slot_locks: dict[int, asyncio.Lock] = {}
 
     def attach(self, model: LoadedModel, engine: Engine) -> None:
         """Make a started engine serve requests (called once, from the loading thread);

@@ -1,11 +1,17 @@
 """Slot endpoints: `GET /slots` and `POST /slots/{id}?action=save|restore|erase`.
 
 Under `--cache-isolation key` (issue 31 item 6) a slot belongs to the API key whose sequence
-it holds: the key of its last request, or of the key that restored it since. Another key
-sees the slot only as llama-server shows one that has run nothing (`n_tokens` 0, no task
-fields; `is_processing` stays, as it says nothing of any prompt), cannot save or erase it
-(the answer would carry its token count), and slot files carry their key: another key's file
-is a file that does not exist. Without the flag every key sees everything, as llama-server.
+it holds: the key of its last request, or of the key that restored it since (a restore
+clears the slot's last request on the engine thread, so a request racing it is never
+mistaken for its owner). Another key sees the slot only as llama-server shows an idle one
+that has run nothing (`n_tokens` 0, `is_processing` false, no task fields: not even whether
+another key is using it; `fail_on_no_slot` still answers from every slot, a capacity signal
+as a full queue's 503 is), cannot save or erase it (the answer would carry its token count),
+and slot files carry their key: another key's file is a file that does not exist. A slot
+file saved without the flag belongs to no key: under the flag it is refused with a 400 that
+says so (restore it on a server without the flag), and a file saved under the flag is
+refused the same way on a server without it. Slot actions on one slot run one at a time.
+Without the flag every key sees everything, as llama-server.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from loraserve.server.state import ServerState, get_state
 router = APIRouter()
 FILENAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
 OWNER = "owner"  # the fingerprint entry naming a slot file's tenant (`--cache-isolation key`)
+UNKEYED = "is a slot file saved without --cache-isolation key"
 
 
 class SlotFileRequest(BaseModel):
@@ -86,7 +93,7 @@ def slot_json(
         "id": slot.id,
         "n_ctx": n_ctx,
         "speculative": speculative,  # as llama-server: whether the slot can speculate
-        "is_processing": slot.busy,
+        "is_processing": slot.busy and mine,
         "n_tokens": slot.n_tokens if mine else 0,
     }
     req = slot.request
@@ -128,7 +135,7 @@ async def slots(request: HttpRequest, fail_on_no_slot: int = 0) -> Response:
     tenant = current_tenant.get()  # '' unless --cache-isolation key
     views = await wait(engine.slots())
     infos = [slot_json(engine.n_ctx_slot, s, spec, tenant, holder(state, s)) for s in views]
-    if fail_on_no_slot and all(s["is_processing"] for s in infos):
+    if fail_on_no_slot and all(s.busy for s in views):
         raise unavailable("no slot available")
     return JsonResponse(infos)
 
@@ -146,6 +153,12 @@ def _slot_path(state: ServerState, filename: str, must_exist: bool) -> Path:
             raise not_found(f"filename: no slot file {filename!r}")
         return real
     return path
+
+
+def _slot_lock(state: ServerState, id_slot: int) -> asyncio.Lock:
+    """The lock one slot's actions take in turn (a restore and its owner's record, a save
+    between its two ownership checks, an erase)."""
+    return state.slot_locks.setdefault(id_slot, asyncio.Lock())
 
 
 def file_owner(path: Path) -> str | None:
@@ -191,6 +204,15 @@ async def slot_action(request: HttpRequest, id_slot: int, action: str = "") -> R
     if not 0 <= id_slot < engine.n_slots:
         raise invalid_request(f"id_slot: no slot {id_slot}")
     tenant = current_tenant.get()  # '' unless --cache-isolation key
+    async with _slot_lock(state, id_slot):
+        return await _act(state, request, id_slot, action, tenant)
+
+
+async def _act(
+    state: ServerState, request: HttpRequest, id_slot: int, action: str, tenant: str
+) -> Response:
+    """`slot_action` under the slot's lock (``tenant``: '' unless --cache-isolation key)."""
+    engine = state.require()
     t0 = time.perf_counter()
     if action == "erase":
         if tenant:
@@ -208,7 +230,10 @@ async def slot_action(request: HttpRequest, id_slot: int, action: str = "") -> R
         path = _slot_path(state, filename, must_exist=False)
         if tenant:
             last = await _own_slot(state, id_slot, tenant)
-            if await io_thread(file_owner, path) not in (None, tenant):
+            owner = await io_thread(file_owner, path)
+            if owner == "":
+                raise invalid_request(f"filename: {filename!r} {UNKEYED}: not a key's to replace")
+            if owner not in (None, tenant):
                 raise invalid_request(f"filename: {filename!r} is another API key's slot file")
         image = await wait(engine.save_slot(id_slot))
         if tenant and await _own_slot(state, id_slot, tenant) != last:
@@ -230,9 +255,19 @@ async def slot_action(request: HttpRequest, id_slot: int, action: str = "") -> R
             }
         )
     path = _slot_path(state, filename, must_exist=True)
-    if tenant and await io_thread(file_owner, path) not in (None, tenant):
+    owner = await io_thread(file_owner, path)
+    if tenant and owner == "":
+        raise invalid_request(
+            f"filename: {filename!r} {UNKEYED}: it belongs to no API key, so none restores "
+            "it here (restore it on a server started without --cache-isolation key)"
+        )
+    if tenant and owner not in (None, tenant):
         raise not_found(f"filename: no slot file {filename!r}")  # as if it did not exist
-    before = await _last_request(state, id_slot)
+    if not tenant and owner:
+        raise invalid_request(
+            f"filename: {filename!r} was saved under --cache-isolation key by one API key: "
+            "restore it on a server with that flag, with that key"
+        )
     try:
         image = await io_thread(slot_io.read, path, fp, engine.n_ctx_slot)
         n = await wait(engine.restore_slot(id_slot, image))
@@ -240,8 +275,10 @@ async def slot_action(request: HttpRequest, id_slot: int, action: str = "") -> R
         raise invalid_request(str(e)) from None
     except OutOfBlocks:
         raise unavailable("not enough free KV blocks to restore the slot") from None
-    if tenant and await _last_request(state, id_slot) == before:  # no request ran since
-        state.slot_restores[id_slot] = (tenant, before)
+    # the restore cleared the slot's last request on the engine thread: still none, no
+    # request has run in the slot since (one that did holds it now, and is its owner)
+    if tenant and await _last_request(state, id_slot) is None:
+        state.slot_restores[id_slot] = (tenant, None)
     ms = (time.perf_counter() - t0) * 1000
     return JsonResponse(
         {
