@@ -68,3 +68,6 @@ def test_required_rejects_text_before_the_call(case_id: int) -> None:
     opened = opens_reasoning(fmt, _prompt(case, fmt))
     lark = tool_grammar(fmt, req["tools"], "required", True, True, opened)
     assert lark is not None and grammar_accepts(lark, case["input"]) is not None
+    # the same answer with the call right after the reasoning: accepted from the trigger on
+    text = case["input"].replace("Let me inspect the current directory.\n", "")
+    assert text != case["input"] and grammar_accepts(lark, text) is None, text

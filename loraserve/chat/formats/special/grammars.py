@@ -111,7 +111,7 @@ def _gemma4(
         calls.append(g.rule(f'"call:{fn["name"]}" {args} {g.q(gemma4.CALL_END)}'))
     rest = g.rule(" | ".join(calls))  # a call after its trigger
     call = g.rule(f"{g.q(gemma4.CALL)} {rest}")
-    thought = g.text_until(gemma4.CHANNEL_END)
+    thought = g.reasoning_until(gemma4.CHANNEL_END)
     think = thought if thinking_open else f"({g.q(gemma4.THOUGHT)} {thought})?"
     return think, (f"{rest} {call}*" if parallel else rest)
 
@@ -138,24 +138,44 @@ def _dsml(g: Lark, tools: list[dict[str, Any]], parallel: bool, v4: bool) -> str
     return f"WS {call} {more} WS {g.q(end)}"  # after the block's start (the trigger)
 
 
-def _lazy(g: Lark, fmt: ChatFormat, think: str, rest: str, lazy: bool) -> str:
+def _lazy(
+    g: Lark, fmt: ChatFormat, think: str, rest: str, lazy: bool, opened: bool = False,
+    ends_inside: bool = False,
+) -> str:  # fmt: skip
     """The answer: the reasoning, then (`required`) the trigger and `rest`, the calls after
     it; or (`auto`) free text until the trigger, the calls, free text that holds no trigger.
     Text never holds a special token, so a trigger that starts with one ends the text by
     itself (the dialect's other special tokens allowed in between); a trigger that starts
-    with text ends it through a lazy rule (its first occurrence)."""
+    with text ends it through a lazy rule (its first occurrence). A trigger written inside
+    the reasoning is the reasoning's (llama.cpp's lazy grammar ignores it there): the text
+    before the calls never holds the reasoning's text opener that `think` may start with
+    (its end, when the prompt `opened` the reasoning), else the lexer would end that text at
+    the trigger and refuse the real call after the reasoning; `ends_inside`: `think` is the
+    rest of the reasoning the prompt opened, and the answer may instead end inside it."""
     trigger = g.q(fmt.trigger)
     if not lazy:
         return f"{think} {trigger} {rest}"
+    r_end = fmt.reasoning_end.strip()
+    marker = (r_end if opened else fmt.reasoning_start.strip()) if think else ""
+    avoid = marker if marker and g.q(marker).startswith('"') else ""
     head = g.text_head(fmt.trigger)
     if head:  # text first: `]<]minimax[>[` before <tool_call>, or no special token at all
-        tail = g.not_containing(head)
-        lead = g.rule(f"TEXT {json.dumps(head)}", lazy=True)
+        tail = g.not_containing(head, avoid)
+        text = g.not_containing(avoid) if avoid else "TEXT"
+        lead = g.rule(f"{text} {json.dumps(head)}", lazy=True)
         more = g.q(fmt.trigger[len(head) :]) if len(head) < len(fmt.trigger) else ""
-        return f"{think} ({lead} {more} {rest} {tail} | {tail})"
-    others = [t for t in fmt.preserved_tokens if t != fmt.trigger and g.q(t) == t]
-    tail = g.rule(f"TEXT (({' | '.join(others)}) TEXT)*") if others else "TEXT"
-    return f"{think} {tail} ({trigger} {rest} {tail})?"
+        after = f"({lead} {more} {rest} {tail} | {tail})"
+    else:
+        others = [t for t in fmt.preserved_tokens if t != fmt.trigger and g.q(t) == t]
+        tail = g.rule(f"TEXT (({' | '.join(others)}) TEXT)*") if others else "TEXT"
+        after = f"{tail} ({trigger} {rest} {tail})?"
+    if not ends_inside:
+        return f"{think} {after}"
+    if g.q(r_end).startswith('"'):  # the answer ends inside the reasoning: no end in it
+        return f"({think} {after} | {g.not_containing(r_end)})"
+    inner = [t for t in fmt.preserved_tokens if t != r_end and g.q(t) == t]
+    unended = f"TEXT (({' | '.join(inner)}) TEXT)*" if inner else "TEXT"
+    return f"({think} {after} | {unended})"
 
 
 # under `required` the call comes right after the reasoning the prompt opened, never after a
@@ -193,9 +213,9 @@ def dialect_grammar(
         think, rest = _gemma4(g, tools, parallel, thinking_open)
         if started:
             return g.lark(rest)
-        if lazy and thinking_open:  # the answer may end inside the opened thought
-            think = f"({think})?"
-        return g.lark(_lazy(g, fmt, think if lazy or thinking_open else "", rest, lazy))
+        think = think if lazy or thinking_open else ""  # the answer may end inside the
+        inside = lazy and thinking_open  # opened thought
+        return g.lark(_lazy(g, fmt, think, rest, lazy, thinking_open, inside))
     if fmt.dialect in ("deepseek_v3_2", "deepseek_v4"):
         g = Lark(special, (dsml.DSML,))
         rest = _dsml(g, tools, parallel, fmt.dialect == "deepseek_v4")
@@ -203,7 +223,7 @@ def dialect_grammar(
             return g.lark(rest)
         # reasoning the prompt opened ends at </think>, or where the calls start
         think = f"({g.text_until(dsml.THINK_END)} WS)?" if thinking_open else ""
-        return g.lark(_lazy(g, fmt, think, rest, lazy))
+        return g.lark(_lazy(g, fmt, think, rest, lazy, thinking_open))
     triggered = {"ling_3": ling3_body, "kimi_k3": kimi_k3_body, "cohere2_moe": cohere2_body,
                  "minimax_m3": minimax_m3_body, "lfm2": lfm2_body}  # fmt: skip
     whole = {"muse_glimmer": muse_body, "functionary_v3_2": functionary_body}
@@ -216,9 +236,8 @@ def dialect_grammar(
             return g.lark(rest)
         if not lazy and dialect in _NEW_BLOCK and not thinking_open:  # required: no new
             think = _NEW_BLOCK[dialect](g)  # reasoning block (one the prompt opened ends)
-        elif lazy and thinking_open and dialect in _NEW_BLOCK:  # the answer may end in it
-            think = f"({think})?"
-        return g.lark(_lazy(g, fmt, think, rest, lazy))
+        inside = lazy and thinking_open and dialect in _NEW_BLOCK  # may end inside it
+        return g.lark(_lazy(g, fmt, think, rest, lazy, thinking_open, inside))
     if dialect in whole:
         return g.lark((whole_auto if lazy else whole)[dialect](g, tools, parallel, thinking_open))
     return None

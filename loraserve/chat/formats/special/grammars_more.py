@@ -69,7 +69,7 @@ def minimax_m3_body(
         calls.append(g.rule(f"{head} {args} WS {g.q(minimax_m3.INVOKE_END)}"))
     call = g.rule(" | ".join(calls))
     more = f"(WS {call})*" if parallel else ""
-    rest = g.text_until(minimax_m3.THINK_END)
+    rest = g.reasoning_until(minimax_m3.THINK_END)
     block = f"{g.q(minimax_m3.THINK)} {rest}"
     think = f"({block} | {g.q(minimax_m3.THINK_END)})?"  # a turn without: a bare end
     if thinking_open:  # a reasoning prefill opened the block: its rest, then the end
@@ -135,7 +135,7 @@ def lfm2_body(
         calls.append(g.rule(f'"{fn["name"]}(" WS {args} WS ")"'.replace("  ", " ")))
     call = g.rule(" | ".join(calls))
     more = f'("," WS {call})*' if parallel else ""
-    rest = g.text_until(lfm2.THINK_END)
+    rest = g.reasoning_until(lfm2.THINK_END)
     think = rest if thinking_open else f"({g.q(lfm2.THINK)} {rest})?"
     return think, f'"[" {call} {more} "]" {g.q(lfm2.END)}'
 

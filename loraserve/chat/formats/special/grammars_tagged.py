@@ -55,7 +55,7 @@ def ling3_body(
     rest = g.rule(" | ".join(calls))
     more = f"(WS {g.q(ling3.CALL)} {rest})*" if parallel else ""
     tail = f"({g.q(ling3.ROLE_END)})?"  # llama.cpp reads text after the calls as content
-    think = f"({g.text_until(ling3.THINK_END)} WS)?" if thinking_open else ""
+    think = f"({g.reasoning_until(ling3.THINK_END, (ling3.CALL,))} WS)?" if thinking_open else ""
     return think, f"{rest} {more} {g.rule(f'TEXT {tail}')}"
 
 
@@ -80,7 +80,7 @@ def kimi_k3_body(
         calls.append(g.rule(f"{head} {g.q(kimi_k3.SEP)} {args} {g.q(kimi_k3.CALL_END)}"))
     call = g.rule(" | ".join(calls))
     end = f"{g.q(kimi_k3.TOOLS_END)} ({g.q(kimi_k3.MSG_END)})?"
-    think = f"({g.text_until(kimi_k3.THINK_END)})?" if thinking_open else ""
+    think = f"({g.reasoning_until(kimi_k3.THINK_END)})?" if thinking_open else ""
     return think, f"{call}{'+' if parallel else ''} {end}"
 
 
@@ -102,5 +102,5 @@ def cohere2_body(
         objects.append(json_value(schema))
     one = g.rule(" | ".join(objects))
     more = f'("," SP {one})*' if parallel else ""
-    think = f"({g.text_until(cohere2.THINK_END)})?" if thinking_open else ""
+    think = f"({g.reasoning_until(cohere2.THINK_END)})?" if thinking_open else ""
     return think, f'"[" SP {one} {more} SP "]" {g.q(cohere2.ACTION_END)}'

@@ -48,6 +48,18 @@ class Lark:
         marker = self.q(end)
         return self.rule(f"TEXT {marker}", lazy=marker.startswith('"'))
 
+    def reasoning_until(self, end: str, stops: tuple[str, ...] = ()) -> str:
+        """A reasoning block's text up to and including its `end`: as `text_until`, and
+        where markers are special tokens, the dialect's other special tokens may sit inside
+        (a trigger written inside reasoning is the reasoning's, as llama.cpp's lazy grammar
+        ignores it there), except `stops`, which end the reasoning themselves."""
+        marker = self.q(end)
+        inner = [p for p in self.pieces if p not in (end, *stops) and named(p)
+                 and self.special(p)]  # fmt: skip
+        if marker.startswith('"') or not inner:
+            return self.text_until(end)
+        return self.rule(f"TEXT (({' | '.join(inner)}) TEXT)* {marker}")
+
     def text_head(self, marker: str) -> str:
         """The part of `marker` before its first special token (all of it when none)."""
         starts = [marker.find(p) for p in self.pieces if p and p in marker and named(p)
@@ -69,11 +81,12 @@ class Lark:
         self.rules.append(f"{name}: /(.|\\n){{{low},{top}}}/ & ~/(.|\\n)*{_rx(end)}(.|\\n)*/")
         return f"{name} {self.q(end)}"
 
-    def not_containing(self, marker: str) -> str:
-        """A terminal of free text that never holds `marker` (a lazy grammar's text before
-        its trigger)."""
+    def not_containing(self, *markers: str) -> str:
+        """A terminal of free text that never holds any of `markers` (a lazy grammar's text
+        before its trigger)."""
         name = f"T{len(self.rules) + 1}"
-        self.rules.append(f"{name}: /(.|\\n)*/ & ~/(.|\\n)*{_rx(marker)}(.|\\n)*/")
+        avoid = "".join(f" & ~/(.|\\n)*{_rx(m)}(.|\\n)*/" for m in markers if m)
+        self.rules.append(f"{name}: /(.|\\n)*/{avoid}")
         return name
 
     def lark(self, start: str) -> str:

@@ -1,0 +1,112 @@
+"""The specialised formats' grammars accept llama.cpp's call cases, as
+test_tool_grammar_cases checks the formats the description fields spell: every whole parse
+case with tool calls of a dialect (Gemma 4, DeepSeek V3.2/V4's DSML, LFM2, MiniMax-M3,
+Ling 3, Kimi K3, Cohere2 MoE, Muse, Functionary v3.2; gpt-oss has test_tool_grammar), under
+its tool_choice, parallel_tool_calls and the reasoning its prompt opened, markers spelled as
+text. And the same answers with the reasoning opener left to the prompt (a reasoning
+prefill: the answer starts inside the reasoning), which llama.cpp's answers start with.
+
+llama.cpp's case 289 (LFM2, `auto`) writes a call inside its reasoning and the real call
+after `</think>`; the lazy grammar let the text before the trigger run from the answer's
+start, so the lexer ended it at the trigger inside the reasoning and the real call was
+refused (and with the reasoning opened by the prompt, always: the two paths start with the
+same text); with the markers as special tokens, reasoning text could hold no special token
+at all, so the trigger token inside the reasoning was refused. llama.cpp's lazy grammar
+ignores a trigger inside reasoning, so ours now does.
+
+Named exception, narrower by design (issue 26: OpenAI's `required`): case 73 (Gemma 4,
+`required`) opens a thought channel itself before the call; under `required` ours forces the
+call right after the reasoning the prompt opened, with no new reasoning block (its
+`reasoning_prefill` variant, the thought opened by the prompt, is accepted below).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from loraserve.chat.formats.grammar import tool_grammar
+from loraserve.chat.formats.lead import opens_reasoning
+from loraserve.chat.formats.special.lark import named
+from tests.unit.chat.format_util import grammar_accepts
+from tests.unit.chat.test_formats_parse_oracle import CASES, _format, _prompt
+
+NARROWER = {73}
+# markers as special tokens: a string argument that holds the format's special tokens
+# (Ling 3's `</think>` and `<tool_call>` inside a value) is text only in ours
+AS_TEXT_ONLY = {192}
+
+
+def _dialect(name: str) -> str:
+    logging.disable(logging.WARNING)
+    try:
+        return _format(name).dialect
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+CALL_CASES = [
+    c for c in CASES
+    if not c["is_partial"] and c["request"]["tools"] and c["expect"]["tool_calls"]
+    and _dialect(c["template"]) not in ("", "harmony")
+]  # fmt: skip
+WHOLE = [c for c in CALL_CASES if c["id"] not in NARROWER]
+OPENED = [
+    c for c in CALL_CASES
+    if _format(c["template"]).reasoning_start.strip()
+    and c["input"].startswith(_format(c["template"]).reasoning_start.strip())
+]  # fmt: skip
+
+
+def _grammar(case: dict, opened: bool, specials: tuple[str, ...] = ()) -> str:
+    req = case["request"]
+    lark = tool_grammar(_format(case["template"]), req["tools"], req["tool_choice"],
+                        req.get("parallel_tool_calls", True), True, opened,
+                        lambda m: m in specials)  # fmt: skip
+    assert lark is not None
+    return lark
+
+
+@pytest.mark.parametrize("case", WHOLE, ids=[str(c["id"]) for c in WHOLE])
+def test_grammar_accepts_llama_cpps_dialect_call_case(case: dict) -> None:
+    fmt = _format(case["template"])
+    lark = _grammar(case, opens_reasoning(fmt, _prompt(case, fmt)))
+    assert grammar_accepts(lark, case["input"]) is None, (case["input"], lark)
+
+
+@pytest.mark.parametrize("case", OPENED, ids=[str(c["id"]) for c in OPENED])
+def test_grammar_accepts_the_case_after_a_reasoning_prefill(case: dict) -> None:
+    start = _format(case["template"]).reasoning_start.strip()
+    lark = _grammar(case, True)
+    text = case["input"][len(start) :]
+    assert grammar_accepts(lark, text) is None, (text, lark)
+
+
+@pytest.mark.parametrize("case", WHOLE, ids=[str(c["id"]) for c in WHOLE])
+def test_grammar_accepts_the_case_with_special_tokens(case: dict) -> None:
+    """The markers as the model's special tokens (its preserved `<..>` tokens): text
+    never holds one, so a trigger inside reasoning (case 289) must be allowed there."""
+    if case["id"] in AS_TEXT_ONLY:
+        pytest.skip("a string value holding special tokens: text only in ours")
+    fmt = _format(case["template"])
+    specials = tuple(sorted({t for t in fmt.preserved_tokens if named(t)}, key=len)[::-1])
+    lark = _grammar(case, opens_reasoning(fmt, _prompt(case, fmt)), specials)
+    assert grammar_accepts(lark, case["input"], specials) is None, (case["input"], lark)
+
+
+def test_every_dialect_call_case_is_checked() -> None:
+    assert len(WHOLE) >= 124 and len(OPENED) >= 20
+    assert {_dialect(c["template"]) for c in WHOLE} >= {
+        "gemma_4", "deepseek_v3_2", "deepseek_v4", "lfm2", "lfm2_plain", "minimax_m3",
+        "ling_3", "kimi_k3", "cohere2_moe", "muse_glimmer", "functionary_v3_2",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("case_id", sorted(NARROWER))
+def test_required_rejects_a_new_reasoning_block(case_id: int) -> None:
+    case = next(c for c in CASES if c["id"] == case_id)
+    assert case["request"]["tool_choice"] == "required"
+    fmt = _format(case["template"])
+    lark = _grammar(case, opens_reasoning(fmt, _prompt(case, fmt)))
+    assert grammar_accepts(lark, case["input"]) is not None
