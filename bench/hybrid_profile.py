@@ -4,9 +4,9 @@
 `bench.hybrid_synth` model in-process, runs one request of `--tokens` + 1 greedy tokens and one
 of 1 token on the same 64-token prompt (cache off), and prints, per decode token (the
 difference of the two), the time in each quantized projection (by tensor name), the
-recurrent kernels (`gdn_recur`, `scan2`), the recurrent mixers and the layers as a whole;
-what the layers and the output leave is the engine's step (embedding, sampling, state
-bookkeeping). Times are the calling thread's CPU time (`bench.stage_profile`): compare runs
+recurrent kernels (`gdn_recur`, `scan2`, `mamba2_step`), the recurrent mixers and the layers
+as a whole; what the layers and the output leave is the engine's step (embedding, sampling,
+state bookkeeping). Times are the calling thread's CPU time (`bench.stage_profile`): compare runs
 at 1 thread. Not a speed figure against llama-server
 (that is `bench.hybrid_speed`, in a quiet window): a way to see which stage a change moved.
 """
@@ -27,6 +27,9 @@ def instrument(decoder: Any, meter: Meter) -> None:
     wrap_projections(decoder, meter)
     deltanet.gdn_recur = meter.wrap(deltanet.gdn_recur, "gdn_recur")  # type: ignore[assignment]
     ssm_scan.scan2 = meter.wrap(ssm_scan.scan2, "ssm scan2")  # type: ignore[assignment]
+    ssm_scan.mamba2_step = meter.wrap(  # type: ignore[assignment]
+        ssm_scan.mamba2_step, "mamba2 step (C)"
+    )
     for blk in decoder.blocks:
         if blk.mixer is not None:
             blk.mixer.forward = meter.wrap(blk.mixer.forward, "recurrent mixers (all)")

@@ -20,6 +20,8 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {
     "ls_ssm_scan2": ([_P, _I, _P, _P] + [_I] * 5 + [_P] * 8 + [ctypes.c_int] * 2, ctypes.c_int),
     "ls_ssm_rowsum": ([_P, _I, _I, ctypes.c_int, _P], ctypes.c_int),
+    "ls_mamba2_step": ([_P, _I, _P, _P, _I] + [_P] * 7 + [ctypes.c_float] + [_I] * 5
+                       + [_P, ctypes.c_int, ctypes.c_int], ctypes.c_int),
     "ls_ssm_scan1": (
         [_P] * 5 + [_I] * 3 + [_P, _P, _I, _I] + [_P] * 5 + [ctypes.c_int] * 2, ctypes.c_int
     ),
@@ -195,3 +197,50 @@ def scan1(
             torch.get_num_threads(),
         ), "ssm_scan1")  # fmt: skip
     return y, s, snaps
+
+
+def mamba2_step(
+    zx: torch.Tensor,
+    dt: torch.Tensor,
+    da: torch.Tensor,
+    dims: tuple[int, int, int, int, int],
+    st_in: list[torch.Tensor],
+    st_out: list[torch.Tensor],
+    weights: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor,
+                   torch.Tensor | None],
+    eps: float,
+) -> torch.Tensor:
+    """A Mamba-2 mixer's decode step between its projections (`mamba2_step.c`): row q of zx
+    [T, >= 2 H P + 2 G N] (z, xBC, ...; float32, unit stride) is the one new row of the
+    sequence whose state record is st_in[q] [(L-1) C + H P N]; its record after the row is
+    written into st_out[q] (same size, other memory). dt, da [T, H] (softplus(dt + bias),
+    exp(dt A)); dims (L, H, P, N, G); weights (taps [L, C], conv bias [C] or None, ones [C],
+    D [H], grouped norm [G, H P / G] or None). -> [T, H P], the out-projection's input: the
+    bits of `Mamba2.forward`'s general path on the same rows."""
+    lib, lanes = _c(), vector_lanes()
+    if lib is None or lanes is None:
+        raise RuntimeError("the C selective scan is not available here")
+    k, h, p, n, g = dims
+    t, di = zx.shape[0], h * p
+    taps, conv_b, ones, d, norm = weights
+    if zx.stride(1) != 1 or zx.dtype != torch.float32 or len(st_in) != t or len(st_out) != t:
+        raise ValueError("mamba2_step: zx must be float32 rows of unit stride, one state each")
+    size = (k - 1) * (di + 2 * g * n) + di * n
+    if any(s.numel() != size or not s.is_contiguous() for s in (*st_in, *st_out)):
+        raise ValueError(f"mamba2_step: state records of {size} contiguous floats needed")
+    c = di + 2 * g * n
+    want = [(taps, k * c), (conv_b, c), (ones, c), (d, h), (norm, di)]
+    if any(w is not None and (w.numel() != m or not w.is_contiguous() or w.dtype != torch.float32)
+           for w, m in want):  # fmt: skip
+        raise ValueError("mamba2_step: weights of other sizes than the dims")
+    dt, da = dt.contiguous(), da.contiguous()
+    out = torch.empty(t, di)
+    ins = (ctypes.c_void_p * t)(*(s.data_ptr() for s in st_in))
+    outs = (ctypes.c_void_p * t)(*(s.data_ptr() for s in st_out))
+    _ok(lib.ls_mamba2_step(
+        zx.data_ptr(), zx.stride(0), dt.data_ptr(), da.data_ptr(), t, ins, outs,
+        taps.data_ptr(), None if conv_b is None else conv_b.data_ptr(), ones.data_ptr(),
+        d.data_ptr(), None if norm is None else norm.data_ptr(), eps, h, p, n, g, k,
+        out.data_ptr(), lanes, torch.get_num_threads(),
+    ), "mamba2_step")  # fmt: skip
+    return out

@@ -21,8 +21,6 @@ from torch import nn
 
 from loraserve.cache.state import SeqStep
 from loraserve.kernels import ssm_scan
-from loraserve.kernels.deltanet import available as conv_available
-from loraserve.kernels.deltanet import conv_step
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
 from loraserve.model.layers import gated_act, rms_norm
@@ -45,13 +43,15 @@ class Mamba2(nn.Module):
         conv = _req(w, p + "ssm_conv1d.weight")  # [conv_dim, d_conv]
         self.taps = [c.contiguous() for c in conv.t()]
         self.taps_lc = conv.t().contiguous()  # [d_conv, conv_dim]: the C conv step's taps
-        self.conv_b = _req(w, p + "ssm_conv1d.bias")  # [conv_dim]
+        self.conv_b = _req(w, p + "ssm_conv1d.bias").contiguous()  # [conv_dim]
         self.dt_b = _req(w, p + "ssm_dt.bias").reshape(-1)  # [H]
         self.a = _req(w, p + "ssm_a").reshape(-1)  # [H] (negative: -exp(A_log))
         self.d = _req(w, p + "ssm_d").reshape(-1, 1)  # [H, 1]
+        self.d_flat = self.d.reshape(-1).contiguous()  # [H]
         norm = w.float(p + "ssm_norm.weight")  # [G, d/G]; absent: no grouped norm (falcon-h1)
         self.norm = None if norm is None else norm.float().reshape(self.g, -1).contiguous()
         self.ones_row = torch.ones(1, self.conv_dim)  # SiLU as gated_act(x, 1) of one row
+        self.state_size = self.state_shape(cfg)[0]
 
     @staticmethod
     def state_shape(cfg: ModelConfig) -> tuple[int, ...]:
@@ -66,9 +66,10 @@ class Mamba2(nn.Module):
             raise RuntimeError("a recurrent layer ran without its sequences' states")
         t = hs.shape[0]
         di, n, h, g, k = self.d_inner, self.n, self.h, self.g, self.k
-        if t == 1 and len(ctx.states) == 1 and ctx.states[0].hi == 1 and not ctx.states[0].every:
-            if ssm_scan.available() and conv_available():
-                return self._step(hs, ctx.states[0])
+        if len(ctx.states) == t and ssm_scan.available() and all(
+            (q.lo, q.hi) == (r, r + 1) and not q.every for r, q in enumerate(ctx.states)
+        ):  # one new row per sequence (decode steps): one C call between the projections
+            return self._step(hs, ctx.states)
         zxbcdt = self.in_proj(hs)  # [T, 2 d_inner + 2 G N + H]
         z = zxbcdt[:, :di]
         xbc_in = zxbcdt[:, di : di + self.conv_dim]
@@ -140,34 +141,27 @@ class Mamba2(nn.Module):
             out = rms_norm(out.reshape(t, g, di // g).contiguous(), self.norm, self.eps)
         return self.out_proj(out.view(t, di))
 
-    def _step(self, hs: torch.Tensor, seq: SeqStep) -> torch.Tensor:
-        """One row of one sequence (every decode step at -np 1): `forward`'s float
-        operations on the same values in fewer torch calls: the conv, its bias and SiLU run
-        in one C call on the state's rows in place (`kernels.deltanet.conv_step`), the scan
-        writes the new state straight into its record, and a snapshot after the row is that
+    def _step(self, hs: torch.Tensor, seqs: list[SeqStep]) -> torch.Tensor:
+        """Row q of hs [T, hidden] the one new row of seqs[q] (decode steps): `forward`'s
+        float operations on the same values in one C call between the two projections
+        (`ssm_scan.mamba2_step`: conv, scan, D skip, gate and norm), which writes each
+        sequence's state after its row into a new record; a snapshot after the row is that
         record itself (the same values, never changed)."""
-        di, n, h, g, k, cd, i = self.d_inner, self.n, self.h, self.g, self.k, self.conv_dim, self.i
-        n_conv = (k - 1) * cd
-        zxbcdt = self.in_proj(hs)  # [1, 2 d_inner + 2 G N + H]
-        st = seq.state[i]
-        seq.out[i] = rec = torch.empty(n_conv + di * n)  # [conv rows | scan state]
-        # conv, bias and SiLU in one call (causal_conv's bits), the conv rows after it into rec
-        xbc = conv_step(st[:n_conv], zxbcdt[:, di : di + cd], self.taps_lc, self.conv_b,
-                        self.ones_row, rec[:n_conv])  # fmt: skip
-        dt = ssm_scan.softplus_rows(zxbcdt[:, di + cd :] + self.dt_b)  # [1, H]
+        di, i, h, k = self.d_inner, self.i, self.h, self.k
+        zx = self.in_proj(hs)  # [T, 2 d_inner + 2 G N + H]
+        dt = ssm_scan.softplus_rows(zx[:, di + self.conv_dim :] + self.dt_b)  # [T, H]
         da = torch.exp(dt * self.a)
-        fin = rec[n_conv:].view(1, h, di // h, n)
-        y, _, _ = ssm_scan.scan2(xbc, dt, da, (h, di // h, n, g), [(0, 1)],
-                                 [st[n_conv:].view(h, di // h, n)], [[]], fin)  # fmt: skip
-        for r, block in seq.cuts:  # a block ends with this row: its snapshot is the state
-            if r == 0:
-                seq.snaps.setdefault(block, {})[i] = rec
-        x = xbc[:, :di].view(1, h, -1)
-        z = zxbcdt[:, :di].as_strided((1, di), (di, 1))  # one row: the C kernel's layout
-        out = gated_act(z, (y + x * self.d).view(1, di), "silu")  # [1, d_inner]
-        if self.norm is not None:
-            out = rms_norm(out.view(1, g, di // g), self.norm, self.eps)
-        return self.out_proj(out.view(1, di))
+        recs = [torch.empty(self.state_size) for _ in seqs]  # [conv rows | scan state] each
+        out = ssm_scan.mamba2_step(
+            zx, dt, da, (k, h, di // h, self.n, self.g), [s.state[i] for s in seqs], recs,
+            (self.taps_lc, self.conv_b, self.ones_row, self.d_flat, self.norm), self.eps,
+        )  # [T, d_inner]
+        for seq, rec in zip(seqs, recs, strict=True):
+            seq.out[i] = rec
+            for r, block in seq.cuts:  # a block ends with this row: its snapshot is the state
+                if r == 0:
+                    seq.snaps.setdefault(block, {})[i] = rec
+        return self.out_proj(out)
 
 
 def scan_torch(

@@ -5,11 +5,15 @@ rows (the torch loop is itself checked against llama-server by the architecture 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from loraserve.kernels import ssm_scan
+from loraserve.model.layers import gated_act, rms_norm
 from loraserve.model.recurrent import mamba1, mamba2
+from loraserve.model.recurrent.shortconv import causal_conv
 
 pytestmark = pytest.mark.skipif(not ssm_scan.available(), reason="C scan not available here")
 
@@ -114,3 +118,60 @@ def test_probe_finds_torch_sum_order() -> None:
         out = torch.empty(16)
         ssm_scan._c().ls_ssm_rowsum(v.data_ptr(), 16, k, lanes, out.data_ptr())
         _same(out, v.sum(-1))
+
+
+def _mamba2_rows(zx: torch.Tensor, states: list[torch.Tensor], dims: tuple[int, ...],
+                 w: dict[str, Any]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Each row of zx through `Mamba2.forward`'s torch operations alone (the conv as
+    `causal_conv`, the scan as `scan_torch`): -> (out [T, d_inner], each new state record)."""
+    k, h, p, n, g = dims
+    di, c = h * p, h * p + 2 * g * n
+    nc = (k - 1) * c
+    outs, recs = [], []
+    for q, st in enumerate(states):
+        xpad = torch.cat((st[:nc].view(k - 1, c), zx[q : q + 1, di : di + c]))
+        pre = causal_conv(xpad, list(w["taps"])) + w["conv_b"]
+        xbc = gated_act(pre, torch.ones_like(pre), "silu")  # [1, C]
+        s0 = [st[nc:].view(h, p, n)]
+        y, fin, _ = mamba2.scan_torch(xbc, zx[q : q + 1, di + c :], w["dt_b"], w["a"],
+                                      (h, p, n, g), [(0, 1)], s0, [[]])  # fmt: skip
+        yd = (y + xbc[:, :di].view(1, h, p) * w["d"].view(h, 1)).view(1, di)
+        zc = torch.empty(1, di).copy_(zx[q : q + 1, :di])  # forward's layout: the C kernel's
+        o = gated_act(zc, yd, "silu")
+        if w["norm"] is not None:
+            o = rms_norm(o.view(1, g, di // g).contiguous(), w["norm"], 1e-5).view(1, di)
+        outs.append(o)
+        recs.append(torch.cat((xpad[1:].reshape(-1), fin[0].reshape(-1))))
+    return torch.cat(outs), recs
+
+
+@pytest.mark.parametrize("dims", [(4, 4, 8, 16, 1), (4, 6, 5, 13, 2), (3, 8, 16, 64, 4),
+                                  (4, 48, 4, 128, 1), (2, 3, 3, 7, 3)])  # fmt: skip
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("with_norm", [True, False])
+def test_mamba2_step_bitwise(dims: tuple[int, int, int, int, int], rows: int,
+                             with_norm: bool) -> None:  # fmt: skip
+    """The fused decode step (conv, scan, D skip, gate, grouped norm in one C call) against
+    the mixer's torch operations row by row: outputs and new state records bit for bit,
+    one row per sequence, the old records left alone."""
+    k, h, p, n, g = dims
+    di, c = h * p, h * p + 2 * g * n
+    gen = torch.Generator().manual_seed(sum(dims) * 10 + rows)
+    zx = torch.randn(rows, 2 * di + 2 * g * n + h + 5, generator=gen)[:, : di + c + h]
+    w = {"taps": torch.randn(k, c, generator=gen), "conv_b": torch.randn(c, generator=gen),
+         "dt_b": torch.randn(h, generator=gen), "a": -torch.rand(h, generator=gen) * 4,
+         "d": torch.randn(h, generator=gen),
+         "norm": torch.randn(g, di // g, generator=gen) if with_norm else None}  # fmt: skip
+    size = (k - 1) * c + di * n
+    states = [torch.randn(size, generator=gen) for _ in range(rows)]
+    keep = [s.clone() for s in states]
+    ref, ref_recs = _mamba2_rows(zx, states, dims, w)
+    dt = ssm_scan.softplus_rows(zx[:, di + c :] + w["dt_b"])
+    recs = [torch.empty(size) for _ in range(rows)]
+    out = ssm_scan.mamba2_step(zx, dt, torch.exp(dt * w["a"]), dims, states, recs,
+                               (w["taps"], w["conv_b"], torch.ones(c), w["d"], w["norm"]),
+                               1e-5)  # fmt: skip
+    _same(ref, out)
+    for q in range(rows):
+        _same(ref_recs[q], recs[q])
+        _same(states[q], keep[q])

@@ -1,0 +1,80 @@
+// A decode step of a Mamba-2 mixer in one call (issue 28: the mixer's ~15 torch ops and
+// kernel calls between its two projections cost ~0.2 ms a layer): T rows, each the one new
+// row of its own sequence, from the in-projection's output to the out-projection's input.
+//
+// Same bits as recurrent/mamba2.py's forward, which runs these very pieces one call at a time:
+// ls_conv_step (conv, bias, SiLU), the scan of ls_ssm_scan2 (torch_sum's order), y + x D as
+// torch's multiply then add, ls_gated_act (SiLU(z) y) and ls_rms_norm (the grouped norm). The
+// scan reads each head's old state and writes its new one into the sequence's new record
+// (never a copy, then an update in place: half the state traffic of scan2's decode step).
+// Included in the build unit after ssm_scan.c (torch_sum, SSM_MAX_N); the rest link.
+
+#include <stdint.h>
+#include <stdlib.h>
+
+int ls_conv_step(const float *st, const float *x, const float *taps, const float *bias,
+                 int64_t C, int64_t L, const float *ones, float *pre, float *act,
+                 float *conv_out);
+int ls_gated_act(const float *g, const float *u, int64_t T, int64_t F, int64_t ld, int act,
+                 float *out, int nthreads);
+int ls_rms_norm(const float *x, int64_t T, int64_t H, int64_t K, int64_t ldt, const float *w,
+                int64_t HW, float eps, float *y, int nthreads);
+
+// zx [T, ldz]: each row z [H P], xBC [H P + 2 G N], (dt, unread); dt, da [T, H] (softplus(dt +
+// dt_bias) and exp(dt A), from torch); st_in[q] / st_out[q]: row q's sequence's state record
+// before / after the row, [(L-1) C | H P N] (C = H P + 2 G N conv channels; never the same
+// memory); taps [L, C], conv_b [C] (NULL: none), ones [C] of 1.0f; d [H]; norm [G, H P / G]
+// (NULL: none) with eps; out [T, H P]: the out-projection's input. vl: torch's sum width (the
+// wrapper's probe). Returns 0, -2 out of memory, -3 sizes that do not fit.
+int ls_mamba2_step(const float *zx, int64_t ldz, const float *dt, const float *da, int64_t T,
+                   const float *const *st_in, float *const *st_out, const float *taps,
+                   const float *conv_b, const float *ones, const float *d, const float *norm,
+                   float eps, int64_t H, int64_t P, int64_t N, int64_t G, int64_t L, float *out,
+                   int vl, int nthreads) {
+    const int64_t di = H * P, C = di + 2 * G * N, nc = (L - 1) * C, PN = P * N;
+    if (T < 1 || H < 1 || P < 1 || N < 1 || N > SSM_MAX_N || G < 1 || H % G || di % G ||
+        L < 2 || ldz < di + C || vl < 1 || vl > 16 || !zx || !dt || !da || !st_in || !st_out ||
+        !taps || !ones || !d || !out)
+        return -3;
+    for (int64_t q = 0; q < T; q++)
+        if (!st_in[q] || !st_out[q]) return -3;
+    // xbc [T, C] after conv and SiLU, pre [C] (the conv before SiLU), yd [T, di], g [T, di]
+    float *buf = malloc(sizeof(float) * (size_t)(T * C + C + 2 * T * di));
+    if (!buf) return -2;
+    float *xbc = buf, *pre = xbc + T * C, *yd = pre + C, *g = yd + T * di;
+    for (int64_t q = 0; q < T; q++)
+        if (ls_conv_step(st_in[q], zx + q * ldz + di, taps, conv_b, C, L, ones, pre,
+                         xbc + q * C, st_out[q])) {
+            free(buf);
+            return -3;
+        }
+    const int64_t rep = H / G;
+    if (T * H * PN < 4096) nthreads = 1;
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
+    for (int64_t qh = 0; qh < T * H; qh++) {
+        const int64_t q = qh / H, h = qh % H;
+        const float *restrict si = st_in[q] + nc + h * PN;
+        float *restrict so = st_out[q] + nc + h * PN;
+        const float *x = xbc + q * C + h * P, *b = xbc + q * C + di + (h / rep) * N;
+        const float *c = b + G * N;
+        const float dq = dt[q * H + h], a = da[q * H + h], dh = d[h];
+        float prod[SSM_MAX_N];
+        for (int64_t p = 0; p < P; p++) {
+            const float xd = x[p] * dq;
+            for (int64_t n = 0; n < N; n++) {
+                const float decay = si[p * N + n] * a, inp = b[n] * xd;
+                so[p * N + n] = decay + inp;
+                prod[n] = so[p * N + n] * c[n];
+            }
+            const float xD = x[p] * dh;
+            yd[q * di + h * P + p] = torch_sum(prod, N, vl) + xD;
+        }
+    }
+    int rc = 0;
+    for (int64_t q = 0; q < T && !rc; q++)
+        rc = ls_gated_act(zx + q * ldz, yd + q * di, 1, di, di, 0, norm ? g + q * di : out + q * di,
+                          1);
+    if (!rc && norm) rc = ls_rms_norm(g, T, G, di / G, di, norm, G, eps, out, 1);
+    free(buf);
+    return rc ? -3 : 0;
+}
