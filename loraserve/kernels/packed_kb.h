@@ -1,5 +1,6 @@
 // Prompt-sized matmuls (M >= ROWS_MIN_M) of the K-quants with 16-value sub-blocks -- Q2_K,
-// Q5_K in the file's layout, Q3_K and Q6_K in theirs or packed (packed_q3.h, packed_q6.h) -- and of the grid and
+// Q5_K in the file's layout, Q2_K, Q3_K and Q6_K in theirs or packed (packed_q3.h,
+// packed_q6.h) -- and of the grid and
 // ternary types (IQ2_*, IQ3_*, IQ1_*, TQ*: their scalar grid decode once per task instead of
 // once per row and call, kb_offset making their values unsigned): each task decodes its
 // groups of 8 weight rows once into plain bytes laid out as packed.h lays out values (a
@@ -150,36 +151,42 @@ static void kb_group_q6p(const uint8_t *g, int64_t K, uint8_t *db) {
     }
 }
 
-// One packed Q3_K group (packed_q3.h) decoded into db: its steps as pq3_dot forms them.
-static void kb_group_q3p(const uint8_t *g, int64_t K, uint8_t *db) {
+// One packed Q3_K (q2 0) or Q2_K (q2 1) group (packed_q3.h) decoded into db: its steps as
+// pq3_dot forms them.
+static void kb_group_q3p(const uint8_t *g, int q2, int64_t K, uint8_t *db) {
     const __m256i m3 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4), low16 = _mm256_set1_epi32(0xFFFF);
     for (int64_t b = 0; b < K / 256; b++) {
-        const uint8_t *blk = g + PQ3_SB * b;
+        const uint8_t *blk = g + PQ_SB(q2) * b, *scb = blk + (q2 ? 32 : 16);
         uint8_t *out = db + KB_SB * b;
         _mm256_storeu_ps((float *)out, pk_halves8(blk));
+        if (q2) _mm256_storeu_ps((float *)(out + KB_DM), pk_halves8(blk + 16));
         for (int j = 0; j < 16; j++) {
+            const __m128i s8 = _mm_loadl_epi64((const __m128i *)(scb + 8 * j));
             _mm256_storeu_si256((__m256i *)(out + KB_SC + 32 * j),
-                                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 16 + 8 * j))));
-            const uint8_t *sb = blk + 144 + 96 * (j / 2);
+                                q2 ? _mm256_and_si256(_mm256_cvtepu8_epi32(s8), _mm256_set1_epi32(15))
+                                   : _mm256_cvtepi8_epi32(s8));
+            const uint8_t *sb = q2 ? blk + 160 + 32 * j : blk + 144 + 96 * (j / 2);
             const int k = j & 1;
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(sb + 32 * k));
-            const __m256i hv = _mm256_loadu_si256((const __m256i *)(sb + 64));
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(sb + (q2 ? 0 : 32 * k)));
+            const __m256i hv = q2 ? q : _mm256_loadu_si256((const __m256i *)(sb + 64));
             __m256i *v = (__m256i *)(out + KB_V + 128 * j);
-            for (int st = 0; st < 4; st++) {  // bit 4k + st of hv to bit 2 (packed_q3.h)
+            for (int st = 0; st < 4; st++) {  // (Q3_K) bit 4k + st of hv to bit 2 (packed_q3.h)
                 const int hs = 4 * k + st - 2;
                 const __m256i h = hs <= 0 ? _mm256_sll_epi16(hv, _mm_cvtsi32_si128(-hs))
                                           : _mm256_srl_epi16(hv, _mm_cvtsi32_si128(hs));
-                _mm256_storeu_si256(v + st, _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * st)), m3),
-                    _mm256_and_si256(h, b2)));
+                const __m256i u = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * st)), m3);
+                _mm256_storeu_si256(v + st, q2 ? u : _mm256_or_si256(u, _mm256_and_si256(h, b2)));
             }
         }
-        for (int k = 0; k < 8; k++) {  // 4 * sc of sub-blocks 2k, 2k + 1 as int16 pairs
-            const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 16 + 16 * k)));
-            const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 24 + 16 * k)));
+        for (int k = 0; k < 8; k++) {  // Q3_K: 4 * sc, Q2_K: mn of sub-blocks 2k, 2k + 1 as int16 pairs
+            const __m128i l8 = _mm_loadl_epi64((const __m128i *)(scb + 16 * k));
+            const __m128i h8 = _mm_loadl_epi64((const __m128i *)(scb + 16 * k + 8));
+            const __m256i lo = q2 ? _mm256_srli_epi32(_mm256_cvtepu8_epi32(l8), 4)
+                                  : _mm256_slli_epi32(_mm256_cvtepi8_epi32(l8), 2);
+            const __m256i hi = q2 ? _mm256_srli_epi32(_mm256_cvtepu8_epi32(h8), 4)
+                                  : _mm256_slli_epi32(_mm256_cvtepi8_epi32(h8), 2);
             _mm256_storeu_si256((__m256i *)(out + KB_MP + 32 * k),
-                                _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(lo, 2), low16),
-                                                _mm256_slli_epi32(hi, 18)));
+                                _mm256_or_si256(_mm256_and_si256(lo, low16), _mm256_slli_epi32(hi, 16)));
         }
     }
 }
