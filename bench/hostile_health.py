@@ -98,7 +98,7 @@ async def loop_lag(stop: asyncio.Event, lag: list[float]) -> None:
 
 SLOW_LAUNCH = """
 import asyncio, sys, time, uvicorn
-import loraserve.server.app as app
+import loraserve.server.process as app  # serve and its uvicorn
 slow = float(sys.argv.pop(1)) / 1000
 run = asyncio.events.Handle._run
 def timed(self):

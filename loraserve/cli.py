@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> None:
 
         ray_main(argv)
     else:
-        from loraserve.server.app import serve
         from loraserve.server.config.args import parse_server_args
+        from loraserve.server.process import serve
 
         serve(parse_server_args(argv))
 

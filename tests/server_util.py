@@ -172,7 +172,7 @@ def scrape_metrics(srv: Served) -> dict[str, float]:
 
 
 LAUNCH_WITH_GRACE = (
-    "import sys, loraserve.server.app as app; app.SHUTDOWN_GRACE_S = {grace}; "
+    "import sys, loraserve.server.process as p; p.SHUTDOWN_GRACE_S = {grace}; "
     "from loraserve.cli import main; main(sys.argv[1:])"
 )
 

@@ -22,8 +22,10 @@ import threading
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
+from typing import TYPE_CHECKING
 
-from loraserve.engine.request import Request
+if TYPE_CHECKING:  # annotations only: the router process imports QueueFull without torch
+    from loraserve.engine.request import Request
 
 RETRY_AFTER_S = 1  # what a refused client is told to wait (`Retry-After`)
 

@@ -15,30 +15,9 @@ the others need every row, so `Engine.submit` runs them with ``cache_prompt`` of
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 import torch
 
-
-class Pooling(StrEnum):
-    """llama.cpp's pooling types (`--pooling`), by their flag names."""
-
-    NONE = "none"
-    MEAN = "mean"
-    CLS = "cls"
-    LAST = "last"
-    RANK = "rank"
-
-    @classmethod
-    def from_gguf(cls, value: object) -> Pooling:
-        """The pooling a GGUF's ``{arch}.pooling_type`` names (absent or unknown: none)."""
-        order = [cls.NONE, cls.MEAN, cls.CLS, cls.LAST, cls.RANK]
-        return order[value] if isinstance(value, int) and 0 <= value < len(order) else cls.NONE
-
-    @property
-    def reuses_cache(self) -> bool:
-        """Whether a prefix-cache hit is allowed (only the last row is read)."""
-        return self in (Pooling.LAST, Pooling.RANK)
+from loraserve.engine.pooling import Pooling as Pooling  # re-exported for importers
 
 
 def wanted_rows(pooling: Pooling, start: int, n: int, n_prompt: int) -> tuple[int, int] | None:

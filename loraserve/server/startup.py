@@ -14,15 +14,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from loraserve.chat.template import resolve_chat_template
-from loraserve.engine.engine import Engine, EngineConfig
-from loraserve.model.loader import LoadedModel
 from loraserve.server import offload
 from loraserve.server.config.args import ServerConfig
-from loraserve.server.state import ServerState
+
+if TYPE_CHECKING:  # the engine's modules import torch, which the router process never does
+    from loraserve.engine.engine import Engine
+    from loraserve.model.loader import LoadedModel
+    from loraserve.server.state import ServerState
 
 log = logging.getLogger("loraserve.server")
 PROGRESS_EVERY_S = 5.0
@@ -102,9 +102,6 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-_KV_DTYPES = {"f32": torch.float32, "f16": torch.float16}  # -ctk/-ctv
-
-
 def check_router_files(cfg: ServerConfig) -> None:
     """Router mode (no `-m`): the `--lora` files every engine gets must exist (their headers
     are checked against each model when it loads): `StartupError` for the first that does
@@ -117,6 +114,11 @@ def check_router_files(cfg: ServerConfig) -> None:
 def build_engine(cfg: ServerConfig, model: LoadedModel, draft: LoadedModel | None = None) -> Engine:
     """The engine sized by the command line (`-np`, `-c`, `-ub`, `--cache-ram`), with the
     speculative decoding of `--spec-*` (``draft``: the `-md` model)."""
+    import torch
+
+    from loraserve.engine.engine import Engine, EngineConfig
+
+    kv_dtypes = {"f32": torch.float32, "f16": torch.float16}  # -ctk/-ctv
     n_ctx = cfg.n_ctx or model.config.context_length
     return Engine(
         model,
@@ -124,7 +126,7 @@ def build_engine(cfg: ServerConfig, model: LoadedModel, draft: LoadedModel | Non
             n_slots=cfg.n_parallel,
             n_ctx=max(n_ctx, cfg.n_parallel),
             kv_unified=cfg.kv_unified,
-            kv_dtype=_KV_DTYPES[cfg.cache_type_k],
+            kv_dtype=kv_dtypes[cfg.cache_type_k],
             ubatch=cfg.n_ubatch,
             cache_ram_mib=cfg.cache_ram_mib,
             checkpoint_min_step=cfg.checkpoint_min_step,
@@ -188,6 +190,8 @@ def start(
 ) -> None:
     """Loading thread: load the model (unless given), its adapters and chat template, then
     start the engine and attach it to `state`; on failure, record why and `on_failure()`."""
+    from loraserve.chat.template import resolve_chat_template
+
     cfg = state.cfg
     done = threading.Event()
     threading.Thread(

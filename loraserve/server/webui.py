@@ -15,7 +15,6 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import FileResponse, Response
 
 from loraserve.server.errors import not_found
-from loraserve.server.state import get_state
 
 router = APIRouter()
 WEBUI_DIR = Path(__file__).with_name("webui")
@@ -50,7 +49,9 @@ PUBLIC_PATHS = frozenset(PAGE_PATHS + ASSET_PATHS)  # open under --api-key (see 
 
 
 def _file(request: HttpRequest, name: str) -> Response:
-    if not get_state(request).cfg.webui:
+    # the app's ServerState or the router: both carry the config (no import of state.py,
+    # whose engine imports torch: the router process never does)
+    if not request.app.state.server.cfg.webui:
         raise not_found()
     path = WEBUI_DIR / name
     return FileResponse(path, media_type=CONTENT_TYPES[path.suffix], headers=HEADERS)

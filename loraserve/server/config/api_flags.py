@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from loraserve.engine.embedding import Pooling
+from loraserve.engine.pooling import Pooling
 
 
 def add_cors_flags(p: argparse.ArgumentParser) -> None:

@@ -30,11 +30,11 @@ from starlette.routing import Route
 
 from loraserve import __version__
 from loraserve.server import offload, webui
-from loraserve.server.app import BodyLimitMiddleware
 from loraserve.server.auth import ApiKeyMiddleware
 from loraserve.server.config.args import ServerConfig
 from loraserve.server.cors import CorsMiddleware, cors_policy
 from loraserve.server.errors import ApiError, JsonResponse, install_error_handlers
+from loraserve.server.process import BodyLimitMiddleware
 from loraserve.server.router.events import ModelEvents
 from loraserve.server.router.forward import (
     FORWARDED_METHODS,
