@@ -204,8 +204,8 @@ class PrefixCache:
         if self.states is None:
             return float(self._n_cached)
         share = self.states.kv_share  # a block without a snapshot
-        n_snap = len(self._snap_cached)
-        return n_snap + (self._n_cached - n_snap) * share
+        n_snap = len(self._snap_cached)  # and each slot's checkpoints: a snapshot's share
+        return n_snap + (self._n_cached - n_snap) * share + self.states.n_checkpoints * (1 - share)
 
     def enforce_budget(self) -> None:
         """Evict until the cached blocks fit the budget."""
@@ -214,6 +214,8 @@ class PrefixCache:
         if self.states is None:
             self.evict(self._n_cached - self.budget)
             return
+        while self.cached_cost() > self.budget + 1e-9 and self.states.n_checkpoints:
+            self.states.drop_checkpoint()  # checkpoints first (`StateStore.drop_checkpoint`)
         done = 0  # least recently used first, until the cost fits
         while self.cached_cost() > self.budget + 1e-9 and self._evictable:
             self._remove(min(self._evictable, key=lambda b: self._nodes[b].last_used))

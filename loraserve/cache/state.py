@@ -72,12 +72,16 @@ class _Live:
     at: dict[int, States]  # position -> states there (the last step's start and end, and
     # with a draft every position in between)
     latest: int = -1  # the block of its latest decode snapshot off the interval
+    # position -> states where each of its prompts (and its predecessors' in the slot) began
+    # from this live state: llama-server's checkpoint before a prompt's last batch
+    ckpts: dict[int, States] = field(default_factory=dict)
 
 
 class StateStore:
     """Live states of running sequences and block-boundary snapshots of one model.
 
-    ``shapes``: recurrent layer index -> the shape of its state for one sequence.
+    ``shapes``: recurrent layer index -> the shape of its state for one sequence;
+    ``checkpoints``: the most checkpoints a slot keeps (llama-server's ``--ctx-checkpoints``).
     """
 
     def __init__(
@@ -86,6 +90,7 @@ class StateStore:
         block_size: int,
         every: int = 1,
         kv_block_bytes: int = 0,
+        checkpoints: int = 32,
     ) -> None:
         if every < 1:
             raise ValueError(f"snapshot interval {every} blocks: must be at least 1")
@@ -95,6 +100,7 @@ class StateStore:
         self.kv_block_bytes = kv_block_bytes  # one block's KV bytes (the budget's other part)
         self.live: dict[int, _Live] = {}  # slot -> its sequence's states
         self.snaps: dict[int, States] = {}  # block id -> states after the block's last token
+        self.max_ckpts = checkpoints
 
     @property
     def snapshot_bytes(self) -> int:
@@ -163,17 +169,53 @@ class StateStore:
             live.at[start + r + 1] = {i: rows[r] for i, rows in step.rows.items()}
 
     def adopt(self, slot: int, seq: int, new_seq: int, at: int) -> bool:
-        """Hand ``slot``'s live state at position ``at`` of finished sequence ``seq`` to
-        ``new_seq``, whose prompt extends ``seq``'s first ``at`` tokens under the same cache
-        key (the scheduler checks both): its first step then starts from that exact state,
-        at any position, not from a snapshot at a block boundary. False (nothing changed)
-        where the slot holds no live state of ``seq`` at ``at``."""
+        """Hand ``slot``'s live state at position ``at`` of finished sequence ``seq`` (its
+        end, or a checkpoint where one of its prompts began) to ``new_seq``, whose prompt
+        extends ``seq``'s first ``at`` tokens under the same cache key (the scheduler checks
+        both): its first step then starts from that exact state, at any position, not from a
+        snapshot at a block boundary. The state there becomes the new sequence's checkpoint
+        (with the old ones before it): a later prompt that leaves this one's new tokens (an
+        edited last message) resumes there, as from llama-server's checkpoint before a
+        prompt's last batch. False (nothing changed) where the slot holds no state of ``seq``
+        at ``at``."""
         live = self.live.get(slot)
-        if live is None or live.seq != seq or at not in live.at:
+        state = None if live is None or live.seq != seq else live.at.get(at, live.ckpts.get(at))
+        if live is None or state is None:
             return False
+        ckpts = {p: s for p, s in live.ckpts.items() if p < at}
+        ckpts[at] = state
+        while len(ckpts) > self.max_ckpts:  # the oldest go first
+            del ckpts[min(ckpts)]
         # the old sequence's latest decode snapshot stays in the cache (as for a new one)
-        self.live[slot] = _Live(new_seq, {at: live.at[at]})
+        self.live[slot] = _Live(new_seq, {at: state}, ckpts=ckpts)
         return True
+
+    def resume_point(self, slot: int, seq: int, prompt: Sequence[int], tokens: Sequence[int],
+                     lo: int, hi: int) -> int:  # fmt: skip
+        """The furthest position p, lo < p <= hi, at which ``slot``'s live sequence ``seq``
+        (whose tokens are ``tokens``) holds a state (its end or a checkpoint) and ``prompt``
+        starts with its first p tokens; -1 where there is none."""
+        live = self.live.get(slot)
+        if live is None or live.seq != seq:
+            return -1
+        same, top = 0, min(hi, len(prompt), len(tokens))
+        while same < top and prompt[same] == tokens[same]:
+            same += 1
+        ends = [len(tokens)] if len(tokens) in live.at else []  # where it stopped
+        ok = [p for p in (*ends, *live.ckpts) if lo < p <= same]
+        return max(ok, default=-1)
+
+    @property
+    def n_checkpoints(self) -> int:
+        """The checkpoints the slots keep (each costs one snapshot in the cache budget)."""
+        return sum(len(v.ckpts) for v in self.live.values())
+
+    def drop_checkpoint(self) -> None:
+        """Forget the oldest checkpoint of the slot that keeps the most (the budget's first
+        eviction: a lost checkpoint costs a branch some recomputed tokens, a lost block more)."""
+        live = max(self.live.values(), key=lambda v: len(v.ckpts), default=None)
+        if live is not None and live.ckpts:
+            del live.ckpts[min(live.ckpts)]
 
     def forget(self, slot: int) -> None:
         """Drop the live states of ``slot``'s sequence."""

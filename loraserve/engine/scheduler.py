@@ -186,22 +186,25 @@ class Scheduler:
         return run
 
     def _live_match(self, slot: Slot, req: Request, limit: int, m: Match | None) -> Match | None:
-        """Recurrent models: where ``req``'s prompt extends the tokens ``slot`` retains from
-        its last sequence under the same cache key, past what ``m`` (the cache's match, cut
-        to a snapshot at a block boundary) reaches, that sequence's live state there is
-        handed over (`StateStore.adopt`) and the slot's blocks are the match: no token it
-        computed is computed again (a chat's next turn: its new message and the last answer
-        token, as llama-server's slot). Else ``m``."""
-        states, n, live = self.cache.states, len(slot.tokens), slot.live
+        """Recurrent models: where ``req``'s prompt extends the first n tokens ``slot``
+        retains from its last sequence under the same cache key, past what ``m`` (the cache's
+        match, cut to a snapshot at a block boundary) reaches, and that sequence holds a state
+        at n (its end, or a checkpoint where one of its prompts began: `StateStore.
+        resume_point`), that state is handed over (`StateStore.adopt`) and the slot's blocks
+        are the match: a chat's next turn computes its new message and the last answer token,
+        an edited last message its new tokens, as llama-server's slot with its checkpoints.
+        Else ``m``."""
+        states, live = self.cache.states, slot.live
         if (
             states is None
             or live is None
             or live[1] is not slot.tokens
             or slot.cache_key != req.cache_key
-            or not (m.n_tokens if m is not None else 0) < n <= limit
-            or req.prompt[:n] != slot.tokens
-            or not states.adopt(slot.id, live[0], req.id, n)
         ):
+            return m
+        lo = m.n_tokens if m is not None else 0
+        n = states.resume_point(slot.id, live[0], req.prompt, slot.tokens, lo, limit)
+        if n < 0 or not states.adopt(slot.id, live[0], req.id, n):
             return m
         k, rem = divmod(n, self.bs)
         return Match(list(slot.blocks[:k]), slot.blocks[k] if rem else None, rem, n)

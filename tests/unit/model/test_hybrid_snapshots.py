@@ -208,3 +208,37 @@ def test_restored_slot_never_continues_another_sequences_state(tmp_path: Path) -
     ((got, _, cached),) = answers(eng, [ask(nxt, 4)])
     ((ref, _, _),) = answers(off, [ask(nxt, 4, cache_prompt=False)])
     assert got == ref and cached % 4 == 0
+
+
+@pytest.mark.parametrize("arch", [a for a in ("granitehybrid", "qwen35") if a in RECORDS])
+def test_edited_last_message_resumes_from_its_checkpoint(tmp_path: Path, arch: str) -> None:
+    """A chat whose last user message is edited (a branch) resumes from the checkpoint where
+    that message's prompt began (llama-server's checkpoint before a prompt's last batch),
+    inside a block: only the edited message is computed, the answers equal the cache-off
+    ones. Under another adapter mix the checkpoint is not used; with a cache budget of
+    nothing the checkpoint is evicted and the branch resumes at a block boundary."""
+    m = model(tmp_path, arch, "dense")
+    rec = RECORDS[arch]["variants"]["dense"]
+    p = tmp_path / f"{arch}-branch.gguf"
+    pairs = _adapter(rec, 4, RECURRENT_STEMS + ("attn_q", "attn_v", "ffn_up"))
+    write_gguf_lora(p, arch, pairs, qk_heads=(m.config.n_heads,) * 2)
+    off = Engine(m, EngineConfig(n_slots=1, n_ctx=128, block_size=4))
+    off.load_adapter(p, 0.0).result()
+    first = [5, 9, 3, 7, 11, 2, 8, 4, 6, 10]
+    for ram, mix in ((8.0, None), (8.0, {0: 0.5}), (0.0, None)):
+        eng = Engine(m, EngineConfig(n_slots=1, n_ctx=128, block_size=4, cache_ram_mib=ram))
+        eng.load_adapter(p, 0.0).result()
+        ((gen, _, _),) = answers(eng, [ask(first, 5, mix)])
+        history = first + gen  # 15 tokens: the next prompt begins inside a block
+        answers(eng, [ask(history + [13, 14, 15], 4, mix)])
+        branch = history + [12, 3, 9, 1]  # the last message edited
+        other = None if mix else {0: 0.5}
+        for m2 in ((mix, other) if ram else (mix,)):
+            ((got, _, cached),) = answers(eng, [ask(branch, 4, m2)])
+            ((ref, _, _),) = answers(off, [ask(branch, 4, m2, cache_prompt=False)])
+            assert got == ref
+            if m2 == mix and ram:
+                assert cached == len(history) - 1, "not resumed at the message's checkpoint"
+            else:  # another key, or no budget for checkpoints: a block boundary at most
+                assert cached % 4 == 0
+        eng.core.cache.check()
