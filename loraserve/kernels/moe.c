@@ -108,21 +108,32 @@ int ls_moe_matmul(const ls_moe_proj_t *pr, int64_t E, const int64_t *off, int64_
 
 // a [P, F] = act(gate + gate bias) * (up + up bias) of the sorted rows of gu [P, 2F] (the
 // biases added to gu in place; gb, ub [E, F] or NULL). act: rowops.c's codes.
-void ls_moe_act(float *gu, int64_t E, const int64_t *off, int64_t F, const float *gb,
-                const float *ub, int act, float *a, int nthreads) {
+// Returns 0, or -3 for sizes that do not fit (offsets not ascending from 0).
+int ls_moe_act(float *gu, int64_t E, const int64_t *off, int64_t F, const float *gb,
+               const float *ub, int act, float *a, int nthreads) {
+    if (E < 1 || F < 1 || !off || off[0] != 0) return -3;
+    for (int64_t e = 0; e < E; e++)
+        if (off[e + 1] < off[e]) return -3;
     const int64_t P = off[E];
+    if (P > 0 && (!gu || !a)) return -3;
     if (P * F < (1 << 15)) nthreads = 1;
 #pragma omp parallel num_threads(nthreads)
     st_act(gu, P, F, off, gb, ub, act, a, NULL);
+    return 0;
 }
 
-// out [T, H] = the weighted sum of each token's expert rows (`st_combine`).
-void ls_moe_combine(const float *d, int64_t H, int64_t T, int64_t k, const int64_t *experts,
-                    const int64_t *inv, const float *w, const float *db, float *out,
-                    int nthreads) {
+// out [T, H] = the weighted sum of each token's expert rows (`st_combine`). Returns 0, or -3
+// for sizes that do not fit (a sorted position outside the T k rows, a negative expert).
+int ls_moe_combine(const float *d, int64_t H, int64_t T, int64_t k, const int64_t *experts,
+                   const int64_t *inv, const float *w, const float *db, float *out,
+                   int nthreads) {
+    if (H < 1 || T < 0 || k < 0 || (T * k > 0 && (!d || !experts || !inv || !out))) return -3;
+    for (int64_t p = 0; p < T * k; p++)
+        if (inv[p] < 0 || inv[p] >= T * k || experts[p] < 0) return -3;
     if (T * k * H < (1 << 15)) nthreads = 1;
 #pragma omp parallel num_threads(nthreads)
     st_combine(d, H, T, k, experts, inv, w, db, out);
+    return 0;
 }
 
 // The expert groups of a routed call: runs of consecutive experts whose rows fit `cap`

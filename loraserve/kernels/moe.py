@@ -49,8 +49,8 @@ _PP = ctypes.POINTER(_Proj)
 _SIGNATURES = {
     "ls_moe_route": ([_I, _I, _I, _P, _P, _P, _P], _CI),
     "ls_moe_matmul": ([_PP, _I, _P, _I, _P, _I, _I, _P, _P, _P, _CI], _CI),
-    "ls_moe_act": ([_P, _I, _P, _I, _P, _P, _CI, _P, _CI], None),
-    "ls_moe_combine": ([_P, _I, _I, _I, _P, _P, _P, _P, _P, _CI], None),
+    "ls_moe_act": ([_P, _I, _P, _I, _P, _P, _CI, _P, _CI], _CI),
+    "ls_moe_combine": ([_P, _I, _I, _I, _P, _P, _P, _P, _P, _CI], _CI),
     "ls_moe_ffn": ([_PP, _PP, _I, _I, _I, _P, _I, _I, _P, _P, _CI, _P, _P, _P, _CI, _P, _CI],
                    _CI),
     "ls_moe_release": ([], None),
@@ -211,8 +211,10 @@ class GroupedExperts:
             raise ValueError("ungated experts: the caller applies the activation")
         a = torch.empty(gu.shape[0], self.ffn)
         gb, ub, _ = self.biases
-        _kernels().ls_moe_act(gu.data_ptr(), self.n_experts, r.off.data_ptr(), self.ffn, _ptr(gb),
-                          _ptr(ub), self.act, a.data_ptr(), torch.get_num_threads())  # fmt: skip
+        rc = _kernels().ls_moe_act(gu.data_ptr(), self.n_experts, r.off.data_ptr(), self.ffn,
+                                   _ptr(gb), _ptr(ub), self.act, a.data_ptr(),
+                                   torch.get_num_threads())  # fmt: skip
+        _check(rc, "expert activation")
         return a
 
     def down(self, a: torch.Tensor, r: Route) -> torch.Tensor:
@@ -231,10 +233,11 @@ class GroupedExperts:
         t, k = r.experts.shape
         out = torch.empty(t, self.hidden)
         w = None if weights is None else weights.float().contiguous()
-        _kernels().ls_moe_combine(d.contiguous().data_ptr(), self.hidden, t, k,
-                              r.experts.data_ptr(), r.inv.data_ptr(), _ptr(w),
-                              _ptr(self.biases[2]), out.data_ptr(),
-                              torch.get_num_threads())  # fmt: skip
+        rc = _kernels().ls_moe_combine(d.contiguous().data_ptr(), self.hidden, t, k,
+                                       r.experts.data_ptr(), r.inv.data_ptr(), _ptr(w),
+                                       _ptr(self.biases[2]), out.data_ptr(),
+                                       torch.get_num_threads())  # fmt: skip
+        _check(rc, "expert combine")
         return out
 
     def ffn_rows(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,

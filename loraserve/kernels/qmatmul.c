@@ -178,6 +178,8 @@ int ls_qmatmul(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_byt
                int64_t M, float *y, int64_t ldy, int nthreads) {
     const uint8_t *ws[1] = {w};
     const int64_t zero = 0;
+    const int sizes = check_sizes(1, &type, &N, &row_bytes, &zero, K, M, ldy);
+    if (sizes != 0) return sizes;  // before the scales below are read (issue 31)
     // the 4- and 8-row dot products of legacy rows in the file's layout read d transposed
     const int rows = !(type & PACKED) && !is_kquant(type);
     float *dT = rows && M >= 4 ? transpose_scales(xd, M, K / 32) : NULL;

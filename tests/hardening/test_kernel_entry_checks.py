@@ -84,16 +84,17 @@ def test_wrappers_turn_a_refusal_into_an_error() -> None:
     assert not bad.any() and top.tolist() == [7, 7]
 
 
-# The recurrent and packed-tile entry points (conv step, selective scans, the scans' row sum,
-# packed tiles, decoded-group tasks): null pointers with sizes that do not fit return -3 (the
+# The recurrent, packed-tile and expert-stage entry points (conv step, selective scans, the
+# scans' row sum, packed tiles, decoded-group tasks, the one-part matmul, expert activation
+# and combine): null pointers with sizes that do not fit return -3 (the
 # old code read them and died), and a call with sizes that fit still runs (returns 0: a
 # refusal of a valid call would quietly push the matmuls onto their slower fallbacks).
 PROBE2 = r"""
 import ctypes, json
 from loraserve import kernels
-from loraserve.kernels import deltanet, ssm_scan
-k, d, s = kernels._c(), deltanet._c(), ssm_scan._c()
-if None in (k, d, s):
+from loraserve.kernels import deltanet, moe, ssm_scan
+k, d, s, m = kernels._c(), deltanet._c(), ssm_scan._c(), moe._c()
+if None in (k, d, s, m):
     print(json.dumps(None)); raise SystemExit
 P, I, C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 for f, n in (("ls_packed_tile", 0), ("ls_packed_tile2", 1)):
@@ -126,6 +127,11 @@ out = {
     "packed_tile K not blocks": k.ls_packed_tile(Q4_K, N, N, N, N, 100, 1, 0, N, 8),
     "packed_tile2 gb < group": k.ls_packed_tile2(Q4_K, N, 0, N, N, N, 256, 1, 0, N, 16),
     "kbytes_task short rows": k.ls_kbytes_task(Q6_K, 0, N, 10, 0, 1, 256, N, N, N, 1, N, 8, N),
+    # Q8_0 rows of 1 byte for 32 values, 4 activation rows: the scales were read first
+    "qmatmul short rows": k.ls_qmatmul(Q8_0, N, 8, 32, 1, N, N, N, N, 4, N, 8, 1),
+    "moe_act offsets descending": m.ls_moe_act(N, 2, (I * 3)(0, 4, 2), 32, N, N, 0, N, 1),
+    "moe_combine position outside": m.ls_moe_combine(
+        N, 32, 1, 2, (I * 2)(0, 1), (I * 2)(0, 9), N, N, N, 1),
 }
 # calls whose sizes fit, on zeroed buffers: each returns 0
 import torch
