@@ -12,7 +12,9 @@ Measured per server:
 - **second preset**: the same for a second preset over the same base, once the first is loaded
   (llama-server starts another process; loraserve's presets share one engine);
 - **RSS**: with all ten presets answered once, the resident memory of the server and every
-  process it started (`psutil`, recursive), and the sum of their peaks (VmHWM).
+  process it started (`psutil`, recursive), and the sum of their peaks (VmHWM); the router
+  process's own RSS apart, and whether it has torch's library mapped (loraserve's must not:
+  its engines run in child processes).
 
 Prints the table and the loraserve / llama-server ratios, writes
 `bench/results/router_presets_<ts>.json`. `--quick` uses three presets (a pipeline check, not
@@ -65,6 +67,8 @@ def tree_memory(pid: int) -> dict[str, float]:
     root = psutil.Process(pid)
     procs = [root, *root.children(recursive=True)]
     rss = hwm = 0.0
+    own = root.memory_info().rss / 2**20
+    torch = "libtorch" in Path(f"/proc/{pid}/maps").read_text()
     for p in procs:
         try:
             rss += p.memory_info().rss / 2**20
@@ -73,7 +77,13 @@ def tree_memory(pid: int) -> dict[str, float]:
                     hwm += int(line.split()[1]) / 1024
         except (psutil.Error, OSError):
             continue
-    return {"rss_mib": round(rss, 1), "peak_sum_mib": round(hwm, 1), "processes": len(procs)}
+    return {
+        "rss_mib": round(rss, 1),
+        "peak_sum_mib": round(hwm, 1),
+        "processes": len(procs),
+        "router_rss_mib": round(own, 1),
+        "router_has_torch": torch,
+    }
 
 
 def answer(client: httpx.Client, url: str, preset: str) -> float:
@@ -129,7 +139,8 @@ def main(argv: list[str] | None = None) -> None:
         ours, theirs = rows["loraserve"], rows["llama-server"]
         result["ratios"] = {  # loraserve / llama-server: below 1 is less memory / less time
             k: round(ours[k] / theirs[k], 3)
-            for k in ("rss_mib", "peak_sum_mib", "cold_first_answer_s", "second_preset_s")
+            for k in ("rss_mib", "peak_sum_mib", "cold_first_answer_s", "second_preset_s",
+                      "startup_s")  # fmt: skip
         }
         print("loraserve / llama-server:", result["ratios"])
     RESULTS.mkdir(exist_ok=True)
