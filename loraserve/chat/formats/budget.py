@@ -7,7 +7,8 @@ llama-server reads them from the format as `thinking_start_tag` / `thinking_end_
 llama.cpp gives them (tests/unit/chat/test_budget_markers.py, over the 70 templates'
 recorded answers), plus the format's own end spellings and the markers that also end its
 reasoning (a call's start), so a call written inside reasoning is never cut by a forced end
-marker. Beyond llama-server: Muse Glimmer, whose reasoning is a ` to=self` message ended by
+marker; the one forced is llama.cpp's first (Qwen3's `</think>`, Qwen3.5's `\n</think>`).
+Beyond llama-server: Muse Glimmer, whose reasoning is a ` to=self` message ended by
 `<|eom|>` and for which llama.cpp sets no tags, gets a budget too, so under `required` a
 model that never ends its reasoning message still reaches the call.
 """
@@ -36,5 +37,7 @@ def budget_markers(fmt: ChatFormat) -> BudgetMarkers | None:
     start, end = fmt.reasoning_start.strip(), fmt.reasoning_end.rstrip()
     if not start or not end.strip():
         return None
-    ends = (end, end.strip(), *fmt.thinking_end_tags, *(m.strip() for m in fmt.reasoning_stops))
+    # llama.cpp's end tags first (its first is the one forced), then our own spellings
+    theirs = fmt.thinking_end_tags or (end.strip(),)
+    ends = (*theirs, end, end.strip(), *(m.strip() for m in fmt.reasoning_stops))
     return BudgetMarkers(start, tuple(dict.fromkeys(e for e in ends if e)))
