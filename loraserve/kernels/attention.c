@@ -162,3 +162,5 @@ int ls_attention(const float *q, int64_t ldq, const float *k_cache, const float 
 
 // the f16 KV pool (llama.cpp numerics): its own header, same unit
 #include "attention_f16.h"
+// latent attention's query rows and cache rows (deepseek2)
+#include "mla_prep.h"

@@ -22,30 +22,25 @@ typedef struct {
     int64_t next;  // the first task no thread has taken yet (`st_matmul`)
 } plan_t;
 
-// PACKED | T_Q6_K: Q6_K rows repacked by pack_q6k.h (read by part_packed's packed_q6.h tiles)
-#define Q6_PACKED (PACKED | T_Q6_K)
-
 // The plan's parts and room for its tasks (at most min(E, P) experts with rows); -1 for a
-// type without a kernel, -3 for sizes that do not fit. A packed Q6_K part has the file's
-// bytes per row (8 x 210 per group and super-block), so it is checked as Q6_K rows.
+// type without a kernel, -3 for sizes that do not fit. A part of type PACKED | t holds rows
+// repacked 8 to a group (packed.h; Q6_K's is pack_q6k.h's layout), read by part_packed's
+// tiles and checked at the packed layout's bytes per row (part_row_bytes).
 static int plan_init(plan_t *pl, const ls_moe_proj_t *pr, int64_t E, int64_t P, int64_t K,
                      arena_t *ar) {
     int64_t per = 0;
-    int types[8];
     pl->n = 0, pl->nparts = pr->nparts;
     if (pr->nparts < 1 || pr->nparts > 8) return -3;
-    for (int i = 0; i < pr->nparts; i++) {
-        types[i] = pr->types[i] == Q6_PACKED ? T_Q6_K : pr->types[i];
-        if (pr->types[i] == Q6_PACKED && pr->ns[i] % PK_ROWS != 0) return -3;
-    }
-    const int rc = check_sizes(pr->nparts, types, pr->ns, pr->row_bytes, pr->cols, K, 0,
+    for (int i = 0; i < pr->nparts; i++)
+        if ((pr->types[i] & PACKED) && pr->ns[i] % PK_ROWS != 0) return -3;
+    const int rc = check_sizes(pr->nparts, pr->types, pr->ns, pr->row_bytes, pr->cols, K, 0,
                                pr->n_out);
     if (rc != 0) return rc;
     for (int i = 0; i < pr->nparts; i++) {
         part_t *p = &pl->parts[i];
-        if (part_init(p, types[i], pr->ws[i * E], pr->ns[i], pr->row_bytes[i], pr->cols[i]) != 0)
-            return -1;
-        if (pr->types[i] == Q6_PACKED) p->packed = 1;
+        const int rc_i = part_init(p, pr->types[i], pr->ws[i * E], pr->ns[i], pr->row_bytes[i],
+                                   pr->cols[i]);
+        if (rc_i != 0) return -1;
         per += p->packed ? pr->ns[i] / PK_ROWS : (pr->ns[i] + 3) / 4;
     }
     const int64_t most = (E < P ? E : P) * per;

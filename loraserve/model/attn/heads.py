@@ -9,6 +9,12 @@ alone (the same activation quantization per row, the same dot products), in one 
 region instead of one kernel call per head. Float stacks (float32 precision, F16 files) and
 steps with adapters keep the per-head loop (`head_loop`); a head's adapter delta is added to
 its rows the same way on either path.
+
+Each head's matrix is repacked 8 rows to a group where its type has packed tiles
+(`Matrix.pack`, as the dense projections are), and both paths read the packed rows: V2-Lite's
+short rows (``attn_k_b`` Q5_0 [512, 128], ``attn_v_b`` Q4_K [128, 512]) cost 4-5 ns a block
+read in place at one token, a decode step's case (1 thread, thread-CPU time: 16 heads 151 and
+71 us a layer), several times the packed tiles' time.
 """
 
 from __future__ import annotations
@@ -27,18 +33,19 @@ class HeadStack:
     input in its first ``in`` columns, any row stride) to [T, H, out]."""
 
     def __init__(self, mats: list[Matrix]) -> None:
+        mats = [m.pack() for m in mats]  # packed where the type has packed tiles, else as is
         self.mats = mats
         self.n_heads, (self.n_out, self.n_in) = len(mats), mats[0].shape
         self.proj: _Proj | None = None
         self._orders: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         if _grouped(mats):
-            # the file's rows as they are, as `matmul` reads them (a packed Q5_0 differs in
+            # the rows as `matmul` reads them: packed or the file's (a packed Q5_0 differs in
             # its last bits from the plain rows)
             p = _Proj()
             p.nparts, p.n_out = 1, self.n_out
             self._ws = (ctypes.c_void_p * self.n_heads)(*(m.data.data_ptr() for m in mats))
             p.ws = self._ws
-            p.types[0], p.ns[0] = mats[0].ggml_type, self.n_out
+            p.types[0], p.ns[0] = mats[0].kernel_type, self.n_out
             p.row_bytes[0], p.cols[0] = mats[0].data.stride(0), 0
             self.proj = p
 
@@ -89,11 +96,11 @@ def head_loop(mats: list[Matrix], x: torch.Tensor, lora: LoraDelta | None) -> to
 
 
 def _grouped(mats: list[Matrix]) -> bool:
-    """Whether the stack can run grouped: quantized file rows (not packed), one type and
-    size, C kernels built."""
+    """Whether the stack can run grouped: quantized rows (the file's or packed), one type,
+    layout and size, C kernels built."""
     from loraserve.kernels.moe import GroupedExperts
 
     first = mats[0]
-    same = all(m.ggml_type == first.ggml_type and m.shape == first.shape for m in mats)
-    rows = all(m.data.dim() == 2 and m.data.stride(1) == 1 and not m.packed for m in mats)
-    return same and rows and first.quantized and GroupedExperts.supports([first.ggml_type])
+    same = all(m.kernel_type == first.kernel_type and m.shape == first.shape for m in mats)
+    rows = all(m.data.dim() == 2 and m.data.stride(1) == 1 for m in mats)
+    return same and rows and first.quantized and GroupedExperts.supports([first.kernel_type])

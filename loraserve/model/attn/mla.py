@@ -8,7 +8,10 @@ h's query is ``[q_nope_h W_k_b[h]^T | rope(q_pe_h)]`` against the cache rows, th
 rows' first ``rank`` columns (a view of the same pool, read by the attention kernel at its own
 stride), and each head's weighted latent goes through ``attn_v_b[h]`` before the output
 projection. This is llama.cpp's absorbed form, whose numbers it computes in the same order.
-Each of the two per-head stacks runs for all heads in one grouped call (`heads.HeadStack`).
+Each of the two per-head stacks runs for all heads in one grouped call (`heads.HeadStack`),
+and the small steps between the projections and the attention kernel (the rope columns'
+reorder, the latent's RMSNorm, the rotations, the query rows and the cache write) in one C
+call (`kernels.mla`, the same float operations as `_prep_torch`, which runs without it).
 
 Rope on adjacent pairs (llama.cpp's "norm"): the rope columns of ``attn_q_b`` (``attn_q``) and
 ``attn_kv_a_mqa``'s outputs are taken in halves order (`weights.unpermute_qk`'s order), so that
@@ -25,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from loraserve.kernels import mla as mla_kernel
 from loraserve.kernels.attention import attention
 from loraserve.model.attn.heads import HeadStack
 from loraserve.model.config import ModelConfig
@@ -59,6 +63,10 @@ class LatentAttention(nn.Module):
             self.q = _proj(w, p + "attn_q.weight")
         self.kv_rows = torch.arange(self.rank + self.rope_dim)
         self.kv_rows[self.rank :] = unpermute_qk(self.kv_rows[self.rank :], 1)
+        self.perm = (self.kv_rows[self.rank :] - self.rank).contiguous()  # [rope]: halves order
+        q_perm = q_rows[:, self.nope :] - q_rows[:, :1] - self.nope  # [H, rope]: each head's
+        if not torch.equal(q_perm, self.perm.expand(h, -1)):
+            raise AssertionError("latent attention: q and kv rope orders differ")
         self.kv_a = _proj(w, p + "attn_kv_a_mqa.weight")  # [rank + rope, hidden]
         self.kv_a_norm = _float(w, p + "attn_kv_a_norm.weight")
         self.k_b = _heads(w, p + "attn_k_b.weight", h)  # H x [rank, nope]
@@ -73,27 +81,44 @@ class LatentAttention(nn.Module):
     ) -> torch.Tensor:
         """h: [T, hidden] normed; rope: (cos, sin) [T, rope_dim / 2] -> [T, hidden]."""
         cfg, ctx = self.cfg, get_context()
-        t, nh, eps = h.shape[0], cfg.n_heads, cfg.rms_eps
+        t, nh, eps, qd = h.shape[0], cfg.n_heads, cfg.rms_eps, self.nope + self.rope_dim
         if self.q_a is not None:
             q = self.q(rms_norm(self.q_a(h), self.q_a_norm, eps))  # [T, H (nope + rope)]
         else:
             q = self.q(h)
-        q = q.index_select(1, self.q_rows).view(t, nh, self.nope + self.rope_dim)
-        kv = self.kv_a(h).index_select(1, self.kv_rows)  # [T, rank + rope]
-        c = rms_norm(kv[:, : self.rank], self.kv_a_norm, eps)  # [T, rank]
-        pe = torch.cat((q[:, :, self.nope :], kv[:, None, self.rank :]), 1)  # [T, H + 1, rope]
-        pe = apply_rope(pe.contiguous(), *rope)
-        qa = torch.empty(t, nh, self.rank + self.rope_dim)  # [T, H, rank + rope]
-        qa[:, :, : self.rank] = self._k_b(q, ctx.lora)  # k_b absorbed in the query
-        qa[:, :, self.rank :] = pe[:, :nh]
-        k = torch.cat((c, pe[:, nh]), 1)  # [T, rank + rope]: the compressed cache row
+        kv = self.kv_a(h)  # [T, rank + rope], the rope part on adjacent pairs
+        kb = self._k_b(q.view(t, nh, qd), ctx.lora)  # [T, H, rank]: k_b absorbed in the query
         k_cache, _ = ctx.kv_caches[layer]
-        k_cache.index_copy_(0, ctx.slot_mapping, k.unsqueeze(1).to(k_cache.dtype))
+        if t and k_cache.dtype in (torch.float32, torch.float16) and mla_kernel.available():
+            qa = mla_kernel.mla_prep(q, kv, kb, self.perm, self.kv_a_norm, eps, *rope,
+                                     ctx.slot_mapping, k_cache, qd)  # fmt: skip
+        else:
+            qa = self._prep_torch(q, kv, kb, rope, ctx.slot_mapping, k_cache)
         a = ctx.attn
         lat = attention(qa, k_cache, k_cache[:, :, : self.rank], a.slots, a.seq_off, a.row_seq,
                         a.row_nkeys, cfg.attn_scale)  # fmt: skip  # [T, H, rank]
         out = self._v_b(lat, ctx.lora).reshape(t, nh * self.dv)  # [T, H dv]
         return self.o(out)
+
+    def _prep_torch(
+        self, q: torch.Tensor, kv: torch.Tensor, kb: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor], slots: torch.Tensor, k_cache: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """`kernels.mla.mla_prep` in tensor operations (the same float operations): the
+        query rows [T, H, rank + rope] = [kb | rope(q_pe)], each token's cache row
+        [RMSNorm(c) | rope(k_pe)] written at its slot."""
+        t, nh, eps = q.shape[0], self.cfg.n_heads, self.cfg.rms_eps
+        q = q.index_select(1, self.q_rows).view(t, nh, self.nope + self.rope_dim)
+        kv = kv.index_select(1, self.kv_rows)  # [T, rank + rope], rope in halves order
+        c = rms_norm(kv[:, : self.rank], self.kv_a_norm, eps)  # [T, rank]
+        pe = torch.cat((q[:, :, self.nope :], kv[:, None, self.rank :]), 1)  # [T, H + 1, rope]
+        pe = apply_rope(pe.contiguous(), *rope)
+        qa = torch.empty(t, nh, self.rank + self.rope_dim)  # [T, H, rank + rope]
+        qa[:, :, : self.rank] = kb
+        qa[:, :, self.rank :] = pe[:, :nh]
+        k = torch.cat((c, pe[:, nh]), 1)  # [T, rank + rope]: the compressed cache row
+        k_cache.index_copy_(0, slots, k.unsqueeze(1).to(k_cache.dtype))
+        return qa
 
 
 def _matrix(w: WeightSource, name: str) -> Matrix:
