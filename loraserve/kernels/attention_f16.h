@@ -106,8 +106,8 @@ int ls_attention_f16(const float *q, int64_t ldq, const uint16_t *k_cache, int64
                      const float *sinks, float *out, int64_t T, int64_t H, int64_t Hkv,
                      int64_t D, int64_t Dv, int nthreads) {
     if (H <= 0 || Hkv <= 0 || H % Hkv != 0 || D <= 0 || Dv <= 0 || T < 0 || B < 0 ||
-        seq_off[0] < 0)
-        return -1;
+        seq_off[0] < 0 || ldq < H * D || ldk < Hkv * D || ldv < Hkv * Dv)
+        return -1;  // the row strides as ls_attention_ex checks them (issue 31)
     int64_t max_seq = 1;
     for (int64_t b = 0; b < B; b++) {
         if (seq_off[b + 1] < seq_off[b]) return -1;

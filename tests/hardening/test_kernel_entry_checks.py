@@ -147,6 +147,11 @@ out["packed_tile fits"] = k.ls_packed_tile(Q8_0, g.data_ptr(), x.data_ptr(), xd.
                                            bs.data_ptr(), K, 1, 0, y.data_ptr(), 8)
 out["kbytes_task fits"] = k.ls_kbytes_task(Q6_K, 0, g.data_ptr(), 210, 0, 1, K, x.data_ptr(),
                                            xd.data_ptr(), bs.data_ptr(), 1, y.data_ptr(), 8, ab)
+from loraserve.kernels import attention
+at = attention._lib()
+# fp16-pool attention with query rows 4 apart for 2 heads of 8 (what ls_attention_ex refuses)
+out["attention_f16 ldq<H*D"] = at.ls_attention_f16(
+    N, 4, N, 8, N, 8, 0, N, off0, 0, N, N, 0, 1.0, 0.0, N, N, 0, 2, 1, 8, 8, 1)
 print(json.dumps(out))
 """
 
@@ -160,6 +165,7 @@ def test_recurrent_and_tile_entry_points_refuse_sizes_that_do_not_fit() -> None:
     if got is None:
         pytest.skip("no C kernels on this machine")
     fits = {name: got.pop(name) for name in ("packed_tile fits", "kbytes_task fits")}
+    assert got.pop("attention_f16 ldq<H*D") == -1  # its code for metadata that does not fit
     assert set(got.values()) == {-3}, got
     assert fits["packed_tile fits"] == 0
     assert fits["kbytes_task fits"] in (0, -1)  # -1: a build without these tiles (no AVX2)
