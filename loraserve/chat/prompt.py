@@ -2,8 +2,10 @@
 options as llama-server reads them (server-common.cpp, `oaicompat_chat_params_parse`):
 `--chat-template-kwargs` updated by the request's `chat_template_kwargs`, `enable_thinking`
 from `--reasoning` (on, off, or auto: whether the template supports thinking), then the
-kwargs' `enable_thinking` (a JSON boolean; a string is a 400) and `reasoning_effort`
-("none" turns thinking off; another value is passed to the template as a kwarg)."""
+kwargs' `enable_thinking` (a JSON boolean; a string is refused) and `reasoning_effort`
+("none" turns thinking off; another value is passed to the template as a kwarg). A request
+the template or these rules refuse is a ValueError naming why (the server answers it as a
+400: `server.chat_prompt`), so the chat package does not depend on the server's."""
 
 from __future__ import annotations
 
@@ -13,19 +15,18 @@ from typing import Any
 from loraserve.chat.render import Continuation, Tokens
 from loraserve.chat.template import ChatTemplate, Reasoning, token_strings
 from loraserve.model.tokenizer import Tokenizer
-from loraserve.server.errors import invalid_request
 
 
 def thinking_kwarg(kwargs: dict[str, Any]) -> bool | None:
     """The `enable_thinking` template kwarg as llama-server reads it: a JSON boolean, else
-    None; a string is a 400."""
+    None; a string is a ValueError (a 400 at the server)."""
     if "enable_thinking" not in kwargs:
         return None
     v = kwargs["enable_thinking"]
     if isinstance(v, bool):
         return v
     if isinstance(v, str):
-        raise invalid_request('invalid type for "enable_thinking" (expected boolean, got string)')
+        raise ValueError('invalid type for "enable_thinking" (expected boolean, got string)')
     return None
 
 
@@ -47,7 +48,7 @@ def render_prompt(
     """The chat prompt from the server's template, with the template kwargs `defaults`
     (`--chat-template-kwargs`) updated by the request's `kwargs`, `enable_thinking` from
     `reasoning` (`--reasoning`) and the template, then the kwargs and `reasoning_effort`;
-    a 400 naming the problem when the messages or the template fail. `now`: the time the
+    a ValueError naming the problem when the messages or the template fail. `now`: the time the
     template shows (default: the local time). `pure_content` (`--skip-chat-parsing`): as
     llama-server's forced pure-content render (common/chat.cpp), a continued message is
     dropped, not prefilled: the messages before it are rendered with no generation prompt
@@ -63,13 +64,10 @@ def render_prompt(
         merged.pop("reasoning_effort", None)
     elif reasoning_effort:
         merged["reasoning_effort"] = reasoning_effort
-    try:
-        if thinking is None:
-            tokens = tok if isinstance(tok, Tokens) else token_strings(tok)
-            thinking = template.supports_thinking(tokens, tools)
-        return template.render(
-            tok, messages, add_generation_prompt, merged, tools=tools,
-            continuation=continuation, enable_thinking=thinking, now=now,
-        )  # fmt: skip
-    except ValueError as e:
-        raise invalid_request(str(e)) from None
+    if thinking is None:
+        tokens = tok if isinstance(tok, Tokens) else token_strings(tok)
+        thinking = template.supports_thinking(tokens, tools)
+    return template.render(
+        tok, messages, add_generation_prompt, merged, tools=tools,
+        continuation=continuation, enable_thinking=thinking, now=now,
+    )  # fmt: skip

@@ -44,19 +44,22 @@ def chat_prompt(state: ServerState, body: Any, tools: list[dict[str, Any]] | Non
         )
     if cont and last_is_assistant and messages[-1].get("tool_calls"):
         raise invalid_request("Cannot continue an assistant message that contains tool calls.")
-    return render_prompt(
-        state.template(),
-        state.require().tokenizer,
-        messages,
-        add_gen,
-        cfg.chat_template_kwargs,
-        body.chat_template_kwargs,
-        tools=tools if tools is not None else getattr(body, "tools", None),
-        continuation=CONTINUATION.get(cont, "auto" if cont else "none"),  # type: ignore[arg-type]
-        reasoning=cfg.reasoning,  # type: ignore[arg-type]
-        reasoning_effort=_effort(cfg, body),
-        pure_content=getattr(cfg, "skip_chat_parsing", False),
-    )
+    try:
+        return render_prompt(
+            state.template(),
+            state.require().tokenizer,
+            messages,
+            add_gen,
+            cfg.chat_template_kwargs,
+            body.chat_template_kwargs,
+            tools=tools if tools is not None else getattr(body, "tools", None),
+            continuation=CONTINUATION.get(cont, "auto" if cont else "none"),  # type: ignore[arg-type]
+            reasoning=cfg.reasoning,  # type: ignore[arg-type]
+            reasoning_effort=_effort(cfg, body),
+            pure_content=getattr(cfg, "skip_chat_parsing", False),
+        )
+    except ValueError as e:  # the messages, the kwargs or the template refused
+        raise invalid_request(str(e)) from None
 
 
 def _effort(cfg: Any, body: Any) -> str | None:

@@ -51,6 +51,12 @@ def test_props_and_apply_template_render_as_llama_server() -> None:
         assert prompt(prefill).endswith("The weather in Paris is")
         bad = s.client.post("/apply-template", json={"messages": user, "tools": [{}]})
         assert bad.status_code == 400 and "tools[0]" in bad.json()["error"]["message"]
+        # the chat package refuses with a ValueError; the server answers llama-server's 400
+        kw = {"enable_thinking": "false"}
+        bad = s.client.post("/apply-template", json={"messages": user, "chat_template_kwargs": kw})
+        assert bad.status_code == 400 and "enable_thinking" in bad.json()["error"]["message"]
+        bad = s.client.post("/v1/chat/completions", json={"messages": [{"role": "user"}]})
+        assert bad.status_code == 400, bad.text
     with serve_in_thread([*args, "-rea", "off", "--no-prefill-assistant"]) as s:
         r = s.client.post("/apply-template", json={"messages": user})
         assert r.json()["prompt"] == _llama(**off, tools=None)

@@ -17,7 +17,6 @@ import pytest
 from loraserve.chat.prompt import render_prompt
 from loraserve.chat.render import Tokens
 from loraserve.chat.template import ChatTemplate
-from loraserve.server.errors import ApiError
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "tests" / "data" / "chat"
@@ -78,7 +77,7 @@ def test_kwarg_and_reasoning_effort_override_the_flag() -> None:
     )
     assert _render(QWEN3, reasoning_effort="none") == off
     assert _render(QWEN3, reasoning_effort="high") == on
-    with pytest.raises(ApiError, match='invalid type for "enable_thinking"'):
+    with pytest.raises(ValueError, match='invalid type for "enable_thinking"'):  # a 400
         _render(QWEN3, kwargs={"enable_thinking": "false"})  # llama-server's message
 
 
@@ -138,5 +137,5 @@ def test_prefill_parts_join_with_a_blank_line() -> None:
 def test_a_template_refusal_is_a_400() -> None:
     """Gemma 2 refuses a conversation that does not alternate (llama.cpp's record: error)."""
     msgs = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
-    with pytest.raises(ApiError, match="Conversation roles must alternate"):
+    with pytest.raises(ValueError, match="Conversation roles must alternate"):
         render_prompt(_template("google-gemma-2-2b-it.jinja"), TOKENS, msgs, True)
