@@ -275,3 +275,5 @@ int ls_lora16(int n_ad, const uint16_t *const *as16, const uint16_t *const *tail
     free(off);
     return 0;
 }
+
+#include "lora16_hold.h"  // ls_lora16_hold: an adapter's halves copied into their held form

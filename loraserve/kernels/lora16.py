@@ -12,7 +12,10 @@ import torch
 from loraserve.cbuild import bind
 
 _P, _I, _CI = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-_SIGNATURES = {"ls_lora16": ([_CI, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _I, _CI], _CI)}
+_SIGNATURES = {
+    "ls_lora16": ([_CI, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _I, _I, _CI], _CI),
+    "ls_lora16_hold": ([_CI, _P, _P, _P, _P, _P, _P, _P, _P], _CI),
+}
 _lib: list[ctypes.CDLL | None] = []
 
 Halves = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # A16, `tiles`(B), `tail`(B)
@@ -31,6 +34,45 @@ def tail(b: torch.Tensor) -> torch.Tensor:
     its own (an empty slice of B kept all of B's storage alive: the file's mapping, or
     a float16 B's copy, held beside its tiles)."""
     return b[b.shape[0] // 8 * 8 :].to(torch.float16, copy=True).contiguous()
+
+
+def hold(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[Halves], bool]:
+    """Each float16 pair (A [r, in], B [out, r], both contiguous, e.g. views of a file's
+    mapping) copied into its held form, (A, `tiles`(B), `tail`(B)), all in one call off
+    the GIL that also checks the values: (the halves, whether every value is finite). The
+    same halves as ``(a.clone(), tiles(b), tail(b))``, in one pass over the bytes."""
+    if not available():
+        raise RuntimeError("lora16.hold needs the compiled kernels")
+    lib = _lib[0]
+    assert lib is not None
+    out: list[Halves] = []
+    for a, b in pairs:
+        r, k = a.shape
+        n = b.shape[0]
+        if (a.dtype != torch.float16 or b.dtype != torch.float16 or a.dim() != 2
+                or tuple(b.shape) != (n, r) or not a.is_contiguous()
+                or not b.is_contiguous()):  # fmt: skip
+            raise ValueError(f"lora16.hold: A {tuple(a.shape)}, B {tuple(b.shape)}")
+        out.append((torch.empty(r, k, dtype=torch.float16),
+                    torch.empty(n // 8, r, 8, dtype=torch.float16),
+                    torch.empty(n % 8, r, dtype=torch.float16)))  # fmt: skip
+    m = len(pairs)
+
+    def ptrs(ts: list[torch.Tensor]) -> ctypes.Array:
+        return (ctypes.c_void_p * m)(*[t.data_ptr() for t in ts])
+
+    def ints(xs: list[int]) -> ctypes.Array:
+        return (ctypes.c_int64 * m)(*xs)
+
+    rc = lib.ls_lora16_hold(
+        m, ptrs([a for a, _ in pairs]), ptrs([b for _, b in pairs]),
+        ints([a.shape[0] for a, _ in pairs]), ints([a.shape[1] for a, _ in pairs]),
+        ints([b.shape[0] for _, b in pairs]), ptrs([h[0] for h in out]),
+        ptrs([h[1] for h in out]), ptrs([h[2] for h in out]),
+    )  # fmt: skip
+    if rc < 0:
+        raise ValueError("lora16.hold: sizes do not fit")
+    return out, rc == 0
 
 
 def untile(bt: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:

@@ -110,7 +110,7 @@ def _adapter(
     """The pairs checked and held (each tensor copied once at most), and the content id
     hashed from the values as stored, B's halves read before tiling (no copy back), or
     the one ``ids`` holds for the unchanged file (``seen`` before the read)."""
-    held = {t: _check(path, t, *pair, base_shapes, finite) for t, pair in pairs.items()}
+    held = _hold(path, pairs, base_shapes, finite)
     if not held:
         raise AdapterError(f"{path}: the adapter has no LoRA tensors")
     weights = {t: w for t, (w, _) in held.items()}
@@ -194,21 +194,50 @@ def _lookup(conf: dict[str, Any], field_name: str, key: str, default: Any) -> An
     return pattern_value(conf, field_name, key, default)
 
 
-def _check(
+def _held_as_halves(a: torch.Tensor, halves: bool) -> bool:
+    """Whether a pair is held as its file's halves alone (`lora16.hold` copies it)."""
+    return halves and a.dim() == 2 and lora16.available()
+
+
+def _hold(
+    path: Path, pairs: Pairs, base_shapes: dict[str, tuple[int, ...]], finite: bool
+) -> dict[str, tuple[LoraWeight, tuple[torch.Tensor, torch.Tensor]]]:
+    """Every pair checked and held, in the file's order (`_check`'s result for each): the
+    float16 pairs the kernels read copied in one `lora16.hold` call, which also checks
+    their values (``finite`` is about the other pairs only), the others one by one."""
+    fast = [t for t, (a, _, _, halves, _) in pairs.items() if _held_as_halves(a, halves)]
+    held: dict[str, tuple[LoraWeight, tuple[torch.Tensor, torch.Tensor]]] = {}
+    if fast:
+        srcs = []
+        for t in fast:
+            a, b, factor, _, _ = pairs[t]
+            _fits(path, t, a, b, base_shapes)
+            if not math.isfinite(factor):
+                raise AdapterError(f"{path}: LoRA for {t!r} holds non-finite values")
+            srcs.append((a.contiguous(), b.contiguous()))
+        copies, ok = lora16.hold(srcs)
+        if not ok:  # name the first pair that holds one
+            bad = next(t for t, (a, b) in zip(fast, srcs, strict=True)
+                       if not (_finite(a) and _finite(b)))  # fmt: skip
+            raise AdapterError(f"{path}: LoRA for {bad!r} holds non-finite values")
+        for t, (_, b), (a16, bt16, tail16) in zip(fast, srcs, copies, strict=True):
+            held[t] = LoraWeight(None, None, pairs[t][2], a16, bt16, tail16), (a16, b)
+    fast_set = set(fast)
+    return {
+        t: held[t] if t in fast_set else _check(path, t, *pair, base_shapes, finite)
+        for t, pair in pairs.items()
+    }
+
+
+def _fits(
     path: Path,
     target: str,
     a: torch.Tensor,
     b: torch.Tensor,
-    factor: float,
-    halves: bool,
-    mapped: bool,
     base_shapes: dict[str, tuple[int, ...]],
-    finite: bool = False,
-) -> tuple[LoraWeight, tuple[torch.Tensor, torch.Tensor]]:
-    """One pair checked against the base and held: (the weight, the contiguous tensors
-    whose bytes its content id hashes: the halves of A and B [out, r], or float32 A and
-    B). ``mapped``: the tensors may be views of a file mapping, copied before they are
-    held; ``finite``: their values are known finite (else checked here)."""
+) -> None:
+    """`AdapterError` unless ``target`` is an adaptable base tensor that A [r, in] and B
+    [out, r] (with the base's leading expert dimension, if any) fit."""
     if target == _EMBED:
         raise AdapterError(f"{path}: a LoRA on {target!r} (token embeddings) is not supported")
     if target not in base_shapes:
@@ -227,6 +256,24 @@ def _check(
             f"{path}: LoRA for {target!r} has A {tuple(a.shape)} and B {tuple(b.shape)}, "
             f"which do not fit the base tensor {tuple(base)} (A [r, in], B [out, r])"
         )
+
+
+def _check(
+    path: Path,
+    target: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    factor: float,
+    halves: bool,
+    mapped: bool,
+    base_shapes: dict[str, tuple[int, ...]],
+    finite: bool = False,
+) -> tuple[LoraWeight, tuple[torch.Tensor, torch.Tensor]]:
+    """One pair checked against the base and held: (the weight, the contiguous tensors
+    whose bytes its content id hashes: the halves of A and B [out, r], or float32 A and
+    B). ``mapped``: the tensors may be views of a file mapping, copied before they are
+    held; ``finite``: their values are known finite (else checked here)."""
+    _fits(path, target, a, b, base_shapes)
     if not (math.isfinite(factor) and (finite or (_finite(a) and _finite(b)))):
         raise AdapterError(f"{path}: LoRA for {target!r} holds non-finite values")
     a, b = a.contiguous(), b.contiguous()

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from loraserve.kernels import lora16
 from loraserve.model.config import ModelConfig
 from loraserve.model.gguf import GGUFFile, GGUFTensorInfo
 from loraserve.model.loader import unpermute_qk
@@ -64,7 +65,7 @@ def read_gguf(
     alpha = check_alpha(path, meta.get("adapter.lora.alpha", 0.0))
     halves: dict[str, dict[str, torch.Tensor]] = {}
     wide: set[str] = set()  # pairs with a tensor not stored as float16
-    used: list[GGUFTensorInfo] = []
+    used: list[tuple[str, GGUFTensorInfo]] = []
     with warnings.catch_warnings():  # read-only mapping; the bytes are only ever read
         warnings.simplefilter("ignore", UserWarning)
         for tname, info in gg.tensors.items():
@@ -77,7 +78,7 @@ def read_gguf(
                 raise AdapterError(f"{path}: tensor {tname!r}: {e}") from None
             if info.ggml_type != F16:
                 wide.add(base)
-            used.append(info)
+            used.append((base, info))
     pairs: Pairs = {}
     for base, ab in halves.items():
         a, b = ab["lora_a"], ab["lora_b"]
@@ -88,7 +89,9 @@ def read_gguf(
         rank = b.shape[-1]
         pairs[base] = (a, b, alpha / rank if alpha else 1.0, base not in wide, True)
     name = str(meta.get("general.name") or path.stem)
-    return name, dict(meta), pairs, runs_finite(gg, used)
+    # the pairs `lora16.hold` copies are checked there, in the same pass as the copy
+    rest = [i for base, i in used if base in wide or len(i.shape) != 2 or not lora16.available()]
+    return name, dict(meta), pairs, runs_finite(gg, rest)
 
 
 def _tensor(gg: GGUFFile, info: GGUFTensorInfo) -> torch.Tensor:

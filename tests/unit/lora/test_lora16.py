@@ -177,3 +177,32 @@ def test_half_adapters_give_their_float32_twins_bits_in_mixed_batches(tmp_path) 
         for step, alone in enumerate(run([j], twin=False)):
             assert torch.equal(alone[0], together[step][j])
     assert not torch.equal(together[0][0], together[0][2])  # the adapters change the logits
+
+
+@needs_c
+def test_hold_copies_the_halves_of_clone_tiles_and_tail() -> None:
+    """`lora16.hold` (one C pass for a whole adapter) gives the very halves of
+    ``(a.clone(), tiles(b), tail(b))`` for ranks below, at and past the 8 x 8 transposes
+    and outputs with and without a tail, and says whether every value was finite: an
+    infinity or a NaN anywhere (A, a whole tile, the tail) is seen; the largest finite
+    halves are not one."""
+    g = torch.Generator().manual_seed(7)
+    pairs = [
+        ((torch.randn(r, k, generator=g) * 9).half(), (torch.randn(n, r, generator=g) * 9).half())
+        for r in (1, 3, 8, 9, 16, 17, 24)
+        for k, n in ((640, 1024), (13, 9), (5, 7), (16, 8))
+    ]
+    held, finite = lora16.hold(pairs)
+    assert finite
+    for (a, b), (a16, bt, rest) in zip(pairs, held, strict=True):
+        for got, want in ((a16, a), (bt, lora16.tiles(b)), (rest, lora16.tail(b))):
+            assert got.dtype == torch.float16 and got.shape == want.shape
+            assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+        assert a16.data_ptr() != a.data_ptr()  # a copy of its own
+    edge = (torch.full((8, 16), 65504.0).half(), torch.full((12, 8), -65504.0).half())
+    assert lora16.hold([edge])[1]
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        for where in ("a", "tile", "tail"):
+            a, b = torch.randn(8, 16, generator=g).half(), torch.randn(12, 8, generator=g).half()
+            {"a": a[3], "tile": b[6], "tail": b[10]}[where][2] = bad
+            assert not lora16.hold([(a, b)])[1], (bad, where)
