@@ -8,7 +8,13 @@ request on one adapter is the reference: each server (one per N) serves a warm-u
 `--repeats` paired rounds, each the single-adapter load and the Zipf load back to back in
 alternating order, and the ratio is the median of the rounds' Zipf / single throughputs
 (`bench/adapter_scale_rounds.py` says why: a reference measured once, on a server of its
-own, varied 191-300 tok/s between runs). Round 0 is the first use of its adapters (read from
+own, varied 191-300 tok/s between runs). The single adapter `a0000` has rank 8 while the
+Zipf loads' mean rank is ~11.5-12 (ranks alternate 8/16 and Zipf favours `a0000`), so each
+round also serves the single-adapter load on `a0001` (rank 16; `--no-rank16`: not) and
+reports the Zipf load against a single adapter of its own mean rank (`rank_matched`) beside
+the issue's rank-8 reference. `CPU a token` is the server's CPU seconds a token, single
+over Zipf: the work the Zipf load adds, apart from waits and the machine's other load.
+Round 0 is the first use of its adapters (read from
 disk), the later rounds the steady state; both are reported. TTFT p50/p95 are split by
 whether the adapter was resident (used within the last 64 distinct adapters the client side
 sent, an LRU model of the server's tier) or had to be read from disk. Peak RSS (VmHWM,
@@ -53,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from bench.adapter_scale_memory import kv_max_mib, sampler, server_memory
-from bench.adapter_scale_rounds import TierModel, metrics, rounds
+from bench.adapter_scale_rounds import TierModel, metrics, rank_matched, rounds
 from bench.client import body
 from bench.peer import find_peer
 from bench.servers import free_port, launch, loraserve_kind, machine, peer_kind, server_argv
@@ -83,6 +89,8 @@ class Plan:
     warmup: int = 8  # requests on adapter 0 before the rounds (not counted)
     peer_repeats: int = 1  # llama-server's Zipf rounds (its 8-adapter load is ~4x slower)
     cache_ram: int = 256  # --cache-ram MiB, both servers (-1: no bound)
+    threads: int = 2  # -t, both servers
+    rank16: bool = True  # a rank-16 single-adapter load in each round too (`rank_matched`)
 
     @staticmethod
     def quick() -> Plan:
@@ -178,19 +186,23 @@ def _payloads(plan: Plan, tag: str, picks: list[int], lora) -> list[dict[str, An
 
 
 def _workload(plan: Plan, n: int, lora) -> tuple:
-    """(warm-up payloads, single(r), multi(r)): round r's single-adapter load (every
-    request on adapter 0) and its Zipf load over `n` adapters (seed + r)."""
+    """(warm-up payloads, single(r), multi(r), single16(r)): round r's single-adapter load
+    (every request on adapter 0, rank 8), its Zipf load over `n` adapters (seed + r), and
+    the single-adapter load on adapter 1 (rank 16)."""
     warm = _payloads(replace(plan, requests=plan.warmup), f"w{n}-", [0] * plan.warmup, lora)
 
-    def single(r: int) -> tuple[list[dict[str, Any]], list[int]]:
-        picks = [0] * plan.requests
-        return _payloads(plan, f"n{n}r{r}s-", picks, lora), picks
+    def single(r: int, a: int = 0, tag: str = "s") -> tuple[list[dict[str, Any]], list[int]]:
+        picks = [a] * plan.requests
+        return _payloads(plan, f"n{n}r{r}{tag}-", picks, lora), picks
+
+    def single16(r: int) -> tuple[list[dict[str, Any]], list[int]]:
+        return single(r, 1, "t")
 
     def multi(r: int) -> tuple[list[dict[str, Any]], list[int]]:
         picks = zipf_choices(n, plan.requests, plan.seed + r)
         return _payloads(plan, f"n{n}r{r}m-", picks, lora), picks
 
-    return warm, single, multi
+    return warm, single, multi, single16
 
 
 def run_loraserve(plan: Plan, model: Path, n: int) -> dict[str, Any]:
@@ -212,15 +224,20 @@ def run_loraserve(plan: Plan, model: Path, n: int) -> dict[str, Any]:
         if plan.cold:  # every read of the round from the disk (resident ones need none)
             drop_cached([folder / f"a{a:04d}.gguf" for a in sorted(set(round_picks))])
 
-    warm, single, multi = _workload(plan, n, lambda a: [{"name": f"a{a:04d}", "scale": 1.0}])
+    warm, single, multi, single16 = _workload(
+        plan, n, lambda a: [{"name": f"a{a:04d}", "scale": 1.0}]
+    )
     port = free_port()
-    argv = server_argv(kind, model, port, threads=2, parallel=plan.parallel, ctx=plan.ctx,
-                       cache_ram=plan.cache_ram)  # fmt: skip
+    argv = server_argv(kind, model, port, threads=plan.threads, parallel=plan.parallel,
+                       ctx=plan.ctx, cache_ram=plan.cache_ram)  # fmt: skip
     kv_mib = kv_max_mib(model, plan.parallel, plan.ctx, plan.cache_ram)
     with launch(kind.name, argv, port, timeout=300) as server:
         rss = sampler(server.proc.pid)
         out = rounds(server, plan.clients, plan.repeats, warm, single, multi,
-                     TierModel(plan.max_loaded), before_multi, rss.mark)  # fmt: skip
+                     TierModel(plan.max_loaded), before_multi, rss.mark,
+                     single16 if plan.rank16 else None)  # fmt: skip
+        if plan.rank16:
+            out.update(rank_matched(out["rounds"], [multi(r)[1] for r in range(plan.repeats)]))
         out.update({k: v for k, v in metrics(server.url).items()
                     if k in ("resident_bytes", "resident")})  # fmt: skip
         out["budget"] = plan.max_loaded
@@ -234,13 +251,14 @@ def run_loraserve(plan: Plan, model: Path, n: int) -> dict[str, Any]:
 def run_peer(plan: Plan, model: Path, binary: Path, n: int) -> dict[str, Any]:
     """llama-server with `n` adapters loaded at start, the same Zipf loads by id (every
     request carries the whole list, its adapter at scale 1), `peer_repeats` rounds."""
-    warm, _, multi = _workload(
+    warm, _, multi, _ = _workload(
         plan, n, lambda a: [{"id": i, "scale": 1.0 if i == a else 0.0} for i in range(n)]
     )
     kind = peer_kind(binary)
     port = free_port()
-    argv = server_argv(kind, model, port, threads=2, parallel=plan.parallel, ctx=plan.ctx,
-                       cache_ram=plan.cache_ram, adapters=adapter_pool(n, plan.dtype))  # fmt: skip
+    argv = server_argv(kind, model, port, threads=plan.threads, parallel=plan.parallel,
+                       ctx=plan.ctx, cache_ram=plan.cache_ram,
+                       adapters=adapter_pool(n, plan.dtype))  # fmt: skip
     with launch(kind.name, argv, port, timeout=300) as server:
         rss = sampler(server.proc.pid)
         out = rounds(server, plan.clients, plan.peer_repeats, warm, None, multi, TierModel(n),
@@ -261,10 +279,12 @@ def table(rows: list[dict[str, Any]]) -> str:
 
     out = [
         "| server | adapters | dtype | tok/s | single tok/s | vs 1 adapter median (first / "
-        "steady) [range] | TTFT resident p50/p95 s | TTFT cold p50/p95 s (n) | loads (s) / "
+        "steady) [range] | vs 1 adapter of the mean rank / of rank 16 (mean rank) | CPU a token, "
+        "1 adapter / Zipf | TTFT resident p50/p95 s | "
+        "TTFT cold p50/p95 s (n) | loads (s) / "
         "evictions | file MiB (cached) | resident MiB (n/budget) | peak RSS MiB (warm + KV "
         "max + adapter budget + in flight = bound) | finished | other cores |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         res, rng = r.get("resident_bytes"), r.get("ratio_range") or [None, None]
@@ -273,7 +293,9 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['server']} | {r['adapters']} | {r.get('dtype', '-')} "
             f"| {f(r['tokens_per_s'], 1)} | {f(r['single_tokens_per_s'], 1)} "
             f"| {f(r['ratio_median'])}x ({f(r['ratio_first'])} / {f(r['ratio_steady'])}) "
-            f"[{f(rng[0])}-{f(rng[1])}] "
+            f"[{f(rng[0])}-{f(rng[1])}] | {f(r.get('ratio_matched_median'))}x / "
+            f"{f(r.get('ratio_r16_median'))}x ({f(r.get('mean_rank'), 1)}) "
+            f"| {f(r.get('cpu_ratio_median'))}x "
             f"| {f(r['ttft_resident_p50'])}/{f(r['ttft_resident_p95'])} "
             f"| {f(r['ttft_cold_p50'])}/{f(r['ttft_cold_p95'])} ({r['n_cold']}) "
             f"| {f(r.get('loads'), 0)} ({f(r.get('load_s'))}) / {f(r.get('evictions'), 0)} "
@@ -308,6 +330,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--peer-first", action="store_true", help="llama-server before loraserve")
     ap.add_argument("--peer-repeats", type=int, help="llama-server's Zipf rounds (default 1)")
     ap.add_argument("--cache-ram", type=int, help="--cache-ram MiB, both servers (default 256)")
+    ap.add_argument("--threads", type=int, help="-t, both servers (default 2)")
+    ap.add_argument("--no-rank16", action="store_true", help="no rank-16 single-adapter load")
     args = ap.parse_args(argv)
     plan = Plan.quick() if args.quick else Plan()
     if args.sizes:
@@ -322,7 +346,9 @@ def main(argv: list[str] | None = None) -> None:
         plan = replace(plan, peer_repeats=args.peer_repeats)
     if args.cache_ram is not None:
         plan = replace(plan, cache_ram=args.cache_ram)
-    plan = replace(plan, cold=args.cold)
+    if args.threads:
+        plan = replace(plan, threads=args.threads)
+    plan = replace(plan, cold=args.cold, rank16=not args.no_rank16)
     adapter_pool(max(plan.sizes), plan.dtype)
     RESULTS.mkdir(exist_ok=True)
     stamp = time.strftime("%Y-%m-%d_%H%M%S")

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from bench.client import BenchError, Completion, stream_completion
-from bench.servers import CpuMeter, Running
+from bench.servers import CLK_TCK, CpuMeter, Running, _proc_jiffies
 from bench.workloads import percentile
 
 METRICS = {
@@ -126,8 +126,10 @@ def _load(server: Running, payloads: list[dict[str, Any]], clients: int,
     use during it (the machine's share taken by processes other than the two sides)."""
     before = metrics(server.url)
     meter = CpuMeter(server.proc.pid)
+    cpu0 = _proc_jiffies(server.proc.pid)
     out = summarize(*asyncio.run(closed_loop(server.url, payloads, clients)), resident)
     out["other_cores"] = meter.other_cores()
+    out["server_cpu_s"] = (_proc_jiffies(server.proc.pid) - cpu0) / CLK_TCK
     after = metrics(server.url)
     for key in ("loads", "load_s", "evictions"):
         a, b = after[key], before[key]
@@ -154,12 +156,14 @@ def rounds(
     tier: TierModel,
     before_multi: Callable[[list[int]], None] | None = None,
     mark: Callable[[str], object] | None = None,
+    single16: Callable[[int], tuple[list[dict[str, Any]], list[int]]] | None = None,
 ) -> dict[str, Any]:
     """Warm-up, then `repeats` rounds of the single-adapter load and the Zipf load in
     alternating order; ``single(r)`` / ``multi(r)`` give round r's payloads and adapter
     picks (``single`` None: the Zipf loads alone, no ratio); ``mark`` names the moments
     (``warm``: the warm-up done, ``round r``) to a memory sampler. Returns the rounds, the
-    medians and the pooled TTFTs of the Zipf loads."""
+    medians and the pooled TTFTs of the Zipf loads. ``single16``: a second single-adapter
+    load per round (the rank-16 adapter), run between the two."""
     if warmup:
         asyncio.run(closed_loop(server.url, warmup, clients))
         tier.feed([0] * len(warmup))
@@ -170,15 +174,16 @@ def rounds(
         if mark is not None and r:
             mark(f"round {r}")
         sides: dict[str, dict[str, Any]] = {}
-        order = ("single", "multi") if r % 2 == 0 else ("multi", "single")
-        for side in order if single is not None else ("multi",):
-            payloads, picks = (single if side == "single" else multi)(r)  # type: ignore[misc]
+        order = ("single", "single16", "multi")[:: 1 if r % 2 == 0 else -1]
+        loads = {"single": single, "single16": single16, "multi": multi}
+        for side in (x for x in order if loads[x] is not None):
+            payloads, picks = loads[side](r)  # type: ignore[misc]
             if side == "multi" and before_multi is not None:
                 before_multi(picks)
             sides[side] = _load(server, payloads, clients, tier.feed(picks))
         s, m = sides.get("single", {}).get("tokens_per_s"), sides["multi"]["tokens_per_s"]
         ratio = m / s if s and m else None
-        out_rounds.append({"round": r, "ratio": ratio, **sides})
+        out_rounds.append({"round": r, "ratio": ratio, "cpu_ratio": _cpu_ratio(sides), **sides})
     ratios = [x["ratio"] for x in out_rounds if x["ratio"] is not None]
     multis = [x["multi"] for x in out_rounds]
     resident = [t for m in multis for t in m["ttft_resident"]]
@@ -196,6 +201,7 @@ def rounds(
         "ratio_first": out_rounds[0]["ratio"] if out_rounds else None,
         "ratio_steady": _median([x["ratio"] for x in out_rounds[1:] if x["ratio"] is not None]),
         "ratio_range": [min(ratios), max(ratios)] if ratios else None,
+        "cpu_ratio_median": _median([x["cpu_ratio"] for x in out_rounds if x["cpu_ratio"]]),
         "ttft_resident_p50": percentile(resident, 50),
         "ttft_resident_p95": percentile(resident, 95),
         "ttft_cold_p50": percentile(cold, 50),
@@ -208,10 +214,23 @@ def rounds(
     }
 
 
+def _cpu_ratio(sides: dict[str, dict[str, Any]]) -> float | None:
+    """The server's CPU seconds a token on the single-adapter load over those on the Zipf
+    load (every thread of the server, its reads included): what the Zipf load costs in
+    work, apart from the waits and the machine's other load that wall time also holds."""
+    per = []
+    for side in ("single", "multi"):
+        x = sides.get(side, {})
+        toks = (x.get("tokens_per_s") or 0) * (x.get("wall_s") or 0)
+        per.append(x["server_cpu_s"] / toks if toks and x.get("server_cpu_s") else None)
+    return per[0] / per[1] if per[0] and per[1] else None
+
+
 def _compact(rnd: dict[str, Any]) -> dict[str, Any]:
     """A round for the JSON: the TTFT lists replaced by their p50/p95 and counts."""
-    out: dict[str, Any] = {"round": rnd["round"], "ratio": rnd["ratio"]}
-    for side in ("single", "multi"):
+    out: dict[str, Any] = {"round": rnd["round"], "ratio": rnd["ratio"],
+                           "cpu_ratio": rnd.get("cpu_ratio")}  # fmt: skip
+    for side in ("single", "single16", "multi"):
         if side not in rnd:
             continue
         s = dict(rnd[side])
@@ -220,3 +239,30 @@ def _compact(rnd: dict[str, Any]) -> dict[str, Any]:
             s[f"{key}_p50"], s[f"n_{key[5:]}"] = percentile(vals, 50), len(vals)
         out[side] = s
     return out
+
+
+def rank_matched(rnds: list[dict[str, Any]], picks: list[list[int]]) -> dict[str, Any]:
+    """Each round's Zipf throughput against a single adapter of the Zipf load's own mean
+    rank (`ratio_matched`), beside the rank-16 one (`ratio_r16`): the single-adapter time
+    a token interpolated in rank between the round's rank-8 and rank-16 loads (a LoRA's
+    work is linear in its rank). The pool alternates ranks 8 and 16, and Zipf favours
+    `a0000` (rank 8), so a load's mean rank is ~11.5-12; the rank-8 reference alone
+    compares it with a cheaper adapter than the ones it serves."""
+    out = []
+    for rnd, ps in zip(rnds, picks, strict=True):
+        s8, s16 = (rnd.get(k, {}).get("tokens_per_s") for k in ("single", "single16"))
+        m = rnd["multi"]["tokens_per_s"]
+        mean = sum(8 if a % 2 == 0 else 16 for a in ps) / len(ps)
+        rnd["mean_rank"] = mean
+        if not (s8 and s16 and m):
+            continue
+        per_token = 1 / s8 + (mean - 8) / 8 * (1 / s16 - 1 / s8)
+        rnd["ratio_matched"], rnd["ratio_r16"] = m * per_token, m / s16
+        out.append(rnd)
+    med = statistics.median
+    return {
+        "ratio_matched_median": med([x["ratio_matched"] for x in out]) if out else None,
+        "ratio_r16_median": med([x["ratio_r16"] for x in out]) if out else None,
+        "single16_tokens_per_s": med([x["single16"]["tokens_per_s"] for x in out]) if out else None,
+        "mean_rank": med([x["mean_rank"] for x in rnds]) if rnds else None,
+    }
