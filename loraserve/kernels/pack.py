@@ -10,12 +10,12 @@ import torch
 from loraserve import kernels as K
 from loraserve.kernels.hugebuf import empty_u8
 
-# Q4_0, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K, IQ4_NL, IQ4_XS, MXFP4. Q6_K's layout is
+# Q4_0, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K, IQ4_NL, IQ4_XS, TQ2_0, MXFP4. Q6_K's layout is
 # packed_q6.h's (the grouped expert kernels' pack_q6k.h, byte for byte): measured (Zen 5,
 # 2 threads, Gemma 1B shapes) against its own layout, 1 / 4 / 512 rows 0.83 / 2.01 / 1.17x
 # llama.cpp's time ratio instead of 0.60 / 1.06 / 0.53, and Q4_K_M prefills 2.32-2.45x
 # llama-server's instead of 2.04-2.31x
-PACKABLE = frozenset({2, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 39})
+PACKABLE = frozenset({2, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 35, 39})
 PACK_ROWS = 8
 
 

@@ -34,6 +34,7 @@ int ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd,
         else if (type == T_Q6_K) pq6_dot(g, x, xd, bs32, K, RR, ahead, out, ldy);             \
         else if (type == T_Q3_K) pq3_dot(g, 0, x, xd, bs32, K, RR, ahead, out, ldy);          \
         else if (type == T_Q2_K) pq3_dot(g, 1, x, xd, bs32, K, RR, ahead, out, ldy);          \
+        else if (type == T_TQ2_0) pq3_dot(g, 2, x, xd, bs32, K, RR, ahead, out, ldy);         \
         else if (type == T_Q5_K) pk_dot_q4_k(g, 1, x, xd, bs32, K, RR, ahead, out, ldy);     \
         else pk_dot_q4_k(g, 0, x, xd, bs32, K, RR, ahead, out, ldy);                          \
     } while (0)
@@ -86,7 +87,7 @@ int ls_packed_tile2(int type, const uint8_t *g, int64_t gb, const int8_t *x, con
 // ls_packed_tile calls)
 int ls_packed_pairs(int type) { return pz_pairs(type); }
 
-// whether K-quant `type` (packed: Q2_K, Q3_K, Q6_K) takes ls_kbytes_task here, and its scratch bytes
+// whether K-quant `type` (packed: Q2_K, Q3_K, Q6_K, TQ2_0) takes ls_kbytes_task here, and its scratch bytes
 int ls_kbytes_type(int type) { return kb_type(type); }
 int64_t ls_kbytes_scratch(int64_t K, int64_t ng) { return kb_scratch_bytes(K, ng); }
 
@@ -102,7 +103,7 @@ static int64_t kb_block_bytes(int type) {
 // Output columns n0 .. n0 + 8 ng - 1 (y at the part's first column) of all M activation rows
 // (xq, xd, bs16: quantized per 256) for a K-quant part read through decoded groups
 // (packed_kb.h): the ng groups of 8 rows from row n0 (w: the file's rows at stride
-// row_bytes, or packed Q2_K / Q3_K / Q6_K groups) decoded once into buf (ls_kbytes_scratch bytes, 64-byte
+// row_bytes, or packed Q2_K / Q3_K / Q6_K / TQ2_0 groups) decoded once into buf (ls_kbytes_scratch bytes, 64-byte
 // aligned), then 4 activation rows at a time against pairs of them (one group at a time in
 // AVX2 builds). Returns 0, -1 where this build has no such tiles (no AVX2), or -3 for sizes
 // that do not fit (a type without these tiles, K not whole super-blocks, rows shorter than K
@@ -111,7 +112,7 @@ int ls_kbytes_task(int type, int packed, const uint8_t *w, int64_t row_bytes, in
                    int64_t ng, int64_t K, const int8_t *xq, const float *xd, const int16_t *bs16,
                    int64_t M, float *y, int64_t ldy, uint8_t *buf) {
 #if defined(__AVX2__)
-    const int pq3 = type == T_Q3_K || type == T_Q2_K;  // packed: packed_q3.h's groups
+    const int pq3 = type == T_Q3_K || type == T_Q2_K || type == T_TQ2_0;  // packed: packed_q3.h's
     if (!kb_type(type) || (packed && type != T_Q6_K && !pq3) || K < 256 || K % 256 != 0 || n0 < 0 ||
         ng < 0 || M < 0 || (M > 1 && ldy < n0 + PK_ROWS * ng) || !w || !xq || !xd || !bs16 ||
         !y || !buf || (!packed && row_bytes < K / 256 * kb_block_bytes(type)))
@@ -123,7 +124,7 @@ int ls_kbytes_task(int type, int packed, const uint8_t *w, int64_t row_bytes, in
     kprep_t kp = {sc, mn, d, d + nb + 1, q, 0};
     for (int64_t j = 0; j < ng; j++) {
         const uint8_t *g = w + (n0 + PK_ROWS * j) * row_bytes;
-        if (packed && pq3) kb_group_q3p(g, type == T_Q2_K, K, buf + j * gb);
+        if (packed && pq3) kb_group_q3p(g, type == T_TQ2_0 ? 2 : type == T_Q2_K, K, buf + j * gb);
         else if (packed) kb_group_q6p(g, K, buf + j * gb);
         else kb_group_rows(type, g, row_bytes, K, q, &kp, fs, fs + K / 16, buf + j * gb);
     }
@@ -209,8 +210,12 @@ static void pack_group(int type, uint8_t *rows, int64_t row_bytes, int64_t K, ui
         pq6_group(rows, row_bytes, K, g, dir);
         return;
     }
-    if (type == T_Q3_K || type == T_Q2_K) {
-        (type == T_Q3_K ? pq3_group : pq2_group)(rows, row_bytes, K, g, dir);
+    if (type == T_Q3_K) {
+        pq3_group(rows, row_bytes, K, g, dir);
+        return;
+    }
+    if (type == T_Q2_K || type == T_TQ2_0) {
+        pq2_group(type == T_TQ2_0, rows, row_bytes, K, g, dir);
         return;
     }
     for (int r = 0; r < PK_ROWS; r++) {

@@ -24,7 +24,7 @@
 //   MXFP4  136 B: u8 e8m0 exponents[8] | nibbles as Q4_0 (packed_nl.h)
 //   IQ4_XS 1104 B: packed_xs.h
 //   Q6_K 1680 B: packed_q6.h (pack_q6k.h's layout)
-//   Q3_K  912 B, Q2_K 672 B: packed_q3.h
+//   Q3_K  912 B, Q2_K 672 B, TQ2_0 528 B: packed_q3.h
 
 #pragma once
 
@@ -49,13 +49,13 @@
 static inline int packable(int type) {
     return type == T_Q8_0 || type == T_Q5_0 || type == T_Q4_0 || type == T_Q4_K ||
            type == T_IQ4_NL || type == T_IQ4_XS || type == T_Q5_1 || type == T_Q6_K ||
-           type == T_MXFP4 || type == T_Q5_K || type == T_Q3_K || type == T_Q2_K;
+           type == T_MXFP4 || type == T_Q5_K || type == T_Q3_K || type == T_Q2_K || type == T_TQ2_0;
 }
 
 // values per block of a packable type's layout (a row's K a multiple of it)
 static inline int64_t packed_block(int type) {
     return type == T_Q4_K || type == T_Q5_K || type == T_IQ4_XS || type == T_Q6_K || type == T_Q3_K ||
-                       type == T_Q2_K
+                       type == T_Q2_K || type == T_TQ2_0
                ? 256
                : 32;
 }
@@ -75,6 +75,7 @@ static inline int64_t packed_group_bytes(int type, int64_t K) {
     case T_Q6_K: return K / 256 * 1680;    // packed_q6.h
     case T_Q3_K: return K / 256 * 912;     // packed_q3.h
     case T_Q2_K: return K / 256 * 672;     // packed_q3.h
+    case T_TQ2_0: return K / 256 * 528;    // packed_q3.h
     default: return 0;
     }
 }

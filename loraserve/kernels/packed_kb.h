@@ -1,5 +1,5 @@
 // Prompt-sized matmuls (M >= ROWS_MIN_M) of the K-quants with 16-value sub-blocks -- Q2_K,
-// Q5_K in the file's layout, Q2_K, Q3_K and Q6_K in theirs or packed (packed_q3.h,
+// Q5_K in the file's layout, Q2_K, Q3_K, TQ2_0 and Q6_K in theirs or packed (packed_q3.h,
 // packed_q6.h) -- and of the grid and
 // ternary types (IQ2_*, IQ3_*, IQ1_*, TQ*: their scalar grid decode once per task instead of
 // once per row and call, kb_offset making their values unsigned): each task decodes its
@@ -151,21 +151,22 @@ static void kb_group_q6p(const uint8_t *g, int64_t K, uint8_t *db) {
     }
 }
 
-// One packed Q3_K (q2 0) or Q2_K (q2 1) group (packed_q3.h) decoded into db: its steps as
+// One packed Q3_K (q2 0), Q2_K (q2 1) or TQ2_0 (q2 2) group (packed_q3.h) decoded into db: its steps as
 // pq3_dot forms them.
 static void kb_group_q3p(const uint8_t *g, int q2, int64_t K, uint8_t *db) {
     const __m256i m3 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4), low16 = _mm256_set1_epi32(0xFFFF);
     for (int64_t b = 0; b < K / 256; b++) {
-        const uint8_t *blk = g + PQ_SB(q2) * b, *scb = blk + (q2 ? 32 : 16);
+        const uint8_t *blk = g + PQ_SB(q2) * b, *scb = blk + (q2 == 1 ? 32 : 16);
         uint8_t *out = db + KB_SB * b;
         _mm256_storeu_ps((float *)out, pk_halves8(blk));
-        if (q2) _mm256_storeu_ps((float *)(out + KB_DM), pk_halves8(blk + 16));
+        if (q2 == 1) _mm256_storeu_ps((float *)(out + KB_DM), pk_halves8(blk + 16));
         for (int j = 0; j < 16; j++) {
             const __m128i s8 = _mm_loadl_epi64((const __m128i *)(scb + 8 * j));
             _mm256_storeu_si256((__m256i *)(out + KB_SC + 32 * j),
-                                q2 ? _mm256_and_si256(_mm256_cvtepu8_epi32(s8), _mm256_set1_epi32(15))
+                                q2 == 2 ? _mm256_set1_epi32(1)
+                                : q2 ? _mm256_and_si256(_mm256_cvtepu8_epi32(s8), _mm256_set1_epi32(15))
                                    : _mm256_cvtepi8_epi32(s8));
-            const uint8_t *sb = q2 ? blk + 160 + 32 * j : blk + 144 + 96 * (j / 2);
+            const uint8_t *sb = q2 == 2 ? blk + 16 + 32 * j : q2 ? blk + 160 + 32 * j : blk + 144 + 96 * (j / 2);
             const int k = j & 1;
             const __m256i q = _mm256_loadu_si256((const __m256i *)(sb + (q2 ? 0 : 32 * k)));
             const __m256i hv = q2 ? q : _mm256_loadu_si256((const __m256i *)(sb + 64));
@@ -186,7 +187,8 @@ static void kb_group_q3p(const uint8_t *g, int q2, int64_t K, uint8_t *db) {
             const __m256i hi = q2 ? _mm256_srli_epi32(_mm256_cvtepu8_epi32(h8), 4)
                                   : _mm256_slli_epi32(_mm256_cvtepi8_epi32(h8), 2);
             _mm256_storeu_si256((__m256i *)(out + KB_MP + 32 * k),
-                                _mm256_or_si256(_mm256_and_si256(lo, low16), _mm256_slli_epi32(hi, 16)));
+                                q2 == 2 ? _mm256_set1_epi32(0x00010001)  // TQ2_0: 1 * sc, sc 1
+                                        : _mm256_or_si256(_mm256_and_si256(lo, low16), _mm256_slli_epi32(hi, 16)));
         }
     }
 }

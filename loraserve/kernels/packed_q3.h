@@ -1,4 +1,4 @@
-// Dense Q3_K and Q2_K rows packed 8 to a group, for decode rows (a 1-row matmul read each
+// Dense Q3_K, Q2_K and TQ2_0 rows packed 8 to a group, for decode rows (a 1-row matmul read each
 // row's 2- or 3-bit values and scales in place, one row after another: 0.86x and 0.71x
 // libggml's time at 1 row).
 //
@@ -18,6 +18,8 @@
 //   Q2_K 672 B (the file's bytes): f16 d[8] | f16 dmin[8] | u8 scm[16 j][8 rows] (the
 //     file's byte: scale in the low nibble, min in the high) | q[16 j][8 rows][4] (bits
 //     2s..2s+1 = value 16 j + 4s + i).
+//   TQ2_0 528 B (the file's bytes): f16 d[8] | q[16 j][8 rows][4] as Q2_K's; u = q + 1
+//     (0..2), scales 1, less sum_j bs16_j (kquant.h's TQ2_0 integers).
 
 #pragma once
 
@@ -25,28 +27,33 @@
 
 #define PQ3_SB 912  // bytes per group per super-block (Q3_K)
 #define PQ2_SB 672  // (Q2_K)
-#define PQ_SB(q2) ((q2) ? PQ2_SB : PQ3_SB)
+#define PQT_SB 528  // (TQ2_0)
+#define PQ_SB(q2) ((q2) == 2 ? PQT_SB : (q2) ? PQ2_SB : PQ3_SB)
 
-// One group of 8 Q2_K rows <-> its packed bytes g (dir 1 packs). The file's block: scales[16]
-// | qs[64] | f16 d | f16 dmin; value 128h + 32j + l has the bits 2j of qs[32h + l].
-static void pq2_group(uint8_t *rows, int64_t row_bytes, int64_t K, uint8_t *g, int dir) {
+// One group of 8 Q2_K (tq 0) or TQ2_0 (tq 1) rows <-> its packed bytes g (dir 1 packs). The
+// file's blocks: Q2_K scales[16] | qs[64] | f16 d | f16 dmin, TQ2_0 qs[64] | f16 d; value
+// 128h + 32j + l has the bits 2j of qs[32h + l].
+static void pq2_group(int tq, uint8_t *rows, int64_t row_bytes, int64_t K, uint8_t *g, int dir) {
 #define LS_MOVE(packed, raw, n)                                                               \
     do {                                                                                      \
         if (dir) memcpy((packed), (raw), (n));                                                \
         else memcpy((raw), (packed), (n));                                                    \
     } while (0)
+    const int fsb = tq ? 66 : 84, sbb = tq ? PQT_SB : PQ2_SB, qv = tq ? 16 : 160, fq = tq ? 0 : 16;
     for (int64_t b = 0; b < K / 256; b++) {
-        uint8_t *pb = g + PQ2_SB * b;
+        uint8_t *pb = g + sbb * b;
         for (int r = 0; r < PK_ROWS; r++) {
-            uint8_t *fb = rows + r * row_bytes + 84 * b;
-            LS_MOVE(pb + 2 * r, fb + 80, 2);
-            LS_MOVE(pb + 16 + 2 * r, fb + 82, 2);
-            for (int j = 0; j < 16; j++) LS_MOVE(pb + 32 + 8 * j + r, fb + j, 1);
-            if (!dir) memset(fb + 16, 0, 64);
+            uint8_t *fb = rows + r * row_bytes + fsb * b;
+            LS_MOVE(pb + 2 * r, fb + fq + 64, 2);
+            if (!tq) {
+                LS_MOVE(pb + 16 + 2 * r, fb + 82, 2);
+                for (int j = 0; j < 16; j++) LS_MOVE(pb + 32 + 8 * j + r, fb + j, 1);
+            }
+            if (!dir) memset(fb + fq, 0, 64);
             for (int v = 0; v < 256; v++) {
                 const int h = v / 128, j = v % 128 / 32, l = v % 32;
                 const int jj = v / 16, s = v % 16 / 4, i = v % 4;
-                uint8_t *q = pb + 160 + 32 * jj + 4 * r + i, *f = fb + 16 + 32 * h + l;
+                uint8_t *q = pb + qv + 32 * jj + 4 * r + i, *f = fb + fq + 32 * h + l;
                 if (dir && s == 0) *q = 0;
                 if (dir) *q |= (uint8_t)(((*f >> (2 * j)) & 3) << (2 * s));
                 else *f |= (uint8_t)(((*q >> (2 * s)) & 3) << (2 * j));
@@ -114,7 +121,7 @@ static void pq3_group(uint8_t *rows, int64_t row_bytes, int64_t K, uint8_t *g, i
     }
 }
 
-// 8 rows (group g) of packed Q3_K (q2 0) or Q2_K (q2 1; compile-time) against R (1..4,
+// 8 rows (group g) of packed Q3_K (q2 0), Q2_K (q2 1) or TQ2_0 (q2 2; compile-time) against R (1..4,
 // compile-time) activation rows quantized per 256: x [R, K], xd [R, K/256], bs16 [R, K/16]:
 // y[r * ldy + 0..7].
 static inline __attribute__((always_inline)) void pq3_dot(
@@ -137,7 +144,7 @@ static inline __attribute__((always_inline)) void pq3_dot(
         const int8_t *xb = x + 256 * b;
         __m256i i0 = _mm256_setzero_si256(), i1 = i0, i2 = i0, i3 = i0;
         for (int p = 0; p < 8; p++) {
-            const uint8_t *sb = q2 ? blk + 160 + 64 * p : blk + 144 + 96 * p;
+            const uint8_t *sb = q2 == 2 ? blk + 16 + 64 * p : q2 ? blk + 160 + 64 * p : blk + 144 + 96 * p;
             if (ahead) PK_AHEAD(sb + sbb * nb), PK_AHEAD(sb + sbb * nb + 64);
             const __m256i hv = q2 ? i0 : _mm256_loadu_si256((const __m256i *)(sb + 64));
             for (int k = 0; k < 2; k++) {
@@ -153,7 +160,8 @@ static inline __attribute__((always_inline)) void pq3_dot(
                 const __m256i w0 = LS_W(0), w1 = LS_W(1), w2 = LS_W(2), w3 = LS_W(3);
 #undef LS_W
                 const __m128i s8 = _mm_loadl_epi64((const __m128i *)(blk + (q2 ? 32 : 16) + 8 * j));
-                const __m256i s32 = q2 ? _mm256_and_si256(_mm256_cvtepu8_epi32(s8), m15) : _mm256_cvtepi8_epi32(s8);
+                const __m256i s32 = q2 == 2 ? _mm256_set1_epi32(1)  // TQ2_0: scales 1
+                                    : q2 ? _mm256_and_si256(_mm256_cvtepu8_epi32(s8), m15) : _mm256_cvtepi8_epi32(s8);
                 const __m256i sp = _mm256_or_si256(_mm256_and_si256(s32, low16), _mm256_slli_epi32(s32, 16));
                 // int16 sums of the 4 steps: at most 4 * 2 * 7 * 127 = 7112, exact
 #define LS_PR(r, acc, yy)                                                                     \
@@ -165,7 +173,22 @@ static inline __attribute__((always_inline)) void pq3_dot(
                                                               _mm256_maddubs_epi16(w3, pk_bcast4(xr + 12)))), \
                        sp);                                                                   \
     } while (0)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+// TQ2_0's scales are 1: dpbusd's int32 sums straight (the same integers)
+#define LS_PRB(r, acc, yy)                                                                    \
+    do {                                                                                      \
+        const int8_t *xr = xb + (r) * K + 16 * j;                                              \
+        const __m256i z_ = _mm256_setzero_si256();  /* two short chains, then acc */         \
+        acc = _mm256_add_epi32(acc, _mm256_add_epi32(                                          \
+            _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(z_, w0, pk_bcast4(xr)), w1, pk_bcast4(xr + 4)), \
+            _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(z_, w2, pk_bcast4(xr + 8)), w3, pk_bcast4(xr + 12)))); \
+    } while (0)
+                if (q2 == 2) PK_EACH(LS_PRB, i, y);
+                else PK_EACH(LS_PR, i, y);
+#undef LS_PRB
+#else
                 PK_EACH(LS_PR, i, y);
+#endif
 #undef LS_PR
             }
         }
@@ -178,9 +201,10 @@ static inline __attribute__((always_inline)) void pq3_dot(
                                   : _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)s0));
             const __m256i hi = q2 ? _mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s0 + 8))), 4)
                                   : _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s0 + 8)));
-            mp[k] = _mm256_or_si256(_mm256_and_si256(lo, low16), _mm256_slli_epi32(hi, 16));
+            mp[k] = q2 == 2 ? _mm256_set1_epi32(0x00010001)
+                            : _mm256_or_si256(_mm256_and_si256(lo, low16), _mm256_slli_epi32(hi, 16));
         }
-        const __m256 d = pk_halves8(blk), dm = q2 ? pk_halves8(blk + 16) : d;
+        const __m256 d = pk_halves8(blk), dm = q2 == 1 ? pk_halves8(blk + 16) : d;
         (void)dm;
 #define LS_PF(r, acc, yy)                                                                     \
     do {                                                                                      \
@@ -188,10 +212,10 @@ static inline __attribute__((always_inline)) void pq3_dot(
         __m256i ms = _mm256_madd_epi16(mp[0], _mm256_set1_epi32(*(const int32_t *)bs));        \
         for (int k = 1; k < 8; k++)                                                           \
             ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(*(const int32_t *)(bs + 2 * k)))); \
-        const __m256i is = q2 ? acc : _mm256_sub_epi32(acc, _mm256_slli_epi32(ms, 2));         \
+        const __m256i is = q2 == 1 ? acc : _mm256_sub_epi32(acc, q2 ? ms : _mm256_slli_epi32(ms, 2)); \
         const __m256 xs = _mm256_set1_ps(xd[(r) * nb + b]);                                    \
         yy = _mm256_add_ps(yy, _mm256_mul_ps(_mm256_mul_ps(d, xs), _mm256_cvtepi32_ps(is)));   \
-        if (q2) yy = _mm256_sub_ps(yy, _mm256_mul_ps(_mm256_mul_ps(dm, xs), _mm256_cvtepi32_ps(ms))); \
+        if (q2 == 1) yy = _mm256_sub_ps(yy, _mm256_mul_ps(_mm256_mul_ps(dm, xs), _mm256_cvtepi32_ps(ms))); \
     } while (0)
         PK_EACH(LS_PF, i, y);
 #undef LS_PF
@@ -207,7 +231,7 @@ static inline __attribute__((always_inline)) void pq3_dot(
                 const uint8_t *blk = g + sbb * b;
                 int32_t is = 0, ms = 0;
                 for (int j = 0; j < 16; j++) {
-                    const uint8_t *sb = q2 ? blk + 160 + 32 * j : blk + 144 + 96 * (j / 2);
+                    const uint8_t *sb = q2 == 2 ? blk + 16 + 32 * j : q2 ? blk + 160 + 32 * j : blk + 144 + 96 * (j / 2);
                     int32_t s = 0;
                     for (int st = 0; st < 4; st++)
                         for (int i = 0; i < 4; i++) {
@@ -216,7 +240,9 @@ static inline __attribute__((always_inline)) void pq3_dot(
                             if (!q2) u = (u | (((sb[64 + 4 * l + i] >> (4 * (j & 1) + st)) & 1) << 2)) - 4;
                             s += u * x[r * K + 256 * b + 16 * j + 4 * st + i];
                         }
-                    if (q2) {
+                    if (q2 == 2) {  // TQ2_0: u = q + 1, scales 1
+                        is += s - bs16[r * (K / 16) + 16 * b + j];
+                    } else if (q2) {
                         const uint8_t scm = blk[32 + 8 * j + l];
                         is += (scm & 15) * s;
                         ms += (scm >> 4) * bs16[r * (K / 16) + 16 * b + j];
@@ -226,7 +252,7 @@ static inline __attribute__((always_inline)) void pq3_dot(
                 }
                 const float xs = xd[r * nb + b];
                 acc = acc + (half_to_float(blk + 2 * l) * xs) * (float)is;
-                if (q2) acc = acc - (half_to_float(blk + 16 + 2 * l) * xs) * (float)ms;
+                if (q2 == 1) acc = acc - (half_to_float(blk + 16 + 2 * l) * xs) * (float)ms;
             }
             y[r * ldy + l] = acc;
         }

@@ -214,9 +214,10 @@ static void part_packed(const part_t *p, int64_t n0, int64_t ng, int64_t K, cons
     const int pairs = ls_packed_pairs(p->type);
     for (int64_t m = 0; m < M; m += 4) {
         const int R = M - m < 4 ? (int)(M - m) : 4;
-        // the K-quants' activation sums: per 16 for Q6_K, Q3_K and Q2_K (packed_q6.h,
+        // the K-quants' activation sums: per 16 for Q6_K, Q3_K, Q2_K and TQ2_0 (packed_q6.h,
         // packed_q3.h), else per 32
-        const int ks16 = p->type == T_Q6_K || p->type == T_Q3_K || p->type == T_Q2_K;
+        const int ks16 = p->type == T_Q6_K || p->type == T_Q3_K || p->type == T_Q2_K ||
+                         p->type == T_TQ2_0;
         const int16_t *ks = ks16 ? a->kbs + m * (K / 16) : a->kbs32 + m * (K / 32);
         for (int64_t j = 0; j < ng; j++) {  // the tile's activations stay in cache
             const uint8_t *g = p->w + (n0 / PK_ROWS + j) * gb;
@@ -248,11 +249,12 @@ int ls_kbytes_task(int type, int packed, const uint8_t *w, int64_t row_bytes, in
 
 // Whether part p reads through decoded groups for M activation rows: a prompt-sized M (the
 // decode is once per task, read by every 4 rows), a K-quant with 16-value sub-blocks
-// (packed_kb.h; packed: Q2_K, Q3_K, Q6_K), whole groups of 8 rows. LORASERVE_KERNEL_NO_KBYTES=1 keeps
+// (packed_kb.h; packed: Q2_K, Q3_K, Q6_K, TQ2_0), whole groups of 8 rows. LORASERVE_KERNEL_NO_KBYTES=1 keeps
 // the rows' own paths (the tests compare both).
 static int part_kbytes_on(const part_t *p, int64_t M) {
     return M >= ROWS_MIN_M && p->kq && p->n % PK_ROWS == 0 && ls_kbytes_type(p->type) &&
-           (!p->packed || p->type == T_Q6_K || p->type == T_Q3_K || p->type == T_Q2_K) &&
+           (!p->packed || p->type == T_Q6_K || p->type == T_Q3_K || p->type == T_Q2_K ||
+            p->type == T_TQ2_0) &&
            getenv("LORASERVE_KERNEL_NO_KBYTES") == NULL;
 }
 

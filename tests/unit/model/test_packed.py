@@ -18,7 +18,7 @@ from tests.unit.model.test_kernels import (
 )
 
 PACKABLE = ["Q4_0", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
-            "IQ4_XS", "MXFP4"]
+            "IQ4_XS", "TQ2_0", "MXFP4"]
 
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="packing needs the C kernels")
 
@@ -69,7 +69,7 @@ def test_packed_rows_are_independent_of_the_batch(name: str) -> None:
         assert torch.equal(batch, alone[lo : lo + size]), f"{name}: batch of {size} differs"
 
 
-@pytest.mark.parametrize("name", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])
+@pytest.mark.parametrize("name", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "TQ2_0"])
 def test_packed_k_quants_equal_the_rows_read_in_place_bitwise(name: str) -> None:
     """Packed K-quants keep kquant.h's float sequence: the same bits as the file's layout."""
     rng = np.random.default_rng(9)
