@@ -49,7 +49,6 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -58,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.adapter_scale_memory import kv_max_mib, sampler, server_memory
+from bench.adapter_scale_memory import drop_cached, kv_max_mib, page_cached, sampler, server_memory
 from bench.adapter_scale_rounds import TierModel, metrics, rank_matched, rounds
 from bench.client import body
 from bench.peer import find_peer
@@ -143,29 +142,6 @@ def lora_dir(n: int, dtype: str = "f16") -> Path:
         if not link.exists():
             os.link(path, link)
     return folder
-
-
-def page_cached(paths: list[Path]) -> float | None:
-    """The share of these files' bytes in the page cache now (util-linux `fincore`), or
-    None without it: a cold read from disk costs more than one from memory."""
-    try:
-        argv = ["fincore", "-b", "-n", "-o", "RES,SIZE", *map(str, paths)]
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    rows = [tuple(map(int, line.split())) for line in out.splitlines() if line.strip()]
-    size = sum(sz for _, sz in rows)
-    return sum(res for res, _ in rows) / size if size else None
-
-
-def drop_cached(paths: list[Path]) -> None:
-    """Drop these files' pages from the page cache (`--cold`: every first read from disk)."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def prompts(plan: Plan, tag: str) -> list[str]:

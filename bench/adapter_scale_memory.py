@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -144,3 +146,26 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def page_cached(paths: list[Path]) -> float | None:
+    """The share of these files' bytes in the page cache now (util-linux `fincore`), or
+    None without it: a cold read from disk costs more than one from memory."""
+    try:
+        argv = ["fincore", "-b", "-n", "-o", "RES,SIZE", *map(str, paths)]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = [tuple(map(int, line.split())) for line in out.splitlines() if line.strip()]
+    size = sum(sz for _, sz in rows)
+    return sum(res for res, _ in rows) / size if size else None
+
+
+def drop_cached(paths: list[Path]) -> None:
+    """Drop these files' pages from the page cache (`--cold`: every first read from disk)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
