@@ -11,6 +11,9 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 int ls_conv_step(const float *st, const float *x, const float *taps, const float *bias,
                  int64_t C, int64_t L, const float *ones, float *pre, float *act,
@@ -19,6 +22,49 @@ int ls_gated_act(const float *g, const float *u, int64_t T, int64_t F, int64_t l
                  float *out, int nthreads);
 int ls_rms_norm(const float *x, int64_t T, int64_t H, int64_t K, int64_t ldt, const float *w,
                 int64_t HW, float eps, float *y, int nthreads);
+
+#if defined(__AVX2__)
+// One head's P rows with torch's 8-lane sums of N values (N a multiple of 8, under 512: the
+// short form of torch_sum, no tail), the products summed as they are made (no store and
+// reload): per element index e of 8 lanes, accumulator e % 4 (the last N/8 % 4 into 0), then
+// 0 += 1, += 2, += 3, the 8 lanes in order: small_sum_8's and torch_sum's adds, in their order.
+// The new state is written with non-temporal stores (no read of the record's lines first:
+// a decode step's states stream through memory between steps anyway). Thread CPU a layer of
+// Granite-4 shape (1.5 MB of state), 1 thread, vs the generic loop: 134-138 vs 140-153 us
+// with 40 MB read between layers, 79-83 vs 82-92 us with the state in cache (noisy machine).
+static void head_rows8(const float *restrict si, float *restrict so, const float *x,
+                       const float *b, const float *c, float dq, float a, float dh, int64_t P,
+                       int64_t N, float *yd) {
+    const int64_t nv = N / 8, full = nv / 4 * 4;
+    const __m256 va = _mm256_set1_ps(a);
+    const int nt = ((uintptr_t)so & 31) == 0;  // aligned: stored past the caches
+    for (int64_t p = 0; p < P; p++) {
+        const __m256 vxd = _mm256_set1_ps(x[p] * dq);
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                         _mm256_setzero_ps()};
+        const float *sp = si + p * N;
+        float *op = so + p * N;
+        for (int64_t e = 0; e < nv; e++) {
+            const __m256 s = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(sp + 8 * e), va),
+                                           _mm256_mul_ps(_mm256_loadu_ps(b + 8 * e), vxd));
+            if (nt) _mm256_stream_ps(op + 8 * e, s);
+            else _mm256_storeu_ps(op + 8 * e, s);
+            const __m256 pr = _mm256_mul_ps(s, _mm256_loadu_ps(c + 8 * e));
+            const int k = e < full ? (int)(e & 3) : 0;
+            acc[k] = _mm256_add_ps(acc[k], pr);
+        }
+        acc[0] = _mm256_add_ps(acc[0], acc[1]);
+        acc[0] = _mm256_add_ps(acc[0], acc[2]);
+        acc[0] = _mm256_add_ps(acc[0], acc[3]);
+        float lanes[8], fin = 0.0f;
+        _mm256_storeu_ps(lanes, acc[0]);
+        for (int l = 0; l < 8; l++) fin += lanes[l];
+        const float xD = x[p] * dh;
+        yd[p] = (0.0f + fin) + xD;
+    }
+    _mm_sfence();  // the streamed state is visible before the record is read again
+}
+#endif
 
 // zx [T, ldz]: each row z [H P], xBC [H P + 2 G N], (dt, unread); dt, da [T, H] (softplus(dt +
 // dt_bias) and exp(dt A), from torch); st_in[q] / st_out[q]: row q's sequence's state record
@@ -58,6 +104,12 @@ int ls_mamba2_step(const float *zx, int64_t ldz, const float *dt, const float *d
         const float *x = xbc + q * C + h * P, *b = xbc + q * C + di + (h / rep) * N;
         const float *c = b + G * N;
         const float dq = dt[q * H + h], a = da[q * H + h], dh = d[h];
+#if defined(__AVX2__)
+        if (vl == 8 && N % 8 == 0 && N < 512) {
+            head_rows8(si, so, x, b, c, dq, a, dh, P, N, yd + q * di + h * P);
+            continue;
+        }
+#endif
         float prod[SSM_MAX_N];
         for (int64_t p = 0; p < P; p++) {
             const float xd = x[p] * dq;

@@ -168,6 +168,8 @@ def test_mamba2_step_bitwise(dims: tuple[int, int, int, int, int], rows: int,
     ref, ref_recs = _mamba2_rows(zx, states, dims, w)
     dt = ssm_scan.softplus_rows(zx[:, di + c :] + w["dt_b"])
     recs = [torch.empty(size) for _ in range(rows)]
+    if rows > 1:  # a record off the vector alignment: the kernel's plain stores
+        recs[1] = torch.empty(size + 1)[1:]
     out = ssm_scan.mamba2_step(zx, dt, torch.exp(dt * w["a"]), dims, states, recs,
                                (w["taps"], w["conv_b"], torch.ones(c), w["d"], w["norm"]),
                                1e-5)  # fmt: skip
