@@ -24,6 +24,7 @@ from loraserve.lora.content_ids import ContentIds
 from loraserve.lora.delta import LoraBatch, Span
 from loraserve.lora.mixes import BASE, Mix, MixResolver, UnknownModelName, scale_of
 from loraserve.lora.tiers import TierLimits, TierStats, resident_bytes
+from loraserve.model.attn.mla import LatentAttention
 from loraserve.model.ffn.moe import MoE
 from loraserve.model.loader import LoadedModel
 from loraserve.model.projection import Projection
@@ -45,6 +46,8 @@ def base_shapes(decoder: nn.Module) -> dict[str, tuple[int, ...]]:
             if m.fused:  # the file's fused gate|up stack (gate rows first)
                 n, d = m.gate[0].shape
                 shapes[f"{m.prefix}ffn_gate_up_exps.weight"] = (len(m.gate), 2 * n, d)
+        elif isinstance(m, LatentAttention):  # per-head attn_k_b / attn_v_b (H, out, in)
+            shapes.update(m.head_shapes())
     return shapes
 
 

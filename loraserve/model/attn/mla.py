@@ -75,6 +75,17 @@ class LatentAttention(nn.Module):
         self._k_b = _stack(self.k_b)
         self._v_b = _stack(self.v_b)
         self.o = _proj(w, p + "attn_output.weight")
+        self.prefix = p
+
+    def head_shapes(self) -> dict[str, tuple[int, int, int]]:
+        """The per-head stacks as adapters address them: name -> (H, out, in), like stacked
+        experts (head j's delta as expert j's); a stack stored 2-D (one head) is a
+        projection instead."""
+        return {
+            self.prefix + name + ".weight": (len(m), *m[0].shape)
+            for name, m in (("attn_k_b", self.k_b), ("attn_v_b", self.v_b))
+            if not isinstance(m, Projection)
+        }
 
     def forward(
         self, h: torch.Tensor, layer: int, rope: tuple[torch.Tensor, torch.Tensor]
