@@ -6,7 +6,12 @@ token, so it is kept in two places:
 
 - the **live** state of each running sequence, keyed by its slot and request id, at the
   position its next step starts from (and the position before its last step, so that a step
-  that failure isolation runs again alone starts from the same state);
+  that failure isolation runs again alone starts from the same state), and the slot's
+  **checkpoints** at llama-server's positions: where each of its prompts began from the live
+  state (an edited last message resumes there) and 4 tokens before each prompt's end (a
+  re-rendered template tail), at most ``checkpoints`` a slot, used only by a prompt under the
+  slot's cache key that starts with the tokens before them (`resume_point`), each costing a
+  snapshot's share in the cache budget and evicted first (`drop_checkpoint`);
 - a **snapshot** of every layer's state after some full blocks a sequence computed, stored
   under that block's id: after every ``every``-th block of the sequence (``--checkpoint-min-step``
   tokens, in blocks; 1: after each) and after the last full block of each multi-token step
@@ -123,10 +128,12 @@ class StateStore:
         self.snaps.pop(block, None)
 
     def prepare(
-        self, slot: int, seq: int, start: int, n: int, blocks: Sequence[int], lo: int
-    ) -> SeqStep:
+        self, slot: int, seq: int, start: int, n: int, blocks: Sequence[int], lo: int,
+        end: int = -1,
+    ) -> SeqStep:  # fmt: skip
         """The step of sequence ``seq`` in ``slot``: tokens ``start..start+n-1`` at rows
-        ``lo..lo+n-1``, its KV in ``blocks``; `StateMissing` when no exact state exists."""
+        ``lo..lo+n-1``, its KV in ``blocks``; `StateMissing` when no exact state exists.
+        ``end``: the length of the sequence's tokens (its prompt's, while it prefills)."""
         live = self.live.get(slot)
         if start == 0:
             state = {i: torch.zeros(s) for i, s in self.shapes.items()}
@@ -143,14 +150,27 @@ class StateStore:
             for b in range(first, last + 1)
             if b % self.every == 0 or b == last  # the interval; a chunk's or a decode's end
         ]
+        # llama-server's checkpoint 4 tokens before a prompt's end (a next prompt that
+        # re-renders the tail of this one resumes there): kept as the slot's checkpoint
+        # (key -1 - position; `commit`), unless a block's cut is at that row already
+        mark = end - 4
+        if n > 1 and slot >= 0 and start < mark <= start + n - 1 and all(
+            r != mark - start - 1 for r, _ in cuts
+        ):
+            cuts.append((mark - start - 1, -1 - mark))
         end_only = blocks[last - 1] if n > 1 and last >= first and last % self.every else -1
         latest = blocks[last - 1] if n == 1 and last >= first and last % self.every else -1
         return SeqStep(lo, lo + n, state, cuts, end_only=end_only, latest=latest)
 
     def commit(self, slot: int, seq: int, start: int, step: SeqStep) -> None:
         """Keep a finished step's states: live at its end position (with the states at its
-        start, for a rerun), snapshots under their blocks."""
+        start, for a rerun), snapshots under their blocks, a prompt's checkpoint (`prepare`)
+        among the slot's."""
+        marks = []
         for block, states in step.snaps.items():
+            if block < 0:  # a checkpoint at position -1 - block (never a draft's: below)
+                marks.append((-1 - block, states))
+                continue
             if step.every and block == step.end_only:
                 continue  # a draft's end may be rejected; a later step recrossing it is a
                 # decode (no cut off the interval): its snapshot would stay stale
@@ -165,6 +185,10 @@ class StateStore:
                 self.snaps.pop(live.latest, None)
             live.latest = step.latest
         live.at = {start: step.state, start + step.hi - step.lo: step.out}
+        for pos, states in marks if not step.every else ():  # a draft's may be rejected
+            live.ckpts[pos] = states
+        while len(live.ckpts) > self.max_ckpts:
+            del live.ckpts[min(live.ckpts)]
         for r in range(step.hi - step.lo if step.every else 0):
             live.at[start + r + 1] = {i: rows[r] for i, rows in step.rows.items()}
 

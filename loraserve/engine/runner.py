@@ -156,7 +156,8 @@ class ModelRunner:
         if self.states is not None:  # each sequence's exact state (or StateMissing)
             ctx.states, r = [], 0
             for it in items:
-                step = self.states.prepare(it.slot, it.seq, it.start, it.n, it.blocks, r)
+                step = self.states.prepare(it.slot, it.seq, it.start, it.n, it.blocks, r,
+                                           len(it.tokens))  # fmt: skip
                 step.every = it.n_logits > 1 and it.slot >= 0  # a draft: rows kept (rollback)
                 ctx.states.append(step)
                 r += it.n

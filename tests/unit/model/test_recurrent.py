@@ -140,7 +140,9 @@ def test_alone_batched_chunked_resumed_identical(tmp: Path, arch: str, variant: 
         assert [a[:2] for a in first] == [r[:2] for r in ref], f"batched (ubatch {ubatch})"
         assert [a[:2] for a in again] == [r[:2] for r in ref], f"resumed (ubatch {ubatch})"
         cached = [a[2] for a in again]
-        assert all(n % 4 == 0 for n in cached), "resumed inside a block: no exact state there"
+        # a resume inside a block is from a slot's checkpoint 4 tokens before a prompt's end
+        tails = {len(p) - 4 for p in prompts}
+        assert all(n % 4 == 0 or n in tails for n in cached), "resumed where no state is kept"
         assert sum(cached) > 0, "nothing resumed from the prefix cache"
 
 
