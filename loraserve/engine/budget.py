@@ -27,6 +27,7 @@ class BudgetSpec:
     ends: tuple[tuple[int, ...], ...]  # markers that end reasoning (the first is forced)
     forced: tuple[int, ...]  # what is forced when the budget is spent
     counting: bool = False  # the prompt left the answer inside reasoning
+    by_text: bool = False  # markers also matched by their text, in any tokenization
 
 
 _LEADS = ((0x80, 0x00), (0xE0, 0xC0), (0xF0, 0xE0), (0xF8, 0xF0))  # (mask, value) by length
@@ -47,22 +48,34 @@ IDLE, COUNTING, WAITING_UTF8, FORCING, DONE = range(5)
 
 
 class _Matcher:
-    """Whether a token sequence just ended with one of `seqs` (reset after a match)."""
+    """Whether a token sequence just ended with one of `seqs`, or its text with one of
+    theirs with `by_text` (reset after a match). The text too where the vocabulary has no
+    single token for a marker (the tiny test model): the grammar holds it as text, which
+    the model may write in any tokenization, and a forced call's optional reasoning block
+    opened so must still arm the budget (llama.cpp matches the token sequences only)."""
 
-    def __init__(self, seqs: tuple[tuple[int, ...], ...]) -> None:
+    def __init__(self, seqs: tuple[tuple[int, ...], ...], piece, by_text: bool) -> None:  # noqa: ANN001
         self.seqs = [s for s in seqs if s]
         self.n = max((len(s) for s in self.seqs), default=0)
         self.recent: list[int] = []
+        self.piece = piece
+        texts = {b"".join(piece(t) for t in s) for s in self.seqs} if by_text else set()
+        self.texts = [t for t in texts if t]
+        self.m = max((len(t) for t in self.texts), default=0)
+        self.tail = b""
 
     def advance(self, token: int) -> bool:
         self.recent = (self.recent + [token])[-self.n :] if self.n else []
-        if any(tuple(self.recent[-len(s) :]) == s for s in self.seqs):
-            self.recent = []
+        self.tail = (self.tail + self.piece(token))[-self.m :] if self.m else b""
+        if any(tuple(self.recent[-len(s) :]) == s for s in self.seqs) or any(
+            self.tail.endswith(t) for t in self.texts
+        ):
+            self.reset()
             return True
         return False
 
     def reset(self) -> None:
-        self.recent = []
+        self.recent, self.tail = [], b""
 
 
 class ReasoningBudget:
@@ -71,8 +84,8 @@ class ReasoningBudget:
     def __init__(self, spec: BudgetSpec, piece) -> None:  # noqa: ANN001 - Callable[[int], bytes]
         self.spec = spec
         self.piece = piece
-        self.starts = _Matcher(spec.starts)
-        self.ends = _Matcher(spec.ends)
+        self.starts = _Matcher(spec.starts, piece, spec.by_text)
+        self.ends = _Matcher(spec.ends, piece, spec.by_text)
         self.state = IDLE
         self.remaining = spec.budget
         self.pos = 0

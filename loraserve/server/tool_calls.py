@@ -23,7 +23,7 @@ from typing import Any
 from loraserve.chat.formats.budget import budget_markers
 from loraserve.chat.formats.description import PLAIN, ChatFormat
 from loraserve.chat.formats.grammar import tool_grammar
-from loraserve.chat.formats.lead import opens_reasoning, turn_lead
+from loraserve.chat.formats.lead import closes_reasoning, opens_reasoning, turn_lead
 from loraserve.chat.formats.parse import ChatParser
 from loraserve.chat.formats.stream import MessageStream
 from loraserve.chat.messages import render_content
@@ -190,9 +190,10 @@ def _budget(tok: Tokenizer, fmt: ChatFormat, prompt: str, budget: Budget) -> Bud
 
     end_seqs = [s for e in markers.ends for s in spellings(e)]
     forced = (ids(budget.message) if budget.message else ()) + ids(markers.ends[0])
-    return BudgetSpec(budget.tokens, tuple(dict.fromkeys(spellings(markers.start))),
-                      tuple(dict.fromkeys(end_seqs)), forced,
-                      opens_reasoning(fmt, prompt))  # fmt: skip
+    starts = tuple(dict.fromkeys(spellings(markers.start)))
+    by_text = all(len(s) > 1 for s in starts)  # no single token: the grammar's text marker
+    return BudgetSpec(budget.tokens, starts, tuple(dict.fromkeys(end_seqs)), forced,
+                      opens_reasoning(fmt, prompt), by_text)  # fmt: skip
 
 
 def _special(tok: Tokenizer):  # noqa: ANN202 - Callable[[str], bool]
@@ -277,8 +278,10 @@ async def plan_reply(
         engine = state.require()
         started = bool(trigger) and lead.rstrip().endswith(trigger)  # a prefill wrote it
         opened = opens_reasoning(fmt, prompt)  # the model ends it whatever the parser reads
+        # a forced call may follow one block the answer opens (llama.cpp: reasoning? calls)
+        own_block = rf != "none" and not closes_reasoning(fmt, prompt)
         for special in (_special(tok), lambda m: False):  # then: every marker as text
-            plan.lark = tool_grammar(fmt, active, choice, parallel, True, opened,
+            plan.lark = tool_grammar(fmt, active, choice, parallel, own_block, opened,
                                      special, started)  # fmt: skip
             if plan.lark is None:
                 break

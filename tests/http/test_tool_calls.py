@@ -47,6 +47,7 @@ TOOLS = [
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 N_PREDICT = 480  # JSON spaced as llama.cpp allows: a random model may indent every gap
 USER = [{"role": "user", "content": "Weather in Paris for 3 days?"}]
+BUDGET = 8  # reasoning tokens before the end marker is forced
 
 
 QWEN3, LLAMA31 = "Qwen-Qwen3-0.6B.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja"
@@ -54,7 +55,10 @@ QWEN3, LLAMA31 = "Qwen-Qwen3-0.6B.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinj
 
 @pytest.fixture(scope="module", params=[QWEN3, LLAMA31])
 def srv(request):
-    args = ["-np", "2", "-c", "8192", "--chat-template-file", str(TEMPLATES / request.param)]
+    # the budget ends the reasoning block Qwen3's answer may open before a forced call
+    # (issue 26, as llama.cpp's grammar allows it; the random model never ends it itself)
+    args = ["-np", "2", "-c", "8192", "--chat-template-file", str(TEMPLATES / request.param),
+            "--reasoning-budget", str(BUDGET)]  # fmt: skip
     with serve_in_thread(args) as s:
         s.template_name = request.param
         yield s
@@ -240,7 +244,8 @@ def test_messages_tools_in_the_models_format(srv) -> None:
     body = {"messages": USER, "tools": tools, "max_tokens": N_PREDICT, "temperature": 0,
             "tool_choice": {"type": "any", "disable_parallel_tool_use": True}}  # fmt: skip
     res = srv.client.post("/v1/messages", json=body).json()
-    (block,) = res["content"]
+    *thinking, block = res["content"]  # Qwen3's own reasoning block may come first
+    assert [b["type"] for b in thinking] in ([], ["thinking"]), res
     assert block["type"] == "tool_use" and res["stop_reason"] == "tool_use"
     jsonschema.validate(block["input"], SCHEMAS[block["name"]])
 
@@ -277,7 +282,8 @@ def test_reasoning_budget_forces_the_end_marker(srv) -> None:
     """`reasoning_budget_tokens`: inside reasoning the prompt opened (a prefilled
     reasoning_content), the end marker is forced after that many tokens; the greedy answer
     under a small budget is a prefix of the one under a larger budget, and without a budget
-    the random model never ends its reasoning."""
+    that binds (-1 takes the server's `--reasoning-budget`) the random model never ends its
+    reasoning."""
     if srv.template_name != QWEN3:
         pytest.skip("the Llama 3.1 template has no reasoning markers")
     msgs = [*USER, {"role": "assistant", "content": "", "reasoning_content": "Let me"}]
@@ -288,7 +294,7 @@ def test_reasoning_budget_forces_the_end_marker(srv) -> None:
         res = srv.client.post("/v1/chat/completions", json=body).json()
         return res["choices"][0]["message"]["content"]
 
-    free, short, longer = turn(-1), turn(3), turn(9)
+    free, short, longer = turn(1000), turn(3), turn(9)
     assert "</think>" not in free
     assert "</think>" in short and "</think>" in longer
     thought = [t[: t.index("</think>")].rstrip() for t in (short, longer)]

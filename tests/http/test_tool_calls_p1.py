@@ -18,6 +18,8 @@ import pytest
 
 from loraserve.chat.formats.detect import detect
 from loraserve.chat.formats.grammar import tool_grammar
+from loraserve.chat.formats.lead import opens_reasoning
+from loraserve.chat.render import RenderInputs, Tokens, render
 from tests.http.test_tool_calls import SCHEMAS, TOOLS, USER, chat, chat_stream, check_calls
 from tests.server_util import serve_in_thread
 from tests.unit.chat.format_util import TEMPLATES, render_for
@@ -194,7 +196,16 @@ def test_reasoning_formats(srv) -> None:
     fmt = detect(source, render_for(source))
     msgs = USER
     auto = forced(srv, parallel_tool_calls=False)["message"]
-    if not auto.get("reasoning_content"):
+    prompt = render(source, Tokens("<s>", "</s>"), RenderInputs(USER, tools=TOOLS))
+    opened = opens_reasoning(fmt, prompt)
+    if auto.get("reasoning_content") and not opened:  # a block the answer opened itself
+        # (issue 26: allowed before a forced call as llama.cpp's grammar allows it; under
+        # none there is no reasoning rule, so the call comes first)
+        none = forced(srv, reasoning_format="none", parallel_tool_calls=False)["message"]
+        assert not none.get("content") and check_calls(
+            {"message": none, "finish_reason": "tool_calls"}
+        )
+    if not opened:
         if not fmt.has_reasoning:
             pytest.skip("the template has no reasoning markers")
         msgs = [*USER, {"role": "assistant", "content": "", "reasoning_content": "Let me"}]

@@ -6,11 +6,14 @@
   arguments; text after it; more calls only with `parallel_tool_calls`. Reasoning is parsed
   first, so a trigger written inside it constrains nothing. No trigger (Llama 3.x's bare
   JSON): no grammar, as in llama-server.
-- ``required`` / a named function: the call (of that function) right after the reasoning
-  the prompt opened, if any, with no text before it and no new reasoning block (**ours**:
-  llama-server lets `required` write text first and treats a named function as `auto`;
-  OpenAI defines both as a forced call, and a small model given the chance to start
-  reasoning can spend its whole budget there).
+- ``required`` / a named function: the call (of that function) right after the reasoning,
+  with no text before it (**ours**: llama-server lets `required` write text first and
+  treats a named function as `auto`; OpenAI defines both as a forced call). The reasoning:
+  the rest of the block the prompt opened, or else, where the request extracts reasoning
+  (`reasoning`: its reasoning_format is not none) and the prompt did not close a block
+  itself (thinking off), one optional block the answer opens, as llama.cpp's grammar
+  (`reasoning? content? calls`, fed the generation prompt) allows; the reasoning budget
+  ends it as any other block.
 
 Markers that are special tokens of the model's vocabulary are written as llguidance's
 `<token>` references (`special`), the rest as text.
@@ -161,6 +164,9 @@ def tool_grammar(
 ) -> str | None:
     """llguidance Lark text constraining an answer with these tools under `choice`
     ("auto", "required", or a function's name), or None when nothing is constrained.
+    `reasoning`: under `required` / a named function, a reasoning block the answer opens
+    itself may come before the call (the request extracts reasoning and the prompt did not
+    close a block); `thinking_open`: the prompt opened one, whose rest comes first.
     `started`: the prompt already wrote the trigger (an assistant prefill), so the answer
     is the rest of the calls, whatever the choice."""
     if not fmt.has_tools or not tools or choice == "none":
@@ -170,10 +176,10 @@ def tool_grammar(
         if not tools:
             raise ValueError(f"tool_choice names a function that is not in tools: {choice}")
     if fmt.dialect == "harmony":
-        return harmony_grammar(fmt, tools, choice, thinking_open and reasoning, special)
+        return harmony_grammar(fmt, tools, choice, thinking_open, special)
     if fmt.dialect:  # the specialised formats' own grammars (None where there is none yet)
-        return dialect_grammar(fmt, tools, choice, parallel, thinking_open and reasoning, special,
-                               started)  # fmt: skip
+        return dialect_grammar(fmt, tools, choice, parallel, thinking_open, special, started,
+                               reasoning)  # fmt: skip
     if fmt.array_wrapped and fmt.call_start and not fmt.section_start:  # Nemotron Nano v2:
         fmt = fmt.with_(section_start=fmt.call_start, section_end=fmt.call_end,  # its markers
                         call_start="", call_end="")  # wrap the whole array  # fmt: skip
@@ -204,7 +210,8 @@ def tool_grammar(
     body_calls = b.rule(first_calls)
     r_start, r_end = fmt.reasoning_start.strip(), fmt.reasoning_end.strip()
     think = ""
-    if reasoning and fmt.reasoning_mode != "none" and r_end and (lazy or thinking_open):
+    new_block = reasoning and bool(r_start) and not started  # required: the answer opens one
+    if fmt.reasoning_mode != "none" and r_end and (lazy or thinking_open or new_block):
         inner = b.rule(f"TEXT {b.q(r_end)}", lazy=True)
         if thinking_open or not r_start:
             think = inner
@@ -212,8 +219,10 @@ def tool_grammar(
                 think = f"({inner})?"  # the reasoning may end at the calls (Qwen3.5)
         elif lazy and trigger.strip() in fmt.reasoning_stops:  # Kimi K2: ends at the calls
             think = f"({b.q(r_start)} ({inner})?)?"
-        else:
+        elif lazy:
             think = f"({b.q(r_start)} {inner})?"
+        else:  # required: one block the answer opens (llama.cpp: `space` around its start)
+            think = f"(WS {b.q(r_start)} {inner})?"
     lines = ["%llguidance {}"]
     if started:
         lines.append(f"start: WS {body_calls} WS")

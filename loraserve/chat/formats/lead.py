@@ -120,3 +120,17 @@ def opens_reasoning(fmt: ChatFormat, prompt: str) -> bool:
     tail = prompt[turn:] if turn >= 0 else prompt[-len(r_start) - 256 :]
     at = tail.rfind(r_start)
     return at >= 0 and (not r_end or tail.find(r_end, at) < 0)
+
+
+def closes_reasoning(fmt: ChatFormat, prompt: str) -> bool:
+    """Whether the generation prompt wrote a closed reasoning block itself (thinking off:
+    Qwen3's `<think>\\n\\n</think>\\n\\n`, GLM 4.7's `</think>`): llama.cpp's grammar, fed
+    the generation prompt, takes it as the answer's one optional reasoning block, so a
+    forced call then follows with no block of the answer's own."""
+    r_end = fmt.reasoning_end.strip()
+    if not r_end or opens_reasoning(fmt, prompt):
+        return False
+    at = _turn_at(fmt, prompt)
+    if at < 0:
+        return prompt.rstrip().endswith(r_end)
+    return r_end in prompt[at + len(fmt.assistant_start) :]

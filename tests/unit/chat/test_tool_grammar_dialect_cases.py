@@ -14,10 +14,13 @@ same text); with the markers as special tokens, reasoning text could hold no spe
 at all, so the trigger token inside the reasoning was refused. llama.cpp's lazy grammar
 ignores a trigger inside reasoning, so ours now does.
 
-Named exception, narrower by design (issue 26: OpenAI's `required`): case 73 (Gemma 4,
-`required`) opens a thought channel itself before the call; under `required` ours forces the
-call right after the reasoning the prompt opened, with no new reasoning block (its
-`reasoning_prefill` variant, the thought opened by the prompt, is accepted below).
+Case 73 (Gemma 4, `required`) opens a thought channel itself before the call: llama.cpp's
+`required` grammar is `reasoning? content? calls`, so it is accepted there; ours refused
+any reasoning block the prompt had not opened, so Gemma 4 (and every thinking template
+whose generation prompt does not open reasoning) could not think at all under `required`.
+Now one block of the answer's own is accepted before the forced call when the request
+extracts reasoning (not with reasoning_format none: llama.cpp then has no reasoning rule),
+and free text before the call stays refused (ours, issue 26: OpenAI's `required`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ from loraserve.chat.formats.special.lark import named
 from tests.unit.chat.format_util import grammar_accepts
 from tests.unit.chat.test_formats_parse_oracle import CASES, _format, _prompt
 
-NARROWER = {73}
 # markers as special tokens: a string argument that holds the format's special tokens
 # (Ling 3's `</think>` and `<tool_call>` inside a value) is text only in ours
 AS_TEXT_ONLY = {192}
@@ -51,7 +53,7 @@ CALL_CASES = [
     if not c["is_partial"] and c["request"]["tools"] and c["expect"]["tool_calls"]
     and _dialect(c["template"]) not in ("", "harmony")
 ]  # fmt: skip
-WHOLE = [c for c in CALL_CASES if c["id"] not in NARROWER]
+WHOLE = CALL_CASES
 OPENED = [
     c for c in CALL_CASES
     if _format(c["template"]).reasoning_start.strip()
@@ -103,10 +105,20 @@ def test_every_dialect_call_case_is_checked() -> None:
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("case_id", sorted(NARROWER))
-def test_required_rejects_a_new_reasoning_block(case_id: int) -> None:
-    case = next(c for c in CASES if c["id"] == case_id)
+def test_required_accepts_a_thought_the_answer_opens() -> None:
+    """llama.cpp's case 73: a new thought block, then the forced call (refused before)."""
+    case = next(c for c in CASES if c["id"] == 73)
     assert case["request"]["tool_choice"] == "required"
     fmt = _format(case["template"])
-    lark = _grammar(case, opens_reasoning(fmt, _prompt(case, fmt)))
-    assert grammar_accepts(lark, case["input"]) is not None
+    opened = opens_reasoning(fmt, _prompt(case, fmt))
+    assert not opened and case["input"].startswith("<|channel>thought")
+    assert grammar_accepts(_grammar(case, opened), case["input"]) is None
+    req = case["request"]
+    # reasoning_format none: no reasoning rule (llama.cpp's), the block is free text
+    none = tool_grammar(fmt, req["tools"], "required", True, False, opened)
+    assert none is not None and grammar_accepts(none, case["input"]) is not None
+    # one block only, and text outside it before the call stays refused
+    call = case["input"][case["input"].index("<|tool_call>") :]
+    thought = case["input"][: len(case["input"]) - len(call)]
+    for text in (thought + thought + call, "Let me check." + call, thought + "Now." + call):
+        assert grammar_accepts(_grammar(case, opened), text) is not None, text

@@ -178,13 +178,22 @@ def _lazy(
     return f"({think} {after} | {unended})"
 
 
-# under `required` the call comes right after the reasoning the prompt opened, never after a
-# block the answer would open (a small model can spend its whole budget there): what these
-# dialects' answers may start with instead
-_NEW_BLOCK: dict[str, Callable[[Lark], str]] = {
+# under `required` without a reasoning block of its own (reasoning_format none, or a prompt
+# that closed the block: thinking off), what these dialects' answers may start with instead
+# of their optional block
+_NO_BLOCK: dict[str, Callable[[Lark], str]] = {
     "minimax_m3": lambda g: f"({g.q(minimax_m3.THINK_END)})?",  # a turn without: bare end
     "lfm2": lambda g: "",
 }
+
+
+def _new_block(g: Lark, fmt: ChatFormat) -> str:
+    """One optional reasoning block the answer opens itself before a forced call, with the
+    format's reasoning markers (llama.cpp's reasoning parser: `space` around them)."""
+    r_start, r_end = fmt.reasoning_start.strip(), fmt.reasoning_end.strip()
+    if not (r_start and r_end):
+        return ""
+    return f"(WS {g.q(r_start)} {g.reasoning_until(r_end)} WS)?"
 
 
 def dialect_grammar(
@@ -195,12 +204,15 @@ def dialect_grammar(
     thinking_open: bool = False,
     special: Callable[[str], bool] = lambda s: False,
     started: bool = False,
+    reasoning: bool = True,
 ) -> str | None:
     """Lark text forcing a call under `choice` ("required" or a function's name) in `fmt`'s
     dialect, or for `auto` constraining the calls from their trigger on (Muse's and
     Functionary's, whose triggers are patterns, from the message that names a tool); None
     where the dialect has no grammar for the choice. `started`: the prompt already wrote
-    the trigger (an assistant prefill), so the answer is the rest of the calls."""
+    the trigger (an assistant prefill), so the answer is the rest of the calls.
+    `reasoning`: a forced call may come after one reasoning block the answer opens itself
+    (as `tool_grammar`'s); the rest of a block the prompt opened comes first regardless."""
     if choice == "none" or not tools:
         return None
     lazy = choice == "auto"
@@ -213,8 +225,8 @@ def dialect_grammar(
         think, rest = _gemma4(g, tools, parallel, thinking_open)
         if started:
             return g.lark(rest)
-        think = think if lazy or thinking_open else ""  # the answer may end inside the
-        inside = lazy and thinking_open  # opened thought
+        think = think if lazy or thinking_open or reasoning else ""  # may end inside the
+        inside = lazy and thinking_open  # opened thought (`auto`)
         return g.lark(_lazy(g, fmt, think, rest, lazy, thinking_open, inside))
     if fmt.dialect in ("deepseek_v3_2", "deepseek_v4"):
         g = Lark(special, (dsml.DSML,))
@@ -223,6 +235,8 @@ def dialect_grammar(
             return g.lark(rest)
         # reasoning the prompt opened ends at </think>, or where the calls start
         think = f"({g.text_until(dsml.THINK_END)} WS)?" if thinking_open else ""
+        if not (lazy or thinking_open) and reasoning:
+            think = _new_block(g, fmt)
         return g.lark(_lazy(g, fmt, think, rest, lazy, thinking_open))
     triggered = {"ling_3": ling3_body, "kimi_k3": kimi_k3_body, "cohere2_moe": cohere2_body,
                  "minimax_m3": minimax_m3_body, "lfm2": lfm2_body}  # fmt: skip
@@ -234,10 +248,16 @@ def dialect_grammar(
         think, rest = triggered[dialect](g, tools, parallel, thinking_open)
         if started:
             return g.lark(rest)
-        if not lazy and dialect in _NEW_BLOCK and not thinking_open:  # required: no new
-            think = _NEW_BLOCK[dialect](g)  # reasoning block (one the prompt opened ends)
-        inside = lazy and thinking_open and dialect in _NEW_BLOCK  # may end inside it
+        if not lazy and not thinking_open:  # required: the body's own optional block or
+            if dialect in _NO_BLOCK:  # none (one the prompt opened ends first regardless)
+                think = think if reasoning else _NO_BLOCK[dialect](g)
+            elif reasoning:
+                think = _new_block(g, fmt)
+        inside = lazy and thinking_open and dialect in _NO_BLOCK  # may end inside it
         return g.lark(_lazy(g, fmt, think, rest, lazy, thinking_open, inside))
     if dialect in whole:
-        return g.lark((whole_auto if lazy else whole)[dialect](g, tools, parallel, thinking_open))
+        if lazy:
+            return g.lark(whole_auto[dialect](g, tools, parallel, thinking_open))
+        new = reasoning and not thinking_open  # Muse: a ` to=self` message first
+        return g.lark(whole[dialect](g, tools, parallel, thinking_open, new))
     return None

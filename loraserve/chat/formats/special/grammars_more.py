@@ -149,11 +149,15 @@ def _muse_text(g: Lark) -> str:
     return f"{text} {g.q(muse.EOM)} {g.q(muse.START)}"
 
 
-def muse_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_open: bool) -> str:
+def muse_body(
+    g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_open: bool,
+    new_block: bool = False,
+) -> str:  # fmt: skip
     """Muse Glimmer: ` to=NAME<|message|><atem:function_calls><atem:invoke name="NAME">
     <atem:parameter name="K">V</atem:parameter>..</atem:invoke></atem:function_calls>`;
     more calls as `<|eom|>` messages. `thinking_open`: a reasoning prefill left the answer
-    inside a ` to=self` message (llama.cpp's continuation), which ends first."""
+    inside a ` to=self` message (llama.cpp's continuation), which ends first; `new_block`:
+    one ` to=self` reasoning message the answer writes itself may come first."""
     calls = []
     for t in tools:
         fn = t["function"]
@@ -174,7 +178,9 @@ def muse_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_ope
     nxt = f"{g.q(muse.EOM)} {g.q(muse.START)}"
     more = f"({nxt} {call})*" if parallel else ""
     head = f"{_muse_text(g)} " if thinking_open else ""
-    return f"{head}{call} {more}"  # required: no new reasoning message first
+    if new_block and not thinking_open:
+        head = f'(" to=self" {g.q(muse.MESSAGE)} {_muse_text(g)})? '
+    return f"{head}{call} {more}"
 
 
 def muse_auto(g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_open: bool) -> str:
@@ -204,7 +210,9 @@ def muse_auto(g: Lark, tools: list[dict[str, Any]], parallel: bool, thinking_ope
     return body
 
 
-def functionary_body(g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool) -> str:
+def functionary_body(
+    g: Lark, tools: list[dict[str, Any]], parallel: bool, _open: bool, _new: bool = False
+) -> str:
     """Functionary v3.2: `NAME\\n{arguments}` (the prompt wrote `>>>`), more as `>>>NAME..`."""
     calls = []
     for t in tools:
