@@ -52,7 +52,7 @@ def test_half_route_equals_float32_route_bitwise(k: int, n: int) -> None:
 
 @needs_c
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("t", [1, 2, 21])
+@pytest.mark.parametrize("t", [1, 2, 8, 16, 21])
 def test_rows_grouped_by_adapter_keep_each_rows_bits(threads: int, t: int) -> None:
     """The kernel groups a step's rows by adapter (up to 4 rows share each widened A
     vector) and splits rows or columns over threads: for any number of rows sharing an
