@@ -1,6 +1,7 @@
 """The selective scans of Mamba-2 and Mamba-1 in C (`ssm_scan.c`): one call per layer per
 step, bit-identical to the per-token torch loops of ``model/recurrent/mamba2.py`` and
-``mamba1.py`` (which stay as the fallback and the tests' reference).
+``mamba1.py`` (which stay as the fallback and the tests' reference); and a Mamba-2 decode step
+from its in-projection's output to its out-projection's input in one call (`mamba2_step`).
 
 The C code sums y = sum_n s C in the order torch's float sum uses with its vector width, so
 it runs only where a width reproduces torch's sums (`vector_lanes`); softplus and exp stay

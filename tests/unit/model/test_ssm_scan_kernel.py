@@ -1,7 +1,8 @@
 """The C selective scans (kernels/ssm_scan.c) against the per-token torch loops they replace
 (model/recurrent/mamba2.py `scan_torch`, mamba1.py `scan_torch`): outputs, final states and
 kept snapshots bit for bit, on random inputs of several shapes, sequence splits and kept
-rows (the torch loop is itself checked against llama-server by the architecture tests)."""
+rows (the torch loop is itself checked against llama-server by the architecture tests); and the
+fused Mamba-2 decode step (kernels/mamba2_step.c) against the mixer's torch operations."""
 
 from __future__ import annotations
 
