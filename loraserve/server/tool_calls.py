@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from loraserve.chat.formats.budget import budget_markers
+from loraserve.chat.formats.budget import budget_markers, forced_call_budget
 from loraserve.chat.formats.description import PLAIN, ChatFormat
 from loraserve.chat.formats.grammar import tool_grammar
 from loraserve.chat.formats.lead import closes_reasoning, opens_reasoning, turn_lead
@@ -33,6 +33,7 @@ from loraserve.engine.budget import BudgetSpec
 from loraserve.engine.constraint import GrammarSpec
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.errors import invalid_request
+from loraserve.server.generation import off_loop, tokenize_prompt
 from loraserve.server.grammar import AnswerConstraint, request_grammar
 from loraserve.server.state import ServerState
 
@@ -145,16 +146,19 @@ def is_response_format(constrained: tuple[str, Any] | None) -> bool:
 @dataclass(frozen=True)
 class Budget:
     """A request's reasoning budget: tokens (-1: none) and the message written before the
-    forced end marker ("" : none)."""
+    forced end marker ("" : none); `allowance`: the answer's max tokens (-1: none), which a
+    forced call's default budget is half of (`forced_call_budget`)."""
 
     tokens: int = -1
     message: str = ""
+    allowance: int = -1
 
 
 def reasoning_budget(cfg: Any, body: Any) -> Budget:
     """The request's reasoning budget, as llama-server reads it: `reasoning_budget_tokens`
     (else `thinking_budget_tokens`, else `--reasoning-budget`; -1: none) and
-    `reasoning_budget_message` (else `--reasoning-budget-message`)."""
+    `reasoning_budget_message` (else `--reasoning-budget-message`); with the answer's
+    `n_predict` (`max_tokens`, `max_completion_tokens`, else `-n`) as its allowance."""
     budget = getattr(body, "reasoning_budget_tokens", None)
     if budget is None:
         budget = getattr(body, "thinking_budget_tokens", None)
@@ -163,7 +167,9 @@ def reasoning_budget(cfg: Any, body: Any) -> Budget:
     message = getattr(body, "reasoning_budget_message", None)
     if message is None:
         message = getattr(cfg, "reasoning_budget_message", "") or ""
-    return Budget(-1 if budget is None else int(budget), message)
+    allowance = getattr(body, "n_predict", None)
+    allowance = -1 if allowance is None else int(allowance)
+    return Budget(-1 if budget is None else int(budget), message, allowance)
 
 
 def _budget(tok: Tokenizer, fmt: ChatFormat, prompt: str, budget: Budget) -> BudgetSpec | None:
@@ -238,8 +244,9 @@ async def plan_reply(
     continuation: str | bool | None = None,
 ) -> ReplyPlan:
     """The plan of one request: its format, parser settings, compiled tool grammar and
-    reasoning budget (`budget`, or its tokens; -1: none); a 400 for a grammar with active tools or
-    a named function missing from `tools`. `response_format`: a JSON answer was asked for
+    reasoning budget (`budget`, or its tokens; -1: none, but a forced call with reasoning
+    before it gets `forced_call_budget`); a 400 for a grammar with active tools or a named
+    function missing from `tools`. `response_format`: a JSON answer was asked for
     (`json_schema`, `response_format`), whose ```json fences the parser unwraps;
     `continuation`: the continued assistant message's text (`continues`), None when none."""
     cfg = state.cfg
@@ -271,15 +278,20 @@ async def plan_reply(
         lead = trigger  # (Mistral's turns): a prefill that wrote the trigger
     cont = continuation is not None and continuation is not False
     plan = ReplyPlan(fmt, active, choice, rf, thinking_open, lead, continuation=cont)
-    tok = state.require().tokenizer
-    plan.budget = _budget(tok, fmt, prompt, Budget(budget) if isinstance(budget, int) else budget)
+    engine = state.require()
+    tok = engine.tokenizer
+    budget = Budget(budget) if isinstance(budget, int) else budget
+    started = bool(trigger) and lead.rstrip().endswith(trigger)  # a prefill wrote it
+    opened = opens_reasoning(fmt, prompt)  # the model ends it whatever the parser reads
+    # a forced call may follow one block the answer opens (llama.cpp: reasoning? calls)
+    own_block = rf != "none" and not closes_reasoning(fmt, prompt)
+    if active and choice != "auto" and budget.tokens < 0 and (opened or own_block) and not started:
+        n = len(await off_loop(lambda: tokenize_prompt(tok, prompt), len(prompt)))
+        left = engine.n_ctx_slot - n  # no budget set: the call keeps half the room
+        budget = replace(budget, tokens=forced_call_budget(budget.allowance, left))
+    plan.budget = _budget(tok, fmt, prompt, budget)
     plan.response_format = response_format and not active
     if active:
-        engine = state.require()
-        started = bool(trigger) and lead.rstrip().endswith(trigger)  # a prefill wrote it
-        opened = opens_reasoning(fmt, prompt)  # the model ends it whatever the parser reads
-        # a forced call may follow one block the answer opens (llama.cpp: reasoning? calls)
-        own_block = rf != "none" and not closes_reasoning(fmt, prompt)
         for special in (_special(tok), lambda m: False):  # then: every marker as text
             plan.lark = tool_grammar(fmt, active, choice, parallel, own_block, opened,
                                      special, started)  # fmt: skip

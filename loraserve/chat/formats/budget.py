@@ -41,3 +41,14 @@ def budget_markers(fmt: ChatFormat) -> BudgetMarkers | None:
     theirs = fmt.thinking_end_tags or (end.strip(),)
     ends = (*theirs, end, end.strip(), *(m.strip() for m in fmt.reasoning_stops))
     return BudgetMarkers(start, tuple(dict.fromkeys(e for e in ends if e)))
+
+
+def forced_call_budget(allowance: int, context_left: int) -> int:
+    """The reasoning budget of a forced call (`tool_choice` required or a named function,
+    a reasoning block allowed before it) where neither the request nor the server sets one
+    (**ours**; llama-server's `required` lets a model reason until its tokens run out with
+    no call): half the answer's token allowance, its `max_tokens` (`allowance`; -1: none)
+    or else the context left after the prompt, the smaller of the two when both bound it,
+    so the call keeps the other half."""
+    room = context_left if allowance < 0 else min(allowance, context_left)
+    return max(room, 0) // 2
