@@ -216,9 +216,9 @@ class StateStore:
 
     def resume_point(self, slot: int, seq: int, prompt: Sequence[int], tokens: Sequence[int],
                      lo: int, hi: int) -> int:  # fmt: skip
-        """The furthest position p, lo < p <= hi, at which ``slot``'s live sequence ``seq``
-        (whose tokens are ``tokens``) holds a state (its end or a checkpoint) and ``prompt``
-        starts with its first p tokens; -1 where there is none."""
+        """The furthest position p (0 < p, lo <= p <= hi) at which ``slot``'s live sequence
+        ``seq`` (whose tokens are ``tokens``) holds a state (its end or a checkpoint) and
+        ``prompt`` starts with its first p tokens; -1 where there is none."""
         live = self.live.get(slot)
         if live is None or live.seq != seq:
             return -1
@@ -226,7 +226,9 @@ class StateStore:
         while same < top and prompt[same] == tokens[same]:
             same += 1
         ends = [len(tokens)] if len(tokens) in live.at else []  # where it stopped
-        ok = [p for p in (*ends, *live.ckpts) if lo < p <= same]
+        # p == lo too: the slot's state is as exact as the cache's snapshot there, and
+        # continuing the slot's sequence keeps its checkpoints (a new one starts without)
+        ok = [p for p in (*ends, *live.ckpts) if 0 < p and lo <= p <= same]
         return max(ok, default=-1)
 
     @property

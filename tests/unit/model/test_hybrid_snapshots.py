@@ -258,3 +258,19 @@ def test_prompt_tail_checkpoint(tmp_path: Path, arch: str) -> None:
     ((ref, _, _),) = answers(off, [ask(nxt, 4, cache_prompt=False)])
     assert got == ref
     assert cached == 26, "not resumed at the checkpoint 4 tokens before the prompt's end"
+
+
+def test_checkpoints_kept_where_the_cache_reaches_the_live_end(tmp_path: Path) -> None:
+    """A next turn whose live state sits on a block boundary the cache has a snapshot of
+    still continues the slot's sequence: its checkpoints (the last prompt's, 4 tokens before
+    its end) stay, where starting over from the snapshot would drop them."""
+    m = model(tmp_path, "granitehybrid", "dense")
+    eng = Engine(m, EngineConfig(n_slots=1, n_ctx=128, block_size=4))
+    off = Engine(m, EngineConfig(n_slots=1, n_ctx=128, block_size=4))
+    first = [5, 9, 3, 7, 11, 2, 8, 4, 6, 10, 12, 3, 5]  # 13, and 3 answer tokens fed: 16
+    ((gen, _, _),) = answers(eng, [ask(first, 4)])
+    nxt = first + gen + [13, 14]
+    ((got, _, cached),) = answers(eng, [ask(nxt, 2)])
+    ((ref, _, _),) = answers(off, [ask(nxt, 2, cache_prompt=False)])
+    assert got == ref and cached == 16
+    assert sorted(eng.core.runner.states.live[0].ckpts) == [9, 16]
