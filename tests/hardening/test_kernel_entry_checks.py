@@ -85,16 +85,17 @@ def test_wrappers_turn_a_refusal_into_an_error() -> None:
 
 
 # The recurrent, packed-tile and expert-stage entry points (conv step, selective scans, the
-# scans' row sum, packed tiles, decoded-group tasks, the one-part matmul, expert activation
-# and combine): null pointers with sizes that do not fit return -3 (the
-# old code read them and died), and a call with sizes that fit still runs (returns 0: a
-# refusal of a valid call would quietly push the matmuls onto their slower fallbacks).
+# scans' row sum, Mamba-2's fused decode step, latent attention's prep, packed tiles,
+# decoded-group tasks, the one-part matmul, expert activation and combine): null pointers
+# with sizes that do not fit return -3 (the old code read them and died), and a call with
+# sizes that fit still runs (returns 0: a refusal of a valid call would quietly push the
+# matmuls onto their slower fallbacks).
 PROBE2 = r"""
 import ctypes, json
 from loraserve import kernels
-from loraserve.kernels import deltanet, moe, ssm_scan
+from loraserve.kernels import deltanet, mla, moe, ssm_scan
 k, d, s, m = kernels._c(), deltanet._c(), ssm_scan._c(), moe._c()
-if None in (k, d, s, m):
+if None in (k, d, s, m) or not mla.available():
     print(json.dumps(None)); raise SystemExit
 P, I, C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 for f, n in (("ls_packed_tile", 0), ("ls_packed_tile2", 1)):
@@ -132,6 +133,11 @@ out = {
     "moe_act offsets descending": m.ls_moe_act(N, 2, (I * 3)(0, 4, 2), 32, N, N, 0, N, 1),
     "moe_combine position outside": m.ls_moe_combine(
         N, 32, 1, 2, (I * 2)(0, 1), (I * 2)(0, 9), N, N, N, 1),
+    # Mamba-2's decode step with 3 heads in 2 groups; latent attention with an odd rope width
+    "mamba2_step G does not divide H": s.ls_mamba2_step(
+        N, 64, N, N, 1, N, N, N, N, N, N, N, 1e-6, 3, 4, 8, 2, 4, N, 8, 1),
+    "mla_prep odd rope width": mla._lib[0].ls_mla_prep(
+        N, 64, N, 64, N, 0, 8, 1, 2, 16, 8, 3, N, N, 1e-6, N, N, N, 1, N, 64, 0, N, 1),
 }
 # calls whose sizes fit, on zeroed buffers: each returns 0
 import torch
