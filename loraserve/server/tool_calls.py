@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from loraserve.chat.formats.budget import budget_markers, forced_call_budget
+from loraserve.chat.formats.budget import forced_call_budget
 from loraserve.chat.formats.description import PLAIN, ChatFormat
 from loraserve.chat.formats.grammar import tool_grammar
 from loraserve.chat.formats.lead import closes_reasoning, opens_reasoning, turn_lead
@@ -35,6 +35,7 @@ from loraserve.model.tokenizer import Tokenizer
 from loraserve.server.errors import invalid_request
 from loraserve.server.generation import off_loop, tokenize_prompt
 from loraserve.server.grammar import AnswerConstraint, request_grammar
+from loraserve.server.reasoning_budget import Budget, budget_spec
 from loraserve.server.state import ServerState
 
 BARE_JSON = ChatFormat(detector="bare_json", tool_mode="json")
@@ -143,65 +144,6 @@ def is_response_format(constrained: tuple[str, Any] | None) -> bool:
     return constrained is not None and constrained[0] != "grammar"
 
 
-@dataclass(frozen=True)
-class Budget:
-    """A request's reasoning budget: tokens (-1: none) and the message written before the
-    forced end marker ("" : none); `allowance`: the answer's max tokens (-1: none), which a
-    forced call's default budget is half of (`forced_call_budget`)."""
-
-    tokens: int = -1
-    message: str = ""
-    allowance: int = -1
-
-
-def reasoning_budget(cfg: Any, body: Any) -> Budget:
-    """The request's reasoning budget, as llama-server reads it: `reasoning_budget_tokens`
-    (else `thinking_budget_tokens`, else `--reasoning-budget`; -1: none) and
-    `reasoning_budget_message` (else `--reasoning-budget-message`); with the answer's
-    `n_predict` (`max_tokens`, `max_completion_tokens`, else `-n`) as its allowance."""
-    budget = getattr(body, "reasoning_budget_tokens", None)
-    if budget is None:
-        budget = getattr(body, "thinking_budget_tokens", None)
-    if budget is None or budget == -1:
-        budget = getattr(cfg, "reasoning_budget", -1)
-    message = getattr(body, "reasoning_budget_message", None)
-    if message is None:
-        message = getattr(cfg, "reasoning_budget_message", "") or ""
-    allowance = getattr(body, "n_predict", None)
-    allowance = -1 if allowance is None else int(allowance)
-    return Budget(-1 if budget is None else int(budget), message, allowance)
-
-
-def _budget(tok: Tokenizer, fmt: ChatFormat, prompt: str, budget: Budget) -> BudgetSpec | None:
-    """The budget's markers (`chat.formats.budget`) as tokens: the reasoning start arms it,
-    an end marker ends it, and the first end marker, after the budget's message, is forced
-    when it is spent (llama-server's thinking_start_tag / thinking_end_tags /
-    reasoning_budget_message)."""
-    markers = budget_markers(fmt)
-    if budget.tokens < 0 or markers is None:
-        return None
-
-    def ids(text: str) -> tuple[int, ...]:
-        return tuple(tok.encode(text, add_special=False, parse_special=True))
-
-    fragment = getattr(tok, "_encode_fragment", None)  # tokenizer internals
-
-    def spellings(text: str) -> list[tuple[int, ...]]:
-        """The marker's tokens, and (SentencePiece) without the dummy space prefix: the
-        model writes a marker inside its answer, not at a text's start."""
-        out = [ids(text)]
-        if fragment is not None:
-            out.append(tuple(fragment(text, False)))
-        return out
-
-    end_seqs = [s for e in markers.ends for s in spellings(e)]
-    forced = (ids(budget.message) if budget.message else ()) + ids(markers.ends[0])
-    starts = tuple(dict.fromkeys(spellings(markers.start)))
-    by_text = all(len(s) > 1 for s in starts)  # no single token: the grammar's text marker
-    return BudgetSpec(budget.tokens, starts, tuple(dict.fromkeys(end_seqs)), forced,
-                      opens_reasoning(fmt, prompt), by_text)  # fmt: skip
-
-
 def _special(tok: Tokenizer):  # noqa: ANN202 - Callable[[str], bool]
     def special(marker: str) -> bool:
         ids = tok.encode(marker, add_special=False, parse_special=True)
@@ -289,7 +231,7 @@ async def plan_reply(
         n = len(await off_loop(lambda: tokenize_prompt(tok, prompt), len(prompt)))
         left = engine.n_ctx_slot - n  # no budget set: the call keeps half the room
         budget = replace(budget, tokens=forced_call_budget(budget.allowance, left))
-    plan.budget = _budget(tok, fmt, prompt, budget)
+    plan.budget = budget_spec(tok, fmt, prompt, budget)
     plan.response_format = response_format and not active
     if active:
         for special in (_special(tok), lambda m: False):  # then: every marker as text

@@ -31,9 +31,10 @@ from loraserve.server.anthropic.convert import Converted, MessagesRequest, conve
 from loraserve.server.errors import JsonResponse, invalid_request
 from loraserve.server.generation import chat_prompt, submit, tokenize_prompt, tokenize_prompts
 from loraserve.server.output import Output, collect, stream
+from loraserve.server.reasoning_budget import reasoning_budget
 from loraserve.server.sse import sse_named
 from loraserve.server.state import ServerState, get_state
-from loraserve.server.tool_calls import ReplyPlan, continues, plan_reply, reasoning_budget
+from loraserve.server.tool_calls import ReplyPlan, continues, plan_reply
 
 router = APIRouter()
 Body = dict[str, Any]

@@ -38,13 +38,13 @@ from loraserve.server.openai.pieces import (
     usage,
 )
 from loraserve.server.output import Output, collect, stream, token_prob
+from loraserve.server.reasoning_budget import reasoning_budget
 from loraserve.server.schemas import OAIChatRequest, OAICompletionRequest
 from loraserve.server.state import get_state
 from loraserve.server.tool_calls import (
     continues,
     is_response_format,
     plan_reply,
-    reasoning_budget,
     tool_choice_of,
 )
 

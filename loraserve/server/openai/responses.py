@@ -33,6 +33,7 @@ from loraserve.server.generation import chat_prompt, submit, tokenize_prompts
 from loraserve.server.grammar import grammar_spec
 from loraserve.server.openai.responses_items import ItemEvents, chat_tools, output_items
 from loraserve.server.output import Output, collect, stream
+from loraserve.server.reasoning_budget import reasoning_budget
 from loraserve.server.schemas import OAIChatRequest
 from loraserve.server.sse import sse_named
 from loraserve.server.state import get_state
@@ -40,7 +41,6 @@ from loraserve.server.tool_calls import (
     continues,
     is_response_format,
     plan_reply,
-    reasoning_budget,
     tool_choice_of,
 )
 

@@ -1,7 +1,7 @@
 """The reasoning budget's markers for every template against llama.cpp's
 (tests/data/chat/render_cases.json: `thinking_start_tag` / `thinking_end_tags`, which
 llama-server hands its reasoning-budget sampler; no end tags, no budget there): the server's
-budget (`tool_calls._budget`) arms on llama.cpp's start tag and ends on each of its end
+budget (`reasoning_budget.budget_spec`) arms on llama.cpp's start tag and ends on each of its end
 tags, forcing the first, for all 70 templates; a call's start that ends reasoning in
 llama.cpp (DeepSeek V3.2/V4's DSML block, Ling 3's `<tool_call>`) ends the budget too
 (before: only `</think>`, so a call written inside reasoning got `</think>` forced into it).
@@ -17,7 +17,7 @@ import logging
 import pytest
 
 from loraserve.engine.budget import FORCING, ReasoningBudget
-from loraserve.server.tool_calls import Budget, _budget
+from loraserve.server.reasoning_budget import Budget, budget_spec
 from tests.unit.chat.format_util import DATA
 from tests.unit.chat.test_formats_parse_oracle import _format
 
@@ -52,7 +52,7 @@ def _theirs(name: str) -> dict:
 def _spec(name: str, prompt: str = "", tokens: int = 4):  # noqa: ANN202 - BudgetSpec | None
     logging.disable(logging.WARNING)
     try:
-        return _budget(_Bytes(), _format(name), prompt, Budget(tokens))
+        return budget_spec(_Bytes(), _format(name), prompt, Budget(tokens))
     finally:
         logging.disable(logging.NOTSET)
 

@@ -26,7 +26,7 @@ from loraserve.chat.formats.grammar import tool_grammar
 from loraserve.chat.formats.lead import closes_reasoning, opens_reasoning
 from loraserve.chat.formats.parse import ChatParser
 from loraserve.engine.budget import BudgetSpec, ReasoningBudget
-from loraserve.server.tool_calls import Budget, _budget
+from loraserve.server.reasoning_budget import Budget, budget_spec
 from tests.unit.chat.format_util import TEMPLATES, assistant_text, grammar_accepts
 from tests.unit.chat.test_formats_parse_oracle import _format
 from tests.unit.chat.test_formats_roundtrip import _named_token
@@ -133,7 +133,7 @@ def test_text_before_the_call_stays_refused(name: str) -> None:
 def test_the_budget_ends_the_block_before_the_call(name: str) -> None:
     prompt, text = _case(name)  # type: ignore[misc]
     fmt = _format(name)
-    spec = _budget(_Bytes(), fmt, prompt, Budget(6))
+    spec = budget_spec(_Bytes(), fmt, prompt, Budget(6))
     assert spec is not None and not spec.counting
     start = budget_markers(fmt).start  # type: ignore[union-attr]
     head = text[: text.index(start.strip()) + len(start.strip())]

@@ -22,7 +22,8 @@ import pytest
 from loraserve.chat.formats.budget import forced_call_budget
 from loraserve.chat.render import RenderInputs, Tokens, render
 from loraserve.server import tool_calls
-from loraserve.server.tool_calls import plan_reply, reasoning_budget
+from loraserve.server.reasoning_budget import reasoning_budget
+from loraserve.server.tool_calls import plan_reply
 from tests.unit.chat.format_util import TEMPLATES
 from tests.unit.chat.test_formats_parse_oracle import _format
 
