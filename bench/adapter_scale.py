@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import time
@@ -55,17 +54,16 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from bench.adapter_scale_memory import drop_cached, kv_max_mib, page_cached, sampler, server_memory
+from bench.adapter_scale_pool import adapter_pool, lora_dir
+from bench.adapter_scale_report import table
 from bench.adapter_scale_rounds import TierModel, metrics, rank_matched, rounds
 from bench.client import body
 from bench.peer import find_peer
 from bench.servers import free_port, launch, loraserve_kind, machine, peer_kind, server_argv
-from bench.workloads import AdapterShapes, adapter_tensors, sentence, zipf_choices
+from bench.workloads import sentence, zipf_choices
 
 MODEL = Path.home() / ".cache" / "loraserve" / "gemma3-270m-q4_k_m.gguf"
-POOL = Path.home() / ".cache" / "loraserve" / "scale-adapters"
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -95,53 +93,6 @@ class Plan:
     def quick() -> Plan:
         return Plan(sizes=(8, 64), requests=16, n_predict=4, prompt_words=8, repeats=2,
                     warmup=4)  # fmt: skip
-
-
-def pool_dir(dtype: str) -> Path:
-    """The shared pool of adapter files of one tensor type."""
-    return POOL if dtype == "f16" else POOL.with_name(f"{POOL.name}-{dtype}")
-
-
-def adapter_pool(n: int, dtype: str = "f16") -> list[Path]:
-    """`n` adapters `a0000.gguf`... in the shared pool (written once, reused after); the
-    f32 pool holds the f16 pool's values widened (the same answers, twice the bytes)."""
-    from loraserve.model.gguf_write import write_gguf
-
-    pool = pool_dir(dtype)
-    pool.mkdir(parents=True, exist_ok=True)
-    shapes = AdapterShapes()
-    paths = []
-    for i in range(n):
-        rank = 8 if i % 2 == 0 else 16
-        path = pool / f"a{i:04d}.gguf"
-        if not path.is_file():
-            meta = {
-                "general.architecture": "gemma3",
-                "general.type": "adapter",
-                "adapter.type": "lora",
-                "adapter.lora.alpha": float(rank),
-            }
-            tensors = adapter_tensors(1000 + i, shapes, rank)
-            if dtype == "f32":
-                tensors = {k: v.astype(np.float32) for k, v in tensors.items()}
-            tmp = path.with_suffix(".part")
-            write_gguf(tmp, meta, tensors)
-            tmp.rename(path)
-        if (i + 1) % 250 == 0:
-            print(f"adapters: {i + 1}/{n} written", file=sys.stderr)
-        paths.append(path)
-    return paths
-
-
-def lora_dir(n: int, dtype: str = "f16") -> Path:
-    """A directory holding exactly the first `n` pool adapters (hard links)."""
-    folder = POOL.parent / f"scale-dir-{n}{'' if dtype == 'f16' else '-' + dtype}"
-    folder.mkdir(exist_ok=True)
-    for path in adapter_pool(n, dtype):
-        link = folder / path.name
-        if not link.exists():
-            os.link(path, link)
-    return folder
 
 
 def prompts(plan: Plan, tag: str) -> list[str]:
@@ -244,52 +195,6 @@ def run_peer(plan: Plan, model: Path, binary: Path, n: int) -> dict[str, Any]:
         out.update({k: v for k, v in sampled.items() if k.startswith("peak_")})
         out["startup_s"] = server.startup_s
     return {"server": "llama-server", "adapters": n, "dtype": plan.dtype, **out}
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    """Markdown: one row per server; each ratio is Zipf over single-adapter tok/s within
-    the same server's rounds (median; first round; median of the later rounds; range)."""
-
-    def f(v: Any, d: int = 2) -> str:
-        return "-" if v is None else f"{v:.{d}f}"
-
-    out = [
-        "| server | adapters | dtype | tok/s | single tok/s | vs 1 adapter median (first / "
-        "steady) [range] | vs 1 adapter of the mean rank / of rank 16 (mean rank) | CPU a token, "
-        "1 adapter / Zipf | TTFT resident p50/p95 s | "
-        "TTFT cold p50/p95 s (n) | loads (s) / "
-        "evictions | file MiB (cached) | resident MiB (n/budget) | peak RSS MiB (warm + KV "
-        "max + adapter budget + in flight = bound) | finished | other cores |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        res, rng = r.get("resident_bytes"), r.get("ratio_range") or [None, None]
-        other = [x[s]["other_cores"] for x in r["rounds"] for s in ("single", "multi") if s in x]
-        out.append(
-            f"| {r['server']} | {r['adapters']} | {r.get('dtype', '-')} "
-            f"| {f(r['tokens_per_s'], 1)} | {f(r['single_tokens_per_s'], 1)} "
-            f"| {f(r['ratio_median'])}x ({f(r['ratio_first'])} / {f(r['ratio_steady'])}) "
-            f"[{f(rng[0])}-{f(rng[1])}] | {f(r.get('ratio_matched_median'))}x / "
-            f"{f(r.get('ratio_r16_median'))}x ({f(r.get('mean_rank'), 1)}) "
-            f"| {f(r.get('cpu_ratio_median'))}x "
-            f"| {f(r['ttft_resident_p50'])}/{f(r['ttft_resident_p95'])} "
-            f"| {f(r['ttft_cold_p50'])}/{f(r['ttft_cold_p95'])} ({r['n_cold']}) "
-            f"| {f(r.get('loads'), 0)} ({f(r.get('load_s'))}) / {f(r.get('evictions'), 0)} "
-            f"| {f(r.get('file_mib'), 1)} ({f(r.get('page_cached'))}) "
-            f"| {f(res / 2**20 if res else None, 0)} ({f(r.get('resident'), 0)}/"
-            f"{r.get('budget', '-')}) | {f(r['peak_rss_mib'], 0)} {_bound(r)} "
-            f"| {r['finished']}/{r['requests']} | {f(max(other) if other else None, 1)} |"
-        )
-    return "\n".join(out)
-
-
-def _bound(r: dict[str, Any]) -> str:
-    """``(warm + KV + budget + in flight = bound)`` for a loraserve row, else nothing."""
-    if r.get("rss_bound_mib") is None:
-        return ""
-    parts = [r[k] for k in ("rss_warm_mib", "kv_max_mib", "adapter_budget_mib",
-                            "adapter_in_flight_mib", "rss_bound_mib")]  # fmt: skip
-    return "({:.0f} + {:.0f} + {:.0f} + {:.0f} = {:.0f})".format(*parts)
 
 
 def main(argv: list[str] | None = None) -> None:

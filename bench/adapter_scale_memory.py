@@ -94,7 +94,7 @@ def sampler(pid: int) -> RssSampler:
 
 def measure(n: int, max_loaded: int, model_path: Path, dtype: str) -> dict[str, float]:
     """Read `n` pool adapters under the bound; the byte counts and RSS at the end."""
-    from bench.adapter_scale import adapter_pool
+    from bench.adapter_scale_pool import adapter_pool
     from loraserve.lora.registry import AdapterRegistry
     from loraserve.lora.tiers import TierLimits, victims
     from loraserve.model.loader import load_model

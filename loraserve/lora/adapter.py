@@ -21,20 +21,14 @@ from typing import Any
 
 import torch
 
-from loraserve.kernels import lora16
-from loraserve.kernels.lora16 import tail, tiles
+from loraserve.lora.adapter_checks import EMBED, AdapterError, Held, all_finite, hold
 from loraserve.lora.content_ids import ContentIds, Seen
-from loraserve.lora.read_gguf import Pairs, open_gguf, read_gguf, tensors_finite
+from loraserve.lora.read_gguf import Pairs, open_gguf, read_gguf
 from loraserve.lora.weight import LoraWeight
 from loraserve.model.config import ModelConfig
 from loraserve.model.hf import hf_to_gguf_name
 
-_EMBED = "token_embd.weight"
 _PEFT_KEY = re.compile(r"^(.+)\.(lora_A|lora_B|lora_embedding_A|lora_embedding_B)(?:\.weight)?$")
-
-
-class AdapterError(ValueError):
-    """An adapter file that cannot be used with the loaded model; the message names why."""
 
 
 @dataclass
@@ -89,7 +83,7 @@ def load_adapter(
     try:  # a crafted file is refused with its reason, never with Python's own error
         if path.is_dir():
             name, meta, pairs = _read_peft(path, model_config)
-            return _adapter(path, name, meta, pairs, _all_finite(pairs), base_shapes, ids, seen)
+            return _adapter(path, name, meta, pairs, all_finite(pairs), base_shapes, ids, seen)
         with open_gguf(path) as gg:  # its pairs are views of the mapping until held
             name, meta, pairs, finite = read_gguf(gg, path, model_config, base_shapes)
             return _adapter(path, name, meta, pairs, finite, base_shapes, ids, seen)
@@ -110,7 +104,7 @@ def _adapter(
     """The pairs checked and held (each tensor copied once at most), and the content id
     hashed from the values as stored, B's halves read before tiling (no copy back), or
     the one ``ids`` holds for the unchanged file (``seen`` before the read)."""
-    held = _hold(path, pairs, base_shapes, finite)
+    held = hold(path, pairs, base_shapes, finite)
     if not held:
         raise AdapterError(f"{path}: the adapter has no LoRA tensors")
     weights = {t: w for t, (w, _) in held.items()}
@@ -150,7 +144,7 @@ def _read_peft(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs
                 module, part = m.groups()
                 if part.startswith("lora_embedding"):
                     raise AdapterError(
-                        f"{st_file}: {key!r} is a LoRA on {_EMBED!r}, which is not supported"
+                        f"{st_file}: {key!r} is a LoRA on {EMBED!r}, which is not supported"
                     )
                 t = st.get_tensor(key)  # its own copy: held as it is when it can be
                 if t.dtype != torch.float16:
@@ -194,113 +188,7 @@ def _lookup(conf: dict[str, Any], field_name: str, key: str, default: Any) -> An
     return pattern_value(conf, field_name, key, default)
 
 
-def _held_as_halves(a: torch.Tensor, halves: bool) -> bool:
-    """Whether a pair is held as its file's halves alone (`lora16.hold` copies it)."""
-    return halves and a.dim() == 2 and lora16.available()
-
-
-def _hold(
-    path: Path, pairs: Pairs, base_shapes: dict[str, tuple[int, ...]], finite: bool
-) -> dict[str, tuple[LoraWeight, tuple[torch.Tensor, torch.Tensor]]]:
-    """Every pair checked and held, in the file's order (`_check`'s result for each): the
-    float16 pairs the kernels read copied in one `lora16.hold` call, which also checks
-    their values (``finite`` is about the other pairs only), the others one by one."""
-    fast = [t for t, (a, _, _, halves, _) in pairs.items() if _held_as_halves(a, halves)]
-    held: dict[str, tuple[LoraWeight, tuple[torch.Tensor, torch.Tensor]]] = {}
-    if fast:
-        srcs = []
-        for t in fast:
-            a, b, factor, _, _ = pairs[t]
-            _fits(path, t, a, b, base_shapes)
-            if not math.isfinite(factor):
-                raise AdapterError(f"{path}: LoRA for {t!r} holds non-finite values")
-            srcs.append((a.contiguous(), b.contiguous()))
-        copies, ok = lora16.hold(srcs)
-        if not ok:  # name the first pair that holds one
-            bad = next(t for t, (a, b) in zip(fast, srcs, strict=True)
-                       if not (_finite(a) and _finite(b)))  # fmt: skip
-            raise AdapterError(f"{path}: LoRA for {bad!r} holds non-finite values")
-        for t, (_, b), (a16, bt16, tail16) in zip(fast, srcs, copies, strict=True):
-            held[t] = LoraWeight(None, None, pairs[t][2], a16, bt16, tail16), (a16, b)
-    fast_set = set(fast)
-    return {
-        t: held[t] if t in fast_set else _check(path, t, *pair, base_shapes, finite)
-        for t, pair in pairs.items()
-    }
-
-
-def _fits(
-    path: Path,
-    target: str,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    base_shapes: dict[str, tuple[int, ...]],
-) -> None:
-    """`AdapterError` unless ``target`` is an adaptable base tensor that A [r, in] and B
-    [out, r] (with the base's leading expert dimension, if any) fit."""
-    if target == _EMBED:
-        raise AdapterError(f"{path}: a LoRA on {target!r} (token embeddings) is not supported")
-    if target not in base_shapes:
-        raise AdapterError(f"{path}: LoRA target {target!r} does not exist in the base model")
-    base = base_shapes[target]
-    lead, (out, inp) = base[:-2], base[-2:]
-    ok = (
-        a.dim() == b.dim() == len(base)
-        and tuple(a.shape[:-2]) == tuple(b.shape[:-2]) == lead
-        and a.shape[-1] == inp
-        and b.shape[-2] == out
-        and a.shape[-2] == b.shape[-1]
-    )
-    if not ok:
-        raise AdapterError(
-            f"{path}: LoRA for {target!r} has A {tuple(a.shape)} and B {tuple(b.shape)}, "
-            f"which do not fit the base tensor {tuple(base)} (A [r, in], B [out, r])"
-        )
-
-
-def _check(
-    path: Path,
-    target: str,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    factor: float,
-    halves: bool,
-    mapped: bool,
-    base_shapes: dict[str, tuple[int, ...]],
-    finite: bool = False,
-) -> tuple[LoraWeight, tuple[torch.Tensor, torch.Tensor]]:
-    """One pair checked against the base and held: (the weight, the contiguous tensors
-    whose bytes its content id hashes: the halves of A and B [out, r], or float32 A and
-    B). ``mapped``: the tensors may be views of a file mapping, copied before they are
-    held; ``finite``: their values are known finite (else checked here)."""
-    _fits(path, target, a, b, base_shapes)
-    if not (math.isfinite(factor) and (finite or (_finite(a) and _finite(b)))):
-        raise AdapterError(f"{path}: LoRA for {target!r} holds non-finite values")
-    a, b = a.contiguous(), b.contiguous()
-    if halves and a.dim() == 2 and lora16.available():  # the file's own halves, held alone
-        a16 = a.clone() if mapped else a  # the kernels read them (the same bits)
-        return LoraWeight(None, None, factor, a16, tiles(b), tail(b)), (a16, b)
-    wa, wb = a.float(), b.float()  # a copy of a float16 or BF16 tensor; float32 as it is:
-    wa = wa.clone() if mapped and wa is a else wa  # then copied off the mapping
-    wb = wb.clone() if mapped and wb is b else wb
-    return LoraWeight(wa, wb, factor), (wa, wb)
-
-
-def _finite(t: torch.Tensor) -> bool:
-    """Whether every value is finite: its min and max are (NaN propagates through both)."""
-    if t.numel() == 0:
-        return True
-    lo, hi = torch.aminmax(t)
-    return math.isfinite(float(lo)) and math.isfinite(float(hi))
-
-
-def _all_finite(pairs: Pairs) -> bool:
-    """Whether every value of every pair is finite, one check per tensor type (one a
-    tensor cost more than the copies); False sends `_check` tensor by tensor, to name it."""
-    return tensors_finite([t for a, b, *_ in pairs.values() for t in (a, b)])
-
-
-def _content_id(held: dict[str, tuple[LoraWeight, tuple[torch.Tensor, torch.Tensor]]]) -> str:
+def _content_id(held: Held) -> str:
     """sha256 of each target's name, shapes, factor and weights as stored: a float16 pair
     its halves (tagged: half the bytes, one value each), any other its float32 values (the
     same values stored both ways get two ids: KV not shared, never wrongly hit)."""
