@@ -8,7 +8,6 @@ counts belong to the pool, the index to the prefix cache.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import Counter, deque
 
@@ -19,8 +18,7 @@ from loraserve.engine.request import Request, Run
 from loraserve.engine.runner import BatchItem
 from loraserve.engine.slot import Slot
 from loraserve.engine.step_plan import compose
-
-log = logging.getLogger("loraserve.engine")
+from loraserve.engine.suspension import resume, suspend
 
 
 class Scheduler:
@@ -99,7 +97,7 @@ class Scheduler:
         if self.waiting and all(s.busy for s in self.slots) and pre.starving(self.waiting, now):
             run = pre.victim(self.running, self.cache.states is not None, now)
             if run is not None:
-                self._suspend(run)
+                suspend(self, run)
                 admitted += self._admit(list(self.waiting), {run.req.id})
         return admitted
 
@@ -165,7 +163,7 @@ class Scheduler:
 
     def _start(self, slot: Slot, req: Request, lead: Run | None = None) -> Run:
         if req.id in self.preemption.suspended:
-            run = self._resume(slot, self.preemption.suspended.pop(req.id))
+            run = resume(self, slot, self.preemption.suspended.pop(req.id))
             self.preemption.seated(slot.id, run)
             return run
         run = Run(req=req, slot=slot.id, tokens=list(req.prompt), n_prompt=len(req.prompt))
@@ -228,40 +226,6 @@ class Scheduler:
             self.cache.release(held)
             raise
         return held
-
-    def _suspend(self, run: Run) -> None:
-        """Preempt ``run``: its KV to the prefix cache (its slot retains it, as a finished
-        run's), its request back to the waiting queue (`engine/preemption.py`)."""
-        pre = self.preemption
-        run.draft.clear()
-        pre.catchup.pop(run.req.id, None)
-        slot = run.slot
-        self._retire(run)
-        pre.suspended[run.req.id] = run
-        pre.n_preempted += 1
-        self.waiting.append(run.req)
-        pre.queued(run.req)
-        log.info(
-            "request %d preempted from slot %d after %d generated tokens: a request waited "
-            "over %g s",
-            run.req.id,
-            slot,
-            len(run.generated),
-            pre.after_s,
-        )
-
-    def _resume(self, slot: Slot, run: Run) -> Run:
-        """A preempted run takes ``slot``: its cached prefix back, and what the cache lost
-        recomputed (`catchup`) up to its last sampled token, which decodes next."""
-        limit = len(run.tokens) - 1
-        m = self.cache.match(run.req.cache_key, run.tokens, limit)
-        blocks = self._take(m)
-        self._release_slot(slot)
-        run.blocks, run.n_computed, run.slot = blocks, m.n_tokens, slot.id
-        if run.generated and run.n_computed < limit:
-            self.preemption.catchup[run.req.id] = limit
-        slot.run, slot.last_request = run, run.req
-        return run
 
     def take_copies(self) -> list[tuple[int, int, int]]:
         """Copy-on-write jobs for the runner; their source blocks are released after."""
