@@ -7,7 +7,8 @@ llama-server and then loraserve, one at a time, with the same flags (`-t 2 -np 1
 --cache-ram 0`), and measures on each:
 
 - S1 prefill tok/s: a 512-token prompt, `n_predict` 1, cache off, median of 3;
-- S2 decode tok/s: one stream, 128 tokens after a 128-token prompt, median of 2;
+- S2 decode tok/s: one stream, 256 tokens after a 128-token prompt, median of 5 (with 2 x 128
+  tokens, deepseek2's ratio went 0.93-1.26x over four runs: too short to settle 1.0x);
 - peak RSS: the server's VmHWM after the requests;
 - with `--check`: llama-server's greedy tokens after a fixed prompt, and loraserve's top-1
   teacher-forced on that prefix at each position; positions that differ are listed with
@@ -66,8 +67,8 @@ class Plan:
     n_prompt: int = 512
     prefill_reps: int = 3
     decode_prompt: int = 128
-    n_predict: int = 128
-    decode_reps: int = 2
+    n_predict: int = 256
+    decode_reps: int = 5
     check_tokens: int = 8
     cap: float = 600.0
     launch_timeout: float = 900.0
