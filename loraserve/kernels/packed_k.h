@@ -6,7 +6,7 @@
 
 #pragma once
 
-#include "packed.h"
+#include "packed_steps.h"
 
 // bytes of a packed Q4_K (q5 0) or Q5_K (q5 1) super-block of 8 rows
 #define PK_K_BYTES(q5) ((q5) ? 1440 : 1184)
@@ -103,15 +103,7 @@ static inline __attribute__((always_inline)) void pk_dot_q4_k(
                     _mm_loadl_epi64((const __m128i *)(blk + 104 + 16 * i))), 16));
         const __m256 d = pk_halves8(blk), dm = pk_halves8(blk + 16);
 #define LS_PF(r, acc, yy)                                                                     \
-    do {                                                                                      \
-        const int16_t *bs = bs32 + (r) * (K / 32) + 8 * b;                                     \
-        __m256i ms = _mm256_madd_epi16(mp[0], _mm256_set1_epi32(*(const int32_t *)bs));        \
-        for (int i = 1; i < 4; i++)                                                           \
-            ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp[i], _mm256_set1_epi32(*(const int32_t *)(bs + 2 * i)))); \
-        const __m256 xs = _mm256_set1_ps(xd[(r) * nb + b]);                                    \
-        yy = _mm256_add_ps(yy, _mm256_mul_ps(_mm256_mul_ps(d, xs), _mm256_cvtepi32_ps(acc)));  \
-        yy = _mm256_sub_ps(yy, _mm256_mul_ps(_mm256_mul_ps(dm, xs), _mm256_cvtepi32_ps(ms)));  \
-    } while (0)
+    PK_SB_END(256, acc, yy, mp, 4, bs32 + (r) * (K / 32) + 8 * b, 0, 1, d, dm, xd[(r) * nb + b])
         PK_EACH(LS_PF, i, y);
 #undef LS_PF
     }

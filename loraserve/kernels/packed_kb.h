@@ -119,8 +119,7 @@ static void kb_group_rows(int type, const uint8_t *rows, int64_t row_bytes, int6
 
 // One packed Q6_K group (packed_q6.h) decoded into db: its steps as pq6_dot forms them.
 static void kb_group_q6p(const uint8_t *g, int64_t K, uint8_t *db) {
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), h2 = _mm256_set1_epi8(0x30),
-                  low16 = _mm256_set1_epi32(0xFFFF);
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), h2 = _mm256_set1_epi8(0x30);
     for (int64_t b = 0; b < K / 256; b++) {
         const uint8_t *blk = g + PQ6_SB * b;
         uint8_t *out = db + KB_SB * b;
@@ -145,8 +144,7 @@ static void kb_group_q6p(const uint8_t *g, int64_t K, uint8_t *db) {
             const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 16 + 16 * k)));
             const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 24 + 16 * k)));
             _mm256_storeu_si256((__m256i *)(out + KB_MP + 32 * k),
-                                _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(lo, 5), low16),
-                                                _mm256_slli_epi32(hi, 21)));
+                                PK_PAIRS16(256, _mm256_slli_epi32(lo, 5), _mm256_slli_epi32(hi, 5)));
         }
     }
 }
@@ -154,7 +152,7 @@ static void kb_group_q6p(const uint8_t *g, int64_t K, uint8_t *db) {
 // One packed Q3_K (q2 0), Q2_K (q2 1) or TQ2_0 (q2 2) group (packed_q3.h) decoded into db: its steps as
 // pq3_dot forms them.
 static void kb_group_q3p(const uint8_t *g, int q2, int64_t K, uint8_t *db) {
-    const __m256i m3 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4), low16 = _mm256_set1_epi32(0xFFFF);
+    const __m256i m3 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4);
     for (int64_t b = 0; b < K / 256; b++) {
         const uint8_t *blk = g + PQ_SB(q2) * b, *scb = blk + (q2 == 1 ? 32 : 16);
         uint8_t *out = db + KB_SB * b;
@@ -188,7 +186,7 @@ static void kb_group_q3p(const uint8_t *g, int q2, int64_t K, uint8_t *db) {
                                   : _mm256_slli_epi32(_mm256_cvtepi8_epi32(h8), 2);
             _mm256_storeu_si256((__m256i *)(out + KB_MP + 32 * k),
                                 q2 == 2 ? _mm256_set1_epi32(0x00010001)  // TQ2_0: 1 * sc, sc 1
-                                        : _mm256_or_si256(_mm256_and_si256(lo, low16), _mm256_slli_epi32(hi, 16)));
+                                        : PK_PAIRS16(256, lo, hi));
         }
     }
 }
@@ -202,7 +200,6 @@ static inline __attribute__((always_inline)) void kb_dot8(
     int R, float *y, int64_t ldy) {
     const int64_t nb = K / 256;
     __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
-    const __m256i low16 = _mm256_set1_epi32(0xFFFF);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *b0 = g + KB_SB * b;
         const int8_t *xb = x + 256 * b;
@@ -212,15 +209,8 @@ static inline __attribute__((always_inline)) void kb_dot8(
             const __m256i w0 = _mm256_loadu_si256(v), w1 = _mm256_loadu_si256(v + 1);
             const __m256i w2 = _mm256_loadu_si256(v + 2), w3 = _mm256_loadu_si256(v + 3);
             const __m256i s32 = _mm256_loadu_si256((const __m256i *)(b0 + KB_SC + 32 * j));
-            const __m256i sp = _mm256_or_si256(_mm256_and_si256(s32, low16), _mm256_slli_epi32(s32, 16));
-#define LS_PR(r, acc, yy)                                                                     \
-    do {                                                                                      \
-        const int8_t *xr = xb + (r) * K + 16 * j;                                              \
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_add_epi16(                         \
-                  _mm256_maddubs_epi16(w0, pk_bcast4(xr)), _mm256_maddubs_epi16(w1, pk_bcast4(xr + 4))), sp)); \
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_add_epi16(                         \
-                  _mm256_maddubs_epi16(w2, pk_bcast4(xr + 8)), _mm256_maddubs_epi16(w3, pk_bcast4(xr + 12))), sp)); \
-    } while (0)
+            const __m256i sp = PK_PAIRS16(256, s32, s32);
+#define LS_PR(r, acc, yy) PK_SUB16(256, acc, w0, w1, w2, w3, xb + (r) * K + 16 * j, sp)
             PK_EACH(LS_PR, i, y);
 #undef LS_PR
         }
@@ -229,16 +219,7 @@ static inline __attribute__((always_inline)) void kb_dot8(
         const __m256 d = _mm256_loadu_ps((const float *)b0);
         const __m256 dm = _mm256_loadu_ps((const float *)(b0 + KB_DM));
 #define LS_PF(r, acc, yy)                                                                     \
-    do {                                                                                      \
-        const int16_t *bs = bs16 + (r) * (K / 16) + 16 * b;                                    \
-        __m256i ms = _mm256_madd_epi16(mp[0], _mm256_set1_epi32(*(const int32_t *)bs));        \
-        for (int k = 1; k < 8; k++)                                                           \
-            ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(*(const int32_t *)(bs + 2 * k)))); \
-        const __m256 xs = _mm256_set1_ps(xd[(r) * nb + b]);                                    \
-        const __m256i is = mn ? acc : _mm256_sub_epi32(acc, ms);                               \
-        yy = _mm256_add_ps(yy, _mm256_mul_ps(_mm256_mul_ps(d, xs), _mm256_cvtepi32_ps(is)));   \
-        if (mn) yy = _mm256_sub_ps(yy, _mm256_mul_ps(_mm256_mul_ps(dm, xs), _mm256_cvtepi32_ps(ms))); \
-    } while (0)
+    PK_SB_END(256, acc, yy, mp, 8, bs16 + (r) * (K / 16) + 16 * b, 0, mn, d, dm, xd[(r) * nb + b])
         PK_EACH(LS_PF, i, y);
 #undef LS_PF
     }
@@ -294,16 +275,7 @@ static inline __attribute__((always_inline)) void kb_dot(
         const __m512 d = _mm512_castsi512_ps(pz_load2(b0, b1));
         const __m512 dm = _mm512_castsi512_ps(pz_load2(b0 + KB_DM, b1 + KB_DM));
 #define LS_PF(r, acc, yy)                                                                     \
-    do {                                                                                      \
-        const int16_t *bs = bs16 + (r) * (K / 16) + 16 * b;                                    \
-        __m512i ms = _mm512_madd_epi16(mp[0], _mm512_set1_epi32(*(const int32_t *)bs));        \
-        for (int k = 1; k < 8; k++)                                                           \
-            ms = _mm512_add_epi32(ms, _mm512_madd_epi16(mp[k], _mm512_set1_epi32(*(const int32_t *)(bs + 2 * k)))); \
-        const __m512 xs = _mm512_set1_ps(xd[(r) * nb + b]);                                    \
-        const __m512i is = mn ? acc : _mm512_sub_epi32(acc, ms);                               \
-        yy = _mm512_add_ps(yy, _mm512_mul_ps(_mm512_mul_ps(d, xs), _mm512_cvtepi32_ps(is)));   \
-        if (mn) yy = _mm512_sub_ps(yy, _mm512_mul_ps(_mm512_mul_ps(dm, xs), _mm512_cvtepi32_ps(ms))); \
-    } while (0)
+    PK_SB_END(512, acc, yy, mp, 8, bs16 + (r) * (K / 16) + 16 * b, 0, mn, d, dm, xd[(r) * nb + b])
         PZ_EACH(LS_PF);
 #undef LS_PF
     }

@@ -23,7 +23,7 @@
 
 #pragma once
 
-#include "packed.h"
+#include "packed_steps.h"
 
 #define PQ3_SB 912  // bytes per group per super-block (Q3_K)
 #define PQ2_SB 672  // (Q2_K)
@@ -130,15 +130,8 @@ static inline __attribute__((always_inline)) void pq3_dot(
     const int64_t nb = K / 256, sbb = PQ_SB(q2);
 #if defined(__AVX2__)
     __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
-    const __m256i m3 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4),
-                  low16 = _mm256_set1_epi32(0xFFFF), m15 = _mm256_set1_epi32(15);
+    const __m256i m3 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4), m15 = _mm256_set1_epi32(15);
     (void)b2, (void)m15;
-// acc + the int16 pair sums times the scale pairs (dpwssd: the same in one instruction)
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define LS_KMADD(acc, p16, sv) _mm256_dpwssd_epi32(acc, p16, sv)
-#else
-#define LS_KMADD(acc, p16, sv) _mm256_add_epi32(acc, _mm256_madd_epi16(p16, sv))
-#endif
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = g + sbb * b;
         const int8_t *xb = x + 256 * b;
@@ -162,12 +155,12 @@ static inline __attribute__((always_inline)) void pq3_dot(
                 const __m128i s8 = _mm_loadl_epi64((const __m128i *)(blk + (q2 ? 32 : 16) + 8 * j));
                 const __m256i s32 = q2 == 2 ? _mm256_set1_epi32(1)  // TQ2_0: scales 1
                                     : q2 ? _mm256_and_si256(_mm256_cvtepu8_epi32(s8), m15) : _mm256_cvtepi8_epi32(s8);
-                const __m256i sp = _mm256_or_si256(_mm256_and_si256(s32, low16), _mm256_slli_epi32(s32, 16));
+                const __m256i sp = PK_PAIRS16(256, s32, s32);
                 // int16 sums of the 4 steps: at most 4 * 2 * 7 * 127 = 7112, exact
 #define LS_PR(r, acc, yy)                                                                     \
     do {                                                                                      \
         const int8_t *xr = xb + (r) * K + 16 * j;                                              \
-        acc = LS_KMADD(acc, _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w0, pk_bcast4(xr)), \
+        acc = PK_KMADD256(acc, _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w0, pk_bcast4(xr)), \
                                                               _mm256_maddubs_epi16(w1, pk_bcast4(xr + 4))), \
                                              _mm256_add_epi16(_mm256_maddubs_epi16(w2, pk_bcast4(xr + 8)), \
                                                               _mm256_maddubs_epi16(w3, pk_bcast4(xr + 12)))), \
@@ -201,26 +194,14 @@ static inline __attribute__((always_inline)) void pq3_dot(
                                   : _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)s0));
             const __m256i hi = q2 ? _mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s0 + 8))), 4)
                                   : _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s0 + 8)));
-            mp[k] = q2 == 2 ? _mm256_set1_epi32(0x00010001)
-                            : _mm256_or_si256(_mm256_and_si256(lo, low16), _mm256_slli_epi32(hi, 16));
+            mp[k] = q2 == 2 ? _mm256_set1_epi32(0x00010001) : PK_PAIRS16(256, lo, hi);
         }
         const __m256 d = pk_halves8(blk), dm = q2 == 1 ? pk_halves8(blk + 16) : d;
-        (void)dm;
 #define LS_PF(r, acc, yy)                                                                     \
-    do {                                                                                      \
-        const int16_t *bs = bs16 + (r) * (K / 16) + 16 * b;                                    \
-        __m256i ms = _mm256_madd_epi16(mp[0], _mm256_set1_epi32(*(const int32_t *)bs));        \
-        for (int k = 1; k < 8; k++)                                                           \
-            ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(*(const int32_t *)(bs + 2 * k)))); \
-        const __m256i is = q2 == 1 ? acc : _mm256_sub_epi32(acc, q2 ? ms : _mm256_slli_epi32(ms, 2)); \
-        const __m256 xs = _mm256_set1_ps(xd[(r) * nb + b]);                                    \
-        yy = _mm256_add_ps(yy, _mm256_mul_ps(_mm256_mul_ps(d, xs), _mm256_cvtepi32_ps(is)));   \
-        if (q2 == 1) yy = _mm256_sub_ps(yy, _mm256_mul_ps(_mm256_mul_ps(dm, xs), _mm256_cvtepi32_ps(ms))); \
-    } while (0)
+    PK_SB_END(256, acc, yy, mp, 8, bs16 + (r) * (K / 16) + 16 * b, q2 ? 0 : 2, q2 == 1, d, dm, xd[(r) * nb + b])
         PK_EACH(LS_PF, i, y);
 #undef LS_PF
     }
-#undef LS_KMADD
     pk_store(y, ldy, R, y0, y1, y2, y3);
 #else
     (void)ahead;

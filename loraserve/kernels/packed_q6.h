@@ -18,7 +18,7 @@
 
 #pragma once
 
-#include "packed.h"
+#include "packed_steps.h"
 
 #define PQ6_SB 1680  // bytes per group per super-block
 
@@ -89,14 +89,7 @@ static inline __attribute__((always_inline)) void pq6_dot(
     const int64_t nb = K / 256;
 #if defined(__AVX2__)
     __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
-    const __m256i lo4 = _mm256_set1_epi8(0x0F), h2 = _mm256_set1_epi8(0x30),
-                  low16 = _mm256_set1_epi32(0xFFFF);
-// acc + the int16 pair sums times the scale pairs (dpwssd: the same in one instruction)
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define LS_KMADD(acc, p16, sv) _mm256_dpwssd_epi32(acc, p16, sv)
-#else
-#define LS_KMADD(acc, p16, sv) _mm256_add_epi32(acc, _mm256_madd_epi16(p16, sv))
-#endif
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), h2 = _mm256_set1_epi8(0x30);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = g + PQ6_SB * b;
         const int8_t *xb = x + 256 * b;
@@ -116,16 +109,8 @@ static inline __attribute__((always_inline)) void pq6_dot(
             const __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n1, 4), lo4),
                                                _mm256_and_si256(_mm256_srli_epi16(hv, 2), h2));
             const __m256i s32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 16 + 8 * j)));
-            const __m256i sp = _mm256_or_si256(_mm256_and_si256(s32, low16), _mm256_slli_epi32(s32, 16));
-            // int16 sums of two steps: at most 2 * 2 * 63 * 127 = 32004, exact
-#define LS_PR(r, acc, yy)                                                                     \
-    do {                                                                                      \
-        const int8_t *xr = xb + (r) * K + 16 * j;                                              \
-        acc = LS_KMADD(acc, _mm256_add_epi16(_mm256_maddubs_epi16(w0, pk_bcast4(xr)),          \
-                                             _mm256_maddubs_epi16(w1, pk_bcast4(xr + 4))), sp); \
-        acc = LS_KMADD(acc, _mm256_add_epi16(_mm256_maddubs_epi16(w2, pk_bcast4(xr + 8)),      \
-                                             _mm256_maddubs_epi16(w3, pk_bcast4(xr + 12))), sp); \
-    } while (0)
+            const __m256i sp = PK_PAIRS16(256, s32, s32);
+#define LS_PR(r, acc, yy) PK_SUB16(256, acc, w0, w1, w2, w3, xb + (r) * K + 16 * j, sp)
             PK_EACH(LS_PR, i, y);
 #undef LS_PR
         }
@@ -134,23 +119,14 @@ static inline __attribute__((always_inline)) void pq6_dot(
         for (int k = 0; k < 8; k++) {
             const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 16 + 16 * k)));
             const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 24 + 16 * k)));
-            mp[k] = _mm256_or_si256(_mm256_and_si256(lo, low16), _mm256_slli_epi32(hi, 16));
+            mp[k] = PK_PAIRS16(256, lo, hi);
         }
         const __m256 d = pk_halves8(blk);
 #define LS_PF(r, acc, yy)                                                                     \
-    do {                                                                                      \
-        const int16_t *bs = bs16 + (r) * (K / 16) + 16 * b;                                    \
-        __m256i ms = _mm256_madd_epi16(mp[0], _mm256_set1_epi32(*(const int32_t *)bs));        \
-        for (int k = 1; k < 8; k++)                                                           \
-            ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(*(const int32_t *)(bs + 2 * k)))); \
-        const __m256i is = _mm256_sub_epi32(acc, _mm256_slli_epi32(ms, 5));                   \
-        const __m256 xs = _mm256_set1_ps(xd[(r) * nb + b]);                                    \
-        yy = _mm256_add_ps(yy, _mm256_mul_ps(_mm256_mul_ps(d, xs), _mm256_cvtepi32_ps(is)));   \
-    } while (0)
+    PK_SB_END(256, acc, yy, mp, 8, bs16 + (r) * (K / 16) + 16 * b, 5, 0, d, d, xd[(r) * nb + b])
         PK_EACH(LS_PF, i, y);
 #undef LS_PF
     }
-#undef LS_KMADD
     pk_store(y, ldy, R, y0, y1, y2, y3);
 #else
     (void)ahead;

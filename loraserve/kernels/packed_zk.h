@@ -82,15 +82,7 @@ static inline __attribute__((always_inline)) void pz_dot_q4_k(
                                     _mm512_slli_epi32(pz_u8x16(b0 + 104 + 16 * i, b1 + 104 + 16 * i), 16));
         const __m512 d = pz_halves16(b0, b1), dm = pz_halves16(b0 + 16, b1 + 16);
 #define LS_PF(r, acc, yy)                                                                     \
-    do {                                                                                      \
-        const int16_t *bs = bs32 + (r) * (K / 32) + 8 * b;                                     \
-        __m512i ms = _mm512_madd_epi16(mp[0], _mm512_set1_epi32(*(const int32_t *)bs));        \
-        for (int i = 1; i < 4; i++)                                                           \
-            ms = _mm512_add_epi32(ms, _mm512_madd_epi16(mp[i], _mm512_set1_epi32(*(const int32_t *)(bs + 2 * i)))); \
-        const __m512 xs = _mm512_set1_ps(xd[(r) * nb + b]);                                    \
-        yy = _mm512_add_ps(yy, _mm512_mul_ps(_mm512_mul_ps(d, xs), _mm512_cvtepi32_ps(acc)));  \
-        yy = _mm512_sub_ps(yy, _mm512_mul_ps(_mm512_mul_ps(dm, xs), _mm512_cvtepi32_ps(ms)));  \
-    } while (0)
+    PK_SB_END(512, acc, yy, mp, 4, bs32 + (r) * (K / 32) + 8 * b, 0, 1, d, dm, xd[(r) * nb + b])
         PZ_EACH(LS_PF);
 #undef LS_PF
     }
@@ -110,8 +102,7 @@ static inline __attribute__((always_inline)) void pz_dot_q6_k(
     int64_t K, int R, int ahead, float *y, int64_t ldy) {
     const int64_t nb = K / 256;
     __m512 y0 = _mm512_setzero_ps(), y1 = y0, y2 = y0, y3 = y0;
-    const __m512i lo4 = _mm512_set1_epi8(0x0F), h2 = _mm512_set1_epi8(0x30),
-                  low16 = _mm512_set1_epi32(0xFFFF);
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), h2 = _mm512_set1_epi8(0x30);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *b0 = g + PQ6_SB * b, *b1 = b0 + gb;
         const int8_t *xb = x + 256 * b;
@@ -132,15 +123,8 @@ static inline __attribute__((always_inline)) void pz_dot_q6_k(
             const __m512i w3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n1, 4), lo4),
                                                _mm512_and_si512(_mm512_srli_epi16(hv, 2), h2));
             const __m512i s32 = pz_i8x16(b0 + 16 + 8 * j, b1 + 16 + 8 * j);
-            const __m512i sp = _mm512_or_si512(_mm512_and_si512(s32, low16), _mm512_slli_epi32(s32, 16));
-#define LS_PR(r, acc, yy)                                                                     \
-    do {                                                                                      \
-        const int8_t *xr = xb + (r) * K + 16 * j;                                              \
-        acc = _mm512_dpwssd_epi32(acc, _mm512_add_epi16(_mm512_maddubs_epi16(w0, pz_bcast4(xr)), \
-                                                        _mm512_maddubs_epi16(w1, pz_bcast4(xr + 4))), sp); \
-        acc = _mm512_dpwssd_epi32(acc, _mm512_add_epi16(_mm512_maddubs_epi16(w2, pz_bcast4(xr + 8)), \
-                                                        _mm512_maddubs_epi16(w3, pz_bcast4(xr + 12))), sp); \
-    } while (0)
+            const __m512i sp = PK_PAIRS16(512, s32, s32);
+#define LS_PR(r, acc, yy) PK_SUB16(512, acc, w0, w1, w2, w3, xb + (r) * K + 16 * j, sp)
             PZ_EACH(LS_PR);
 #undef LS_PR
         }
@@ -149,19 +133,11 @@ static inline __attribute__((always_inline)) void pz_dot_q6_k(
         for (int k = 0; k < 8; k++) {
             const __m512i lo = pz_i8x16(b0 + 16 + 16 * k, b1 + 16 + 16 * k);
             const __m512i hi = pz_i8x16(b0 + 24 + 16 * k, b1 + 24 + 16 * k);
-            mp[k] = _mm512_or_si512(_mm512_and_si512(lo, low16), _mm512_slli_epi32(hi, 16));
+            mp[k] = PK_PAIRS16(512, lo, hi);
         }
         const __m512 d = pz_halves16(b0, b1);
 #define LS_PF(r, acc, yy)                                                                     \
-    do {                                                                                      \
-        const int16_t *bs = bs16 + (r) * (K / 16) + 16 * b;                                    \
-        __m512i ms = _mm512_madd_epi16(mp[0], _mm512_set1_epi32(*(const int32_t *)bs));        \
-        for (int k = 1; k < 8; k++)                                                           \
-            ms = _mm512_add_epi32(ms, _mm512_madd_epi16(mp[k], _mm512_set1_epi32(*(const int32_t *)(bs + 2 * k)))); \
-        const __m512i is = _mm512_sub_epi32(acc, _mm512_slli_epi32(ms, 5));                   \
-        const __m512 xs = _mm512_set1_ps(xd[(r) * nb + b]);                                    \
-        yy = _mm512_add_ps(yy, _mm512_mul_ps(_mm512_mul_ps(d, xs), _mm512_cvtepi32_ps(is)));   \
-    } while (0)
+    PK_SB_END(512, acc, yy, mp, 8, bs16 + (r) * (K / 16) + 16 * b, 5, 0, d, d, xd[(r) * nb + b])
         PZ_EACH(LS_PF);
 #undef LS_PF
     }
