@@ -1,5 +1,6 @@
 """The same kernels built with and without AVX-512, side by side, against llama.cpp (issue 32):
-`python -m bench.quant_isa [--prepare] [--types Q4_K,IQ4_XS] [--rows 1,4,512] [--before DIR]`.
+`python -m bench.quant_isa [--prepare] [--types Q4_K,IQ4_XS] [--rows 1,4,512] [--before DIR]
+[--threads 2]`.
 
 Per quantization type, on `bench.quant_matmul`'s Gemma 1B shapes and weights, one matmul's
 median time (activation quantization included) in three or four builds:
@@ -46,7 +47,7 @@ out = {{"isa": cbuild.library().ls_isa(), "us": {{}}}}
 for t, shape, n, k in {cases!r}:
     if {prepare!r}:
         break
-    for r, us in qm.ours(t, n, k, {rows!r}, {seconds!r}).items():
+    for r, us in qm.ours(t, n, k, {rows!r}, {seconds!r}, {threads!r}).items():
         out["us"][f"{{t}}/{{shape}}/{{r}}"] = us
 print(json.dumps(out))
 """
@@ -66,9 +67,11 @@ def run_build(
     rows: list[int],
     seconds: float,
     prepare: bool = False,
+    threads: int = qm.THREADS,
 ) -> dict[str, Any]:
     """One build's medians (microseconds) per 'type/shape/rows', and its ls_isa bits."""
-    code = CODE.format(root=str(root), cases=todo, rows=rows, seconds=seconds, prepare=prepare)
+    code = CODE.format(root=str(root), cases=todo, rows=rows, seconds=seconds, prepare=prepare,
+                       threads=threads)  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=_env(build), cwd=root, check=False)  # fmt: skip
     if out.returncode != 0:
@@ -85,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shapes", default=",".join(qm.SHAPES))
     ap.add_argument("--seconds", type=float, default=0.1, help="timing per point and build")
     ap.add_argument("--before", type=Path, help="another checkout, timed as 'before'")
+    ap.add_argument("--threads", type=int, default=qm.THREADS, help="threads of every build")
     args = ap.parse_args(argv)
     todo = [c for c in qm.cases(args.types.split(",")) if c[1] in args.shapes.split(",")]
     rows = [int(r) for r in args.rows.split(",")]
@@ -102,10 +106,10 @@ def main(argv: list[str] | None = None) -> None:
         for b in turn:
             if b == "llama":
                 for t, shape, n, k in todo:
-                    for r, v in qm.theirs(t, n, k, rows, args.seconds).items():
+                    for r, v in qm.theirs(t, n, k, rows, args.seconds, args.threads).items():
                         llama[f"{t}/{shape}/{r}"] = v
                 continue
-            got = run_build(b, builds[b], todo, rows, args.seconds)
+            got = run_build(b, builds[b], todo, rows, args.seconds, threads=args.threads)
             isa[b] = got["isa"]
             for key, us in got["us"].items():
                 times.setdefault(b, {})[key] = min(us, times.get(b, {}).get(key, float("inf")))
@@ -150,8 +154,9 @@ def _report(
             print(f"  {t:8s} M={r:<4s} " + "  ".join(f"{k} {x:.2f}" for k, x in s.items()))
     qm.RESULTS.mkdir(exist_ok=True)
     out = qm.RESULTS / f"quant_isa_{time.strftime('%Y-%m-%d_%H%M%S', time.gmtime())}.json"
-    out.write_text(json.dumps({"threads": qm.THREADS, "machine": machine(), "load": machine_load(),
-                               "isa": isa, "before": str(args.before) if args.before else None,
+    out.write_text(json.dumps({"threads": args.threads, "machine": machine(),
+                               "load": machine_load(), "isa": isa,
+                               "before": str(args.before) if args.before else None,
                                "seconds": args.seconds, "summary": summary, "results": results},
                               indent=1))  # fmt: skip
     print(f"wrote {out}")

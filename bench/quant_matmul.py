@@ -1,9 +1,11 @@
 """Per quantization type, one matmul's time here against llama.cpp's (issue 32):
-`python -m bench.quant_matmul [--prepare] [--types Q4_K,IQ4_XS] [--rows 1,4,512]`.
+`python -m bench.quant_matmul [--prepare] [--types Q4_K,IQ4_XS] [--rows 1,4,512]
+[--threads 2]`.
 
 On Gemma 3 1B's projection shapes (ffn_up 6912 x 1152, ffn_down 1152 x 6912, attn_q
 1024 x 1152, attn_output 1152 x 1024; a type of 256-value blocks only where K is whole
-blocks, as llama-quantize falls back elsewhere), at 1, 4 and 512 activation rows, 2 threads:
+blocks, as llama-quantize falls back elsewhere), at 1, 4 and 512 activation rows, 2 threads
+(`--threads`: both sides alike; 1 for a per-thread kernel comparison off a quiet machine):
 
 - ours: `model.projection.matmul` (activations quantized per row, then the kernel) on the
   weight as the loader keeps it (`Matrix.pack`: repacked 8 rows to a group where the type
@@ -36,7 +38,7 @@ import numpy as np
 
 from bench.peer import find_peer
 
-THREADS = 2
+THREADS = 2  # the default of --threads
 SHAPES = {  # name -> (N out, K in)
     "ffn_up": (6912, 1152),
     "ffn_down": (1152, 6912),
@@ -112,24 +114,28 @@ def _binary() -> Path:
     return out
 
 
-def theirs(t: str, n: int, k: int, rows: list[int], seconds: float) -> dict[int, dict[str, Any]]:
+def theirs(
+    t: str, n: int, k: int, rows: list[int], seconds: float, threads: int = THREADS
+) -> dict[int, dict[str, Any]]:
     """llama.cpp's median microseconds per call for each row count (and whether repacked)."""
     from loraserve.model.dequant import GGML_TYPE
 
-    argv = [str(_binary()), str(GGML_TYPE[t]), str(n), str(k), str(THREADS), str(seconds),
+    argv = [str(_binary()), str(GGML_TYPE[t]), str(n), str(k), str(threads), str(seconds),
             str(_weights_path(t, n, k)), *map(str, rows)]  # fmt: skip
     lines = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
     return {r["m"]: r for r in map(json.loads, lines.splitlines())}
 
 
-def ours(t: str, n: int, k: int, rows: list[int], seconds: float) -> dict[int, float]:
+def ours(
+    t: str, n: int, k: int, rows: list[int], seconds: float, threads: int = THREADS
+) -> dict[int, float]:
     """Our median microseconds per call (activation quantization included) per row count."""
     import torch
 
     from loraserve.model.dequant import GGML_TYPE
     from loraserve.model.projection import Matrix, matmul
 
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(threads)
     raw = torch.from_numpy(np.fromfile(_weights_path(t, n, k), np.uint8).reshape(n, -1))
     m = Matrix("w", raw, GGML_TYPE[t], (n, k)).pack()
     res = {}
@@ -155,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", default="1,4,512")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--seconds", type=float, default=0.15, help="timing per point and side")
+    ap.add_argument("--threads", type=int, default=THREADS, help="threads of both sides")
     args = ap.parse_args(argv)
     todo = [c for c in cases(args.types.split(",")) if c[1] in args.shapes.split(",")]
     prepare(todo)
@@ -165,8 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     out = RESULTS / f"quant_matmul_{time.strftime('%Y-%m-%d_%H%M%S', time.gmtime())}.json"
     results: list[dict[str, Any]] = []
     for t, shape, n, k in todo:
-        mine = ours(t, n, k, rows, args.seconds)
-        peer = theirs(t, n, k, rows, args.seconds)
+        mine = ours(t, n, k, rows, args.seconds, args.threads)
+        peer = theirs(t, n, k, rows, args.seconds, args.threads)
         for r in rows:
             ratio = peer[r]["us"] / mine[r]
             results.append({"type": t, "shape": shape, "n": n, "k": k, "rows": r,
@@ -176,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{t:8s} {shape:12s} M={r:<4d} ours {mine[r]:9.1f} us  llama.cpp "
                   f"{peer[r]['us']:9.1f} us{' (repacked)' if peer[r]['repacked'] else ''}  "
                   f"x{ratio:.2f}", flush=True)  # fmt: skip
-        _write(out, results, rows)  # after every case: a run cut short keeps what it measured
+        # after every case: a run cut short keeps what it measured
+        _write(out, results, rows, args.threads)
     print("geometric mean over shapes of llama.cpp's time / ours:")
     for t, v in _summary(results, rows).items():
         print(f"  {t:8s} " + "  ".join(f"M={r}: x{x:.2f}" for r, x in v.items()))
@@ -193,10 +201,10 @@ def _summary(results: list[dict[str, Any]], rows: list[int]) -> dict[str, dict[s
     return summary
 
 
-def _write(out: Path, results: list[dict[str, Any]], rows: list[int]) -> None:
+def _write(out: Path, results: list[dict[str, Any]], rows: list[int], threads: int) -> None:
     from bench.servers import machine, machine_load
 
-    out.write_text(json.dumps({"threads": THREADS, "machine": machine(), "load": machine_load(),
+    out.write_text(json.dumps({"threads": threads, "machine": machine(), "load": machine_load(),
                                "summary": _summary(results, rows), "results": results},
                               indent=1))  # fmt: skip
 

@@ -1,12 +1,12 @@
 """S1 (prefill) and S2 (single-stream decode) alone, per model file, loraserve then
-llama-server (never both at once): `python -m bench.quant_s12 [--model PATH ...]`.
+llama-server (never both at once): `python -m bench.quant_s12 [--model PATH ...] [--threads 2]`.
 
 Issue 32's whole-model figures: the real model in Q4_K_M (the default) and requantized
 (e.g. ~/.cache/loraserve/requant/gemma3-270m-IQ4_XS.gguf), on an 8-slot instance without
-adapters (`-np 8 -c 8192 --cache-ram 2048 -t 2`, S1/S2 as `bench.run` runs them: the same
-requests, the same medians). Short enough for a bench window: about half a minute per model
-and server. Prints the ratios (ours / llama-server's tok/s) and writes
-bench/results/quant_s12_<timestamp>.json.
+adapters (`-np 8 -c 8192 --cache-ram 2048 -t 2`; `--threads N`: -t N on both servers), S1/S2
+as `bench.run` runs them (the same requests, the same medians). Short enough for a bench
+window: about half a minute per model and server. Prints the ratios (ours / llama-server's
+tok/s) and writes bench/results/quant_s12_<timestamp>.json.
 """
 
 from __future__ import annotations
@@ -32,14 +32,16 @@ from bench.servers import (
 )
 
 
-def one(kind: ServerKind, model: Path, quick: bool = False) -> dict[str, Any]:
-    """S1 and S2 on one server started on `model` (`quick`: one short request each, for
-    checking the harness)."""
-    plan = Plan(n_adapters=0, s1_reps=1, s2={"n_predict": 8, "reps": 1}) if quick else None
-    setup = _setup(model, plan or Plan(n_adapters=0))
+def one(kind: ServerKind, model: Path, quick: bool = False, threads: int = 2) -> dict[str, Any]:
+    """S1 and S2 on one server started on `model` with `threads` (`quick`: one short request
+    each, for checking the harness)."""
+    quick_s2 = {"n_predict": 8, "reps": 1}
+    plan = (Plan(n_adapters=0, s1_reps=1, s2=quick_s2, threads=threads) if quick
+            else Plan(n_adapters=0, threads=threads))  # fmt: skip
+    setup = _setup(model, plan)
     port = free_port()
     argv = _argv(kind, setup, port, parallel=8, ctx=8192, cache_ram=2048)
-    out: dict[str, Any] = {"load_before": machine_load()}
+    out: dict[str, Any] = {"load_before": machine_load(), "threads": threads}
     with launch(kind.name, argv, port) as srv:
         t = Target(srv.url, 0, setup.encode, setup.bos, time.monotonic() + 300)
         warm_up(t)
@@ -53,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.quant_s12", description=__doc__)
     ap.add_argument("--model", type=Path, action="append", help="GGUF (repeatable)")
     ap.add_argument("--quick", action="store_true", help="one short request each: a harness check")
+    ap.add_argument("--threads", type=int, default=2, help="-t of both servers")
     args = ap.parse_args(argv)
     from loraserve.model.default import default_model_path
 
@@ -62,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("llama-server not found: run `python -m bench.run --build-peer` once")
     runs: list[dict[str, Any]] = []
     for model in models:
-        res = {k.name: one(k, model, args.quick) for k in (loraserve_kind(), peer_kind(binary))}
+        kinds = (loraserve_kind(), peer_kind(binary))
+        res = {k.name: one(k, model, args.quick, args.threads) for k in kinds}
         ours, peer = res["loraserve"], res["llama-server"]
         pre = ours["s1"]["prefill_tok_s"] / peer["s1"]["prefill_tok_s"]
         dec = ours["s2"]["decode_tok_s"] / peer["s2"]["decode_tok_s"]
@@ -73,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
         runs.append({"model": str(model), "prefill_ratio": pre, "decode_ratio": dec, **res})
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"quant_s12_{time.strftime('%Y-%m-%d_%H%M%S', time.gmtime())}.json"
-    path.write_text(json.dumps({"machine": machine(), "runs": runs}, indent=1))
+    doc = {"machine": machine(), "threads": args.threads, "runs": runs}
+    path.write_text(json.dumps(doc, indent=1))
     print(f"wrote {path}")
 
 
