@@ -35,6 +35,7 @@ from loraserve.server.config.args import ServerConfig
 from loraserve.server.cors import CorsMiddleware, cors_policy
 from loraserve.server.errors import ApiError, JsonResponse, install_error_handlers
 from loraserve.server.process import BodyLimitMiddleware
+from loraserve.server.router.engine import Engine, base_of
 from loraserve.server.router.events import ModelEvents
 from loraserve.server.router.forward import (
     FORWARDED_METHODS,
@@ -44,7 +45,7 @@ from loraserve.server.router.forward import (
     _model_field,
 )
 from loraserve.server.router.hf_cache import cache_dir
-from loraserve.server.router.pool import Engine, Pool, base_of
+from loraserve.server.router.pool import Pool
 from loraserve.server.router.presets import Preset, default_model_entry, load_catalog
 from loraserve.server.tools.routes import ToolsMiddleware
 

@@ -18,7 +18,7 @@ from loraserve.server.router.rename import renaming_send
 
 if TYPE_CHECKING:
     from loraserve.server.router.app import Router
-    from loraserve.server.router.pool import Engine
+    from loraserve.server.router.engine import Engine
     from loraserve.server.router.presets import Preset
 
 FORWARDED_METHODS = ["GET", "POST", "DELETE"]

@@ -29,62 +29,16 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 from loraserve.server.config.args import ServerConfig
+from loraserve.server.router.engine import Engine, base_of
 from loraserve.server.router.hosts import Host, ProxyApp, describe_exit
 
 log = logging.getLogger("loraserve.router")
 POLL_S = 0.02
 FAKE_TIMING_S = 2.0  # llama-server's (server-models.cpp, `debug_fake_timing`)
 _ids = itertools.count(1)
-
-
-def base_of(cfg: ServerConfig) -> tuple[str, str]:
-    """The host key of an engine configuration: its model file and weights' type."""
-    return (str(cfg.model), cfg.dtype)
-
-
-@dataclass
-class Engine:
-    """One hosted engine and its lifecycle: status `unloaded` / `loading` / `loaded`
-    (llama-server's words); `failed` with `error` after a load that did not go through or
-    a process that died."""
-
-    cfg: ServerConfig
-    status: str = "unloaded"
-    app: ProxyApp | None = None
-    error: str | None = None
-    failed: bool = False
-    last_used: float = 0.0
-    busy: int = 0  # requests being served now (never evicted meanwhile)
-    waiting: int = 0  # requests waiting to be served (not evicted either: router.forward)
-    placed: bool = False  # holds one of the `--models-max` places (loading past the queue)
-    pinned: bool = False  # asked by /models/load or load-on-startup: never dropped queued
-    host: Host | None = None  # the process it runs in, once loading there
-    eid: str = ""  # its id in that process
-    meta: dict[str, int] | None = None  # its model's sizes, for `GET /models`
-    _task: asyncio.Task[None] | None = field(default=None, repr=False)
-
-    @property
-    def running(self) -> bool:
-        return self.status in ("loading", "loaded")
-
-    def touch(self) -> None:
-        self.last_used = time.monotonic()
-
-    @contextlib.asynccontextmanager
-    async def use(self) -> AsyncIterator[ProxyApp]:
-        """The app, held busy (not evicted) while the caller serves a request with it."""
-        assert self.app is not None
-        self.busy += 1
-        self.touch()
-        try:
-            yield self.app
-        finally:
-            self.busy -= 1
-            self.touch()
 
 
 class Pool:
