@@ -42,6 +42,29 @@ _GEMMA = {
 _LLAMA = {"post_attention_layernorm": "ffn_norm"}
 # HF module name (as PEFT's target_modules see it) -> GGUF tensor stem.
 HF_MODULE_TO_GGUF = {k.split(".")[-1]: v for k, v in _COMMON.items() if "norm" not in v}
+# The other projections transformers' modules name (modeling_deepseek_v2, qwen2_moe, glm4_moe,
+# ernie4_5_moe, hunyuan_v1_moe, llama4, granitemoeshared, starcoder2, phi3, glm4), under the
+# names llama.cpp's converter gives them (gguf-py's TensorNameMap, which convert_lora_to_gguf
+# also uses): latent attention's, shared experts' and fused ones. PEFT addresses them by these
+# module names; tests/unit/lora/test_peft_names.py checks each against the TensorNameMap.
+_MORE = {
+    "self_attn.q_a_proj": "attn_q_a",
+    "self_attn.q_b_proj": "attn_q_b",
+    "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+    "self_attn.kv_b_proj": "attn_kv_b",
+    "self_attn.qkv_proj": "attn_qkv",  # phi3: q|k|v fused
+    "mlp.gate_up_proj": "ffn_up",  # phi3, glm4: gate|up fused in ffn_up
+    "mlp.c_fc": "ffn_up",  # starcoder2
+    "mlp.c_proj": "ffn_down",
+    "feed_forward.gate_proj": "ffn_gate",  # llama4's dense layers
+    "feed_forward.up_proj": "ffn_up",
+    "feed_forward.down_proj": "ffn_down",
+    "shared_mlp.output_linear": "ffn_down_shexp",  # granitemoeshared
+}
+for _shared in ("mlp.shared_experts", "mlp.shared_expert", "mlp.shared_mlp",
+                "feed_forward.shared_expert"):  # fmt: skip
+    for _p in ("gate", "up", "down"):
+        _MORE[f"{_shared}.{_p}_proj"] = f"ffn_{_p}_shexp"
 
 
 def hf_to_gguf_name(name: str, arch: str) -> str | None:
@@ -57,7 +80,7 @@ def hf_to_gguf_name(name: str, arch: str) -> str | None:
         return None
     layer, rest = m.groups()
     stem, _, kind = rest.rpartition(".")
-    table = {**_COMMON, **(_GEMMA if arch in ("gemma2", "gemma3") else _LLAMA)}
+    table = {**_COMMON, **_MORE, **(_GEMMA if arch in ("gemma2", "gemma3") else _LLAMA)}
     if stem in table:
         return f"blk.{layer}.{table[stem]}.{kind}"
     return None
