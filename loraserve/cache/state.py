@@ -153,9 +153,13 @@ class StateStore:
         # llama-server's checkpoint 4 tokens before a prompt's end (a next prompt that
         # re-renders the tail of this one resumes there): kept as the slot's checkpoint
         # (key -1 - position; `commit`), unless a block's cut is at that row already
-        mark = end - 4
-        if n > 1 and slot >= 0 and start < mark <= start + n - 1 and all(
-            r != mark - start - 1 for r, _ in cuts
+        mark = end - 4  # none with --ctx-checkpoints 0
+        if (
+            n > 1
+            and slot >= 0
+            and self.max_ckpts > 0
+            and start < mark <= start + n - 1
+            and all(r != mark - start - 1 for r, _ in cuts)
         ):
             cuts.append((mark - start - 1, -1 - mark))
         end_only = blocks[last - 1] if n > 1 and last >= first and last % self.every else -1
@@ -230,6 +234,13 @@ class StateStore:
         # continuing the slot's sequence keeps its checkpoints (a new one starts without)
         ok = [p for p in (*ends, *live.ckpts) if 0 < p and lo <= p <= same]
         return max(ok, default=-1)
+
+    def seat(self, slot: int, seq: int, at: int, state: States, ckpts: dict[int, States]) -> None:
+        """``slot`` holds sequence ``seq`` (a restored slot's: `engine/slot_states.py`) with
+        ``state`` after its first ``at`` tokens and its checkpoints ``ckpts`` (position ->
+        states; the latest ``checkpoints`` kept), as if that sequence had just run there."""
+        kept = sorted(ckpts.items())[-self.max_ckpts :] if self.max_ckpts > 0 else []
+        self.live[slot] = _Live(seq, {at: state}, ckpts=dict(kept))
 
     @property
     def n_checkpoints(self) -> int:

@@ -29,6 +29,9 @@ class EngineConfig:
     # -cms: recurrent state snapshots at least this many tokens apart (in whole blocks; 0:
     # after every block), besides the one at the end of each prompt chunk (`cache.state`)
     checkpoint_min_step: int = 8192
+    # -ctxcp: the most recurrent state checkpoints a slot keeps (llama-server's per-slot
+    # --ctx-checkpoints, default 32; 0: none), `cache.state.StateStore`
+    ctx_checkpoints: int = 32
     kv_dtype: torch.dtype = torch.float32
     spec: SpecConfig = SpecConfig()  # speculative decoding (off by default)
     # the adapter catalogue (--lora-dir, --lora-modules name/path/base) and its tiers

@@ -25,7 +25,9 @@ def build_cache(
     heads = sum(kv_heads(cfg, i) for i in range(cfg.n_layers))  # attending layers only
     block_bytes = 2 * heads * bs * cfg.head_dim * config.kv_dtype.itemsize
     every = max(1, -(-config.checkpoint_min_step // bs))  # in blocks
-    states = StateStore(state_shapes(cfg), bs, every, block_bytes) if cfg.recurrent else None
+    states = None
+    if cfg.recurrent:
+        states = StateStore(state_shapes(cfg), bs, every, block_bytes, config.ctx_checkpoints)
     if states is not None:
         block_bytes += states.snapshot_bytes
     held = config.n_slots * (per_slot + 1)

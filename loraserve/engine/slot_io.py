@@ -1,8 +1,9 @@
 """Save, restore and erase a slot's KV (`POST /slots/{id}?action=save|restore|erase`).
 
 A slot file is a safetensors file: `tokens` [n] int64 and per layer `k.{i}`, `v.{i}`
-[n, n_kv_heads, head_dim] in the KV dtype (no heads at a layer that does not attend), with
-metadata naming the format, the model
+[n, n_kv_heads, head_dim] in the KV dtype (no heads at a layer that does not attend), a
+recurrent model's states (`slot_states`: snapshots after blocks, the state at the slot's end
+and its checkpoints), with metadata naming the format, the model
 (architecture, KV shape and the SHA-256 of its weight files, so a slot never restores onto
 other weights) and the **cache key** the KV was computed under. A restore
 indexes the KV in the prefix cache under that saved key, so only a request whose
@@ -35,6 +36,9 @@ from loraserve.cache.prefix_cache import CacheKey, Spans
 from loraserve.engine.runner import ModelRunner
 from loraserve.engine.scheduler import Scheduler
 from loraserve.engine.slot_keys import decode_key, encode_key
+from loraserve.engine.slot_states import SlotStates, check, grab, put
+from loraserve.engine.slot_states import read as read_states
+from loraserve.engine.slot_states import tensors as state_tensors
 from loraserve.model.loader import LoadedModel
 from loraserve.model.recurrent import kv_heads
 
@@ -55,6 +59,15 @@ class SlotImage:
     # recurrent layers: full block j -> recurrent layer -> its state after the block's last
     # token (`cache.state` snapshots), so a restored prefix resumes from the exact state
     states: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
+    # the states after all the tokens (a next turn resumes there) and the slot's checkpoints
+    # (position -> states): `slot_states`
+    live: dict[int, torch.Tensor] | None = None
+    ckpts: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
+
+    @property
+    def recurrent(self) -> SlotStates:
+        """The image's recurrent states as `slot_states` takes them."""
+        return SlotStates(self.states, self.live, self.ckpts)
 
 
 def weights_sha256(path: Path) -> str:
@@ -104,12 +117,8 @@ def capture(sched: Scheduler, runner: ModelRunner, slot_id: int) -> SlotImage | 
     n = len(slot.tokens)
     idx = runner.block_slots(slot.blocks, n)
     kv = [(k[idx].clone(), v[idx].clone()) for k, v in runner.kv]
-    states = {}
-    if runner.states is not None:  # the snapshots that follow the slot's full blocks
-        for j, b in enumerate(slot.blocks[: n // sched.bs]):
-            if runner.states.has(b):
-                states[j] = dict(runner.states.snaps[b])
-    return SlotImage(list(slot.tokens), slot.cache_key, kv, states)
+    st = grab(runner.states, slot, sched.bs) if runner.states is not None else SlotStates()
+    return SlotImage(list(slot.tokens), slot.cache_key, kv, st.snaps, st.live, st.ckpts)
 
 
 def install(sched: Scheduler, runner: ModelRunner, slot_id: int, image: SlotImage) -> int | None:
@@ -121,7 +130,11 @@ def install(sched: Scheduler, runner: ModelRunner, slot_id: int, image: SlotImag
         return None
     cache = sched.cache
     bs = cache.bs
-    _check_states(image, runner, bs)
+    if runner.states is not None or image.states or image.live or image.ckpts:
+        shapes = runner.states.shapes if runner.states is not None else {}
+        why = check(image.recurrent, len(image.tokens), shapes, bs)
+        if why is not None:
+            raise SlotFileError(why)
     old, slot.blocks, slot.tokens, slot.cache_key = slot.blocks, [], [], ()
     cache.release(old)
     n = len(image.tokens)
@@ -137,31 +150,16 @@ def install(sched: Scheduler, runner: ModelRunner, slot_id: int, image: SlotImag
     for (k, v), (fk, fv) in zip(runner.kv, image.kv, strict=True):
         k[idx] = fk.to(k.dtype)
         v[idx] = fv.to(v.dtype)
-    if runner.states is not None:
-        for j, st in image.states.items():
-            runner.states.snaps[blocks[j]] = st
-    cache.insert(image.cache_key, image.tokens, blocks)
     slot.tokens, slot.blocks, slot.cache_key = list(image.tokens), blocks, image.cache_key
+    if runner.states is not None:  # snapshots, and the slot's own state at its end
+        put(runner.states, slot, image.recurrent, blocks)
+    cache.insert(image.cache_key, image.tokens, blocks)
     # the slot holds no request's sequence now: its last request no longer describes it
     # (`/slots` under --cache-isolation key credits a restore by this, atomically with it)
     slot.last_request = None
     slot.last_used = time.perf_counter()
     cache.enforce_budget()
     return n
-
-
-def _check_states(image: SlotImage, runner: ModelRunner, bs: int) -> None:
-    """`SlotFileError` unless the image's states fit this model's recurrent layers and
-    follow full blocks of its tokens."""
-    shapes = runner.states.shapes if runner.states is not None else {}
-    for j, st in image.states.items():
-        if not 0 <= j < len(image.tokens) // bs or set(st) != set(shapes):
-            raise SlotFileError(f"recurrent state after block {j} does not fit this model")
-        for i, t in st.items():
-            if tuple(t.shape) != tuple(shapes[i]) or t.dtype != torch.float32:
-                raise SlotFileError(f"recurrent state of layer {i} has a wrong shape")
-            if not bool(torch.isfinite(t).all()):
-                raise SlotFileError(f"recurrent state of layer {i} is not finite")
 
 
 def erase(sched: Scheduler, slot_id: int) -> int | None:
@@ -172,7 +170,9 @@ def erase(sched: Scheduler, slot_id: int) -> int | None:
     if slot.busy:
         return None
     n, blocks = len(slot.tokens), slot.blocks
-    slot.blocks, slot.tokens, slot.cache_key = [], [], ()
+    slot.blocks, slot.tokens, slot.cache_key, slot.live = [], [], (), None
+    if sched.cache.states is not None:  # its live state and checkpoints go with it
+        sched.cache.states.forget(slot_id)
     sched.cache.release(blocks)
     return n
 
@@ -215,9 +215,7 @@ def _write(path: Path, image: SlotImage, fp: dict[str, object], budget: int) -> 
     tensors = {"tokens": torch.tensor(image.tokens, dtype=torch.int64)}
     for i, (k, v) in enumerate(image.kv):
         tensors[f"k.{i}"], tensors[f"v.{i}"] = k.contiguous(), v.contiguous()
-    for j, st in image.states.items():
-        for i, t in st.items():
-            tensors[f"state.{j}.{i}"] = t.contiguous()
+    tensors.update(state_tensors(image.recurrent))
     if budget >= 0:
         need = sum(t.numel() * t.element_size() for t in tensors.values())
         held = _slot_bytes(path.parent, path)
@@ -271,11 +269,7 @@ def read(path: Path, fp: dict[str, object], max_tokens: int) -> SlotImage:
                         raise SlotFileError(f"{path.name}: tensor {part}.{i} has a wrong shape")
             tokens = f.get_tensor("tokens").tolist()
             kv = [(f.get_tensor(f"k.{i}"), f.get_tensor(f"v.{i}")) for i in range(n_layers)]
-            states: dict[int, dict[int, torch.Tensor]] = {}
-            for name in f.keys():
-                if name.startswith("state."):
-                    _, j, i = name.split(".")
-                    states.setdefault(int(j), {})[int(i)] = f.get_tensor(name)
+            st = read_states(list(f.keys()), f.get_tensor)
     except SlotFileError:
         raise
     except Exception as e:  # safetensors raises its own types on corrupt files
@@ -283,7 +277,7 @@ def read(path: Path, fp: dict[str, object], max_tokens: int) -> SlotImage:
     vocab = int(fp["vocab_size"])  # type: ignore[call-overload]
     if any(not 0 <= t < vocab for t in tokens):
         raise SlotFileError(f"{path.name}: token ids out of the vocabulary")
-    return SlotImage(tokens, cache_key, kv, states)
+    return SlotImage(tokens, cache_key, kv, st.snaps, st.live, st.ckpts)
 
 
 def _differs(saved: object, here: dict[str, object]) -> str:

@@ -130,6 +130,7 @@ def build_engine(cfg: ServerConfig, model: LoadedModel, draft: LoadedModel | Non
             ubatch=cfg.n_ubatch,
             cache_ram_mib=cfg.cache_ram_mib,
             checkpoint_min_step=cfg.checkpoint_min_step,
+            ctx_checkpoints=cfg.ctx_checkpoints,
             spec=cfg.spec,
             lora_dirs=cfg.lora_dirs,
             lora_modules=cfg.lora_modules,

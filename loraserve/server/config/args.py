@@ -111,6 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"recurrent models: tokens between state snapshots (and each prompt's end), "
         f"0 = every KV block {d}",
     )
+    a(
+        "-ctxcp",
+        "--ctx-checkpoints",
+        "--swa-checkpoints",
+        dest="ctx_checkpoints",
+        type=int_in(0),
+        help=f"recurrent models: the most state checkpoints a slot keeps (where its prompts "
+        f"began, 4 tokens before their ends), 0 = none {d}",
+    )
     a("--cache-prompt", action=argparse.BooleanOptionalAction, help=f"request default {d}")
     a("--slot-save-path", metavar="DIR", help="directory for POST /slots/{id}?action=save")
     a(

@@ -21,7 +21,6 @@ IGNORED_SWITCHES = """
 IGNORED_OPTIONAL_VALUE = "-fa|--flash-attn -fit|--fit --log-colors".split()
 IGNORED_WITH_VALUE = """
     -ngl|--gpu-layers|--n-gpu-layers
-    -ctxcp|--ctx-checkpoints|--swa-checkpoints
     -tb|--threads-batch --threads-http -to|--timeout -sps|--slot-prompt-similarity
     --cache-reuse --keep
     -sm|--split-mode -ts|--tensor-split -mg|--main-gpu -dev|--device -ot|--override-tensor

@@ -45,6 +45,7 @@ class ServerConfig:
     n_ubatch: int = 512
     cache_ram_mib: int = 8192
     checkpoint_min_step: int = 8192  # -cms: recurrent state snapshots this many tokens apart
+    ctx_checkpoints: int = 32  # -ctxcp: recurrent state checkpoints a slot keeps at most
     cache_prompt: bool = True
     slot_save_path: str | None = None
     slot_save_max_mib: int = 4096  # all slot files in slot_save_path; -1 = no limit

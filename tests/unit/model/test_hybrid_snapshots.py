@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from loraserve.engine import slot_io
 from loraserve.engine.core import EngineConfig
 from loraserve.engine.engine import Engine
 from loraserve.lora.adapter_write import write_gguf_lora
@@ -192,21 +193,26 @@ def test_next_turn_resumes_from_the_live_state(tmp_path: Path, arch: str) -> Non
 
 
 def test_restored_slot_never_continues_another_sequences_state(tmp_path: Path) -> None:
-    """A slot restored from a file retains that file's tokens, not the live state of the
-    sequence that ran in it since: a prompt extending the restored tokens resumes from a
-    snapshot at a block boundary, even where the live state sits at the same position."""
+    """A slot restored from a file retains that file's tokens and states, not the live state
+    of the sequence that ran in it since: a prompt extending the restored tokens resumes
+    from the file's own state at its end (`engine/slot_states.py`), or, from a file without
+    one, from a snapshot at a block boundary, even where the live state of the sequence that
+    ran since sits at the same position."""
     m = model(tmp_path, "qwen35", "dense")
     eng = Engine(m, EngineConfig(n_slots=1, n_ctx=128, block_size=4))
     off = Engine(m, EngineConfig(n_slots=1, n_ctx=128, block_size=4))
     a, b = [5, 9, 3, 7, 11, 2, 8, 4, 6, 10], [12, 4, 9, 9, 3, 5, 7, 2, 8, 6]
     ((gen_a, _, _),) = answers(eng, [ask(a, 6)])
     image = eng.save_slot(0).result()
-    answers(eng, [ask(b, 6)])  # its live state: 15 tokens in, as a's was
-    eng.restore_slot(0, image).result()
+    bare = slot_io.SlotImage(image.tokens, image.cache_key, image.kv, image.states)
     nxt = a + gen_a + [13, 14, 15]
-    ((got, _, cached),) = answers(eng, [ask(nxt, 4)])
     ((ref, _, _),) = answers(off, [ask(nxt, 4, cache_prompt=False)])
-    assert got == ref and cached % 4 == 0
+    for img, at_end in ((image, True), (bare, False)):
+        answers(eng, [ask(b, 6)])  # its live state: 15 tokens in, as a's was
+        eng.restore_slot(0, img).result()
+        ((got, _, cached),) = answers(eng, [ask(nxt, 4)])
+        assert got == ref
+        assert cached == 15 if at_end else cached % 4 == 0
 
 
 @pytest.mark.parametrize("arch", [a for a in ("granitehybrid", "qwen35") if a in RECORDS])

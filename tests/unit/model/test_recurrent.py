@@ -16,7 +16,8 @@ its spec):
   and global switches), prefill chunk sizes and cache budgets: every answer equals its cache-off
   answer, bit for bit;
 - an adapter on the recurrent layers' in/out projections equals it merged into the weights;
-- a slot saved to a file and restored elsewhere resumes from the saved states, bit-identical;
+- a slot saved to a file and restored elsewhere resumes from the saved states (at its end, or
+  a block's snapshot), bit-identical;
 - n-gram speculation rolls the state back to the last accepted draft row: answers equal those
   without speculation.
 """
@@ -215,6 +216,13 @@ def test_restored_slot_resumes_exact_state(tmp: Path, arch: str, variant: str) -
     (got,) = answers(second, [ask(longer, 3, sampling=PROBS)])
     alone = Engine(m, cfg)
     (want,) = answers(alone, [ask(longer, 3, sampling=PROBS, cache_prompt=False)])
+    assert got[2] == len(image.tokens), "not resumed from the state at the restored slot's end"
+    assert got[:2] == want[:2]
+    # a file without that state (only the blocks' snapshots): a block boundary
+    bare = slot_io.SlotImage(loaded.tokens, loaded.cache_key, loaded.kv, loaded.states)
+    third = Engine(m, cfg)
+    slot_io.install(third.core.scheduler, third.core.runner, 0, bare)
+    (got,) = answers(third, [ask(longer, 3, sampling=PROBS)])
     assert got[2] > 0 and got[2] % 4 == 0, "nothing resumed from the restored slot"
     assert got[:2] == want[:2]
     j, st = next(iter(loaded.states.items()))  # a block's snapshot (-cms: not every block's)
