@@ -171,6 +171,7 @@ static inline __attribute__((always_inline)) void kdot(
                 // (63 * 127 * 2 fits int16), and o * sum_j sc_j * bs16_j comes off once per
                 // super-block: the same integers as the signed form, no sign operations
                 // (T_BUF6: Q6_K's values decoded once into the buffer, decode_values)
+#pragma GCC unroll 8
                 for (int j = 0; j < 8; j++) {
                     const int64_t c = 8 * b + j;
                     const __m256i tq = _mm256_loadu_si256((const __m256i *)(blk + 32 * (j / 4)));
@@ -191,6 +192,7 @@ static inline __attribute__((always_inline)) void kdot(
                 else if (K_OFF(type)) msum[0] = K_OFF(type) * hsum_i32(LS_M(0));
 #undef LS_M
             } else if (K_GRID(type)) {  // magnitudes u <= 62 and signs (iq_chunk.h)
+#pragma GCC unroll 8
                 for (int j = 0; j < 8; j++) {
                     const int64_t c = 8 * b + j;
                     __m256i sg;
