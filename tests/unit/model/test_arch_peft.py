@@ -38,8 +38,10 @@ MODULES = [  # transformers' linear modules inside a layer (modeling_<arch>.py)
                                 "feed_forward.shared_expert") for p in ("gate", "up", "down")),
 ]  # fmt: skip
 # the fused or renamed modules an architecture's transformers implementation has, tried first
-FIRST = {"phi3": ["self_attn.qkv_proj", "mlp.gate_up_proj"],
-         "starcoder2": ["mlp.c_fc", "mlp.c_proj"]}
+FIRST = {
+    "phi3": ["self_attn.qkv_proj", "mlp.gate_up_proj"],
+    "starcoder2": ["mlp.c_fc", "mlp.c_proj"],
+}
 ARCHS = ["deepseek2", "qwen2moe", "glm4moe", "hunyuan-moe", "llama4", "phi3", "starcoder2",
          "ernie4_5-moe"]  # fmt: skip
 R, ALPHA, SCALE = 4, 8.0, 0.8
