@@ -36,16 +36,21 @@ def tail(b: torch.Tensor) -> torch.Tensor:
     return b[b.shape[0] // 8 * 8 :].to(torch.float16, copy=True).contiguous()
 
 
-def hold(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[Halves], bool]:
+def hold(
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[list[Halves], bool, torch.Tensor]:
     """Each float16 pair (A [r, in], B [out, r], both contiguous, e.g. views of a file's
     mapping) copied into its held form, (A, `tiles`(B), `tail`(B)), all in one call off
-    the GIL that also checks the values: (the halves, whether every value is finite). The
-    same halves as ``(a.clone(), tiles(b), tail(b))``, in one pass over the bytes."""
+    the GIL that also checks the values: (the halves, whether every value is finite, the
+    arena). The same halves as ``(a.clone(), tiles(b), tail(b))``, in one pass over the
+    bytes, held as views of one float16 arena [sum of their sizes], back to back in the
+    pairs' order, no gap: its bytes are every half held, so one hash of them covers the
+    whole (`lora.adapter`), and it is freed with the last view."""
     if not available():
         raise RuntimeError("lora16.hold needs the compiled kernels")
     lib = _lib[0]
     assert lib is not None
-    out: list[Halves] = []
+    sizes = []
     for a, b in pairs:
         r, k = a.shape
         n = b.shape[0]
@@ -53,9 +58,17 @@ def hold(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[Halves], 
                 or tuple(b.shape) != (n, r) or not a.is_contiguous()
                 or not b.is_contiguous()):  # fmt: skip
             raise ValueError(f"lora16.hold: A {tuple(a.shape)}, B {tuple(b.shape)}")
-        out.append((torch.empty(r, k, dtype=torch.float16),
-                    torch.empty(n // 8, r, 8, dtype=torch.float16),
-                    torch.empty(n % 8, r, dtype=torch.float16)))  # fmt: skip
+        sizes.append((r, k, n))
+    arena = torch.empty(sum(r * (k + n) for r, k, n in sizes), dtype=torch.float16)
+    out: list[Halves] = []
+    at = 0
+    for r, k, n in sizes:  # A [r, k], tiles [n // 8, r, 8], tail [n % 8, r]
+        n8 = n // 8 * 8
+        a16 = arena.as_strided((r, k), (k, 1), at)
+        bt = arena.as_strided((n // 8, r, 8), (r * 8, 8, 1), at + r * k)
+        rest = arena.as_strided((n - n8, r), (r, 1), at + r * (k + n8))
+        out.append((a16, bt, rest))
+        at += r * (k + n)
     m = len(pairs)
 
     def ptrs(ts: list[torch.Tensor]) -> ctypes.Array:
@@ -66,13 +79,13 @@ def hold(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[Halves], 
 
     rc = lib.ls_lora16_hold(
         m, ptrs([a for a, _ in pairs]), ptrs([b for _, b in pairs]),
-        ints([a.shape[0] for a, _ in pairs]), ints([a.shape[1] for a, _ in pairs]),
-        ints([b.shape[0] for _, b in pairs]), ptrs([h[0] for h in out]),
+        ints([r for r, _, _ in sizes]), ints([k for _, k, _ in sizes]),
+        ints([n for _, _, n in sizes]), ptrs([h[0] for h in out]),
         ptrs([h[1] for h in out]), ptrs([h[2] for h in out]),
     )  # fmt: skip
     if rc < 0:
         raise ValueError("lora16.hold: sizes do not fit")
-    return out, rc == 0
+    return out, rc == 0, arena
 
 
 def untile(bt: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:

@@ -17,8 +17,9 @@ from loraserve.lora.weight import LoraWeight
 
 EMBED = "token_embd.weight"
 
-Held = dict[str, tuple[LoraWeight, tuple[torch.Tensor, torch.Tensor]]]
-"""target -> (the weight held, the contiguous tensors its content id hashes)."""
+Held = dict[str, tuple[LoraWeight, tuple[torch.Tensor, ...]]]
+"""target -> (the weight held, the contiguous tensors its content id hashes: none for a
+pair in the arena of float16 pairs, which is hashed whole)."""
 
 
 class AdapterError(ValueError):
@@ -30,12 +31,18 @@ def held_as_halves(a: torch.Tensor, halves: bool) -> bool:
     return halves and a.dim() == 2 and lora16.available()
 
 
-def hold(path: Path, pairs: Pairs, base_shapes: dict[str, tuple[int, ...]], finite: bool) -> Held:
-    """Every pair checked and held, in the file's order (`check`'s result for each): the
-    float16 pairs the kernels read copied in one `lora16.hold` call, which also checks
-    their values (``finite`` is about the other pairs only), the others one by one."""
-    fast = [t for t, (a, _, _, halves, _) in pairs.items() if held_as_halves(a, halves)]
+def hold(
+    path: Path, pairs: Pairs, base_shapes: dict[str, tuple[int, ...]], finite: bool
+) -> tuple[Held, torch.Tensor | None]:
+    """Every pair checked and held, in the file's order (`check`'s result for each), and
+    the arena of the float16 pairs the kernels read: those are copied in one `lora16.hold`
+    call, which also checks their values (``finite`` is about the other pairs only), into
+    views of one arena, in target name order (so it does not depend on the file's order);
+    their entries hash no tensor of their own (the arena's bytes are hashed once). The
+    others are held one by one."""
+    fast = sorted(t for t, (a, _, _, halves, _) in pairs.items() if held_as_halves(a, halves))
     held: Held = {}
+    arena = None
     if fast:
         srcs = []
         for t in fast:
@@ -44,18 +51,18 @@ def hold(path: Path, pairs: Pairs, base_shapes: dict[str, tuple[int, ...]], fini
             if not math.isfinite(factor):
                 raise AdapterError(f"{path}: LoRA for {t!r} holds non-finite values")
             srcs.append((a.contiguous(), b.contiguous()))
-        copies, ok = lora16.hold(srcs)
+        copies, ok, arena = lora16.hold(srcs)
         if not ok:  # name the first pair that holds one
             bad = next(t for t, (a, b) in zip(fast, srcs, strict=True)
                        if not (values_finite(a) and values_finite(b)))  # fmt: skip
             raise AdapterError(f"{path}: LoRA for {bad!r} holds non-finite values")
-        for t, (_, b), (a16, bt16, tail16) in zip(fast, srcs, copies, strict=True):
-            held[t] = LoraWeight(None, None, pairs[t][2], a16, bt16, tail16), (a16, b)
+        for t, (a16, bt16, tail16) in zip(fast, copies, strict=True):
+            held[t] = LoraWeight(None, None, pairs[t][2], a16, bt16, tail16), ()
     fast_set = set(fast)
     return {
         t: held[t] if t in fast_set else check(path, t, *pair, base_shapes, finite)
         for t, pair in pairs.items()
-    }
+    }, arena
 
 
 def fits(

@@ -113,15 +113,23 @@ def test_runs_finite_over_mixed_types(llama, tmp_path) -> None:  # noqa: F811
 
 
 def _reference_id(a) -> str:
-    """The content id as defined: per target in name order, its header line, then A and
-    B [out, r] as stored (halves when held as halves, else float32)."""
+    """The content id as defined, from the held tensors: per target in name order, its
+    header line, then A and B [out, r] as float32 for a pair held so; then the halves held
+    (A, B's tiles, B's tail) of every float16 pair, in name order."""
     h = hashlib.sha256()
+    halves = []
     for t in sorted(a.weights):
         w = a.weights[t]
         tag = "|f16" if w.a16 is not None else ""
         h.update(f"{t}|{w.a_shape}|{w.b_shape}|{w.factor!r}{tag}\n".encode())
-        pair = (w.a16, w.b16()) if w.a16 is not None else (w.a, w.b)
-        for x in pair:
+        if w.a16 is not None:
+            halves += [w.a16, w.bt16, w.tail16]
+            continue
+        for x in (w.a, w.b):
+            h.update(x.contiguous().numpy().tobytes())
+    if halves:
+        h.update(b"halves\n")
+        for x in halves:
             h.update(x.contiguous().numpy().tobytes())
     return h.hexdigest()
 
@@ -137,9 +145,11 @@ def test_content_id_is_the_stored_values_hash(llama, tmp_path, kind: str) -> Non
 
 @pytest.mark.parametrize("kind", [*sorted(STORED), "PEFT-F16", "PEFT-F32"])
 def test_held_bytes_are_the_counted_bytes(llama, tmp_path, kind: str) -> None:  # noqa: F811
-    """Every held tensor owns exactly its bytes: no storage behind it holds more (an empty
+    """The storages behind the held tensors hold exactly their bytes, no more (an empty
     tail slice of B once kept B's whole copy alive beside its tiles, half the adapter
-    again in memory, uncounted; a view of the mapping kept the file mapped)."""
+    again in memory, uncounted; a view of the mapping kept the file mapped): a float32
+    pair's tensors each their own, the float16 pairs' halves views of one arena, back to
+    back."""
     m, model = llama
     if kind.startswith("PEFT"):
         path, _ = peft_adapter(tmp_path / "p", m, target_modules=["v_proj", "up_proj"])
@@ -150,11 +160,10 @@ def test_held_bytes_are_the_counted_bytes(llama, tmp_path, kind: str) -> None:  
         path = _write(tmp_path / "a.gguf", pairs(4), kind)
     a = AdapterRegistry(model).load(path)
     held = [t for w in a.weights.values() for t in w.tensors]
-    assert held and all(t.untyped_storage().nbytes() == t.nbytes for t in held)
-    assert len({t.untyped_storage().data_ptr() for t in held if t.nbytes}) == sum(
-        1 for t in held if t.nbytes
-    )
-    assert a.nbytes == sum(t.nbytes for t in held)
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}
+    assert held and sum(storages.values()) == sum(t.nbytes for t in held) == a.nbytes
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.nbytes) for t in held if t.nbytes)
+    assert all(e <= s for (_, e), (s, _) in zip(spans, spans[1:], strict=False))  # no overlap
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.bfloat16])

@@ -23,8 +23,8 @@ def hashes(monkeypatch) -> list[str]:
     out: list[str] = []
     real = adapter_mod._content_id
 
-    def counted(held):  # type: ignore[no-untyped-def]
-        out.append(real(held))
+    def counted(held, arena):  # type: ignore[no-untyped-def]
+        out.append(real(held, arena))
         return out[-1]
 
     monkeypatch.setattr(adapter_mod, "_content_id", counted)

@@ -185,15 +185,20 @@ def test_hold_copies_the_halves_of_clone_tiles_and_tail() -> None:
     ``(a.clone(), tiles(b), tail(b))`` for ranks below, at and past the 8 x 8 transposes
     and outputs with and without a tail, and says whether every value was finite: an
     infinity or a NaN anywhere (A, a whole tile, the tail) is seen; the largest finite
-    halves are not one."""
+    halves are not one. The halves are views of one arena, back to back in order."""
     g = torch.Generator().manual_seed(7)
     pairs = [
         ((torch.randn(r, k, generator=g) * 9).half(), (torch.randn(n, r, generator=g) * 9).half())
         for r in (1, 3, 8, 9, 16, 17, 24)
         for k, n in ((640, 1024), (13, 9), (5, 7), (16, 8))
     ]
-    held, finite = lora16.hold(pairs)
+    held, finite, arena = lora16.hold(pairs)
     assert finite
+    assert arena.numel() == sum(a.numel() + b.numel() for a, b in pairs)  # views, back to back
+    assert torch.equal(
+        arena.view(torch.int16),
+        torch.cat([t.reshape(-1) for h in held for t in h]).view(torch.int16),
+    )
     for (a, b), (a16, bt, rest) in zip(pairs, held, strict=True):
         for got, want in ((a16, a), (bt, lora16.tiles(b)), (rest, lora16.tail(b))):
             assert got.dtype == torch.float16 and got.shape == want.shape
