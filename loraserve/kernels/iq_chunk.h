@@ -61,7 +61,7 @@ static inline __m256i iq_ksigns4v(uint32_t s) {
 }
 
 // The 16 integer scales iq_k_scales writes (as int16, sub-block order) and in *d its float
-// scale, in a few vector operations (IQ1_M: its scalar loop)
+// scale, in a few vector operations
 static inline __m256i iq_scales16(int type, const uint8_t *x, float *d) {
     const __m256i one = _mm256_set1_epi32(1);
     __m256i v;  // 8 int32 field values, one per 32-value sub-block, each scale 2 v + 1
@@ -91,6 +91,17 @@ static inline __m256i iq_scales16(int type, const uint8_t *x, float *d) {
         v = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(_mm_and_si128(s, m15), _mm_and_si128(_mm_srli_epi16(s, 4), m15)));
         break;
     }
+    case T_IQ1_M: {  // scale k: bits 3 (k % 4) .. + 2 of word k / 4 at x + 48, by a multiply
+        // that puts them at bits 13..15 (AVX2 has no per-lane 16-bit shift)
+        const __m256i w = _mm256_shuffle_epi8(
+            _mm256_broadcastsi128_si256(_mm_loadl_epi64((const __m128i *)(x + 48))),
+            _mm256_set_epi8(7, 6, 7, 6, 7, 6, 7, 6, 5, 4, 5, 4, 5, 4, 5, 4, 3, 2, 3, 2, 3, 2, 3, 2, 1, 0, 1, 0, 1, 0, 1, 0));
+        const __m256i t = _mm256_srli_epi16(
+            _mm256_mullo_epi16(w, _mm256_set_epi16(16, 128, 1024, 8192, 16, 128, 1024, 8192, 16, 128, 1024, 8192,
+                                                   16, 128, 1024, 8192)), 13);
+        *d = iq1m_d(x) * 0.125f;
+        return _mm256_add_epi16(_mm256_add_epi16(t, t), _mm256_set1_epi16(1));
+    }
     default: {
         int16_t t16[16];
         *d = iq_k_scales(type, x, t16);
@@ -102,6 +113,16 @@ static inline __m256i iq_scales16(int type, const uint8_t *x, float *d) {
                                                                           : half_to_float(x) * 0.125f;
     return _mm256_or_si256(v, _mm256_slli_epi32(v, 16));  // each scale for both its halves
 }
+
+#if defined(__BMI2__)
+// The 4 grid indices of a 32-value chunk, a[i] | (the i-th field of h's bits at hm) as 16-bit
+// fields of one word: two bit deposits (ggml's AVX2 IQ1 kernels do the same) in place of
+// four shift-mask-or chains
+static inline uint64_t iq_idx4(const uint8_t *a, uint32_t h, uint64_t hm) {
+    return _pdep_u64(iq_u32(a), 0x00FF00FF00FF00FFULL) | _pdep_u64(h, hm);
+}
+#define LS_IX(ix, i) (((ix) >> (16 * (i))) & 0xFFFF)
+#endif
 
 // IQ1 values 8 g + delta per 8 (g: an iq1s_grid entry's bytes -1/0/1; dl: delta bytes)
 static inline __m256i iq1_vals(__m256i g, __m256i dl) {
@@ -133,8 +154,13 @@ static inline __attribute__((always_inline)) __m256i iq_chunk(int type, const ui
         const uint8_t *a = x + 2 + 4 * ib;
         const int h = x[66 + ib];
         *sg = iq_signs32(iq_u32(x + 34 + 4 * ib));
+#if defined(__BMI2__)
+        const uint64_t ix = iq_idx4(a, (uint32_t)h, 0x0300030003000300ULL);
+        return LS_G64(IQ2S_GRID, LS_IX(ix, 0), LS_IX(ix, 1), LS_IX(ix, 2), LS_IX(ix, 3));
+#else
         return LS_G64(IQ2S_GRID, a[0] | ((h << 8) & 0x300), a[1] | ((h << 6) & 0x300),
                       a[2] | ((h << 4) & 0x300), a[3] | ((h << 2) & 0x300));
+#endif
     }
     case T_IQ3_XXS: {
         const uint8_t *a = x + 2 + 8 * ib;
@@ -158,20 +184,35 @@ static inline __attribute__((always_inline)) __m256i iq_chunk(int type, const ui
     case T_IQ1_S: {
         const uint16_t qh = iq_u16(x + 34 + 2 * ib);
         const uint8_t *a = x + 2 + 4 * ib;
-        const __m256i w = iq1_vals(LS_G64(IQ1S_GRID, a[0] | ((qh << 8) & 0x700), a[1] | ((qh << 5) & 0x700),
-                                          a[2] | ((qh << 2) & 0x700), a[3] | ((qh >> 1) & 0x700)),
-                                   _mm256_set1_epi8(qh & 0x8000 ? -1 : 1));
+#if defined(__BMI2__)
+        const uint64_t ix = iq_idx4(a, qh, 0x0700070007000700ULL);
+        const __m256i g = LS_G64(IQ1S_GRID, LS_IX(ix, 0), LS_IX(ix, 1), LS_IX(ix, 2), LS_IX(ix, 3));
+#else
+        const __m256i g = LS_G64(IQ1S_GRID, a[0] | ((qh << 8) & 0x700), a[1] | ((qh << 5) & 0x700),
+                                 a[2] | ((qh << 2) & 0x700), a[3] | ((qh >> 1) & 0x700));
+#endif
+        const __m256i w = iq1_vals(g, _mm256_set1_epi8(qh & 0x8000 ? -1 : 1));
         *sg = w;
         return _mm256_abs_epi8(w);
     }
     default: {  // IQ1_M: qh nibble per 8 values: 3 index bits, then the delta's sign
         const uint8_t *a = x + 4 * ib;
+#if defined(__BMI2__)
+        const uint32_t h = iq_u16(x + 32 + 2 * ib);  // h0 | h1 << 8
+        const uint64_t ix = iq_idx4(a, h & 0x7777, 0x0F000F000F000F00ULL);
+        // the 4 sign bits to bit 7 of 4 bytes, widened: -1 (set) or 0, then | 1 per byte
+        const __m256i sx = _mm256_cvtepi8_epi64(_mm_cvtsi32_si128((int)_pdep_u32(h & 0x8888, 0xF0F0F0F0u)));
+        const __m256i w = iq1_vals(LS_G64(IQ1S_GRID, LS_IX(ix, 0), LS_IX(ix, 1), LS_IX(ix, 2), LS_IX(ix, 3)),
+                                   _mm256_or_si256(_mm256_cmpgt_epi64(_mm256_setzero_si256(), sx),
+                                                   _mm256_set1_epi8(1)));
+#else
         const int h0 = x[32 + 2 * ib], h1 = x[33 + 2 * ib];
 #define LS_D(h) ((h) & 8 ? -1LL : 0x0101010101010101LL)
         const __m256i w = iq1_vals(LS_G64(IQ1S_GRID, a[0] | ((h0 << 8) & 0x700), a[1] | ((h0 << 4) & 0x700),
                                           a[2] | ((h1 << 8) & 0x700), a[3] | ((h1 << 4) & 0x700)),
                                    _mm256_set_epi64x(LS_D(h1 >> 4), LS_D(h1), LS_D(h0 >> 4), LS_D(h0)));
 #undef LS_D
+#endif
         *sg = w;
         return _mm256_abs_epi8(w);
     }
