@@ -15,7 +15,7 @@ YaRN, long rope factors: its ``overrides``), answered at llama-server's context 
   in log-probability, enough to flip ~1 in 20 decided positions of these stdev-0.5 models:
   ggml's activation rounding and its f16 attention only matter together);
 - the same requests give bit-identical probabilities alone, batched together, and resumed from
-  the prefix cache;
+  the prefix cache, in each of F32, Q8_0 and Q4_K_M;
 - with a random adapter mix, the answers equal the adapter merged into the float weights.
 """
 
@@ -133,8 +133,8 @@ def test_greedy_equals_llama_server(tmp: Path, arch: str, variant: str, qtype: s
     wrong = [(t, o) for t, o in decided if t != o]
     assert len(decided) >= len(ref) // 3, "too few decided positions to mean anything"
     assert not wrong, f"{len(wrong)}/{len(decided)} decided positions differ: {wrong}"
-    if arch in LONG or qtype != max(rec["answers"], key=TYPES.index):
-        return  # the engine checks below: on the most quantized file recorded
+    if arch in LONG:
+        return  # the engine checks below: on every short record's F32, Q8_0 and Q4_K_M file
     # through the engine: bit-identical alone (one slot, no cache), batched, and resumed from
     # the prefix cache, and the greedy token the teacher-forced pass chose
     prefixes = [c["prompt"] + c["tokens"][:i] for c in cases for i in (0, 7, 15, 23)]
