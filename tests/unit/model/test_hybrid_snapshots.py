@@ -1,18 +1,16 @@
-"""The snapshot interval (``-cms/--checkpoint-min-step``, `EngineConfig.checkpoint_min_step`) on
-recurrent models: snapshots only every N blocks and at the end of each prompt chunk, a prefix
-hit resuming from the latest one at or before it (the rest recomputed), and every answer still
-bit-identical to its cache-off answer (hypothesis, random intervals among the other knobs).
-The same property without the interval runs on the first recurrent record and on qwen35
-(`test_cache_on_equals_cache_off`)."""
+"""Recurrent state snapshots, live states and checkpoints (issue 28): the snapshot interval
+(``-cms/--checkpoint-min-step``, `EngineConfig.checkpoint_min_step`: snapshots only every N
+blocks and at the end of each prompt chunk, a prefix hit resuming from the latest one at or
+before it, the rest recomputed), a snapshot at a step's end being the live state itself, a
+chat's next turn continuing the slot's live state, an edited last message or a re-rendered
+tail resuming from the slot's checkpoints; every answer bit-identical to its cache-off answer.
+The hypothesis property over all of it: test_hybrid_property.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from loraserve.engine import slot_io
 from loraserve.engine.core import EngineConfig
@@ -23,77 +21,12 @@ from tests.unit.model.test_recurrent import (
     PROBS,
     RECORDS,
     RECURRENT_STEMS,
-    STEMS,
-    VARIANTS,
     _adapter,
-    _id,
-    action,
     answers,
     model,
 )
 
 ARCHS = [a for a in ("jamba", "falcon-h1", "nemotron_h") if a in RECORDS]
-
-# the first recurrent record, and a delta-net one (gated attention, value/key heads)
-PROPERTY = [*VARIANTS[:1], *[v for v in VARIANTS if v == ("qwen35", "dense")]]
-
-
-def check_cache_on_equals_off(
-    tmp: Path, arch: str, variant: str, actions: list, n_slots: int, **flags: Any
-) -> None:
-    """Run `actions` (requests under adapter mixes, global switches) on an engine with the
-    cache and `flags`; every answer equals the same request's on a cache-off engine, and the
-    cache's invariants hold after each round."""
-    m = model(tmp, arch, variant)
-    rec = RECORDS[arch]["variants"][variant]
-    paths = []
-    for seed in (1, 2):
-        p = tmp / f"{arch}-{variant}-prop{seed}.gguf"
-        if not p.exists():
-            pairs = _adapter(rec, seed, RECURRENT_STEMS + ("attn_q", "attn_v", "ffn_up"))
-            write_gguf_lora(p, arch, pairs, qk_heads=(m.config.n_heads,) * 2)
-        paths.append(p)
-    cfg = EngineConfig(n_slots=n_slots, n_ctx=n_slots * 64, block_size=4, **flags)
-    eng = Engine(m, cfg)
-    ref = Engine(m, EngineConfig(n_slots=1, n_ctx=64, block_size=4))
-    for e in (eng, ref):
-        for p in paths:
-            e.load_adapter(p, 0.0).result()
-    scales: dict[int, float] = {0: 0.0, 1: 0.0}
-    for act in actions:
-        if len(act[0]) == 2:  # a global switch (unlisted adapters 0)
-            eng.set_global_scales(act).result()
-            scales = {0: 0.0, 1: 0.0, **dict(act)}
-            continue
-        asks, refs = [], []
-        for stem, tail, mix in act:
-            prompt = STEMS[stem] + tail
-            eff = dict(scales) if not mix else {0: 0.0, 1: 0.0, **mix}  # {}: the global ones
-            asks.append(ask(prompt, 3, mix, sampling=PROBS))
-            refs.append(ask(prompt, 3, list(eff.items()), sampling=PROBS, cache_prompt=False))
-        got = answers(eng, asks)
-        want = [answers(ref, [r])[0] for r in refs]
-        assert [g[:2] for g in got] == [w[:2] for w in want]
-        eng.core.cache.check()
-
-
-@pytest.mark.skipif(not VARIANTS, reason="no recorded recurrent architecture")
-@pytest.mark.parametrize("arch,variant", PROPERTY, ids=map(_id, PROPERTY))
-@settings(
-    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(
-    st.lists(action, min_size=1, max_size=5),
-    st.sampled_from([2, 5, 16]),  # prefill chunk (ubatch)
-    st.sampled_from([0.0, 0.05, 8.0]),  # --cache-ram MiB: nothing, a few blocks, plenty
-    st.integers(1, 3),  # slots
-)
-def test_cache_on_equals_cache_off(
-    tmp: Path, arch: str, variant: str, actions: list, ubatch: int, cache_mib: float, n_slots: int
-) -> None:
-    check_cache_on_equals_off(tmp, arch, variant, actions, n_slots, ubatch=ubatch,
-                              cache_ram_mib=cache_mib)  # fmt: skip
-
 
 @pytest.fixture(scope="module")
 def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -121,25 +54,6 @@ def test_interval_keeps_prompt_end_and_resumes_exactly(tmp: Path, arch: str) -> 
         assert got[2] == 40, "the next turn did not resume at the prompt's last full block"
         assert got[:2] == want[:2]
     assert counts[0] >= 10 and counts[8192] == 1
-
-
-@pytest.mark.skipif(not ARCHS, reason="no recorded hybrid architecture")
-@settings(
-    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(
-    st.lists(action, min_size=1, max_size=5),
-    st.sampled_from([2, 5, 16]),  # prefill chunk (ubatch)
-    st.sampled_from([0.0, 0.05, 8.0]),  # --cache-ram MiB: nothing, a few blocks, plenty
-    st.integers(1, 3),  # slots
-    st.sampled_from([0, 4, 8, 12, 8192]),  # -cms: every block, 1-3 blocks, prompt ends only
-    st.sampled_from(ARCHS or ["none"]),
-)
-def test_cache_on_equals_cache_off_any_interval(
-    tmp: Path, actions: list, ubatch: int, cache_mib: float, n_slots: int, cms: int, arch: str
-) -> None:
-    check_cache_on_equals_off(tmp, arch, "dense", actions, n_slots, ubatch=ubatch,
-                              cache_ram_mib=cache_mib, checkpoint_min_step=cms)  # fmt: skip
 
 
 @pytest.mark.parametrize("arch", [a for a in ("granitehybrid", "qwen35") if a in RECORDS])
