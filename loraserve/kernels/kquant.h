@@ -55,10 +55,17 @@ static inline __attribute__((always_inline)) void kdot(
 #else
 #define LS_KMADD(acc, p16, sv) _mm256_add_epi32(acc, _mm256_madd_epi16(p16, sv))
 #endif
+// (TQ1_0, TQ2_0: scales 1, so with VNNI one dpbusd, the same sums: u <= 2, |x| <= 127)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define LS_ONE (type == T_TQ1_0 || type == T_TQ2_0)
+#else
+#define LS_ONE 0
+#endif
 #define LS_KROW(r, acc, c, aw, sx_of)                                                         \
     do {                                                                                      \
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x + (r) * K + 32 * (c)));            \
-        acc = LS_KMADD(acc, _mm256_maddubs_epi16(aw, sx_of), sv);                             \
+        if (LS_ONE) acc = _mm256_dpbusd_epi32(acc, aw, sx_of);                                \
+        else acc = LS_KMADD(acc, _mm256_maddubs_epi16(aw, sx_of), sv);                        \
     } while (0)
 // The 4 rows' accumulators held in registers at the end of a loop step: without this
 // GCC hoisted the next steps' products ahead into stack temporaries (a store and a load
@@ -224,6 +231,7 @@ static inline __attribute__((always_inline)) void kdot(
 #undef LS_KROWS
 #undef LS_KROW
 #undef LS_KMADD
+#undef LS_ONE
 #undef LS_KEEP
         if (R == 4) {  // the 4 rows' sums and float steps side by side, one lane each:
             // per lane exactly the scalar operations below (integer sums are exact in any
