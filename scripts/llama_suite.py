@@ -11,7 +11,9 @@ with the tree's layout kept (the suite reads ``../../../models/templates`` and
 model (`--hf-repo`, `--hf-file`, `--model-url`) to ``--model`` (default: Gemma 3 270M,
 loraserve's default model), the LoRA files of `test_lora` to the demo adapters, the draft
 model to the model itself (`tmp/` holds them, where the suite's `download_file` looks
-first); a stub `wget` module makes sure nothing else is fetched. Each target runs with one
+first); a stub `wget` module makes sure nothing else is fetched. The router tests' downloads
+(a model, a preset repository) come from a local stand-in hub (`llama_suite_hub`) that both
+servers download from. Each target runs with one
 worker, one server at a time (`-m "not slow"` unless ``--slow``), through a wrapper
 (``LLAMA_SERVER_BIN_PATH``) that rewrites those flags and records how every server process
 ended, so a crash (a signal) or a hang (a test over ``--hang-s`` seconds) is counted.
@@ -34,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from llama_suite_hub import hub_repos, serve  # noqa: E402
 from llama_suite_tree import prepare  # noqa: E402
 
 from bench.peer import cache_dir, find_peer  # noqa: E402
@@ -68,8 +71,11 @@ def run_target(target: str, tests: Path, work: Path, model: Path, args: argparse
     llama = find_peer()
     if target == "llama" and llama is None:
         sys.exit("no llama-server binary: run `python -m bench.peer` first")
+    hub, hub_url = serve(hub_repos(model))  # the router tests' downloads (llama_suite_hub)
     env = {
         **os.environ,
+        "MODEL_ENDPOINT": hub_url,
+        "SUITE_HUB_REPOS": ",".join(hub_repos(model)),
         "LLAMA_SERVER_BIN_PATH": str(work / "server-wrapper"),
         "SUITE_TARGET": target,
         "SUITE_MODEL": str(model),
@@ -100,8 +106,11 @@ def run_target(target: str, tests: Path, work: Path, model: Path, args: argparse
     if args.k:
         cmd += ["-k", args.k]
     print(f"== {target}: {' '.join(cmd)}", flush=True)
-    with open(work / f"log-{target}.txt", "w") as log:
-        subprocess.run(cmd, cwd=tests, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        with open(work / f"log-{target}.txt", "w") as log:
+            subprocess.run(cmd, cwd=tests, env=env, stdout=log, stderr=subprocess.STDOUT)
+    finally:
+        hub.shutdown()
     return junit
 
 

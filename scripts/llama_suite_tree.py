@@ -16,14 +16,20 @@ sys.path.insert(0, str(ROOT))
 from bench.peer import SDIST, cache_dir  # noqa: E402
 
 WRAPPER = '''#!{python}
-"""The suite's server binary: rewrites download flags to local files, runs the target."""
+"""The suite's server binary: rewrites download flags to local files (but those of the
+stand-in hub's repositories), runs the target."""
 import json, os, signal, subprocess, sys, time, ctypes
 args, out, skip = sys.argv[1:], [], {{"--hf-repo", "-hf", "-hfr", "--hf-file", "-hff",
     "--model-url", "-mu", "--mmproj-url", "-mmu"}}
 model, has_model, i = os.environ["SUITE_MODEL"], False, 0
-wants_model = False
+wants_model, hub = False, os.environ.get("SUITE_HUB_REPOS", "").split(",")
 while i < len(args):
     a = args[i]
+    if a in ("--hf-repo", "-hf", "-hfr") and args[i + 1:i + 2] and args[i + 1].split(":")[0] in hub:
+        out += args[i:i + 2]  # a repository the suite's stand-in hub serves: downloaded
+        has_model = True
+        i += 2
+        continue
     if a in skip:
         wants_model = wants_model or a not in ("--mmproj-url", "-mmu")
         i += 2

@@ -17,7 +17,7 @@ from loraserve.server.config.args import parse_server_args
 from loraserve.server.router import app as router_app
 from loraserve.server.router import hf_cache, presets
 from tests.http.test_router import router
-from tests.server_util import tiny_model_path
+from tests.server_util import free_socket, tiny_model_path
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OLD = "fedcba9876543210fedcba9876543210fedcba98"
@@ -46,6 +46,9 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     repo(root, "bad--name--x", ["b-Q8_0.gguf"])  # two slashes: not a repository id
     (root / "models--org--noref" / "snapshots").mkdir(parents=True)
     monkeypatch.setenv("LLAMA_CACHE", str(root))
+    closed = free_socket()  # a hub that cannot be reached: `-hf` falls back to the cache
+    monkeypatch.setenv("MODEL_ENDPOINT", f"http://127.0.0.1:{closed.getsockname()[1]}/")
+    closed.close()
     return root
 
 
@@ -151,18 +154,21 @@ def test_dedup_cache_models_hides_the_entries_presets_serve(cache: Path, tmp_pat
         assert c.post("/tokenize", json=body).status_code == 200
 
 
-def test_download_and_delete_are_refused_without_loading(cache: Path) -> None:
-    """llama-server's `POST /models` (download) and `DELETE /models` (remove the files): a
-    400 each, and the model they name is not loaded (they were forwarded and autoloaded it)."""
+def test_download_and_delete_load_nothing(cache: Path) -> None:
+    """llama-server's `POST /models` (download) and `DELETE /models` (remove the files) are the
+    router's own routes: the model they name is never forwarded to, nor loaded (they were
+    once, and autoloaded it); a hub that cannot be reached is a 503, not a 500."""
     with router(["-c", "256"]) as (c, state):
         name = "org/tiny-GGUF:Q8_0"
-        for r, message in (
-            (c.post("/models", json={"model": name}), f"model '{name}' already exists"),
-            (c.post("/models", json={"model": "org/new:Q8_0"}), "downloads nothing"),
-            (c.post("/models", json={}), "model must be a non-empty string"),
-            (c.delete("/models", params={"model": name}), "removes no model file"),
-            (c.delete("/models", params={"model": "org/none:Q8_0"}), "not found"),
+        path = Path(hf_cache.cached_models()[name])
+        for r, code, message in (
+            (c.post("/models", json={"model": name}), 400, f"model '{name}' already exists"),
+            (c.post("/models", json={"model": "org/new:Q8_0"}), 503, "cannot download model"),
+            (c.post("/models", json={}), 400, "model must be a non-empty string"),
+            (c.delete("/models", params={"model": "org/none:Q8_0"}), 404, "not found"),
+            (c.delete("/models", params={"model": name}), 200, ""),
         ):
-            assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+            assert r.status_code == code and message in r.text, r.text
         assert not any(e.running for e in state.pool.engines.values())
-        assert Path(hf_cache.cached_models()[name]).is_file()
+        assert not path.exists() and name not in hf_cache.cached_models()
+        assert "org/tiny-GGUF:F16" in hf_cache.cached_models()  # the other tag stays

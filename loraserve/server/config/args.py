@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--hf-repo",
         metavar="REPO[:TAG]",
         dest="hf_repo",
-        help="a model of the Hugging Face download cache (LLAMA_CACHE, ...); nothing is downloaded",
+        help="a model (or a repository of presets) on the Hugging Face hub, downloaded into "
+        "its cache (LLAMA_CACHE, ...) unless --offline; MODEL_ENDPOINT / HF_ENDPOINT name the hub",
     )
     a("-hff", "--hf-file", metavar="FILE", dest="hf_file", help="that file of the -hf repository")
     a("--lora", action=LoraAction, metavar="PATH[,PATH]", help="adapter at scale 1")
@@ -208,18 +209,20 @@ def parse_server_args(argv: list[str]) -> ServerConfig:
     ns = parser.parse_args(argv[1:] if argv[:1] == ["serve"] else argv)
     if ns.n_parallel == 0:
         parser.error("argument -np/--parallel: must be >= 1 (or -1 = auto), got 0")
-    if ns.hf_repo is not None:  # llama-server offline: the file in its download cache
-        from loraserve.server.router.hf_cache import cache_dir, resolve
+    if ns.hf_repo is not None:  # downloaded into the cache first, as llama-server does
+        from loraserve.server.router.download import resolve_arg
 
         if ns.model is not None:
             parser.error("argument -hf/--hf-repo: give it or -m, not both")
-        ns.model = resolve(ns.hf_repo, ns.hf_file or "")
-        if ns.model is None:
-            parser.error(
-                f"argument -hf/--hf-repo: {' '.join(filter(None, (ns.hf_repo, ns.hf_file)))} is "
-                f"not in the download "
-                f"cache ({cache_dir()}); loraserve downloads nothing: pass -m PATH"
-            )
+        offline = "--offline" in argv or os.environ.get("LLAMA_OFFLINE", "") not in ("", "0")
+        try:
+            kind, path = resolve_arg(ns.hf_repo, ns.hf_file or "", offline)
+        except ValueError as e:
+            parser.error(f"argument -hf/--hf-repo: {e}")
+        if kind == "preset":  # a preset repository: the router on its preset.ini
+            ns.models_preset = path
+        else:
+            ns.model = path
     api_keys = list(ns.api_keys)
     if ns.api_key_file:
         api_keys += read_api_key_file(parser, ns.api_key_file)

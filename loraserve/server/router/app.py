@@ -5,10 +5,10 @@
 Own routes: `GET /health` (the router's; `?model=` asks that model's engine), `GET /props`
 (the router's `role: router` object; `?model=` forwards), `GET /models` and `/v1/models`
 (every model id with its `status`; `?reload=1` re-reads the sources), `POST /models/load`,
-`POST /models/unload`, `GET /models/sse` (status changes, `router.events`), and 400s for
-llama-server's `POST /models` (download) and `DELETE /models` (file removal). Every other API
-route is forwarded, in-process (`router.forward`), to the engine of the model its JSON
-body's `model` (GET: the `model` query parameter) names (none: the only model, when the
+`POST /models/unload`, `GET /models/sse` (status changes, `router.events`), `POST /models`
+(a download into the cache) and `DELETE /models` (its files deleted; `router.downloads`).
+Every other API route is forwarded, in-process (`router.forward`), to the engine of the model
+its JSON body's `model` (GET: the `model` query parameter) names (none: the only model, when the
 catalogue has one, else, ours, for the README's plain `loraserve`, the default model when
 neither `--models-dir` nor `--models-preset` is given: `Router.implicit`), loading it first unless
 `--no-models-autoload` (or `?autoload=false`); the body gets that preset's adapter mix and
@@ -35,6 +35,7 @@ from loraserve.server.config.args import ServerConfig
 from loraserve.server.cors import CorsMiddleware, cors_policy
 from loraserve.server.errors import ApiError, JsonResponse, install_error_handlers
 from loraserve.server.process import BodyLimitMiddleware
+from loraserve.server.router import downloads
 from loraserve.server.router.engine import Engine, base_of
 from loraserve.server.router.events import ModelEvents
 from loraserve.server.router.forward import (
@@ -44,7 +45,6 @@ from loraserve.server.router.forward import (
     _forwarded,
     _model_field,
 )
-from loraserve.server.router.hf_cache import cache_dir
 from loraserve.server.router.pool import Pool
 from loraserve.server.router.presets import Preset, default_model_entry, load_catalog
 from loraserve.server.tools.routes import ToolsMiddleware
@@ -59,6 +59,7 @@ class Router:
         self.catalog: dict[str, Preset] = load_catalog(cfg)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.events = ModelEvents()  # GET /models/sse
+        self.downloads = downloads.Downloads(self)  # POST /models, DELETE /models
         self.pool.on_status = self._status_changed
         self.pool.bases = lambda: {base_of(p.key) for p in self.catalog.values() if p.key}
 
@@ -154,7 +155,7 @@ class Router:
             "status": status,
             "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
             "source": preset.source,
-            "can_remove": False,
+            "can_remove": preset.removable,
         }
         if eng is not None and eng.status == "loaded" and eng.meta is not None:
             # the engine's model sizes, from its load: the engine's own `/v1/models` lists
@@ -181,6 +182,8 @@ def create_router_app(cfg: ServerConfig) -> FastAPI:
         try:
             yield
         finally:
+            for name in list(router.downloads.tasks):
+                await router.downloads.cancel(name)
             router.events.close()
             await router.pool.close_all()
 
@@ -201,6 +204,7 @@ def create_router_app(cfg: ServerConfig) -> FastAPI:
         app.add_middleware(ApiKeyMiddleware, keys=cfg.api_keys)
     app.add_middleware(CorsMiddleware, policy=cors_policy(cfg))
     forward = Forward(router)
+    downloads.add_routes(app, router.downloads)
 
     @app.get("/health")
     @app.get("/v1/health")
@@ -232,6 +236,7 @@ def create_router_app(cfg: ServerConfig) -> FastAPI:
             await router.reload()
         t = int(time.time())
         data = [await router.model_entry(p, t) for p in router.catalog.values() if p.listed]
+        data += router.downloads.entries(t)
         return {"data": data, "object": "list"}
 
     @app.get("/models/sse")
@@ -253,33 +258,13 @@ def create_router_app(cfg: ServerConfig) -> FastAPI:
         router.pool.start_load(preset.key)
         return {"success": True}
 
-    @app.post("/models")
-    async def models_download(request: Request) -> Any:
-        """llama-server's download into its cache: ours downloads nothing (a 400 saying so,
-        never a load of the model named)."""
-        name = _model_field(await request.body())
-        if not name:
-            raise _bad("model must be a non-empty string")
-        if router.find(name) is not None:
-            raise _bad(f"model '{name}' already exists")
-        raise _bad(
-            f"loraserve downloads nothing: put the model in the download cache ({cache_dir()}) "
-            "or in --models-dir"
-        )
-
-    @app.delete("/models")
-    async def models_delete(request: Request) -> Any:
-        """llama-server's removal of a cached model's files: ours removes no file."""
-        name = request.query_params.get("model") or ""
-        if not name:
-            raise _bad("model must be a non-empty string")
-        if router.find(name) is None:
-            raise _bad(f"model '{name}' not found")
-        raise _bad("loraserve removes no model file: delete it from the download cache yourself")
-
     @app.post("/models/unload")
     async def models_unload(request: Request) -> Any:
-        preset = router.find(_model_field(await request.body()))
+        name = _model_field(await request.body())
+        if name in router.downloads.tasks:  # llama-server: unloading a download cancels it
+            await router.downloads.cancel(name)
+            return {"success": True}
+        preset = router.find(name)
         if preset is None:
             raise _bad("model is not found")
         eng = router.engine_of(preset)

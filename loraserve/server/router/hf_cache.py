@@ -12,7 +12,8 @@ does offline (`common_download_resolve_path`: the tag's file, else Q4_K_M, else 
 first model); `dedup_hidden` is the router's `dedup-cache-models`: cache entries whose file a
 preset with that key already serves (as its `hf-repo` or `spec-draft-hf`) are not listed.
 
-loraserve downloads nothing: what is in the cache is served, by that name, as any file.
+`router.download` fills the cache (`POST /models`, `-hf` at start) and removes from it
+(`DELETE /models`); what is in it is served by its id, as any file.
 """
 
 from __future__ import annotations
@@ -84,10 +85,10 @@ def _commit(repo: Path) -> str | None:
     return found
 
 
-def _repos(root: Path | None, only: str | None = None) -> dict[str, list[tuple[str, Path]]]:
-    """Repository id -> its snapshot's GGUF files (path in the repository, local path)."""
+def _snapshots(root: Path | None, only: str | None = None) -> dict[str, Path]:
+    """Repository id -> the snapshot folder its ref names."""
     root = cache_dir() if root is None else root
-    out: dict[str, list[tuple[str, Path]]] = {}
+    out: dict[str, Path] = {}
     if root is None or not root.is_dir():
         return out
     for repo in sorted(root.iterdir()):
@@ -96,8 +97,15 @@ def _repos(root: Path | None, only: str | None = None) -> dict[str, list[tuple[s
             continue
         commit = _commit(repo)
         snapshot = repo / "snapshots" / commit if commit else None
-        if snapshot is None or not snapshot.is_dir():
-            continue
+        if snapshot is not None and snapshot.is_dir():
+            out[repo_id] = snapshot
+    return out
+
+
+def _repos(root: Path | None, only: str | None = None) -> dict[str, list[tuple[str, Path]]]:
+    """Repository id -> its snapshot's GGUF files (path in the repository, local path)."""
+    out: dict[str, list[tuple[str, Path]]] = {}
+    for repo_id, snapshot in _snapshots(root, only).items():
         files = out.setdefault(repo_id, [])
         for n, path in enumerate(sorted(snapshot.rglob("*.gguf"))):
             if n >= MAX_FILES:
@@ -122,19 +130,37 @@ def cached_models(root: Path | None = None) -> dict[str, str]:
     return out
 
 
+def best_model(paths: list[str], tag: str) -> str | None:
+    """llama.cpp's `find_best_model` over a repository's file paths: the first model (first
+    shard) with `TAG` followed by `.` or `-` in its path (no tag: Q4_K_M, else Q8_0, else the
+    first model)."""
+    models = [n for n in paths if _is_model(info := split_info(n)) and info[2] == 1]
+    for t in [tag] if tag else ["Q4_K_M", "Q8_0"]:
+        pattern = re.compile(re.escape(t) + "[.-]", re.IGNORECASE)
+        for name in models:
+            if pattern.search(name):
+                return name
+    return models[0] if models and not tag else None
+
+
 def resolve(repo_tag: str, hf_file: str = "", root: Path | None = None) -> str | None:
     """The cached file of `-hf REPO[:TAG]` (`-hff FILE`: that file), None if not cached."""
     repo_id, _, tag = repo_tag.partition(":")
-    files = _repos(root, repo_id).get(repo_id, [])
+    files = dict(_repos(root, repo_id).get(repo_id, []))
     if hf_file:
-        return next((str(p) for n, p in files if n == hf_file), None)
-    models = [(n, p) for n, p in files if _is_model(info := split_info(n)) and info[2] == 1]
-    for t in [tag] if tag else ["Q4_K_M", "Q8_0"]:
-        pattern = re.compile(re.escape(t) + "[.-]", re.IGNORECASE)
-        for name, path in models:
-            if pattern.search(name):
-                return str(path)
-    return str(models[0][1]) if models and not tag else None
+        return str(files[hf_file]) if hf_file in files else None
+    name = best_model(list(files), tag)
+    return None if name is None else str(files[name])
+
+
+def resolve_preset(repo_id: str, root: Path | None = None) -> str | None:
+    """The cached `preset.ini` at the root of `repo_id`'s snapshot (a preset repository, which
+    `-hf` starts the router on), None if there is none."""
+    for snapshot in _snapshots(root, repo_id).values():
+        path = snapshot / "preset.ini"
+        if path.is_file():
+            return str(path)
+    return None
 
 
 _HF_KEYS = {  # INI keys of a preset's cached files (their flag and environment spellings)

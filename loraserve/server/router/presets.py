@@ -42,6 +42,7 @@ DEFAULT_STOP_TIMEOUT_S = 10.0  # llama-server's
 _ROUTER_VALUE_FLAGS = {
     "-m", "--model", "--host", "--port", "--api-key", "--api-key-file", "-a", "--alias",
     "--models-dir", "--models-preset", "--models-max",
+    "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file",  # the router's own (a preset repository)
 }  # fmt: skip
 _ROUTER_SWITCHES = {"--models-autoload", "--no-models-autoload"}
 _REQUEST_KEYS = tuple(ServerConfig().request_defaults())  # sampling defaults, per request
@@ -69,6 +70,7 @@ class Preset:
     stop_timeout: float = DEFAULT_STOP_TIMEOUT_S
     error: str | None = None
     listed: bool = True  # in GET /models (a cache entry `dedup-cache-models` hides: False)
+    removable: bool = False  # a model of the download cache (`DELETE /models` deletes it)
 
     @property
     def key(self) -> ServerConfig | None:
@@ -149,11 +151,13 @@ def strip_router_args(argv: tuple[str, ...]) -> list[str]:
 
 
 def _parse(argv: list[str]) -> ServerConfig:
-    """`parse_server_args`, with its usage error as a `PresetError` (nothing printed)."""
+    """`parse_server_args`, with its usage error as a `PresetError` (nothing printed). Offline,
+    as llama-server lists its presets: a preset's `hf-repo` names a file of the cache (`POST
+    /models` downloads one), listing never downloads."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            return parse_server_args(argv)
+            return parse_server_args([*argv, "--offline"])
     except SystemExit:
         message = err.getvalue().strip().splitlines()
         why = message[-1].removeprefix("loraserve: error: ") if message else "bad flags"
@@ -236,9 +240,10 @@ def load_catalog(cfg: ServerConfig) -> dict[str, Preset]:
                 _preset(name, source, text, child, base_cfg, extra),
                 args=("loraserve", *argv),
                 listed=name not in hidden,
+                removable=name in cache,
             )
         except PresetError as e:
-            presets[name] = Preset(name, source, text, error=str(e))
+            presets[name] = Preset(name, source, text, error=str(e), removable=name in cache)
     return _share_engines(presets)
 
 
