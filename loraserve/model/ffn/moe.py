@@ -23,7 +23,7 @@ from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
 from loraserve.model.ffn.routed import RoutedExperts, ungated_act
 from loraserve.model.layers import gated_act
-from loraserve.model.projection import Matrix, Projection, matmul
+from loraserve.model.projection import Matrix, Projection
 from loraserve.model.weights import WeightSource
 
 
@@ -42,7 +42,9 @@ class MoE(nn.Module):
         router = w.matrix(prefix + "ffn_gate_inp.weight")
         if router is None:
             raise ValueError(f"model file lacks tensor {prefix + 'ffn_gate_inp.weight'!r}")
-        self.router = router  # [E, hidden]
+        # [E, hidden]; a projection, so adapters reach it (llama.cpp's build_moe_ffn applies
+        # LoRA to the router logits: build_lora_mm(gate_inp, cur))
+        self.router = Projection(prefix + "ffn_gate_inp.weight", [router])
         self.experts = RoutedExperts(cfg, prefix, w)
         # the stacks as adapters address them (`lora.registry.base_shapes`)
         self.fused = self.experts.fused
@@ -70,15 +72,16 @@ class MoE(nn.Module):
         if (self.latent_down is None) != (self.latent_up is None):
             raise ValueError(f"{prefix!r}: ffn_latent_down and ffn_latent_up go together")
         gate = w.float(prefix + "ffn_gate_inp_shexp.weight")  # [hidden] or None
-        self.shared_gate = (  # [1, hidden]: one fixed-order float row
-            None if gate is None else Matrix.from_float(prefix + "ffn_gate_inp_shexp.weight",
-                                                        gate.reshape(1, -1))
+        name = prefix + "ffn_gate_inp_shexp.weight"
+        self.shared_gate = (  # [1, hidden]: one fixed-order float row, an adapter target too
+            None if gate is None
+            else Projection(name, [Matrix.from_float(name, gate.reshape(1, -1))])
         )  # fmt: skip
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """h: [T, hidden] -> [T, hidden]."""
         cfg = self.cfg
-        logits = matmul(h, self.router)  # [T, E]
+        logits = self.router(h)  # [T, E]
         if self.router_bias is not None:
             logits = logits + self.router_bias
         if cfg.expert_gating == "sigmoid":
@@ -109,7 +112,7 @@ class MoE(nn.Module):
             else:
                 s = self.shared_down(ungated_act(self.shared_gate_up(h), cfg.act))
             if self.shared_gate is not None:
-                s = s * _sigmoid(matmul(h, self.shared_gate))  # [T, 1]
+                s = s * _sigmoid(self.shared_gate(h))  # [T, 1]
             out = out + s
         return out
 

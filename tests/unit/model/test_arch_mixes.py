@@ -56,6 +56,7 @@ def test_batched_mixes_bitwise_alone_and_equal_merged(tmp: Path, arch: str) -> N
     pairs = [_random_adapter(rec, 1), _random_adapter(rec, 2)]
     stems = {n.split(".")[-2] for n in pairs[0]}
     assert stems & {"ffn_gate_exps", "ffn_gate_up_exps"}, "no routed experts adapted"
+    assert "ffn_gate_inp" in stems, "the router not adapted"
     files = []
     for i, p in enumerate(pairs):
         files.append(write_gguf_lora(tmp / f"{arch}-a{i}.gguf", name_arch, p,
@@ -78,8 +79,10 @@ def test_batched_mixes_bitwise_alone_and_equal_merged(tmp: Path, arch: str) -> N
         merged_values = dict(values)
         for i, scale in mix.items():
             for name, (a, b) in pairs[i].items():
-                merged_values[name] = merged_values[name] + scale * (b.double() @ a.double()
-                                                                     ).float().numpy()  # fmt: skip
+                delta = (b.double() @ a.double()).float().numpy()
+                merged_values[name] = merged_values[name] + scale * delta.reshape(
+                    merged_values[name].shape
+                )
         path = write_gguf(tmp / f"{arch}-merged-{k}.gguf", typed_metadata(rec["metadata"]),
                           merged_values)  # fmt: skip
         merged = load(path, arch)

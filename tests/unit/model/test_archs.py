@@ -151,18 +151,22 @@ def test_greedy_equals_llama_server(tmp: Path, arch: str, variant: str, qtype: s
 
 
 def _random_adapter(rec: dict[str, Any], seed: int) -> dict[str, Any]:
-    """Random LoRA pairs (HF layout: A [r, in], B [out, r]) on every 2-D projection, and on
-    every stacked expert tensor (routed experts: A [E, r, in], B [E, out, r], as llama.cpp's
-    ``build_lora_mm_id`` applies them)."""
+    """Random LoRA pairs (HF layout: A [r, in], B [out, r]) on every 2-D projection, the
+    routers included (llama.cpp's ``build_moe_ffn`` applies LoRA to ``ffn_gate_inp``, qwen2moe's
+    to the 1-D shared-expert gate ``ffn_gate_inp_shexp``: B [1, r]), and on every stacked expert
+    tensor (routed experts: A [E, r, in], B [E, out, r], as ``build_lora_mm_id`` applies them)."""
     g = torch.Generator().manual_seed(seed)
     pairs = {}
     for name, shape, _ in rec["tensors"]:
         stem = name.split(".")[-2] if name.startswith("blk.") else ""
         if name.endswith(".bias"):  # gpt-oss's 2-D expert biases are no LoRA target
             continue
-        if len(shape) == 2 and stem.startswith(("attn_q", "attn_k", "attn_v", "attn_output",
-                                                 "ffn_gate", "ffn_up", "ffn_down")):  # fmt: skip
-            if stem.endswith(("_norm", "_inp")):
+        if stem == "ffn_gate_inp_shexp":  # [hidden]: one output row
+            pairs[name] = (torch.randn(4, shape[-1], generator=g) * 0.05,
+                           torch.randn(1, 4, generator=g) * 0.05)  # fmt: skip
+        elif len(shape) == 2 and stem.startswith(("attn_q", "attn_k", "attn_v", "attn_output",
+                                                   "ffn_gate", "ffn_up", "ffn_down")):  # fmt: skip
+            if stem.endswith("_norm"):
                 continue
             a = torch.randn(4, shape[1], generator=g) * 0.05
             b = torch.randn(shape[0], 4, generator=g) * 0.05
@@ -195,7 +199,7 @@ def test_adapter_mix_equals_merged_weights(tmp: Path, arch: str, variant: str) -
             if name_arch == "llama" and name.endswith((".attn_q.weight", ".attn_k.weight")):
                 b = permute_qk(b, heads[0] if ".attn_q." in name else heads[1])
             delta = b.double() @ a.double()  # [out, in], or [E, out, in] per expert
-            values[name] = values[name] + scale * delta.float().numpy()
+            values[name] = values[name] + scale * delta.float().numpy().reshape(values[name].shape)
     merged_path = write_gguf(tmp / f"{arch}-{variant}-merged.gguf", typed_metadata(rec["metadata"]),
                              values)  # fmt: skip
     merged = load(merged_path, arch)
