@@ -60,6 +60,11 @@ _MORE = {
     "feed_forward.up_proj": "ffn_up",
     "feed_forward.down_proj": "ffn_down",
     "shared_mlp.output_linear": "ffn_down_shexp",  # granitemoeshared
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",  # qwen2moe
+    "mlp.router": "ffn_gate_inp",  # routers (gpt-oss, granitemoe, llama4, hunyuan)
+    "block_sparse_moe.router": "ffn_gate_inp",
+    "feed_forward.router": "ffn_gate_inp",
+    "mlp.gate.wg": "ffn_gate_inp",
 }
 for _shared in ("mlp.shared_experts", "mlp.shared_expert", "mlp.shared_mlp",
                 "feed_forward.shared_expert"):  # fmt: skip
