@@ -76,9 +76,11 @@ def imatrix(model: Path, quantize: Path) -> Path:
         if not tool.exists():
             raise SystemExit(f"{tool} missing: cmake --build build --target llama-imatrix")
         text = quantize.parents[2] / "README.md"
-        subprocess.run([str(tool), "-m", str(model), "-f", str(text), "-o", str(out),
+        tmp = out.with_name(f".tmp-{out.name}")  # its suffix picks the format
+        subprocess.run([str(tool), "-m", str(model), "-f", str(text), "-o", str(tmp),
                         "-c", "512", "--chunks", "16", "-t", "2"], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        tmp.replace(out)
     return out
 
 
@@ -99,8 +101,10 @@ def requantize(model: Path, qtype: str, quantize: Path) -> Path:
         cmd = [str(quantize), "--allow-requantize", *extra]
         if needs_imatrix(qtype):
             cmd += ["--imatrix", str(imatrix(model, quantize))]
-        cmd += [str(model), str(path), ftype, "1"]
+        tmp = path.with_name(f".tmp-{path.name}")  # renamed once whole: no half file read
+        cmd += [str(model), str(tmp), ftype, "1"]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        tmp.replace(path)
     return path
 
 

@@ -5,13 +5,16 @@ For each type, the file llama-server answered on is either rebuilt here by loras
 quantizer from the real Q4_K_M model (each tensor llama-quantize gave another type dequantized,
 then quantized to that type: the test checks that the tensor bytes equal llama-quantize's, by
 the recorded digest), or taken from the requantization cache the script fills (checked by the same
-digest), or the case skips. Teacher-forced on llama-server's greedy tokens, loraserve (fp16 KV
-cache as llama-server's default) picks llama-server's token wherever its top-1/top-2
-log-probability gap is at least 0.5.
+digest) -- made there first, as the script makes it, where the peer build's llama-quantize is
+at hand (llama-imatrix too for the types that need an importance matrix; deterministic: the
+files made so match the recorded digests) -- or the case skips. Teacher-forced on
+llama-server's greedy tokens, loraserve (fp16 KV cache as llama-server's default) picks
+llama-server's token wherever its top-1/top-2 log-probability gap is at least 0.5.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -83,10 +86,29 @@ def requant_file(real_model_path: Path, qtype: str, tmp: Path) -> Path:
     if path is None:
         path = real_model_path.parent / "requant" / f"gemma3-270m-{qtype}.gguf"
         if not path.exists():
+            path = made_by_llama_quantize(real_model_path, qtype) or path
+        if not path.exists():
             pytest.skip(f"{path} missing: python scripts/record_requant_reference.py")
     digest, _ = tensor_digest(path)
     assert digest == FILES[qtype]["tensors_sha256"], f"{qtype}: not the file llama-server ran"
     return path
+
+
+def made_by_llama_quantize(real_model_path: Path, qtype: str) -> Path | None:
+    """The cache's file of `qtype` made by scripts/record_requant_reference.py's own steps
+    (llama-quantize --allow-requantize, with an importance matrix where the type needs one),
+    or None without the peer build (minutes for the IQ2/IQ1 types; once per machine)."""
+    from bench.peer import find_quantize
+
+    quantize = find_quantize()
+    if quantize is None:
+        return None
+    script = Path(__file__).resolve().parents[2] / "scripts" / "record_requant_reference.py"
+    spec = importlib.util.spec_from_file_location("record_requant_reference", script)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.requantize(real_model_path, qtype, quantize)
 
 
 def forced_argmax(model: Any, cases: list[tuple[list[int], list[int]]]) -> list[int]:
