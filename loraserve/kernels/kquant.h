@@ -33,6 +33,18 @@ static inline __attribute__((always_inline)) void kdot(
     float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #if defined(__AVX2__)
     __m128 y4 = _mm_setzero_ps();  // R == 4: y of the 4 rows, one lane each
+    // R == 1: a super-block's horizontal sum and float steps wait until the next one's
+    // products are issued (its sums long done then): the same operations on y in the same
+    // order, without the sum's latency at the end of every super-block
+    __m256i pa = _mm256_setzero_si256();
+    int32_t pms = 0;
+    float pd = 0.0f, pdm = 0.0f, pxs = 0.0f;
+#define LS_FLUSH()                                                                            \
+    do {                                                                                      \
+        const int32_t is_ = hsum_i32(pa) - (K_OFF(type) ? pms : 0);                            \
+        y[0] = y[0] + (pd * pxs) * (float)is_;                                                 \
+        if (has_min) y[0] = y[0] - (pdm * pxs) * (float)(K_OFF(type) ? 0 : pms);               \
+    } while (0)
 #endif
     for (int64_t b = 0; b < nb; b++) {
         if (type >= 0 && type != T_IQ4_XS && p->ahead) {  // lines ahead (in place)
@@ -247,11 +259,10 @@ static inline __attribute__((always_inline)) void kdot(
                 y4 = _mm_sub_ps(y4, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(dm), xs4), _mm_cvtepi32_ps(m4)));
             continue;
         }
-        isum[0] = hsum_i32(_mm256_add_epi32(a0, a1));
-        if (K_OFF(type)) {  // the offset of the unsigned values (no min)
-            isum[0] -= msum[0];
-            msum[0] = 0;
-        }
+        if (b > 0) LS_FLUSH();  // the previous super-block's steps (K_OFF: less its offset sum)
+        pa = _mm256_add_epi32(a0, a1), pms = msum[0], pd = d, pdm = dm, pxs = xd[b];
+        (void)isum;
+        continue;
 #else
         (void)row;
         (void)bs32;
@@ -277,6 +288,8 @@ static inline __attribute__((always_inline)) void kdot(
     }
 #if defined(__AVX2__)
     if (R == 4) _mm_storeu_ps(y, y4);
+    else if (nb > 0) LS_FLUSH();
+#undef LS_FLUSH
 #endif
     for (int r = 0; r < R; r++) out[r * ldy] = y[r];
 }
