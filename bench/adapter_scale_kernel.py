@@ -2,13 +2,14 @@
 
 `ls_lora16` (`kernels/lora16.c`) over Gemma 3 270M's 126 LoRA targets (18 layers x 7
 projections) for one decode step of `--rows` rows, with 16 random rank-8/16 float16 adapters
-in memory: every row on one adapter, on 8 distinct, on 4, and a Zipf-like mix of 5. The L3 is
-flushed between steps (a real step streams ~200 MB of base weights between two uses of an
-adapter). Prints the median and minimum ms a step per case and library: the package's own
-build, then each ``--lib`` (a kernels library built from another checkout, e.g. the one
-before a change), interleaved, their outputs checked bitwise against the first's. Wall clock
-(`--clock thread` for the calling thread's CPU time, one thread only). Python's call
-overhead (~4 us a call) is in every figure alike.
+in memory: every row on one adapter, on 8 distinct, on 4, a Zipf-like mix of 5, and 8 distinct
+with the rank-16 ones first (a split of the rows by count gives one thread twice the
+other's work). The L3 is flushed between steps (a real step streams ~200 MB of base weights
+between two uses of an adapter). Prints the median and minimum ms a step per case and
+library: the package's own build, then each ``--lib`` (a kernels library built from another
+checkout, e.g. the one before a change), interleaved, their outputs checked bitwise against
+the first's. Wall clock (`--clock thread` for the calling thread's CPU time, one thread
+only). Python's call overhead (~4 us a call) is in every figure alike.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def _cases(t: int) -> dict[str, list[int]]:
         "8 adapters": [i % 8 for i in range(t)],
         "4 adapters": [i % 4 for i in range(t)],
         "Zipf-like 5": ([0, 0, 0, 1, 2, 0, 3, 5] * t)[:t],
+        "8, r16 first": ([1, 3, 5, 7, 0, 2, 4, 6] * t)[:t],  # ranks 16 x 4, then 8 x 4
     }
 
 

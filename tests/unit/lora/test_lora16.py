@@ -88,6 +88,36 @@ def test_rows_grouped_by_adapter_keep_each_rows_bits(threads: int, t: int) -> No
 
 
 @needs_c
+@pytest.mark.parametrize("threads", [2, 3])
+def test_uneven_shares_keep_each_rows_bits(threads: int) -> None:
+    """The threads' shares of shrinks and rows follow their weights (ranks 64 beside rank
+    1, rows with no adapter at all, a heavy row last): each row still gets ls_lora's
+    float32 bits, once (a row or item in two shares, or in none, changes them)."""
+    g = torch.Generator().manual_seed(threads)
+    k, n = 96, 260
+    pairs = [_halves(g, r, k, n) for r in (64, 1, 16)]
+    t = 11
+    x = torch.randn(t, k, generator=g)
+    s = torch.zeros(len(pairs), t)
+    for row, a in enumerate([1, 1, None, 1, 0, None, 1, 2, 1, None, 0]):
+        if a is not None:
+            s[a, row] = 0.75 - row / 16
+    s[2, t - 1] = 2.0  # the last row on two adapters
+    y0 = torch.randn(t, n, generator=g)
+    ref = y0.clone()
+    lora_delta(x, ref, [(a, b) for a, b in pairs], s)
+    halves = [(a.half(), lora16.tiles(b), lora16.tail(b)) for a, b in pairs]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = y0.clone()
+        lora16.lora_delta16(x, got, halves, s)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(got, ref)
+
+
+@needs_c
 def test_half_route_refuses_shapes_that_do_not_fit() -> None:
     g = torch.Generator().manual_seed(0)
     a, b = _halves(g, 4, 16, 8)
