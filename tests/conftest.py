@@ -12,6 +12,11 @@ REAL_MODEL_NAME = "gemma3-270m-q4_k_m.gguf"
 # The router lists llama-server's download cache (server/router/hf_cache.py): the tests (and
 # the servers they start) see an empty one, whatever this machine has downloaded.
 os.environ["LLAMA_CACHE"] = os.path.join(tempfile.gettempdir(), "loraserve-tests-no-llama-cache")
+# ... and never the real hub: `-hf` downloads first (server/router/download.py), and a CI machine
+# without internet may hang on DNS; port 9 (discard) on this host refuses at once. The download
+# tests set their own stand-in hub.
+os.environ["MODEL_ENDPOINT"] = "http://127.0.0.1:9/"
+os.environ.pop("HF_ENDPOINT", None)
 
 
 @pytest.fixture(scope="session")
