@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         "its cache (LLAMA_CACHE, ...) unless --offline; MODEL_ENDPOINT / HF_ENDPOINT name the hub",
     )
     a("-hff", "--hf-file", metavar="FILE", dest="hf_file", help="that file of the -hf repository")
+    a("--offline", action="store_true", help="-hf: the cache's copy only, never the hub")
     a("--lora", action=LoraAction, metavar="PATH[,PATH]", help="adapter at scale 1")
     a(
         "--lora-scaled",
@@ -214,7 +215,7 @@ def parse_server_args(argv: list[str]) -> ServerConfig:
 
         if ns.model is not None:
             parser.error("argument -hf/--hf-repo: give it or -m, not both")
-        offline = "--offline" in argv or os.environ.get("LLAMA_OFFLINE", "") not in ("", "0")
+        offline = ns.offline or os.environ.get("LLAMA_OFFLINE", "") not in ("", "0")
         try:
             kind, path = resolve_arg(ns.hf_repo, ns.hf_file or "", offline)
         except ValueError as e:

@@ -16,7 +16,7 @@ IGNORED_SWITCHES = """
     -cb|--cont-batching -nocb|--no-cont-batching
     --warmup --no-warmup --swa-full --context-shift --no-context-shift --cache-idle-slots
     --no-cache-idle-slots --props --no-perf --check-tensors --reuse-port
-    --offline --op-offload --no-op-offload --backend_sampling|--backend-sampling
+    --op-offload --no-op-offload --backend_sampling|--backend-sampling
 """.split()
 IGNORED_OPTIONAL_VALUE = "-fa|--flash-attn -fit|--fit --log-colors".split()
 IGNORED_WITH_VALUE = """

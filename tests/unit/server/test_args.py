@@ -132,6 +132,7 @@ def test_lora_forms_keep_command_line_order():
         ("--host a,", "--host: expected addresses"),
         ("--rope-scaling linear", "unrecognized"),
         ("-hf ggml-org/x", "-hf/--hf-repo: ggml-org/x is not in the download cache"),
+        ("-hf ggml-org/x --offline", "and was not downloaded (--offline)"),
         ("-mu http://h/x.gguf", "-mu: not supported by loraserve (downloading models"),
         ("--mmproj x.gguf", "not supported"),
         ("--pooling max", "--pooling"),
