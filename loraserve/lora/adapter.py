@@ -23,6 +23,7 @@ import torch
 
 from loraserve.lora.adapter_checks import EMBED, AdapterError, Held, all_finite, hold
 from loraserve.lora.content_ids import ContentIds, Seen
+from loraserve.lora.peft_targets import split_module
 from loraserve.lora.read_gguf import Pairs, open_gguf, read_gguf
 from loraserve.lora.weight import LoraWeight
 from loraserve.model.config import ModelConfig
@@ -82,7 +83,7 @@ def load_adapter(
     seen = ids.before_read(path) if ids is not None else None
     try:  # a crafted file is refused with its reason, never with Python's own error
         if path.is_dir():
-            name, meta, pairs = _read_peft(path, model_config)
+            name, meta, pairs = _read_peft(path, model_config, base_shapes)
             return _adapter(path, name, meta, pairs, all_finite(pairs), base_shapes, ids, seen)
         with open_gguf(path) as gg:  # its pairs are views of the mapping until held
             name, meta, pairs, finite = read_gguf(gg, path, model_config, base_shapes)
@@ -115,7 +116,9 @@ def _adapter(
     return Adapter(name, path, cid, weights, metadata=meta)
 
 
-def _read_peft(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs]:
+def _read_peft(
+    path: Path, cfg: ModelConfig, base_shapes: dict[str, tuple[int, ...]]
+) -> tuple[str, dict[str, Any], Pairs]:
     from safetensors import safe_open
 
     from loraserve.lora.validate import read_peft_config
@@ -160,11 +163,23 @@ def _read_peft(path: Path, cfg: ModelConfig) -> tuple[str, dict[str, Any], Pairs
             missing = "lora_B" if "lora_A" in ab else "lora_A"
             raise AdapterError(f"{st_file}: {module}.{missing} is missing (its pair is present)")
         key = _module_key(module)
+        a, b = ab["lora_A"], ab["lora_B"]
+        r = int(_lookup(conf, "rank_pattern", key, conf.get("r", 8)))
+        try:  # a module adapting several tensors or a stacked parameter (`lora.peft_targets`)
+            split = split_module(key, a, b, cfg, base_shapes, conf.get("target_parameters") or [])
+        except ValueError as e:
+            raise AdapterError(f"{st_file}: {module!r}: {e}") from None
+        if split is not None:
+            alpha = float(_lookup(conf, "alpha_pattern", key, conf.get("lora_alpha", 8)))
+            factor = alpha / math.sqrt(r) if conf.get("use_rslora") else alpha / r
+            for target, pa, pb in split:
+                if pa.shape[-2] != r:
+                    raise AdapterError(f"{st_file}: {module}: rank {pa.shape[-2]}, expected {r}")
+                pairs[target] = (pa, pb, factor, module not in wide, False)
+            continue
         target = hf_to_gguf_name(key + ".weight", cfg.arch)
         if target is None:
             raise AdapterError(f"{st_file}: {module!r} is not a known base tensor")
-        a, b = ab["lora_A"], ab["lora_B"]
-        r = int(_lookup(conf, "rank_pattern", key, conf.get("r", 8)))
         if a.dim() != 2 or a.shape[0] != r:
             raise AdapterError(
                 f"{st_file}: {module}.lora_A has shape {tuple(a.shape)}, expected rank {r}"

@@ -11,14 +11,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import save_file
 
 from loraserve.engine.core import EngineConfig
 from loraserve.engine.engine import Engine
 from loraserve.engine.runner import ModelRunner
-from loraserve.lora.adapter import AdapterError
 from loraserve.model.gguf_write import write_gguf
 from loraserve.model.loader import load_model
 from tests.arch_models import tensor_values, typed_metadata, write_model
@@ -72,9 +70,6 @@ def _folder(path: Path, spec: dict, g: torch.Generator) -> dict[str, torch.Tenso
     return deltas
 
 
-@pytest.mark.xfail(raises=AdapterError, strict=True,
-                   reason="lora/adapter.py's _read_peft does not hand these modules to "
-                          "lora.peft_targets.split_module yet (issue 27 (a))")  # fmt: skip
 def test_kv_b_and_expert_parameters_equal_merged_weights(tmp_path: Path) -> None:
     spec = _spec()
     model = load_model(write_model(spec, tmp_path / "ds2.gguf"))
