@@ -23,6 +23,7 @@ import torch
 
 from loraserve.lora.adapter_checks import EMBED, AdapterError, Held, all_finite, hold
 from loraserve.lora.content_ids import ContentIds, Seen
+from loraserve.lora.peft_experts import Found, expert_module, stack_experts
 from loraserve.lora.peft_targets import split_module
 from loraserve.lora.read_gguf import Pairs, open_gguf, read_gguf
 from loraserve.lora.weight import LoraWeight
@@ -158,6 +159,7 @@ def _read_peft(
     except Exception as e:  # safetensors raises its own error types on corrupt files
         raise AdapterError(f"{st_file}: cannot read safetensors: {e}") from None
     pairs: Pairs = {}
+    found: Found = {}  # per-expert modules (transformers 4's MoE layout), by layer and part
     for module, ab in halves.items():
         if len(ab) != 2:
             missing = "lora_B" if "lora_A" in ab else "lora_A"
@@ -165,13 +167,19 @@ def _read_peft(
         key = _module_key(module)
         a, b = ab["lora_A"], ab["lora_B"]
         r = int(_lookup(conf, "rank_pattern", key, conf.get("r", 8)))
+        alpha = float(_lookup(conf, "alpha_pattern", key, conf.get("lora_alpha", 8)))
+        factor = alpha / math.sqrt(r) if conf.get("use_rslora") else alpha / r
+        if (per_expert := expert_module(key)) is not None:  # stacked after the loop
+            layer, e, part = per_expert
+            if a.dim() != 2 or b.dim() != 2 or a.shape[0] != r:
+                raise AdapterError(f"{st_file}: {module}: A {tuple(a.shape)}, expected rank {r}")
+            found.setdefault((layer, part), {})[e] = (a, b, factor, module not in wide)
+            continue
         try:  # a module adapting several tensors or a stacked parameter (`lora.peft_targets`)
             split = split_module(key, a, b, cfg, base_shapes, conf.get("target_parameters") or [])
         except ValueError as e:
             raise AdapterError(f"{st_file}: {module!r}: {e}") from None
         if split is not None:
-            alpha = float(_lookup(conf, "alpha_pattern", key, conf.get("lora_alpha", 8)))
-            factor = alpha / math.sqrt(r) if conf.get("use_rslora") else alpha / r
             for target, pa, pb in split:
                 if pa.shape[-2] != r:
                     raise AdapterError(f"{st_file}: {module}: rank {pa.shape[-2]}, expected {r}")
@@ -184,9 +192,11 @@ def _read_peft(
             raise AdapterError(
                 f"{st_file}: {module}.lora_A has shape {tuple(a.shape)}, expected rank {r}"
             )
-        alpha = float(_lookup(conf, "alpha_pattern", key, conf.get("lora_alpha", 8)))
-        factor = alpha / math.sqrt(r) if conf.get("use_rslora") else alpha / r
         pairs[target] = (a, b, factor, module not in wide, False)
+    try:
+        pairs.update(stack_experts(found, cfg, base_shapes))
+    except ValueError as e:
+        raise AdapterError(f"{st_file}: {e}") from None
     return path.name, {"adapter_config": conf}, pairs
 
 
