@@ -21,12 +21,11 @@ from safetensors.torch import save_file
 
 from loraserve.engine.core import EngineConfig
 from loraserve.engine.engine import Engine
-from loraserve.engine.runner import ModelRunner
 from loraserve.model.gguf_write import write_gguf
 from loraserve.model.hf import hf_to_gguf_name
 from loraserve.model.weights import permute_qk
 from tests.arch_models import tensor_values, typed_metadata
-from tests.unit.model.test_archs import RECORDS, forced_logits, load, model_file
+from tests.unit.model.test_archs import RECORDS, check_equals_merged, load, model_file
 
 MODULES = [  # transformers' linear modules inside a layer (modeling_<arch>.py)
     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -104,8 +103,4 @@ def test_peft_on_every_projection_equals_merged_weights(tmp: Path, arch: str) ->
     ad = eng.load_adapter(tmp / f"{arch}-peft", 0.0).result()
     assert set(ad.weights) == set(pairs)
     cases = rec["answers"]["F32"]
-    got = forced_logits(eng.core.runner, cases, {0: SCALE}).log_softmax(-1)
-    want = forced_logits(ModelRunner(merged.decoder, 16, torch.float32), cases).log_softmax(-1)
-    base = forced_logits(ModelRunner(model.decoder, 16, torch.float32), cases).log_softmax(-1)
-    assert (base - want).abs().max() > 0.01, "the adapter changes nothing: no test"
-    assert (got - want).abs().max() < 2e-3
+    check_equals_merged(eng, model, merged, cases, SCALE)

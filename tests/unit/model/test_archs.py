@@ -110,6 +110,17 @@ def forced_logits(
     return runner.forward(items)
 
 
+def check_equals_merged(eng: Engine, base: Any, merged: Any, cases: list[dict[str, Any]],
+                        scale: float) -> None:  # fmt: skip
+    """Adapter 0 at `scale` in `eng` answers the teacher-forced `cases` as the `merged` model
+    does (log-probabilities within 2e-3), and the adapter changes the `base` model's answers."""
+    got = forced_logits(eng.core.runner, cases, {0: scale}).log_softmax(-1)
+    want = forced_logits(ModelRunner(merged.decoder, 16, torch.float32), cases).log_softmax(-1)
+    ref = forced_logits(ModelRunner(base.decoder, 16, torch.float32), cases).log_softmax(-1)
+    assert (ref - want).abs().max() > 0.01, "the adapter changes nothing: no test"
+    assert (got - want).abs().max() < 2e-3
+
+
 def answers(eng: Engine, prefixes: list[list[int]], **kw: Any) -> list[tuple[int, Any]]:
     """Each prefix's greedy next token and its top-2 probabilities, all submitted at once."""
     evs = run_and_drain(eng, [ask(p, 1, sampling=PROBS, **kw) for p in prefixes])
