@@ -12,62 +12,16 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
-from httpx import Response
 
-from loraserve.server.app import HTTP_IMPL
-from loraserve.server.config.args import parse_server_args
-from loraserve.server.router.app import create_router_app
-from tests.server_util import free_socket, peft_folder, serve_in_thread, tiny_model_path
+from tests.http.router_util import PROMPT, complete, error, router, status, wait_status
+from tests.server_util import peft_folder, serve_in_thread, tiny_model_path
 from tests.tiny import hf_model, write_gguf
 
-PROMPT = "hello world, the router"
-
-
-@contextmanager
-def router(args: list[str]) -> Iterator[tuple[httpx.Client, object]]:
-    """A router (`create_router_app` under uvicorn in a thread): a client and its state."""
-    app = create_router_app(parse_server_args(["-t", "1", *args]))
-    sock = free_socket()
-    server = uvicorn.Server(
-        uvicorn.Config(app, http=HTTP_IMPL, log_level="warning", timeout_graceful_shutdown=2)
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    client = httpx.Client(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", timeout=60)
-    try:
-        while not server.started:
-            time.sleep(0.01)
-        yield client, app.state.router
-    finally:
-        client.close()
-        server.should_exit = True
-        thread.join(15)
-        sock.close()
-
-
-def status(c: httpx.Client, name: str) -> dict:
-    items = {m["id"]: m for m in c.get("/models").json()["data"]}
-    return items[name]["status"]
-
-
-def wait_status(c: httpx.Client, name: str, want: str) -> dict:
-    deadline = time.monotonic() + 60
-    while (s := status(c, name))["value"] != want or s.get("failed") and want == "loaded":
-        assert time.monotonic() < deadline, s
-        time.sleep(0.02)
-    return s
-
-
-def error(r: httpx.Response, code: int, type_: str, message: str) -> None:
-    assert r.status_code == code, r.text
-    assert r.json() == {"error": {"code": code, "message": message, "type": type_}}
+__all__ = ["PROMPT", "complete", "router", "status", "wait_status"]  # test_router_download
 
 
 @pytest.fixture(scope="module")
@@ -78,11 +32,6 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "broken.gguf").write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)
     (d / "mmproj-tiny.gguf").write_bytes(b"")  # a companion file: not a model
     return d
-
-
-def complete(c: httpx.Client, model: str, path: str = "/completion", **kw: object) -> Response:
-    body = {"model": model, "prompt": PROMPT, "n_predict": 4, "temperature": 0, **kw}
-    return c.post(path, json={k: v for k, v in body.items() if v is not None})
 
 
 def test_router_lifecycle(models_dir: Path) -> None:

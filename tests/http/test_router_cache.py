@@ -16,7 +16,7 @@ import pytest
 from loraserve.server.config.args import parse_server_args
 from loraserve.server.router import app as router_app
 from loraserve.server.router import hf_cache, presets
-from tests.http.test_router import router
+from tests.http.router_util import router
 from tests.server_util import free_socket, tiny_model_path
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.http.test_router import PROMPT, complete, router, status, wait_status
+from tests.http.router_util import PROMPT, complete, router, status, wait_status
 from tests.server_util import tiny_model_path
 from tests.tiny import hf_model, write_gguf
 

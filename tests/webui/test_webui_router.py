@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.http.test_router import router
+from tests.http.router_util import router
 from tests.server_util import tiny_model_path
 from tests.tiny import hf_model, write_gguf
 from tests.webui_util import Page, browser_fixture, require_browser  # noqa: F401 (fixture)
