@@ -14,7 +14,7 @@ from loraserve.model.loader import LoadedModel, load_model
 from tests.engine_util import ask, run_and_drain
 from tests.tiny import hf_model, write_gguf
 from tests.unit.engine.test_engine import prompts
-from tests.unit.lora.test_lora import peft_adapter
+from tests.unit.lora.lora_util import peft_adapter
 
 GREEDY = SamplingParams(temperature=0.0)
 

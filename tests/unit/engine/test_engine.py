@@ -14,7 +14,7 @@ from loraserve.engine.sampling.params import SamplingParams
 from loraserve.model.loader import LoadedModel, load_model
 from tests.engine_util import ask, run_and_drain, run_one, tokens
 from tests.tiny import gguf_tensors, hf_logits, hf_model, write_gguf
-from tests.unit.lora.test_lora import peft_adapter
+from tests.unit.lora.lora_util import peft_adapter
 
 
 @pytest.fixture(scope="module")

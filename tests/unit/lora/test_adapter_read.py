@@ -20,7 +20,7 @@ from loraserve.lora.adapter import AdapterError
 from loraserve.lora.read_gguf import runs_finite, tensors_finite
 from loraserve.lora.registry import AdapterRegistry
 from loraserve.model.gguf import GGUFFile
-from tests.unit.lora.test_lora import gguf_adapter, peft_adapter
+from tests.unit.lora.lora_util import gguf_adapter, peft_adapter
 from tests.unit.lora.test_lora_load import llama, pairs  # noqa: F401
 
 V, UP = "blk.0.attn_v.weight", "blk.1.ffn_up.weight"

@@ -26,7 +26,7 @@ from loraserve.lora.adapter import AdapterError
 from loraserve.model.loader import LoadedModel, load_model
 from tests.engine_util import ask, run_and_drain, tokens
 from tests.tiny import hf_logits, hf_model, write_gguf
-from tests.unit.lora.test_lora import TARGETS, peft_pairs
+from tests.unit.lora.lora_util import TARGETS, peft_pairs
 
 INV = [7, 8]
 HISTORY = [1, 5, 77, 300, 12, 9, 260, 261, 200, 150, 33, 41, 42, 43]  # 14 tokens

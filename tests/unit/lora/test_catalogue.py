@@ -25,7 +25,7 @@ from loraserve.lora.registry import UnknownModelName
 from loraserve.model.loader import LoadedModel, load_model
 from tests.engine_util import ask, follow, run_and_drain, tokens
 from tests.tiny import hf_logits, hf_model, write_gguf
-from tests.unit.lora.test_lora import gguf_from_peft, peft_adapter
+from tests.unit.lora.lora_util import gguf_from_peft, peft_adapter
 
 P = [1, 5, 77, 300, 12, 9, 260, 261, 200, 150, 33, 7, 41, 42, 43, 44, 45, 46]
 N = 6

@@ -9,7 +9,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from loraserve.lora.registry import AdapterRegistry
-from tests.unit.lora.test_lora import gguf_adapter
+from tests.unit.lora.lora_util import gguf_adapter
 from tests.unit.lora.test_lora_load import llama, pairs  # noqa: F401
 
 

@@ -7,34 +7,26 @@ permuted as llama.cpp's ``convert_lora_to_gguf.py`` does for llama).
 
 from __future__ import annotations
 
-import copy
-import json
-from collections.abc import Mapping
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFWriter
-from peft import LoraConfig, get_peft_model
-from safetensors.torch import load_file
-from torch import nn
 
 from loraserve.engine.runner import BatchItem, ModelRunner
 from loraserve.lora.registry import AdapterRegistry
-from loraserve.model.hf import hf_to_gguf_name
-from loraserve.model.loader import LoadedModel, load_model, permute_qk
-from tests.tiny import hf_logits, hf_model, our_logits, write_gguf
-
-IDS = [1, 5, 77, 300, 12, 9, 260, 261, 200, 150, 33, 7]
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-TOL = 1e-4
-Tiny = tuple[nn.Module, LoadedModel]
-
-
-def tiny(tmp_path_factory: pytest.TempPathFactory, arch: str) -> Tiny:
-    m = hf_model(arch)
-    return m, load_model(write_gguf(tmp_path_factory.mktemp(arch) / "m.gguf", m, arch))
+from tests.tiny import hf_logits
+from tests.unit.lora.lora_util import (
+    IDS,
+    TARGETS,
+    Tiny,
+    close,
+    gguf_from_peft,
+    lora_logits,
+    merged,
+    merged_moe,
+    moe_adapter,
+    peft_adapter,
+    tiny,
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,104 +42,6 @@ def gemma3(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
 @pytest.fixture(scope="module")
 def mixtral(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
     return tiny(tmp_path_factory, "mixtral")
-
-
-def peft_adapter(
-    path: Path, m: nn.Module, *, seed: int = 1, r: int = 4, alpha: float = 8.0, **kw
-) -> tuple[Path, nn.Module]:
-    """Save a PEFT LoRA with random non-zero A and B; returns (folder, the PEFT model)."""
-    kw.setdefault("target_modules", TARGETS)
-    pm = get_peft_model(copy.deepcopy(m), LoraConfig(r=r, lora_alpha=alpha, **kw))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for n, p in pm.named_parameters():
-            if "lora_" in n:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    pm.save_pretrained(path)
-    return path, pm.eval()
-
-
-def peft_pairs(folder: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """HF module parameter name (``model.layers.0.self_attn.q_proj.weight``) -> (A, B)."""
-    sd = load_file(folder / "adapter_model.safetensors")
-    return {
-        k.removeprefix("base_model.model.").replace(".lora_A.weight", ".weight"): (
-            a,
-            sd[k.replace("lora_A", "lora_B")],
-        )
-        for k, a in sd.items()
-        if ".lora_A." in k
-    }
-
-
-def gguf_from_peft(path: Path, folder: Path, m: nn.Module, arch: str) -> Path:
-    """The llama.cpp converter's output for a PEFT folder (uniform alpha, F32)."""
-    conf = json.loads((folder / "adapter_config.json").read_text())
-    cfg = m.config
-    tensors = {}
-    for hf_name, (a, b) in peft_pairs(folder).items():
-        name = hf_to_gguf_name(hf_name, arch)
-        if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
-            heads = cfg.num_attention_heads if "attn_q" in name else cfg.num_key_value_heads
-            b = permute_qk(b, heads)
-        tensors[name + ".lora_a"], tensors[name + ".lora_b"] = a, b
-    return gguf_adapter(path, arch, tensors, alpha=conf["lora_alpha"])
-
-
-def gguf_adapter(
-    path: Path,
-    arch: str,
-    tensors: Mapping[str, torch.Tensor | np.ndarray],
-    alpha: float | None = 8.0,
-    types: Mapping[str, GGMLQuantizationType] | None = None,
-) -> Path:
-    """Write a llama.cpp GGUF LoRA; ``types`` quantizes/converts the named tensors."""
-    from gguf.quants import quantize
-
-    w = GGUFWriter(str(path), arch)
-    w.add_type("adapter")
-    w.add_string("adapter.type", "lora")
-    w.add_name(path.stem)
-    if alpha is not None:
-        w.add_float32("adapter.lora.alpha", alpha)
-    for name, t in tensors.items():
-        arr = t.numpy() if isinstance(t, torch.Tensor) else t
-        qt = (types or {}).get(name)
-        if qt is None:
-            w.add_tensor(name, arr.astype(np.float32))
-        else:
-            w.add_tensor(name, quantize(arr.astype(np.float32), qt), raw_dtype=qt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
-def merged(m: nn.Module, adapters: list[tuple[Path, float]]) -> nn.Module:
-    """A copy of ``m`` with W += s · (alpha/r) · B A for every (PEFT folder, scale)."""
-    out = copy.deepcopy(m)
-    params = dict(out.named_parameters())
-    for folder, s in adapters:
-        conf = json.loads((folder / "adapter_config.json").read_text())
-        factor = conf["lora_alpha"] / conf["r"]
-        for name, (a, b) in peft_pairs(folder).items():
-            params[name].data += s * factor * (b @ a)
-    return out
-
-
-def lora_logits(
-    model: LoadedModel, reg: AdapterRegistry, ids: list[int], mix: dict[int, float], chunk: int = 5
-) -> torch.Tensor:
-    """Logits [T, V] under ``mix``: a prefill chunk, then one-token decodes, via the runner."""
-    return our_logits(model, ids, chunk, mix, reg.build_delta)
-
-
-def close(ours: torch.Tensor, ref: torch.Tensor, base: torch.Tensor | None = None) -> None:
-    diff = (ours - ref).abs().max().item()
-    assert diff <= TOL, f"max abs logit diff {diff}"
-    if base is not None:  # the adapter visibly changes the logits: the test is not vacuous
-        assert (ref - base).abs().max().item() > 0.05
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
@@ -204,53 +98,6 @@ def test_gguf_form_equals_peft_form(request, tmp_path, arch: str) -> None:
     ours = lora_logits(model, reg, IDS, {1: 0.9})
     close(ours, lora_logits(model, reg, IDS, {0: 0.9}))
     close(ours, hf_logits(merged(m, [(folder, 0.9)]), IDS), hf_logits(m, IDS))
-
-
-def moe_adapter(path: Path, m: nn.Module, seed: int, r: int = 4) -> tuple[Path, dict]:
-    """A GGUF LoRA on the tiny Mixtral: stacked experts, attn_q (permuted B) and output.
-
-    Returns the file and the HF-layout pairs {gguf name: (A, B)}.
-    """
-    cfg, g = m.config, torch.Generator().manual_seed(seed)
-    e, h, f = cfg.num_local_experts, cfg.hidden_size, cfg.intermediate_size
-
-    def rnd(*shape: int) -> torch.Tensor:
-        return torch.randn(shape, generator=g) * 0.1
-
-    pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    for i in range(cfg.num_hidden_layers):
-        pairs[f"blk.{i}.ffn_gate_exps.weight"] = (rnd(e, r, h), rnd(e, f, r))
-        pairs[f"blk.{i}.ffn_up_exps.weight"] = (rnd(e, r, h), rnd(e, f, r))
-        pairs[f"blk.{i}.ffn_down_exps.weight"] = (rnd(e, r, f), rnd(e, h, r))
-        pairs[f"blk.{i}.attn_q.weight"] = (rnd(r, h), rnd(h, r))
-    pairs["output.weight"] = (rnd(r, h), rnd(cfg.vocab_size, r))
-    tensors = {}
-    for name, (a, b) in pairs.items():
-        if name.endswith("attn_q.weight"):
-            b = permute_qk(b, cfg.num_attention_heads)
-        tensors[name + ".lora_a"], tensors[name + ".lora_b"] = a, b
-    return gguf_adapter(path, "llama", tensors, alpha=2.0 * r), pairs
-
-
-def merged_moe(m: nn.Module, adapters: list[tuple[dict, float]]) -> nn.Module:
-    """A copy of the HF Mixtral with every adapter's s · (alpha/r) · B A added (alpha = 2r)."""
-    out = copy.deepcopy(m)
-    p = dict(out.named_parameters())
-    f = m.config.intermediate_size
-    for pairs, s in adapters:
-        for name, (a, b) in pairs.items():
-            d = 2.0 * s * (b @ a)  # [E, out, in] or [out, in]
-            blk = name.split(".")[1]
-            if name == "output.weight":
-                p["lm_head.weight"].data += d
-            elif "attn_q" in name:
-                p[f"model.layers.{blk}.self_attn.q_proj.weight"].data += d
-            elif "down_exps" in name:
-                p[f"model.layers.{blk}.mlp.experts.down_proj"].data += d
-            else:
-                rows = slice(0, f) if "gate_exps" in name else slice(f, 2 * f)
-                p[f"model.layers.{blk}.mlp.experts.gate_up_proj"].data[:, rows] += d
-    return out
 
 
 def test_moe_expert_lora_equals_merged_weights(mixtral, tmp_path) -> None:

@@ -136,7 +136,7 @@ def _f16_adapter(path, shapes, seed: int, rank: int, halves: bool, skip: str = "
     import numpy as np
     from gguf import GGMLQuantizationType as Q
 
-    from tests.unit.lora.test_lora import gguf_adapter
+    from tests.unit.lora.lora_util import gguf_adapter
 
     g = torch.Generator().manual_seed(seed)
     tensors, types = {}, {}

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from loraserve.lora.adapter import AdapterError
 from loraserve.lora.registry import AdapterRegistry
-from tests.unit.lora.test_lora import IDS, Tiny, gguf_adapter, lora_logits, peft_adapter, tiny
+from tests.unit.lora.lora_util import IDS, Tiny, gguf_adapter, lora_logits, peft_adapter, tiny
 
 R = 4
 

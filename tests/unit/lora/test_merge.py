@@ -27,7 +27,7 @@ from loraserve.model.loader import LoadedModel, load_model, permute_qk
 from tests.engine_util import run_one
 from tests.server_util import write_peft
 from tests.tiny import hf_model, write_gguf
-from tests.unit.lora.test_lora import gguf_adapter, lora_logits
+from tests.unit.lora.lora_util import gguf_adapter, lora_logits
 
 IDS = [1, 5, 77, 300, 12, 9, 260, 261, 200, 150, 33, 7]
 MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -161,7 +161,7 @@ def test_gguf_output_records_its_inputs(tmp_path) -> None:
 
 def test_stacked_experts_merge(tmp_path) -> None:
     """MoE expert LoRAs ([E, r, in] / [E, out, r]) merge per expert; exact at full rank."""
-    from tests.unit.lora.test_lora import moe_adapter
+    from tests.unit.lora.lora_util import moe_adapter
 
     m = hf_model("mixtral")
     model = load_model(write_gguf(tmp_path / "moe.gguf", m, "mixtral"))

@@ -18,7 +18,7 @@ from loraserve.engine.runner import BatchItem, ModelRunner
 from loraserve.lora.registry import AdapterRegistry
 from loraserve.model.loader import LoadedModel, load_model
 from tests.tiny import gguf_tensors, hf_model, our_logits, write_gguf
-from tests.unit.lora.test_lora import peft_adapter
+from tests.unit.lora.lora_util import peft_adapter
 
 TYPES = {
     "attn_q": Q.Q4_K, "attn_k": Q.Q5_K, "attn_v": Q.Q6_K, "attn_output": Q.Q4_1,

@@ -54,7 +54,7 @@ def test_fused_lora_deltas_equal_the_python_path_bitwise(tmp_path, arch: str) ->
     (which adds each projection's delta between the kernels), in batches of mixed mixes."""
     from loraserve.engine.runner import BatchItem, ModelRunner
     from loraserve.lora.registry import AdapterRegistry
-    from tests.unit.lora.test_lora import peft_adapter
+    from tests.unit.lora.lora_util import peft_adapter
 
     model, m = _quantized_model(tmp_path, arch, with_hf=True)
     reg = AdapterRegistry(model)
