@@ -9,7 +9,9 @@ token, so it is kept in two places:
   that failure isolation runs again alone starts from the same state), and the slot's
   **checkpoints** at llama-server's positions: where each of its prompts began from the live
   state (an edited last message resumes there) and 4 tokens before each prompt's end (a
-  re-rendered template tail), at most ``checkpoints`` a slot, used only by a prompt under the
+  re-rendered template tail), at most ``checkpoints`` a slot (when full, those of earlier
+  requests within ``min_step`` tokens of the one kept before them go first, then the oldest:
+  llama-server's ``create_checkpoint``, `_add_checkpoint`), used only by a prompt under the
   slot's cache key that starts with the tokens before them (`resume_point`), each costing a
   snapshot's share in the cache budget and evicted first (`drop_checkpoint`);
 - a **snapshot** of every layer's state after some full blocks a sequence computed, stored
@@ -80,13 +82,16 @@ class _Live:
     # position -> states where each of its prompts (and its predecessors' in the slot) began
     # from this live state: llama-server's checkpoint before a prompt's last batch
     ckpts: dict[int, States] = field(default_factory=dict)
+    owners: dict[int, int] = field(default_factory=dict)  # position -> the request that made it
 
 
 class StateStore:
     """Live states of running sequences and block-boundary snapshots of one model.
 
     ``shapes``: recurrent layer index -> the shape of its state for one sequence;
-    ``checkpoints``: the most checkpoints a slot keeps (llama-server's ``--ctx-checkpoints``).
+    ``checkpoints``: the most checkpoints a slot keeps (llama-server's ``--ctx-checkpoints``);
+    ``min_step``: tokens within which a full slot thins earlier requests' checkpoints
+    (``--checkpoint-min-step``; also ``every``, in blocks).
     """
 
     def __init__(
@@ -96,9 +101,12 @@ class StateStore:
         every: int = 1,
         kv_block_bytes: int = 0,
         checkpoints: int = 32,
+        min_step: int = 8192,
     ) -> None:
         if every < 1:
             raise ValueError(f"snapshot interval {every} blocks: must be at least 1")
+        if checkpoints < 0 or min_step < 0:
+            raise ValueError(f"checkpoints {checkpoints}, min step {min_step}: must be >= 0")
         self.shapes = dict(shapes)
         self.bs = block_size
         self.every = every  # a snapshot after every ``every``-th full block (and step ends)
@@ -106,6 +114,7 @@ class StateStore:
         self.live: dict[int, _Live] = {}  # slot -> its sequence's states
         self.snaps: dict[int, States] = {}  # block id -> states after the block's last token
         self.max_ckpts = checkpoints
+        self.min_step = min_step
 
     @property
     def snapshot_bytes(self) -> int:
@@ -190,9 +199,7 @@ class StateStore:
             live.latest = step.latest
         live.at = {start: step.state, start + step.hi - step.lo: step.out}
         for pos, states in marks if not step.every else ():  # a draft's may be rejected
-            live.ckpts[pos] = states
-        while len(live.ckpts) > self.max_ckpts:
-            del live.ckpts[min(live.ckpts)]
+            self._add_checkpoint(live, pos, states)
         for r in range(step.hi - step.lo if step.every else 0):
             live.at[start + r + 1] = {i: rows[r] for i, rows in step.rows.items()}
 
@@ -211,12 +218,35 @@ class StateStore:
         if live is None or state is None:
             return False
         ckpts = {p: s for p, s in live.ckpts.items() if p < at}
-        ckpts[at] = state
-        while len(ckpts) > self.max_ckpts:  # the oldest go first
-            del ckpts[min(ckpts)]
+        owners = {p: live.owners.get(p, -1) for p in ckpts}
         # the old sequence's latest decode snapshot stays in the cache (as for a new one)
-        self.live[slot] = _Live(new_seq, {at: state}, ckpts=ckpts)
+        new = self.live[slot] = _Live(new_seq, {at: state}, ckpts=ckpts, owners=owners)
+        self._add_checkpoint(new, at, state)
         return True
+
+    def _add_checkpoint(self, live: _Live, pos: int, states: States) -> None:
+        """Keep ``states`` at ``pos`` as a checkpoint of ``live``'s request, as llama-server's
+        ``create_checkpoint`` does: when the slot is full (one short of ``checkpoints`` or
+        more), an earlier request's checkpoint at most ``min_step`` tokens past the one kept
+        before it goes (so a long chat keeps spread-out ones, not only its latest turns),
+        then the oldest while still full; one at the same position is replaced."""
+        if self.max_ckpts <= 0:
+            return
+        ckpts, owners = live.ckpts, live.owners
+        if len(ckpts) + 1 >= self.max_ckpts:
+            last = -1
+            for p in sorted(ckpts):
+                if owners.get(p, -1) != live.seq and last >= 0 and p <= last + self.min_step:
+                    del ckpts[p]
+                    owners.pop(p, None)
+                else:
+                    last = p
+        while len(ckpts) >= self.max_ckpts:
+            p = min(ckpts)
+            del ckpts[p]
+            owners.pop(p, None)
+        ckpts.pop(pos, None)
+        ckpts[pos], owners[pos] = states, live.seq
 
     def resume_point(self, slot: int, seq: int, prompt: Sequence[int], tokens: Sequence[int],
                      lo: int, hi: int) -> int:  # fmt: skip
@@ -252,7 +282,9 @@ class StateStore:
         eviction: a lost checkpoint costs a branch some recomputed tokens, a lost block more)."""
         live = max(self.live.values(), key=lambda v: len(v.ckpts), default=None)
         if live is not None and live.ckpts:
-            del live.ckpts[min(live.ckpts)]
+            p = min(live.ckpts)
+            del live.ckpts[p]
+            live.owners.pop(p, None)
 
     def forget(self, slot: int) -> None:
         """Drop the live states of ``slot``'s sequence."""

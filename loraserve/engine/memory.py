@@ -27,7 +27,10 @@ def build_cache(
     every = max(1, -(-config.checkpoint_min_step // bs))  # in blocks
     states = None
     if cfg.recurrent:
-        states = StateStore(state_shapes(cfg), bs, every, block_bytes, config.ctx_checkpoints)
+        states = StateStore(
+            state_shapes(cfg), bs, every, block_bytes, config.ctx_checkpoints,
+            config.checkpoint_min_step,
+        )  # fmt: skip
     if states is not None:
         block_bytes += states.snapshot_bytes
     held = config.n_slots * (per_slot + 1)

@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="checkpoint_min_step",
         type=int_in(0),
         help=f"recurrent models: tokens between state snapshots (and each prompt's end), "
-        f"0 = every KV block {d}",
+        f"0 = every KV block; a full slot drops older checkpoints this close together {d}",
     )
     a(
         "-ctxcp",

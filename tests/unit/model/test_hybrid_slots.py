@@ -115,13 +115,15 @@ def test_ctx_checkpoints_bounds_a_slots_checkpoints(tmp_path: Path, arch: str) -
     """``--ctx-checkpoints``: three turns of a chat keep 4 checkpoints by default (where each
     prompt continued the last one's state and 4 tokens before each prompt's end), the latest
     2 with 2, none with 0, where an edited last message resumes at a block boundary instead
-    of its checkpoint; the answers equal cache-off's either way."""
+    of its checkpoint; with 3 and ``--checkpoint-min-step 8`` the second request's (14) goes
+    when the list fills (within 8 of 6: llama-server's thinning, `tests/unit/cache/
+    test_state_checkpoints.py`); the answers equal cache-off's either way."""
     m = model(tmp_path, arch, "dense")
     adapter = _adapter_file(tmp_path, arch, m)
     off = _engine(m, adapter)
     kept = {}
-    for n in (32, 2, 0):
-        eng = _engine(m, adapter, ctx_checkpoints=n)
+    for n, cms in ((32, 8192), (2, 8192), (0, 8192), (3, 8)):
+        eng = _engine(m, adapter, ctx_checkpoints=n, checkpoint_min_step=cms)
         history = list(TURN)
         for msg in ([13, 14, 15], [16, 17, 18, 19]):
             ((gen, _, _),) = answers(eng, [ask(history, 5)])
@@ -129,7 +131,7 @@ def test_ctx_checkpoints_bounds_a_slots_checkpoints(tmp_path: Path, arch: str) -
         ((gen, _, _),) = answers(eng, [ask(history, 5)])
         states = eng.core.runner.states
         assert states is not None
-        kept[n] = sorted(states.live[0].ckpts)
+        kept[n, cms] = sorted(states.live[0].ckpts)
         branch = history[:-4] + [1, 12, 3, 9]  # the last message edited
         ((got, _, cached),) = answers(eng, [ask(branch, 4)])
         ((ref, _, _),) = answers(off, [ask(branch, 4, cache_prompt=False)])
@@ -139,8 +141,8 @@ def test_ctx_checkpoints_bounds_a_slots_checkpoints(tmp_path: Path, arch: str) -
             assert cached == start
         else:
             assert cached % 4 == 0 and cached < start
-    assert kept[32] == [6, 14, 22, 23]  # 14: the second prompt's start and its tail's
-    assert kept[2] == kept[32][-2:] and kept[0] == []
+    assert kept[32, 8192] == [6, 14, 22, 23]  # 14: the second prompt's start and its tail's
+    assert kept[2, 8192] == [22, 23] and kept[0, 8192] == [] and kept[3, 8] == [6, 22, 23]
 
 
 def test_ctx_checkpoints_flag_reaches_the_server_config() -> None:
