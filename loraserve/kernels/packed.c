@@ -8,6 +8,7 @@
 #include "packed_nl.h"
 #include "packed_q3.h"
 #include "packed_xs.h"
+#include "packed_zb.h"
 #include "packed_zk.h"
 
 // Whether R (1..4) rows of K values against a group of packable `type` fit: K whole blocks

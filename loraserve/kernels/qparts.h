@@ -240,35 +240,45 @@ static void part_packed(const part_t *p, int64_t n0, int64_t ng, int64_t K, cons
     }
 }
 
-// the decoded-group tiles of packed.c (packed_kb.h)
+// the decoded-group tiles of packed.c (packed_kb.h, packed_zb.h)
 int ls_kbytes_type(int type);
 int64_t ls_kbytes_scratch(int64_t K, int64_t ng);
 int ls_kbytes_task(int type, int packed, const uint8_t *w, int64_t row_bytes, int64_t n0,
                    int64_t ng, int64_t K, const int8_t *xq, const float *xd, const int16_t *bs16,
                    int64_t M, float *y, int64_t ldy, uint8_t *buf);
+int ls_zbytes_type(int type);
+int64_t ls_zbytes_scratch(int64_t K, int64_t ng);
+int ls_zbytes_task(int type, const uint8_t *w, int64_t n0, int64_t ng, int64_t K,
+                   const int8_t *xq, const float *xd, const int16_t *bs, int64_t M, float *y,
+                   int64_t ldy, uint8_t *buf);
 
 // Whether part p reads through decoded groups for M activation rows: a prompt-sized M (the
-// decode is once per task, read by every 4 rows), a K-quant with 16-value sub-blocks
-// (packed_kb.h; packed: Q2_K, Q3_K, Q6_K, TQ2_0), whole groups of 8 rows. LORASERVE_KERNEL_NO_KBYTES=1 keeps
-// the rows' own paths (the tests compare both).
+// decode is once per task, read by every 4 rows), whole groups of 8 rows, and a K-quant with
+// 16-value sub-blocks (packed_kb.h; packed: Q2_K, Q3_K, Q6_K, TQ2_0) or a packed type of
+// 32-value blocks on AVX-512 (packed_zb.h). LORASERVE_KERNEL_NO_KBYTES=1 keeps the parts' own
+// paths (the tests compare both).
 static int part_kbytes_on(const part_t *p, int64_t M) {
-    return M >= ROWS_MIN_M && p->kq && p->n % PK_ROWS == 0 && ls_kbytes_type(p->type) &&
-           (!p->packed || p->type == T_Q6_K || p->type == T_Q3_K || p->type == T_Q2_K ||
-            p->type == T_TQ2_0) &&
-           getenv("LORASERVE_KERNEL_NO_KBYTES") == NULL;
+    if (M < ROWS_MIN_M || p->n % PK_ROWS != 0 || getenv("LORASERVE_KERNEL_NO_KBYTES") != NULL)
+        return 0;
+    if (!p->kq) return p->packed && ls_zbytes_type(p->type);
+    return ls_kbytes_type(p->type) && (!p->packed || p->type == T_Q6_K || p->type == T_Q3_K ||
+                                       p->type == T_Q2_K || p->type == T_TQ2_0);
 }
 
 // Output columns p->col + n0 .. + 8 ng - 1 of all M rows through decoded groups (packed.c's
-// ls_kbytes_task), the task's scratch allocated on first use; where it cannot be, the
-// part's own tiles (the same bits).
+// ls_kbytes_task, ls_zbytes_task), the task's scratch allocated on first use; where it cannot
+// be, the part's own tiles (the same bits).
 static void part_kbytes(const part_t *p, int64_t n0, int64_t ng, int64_t K, const act_t *a,
                         int64_t M, float *y, int64_t ldy, scratch_t *t) {
     if (t->kb == NULL) {
-        const int64_t bytes = (ls_kbytes_scratch(K, PK_TASK_GROUPS) + 63) / 64 * 64;
-        t->kb = aligned_alloc(64, (size_t)bytes);
+        const int64_t kb = ls_kbytes_scratch(K, PK_TASK_GROUPS), zb = ls_zbytes_scratch(K, PK_TASK_GROUPS);
+        t->kb = aligned_alloc(64, (size_t)((kb > zb ? kb : zb) + 63) / 64 * 64);
     }
-    if (t->kb != NULL && ls_kbytes_task(p->type, p->packed, p->w, p->row_bytes, n0, ng, K, a->kq,
-                                        a->kd, a->kbs, M, y + p->col, ldy, t->kb) == 0)
+    if (t->kb != NULL &&
+        (p->kq ? ls_kbytes_task(p->type, p->packed, p->w, p->row_bytes, n0, ng, K, a->kq, a->kd,
+                                a->kbs, M, y + p->col, ldy, t->kb)
+               : ls_zbytes_task(p->type, p->w, n0, ng, K, a->q, a->d, a->bs, M, y + p->col, ldy,
+                                t->kb)) == 0)
         return;
     if (p->packed) part_packed(p, n0, ng, K, a, M, y, ldy);
     else

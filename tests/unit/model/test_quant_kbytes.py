@@ -1,5 +1,6 @@
-"""Prompt-sized K-form matmuls through decoded groups of 8 rows (kernels/packed_kb.h: Q2_K,
-Q3_K, Q5_K, Q6_K in the file's layout and Q6_K packed, the grid and ternary types): bitwise the
+"""Prompt-sized matmuls through decoded groups of 8 rows (kernels/packed_kb.h: Q2_K, Q3_K,
+Q5_K, Q6_K in the file's layout and Q6_K packed, the grid and ternary types; packed_zb.h on
+AVX-512: the packed Q4_0, Q5_0, Q5_1, Q8_0, IQ4_NL and MXFP4, in pairs of groups): bitwise the
 numbers of each row alone (the decode-step paths) and of the rows' own prompt paths
 (``LORASERVE_KERNEL_NO_KBYTES=1``), whatever the tile of activation rows, a task's group
 count (a lone last group) or the columns of a multi-part call; and gguf-py's float64
@@ -17,7 +18,8 @@ from tests.unit.model.test_kernels import activations_as_used, dequantized, quan
 
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="needs the C kernels")
 TYPES = ["Q2_K", "Q3_K", "Q5_K", "Q6_K", "Q6_K/packed", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
-         "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0"]  # fmt: skip
+         "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "Q4_0/packed", "Q5_0/packed", "Q5_1/packed",
+         "Q8_0/packed", "IQ4_NL/packed", "MXFP4/packed"]  # fmt: skip
 
 
 def _weights(name: str, n: int, k: int, seed: int) -> tuple[np.ndarray, torch.Tensor, int]:
