@@ -99,10 +99,12 @@ def test_restored_slot_file_states_are_checked(tmp_path: Path) -> None:
     cut = {i: t[:1] for i, t in st.items()}
     bad = [
         slot_io.SlotImage(image.tokens, image.cache_key, image.kv, image.states, cut),
-        slot_io.SlotImage(image.tokens, image.cache_key, image.kv, image.states, image.live,
-                          {p: cut}),  # fmt: skip
-        slot_io.SlotImage(image.tokens, image.cache_key, image.kv, image.states, image.live,
-                          {n + 1: st}),  # fmt: skip
+        slot_io.SlotImage(
+            image.tokens, image.cache_key, image.kv, image.states, image.live, {p: cut}
+        ),  # fmt: skip
+        slot_io.SlotImage(
+            image.tokens, image.cache_key, image.kv, image.states, image.live, {n + 1: st}
+        ),  # fmt: skip
     ]
     for b in bad:
         with pytest.raises(slot_io.SlotFileError, match="recurrent"):
