@@ -176,10 +176,13 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     st.sampled_from([0.0, 0.05, 8.0]),  # --cache-ram MiB: nothing, a few blocks, plenty
     st.integers(1, 3),  # slots
     st.sampled_from([0, 4, 8, 12, 8192]),  # -cms: every block, 1-3 blocks, prompt ends only
+    st.sampled_from([2, 32]),  # --ctx-checkpoints: 2 thins checkpoints within -cms of another
     st.sampled_from(ARCHS or ["none"]),
 )
 def test_cache_on_equals_cache_off_any_interval(
-    tmp: Path, actions: list, ubatch: int, cache_mib: float, n_slots: int, cms: int, arch: str
-) -> None:
+    tmp: Path, actions: list, ubatch: int, cache_mib: float, n_slots: int, cms: int,
+    ckpts: int, arch: str,
+) -> None:  # fmt: skip
     check_cache_on_equals_off(tmp, arch, "dense", actions, n_slots, ubatch=ubatch,
-                              cache_ram_mib=cache_mib, checkpoint_min_step=cms)  # fmt: skip
+                              cache_ram_mib=cache_mib, checkpoint_min_step=cms,
+                              ctx_checkpoints=ckpts)  # fmt: skip
