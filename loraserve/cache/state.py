@@ -226,21 +226,23 @@ class StateStore:
 
     def _add_checkpoint(self, live: _Live, pos: int, states: States) -> None:
         """Keep ``states`` at ``pos`` as a checkpoint of ``live``'s request, as llama-server's
-        ``create_checkpoint`` does: when the slot is full (one short of ``checkpoints`` or
-        more), an earlier request's checkpoint at most ``min_step`` tokens past the one kept
-        before it goes (so a long chat keeps spread-out ones, not only its latest turns),
-        then the oldest while still full; one at the same position is replaced."""
+        ``create_checkpoint`` does: while the slot is full (one short of ``checkpoints`` or
+        more), earlier requests' checkpoints at most ``min_step`` tokens past the one kept
+        before them go, oldest first (so a long chat keeps spread-out ones, not only its
+        latest turns), then the oldest while still full; one at the same position is
+        replaced."""
         if self.max_ckpts <= 0:
             return
         ckpts, owners = live.ckpts, live.owners
-        if len(ckpts) + 1 >= self.max_ckpts:
-            last = -1
-            for p in sorted(ckpts):
-                if owners.get(p, -1) != live.seq and last >= 0 and p <= last + self.min_step:
-                    del ckpts[p]
-                    owners.pop(p, None)
-                else:
-                    last = p
+        last = -1
+        for p in sorted(ckpts):
+            if len(ckpts) + 1 < self.max_ckpts:  # room enough: no more go
+                break
+            if owners.get(p, -1) != live.seq and last >= 0 and p <= last + self.min_step:
+                del ckpts[p]
+                owners.pop(p, None)
+            else:
+                last = p
         while len(ckpts) >= self.max_ckpts:
             p = min(ckpts)
             del ckpts[p]

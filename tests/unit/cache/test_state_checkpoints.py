@@ -1,11 +1,12 @@
 """A slot's recurrent-state checkpoints kept as llama-server keeps them (issue 28).
 
 llama-server's ``create_checkpoint`` (tools/server/server-context.cpp): when a slot's list is
-full (one short of ``--ctx-checkpoints`` or more), every checkpoint of an earlier request at
-most ``--checkpoint-min-step`` tokens past the one kept before it is erased, then the oldest
-while still full; one at the same position is superseded. The expected lists below were
-worked out by hand from that code for the positions our turns make checkpoints at (where a
-turn continues the slot's state, and 4 tokens before each prompt's end).
+full (one short of ``--ctx-checkpoints`` or more), checkpoints of earlier requests at most
+``--checkpoint-min-step`` tokens past the one kept before them are erased, oldest first, until
+it is not, then the oldest while still full; one at the same position is superseded. The
+expected lists below were worked out by hand from that code for the positions our turns make
+checkpoints at (where a turn continues the slot's state, and 4 tokens before each prompt's
+end).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ TURNS = [(0, 20), (20, 30), (30, 60), (60, 70), (70, 75)]  # (start, prompt end)
     [
         # 3rd: 20, 26 (request 2's) within 10 of 16 go; 5th: 60, 66 within 10 of 56 go
         (4, 10, [[16], [16, 20, 26], [16, 30, 56], [30, 56, 60, 66], [30, 56, 70, 71]]),
+        # 3rd: 20 goes, then the list has room: 26 stays (until the 4th's start needs room)
+        (5, 10, [[16], [16, 20, 26], [16, 26, 30, 56], [16, 30, 56, 60, 66], [16, 30, 56, 70, 71]]),
         (4, 0, [[16], [16, 20, 26], [20, 26, 30, 56], [30, 56, 60, 66], [60, 66, 70, 71]]),
         (4, 8192, [[16], [16, 20, 26], [16, 30, 56], [16, 60, 66], [16, 70, 71]]),  # default
         (2, 10, [[16], [20, 26], [30, 56], [60, 66], [70, 71]]),
