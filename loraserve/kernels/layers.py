@@ -1,16 +1,17 @@
-"""A dense decoder's layers in one C call (`layers.c`), LoRA deltas included.
+"""A decoder's layers in one C call (`layers.c`), LoRA deltas included.
 
 The Python loop over layers costs 5-7 ms of a 25 ms Gemma 270M decode step in tensor ops
 and kernel calls; `FusedLayers` runs the same kernels in the same order in one call (the
 step's adapters as a scale table and each adapter's per-target pointers), so its numbers
-equal the Python path's bit for bit (tests compare both).
+equal the Python path's bit for bit (tests compare both). Layers attend, or run a Mamba-2
+mixer (granitehybrid) in decode steps, whose state records the caller passes
+(`recurrent.mamba2.decode_records`).
 """
 
 from __future__ import annotations
 
 import ctypes
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,112 +24,57 @@ from loraserve.kernels.layers_abi import LoraC as _Lora
 from loraserve.kernels.layers_abi import LoraWC as _LoraW
 from loraserve.kernels.layers_abi import ModelC as _Model
 from loraserve.kernels.layers_abi import P as _P
-from loraserve.kernels.layers_abi import ProjC as _Proj
 from loraserve.kernels.layers_abi import StepC as _Step
+from loraserve.kernels.layers_spec import (
+    LayerSpec,
+    MambaSpec,
+    ProjSpec,
+    check_layer,
+    halves,
+    mixer_widths,
+    numel,
+    proj_struct,
+    ptr,
+)
 from loraserve.kernels.rowops import ACTS
 
-
-def _halves(t: Any, shape: tuple[int, ...]) -> bool:
-    """Whether ``t`` is a contiguous float16 tensor of ``shape`` (an adapter's exact halves:
-    `lora.adapter.LoraWeight`)."""
-    return isinstance(t, torch.Tensor) and t.dtype == torch.float16 and t.is_contiguous() \
-        and tuple(t.shape) == shape  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ProjSpec:
-    """One projection: quantized parts (rows [N_i, row_bytes] uint8, ggml type, first
-    output column), its output width, optional bias [n_out] float32 and each part's tensor
-    name (the LoRA target it is)."""
-
-    parts: list[tuple[torch.Tensor, int, int]]
-    n_out: int
-    bias: torch.Tensor | None
-    names: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    """One dense layer's projections and norms (float32 [hidden] or, for qk_norm,
-    [n_heads + n_kv_heads, head_dim]; None where the architecture has none)."""
-
-    qkv: ProjSpec
-    o: ProjSpec
-    gate_up: ProjSpec
-    down: ProjSpec
-    attn_norm: torch.Tensor
-    qk_norm: torch.Tensor | None
-    post_attn_norm: torch.Tensor | None
-    ffn_norm: torch.Tensor
-    post_ffn_norm: torch.Tensor | None
-    sliding: bool
-
-
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
-
-
-def _numel(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.numel()
-
-
-def _check_layer(i: int, L: LayerSpec, hidden: int, nq: int, nkv: int, d: int, ffn: int) -> None:
-    """Layer i's projections and norms have the widths the C call sizes its buffers for:
-    ValueError naming the first that does not (the C call checks the same, -3)."""
-    want = {"qkv": (L.qkv, (nq + 2 * nkv) * d), "o": (L.o, hidden),
-            "gate_up": (L.gate_up, 2 * ffn), "down": (L.down, hidden)}  # fmt: skip
-    for name, (p, n_out) in want.items():
-        rows = sum(raw.shape[0] for raw, _, _ in p.parts)
-        if p.n_out != n_out or rows != n_out:
-            raise ValueError(
-                f"fused layers: layer {i} {name} has {rows} output rows ({p.n_out} declared), "
-                f"the model's sizes need {n_out}"
-            )
-        if p.bias is not None and p.bias.numel() != n_out:
-            raise ValueError(f"fused layers: layer {i} {name} bias of {p.bias.numel()} values")
-    norms = {"attn_norm": (L.attn_norm, hidden), "qk_norm": (L.qk_norm, (nq + nkv) * d),
-             "post_attn_norm": (L.post_attn_norm, hidden), "ffn_norm": (L.ffn_norm, hidden),
-             "post_ffn_norm": (L.post_ffn_norm, hidden)}  # fmt: skip
-    for name, (t, n) in norms.items():
-        if t is not None and (t.numel() != n or t.dtype != torch.float32 or not t.is_contiguous()):
-            raise ValueError(
-                f"fused layers: layer {i} {name} holds {t.numel()} {t.dtype} values, the model's "
-                f"sizes need {n} contiguous float32"
-            )
-
-
-def _proj(p: ProjSpec) -> _Proj:
-    s = _Proj()
-    s.nparts, s.n_out, s.bias = len(p.parts), p.n_out, _ptr(p.bias)
-    for i, (raw, t, col) in enumerate(p.parts):
-        s.types[i], s.ws[i], s.ns[i] = t, raw.data_ptr(), raw.shape[0]
-        s.row_bytes[i], s.cols[i] = raw.stride(0), col
-    return s
+__all__ = ["FusedLayers", "LayerSpec", "MambaSpec", "ProjSpec"]
 
 
 class FusedLayers:
-    """Every layer of a dense decoder as one C call. Built once per decoder; holds the
-    weight tensors it points into (they must stay alive and in place)."""
+    """Every layer of a decoder as one C call. Built once per decoder; holds the weight
+    tensors it points into (they must stay alive and in place). res_scale: each branch's
+    output times it before its residual add (granite); lanes: torch's float sum width
+    (`ssm_scan.vector_lanes`), needed where a layer is Mamba-2."""
 
     def __init__(
         self, layers: list[LayerSpec], hidden: int, n_heads: int, n_kv: int, head_dim: int,
-        ffn: int, eps: float, attn_scale: float, act: str,
+        ffn: int, eps: float, attn_scale: float, act: str, res_scale: float = 1.0,
+        lanes: int | None = None,
     ) -> None:  # fmt: skip
         self._lib = bind(_SIGNATURES)
         self._specs = layers  # keeps every pointed-to tensor alive
         arr = (_Layer * len(layers))()
+        self._mambas = [None if L.mamba is None else L.mamba.c_struct() for L in layers]
+        self.mamba_layers = [i for i, L in enumerate(layers) if L.mamba is not None]
+        if self.mamba_layers and lanes is None:
+            self._lib = None  # the Mamba-2 step needs torch's sum width: the Python path
         for i, L in enumerate(layers):
-            _check_layer(i, L, hidden, n_heads, n_kv, head_dim, ffn)
-            arr[i].norm_n = (_I * 5)(*[_numel(t) for t in (L.attn_norm, L.qk_norm,
+            check_layer(i, L, hidden, n_heads, n_kv, head_dim, ffn)
+            arr[i].norm_n = (_I * 5)(*[numel(t) for t in (L.attn_norm, L.qk_norm,
                                        L.post_attn_norm, L.ffn_norm, L.post_ffn_norm)])  # fmt: skip
-            arr[i].qkv, arr[i].o = _proj(L.qkv), _proj(L.o)
-            arr[i].gate_up, arr[i].down = _proj(L.gate_up), _proj(L.down)
-            arr[i].attn_norm, arr[i].qk_norm = _ptr(L.attn_norm), _ptr(L.qk_norm)
-            arr[i].post_attn_norm, arr[i].ffn_norm = _ptr(L.post_attn_norm), _ptr(L.ffn_norm)
-            arr[i].post_ffn_norm, arr[i].sliding = _ptr(L.post_ffn_norm), int(L.sliding)
+            arr[i].qkv, arr[i].o = proj_struct(L.qkv), proj_struct(L.o)
+            arr[i].gate_up, arr[i].down = proj_struct(L.gate_up), proj_struct(L.down)
+            arr[i].attn_norm, arr[i].qk_norm = ptr(L.attn_norm), ptr(L.qk_norm)
+            arr[i].post_attn_norm, arr[i].ffn_norm = ptr(L.post_attn_norm), ptr(L.ffn_norm)
+            arr[i].post_ffn_norm, arr[i].sliding = ptr(L.post_ffn_norm), int(L.sliding)
+            arr[i].rope = int(L.rope)
+            mb = self._mambas[i]
+            arr[i].mamba = None if mb is None else ctypes.addressof(mb)
         self._layers = arr
         self._model = _Model(len(layers), hidden, n_heads, n_kv, head_dim, ffn, eps,
-                             attn_scale, ACTS[act], ctypes.addressof(arr))  # fmt: skip
+                             attn_scale, ACTS[act], ctypes.addressof(arr), res_scale,
+                             lanes or 0)  # fmt: skip
         self.hidden, self.n_kv, self.head_dim = hidden, n_kv, head_dim
         self._kv_key: tuple[int, ...] = ()
         self._kv: tuple[Any, Any] | None = None
@@ -141,9 +87,12 @@ class FusedLayers:
         }
         self._adapters: dict[Hashable, tuple[Any, list[torch.Tensor]]] = {}
         # each target's (input width, rows): the LoRA pairs are checked against them
-        widths = (hidden, n_heads * head_dim, hidden, ffn)
+        def widths(L: LayerSpec) -> tuple[int, ...]:
+            w_in, _, w_mid = mixer_widths(L, hidden, n_heads, n_kv, head_dim)
+            return w_in, w_mid, hidden, ffn
+
         self._dims = {
-            name: (widths[j], raw.shape[0])
+            name: (widths(L)[j], raw.shape[0])
             for L in layers
             for j, p in enumerate((L.qkv, L.o, L.gate_up, L.down))
             for name, (raw, _, _) in zip(p.names, p.parts, strict=False)
@@ -166,8 +115,8 @@ class FusedLayers:
                 a16, bt16, tail16 = (getattr(w, k, None) for k in ("a16", "bt16", "tail16"))
                 if a16 is not None and bt16 is not None and tail16 is not None:
                     r = a16.shape[0]
-                    if not (_halves(a16, (r, n_in)) and _halves(bt16, (n_out // 8, r, 8))
-                            and _halves(tail16, (n_out % 8, r)) and r >= 1):  # fmt: skip
+                    if not (halves(a16, (r, n_in)) and halves(bt16, (n_out // 8, r, 8))
+                            and halves(tail16, (n_out % 8, r)) and r >= 1):  # fmt: skip
                         raise ValueError(
                             f"LoRA for {name!r}: A {tuple(a16.shape)}, B tiles "
                             f"{tuple(bt16.shape)} and tail {tuple(tail16.shape)} do not fit "
@@ -211,7 +160,9 @@ class FusedLayers:
         key = tuple(t.data_ptr() for pair in kv for t in pair)
         if key != self._kv_key or self._kv is None:
             pool = (kv[0][0].shape[0], self.n_kv, self.head_dim)  # checked once per pool
-            for k, v in kv:
+            for i, (k, v) in enumerate(kv):
+                if i in self.mamba_layers:  # no keys there (the C call never reads its pool)
+                    continue
                 if tuple(k.shape) != pool or tuple(v.shape) != pool or not k.is_contiguous() \
                         or not v.is_contiguous() or k.dtype != torch.float32 \
                         or v.dtype != torch.float32:  # fmt: skip
@@ -222,18 +173,45 @@ class FusedLayers:
             self._kv_key = key
         return self._kv
 
+    def _state_arrays(self, states: tuple[list[Any], list[Any]] | None, t: int) -> Any:
+        """The Mamba-2 layers' state records as the C call's two pointer arrays (None
+        without Mamba-2 layers); ValueError where one is missing or of another size."""
+        if not self.mamba_layers:
+            return None
+        n = len(self._specs) * t
+        if states is None or len(states[0]) != n or len(states[1]) != n:
+            raise ValueError(f"fused layers: Mamba-2 layers need {n} state records each way")
+        arrays = []
+        for recs in states:
+            ptrs = [0] * n
+            for i in self.mamba_layers:
+                size = self._specs[i].mamba.state_size  # type: ignore[union-attr]
+                for q in range(i * t, i * t + t):
+                    r = recs[q]
+                    if r is None or r.numel() != size or r.dtype != torch.float32 \
+                            or not r.is_contiguous():  # fmt: skip
+                        raise ValueError(f"fused layers: layer {i} needs contiguous float32 "
+                                         f"state records of {size} values")  # fmt: skip
+                    ptrs[q] = r.data_ptr()
+            arrays.append((_P * n)(*ptrs))
+        return arrays
+
     def __call__(self, x: torch.Tensor, slot_mapping: torch.Tensor, slots: torch.Tensor,
                  seq_off: torch.Tensor, row_seq: torch.Tensor, row_nkeys: torch.Tensor,
                  window: int, rope_global: tuple[torch.Tensor, torch.Tensor],
                  rope_local: tuple[torch.Tensor, torch.Tensor],
                  kv: list[tuple[torch.Tensor, torch.Tensor]],
-                 lora: tuple[list[Any], torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
+                 lora: tuple[list[Any], torch.Tensor] | None = None,
+                 states: tuple[list[Any], list[Any]] | None = None) -> torch.Tensor:  # fmt: skip
         """x [T, hidden] float32 contiguous, updated in place through every layer.
         slot_mapping [T] long; slots/seq_off/row_seq/row_nkeys as `attention` takes them;
         rope tables ([T, D/2] cos, sin) per layer kind; kv: per layer (k, v) pools
         [S, Hkv, D] float32 contiguous; lora: the step's adapters (`adapter_targets` of
         each, ascending id) and their scale table [n, T] float32 (0 where a row's mix lacks
-        the adapter). Raises ValueError on inconsistent metadata."""
+        the adapter); states: where layers are Mamba-2, each row's sequence's state record
+        before and after its row (row q the one new row of its sequence), lists of
+        [n_layers * T] flat float32 tensors, entry i * T + q (None at attention layers).
+        Raises ValueError on inconsistent metadata."""
         if len(kv) != len(self._specs):
             raise ValueError(f"{len(kv)} KV pools for {len(self._specs)} layers")
         t = x.shape[0]
@@ -251,6 +229,7 @@ class FusedLayers:
         row_nkeys = row_nkeys.to(torch.int32).contiguous()
         (cg, sg), (cl, sl) = rope_global, rope_local
         ks, vs = self._kv_arrays(kv)
+        st = self._state_arrays(states, t)
         lo = None
         if lora is not None and lora[0]:
             arrays, table = lora
@@ -263,7 +242,9 @@ class FusedLayers:
                      seq_off.numel() - 1, row_seq.data_ptr(), row_nkeys.data_ptr(), window,
                      cg.data_ptr(), sg.data_ptr(), cl.data_ptr(), sl.data_ptr(),
                      ctypes.addressof(ks), ctypes.addressof(vs), kv[0][0].shape[0],
-                     None if lo is None else ctypes.addressof(lo))  # fmt: skip
+                     None if lo is None else ctypes.addressof(lo),
+                     None if st is None else ctypes.addressof(st[0]),
+                     None if st is None else ctypes.addressof(st[1]))  # fmt: skip
         rc = self._lib.ls_decoder_layers(
             ctypes.byref(self._model), ctypes.byref(step), x.data_ptr(), x.shape[0],
             torch.get_num_threads(),

@@ -13,16 +13,22 @@ class ProjC(ctypes.Structure):
                 ("bias", P)]  # fmt: skip
 
 
+class MambaC(ctypes.Structure):
+    _fields_ = [("taps", P), ("conv_b", P), ("ones", P), ("d", P), ("norm", P), ("dt_b", P),
+                ("a", P), ("H", I64), ("P", I64), ("N", I64), ("G", I64), ("L", I64)]  # fmt: skip
+
+
 class LayerC(ctypes.Structure):
     _fields_ = [("qkv", ProjC), ("o", ProjC), ("gate_up", ProjC), ("down", ProjC),
                 ("attn_norm", P), ("qk_norm", P), ("post_attn_norm", P), ("ffn_norm", P),
-                ("post_ffn_norm", P), ("sliding", I32), ("norm_n", I64 * 5)]  # fmt: skip
+                ("post_ffn_norm", P), ("sliding", I32), ("norm_n", I64 * 5), ("rope", I32),
+                ("mamba", P)]  # fmt: skip
 
 
 class ModelC(ctypes.Structure):
     _fields_ = [("n_layers", I64), ("hidden", I64), ("n_heads", I64), ("n_kv", I64),
                 ("head_dim", I64), ("ffn", I64), ("eps", F), ("attn_scale", F), ("act", I32),
-                ("layers", P)]  # fmt: skip
+                ("layers", P), ("res_scale", F), ("vl", I32)]  # fmt: skip
 
 
 class LoraWC(ctypes.Structure):
@@ -38,7 +44,8 @@ class StepC(ctypes.Structure):
     _fields_ = [("slot_mapping", P), ("slots", P), ("seq_off", P), ("B", I64),
                 ("row_seq", P), ("row_nkeys", P), ("window", I32), ("cos_g", P),
                 ("sin_g", P), ("cos_l", P), ("sin_l", P), ("k_caches", P),
-                ("v_caches", P), ("S", I64), ("lora", P)]  # fmt: skip
+                ("v_caches", P), ("S", I64), ("lora", P), ("st_in", P),
+                ("st_out", P)]  # fmt: skip
 
 
 SIGNATURES = {"ls_decoder_layers": ([P, P, P, I64, ctypes.c_int], ctypes.c_int)}

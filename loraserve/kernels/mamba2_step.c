@@ -9,6 +9,7 @@
 // (never a copy, then an update in place: half the state traffic of scan2's decode step).
 // Included in the build unit after ssm_scan.c (torch_sum, SSM_MAX_N); the rest link.
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #if defined(__AVX2__)
@@ -129,4 +130,22 @@ int ls_mamba2_step(const float *zx, int64_t ldz, const float *dt, const float *d
     if (!rc && norm) rc = ls_rms_norm(g, T, G, di / G, di, norm, G, eps, out, 1);
     free(buf);
     return rc ? -3 : 0;
+}
+
+// dt [T, H] = softplus(raw + bias) and da [T, H] = exp(dt a), each value alone with libm's
+// expf and log1pf (llama.cpp's ggml_ssm_scan formula: x > 20 ? x : log1pf(expf(x))), so a
+// value's bits never depend on the row count or the layout (torch's vector/scalar split
+// does). raw: row t at raw + t * ld. Every Mamba-2 path calls this (prefill, decode, the
+// fused layers), so they agree bit for bit. Returns 0, -3 sizes that do not fit.
+int ls_ssm_dt(const float *raw, int64_t ld, int64_t T, int64_t H, const float *bias,
+              const float *a, float *dt, float *da) {
+    if (T < 0 || H < 1 || ld < H || !raw || !bias || !a || !dt || !da) return -3;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < H; h++) {
+            const float x = raw[t * ld + h] + bias[h];
+            const float s = x > 20.0f ? x : log1pf(expf(x));
+            dt[t * H + h] = s;
+            da[t * H + h] = expf(s * a[h]);
+        }
+    return 0;
 }

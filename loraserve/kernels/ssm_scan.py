@@ -4,9 +4,10 @@ step, bit-identical to the per-token torch loops of ``model/recurrent/mamba2.py`
 from its in-projection's output to its out-projection's input in one call (`mamba2_step`).
 
 The C code sums y = sum_n s C in the order torch's float sum uses with its vector width, so
-it runs only where a width reproduces torch's sums (`vector_lanes`); softplus and exp stay
-torch's, computed for the whole step at once in a layout whose every row gets the bits it
-gets alone (`softplus_rows`)."""
+it runs only where a width reproduces torch's sums (`vector_lanes`). Mamba-2's step sizes
+(softplus and exp) are computed value by value in libm (`dt_da`), so the fused C layers
+(`kernels.layers`) compute the very same ones; Mamba-1's stay torch's, computed in a layout
+whose every row gets the bits it gets alone (`softplus_rows`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ _SIGNATURES = {
     "ls_ssm_rowsum": ([_P, _I, _I, ctypes.c_int, _P], ctypes.c_int),
     "ls_mamba2_step": ([_P, _I, _P, _P, _I] + [_P] * 7 + [ctypes.c_float] + [_I] * 5
                        + [_P, ctypes.c_int, ctypes.c_int], ctypes.c_int),
+    "ls_ssm_dt": ([_P, _I, _I, _I, _P, _P, _P, _P], ctypes.c_int),
     "ls_ssm_scan1": (
         [_P] * 5 + [_I] * 3 + [_P, _P, _I, _I] + [_P] * 5 + [ctypes.c_int] * 2, ctypes.c_int
     ),
@@ -90,6 +92,24 @@ def softplus_rows(x: torch.Tensor) -> torch.Tensor:
     for r in range(0, t, step):
         out[r : r + step] = F.softplus(buf[r : r + step, :k])
     return out
+
+
+def dt_da(raw: torch.Tensor, bias: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Mamba-2's step sizes from raw [T, H] (float32, unit stride; e.g. a column range of
+    the in-projection's output), bias and a [H] contiguous: (dt, da) [T, H] with dt =
+    softplus(raw + bias) and da = exp(dt a), each value alone in libm (`ls_ssm_dt`), the
+    same bits in any batch, chunking or layout."""
+    lib = _c()
+    if lib is None:
+        raise RuntimeError("the C selective scan is not available here")
+    t, h = raw.shape
+    if raw.stride(1) != 1 or raw.dtype != torch.float32 or bias.numel() != h or a.numel() != h:
+        raise ValueError("dt_da: raw must be float32 rows of unit stride, bias and a [H]")
+    bias, a = bias.contiguous(), a.contiguous()
+    dt, da = torch.empty(t, h), torch.empty(t, h)
+    _ok(lib.ls_ssm_dt(raw.data_ptr(), raw.stride(0) if t > 1 else h, t, h, bias.data_ptr(),
+                      a.data_ptr(), dt.data_ptr(), da.data_ptr()), "ssm_dt")  # fmt: skip
+    return dt, da
 
 
 def _index(spans: list[tuple[int, int]], wanted: list[list[int]]) -> tuple[torch.Tensor, ...]:

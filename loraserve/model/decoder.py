@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from loraserve import kernels
+from loraserve.kernels import ssm_scan
 from loraserve.kernels.layers import FusedLayers, LayerSpec, ProjSpec
 from loraserve.kernels.rowops import softcap_
 from loraserve.model.attn.rope_scaling import RopeScaling, ScaledRope
@@ -25,6 +26,7 @@ from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
 from loraserve.model.layers import Rope, RowEmbedding
 from loraserve.model.projection import Matrix, Projection
+from loraserve.model.recurrent.mamba2 import Mamba2, decode_records
 from loraserve.model.weights import WeightSource
 
 __all__ = ["Block", "Decoder", "norm"]
@@ -125,10 +127,16 @@ class Decoder(nn.Module):
             lora_in = None if get is None else get(fused, x.shape[0])
             if lora_in is None:
                 fused = None
+        states = None
+        if fused is not None and fused.mamba_layers:  # Mamba-2 layers: decode steps alone
+            mixers = [b.mixer for b in self.blocks]
+            states = decode_records(mixers, ctx.states, x.shape[0])  # type: ignore[arg-type]
+            fused = None if states is None else fused
         if fused is not None and all(k.dtype == v.dtype == torch.float32 for k, v in kv):
             a = ctx.attn  # every layer in one C call: the same kernels, the same bits
             x = fused(x.contiguous(), ctx.slot_mapping, a.slots, a.seq_off, a.row_seq,
-                      a.row_nkeys, a.window, rope_global, rope_local, kv, lora_in)  # fmt: skip
+                      a.row_nkeys, a.window, rope_global, rope_local, kv, lora_in,
+                      states)  # fmt: skip
         else:
             none = None
             for blk in self.blocks:
@@ -160,9 +168,9 @@ class Decoder(nn.Module):
 
 def _build_fused(d: Decoder) -> FusedLayers | None:
     cfg = d.cfg
-    if (cfg.residual_scale != 1.0 or cfg.qk_norm_mode != "head" or not cfg.pre_norms
+    if (cfg.qk_norm_mode != "head" or not cfg.pre_norms or cfg.attn_temp
             or cfg.attn_softcap or cfg.attn_sinks or cfg.kv_lora_rank or cfg.norm != "rms"
-            or cfg.recurrent or cfg.parallel or not all(cfg.rope_layers) or cfg.partial_rope
+            or cfg.parallel or cfg.partial_rope
             or cfg.attn_chunk or cfg.qk_l2_norm or cfg.attn_out_gate
             or cfg.act not in ("silu", "gelu_tanh")):  # fmt: skip
         return None  # layer kinds the fused C layers do not have: the per-layer path
@@ -174,20 +182,26 @@ def _build_fused(d: Decoder) -> FusedLayers | None:
 
     layers = []
     for b in d.blocks:
-        if b.moe is not None:
+        mix = b.mixer  # attention, or a Mamba-2 mixer in its place (granitehybrid)
+        if b.moe is not None or not b.has_ffn or b.ffn_alone or b.beside or b.plain_ffn \
+                or not (mix is None or isinstance(mix, Mamba2)) \
+                or (not b.rope and b.qk_norm is not None):  # fmt: skip
             return None
-        projs = [spec(p) for p in (b.qkv, b.o, b.gate_up, b.down)]
+        mixes = (b.qkv, b.o) if mix is None else (mix.in_proj, mix.out_proj)
+        projs = [spec(p) for p in (*mixes, b.gate_up, b.down)]
         if any(p is None for p in projs):
             return None
         qkv, o, gate_up, down = projs
         layers.append(LayerSpec(qkv, o, gate_up, down, b.attn_norm.contiguous(),
                                 b.qk_norm, _f32(b.post_attn_norm), b.ffn_norm.contiguous(),
-                                _f32(b.post_ffn_norm), bool(b.sliding)))  # fmt: skip
+                                _f32(b.post_ffn_norm), bool(b.sliding), bool(b.rope),
+                                None if mix is None else mix.fused_spec()))  # fmt: skip
     if not layers:
         return None
     ffn = d.blocks[0].gate_up.out_features // 2
     fused = FusedLayers(layers, cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
-                        ffn, cfg.rms_eps, cfg.attn_scale, cfg.act)  # fmt: skip
+                        ffn, cfg.rms_eps, cfg.attn_scale, cfg.act, cfg.residual_scale,
+                        ssm_scan.vector_lanes())  # fmt: skip
     return fused if fused.available and kernels.backend() == "c" else None
 
 

@@ -11,6 +11,10 @@ Row independence: the scan runs token by token per sequence in a fixed order, on
 shapes never depend on the batch or the chunking, so a sequence's bits are the same alone,
 batched, in any prefill chunks, and resumed from a snapshot (its state is exactly the one the
 uncut sequence had there). A sequence's state is one flat tensor: the conv rows, then s.
+dt' and dA are computed value by value in C (`ssm_scan.dt_da`, llama.cpp's formula), the same
+bits for prompts, decode steps and the fused C layers (`kernels.layers`), which run a dense
+hybrid's decode steps (granitehybrid) in one call with the state records `decode_records`
+makes.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from torch import nn
 
 from loraserve.cache.state import SeqStep
 from loraserve.kernels import ssm_scan
+from loraserve.kernels.layers_spec import MambaSpec
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
 from loraserve.model.layers import gated_act, rms_norm
@@ -44,8 +49,8 @@ class Mamba2(nn.Module):
         self.taps = [c.contiguous() for c in conv.t()]
         self.taps_lc = conv.t().contiguous()  # [d_conv, conv_dim]: the C conv step's taps
         self.conv_b = _req(w, p + "ssm_conv1d.bias").contiguous()  # [conv_dim]
-        self.dt_b = _req(w, p + "ssm_dt.bias").reshape(-1)  # [H]
-        self.a = _req(w, p + "ssm_a").reshape(-1)  # [H] (negative: -exp(A_log))
+        self.dt_b = _req(w, p + "ssm_dt.bias").reshape(-1).contiguous()  # [H]
+        self.a = _req(w, p + "ssm_a").reshape(-1).contiguous()  # [H] (negative: -exp(A_log))
         self.d = _req(w, p + "ssm_d").reshape(-1, 1)  # [H, 1]
         self.d_flat = self.d.reshape(-1).contiguous()  # [H]
         norm = w.float(p + "ssm_norm.weight")  # [G, d/G]; absent: no grouped norm (falcon-h1)
@@ -66,9 +71,7 @@ class Mamba2(nn.Module):
             raise RuntimeError("a recurrent layer ran without its sequences' states")
         t = hs.shape[0]
         di, n, h, g, k = self.d_inner, self.n, self.h, self.g, self.k
-        if len(ctx.states) == t and ssm_scan.available() and all(
-            (q.lo, q.hi) == (r, r + 1) and not q.every for r, q in enumerate(ctx.states)
-        ):  # one new row per sequence (decode steps): one C call between the projections
+        if is_decode_step(ctx.states, t):  # one C call between the projections
             return self._step(hs, ctx.states)
         zxbcdt = self.in_proj(hs)  # [T, 2 d_inner + 2 G N + H]
         z = zxbcdt[:, :di]
@@ -98,8 +101,7 @@ class Mamba2(nn.Module):
         dims = (h, di // h, n, g)
         rec = None
         if ssm_scan.available():
-            dt = ssm_scan.softplus_rows(dt_raw + self.dt_b)  # [T, H], each row's own bits
-            da = torch.exp(dt * self.a)  # [T, H] (exp: the same bits in any layout)
+            dt, da = ssm_scan.dt_da(dt_raw, self.dt_b, self.a)  # [T, H], each value alone
             # one sequence (decode): its state record [conv rows | scan state] is allocated
             # once and the kernel writes the final state into it (no stack and cat copies)
             rec = torch.empty(n_conv + di * n) if len(spans) == 1 else None
@@ -149,19 +151,61 @@ class Mamba2(nn.Module):
         record itself (the same values, never changed)."""
         di, i, h, k = self.d_inner, self.i, self.h, self.k
         zx = self.in_proj(hs)  # [T, 2 d_inner + 2 G N + H]
-        dt = ssm_scan.softplus_rows(zx[:, di + self.conv_dim :] + self.dt_b)  # [T, H]
-        da = torch.exp(dt * self.a)
-        recs = [torch.empty(self.state_size) for _ in seqs]  # [conv rows | scan state] each
+        dt, da = ssm_scan.dt_da(zx[:, di + self.conv_dim :], self.dt_b, self.a)  # [T, H]
+        recs = self.new_records(seqs)
         out = ssm_scan.mamba2_step(
             zx, dt, da, (k, h, di // h, self.n, self.g), [s.state[i] for s in seqs], recs,
             (self.taps_lc, self.conv_b, self.ones_row, self.d_flat, self.norm), self.eps,
         )  # [T, d_inner]
-        for seq, rec in zip(seqs, recs, strict=True):
-            seq.out[i] = rec
-            for r, block in seq.cuts:  # a block ends with this row: its snapshot is the state
-                if r == 0:
-                    seq.snaps.setdefault(block, {})[i] = rec
         return self.out_proj(out)
+
+    def new_records(self, seqs: list[SeqStep]) -> list[torch.Tensor]:
+        """A decode step's new state record [conv rows | scan state] for each of ``seqs``
+        (one new row each), made each sequence's state after its row and, where a block
+        ends with the row, that block's snapshot (the same values, never changed)."""
+        recs = [torch.empty(self.state_size) for _ in seqs]
+        for seq, rec in zip(seqs, recs, strict=True):
+            seq.out[self.i] = rec
+            for r, block in seq.cuts:
+                if r == 0:
+                    seq.snaps.setdefault(block, {})[self.i] = rec
+        return recs
+
+    def fused_spec(self) -> MambaSpec:
+        """This mixer's tensors for the fused C layers (`kernels.layers`)."""
+        return MambaSpec(self.taps_lc, self.conv_b, self.ones_row.reshape(-1), self.d_flat,
+                         self.norm, self.dt_b, self.a,
+                         (self.h, self.d_inner // self.h, self.n, self.g, self.k))  # fmt: skip
+
+
+def is_decode_step(seqs: list[SeqStep] | None, t: int) -> bool:
+    """Whether a step of t rows is one new row per sequence, row q sequence q's (decode
+    steps, no draft rows): the case `Mamba2._step` and the fused C layers run."""
+    return seqs is not None and len(seqs) == t and ssm_scan.available() and all(
+        (q.lo, q.hi) == (r, r + 1) and not q.every for r, q in enumerate(seqs)
+    )
+
+
+def decode_records(
+    mixers: list[Mamba2 | None], seqs: list[SeqStep] | None, t: int
+) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]] | None:
+    """A decode step's state records for the fused C layers: (before, after) lists of
+    [n_layers * t], entry i * t + q sequence q's at layer i (None where the layer has no
+    mixer); the new records are made each sequence's output states (`new_records`).
+    None where the step is not a decode step (the per-layer path runs it)."""
+    if not is_decode_step(seqs, t):
+        return None
+    assert seqs is not None
+    ins: list[torch.Tensor | None] = []
+    outs: list[torch.Tensor | None] = []
+    for m in mixers:
+        if m is None:
+            ins += [None] * t
+            outs += [None] * t
+        else:
+            ins += [s.state[m.i] for s in seqs]
+            outs += m.new_records(seqs)
+    return ins, outs
 
 
 def scan_torch(
