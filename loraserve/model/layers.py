@@ -37,6 +37,7 @@ class RowEmbedding(nn.Module):
         self.packed = packed
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        from loraserve.kernels.embed_rows import dequant_rows
         from loraserve.model.dequant import dequantize
 
         if self.packed is not None:
@@ -50,6 +51,9 @@ class RowEmbedding(nn.Module):
             rows = unpacked[at, ids % 8]  # [T, row_bytes]
         else:
             rows = self.raw.index_select(0, ids)  # [T, row_bytes]
+        out = dequant_rows(rows, self.ggml_type, self.dim)  # one C call, the same values
+        if out is not None:
+            return out
         return dequantize(rows, self.ggml_type, (ids.shape[0], self.dim))  # [T, dim] float32
 
 
