@@ -6,6 +6,15 @@
 
 enum { QV = 16 };  // query vectors per work item, at most
 
+// AVX-512 builds (FMA): the 8-lane steps below run two at a time in 16 lanes, each lane with
+// its own operations unchanged (a dot product's two accumulators side by side, 16 values of
+// a weighted sum at once), so the same bits as the AVX2 build
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__FMA__)
+#define ATT_Z 1
+#else
+#define ATT_Z 0
+#endif
+
 // One score's dot product. AVX2: two 8-lane accumulators over alternate 8-value chunks, an
 // odd chunk into the first, their sum, a fixed horizontal sum, then the D % 8 tail in order.
 // dot4 computes exactly this for 4 query vectors against one key (loading the key once).
@@ -14,10 +23,16 @@ static inline float dot1(const float *q, const float *k, int64_t D) {
     float r = 0.0f;
 #if defined(__AVX2__)
     __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+#if ATT_Z
+    __m512 ab = _mm512_setzero_ps();  // a's lanes, then b's: the same fma per lane
+    for (; d + 16 <= D; d += 16) ab = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), ab);
+    a = _mm512_castps512_ps256(ab), b = _mm512_extractf32x8_ps(ab, 1);
+#else
     for (; d + 16 <= D; d += 16) {
         a = madd8(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a);
         b = madd8(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8), b);
     }
+#endif
     if (d + 8 <= D) {
         a = madd8(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a);
         d += 8;
@@ -33,6 +48,15 @@ static inline void dot4(const float *const q[4], const float *k, int64_t D, floa
     __m256 a[4], b[4];
     for (int i = 0; i < 4; i++) a[i] = b[i] = _mm256_setzero_ps();
     int64_t d = 0;
+#if ATT_Z
+    __m512 ab[4];  // a[i]'s lanes, then b[i]'s: the same fma per lane
+    for (int i = 0; i < 4; i++) ab[i] = _mm512_setzero_ps();
+    for (; d + 16 <= D; d += 16) {
+        const __m512 kk = _mm512_loadu_ps(k + d);
+        for (int i = 0; i < 4; i++) ab[i] = _mm512_fmadd_ps(_mm512_loadu_ps(q[i] + d), kk, ab[i]);
+    }
+    for (int i = 0; i < 4; i++) a[i] = _mm512_castps512_ps256(ab[i]), b[i] = _mm512_extractf32x8_ps(ab[i], 1);
+#else
     for (; d + 16 <= D; d += 16) {
         __m256 k0 = _mm256_loadu_ps(k + d), k1 = _mm256_loadu_ps(k + d + 8);
         for (int i = 0; i < 4; i++) {
@@ -40,6 +64,7 @@ static inline void dot4(const float *const q[4], const float *k, int64_t D, floa
             b[i] = madd8(_mm256_loadu_ps(q[i] + d + 8), k1, b[i]);
         }
     }
+#endif
     int64_t d8 = d;
     if (d + 8 <= D) {
         __m256 k0 = _mm256_loadu_ps(k + d);
@@ -120,7 +145,61 @@ static inline void accumulate(float *o, const float *p, const float *const v[4],
 // values stay in L1 while every vector attending them takes its share), each vector's keys
 // in order lo..hi-1; a key a vector does not attend is skipped, not added as 0 * v.
 // D: the values' width.
+#if ATT_Z
+// weighted_sum's numbers for the vectors i0 .. i0 + nv - 1 (1..4, one key range): each 64
+// values of their outputs held in registers over all their keys in order (the same fma per
+// lane and key as accumulate's), so no output is read and written again for every 4 keys.
+static inline __attribute__((always_inline)) void wsum_z(const item_t *it, int i0, int nv,
+                                                         const float *vc, const int64_t *vrow,
+                                                         int64_t D) {
+    const int64_t lo = it->lo[i0], hi = it->hi[i0], D16 = D / 16 * 16;
+    const float *p[4];
+    for (int u = 0; u < 4; u++) p[u] = it->s[i0 + (u < nv ? u : 0)] - lo;  // p[u][j]: weight of key j
+    for (int64_t d = 0; d < D16; d += 64) {
+        const int c = D16 - d >= 64 ? 4 : (int)(D16 - d) / 16;  // 16-lane chunks here
+        __m512 a[4][4];
+        for (int u = 0; u < 4; u++)
+            for (int e = 0; e < 4; e++) a[u][e] = _mm512_setzero_ps();
+        for (int64_t j = lo; j < hi; j++) {
+            const float *v = vc + vrow[j - it->ulo] + d;
+            __m512 w[4];
+            for (int e = 0; e < 4; e++) w[e] = e < c ? _mm512_loadu_ps(v + 16 * e) : _mm512_setzero_ps();
+            for (int u = 0; u < 4; u++) {
+                if (u >= nv) break;
+                const __m512 pu = _mm512_set1_ps(p[u][j]);
+                for (int e = 0; e < 4; e++)
+                    if (e < c) a[u][e] = _mm512_fmadd_ps(pu, w[e], a[u][e]);
+            }
+        }
+        for (int u = 0; u < nv; u++)
+            for (int e = 0; e < c; e++) _mm512_storeu_ps(it->out[i0 + u] + d + 16 * e, a[u][e]);
+    }
+    for (int u = 0; u < nv; u++) {  // the last 8 lanes and the D % 8 tail, as accumulate
+        float *o = it->out[i0 + u];
+        for (int64_t d = D16; d < D; d++) o[d] = 0.0f;
+        for (int64_t j = lo; j < hi; j++) {
+            const float *v[4] = {vc + vrow[j - it->ulo] + D16};
+            accumulate(o + D16, p[u] + j, (const float *const *)v, 1, D - D16);
+        }
+    }
+}
+#endif
+
 static void weighted_sum(const item_t *it, const float *vc, const int64_t *vrow, int64_t D) {
+#if ATT_Z
+    for (int i = 0; i < it->n;) {  // runs of up to 4 vectors with one key range
+        int nv = 1;
+        while (nv < 4 && i + nv < it->n && it->lo[i + nv] == it->lo[i] && it->hi[i + nv] == it->hi[i]) nv++;
+        if (nv == 4) wsum_z(it, i, 4, vc, vrow, D);
+        else if (nv == 3) wsum_z(it, i, 3, vc, vrow, D);
+        else if (nv == 2) wsum_z(it, i, 2, vc, vrow, D);
+        else wsum_z(it, i, 1, vc, vrow, D);
+        i += nv;
+    }
+    for (int i = 0; i < it->n; i++)
+        for (int64_t d = 0; d < D; d++) it->out[i][d] /= it->sum[i];
+    return;
+#endif
     for (int i = 0; i < it->n; i++)
         for (int64_t d = 0; d < D; d++) it->out[i][d] = 0.0f;
     for (int64_t j0 = it->ulo; j0 < it->uhi; j0 += 4) {
