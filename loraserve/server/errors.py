@@ -1,4 +1,6 @@
 """Errors in llama-server's shape, the FastAPI handlers that produce them, and JSON output.
+FastAPI and pydantic are imported where used: the router's app (Starlette alone) imports this
+module too, and their import is ~0.35 s of its start.
 
 Every error answer is `{"error": {"code": <status>, "message": ..., "type": ...}}`, plus
 `n_prompt_tokens` and `n_ctx` inside `error` for `exceed_context_size_error`, as llama-server
@@ -9,21 +11,24 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Sequence
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraserve.engine.admission import QueueFull
 from loraserve.server.clients import bind_client
 from loraserve.server.jsonout import JsonResponse
 from loraserve.server.jsonout import json_dumps as json_dumps  # re-exported for importers
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 log = logging.getLogger("loraserve.server")
 
@@ -38,7 +43,7 @@ STATUS_OF_TYPE: dict[str, int] = {
     "unavailable_error": 503,
 }
 
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", bound="BaseModel")
 
 
 class ApiError(Exception):
@@ -153,6 +158,8 @@ def validation_message(errors: Sequence[Any], *, located: bool = False) -> str:
 def parse_body(model: type[M], body: bytes | str | Any) -> M:
     """Validate a request body (raw JSON bytes/str, or already-decoded data) into `model`;
     raises `ApiError` 400 naming the field(s) on malformed JSON or invalid values."""
+    from pydantic import ValidationError
+
     if isinstance(body, bytes | str):
         try:
             body = json.loads(body) if body else None
@@ -223,10 +230,10 @@ def log_refusal(request: Request, status: int, message: str) -> None:
     )
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: Starlette) -> None:
     """Make every error `app` answers take the contract's shape: `ApiError` → its body;
-    invalid or malformed request body → 400 naming the field; unknown route → 404;
-    wrong method → 405; anything unexpected → logged 500 `server_error`."""
+    invalid or malformed request body → 400 naming the field (a FastAPI app's validation);
+    unknown route → 404; wrong method → 405; anything unexpected → logged 500 `server_error`."""
 
     async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
@@ -235,7 +242,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return exc.response()
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RequestValidationError | ValidationError)
+        from fastapi.exceptions import RequestValidationError
+
         located = isinstance(exc, RequestValidationError)
         err = invalid_request(validation_message(exc.errors(), located=located))
         log_refusal(request, err.status, err.message)
@@ -266,8 +274,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return server_error(f"Internal server error: {type(exc).__name__}").response()
 
     app.add_exception_handler(ApiError, on_api_error)
-    app.add_exception_handler(RequestValidationError, on_validation)
-    app.add_exception_handler(ValidationError, on_validation)
+    fastapi = sys.modules.get("fastapi")  # imported if `app` is FastAPI's (the router's is not)
+    if fastapi is not None and isinstance(app, fastapi.FastAPI):
+        from fastapi.exceptions import RequestValidationError
+        from pydantic import ValidationError
+
+        app.add_exception_handler(RequestValidationError, on_validation)
+        app.add_exception_handler(ValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(QueueFull, on_queue_full)
     app.add_exception_handler(Exception, on_unexpected)

@@ -15,7 +15,7 @@ import json
 import math
 from typing import Any
 
-from fastapi.responses import JSONResponse
+from starlette.responses import JSONResponse  # (FastAPI's is this one)
 
 ATOMS_PER_CALL = 4096  # values (numbers, strings, containers) per C encoder call
 _NULL_MEMBER = len(":null}")

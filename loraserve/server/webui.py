@@ -9,14 +9,14 @@ and the page asks for the key on the first 401.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from fastapi import APIRouter
 from starlette.requests import Request as HttpRequest
 from starlette.responses import FileResponse, Response
+from starlette.routing import Route
 
 from loraserve.server.errors import not_found
 
-router = APIRouter()
 WEBUI_DIR = Path(__file__).with_name("webui")
 PREFIX = "/webui/"
 CONTENT_TYPES = {
@@ -67,7 +67,21 @@ async def asset(request: HttpRequest) -> Response:
     return _file(request, request.url.path.removeprefix(PREFIX))
 
 
-for _path in PAGE_PATHS:
-    router.add_api_route(_path, index, methods=["GET"], include_in_schema=False)
-for _path in ASSET_PATHS:  # one route per shipped file: nothing else is reachable
-    router.add_api_route(_path, asset, methods=["GET"], include_in_schema=False)
+# one route per shipped file: nothing else is reachable
+routes = [Route(p, index if p in PAGE_PATHS else asset, methods=["GET"]) for p in PUBLIC_PATHS]
+
+
+def __getattr__(name: str) -> Any:
+    """`router`: the routes as a FastAPI router, made on first use (the router process's app
+    is Starlette's and takes `routes`: FastAPI's import is ~0.35 s of its start)."""
+    if name != "router":
+        raise AttributeError(name)
+    from fastapi import APIRouter
+
+    router = APIRouter()
+    for path in PAGE_PATHS:
+        router.add_api_route(path, index, methods=["GET"], include_in_schema=False)
+    for path in ASSET_PATHS:
+        router.add_api_route(path, asset, methods=["GET"], include_in_schema=False)
+    globals()["router"] = router
+    return router

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from loraserve.server.config.args import parse_server_args
-from tests.http.test_router import router, status, wait_status
+from tests.http.router_util import router, status, wait_status
 from tests.server_util import free_socket, tiny_model_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -44,7 +44,7 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict]:
     monkeypatch.setenv("MODEL_ENDPOINT", url)
     monkeypatch.setenv("LLAMA_CACHE", str(tmp_path / "cache"))
     try:
-        yield {"cache": tmp_path / "cache", "model": model}
+        yield {"cache": tmp_path / "cache", "model": model, "url": url}
     finally:
         server.shutdown()
 

@@ -19,10 +19,12 @@ also deletes the target of a snapshot link pointing anywhere).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -196,7 +198,8 @@ def fetch(
             _pull(p.url(f), blob, progress, cancelled)
         if blob != final:
             final.parent.mkdir(parents=True, exist_ok=True)
-            final.symlink_to(os.path.relpath(blob, final.parent))
+            with contextlib.suppress(FileExistsError):  # made meanwhile by another fetch
+                final.symlink_to(os.path.relpath(blob, final.parent))
     (folder / "refs").mkdir(parents=True, exist_ok=True)
     (folder / "refs" / "main").write_text(p.commit)
     return p.final(p.files[0])
@@ -204,7 +207,9 @@ def fetch(
 
 def _pull(url: str, dest: Path, progress: Progress | None, cancelled: Callable[[], bool]) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(dest.name + ".downloadInProgress")
+    # its own partial file: two fetches of one blob at once (a preset's load and a `POST
+    # /models`) each write theirs, and the first whole one is renamed into place
+    part = dest.with_name(f"{dest.name}.downloadInProgress.{os.getpid()}.{threading.get_ident()}")
     done, total, last = 0, 0, 0.0
     try:
         req = urllib.request.Request(url, headers={"User-Agent": "loraserve"})

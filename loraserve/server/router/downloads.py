@@ -28,9 +28,11 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
-from loraserve.server.errors import ApiError
+from loraserve.server.errors import ApiError, JsonResponse
 from loraserve.server.router.forward import _bad, _model_field
 
 if TYPE_CHECKING:
@@ -157,21 +159,24 @@ class Downloads:
         router.events.publish(name, "model_remove")
 
 
-def add_routes(app: FastAPI, downloads: Downloads) -> None:
-    """Register `POST /models` and `DELETE /models` on the router's app."""
+def routes(downloads: Downloads) -> list[Route]:
+    """`POST /models` and `DELETE /models`, the router's routes over `downloads`."""
 
-    @app.post("/models")
-    async def models_download(request: Request) -> Any:
+    async def models_download(request: Request) -> Response:
         name = _model_field(await request.body())
         if not name:
             raise _bad("model must be a non-empty string")
         await downloads.start(name)
-        return {"success": True}
+        return JsonResponse({"success": True})
 
-    @app.delete("/models")
-    async def models_delete(request: Request) -> Any:
+    async def models_delete(request: Request) -> Response:
         name = request.query_params.get("model") or ""
         if not name:
             raise _bad("model must be a non-empty string")
         await downloads.remove(name)
-        return {"success": True}
+        return JsonResponse({"success": True})
+
+    return [
+        Route("/models", models_download, methods=["POST"]),
+        Route("/models", models_delete, methods=["DELETE"]),
+    ]

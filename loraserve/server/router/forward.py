@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
-from fastapi import Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
@@ -64,6 +64,10 @@ class Forward:
         preset = r.find(name)
         if preset is None:
             raise _bad(f"model '{name}' not found")
+        if preset.key is None and preset.hf is not None:  # its file not in the cache yet
+            if not load:
+                raise _bad("model is not loaded")
+            preset = await r.pending.ready(preset)  # downloaded (router.pending)
         if preset.key is None:
             raise ApiError(500, "server_error", f"model name={preset.name} failed to load")
         eng = r.pool.engine(preset.key)

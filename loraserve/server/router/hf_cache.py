@@ -12,6 +12,9 @@ does offline (`common_download_resolve_path`: the tag's file, else Q4_K_M, else 
 first model); `dedup_hidden` is the router's `dedup-cache-models`: cache entries whose file a
 preset with that key already serves (as its `hf-repo` or `spec-draft-hf`) are not listed.
 
+`pending_hf` finds a preset whose `-hf` model is not in the cache yet: **ours**, as llama-server's
+child downloads it when it starts, `router.pending` downloads it when the preset is loaded.
+
 `router.download` fills the cache (`POST /models`, `-hf` at start) and removes from it
 (`DELETE /models`); what is in it is served by its id, as any file.
 """
@@ -161,6 +164,28 @@ def resolve_preset(repo_id: str, root: Path | None = None) -> str | None:
         if path.is_file():
             return str(path)
     return None
+
+
+_HF_FLAGS = {"-hf": "repo", "-hfr": "repo", "--hf-repo": "repo"}
+_HF_FLAGS |= {"-hff": "file", "--hf-file": "file"}
+
+
+def pending_hf(argv: list[str]) -> tuple[str, str, list[str]] | None:
+    """A preset's `-hf REPO[:TAG]` (`-hff FILE`) when the cache has no such file: (REPO[:TAG],
+    FILE, its other flags); None when its flags name no repository, a malformed one (listing
+    names why) or one the cache holds. `argv`: flags and values as separate words."""
+    found, rest = {"repo": "", "file": ""}, []
+    words = iter(argv)
+    for word in words:
+        kind = _HF_FLAGS.get(word)
+        if kind is None:
+            rest.append(word)
+        else:
+            found[kind] = next(words, "")
+    repo, _, tag = found["repo"].partition(":")
+    if not _REPO.fullmatch(repo) or repo.count("/") != 1 or ":" in tag:
+        return None
+    return None if resolve(found["repo"], found["file"]) else (found["repo"], found["file"], rest)
 
 
 _HF_KEYS = {  # INI keys of a preset's cached files (their flag and environment spellings)

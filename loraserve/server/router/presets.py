@@ -34,7 +34,7 @@ from typing import Any
 
 from loraserve.server.config.arg_types import LoraSpec
 from loraserve.server.config.args import ServerConfig, build_parser, parse_server_args
-from loraserve.server.router.hf_cache import cached_models, dedup_hidden
+from loraserve.server.router.hf_cache import cached_models, dedup_hidden, pending_hf
 
 ROUTER_KEYS = ("load-on-startup", "stop-timeout", "dedup-cache-models")
 DEFAULT_STOP_TIMEOUT_S = 10.0  # llama-server's
@@ -71,6 +71,7 @@ class Preset:
     error: str | None = None
     listed: bool = True  # in GET /models (a cache entry `dedup-cache-models` hides: False)
     removable: bool = False  # a model of the download cache (`DELETE /models` deletes it)
+    hf: tuple[str, str] | None = None  # (REPO[:TAG], FILE) not cached yet: `router.pending`
 
     @property
     def key(self) -> ServerConfig | None:
@@ -225,6 +226,7 @@ def load_catalog(cfg: ServerConfig) -> dict[str, Preset]:
     merged_ini = [{**common, **keys} for name, keys in ini.items() if name not in ("", "*")]
     hidden = dedup_hidden(merged_ini, {n: p for n, p in cache.items() if sections[n][0] == "cache"})
     router_args = strip_router_args(cfg.argv)
+    offline = "--offline" in router_args or os.environ.get("LLAMA_OFFLINE", "") not in ("", "0")
     base_cfg = _parse(router_args)
     presets = {}
     for name, (source, keys) in sections.items():
@@ -233,7 +235,9 @@ def load_catalog(cfg: ServerConfig) -> dict[str, Preset]:
         extra = {k: merged.pop(k) for k in ROUTER_KEYS if k in merged}
         try:
             argv = [w for k, v in merged.items() for w in key_args(k, v, parser)]
-            child = _parse([*argv, *router_args])
+            hf = None if offline else pending_hf(argv)  # its other flags checked now
+            words = argv if hf is None else [*hf[2], "-m", hf[0]]  # a stand-in path
+            child = _parse([*words, *router_args])
             if child.model is None:
                 raise PresetError("no model: give `model = PATH` (or use --models-dir)")
             presets[name] = dataclasses.replace(
@@ -241,7 +245,10 @@ def load_catalog(cfg: ServerConfig) -> dict[str, Preset]:
                 args=("loraserve", *argv),
                 listed=name not in hidden,
                 removable=name in cache,
+                hf=None if hf is None else hf[:2],
             )
+            if hf is not None:  # no engine until its file is in (`router.pending`)
+                presets[name] = dataclasses.replace(presets[name], engine_cfg=None)
         except PresetError as e:
             presets[name] = Preset(name, source, text, error=str(e), removable=name in cache)
     return _share_engines(presets)

@@ -14,13 +14,15 @@ import asyncio
 import json
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, FastAPI
-from fastapi import Request as HttpRequest
+from starlette.requests import Request as HttpRequest
 from starlette.routing import Route
 
 from loraserve.server.errors import JsonResponse, error_body, invalid_request
+
+if TYPE_CHECKING:  # FastAPI is imported where used: `enabled` is asked by the router too
+    from fastapi import FastAPI
 
 MAX_INSTANCES = 128  # llama-server's limit
 FORWARDED_HEADERS = (b"authorization", b"x-api-key")
@@ -56,6 +58,8 @@ def install(app: FastAPI) -> None:
     """Add the predict route (and the health alias) to `app` when the protocol is on."""
     if not enabled():
         return
+    from fastapi import APIRouter
+
     predict_path = os.environ.get("AIP_PREDICT_ROUTE") or "/predict"
     router = APIRouter()
     health = os.environ.get("AIP_HEALTH_ROUTE")
