@@ -144,6 +144,9 @@ class StateStore:
         ``lo..lo+n-1``, its KV in ``blocks``; `StateMissing` when no exact state exists.
         ``end``: the length of the sequence's tokens (its prompt's, while it prefills)."""
         live = self.live.get(slot)
+        if live is not None and live.seq != seq:  # another sequence took the slot: the last
+            del self.live[slot]  # one's states and checkpoints are no use to it (nor held
+            live = None  # through its first step: up to 2 + `checkpoints` snapshots)
         if start == 0:
             state = {i: torch.zeros(s) for i, s in self.shapes.items()}
         elif live is not None and live.seq == seq and start in live.at:
