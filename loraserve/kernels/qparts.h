@@ -6,6 +6,7 @@
 #pragma once
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "qpart.h"
 
@@ -22,20 +23,35 @@ typedef struct {
 typedef struct {
     rowbuf_t r[4];  // up to 4 weight rows at a time (part_rows, part_cols4)
     uint8_t *kb;    // a task's decoded groups (part_kbytes), allocated on first use
+    void *mem;      // the rows' buffers, one allocation (a decode step makes ~100 calls)
 } scratch_t;
 
+// The 4 row buffers for K values carved from one 64-byte aligned allocation (each piece a
+// multiple of 64 bytes), mn zeroed as the types without a minimum read it; NULL pointers
+// when out of memory, as separate allocations would give.
 static void scratch_init(scratch_t *t, int64_t K) {
     const size_t qn = (size_t)((K + 63) / 64 * 64), sn = (size_t)(K / 16);
+#define LS_UP(n) (((n) + 63) / 64 * 64)
+    const size_t fs = LS_UP(sizeof(float) * sn), sv = LS_UP(sizeof(float) * (size_t)(8 * (K / 32)));
+    const size_t ks = LS_UP(sizeof(int16_t) * (sn + 16)), kd = LS_UP(sizeof(float) * (size_t)(K / 256 + 1));
+    const size_t one = qn + 2 * fs + sv + 2 * ks + 2 * kd;
+#undef LS_UP
+    uint8_t *m = aligned_alloc(64, 4 * one);
+    t->mem = m;
     for (int j = 0; j < 4; j++) {
         rowbuf_t *b = &t->r[j];
-        b->qbuf = aligned_alloc(64, qn);
-        b->s = malloc(sizeof(float) * sn);
-        b->mn = calloc(sn, sizeof(float));
-        b->sv = malloc(sizeof(float) * (size_t)(8 * (K / 32)));
-        b->kp.sc = malloc(sizeof(int16_t) * (sn + 16));
-        b->kp.mn = malloc(sizeof(int16_t) * (sn + 16));
-        b->kp.d = malloc(sizeof(float) * (size_t)(K / 256 + 1));
-        b->kp.dm = malloc(sizeof(float) * (size_t)(K / 256 + 1));
+        uint8_t *p = m ? m + j * one : NULL;
+#define LS_TAKE(T, n) (p ? (T *)((p += (n)) - (n)) : NULL)
+        b->qbuf = LS_TAKE(int8_t, qn);
+        b->s = LS_TAKE(float, fs);
+        b->mn = LS_TAKE(float, fs);
+        b->sv = LS_TAKE(float, sv);
+        b->kp.sc = LS_TAKE(int16_t, ks);
+        b->kp.mn = LS_TAKE(int16_t, ks);
+        b->kp.d = LS_TAKE(float, kd);
+        b->kp.dm = LS_TAKE(float, kd);
+#undef LS_TAKE
+        if (b->mn) memset(b->mn, 0, sizeof(float) * sn);
         b->kp.q = b->qbuf;
         b->kp.ahead = 0;
     }
@@ -43,17 +59,7 @@ static void scratch_init(scratch_t *t, int64_t K) {
 }
 
 static void scratch_free(scratch_t *t) {
-    for (int j = 0; j < 4; j++) {
-        rowbuf_t *b = &t->r[j];
-        free(b->qbuf);
-        free(b->s);
-        free(b->mn);
-        free(b->sv);
-        free(b->kp.sc);
-        free(b->kp.mn);
-        free(b->kp.d);
-        free(b->kp.dm);
-    }
+    free(t->mem);
     free(t->kb);
 }
 
