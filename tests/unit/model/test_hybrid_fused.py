@@ -16,7 +16,9 @@ from loraserve.engine.engine import Engine
 from loraserve.kernels import backend, ssm_scan
 from loraserve.kernels.layers import FusedLayers
 from loraserve.lora.adapter_write import write_gguf_lora
+from loraserve.model.loader import load_model
 from tests.engine_util import ask
+from tests.unit.model.test_archs import RECORDS as ALL
 from tests.unit.model.test_recurrent import PROBS, RECORDS, RECURRENT_STEMS, _adapter, answers
 from tests.unit.model.test_recurrent import model as recorded_model
 
@@ -93,3 +95,28 @@ def test_step_sizes_are_each_values_own() -> None:
     for r in (0, 17, 36):
         one = ssm_scan.dt_da(raw[r : r + 1, 5:18].contiguous(), bias, a)
         assert torch.equal(one[0][0], dt[r]) and torch.equal(one[1][0], da[r])
+
+
+@needs_c
+@pytest.mark.parametrize("arch", [a for a in ("granite", "granitemoe") if a in ALL])
+def test_granite_residual_scale_fused_equals_the_per_layer_path(tmp_path: Path, arch: str) -> None:
+    """Dense granite (the residual scale) takes the fused path for prompts and decode steps:
+    its answers, alone and batched, are the per-layer path's bit for bit."""
+    from tests.arch_models import write_model
+
+    rec = ALL[arch]["variants"]["dense"]
+    types = {k: int(t) for k, t in rec["files"]["Q4_K_M"]["types"].items()}
+    m = load_model(write_model(rec, tmp_path / f"{arch}.gguf", types))
+    assert m.config.residual_scale != 1.0 and m.decoder._fused() is not None
+    prompts = [c["prompt"] for c in rec["answers"]["Q4_K_M"][:3]]
+
+    def run(use_fused: bool) -> list[tuple[list, list, int]]:
+        m.decoder.use_fused = use_fused
+        eng = Engine(m, EngineConfig(n_slots=3, n_ctx=3 * 128, block_size=4))
+        asks = [ask(p, 5, sampling=PROBS, cache_prompt=False) for p in prompts]
+        return answers(eng, asks)
+
+    try:
+        assert run(True) == run(False)
+    finally:
+        m.decoder.use_fused = True
