@@ -21,10 +21,8 @@ def main(argv: list[str] | None = None) -> None:
     cmd = argv[0] if argv and argv[0] in COMMANDS else "serve"
     if argv and argv[0] == cmd:
         argv = argv[1:]
-    if cmd not in ("merge", "build-kernels") and not {"-h", "--help"} & set(argv):
-        from loraserve import cbuild
-
-        cbuild.prebuild()  # a first start compiles the kernels while torch is imported
+    if cmd in ("generate", "ray") and not {"-h", "--help"} & set(argv):
+        _prebuild()
     if cmd == "build-kernels":
         build_kernels(argv)
     elif cmd == "generate":
@@ -40,8 +38,19 @@ def main(argv: list[str] | None = None) -> None:
     else:
         from loraserve.server.config.args import parse_server_args
         from loraserve.server.process import serve
+        from loraserve.server.vertex import gcp
 
-        serve(parse_server_args(argv))
+        cfg = parse_server_args(argv)
+        if not cfg.router or gcp.enabled():  # the router runs no kernels: its engines' hosts
+            _prebuild()  # build them (~40 ms of the router's start saved)
+        serve(cfg)
+
+
+def _prebuild() -> None:
+    """A first start compiles the kernels while torch is imported."""
+    from loraserve import cbuild
+
+    cbuild.prebuild()
 
 
 def build_kernels(argv: list[str]) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -58,10 +59,7 @@ class Host:
         self.proc = proc
         self.folder = folder
         self.sock = os.path.join(folder, "host.sock")
-        import httpx
-
-        transport = httpx.AsyncHTTPTransport(uds=self.sock)
-        self.client = httpx.AsyncClient(transport=transport, base_url="http://host", timeout=None)
+        self._client: httpx.AsyncClient | None = None  # once it listens (`start`)
         self.engines: set[str] = set()
         self.key: tuple[str, str] | None = None  # the base file it serves, once taken
         self.stopping = False
@@ -71,6 +69,12 @@ class Host:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The HTTP client over its socket (a host `start` returned has one)."""
+        assert self._client is not None
+        return self._client
 
     @classmethod
     async def start(cls) -> Host:
@@ -85,6 +89,10 @@ class Host:
             stdout=asyncio.subprocess.PIPE,
         )
         host = cls(proc, folder)
+        # httpx (and the trio that httpcore imports when installed: ~0.3 s) is imported in a
+        # thread while the child starts, not on the event loop: the router's first answers
+        # (its start's /health) would wait for it
+        importing = asyncio.ensure_future(asyncio.to_thread(importlib.import_module, "httpx"))
         assert proc.stdout is not None
         try:
             line = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S)
@@ -97,6 +105,9 @@ class Host:
             await host.stop()
             why = describe_exit(proc.returncode)
             raise RuntimeError(f"the engine process did not start ({why})")
+        httpx = await importing
+        transport = httpx.AsyncHTTPTransport(uds=host.sock)
+        host._client = httpx.AsyncClient(transport=transport, base_url="http://host", timeout=None)
         host.watch = asyncio.get_running_loop().create_task(host._watch())
         return host
 
@@ -171,8 +182,8 @@ class Host:
         if self.watch is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.watch
-        else:
-            await self.client.aclose()
+        elif self._client is not None:
+            await self._client.aclose()
 
 
 class ProxyApp:
