@@ -155,3 +155,32 @@ def test_offline_router_names_the_cache(hub: dict, tmp_path: Path) -> None:
         assert str(hub["cache"]) in s["error"] and "--offline" in s["error"]
         c.post("/models/load", json={"model": "p1"})
         assert not hub["cache"].exists()
+
+
+def test_unload_cancels_a_download_waiting_on_the_hub(
+    hub: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`POST /models/unload` while the hub has not answered yet: no wait for its timeout,
+    the request waiting for the preset gets a 503 saying so."""
+    from loraserve.server.router import download
+
+    silent = socket.create_server(("127.0.0.1", 0))  # listens, never answers
+    monkeypatch.setattr(download, "TIMEOUT_S", 60.0)
+    monkeypatch.setenv("MODEL_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}/")
+    try:
+        with router(["--models-preset", str(presets(tmp_path))]) as (c, _):
+            answers: list[httpx.Response] = []
+            waiter = threading.Thread(
+                target=lambda: answers.append(c.post("/completion", json={"model": "p1", **BODY}))
+            )
+            waiter.start()
+            wait_status(c, "p1", "loading")
+            t0 = time.monotonic()
+            assert c.post("/models/unload", json={"model": "p1"}).json() == {"success": True}
+            waiter.join(30)
+            assert time.monotonic() - t0 < 10
+            (r,) = answers
+            assert r.status_code == 503 and "was cancelled" in r.text, r.text
+            assert status(c, "p1")["value"] == "unloaded"
+    finally:
+        silent.close()

@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from loraserve.server.errors import ApiError, JsonResponse
 from loraserve.server.router.forward import _bad, _model_field
+from loraserve.server.router.pending import off_loop
 
 if TYPE_CHECKING:
     from loraserve.server.router import download
@@ -64,7 +65,7 @@ class Downloads:
             raise _bad(f"model '{name}' already exists")
         token = os.environ.get("HF_TOKEN", "")  # llama-server's --hf-token default
         try:
-            plan = await asyncio.to_thread(download.plan, name, "", token)
+            plan = await off_loop(download.plan, name, "", token)
         except download.HubError as e:
             kind = "not_found_error" if e.status == 404 else "unavailable_error"
             raise ApiError(e.status, kind, f"cannot download model '{name}': {e}") from None
@@ -87,9 +88,7 @@ class Downloads:
 
         ok = False
         try:
-            path = await asyncio.to_thread(
-                download.fetch, plan, progress, self.cancels[name].is_set
-            )
+            path = await off_loop(download.fetch, plan, progress, self.cancels[name].is_set)
             log.info("router: downloaded %s to %s", name, path)
             ok = True
         except download.Cancelled:

@@ -21,7 +21,8 @@ import contextlib
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from loraserve.server.errors import ApiError
 
@@ -31,6 +32,35 @@ if TYPE_CHECKING:
     from loraserve.server.router.presets import Preset
 
 log = logging.getLogger("loraserve.router")
+
+
+T = TypeVar("T")
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` in a daemon thread of its own: a hub request (up to `download.TIMEOUT_S`
+    per read) that the router stops waiting for never holds its exit, as a thread of the
+    loop's default executor would (`asyncio.run` joins them)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if not done.done():
+            if error is None:
+                done.set_result(value)
+            else:
+                done.set_exception(error)
+
+    def run() -> None:
+        try:
+            value, error = fn(*args), None
+        except BaseException as e:  # noqa: BLE001 (handed to the awaiting coroutine)
+            value, error = None, e
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=run, name="loraserve-hub", daemon=True).start()
+    return await done
 
 
 class Pending:
@@ -91,10 +121,14 @@ class Pending:
         return ApiError(status, kind, message)
 
     async def cancel(self, name: str) -> None:
-        """Stop `name`'s download and wait for its worker to leave (its partial file gone)."""
+        """Stop `name`'s download and wait for its worker to leave (its partial file gone);
+        while the hub is still being asked (nothing on disk yet) the wait is not for its
+        answer (up to `download.TIMEOUT_S`)."""
         task = self.tasks.get(name)
         if task is not None:
             self.cancels[name].set()
+            if not self.planned[name].done():
+                task.cancel()
             await asyncio.wait({task})
 
     def status(self, name: str) -> dict[str, Any]:
@@ -131,8 +165,11 @@ class Pending:
             events.publish(name, "status_change", {"status": "unloaded", "exit_code": 1})
             return
         finally:
-            if not planned.done():  # cancelled (the router's end): nobody waits forever
-                planned.cancel()
+            if not planned.done():  # cancelled while asking the hub: its waiters are told
+                message = f"the download of model '{name}' was cancelled"
+                planned.set_exception(ApiError(503, "unavailable_error", message))
+                planned.exception()  # (retrieved: no log line when nobody waits)
+                events.publish(name, "status_change", {"status": "unloaded", "exit_code": 0})
             for table in (self.tasks, self.planned, self.cancels, self.progress):
                 table.pop(name, None)
             load = name in self.load_after
@@ -149,7 +186,7 @@ class Pending:
         token = os.environ.get("HF_TOKEN", "")  # llama-server's --hf-token default
         what = f"cannot download model '{name}' ({' '.join(filter(None, (repo, file)))})"
         try:
-            plan = await asyncio.to_thread(download.plan, repo, file, token)
+            plan = await off_loop(download.plan, repo, file, token)
         except download.HubError as e:
             kind = "not_found_error" if e.status == 404 else "unavailable_error"
             raise ApiError(e.status, kind, f"{what}: {e}") from None
@@ -165,9 +202,7 @@ class Pending:
 
         what = f"cannot download model '{name}' ({plan.repo})"
         try:
-            path = await asyncio.to_thread(
-                download.fetch, plan, progress, self.cancels[name].is_set
-            )
+            path = await off_loop(download.fetch, plan, progress, self.cancels[name].is_set)
         except download.HubError as e:
             raise ApiError(503, "unavailable_error", f"{what}: {e}") from None
         except download.Cancelled:
