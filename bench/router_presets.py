@@ -118,6 +118,9 @@ def start_times(name: str, argv0: tuple[str, ...], ini: Path, n: int) -> list[fl
         argv = [*argv0, "--models-preset", str(ini), "--models-max", str(n)]
         with launch(name, [*argv, "--host", HOST, "--port", str(port)], port) as srv:
             out.append(round(srv.startup_s, 3))
+            kids = psutil.Process(srv.proc.pid).children(recursive=True)
+        psutil.wait_procs(kids, timeout=30)  # loraserve's spare engine process ends too: the
+        # next start must not share the CPU with a process still importing torch
     return out
 
 
