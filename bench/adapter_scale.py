@@ -82,7 +82,7 @@ class Plan:
     seed: int = 0
     dtype: str = "f16"  # the adapter files' tensor type: f16 or f32
     cold: bool = False  # drop the adapters' files from the page cache before each run
-    repeats: int = 3  # paired rounds (single-adapter load, Zipf load) per server
+    repeats: int = 5  # paired rounds (single-adapter load, Zipf load) per server
     warmup: int = 8  # requests on adapter 0 before the rounds (not counted)
     peer_repeats: int = 1  # llama-server's Zipf rounds (its 8-adapter load is ~4x slower)
     cache_ram: int = 256  # --cache-ram MiB, both servers (-1: no bound)
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-peer", action="store_true", help="skip llama-server")
     ap.add_argument("--dtype", choices=("f16", "f32"), help="adapter tensor type (default f16)")
     ap.add_argument("--cold", action="store_true", help="adapter files out of the page cache")
-    ap.add_argument("--repeats", type=int, help="paired rounds per server (default 3)")
+    ap.add_argument("--repeats", type=int, help="paired rounds per server (default 5)")
     ap.add_argument("--peer-first", action="store_true", help="llama-server before loraserve")
     ap.add_argument("--peer-repeats", type=int, help="llama-server's Zipf rounds (default 1)")
     ap.add_argument("--cache-ram", type=int, help="--cache-ram MiB, both servers (default 256)")

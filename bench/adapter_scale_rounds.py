@@ -15,6 +15,14 @@ draw new Zipf picks (seed + round) from a server whose tier has seen the earlier
 steady state that S-LoRA's figures describe. Both are reported: `ratio_first` (round 0) and
 `ratio_steady` (median over rounds 1..R-1), beside `ratio_median` over all rounds.
 
+Five rounds by default (three before): with 64 adapters the new picks of rounds 0, 1 and 2
+are first uses of 32, 15 and 6 adapters, and one round's ratio varies by up to ~8% on a
+quiet machine (a rank-16 single-adapter load ran faster than the rank-8 one in 2 rounds of
+6), so the median of three was round 1's in two runs of three, a load still a sixth first
+uses, within that noise. Three runs of three rounds at 64 (2026-12-03 17:45-18:30) gave
+round 0 0.83/0.85/0.97, round 1 0.86/0.93/1.04, round 2 0.94/0.96/1.03: in order of their
+reads in two runs of three.
+
 Every request has a prompt of its own (tagged with the round and side), so no round reads
 the KV an earlier one left in the prefix cache.
 """
