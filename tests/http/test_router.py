@@ -21,8 +21,6 @@ from tests.http.router_util import PROMPT, complete, error, router, status, wait
 from tests.server_util import peft_folder, serve_in_thread, tiny_model_path
 from tests.tiny import hf_model, write_gguf
 
-__all__ = ["PROMPT", "complete", "router", "status", "wait_status"]  # test_router_download
-
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
