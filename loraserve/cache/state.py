@@ -40,49 +40,10 @@ the whole forward pass returned (`commit`), never half-written by a failed step.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 
-
-class StateMissing(RuntimeError):
-    """No exact recurrent state exists for the position a step starts from."""
-
-
-States = dict[int, torch.Tensor]  # recurrent layer index -> its state (shape per layer kind)
-
-
-@dataclass
-class SeqStep:
-    """One sequence's part of a step, as the recurrent layers read and write it.
-
-    Rows ``lo..hi-1`` of the flat batch are its tokens; ``state`` is every recurrent layer's
-    state before row ``lo``. Each layer writes its state after row ``hi - 1`` into ``out`` and,
-    for each ``(r, block)`` of ``cuts``, its state after row ``lo + r`` into ``snaps[block]``.
-    """
-
-    lo: int
-    hi: int
-    state: States
-    cuts: list[tuple[int, int]]
-    out: States = field(default_factory=dict)
-    snaps: dict[int, States] = field(default_factory=dict)
-    every: bool = False
-    rows: dict[int, list[torch.Tensor]] = field(default_factory=dict)
-    end_only: int = -1  # the block of a cut made for the chunk's end alone (off the interval)
-    latest: int = -1  # the block a decode step's cut ends off the interval (see `commit`)
-
-
-@dataclass
-class _Live:
-    seq: int  # the request id running in the slot
-    at: dict[int, States]  # position -> states there (the last step's start and end, and
-    # with a draft every position in between)
-    latest: int = -1  # the block of its latest decode snapshot off the interval
-    # position -> states where each of its prompts (and its predecessors' in the slot) began
-    # from this live state: llama-server's checkpoint before a prompt's last batch
-    ckpts: dict[int, States] = field(default_factory=dict)
-    owners: dict[int, int] = field(default_factory=dict)  # position -> the request that made it
+from loraserve.cache.state_records import LiveState, SeqStep, StateMissing, States
 
 
 class StateStore:
@@ -111,7 +72,7 @@ class StateStore:
         self.bs = block_size
         self.every = every  # a snapshot after every ``every``-th full block (and step ends)
         self.kv_block_bytes = kv_block_bytes  # one block's KV bytes (the budget's other part)
-        self.live: dict[int, _Live] = {}  # slot -> its sequence's states
+        self.live: dict[int, LiveState] = {}  # slot -> its sequence's states
         self.snaps: dict[int, States] = {}  # block id -> states after the block's last token
         self.max_ckpts = checkpoints
         self.min_step = min_step
@@ -195,7 +156,7 @@ class StateStore:
             return
         live = self.live.get(slot)
         if live is None or live.seq != seq:
-            live = self.live[slot] = _Live(seq, {})
+            live = self.live[slot] = LiveState(seq, {})
         if step.latest >= 0:  # one decode snapshot off the interval per sequence: the latest
             if live.latest >= 0 and live.latest != step.latest:
                 self.snaps.pop(live.latest, None)
@@ -223,11 +184,11 @@ class StateStore:
         ckpts = {p: s for p, s in live.ckpts.items() if p < at}
         owners = {p: live.owners.get(p, -1) for p in ckpts}
         # the old sequence's latest decode snapshot stays in the cache (as for a new one)
-        new = self.live[slot] = _Live(new_seq, {at: state}, ckpts=ckpts, owners=owners)
+        new = self.live[slot] = LiveState(new_seq, {at: state}, ckpts=ckpts, owners=owners)
         self._add_checkpoint(new, at, state)
         return True
 
-    def _add_checkpoint(self, live: _Live, pos: int, states: States) -> None:
+    def _add_checkpoint(self, live: LiveState, pos: int, states: States) -> None:
         """Keep ``states`` at ``pos`` as a checkpoint of ``live``'s request, as llama-server's
         ``create_checkpoint`` does: while the slot is full (one short of ``checkpoints`` or
         more), earlier requests' checkpoints at most ``min_step`` tokens past the one kept
@@ -275,7 +236,7 @@ class StateStore:
         ``state`` after its first ``at`` tokens and its checkpoints ``ckpts`` (position ->
         states; the latest ``checkpoints`` kept), as if that sequence had just run there."""
         kept = sorted(ckpts.items())[-self.max_ckpts :] if self.max_ckpts > 0 else []
-        self.live[slot] = _Live(seq, {at: state}, ckpts=dict(kept))
+        self.live[slot] = LiveState(seq, {at: state}, ckpts=dict(kept))
 
     @property
     def n_checkpoints(self) -> int:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib.util
 import io
 import os
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from typing import Any
 from loraserve.server.config.arg_types import LoraSpec
 from loraserve.server.config.args import ServerConfig, build_parser, parse_server_args
 from loraserve.server.router.hf_cache import cached_models, dedup_hidden, pending_hf
+from loraserve.server.router.model_files import default_model_entry, models_dir_entries
 
 ROUTER_KEYS = ("load-on-startup", "stop-timeout", "dedup-cache-models")
 DEFAULT_STOP_TIMEOUT_S = 10.0  # llama-server's
@@ -163,36 +163,6 @@ def _parse(argv: list[str]) -> ServerConfig:
         message = err.getvalue().strip().splitlines()
         why = message[-1].removeprefix("loraserve: error: ") if message else "bad flags"
         raise PresetError(why) from None
-
-
-def models_dir_entries(folder: str) -> dict[str, str]:
-    """llama-server's `--models-dir` scan: `NAME.gguf` files, and folders holding a model
-    (`mmproj*` and draft sidecars left out, a split model's first shard): name -> path."""
-
-    def is_companion(name: str) -> bool:
-        return name.startswith("mmproj") or "draft" in name.lower()
-
-    out: dict[str, str] = {}
-    for entry in sorted(Path(folder).iterdir()):
-        if entry.is_dir():
-            files = sorted(p for p in entry.glob("*.gguf") if not is_companion(p.name))
-            shard = [p for p in files if "-00001-of-" in p.name]
-            if files:
-                out[entry.name] = str((shard or files)[-1])
-        elif entry.name.endswith(".gguf") and not is_companion(entry.name):
-            out[entry.name.removesuffix(".gguf")] = str(entry)
-    return out
-
-
-def default_model_entry() -> tuple[str, str] | None:
-    """The default model (its package installed) as the router's one cached model, listed
-    as llama-server lists its download cache: (name, path; assembled when first loaded)."""
-    from loraserve.model.default import FILE_NAME, cache_dir
-    from loraserve.server.startup import DEFAULT_MODEL_PACKAGE
-
-    if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
-        return None
-    return FILE_NAME.removesuffix(".gguf"), str(cache_dir() / FILE_NAME)
 
 
 def load_catalog(cfg: ServerConfig) -> dict[str, Preset]:
