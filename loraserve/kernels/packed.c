@@ -39,12 +39,7 @@ int ls_packed_tile(int type, const uint8_t *g, const int8_t *x, const float *xd,
         else if (type == T_Q5_K) pk_dot_q4_k(g, 1, x, xd, bs32, K, RR, ahead, out, ldy);     \
         else pk_dot_q4_k(g, 0, x, xd, bs32, K, RR, ahead, out, ldy);                          \
     } while (0)
-    switch (R) {
-    case 4: LS_T(4); break;
-    case 3: LS_T(3); break;
-    case 2: LS_T(2); break;
-    default: LS_T(1); break;
-    }
+    PK_BY_ROWS(R, LS_T);
 #undef LS_T
     return 0;
 }
@@ -70,12 +65,7 @@ int ls_packed_tile2(int type, const uint8_t *g, int64_t gb, const int8_t *x, con
         else if (type == T_IQ4_XS) pz_dot_iq4_xs(g, gb, x, xd, bs32, K, RR, ahead, out, ldy);  \
         else pz_dot_q5_0(g, gb, hb, x, xd, bs32, K, RR, ahead, out, ldy);                      \
     } while (0)
-    switch (R) {
-    case 4: LS_T(4); break;
-    case 3: LS_T(3); break;
-    case 2: LS_T(2); break;
-    default: LS_T(1); break;
-    }
+    PK_BY_ROWS(R, LS_T);
 #undef LS_T
     return 0;
 #else
@@ -148,12 +138,7 @@ int ls_kbytes_task(int type, int packed, const uint8_t *w, int64_t row_bytes, in
         if (has_min) kb_dot(buf + j * gb, g2, 1, x, xs, bs, K, RR, out, ld);                   \
         else kb_dot(buf + j * gb, g2, 0, x, xs, bs, K, RR, out, ld);                           \
     } while (0)
-            switch (R) {
-            case 4: LS_T(4); break;
-            case 3: LS_T(3); break;
-            case 2: LS_T(2); break;
-            default: LS_T(1); break;
-            }
+            PK_BY_ROWS(R, LS_T);
 #undef LS_T
             if (!two)
                 for (int r = 0; r < R; r++)
@@ -165,12 +150,7 @@ int ls_kbytes_task(int type, int packed, const uint8_t *w, int64_t row_bytes, in
         if (has_min) kb_dot8(buf + j * gb, 1, x, xs, bs, K, RR, out, ldy);                     \
         else kb_dot8(buf + j * gb, 0, x, xs, bs, K, RR, out, ldy);                             \
     } while (0)
-            switch (R) {
-            case 4: LS_T(4); break;
-            case 3: LS_T(3); break;
-            case 2: LS_T(2); break;
-            default: LS_T(1); break;
-            }
+            PK_BY_ROWS(R, LS_T);
 #undef LS_T
 #endif
         }

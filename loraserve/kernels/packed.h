@@ -46,6 +46,18 @@
 #define PACKED 256  // a packed type's code: PACKED | its ggml type
 #define PK_ROWS 8
 
+// Runs the tile macro T with R (1..4) activation rows as a compile-time constant, as each
+// packed tile takes its row count.
+#define PK_BY_ROWS(R, T)                                                                      \
+    do {                                                                                      \
+        switch (R) {                                                                          \
+        case 4: T(4); break;                                                                  \
+        case 3: T(3); break;                                                                  \
+        case 2: T(2); break;                                                                  \
+        default: T(1); break;                                                                 \
+        }                                                                                     \
+    } while (0)
+
 static inline int packable(int type) {
     return type == T_Q8_0 || type == T_Q5_0 || type == T_Q4_0 || type == T_Q4_K ||
            type == T_IQ4_NL || type == T_IQ4_XS || type == T_Q5_1 || type == T_Q6_K ||

@@ -153,12 +153,7 @@ int ls_zbytes_task(int type, const uint8_t *w, int64_t n0, int64_t ng, int64_t K
         if (m1) zb_dot(buf + j * pb, ob, 0, 1, x, xs, s, K, RR, out, ld);                     \
         else zb_dot(buf + j * pb, ob, o, 0, x, xs, s, K, RR, out, ld);                        \
     } while (0)
-            switch (R) {
-            case 4: LS_T(4); break;
-            case 3: LS_T(3); break;
-            case 2: LS_T(2); break;
-            default: LS_T(1); break;
-            }
+            PK_BY_ROWS(R, LS_T);
 #undef LS_T
             if (!two)
                 for (int r = 0; r < R; r++)
