@@ -14,7 +14,7 @@ import loraserve.kernels as K
 from loraserve.model.attn.heads import HeadStack, head_loop
 from loraserve.model.dequant import GGML_TYPE
 from loraserve.model.projection import Matrix
-from tests.unit.model.test_kernels import dequantized, random_rows
+from tests.unit.model.quant_util import dequantized, random_rows
 
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="grouped heads need the C kernels")
 

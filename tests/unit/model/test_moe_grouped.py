@@ -24,7 +24,7 @@ from loraserve.kernels.rowops import gated_act
 from loraserve.model.dequant import GGML_TYPE
 from loraserve.model.ffn.routed import RoutedExperts
 from loraserve.model.projection import Matrix
-from tests.unit.model.test_kernels import dequantized, random_rows
+from tests.unit.model.quant_util import dequantized, random_rows
 
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="grouped experts need the C kernels")
 

@@ -26,7 +26,7 @@ from loraserve.kernels.pack_q6k import pack_q6k, packable_q6k, unpack_q6k
 from loraserve.lora.delta import LoraBatch
 from loraserve.model.ffn.routed import RoutedExperts
 from loraserve.model.projection import Matrix
-from tests.unit.model.test_kernels import dequantized, random_rows
+from tests.unit.model.quant_util import dequantized, random_rows
 from tests.unit.model.test_moe_grouped import _Lora, _Weights
 
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="packed Q6_K needs the C kernels")
@@ -89,7 +89,7 @@ from loraserve import cbuild
 import loraserve.kernels as K
 from loraserve.kernels.moe import GroupedExperts
 from loraserve.kernels.pack_q6k import pack_q6k
-from tests.unit.model.test_kernels import random_rows
+from tests.unit.model.quant_util import random_rows
 rng = np.random.default_rng(5)
 rows = lambda t, n, k: [torch.from_numpy(random_rows(rng, t, n, k)) for _ in range(3)]
 gate, up, down = rows("Q4_K", 256, 256), rows("Q4_K", 256, 256), rows("Q6_K", 256, 256)
@@ -188,7 +188,7 @@ import gc, json, sys
 import numpy as np, torch
 sys.path.insert(0, {root!r})
 from loraserve.kernels import moe
-from tests.unit.model.test_kernels import random_rows
+from tests.unit.model.quant_util import random_rows
 torch.set_num_threads(1)
 rng = np.random.default_rng(1)
 rows = lambda t, n, k: [torch.from_numpy(random_rows(rng, t, n, k)) for _ in range(4)]

@@ -10,7 +10,7 @@ import torch
 import loraserve.kernels as K
 from loraserve.model.dequant import GGML_TYPE
 from loraserve.model.projection import Matrix, Projection
-from tests.unit.model.test_kernels import (
+from tests.unit.model.quant_util import (
     activations_as_used,
     dequantized,
     quantized,

@@ -10,7 +10,7 @@ import torch
 from loraserve.model.context import AttnMeta, StepContext, set_context
 from loraserve.model.dequant import GGML_TYPE
 from loraserve.model.projection import Matrix, Projection
-from tests.unit.model.test_kernels import random_rows
+from tests.unit.model.quant_util import random_rows
 
 
 class _Delta:

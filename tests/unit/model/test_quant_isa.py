@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.model.test_kernels import QUANT
+from tests.unit.model.quant_util import QUANT
 
 CODE = r"""
 import hashlib, json, sys
@@ -28,7 +28,7 @@ sys.path.insert(0, {root!r})
 from loraserve import cbuild
 import loraserve.kernels as K
 from loraserve.model.dequant import GGML_TYPE
-from tests.unit.model.test_kernels import random_rows
+from tests.unit.model.quant_util import random_rows
 assert K.backend() == "c"
 out = {{"isa": cbuild.library().ls_isa()}}
 for name in {names!r}:

@@ -14,7 +14,7 @@ import torch
 
 import loraserve.kernels as K
 from loraserve.model.dequant import GGML_TYPE
-from tests.unit.model.test_kernels import activations_as_used, dequantized, quantized, random_rows
+from tests.unit.model.quant_util import activations_as_used, dequantized, quantized, random_rows
 
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="needs the C kernels")
 TYPES = ["Q2_K", "Q3_K", "Q5_K", "Q6_K", "Q6_K/packed", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",

@@ -12,7 +12,7 @@ import torch
 
 import loraserve.kernels as K
 from loraserve.model.dequant import GGML_TYPE
-from tests.unit.model.test_kernels import quantized, random_rows
+from tests.unit.model.quant_util import quantized, random_rows
 
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="needs the C kernels")
 

@@ -13,7 +13,7 @@ import loraserve.kernels as K
 from loraserve.kernels.moe import GroupedExperts
 from loraserve.model.dequant import GGML_TYPE
 from loraserve.model.projection import Matrix, Projection
-from tests.unit.model.test_kernels import random_rows
+from tests.unit.model.quant_util import random_rows
 
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="needs the C kernels")
 
