@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from loraserve.chat.formats.parse import ChatParser
-from tests.unit.chat.test_formats_parse_oracle import _format
+from tests.unit.chat.oracle_util import template_format
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {
     "type": "object", "properties": {"a": {"type": "string"}}}}}  # fmt: skip
@@ -27,7 +27,7 @@ SIZE = 1 << 20
 
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_hostile_answers_parse_in_one_pass(name: str) -> None:
-    fmt = _format(name)
+    fmt = template_format(name)
     parser = ChatParser(fmt, [TOOL])
     start = fmt.trigger or "<tool_call>"
     units = [start + '{"name": "f", "arguments": {"a": "', start + " ", "{", '"', start,

@@ -19,7 +19,7 @@ import pytest
 from loraserve.engine.budget import FORCING, ReasoningBudget
 from loraserve.server.reasoning_budget import Budget, budget_spec
 from tests.unit.chat.format_util import DATA
-from tests.unit.chat.test_formats_parse_oracle import _format
+from tests.unit.chat.oracle_util import template_format
 
 ORACLE = json.loads((DATA / "render_cases.json").read_text())
 CASE = next(
@@ -52,7 +52,7 @@ def _theirs(name: str) -> dict:
 def _spec(name: str, prompt: str = "", tokens: int = 4):  # noqa: ANN202 - BudgetSpec | None
     logging.disable(logging.WARNING)
     try:
-        return budget_spec(_Bytes(), _format(name), prompt, Budget(tokens))
+        return budget_spec(_Bytes(), template_format(name), prompt, Budget(tokens))
     finally:
         logging.disable(logging.NOTSET)
 

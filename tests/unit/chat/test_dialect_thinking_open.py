@@ -20,9 +20,8 @@ import pytest
 from loraserve.chat.formats.lead import opens_reasoning, turn_lead
 from loraserve.chat.formats.special.grammars import dialect_grammar
 from tests.unit.chat.format_util import TEMPLATES, assistant_text, grammar_accepts
-from tests.unit.chat.test_formats_parse_oracle import _format
-from tests.unit.chat.test_formats_roundtrip import TOOL, _named_token
-from tests.unit.chat.test_formats_roundtrip_all import _server_render
+from tests.unit.chat.oracle_util import template_format
+from tests.unit.chat.roundtrip_util import TOOL, named_token, server_render
 
 # template -> (what closes the opened reasoning, the prompt's end after a reasoning prefill)
 OPENED = {
@@ -40,15 +39,15 @@ def _call_text(name: str, args: dict) -> str:
     call = {"id": "abc123def", "type": "function",
             "function": {"name": "get_time", "arguments": args}}  # fmt: skip
     msg = {"role": "assistant", "content": "", "tool_calls": [call]}
-    text = assistant_text(src, msg, [TOOL], _server_render(src))
+    text = assistant_text(src, msg, [TOOL], server_render(src))
     return text.removeprefix("</mm:think>")  # MiniMax-M3's turn without reasoning
 
 
 def _accepts(name: str, text: str, choice: str, thinking_open: bool) -> str | None:
     logging.disable(logging.WARNING)
-    fmt = _format(name)
+    fmt = template_format(name)
     logging.disable(logging.NOTSET)
-    named = _named_token(fmt)
+    named = named_token(fmt)
     lark = dialect_grammar(fmt, [TOOL], choice, False, thinking_open, named)
     assert lark is not None
     return grammar_accepts(lark, text, tuple(t for t in fmt.preserved_tokens if named(t)))
@@ -57,7 +56,7 @@ def _accepts(name: str, text: str, choice: str, thinking_open: bool) -> str | No
 @pytest.mark.parametrize("name", sorted(OPENED))
 def test_the_prompt_opens_the_reasoning(name: str) -> None:
     logging.disable(logging.WARNING)
-    fmt = _format(name)
+    fmt = template_format(name)
     logging.disable(logging.NOTSET)
     end, prompt = OPENED[name]
     assert opens_reasoning(fmt, "<|im_start|>user\nHi" + prompt)
@@ -112,9 +111,9 @@ def test_lfm2_strings_as_the_schema_bounds_them(args: str, ok: bool) -> None:
     """maxLength and enum hold for LFM2's quoted strings too (they were any text: a random
     model wrote a string until the token limit)."""
     logging.disable(logging.WARNING)
-    fmt = _format("LFM2.5-8B-A1B.jinja")
+    fmt = template_format("LFM2.5-8B-A1B.jinja")
     logging.disable(logging.NOTSET)
-    named = _named_token(fmt)
+    named = named_token(fmt)
     lark = dialect_grammar(fmt, [BOUNDED], "required", False, False, named)
     assert lark is not None
     text = f"<|tool_call_start|>[get_weather({args})]<|tool_call_end|>"
@@ -136,7 +135,7 @@ def test_a_reasoning_prefill_leads_the_answer(name: str, prompt: str, lead: str)
     reasoning start + prefill, with the answer), also where the analysed assistant marker is
     not in the prompt (Command R7B's is `<|START_RESPONSE|>`; was "": the prefill was lost)."""
     logging.disable(logging.WARNING)
-    fmt = _format(name)
+    fmt = template_format(name)
     logging.disable(logging.NOTSET)
     full = "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi<|END_OF_TURN_TOKEN|>" + prompt
     assert turn_lead(fmt, full) == lead
@@ -158,7 +157,7 @@ def test_rwkv_worlds_doubled_reasoning_start(prompt: str, reasoning: str, conten
     from loraserve.chat.formats.parse import ChatParser
 
     logging.disable(logging.WARNING)
-    fmt = _format("llama-cpp-rwkv-world.jinja")
+    fmt = template_format("llama-cpp-rwkv-world.jinja")
     logging.disable(logging.NOTSET)
     full = "User: Hi\n\n" + prompt
     lead = turn_lead(fmt, full)

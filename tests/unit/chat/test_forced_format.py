@@ -24,7 +24,7 @@ from loraserve.chat.formats.grammar import tool_grammar
 from loraserve.chat.formats.parse import ChatParser
 from loraserve.chat.render import RenderInputs, Tokens, direct_apply
 from tests.unit.chat.format_util import DATA, TEMPLATES, grammar_accepts
-from tests.unit.chat.test_formats_parse_oracle import _format
+from tests.unit.chat.oracle_util import template_format
 
 LLAMA_8B = "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"
 QWEN_32B = "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"
@@ -53,14 +53,14 @@ def _render_data() -> dict:
 
 def _forced(name: str) -> ChatFormat | None:
     src = (TEMPLATES / name).read_text()
-    return template_forced_format(_format(name), src, Tokens("<s>", "</s>"))
+    return template_forced_format(template_format(name), src, Tokens("<s>", "</s>"))
 
 
 @pytest.mark.parametrize("name", [*NO_CALL_FORM, LLAMA_8B, GRANITE])
 def test_llama_cpp_finds_no_tool_format_for_these(name: str) -> None:
     analysis = _render_data()["templates"][name]["analysis"]
     assert analysis["tools"]["format"]["mode"] == "NONE"
-    assert not _format(name).has_tools
+    assert not template_format(name).has_tools
 
 
 @pytest.mark.parametrize("name", NO_CALL_FORM)

@@ -13,7 +13,7 @@ import pytest
 
 from loraserve.chat.formats.detect import detect
 from tests.unit.chat.format_util import DATA, TEMPLATES, render_for
-from tests.unit.chat.test_formats_parse_oracle import _format as rendered_format
+from tests.unit.chat.oracle_util import template_format as rendered_format
 
 ORACLE = DATA / "render_cases.json"
 

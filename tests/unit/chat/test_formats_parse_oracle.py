@@ -8,8 +8,6 @@ the stream's deltas only grow and add up to it."""
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 from collections import Counter
 
@@ -17,15 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loraserve.chat.formats.description import ChatFormat
-from loraserve.chat.formats.detect import detect
-from loraserve.chat.formats.lead import opens_reasoning, turn_lead
 from loraserve.chat.formats.parse import ChatParser
 from loraserve.chat.formats.stream import MessageStream
-from loraserve.chat.render import RenderInputs, Tokens, render, select_source
-from tests.unit.chat.format_util import DATA, TEMPLATES
-
-CASES = json.loads((DATA / "parse_cases.json").read_text())["cases"]
+from tests.unit.chat.oracle_util import (
+    CASES,
+    case_parser,
+    norm_message,
+    parsed_message,
+    template_format,
+)
 
 # Templates whose every case must agree (P0 and P1 formats the descriptions cover).
 EXACT = {
@@ -51,83 +49,25 @@ EXACT = {
 FLOOR = 463  # of 463
 
 
-@functools.cache
-def _format(name: str) -> ChatFormat:
-    src = (TEMPLATES / name).read_text()
-    tokens = Tokens("<s>", "</s>")
-
-    def run(msgs: list, tools: list | None, gen: bool, think: bool) -> str:
-        inp = RenderInputs(msgs, tools=tools, add_generation_prompt=gen, enable_thinking=think)
-        return render(src, tokens, inp)
-
-    return detect(src, run)
-
-
-def _prompt(case: dict, fmt: ChatFormat) -> str:
-    """The whole prompt the server renders for the case's request; its recorded generation
-    prompt when our render does not end with it."""
-    req = case["request"]
-    gp = case["params"]["generation_prompt"]
-    inp = RenderInputs(
-        req["messages"], tools=req["tools"], add_generation_prompt=req["add_generation_prompt"],
-        continuation=req["continue_final_message"], enable_thinking=req["enable_thinking"],
-        reasoning_markers=(fmt.reasoning_start, fmt.reasoning_end),
-    )  # fmt: skip
-    src = select_source((TEMPLATES / case["template"]).read_text(), None, req["tools"])
-    try:
-        prompt = render(src, Tokens("<s>", "</s>"), inp)
-    except ValueError:
-        return gp
-    return prompt if prompt.endswith(gp) else gp
-
-
-def _continued(req: dict) -> str:
-    last = req["messages"][-1]
-    cont = req["continue_final_message"] != "none" and last["role"] == "assistant"
-    return last.get("content") or "" if cont else ""
-
-
-def _parser(case: dict) -> ChatParser:
-    """The case's parser, set up from the prompt as the server sets it up (`plan_reply`)."""
-    fmt = _format(case["template"])
-    req = case["request"]
-    tools = req["tools"] if req["tool_choice"] != "none" else None
-    prompt = _prompt(case, fmt)
-    lead = turn_lead(fmt, prompt, _continued(req))
-    opened = opens_reasoning(fmt, prompt) and not lead
-    schema = bool(req.get("json_schema"))
-    return ChatParser(fmt, tools, req["reasoning_format"], opened, lead, response_format=schema)
-
-
-def _norm(msg: dict) -> tuple:
-    calls = []
-    for c in msg["tool_calls"]:
-        try:
-            args = json.loads(c["arguments"])
-        except ValueError:
-            args = c["arguments"]
-        calls.append((c["name"], args, c.get("id") or ""))
-    return msg["content"].strip(), msg["reasoning_content"].strip(), calls
-
-
-def _mine(parser: ChatParser, text: str, partial: bool) -> dict:
-    m = parser.parse(text, partial)
-    calls = [{"name": c.name, "arguments": c.arguments, "id": c.id} for c in m.tool_calls]
-    return {"content": m.content, "reasoning_content": m.reasoning_content, "tool_calls": calls}
-
-
 def test_parses_equal_llama_cpps() -> None:
     logging.disable(logging.WARNING)
     try:
         agree, total, wrong = Counter(), Counter(), {}
         for case in CASES:
             total[case["template"]] += 1
-            mine = _mine(_parser(case), case["input"], case["is_partial"])
-            answers = (_norm(case["expect"]), _norm(case.get("parsed", case["expect"])))
-            if _norm(mine) in answers:  # the test's expectation, or llama.cpp's own parse
+            mine = parsed_message(case_parser(case), case["input"], case["is_partial"])
+            answers = (
+                norm_message(case["expect"]),
+                norm_message(case.get("parsed", case["expect"])),
+            )
+            if norm_message(mine) in answers:  # the test's expectation, or llama.cpp's own parse
                 agree[case["template"]] += 1
             elif case["template"] in EXACT:
-                wrong[case["id"]] = (case["input"], _norm(mine), _norm(case["expect"]))
+                wrong[case["id"]] = (
+                    case["input"],
+                    norm_message(mine),
+                    norm_message(case["expect"]),
+                )
     finally:
         logging.disable(logging.NOTSET)
     assert not wrong, wrong
@@ -140,7 +80,7 @@ def test_streams_grow_and_add_up() -> None:
     for case in CASES:
         if case["is_partial"]:
             continue
-        parser = _parser(case)
+        parser = case_parser(case)
         stream = MessageStream(
             parser, continuation=case["request"]["continue_final_message"] != "none"
         )
@@ -177,7 +117,7 @@ def test_mangled_answers_never_raise(case: dict, edits: list) -> None:
         text = text[:k] + marker + text[k:] if insert else text[:k] + text[k + len(marker) :]
     logging.disable(logging.WARNING)
     try:
-        parser = _parser(case)
+        parser = case_parser(case)
         for k in range(0, len(text) + 1, max(1, len(text) // 16)):
             parser.parse(text[:k], True)
         parser.parse(text, False)
@@ -198,6 +138,6 @@ def test_mangled_answers_never_raise(case: dict, edits: list) -> None:
 def test_invalid_escapes_are_no_call(name: str, text: str) -> None:
     """JSON (or Python) strings with escapes their grammar has not: no call, no exception."""
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
-    parser = ChatParser(_format(name), tools)
+    parser = ChatParser(template_format(name), tools)
     for partial in (True, False):
         assert parser.parse(text, partial).tool_calls == [] or partial

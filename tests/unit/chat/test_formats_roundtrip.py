@@ -10,7 +10,6 @@ import logging
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from loraserve.chat.formats.description import ChatFormat
 from loraserve.chat.formats.detect import detect
@@ -18,9 +17,9 @@ from loraserve.chat.formats.grammar import tool_grammar
 from loraserve.chat.formats.lead import opens_reasoning
 from loraserve.chat.formats.parse import ChatParser, arguments_object
 from loraserve.chat.formats.special.grammars import dialect_grammar
-from loraserve.chat.formats.stream import MessageStream
 from tests.unit.chat.format_util import TEMPLATES, assistant_text, grammar_accepts, render_for
-from tests.unit.chat.test_formats_parse_oracle import CASES
+from tests.unit.chat.oracle_util import CASES
+from tests.unit.chat.roundtrip_util import TOOL, check_stream, named_token, tool_and_call
 
 # P0 and P1 templates whose calls the formats describe, and the specialised formats whose
 # templates write a call in the assistant turn (LFM2's put calls in the content; gpt-oss's
@@ -38,63 +37,6 @@ FORMATS = [
     "MiniMax-M3.jinja", "Kimi-K3.jinja", "inclusionai-ling-3.0-flash.jinja", "Cohere2MoE.jinja",
     "GigaChat3-10B-A1.8B.jinja", "muse-glimmer.jinja",
 ]  # fmt: skip
-
-NAMES = st.from_regex(r"[a-z][a-z_]{0,10}", fullmatch=True)
-TEXT = st.text(st.characters(whitelist_categories=("L", "N"), whitelist_characters=" .,-"),
-               min_size=1, max_size=12).map(str.strip).filter(bool)  # fmt: skip
-VALUE = {"string": TEXT, "integer": st.integers(-1000, 1000), "boolean": st.booleans()}
-
-
-@st.composite
-def tool_and_call(draw: st.DrawFn) -> tuple[dict, dict]:
-    """A tool with 1-3 typed parameters and a call of it with every parameter set."""
-    keys = draw(st.lists(NAMES, min_size=1, max_size=3, unique=True))
-    types = [draw(st.sampled_from(sorted(VALUE))) for _ in keys]
-    name = draw(NAMES)
-    params = {
-        "type": "object",
-        "properties": {k: {"type": t} for k, t in zip(keys, types, strict=True)},
-        "required": keys,
-    }
-    args = {k: draw(VALUE[t]) for k, t in zip(keys, types, strict=True)}
-    tool = {
-        "type": "function",
-        "function": {"name": name, "description": "x", "parameters": params},
-    }
-    return tool, args
-
-
-def _check_stream(parser: ChatParser, text: str) -> dict:
-    stream = MessageStream(parser)
-    deltas = []
-    for i in range(len(text)):
-        deltas += stream.feed(text[i])
-    deltas += stream.finish()
-    content = "".join(d.get("content", "") for d in deltas)
-    reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
-    calls: dict[int, dict] = {}
-    for d in deltas:
-        for c in d.get("tool_calls", []):
-            got = calls.setdefault(c["index"], {"name": "", "arguments": "", "id": None})
-            if "id" in c:
-                assert got["id"] is None, "a call's head is sent once"
-                got["id"], got["name"] = c["id"], c["function"]["name"]
-            got["arguments"] += c["function"].get("arguments", "")
-    final = stream.final
-    assert content == final.content and reasoning == final.reasoning_content
-    assert [(c["name"], c["arguments"], c["id"]) for c in calls.values()] == [
-        (c.name, c.arguments, c.id) for c in final.tool_calls
-    ]
-    return calls
-
-
-def _named_token(fmt: ChatFormat):  # noqa: ANN202 - Callable[[str], bool]
-    """Whether a marker is one of the dialect's tokens llguidance can name (`<..>`): those
-    are single special tokens in the test vocabulary. Field-described formats keep every
-    marker as text, as their grammar tests always have."""
-    if not fmt.dialect:
-        return lambda m: False
-    return lambda m: m in fmt.preserved_tokens and m[0] == "<" and m[-1] == ">"
 
 
 @pytest.mark.parametrize("name", FORMATS)
@@ -118,9 +60,9 @@ def test_template_written_call_parses_back(name: str) -> None:
         assert [c.name for c in whole.tool_calls] == [fn], (text, whole)
         assert arguments_object(whole.tool_calls[0].arguments) == args, (text, whole)
         assert not whole.content.strip() or not whole.content.strip().startswith(fmt.trigger)
-        streamed = _check_stream(parser, text)
+        streamed = check_stream(parser, text)
         assert json.loads(streamed[0]["arguments"]) == args
-        named = _named_token(fmt)
+        named = named_token(fmt)
         lark = tool_grammar(fmt, [tool], "required", thinking_open=False, special=named)
         lark = lark or dialect_grammar(fmt, [tool], "required", special=named)
         python_bools = fmt.tool_mode == "tag_tagged" and any(
@@ -166,7 +108,7 @@ def test_dialect_grammar_accepts_llama_cpps_calls() -> None:
             continue
         if not fmt.trigger and case["expect"]["content"].strip():
             continue
-        named = _named_token(fmt)
+        named = named_token(fmt)
         lark = dialect_grammar(fmt, req["tools"], "required", special=named)
         text, end = case["input"], fmt.reasoning_end.strip()
         after = text.find(end) if end and end in text else 0  # a trigger inside reasoning
@@ -175,11 +117,6 @@ def test_dialect_grammar_accepts_llama_cpps_calls() -> None:
         assert grammar_accepts(lark, body, specials) is None, (case["id"], body)
         checked += 1
     assert checked >= 100
-
-
-TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer"}},
-    "required": ["city", "n"]}}}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -199,7 +136,7 @@ def test_dialect_grammar_enforces_the_schema(name: str, good: str, bad: str) -> 
     """The call as the schema allows it is accepted; a string for an integer, or another
     function's name, is not."""
     fmt = _dialect_format(name)
-    named = _named_token(fmt)
+    named = named_token(fmt)
     specials = tuple(t for t in fmt.preserved_tokens if named(t))
     lark = dialect_grammar(fmt, [TOOL], "required", special=named)
     assert grammar_accepts(lark, good, specials) is None
@@ -229,7 +166,7 @@ def test_dialect_auto_grammar_accepts_llama_cpps_answers(tokens: bool) -> None:
         if case["template"] not in LAZY or case["is_partial"] or not req["tools"]:
             continue
         fmt = _dialect_format(case["template"])
-        named = _named_token(fmt) if tokens else (lambda m: False)
+        named = named_token(fmt) if tokens else (lambda m: False)
         exp = case["expect"]
         inner = exp["reasoning_content"] + "".join(c["arguments"] for c in exp["tool_calls"])
         if any(t in inner for t in fmt.preserved_tokens):
@@ -245,7 +182,7 @@ def test_dialect_auto_grammar_accepts_llama_cpps_answers(tokens: bool) -> None:
 def test_dialect_auto_grammar_constrains_only_the_calls() -> None:
     """Free text passes; after the trigger, the call must fit the schema."""
     fmt = _dialect_format("google-gemma-4-31B-it.jinja")
-    named = _named_token(fmt)
+    named = named_token(fmt)
     specials = tuple(t for t in fmt.preserved_tokens if named(t))
     lark = dialect_grammar(fmt, [TOOL], "auto", special=named)
     call = '<|tool_call>call:get_time{city:<|"|>Oslo<|"|>,n:3}<tool_call|>'
@@ -258,7 +195,7 @@ def test_gemma_grammar_binds_each_key_once() -> None:
     """Gemma 4's arguments: keys in the sorted order its template writes, each once, the
     required ones present (a tiny model otherwise repeats a key for ever)."""
     fmt = _dialect_format("google-gemma-4-31B-it.jinja")
-    named = _named_token(fmt)
+    named = named_token(fmt)
     specials = tuple(t for t in fmt.preserved_tokens if named(t))
     lark = dialect_grammar(fmt, [TOOL], "required", special=named)
     call = "<|tool_call>call:get_time{{{}}}<tool_call|>".format
@@ -290,7 +227,7 @@ BOUNDED = {"type": "function", "function": {"name": "w", "parameters": {
 def test_dialect_grammar_bounds_values(name: str, call: str) -> None:
     """A string's maxLength and an integer's range hold in raw-text values too."""
     fmt = _dialect_format(name)
-    named = _named_token(fmt)
+    named = named_token(fmt)
     specials = tuple(t for t in fmt.preserved_tokens if named(t))
     lark = dialect_grammar(fmt, [BOUNDED], "required", special=named)
     assert grammar_accepts(lark, call.format("Oslo", 7), specials) is None

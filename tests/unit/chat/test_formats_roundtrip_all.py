@@ -27,33 +27,17 @@ from hypothesis import HealthCheck, given, settings
 from loraserve.chat.formats.grammar import tool_grammar
 from loraserve.chat.formats.parse import ChatParser, arguments_object
 from loraserve.chat.formats.special.grammars import dialect_grammar
-from loraserve.chat.render import RenderInputs, Tokens, render
 from tests.unit.chat.format_util import TEMPLATES, assistant_text, grammar_accepts
-from tests.unit.chat.test_formats_parse_oracle import _format
-from tests.unit.chat.test_formats_roundtrip import _check_stream, _named_token, tool_and_call
-
-NO_WRITTEN_CALL = {"LFM2-8B-A1B.jinja", "LFM2.5-Instruct.jinja"}
-STOPS = ("<|call|>",)  # gpt-oss ends a call's message with a stop token the output never holds
-
-
-def _with_tools(name: str) -> bool:
-    logging.disable(logging.WARNING)
-    try:
-        return _format(name).has_tools
-    finally:
-        logging.disable(logging.NOTSET)
-
-
-ALL = [p.name for p in sorted(TEMPLATES.glob("*.jinja"))]
-WITH_TOOLS = [n for n in ALL if n not in NO_WRITTEN_CALL and _with_tools(n)]
-
-
-def _server_render(source: str):  # noqa: ANN202 - format_util's renderer signature
-    def run(msgs: list, tools: list | None, gen: bool, think: bool) -> str:
-        inp = RenderInputs(msgs, tools=tools, add_generation_prompt=gen, enable_thinking=think)
-        return render(source, Tokens("<s>", "</s>"), inp)
-
-    return run
+from tests.unit.chat.oracle_util import template_format
+from tests.unit.chat.roundtrip_util import (
+    ALL,
+    STOPS,
+    WITH_TOOLS,
+    check_stream,
+    named_token,
+    server_render,
+    tool_and_call,
+)
 
 
 def test_most_templates_are_covered() -> None:
@@ -64,7 +48,7 @@ def test_most_templates_are_covered() -> None:
 def test_template_written_call_parses_back(name: str) -> None:
     src = (TEMPLATES / name).read_text()
     logging.disable(logging.WARNING)
-    fmt = _format(name)
+    fmt = template_format(name)
     logging.disable(logging.NOTSET)
 
     @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
@@ -75,7 +59,7 @@ def test_template_written_call_parses_back(name: str) -> None:
         call: dict[str, Any] = {"id": "abc123def", "type": "function",
                                 "function": {"name": fn, "arguments": args}}  # fmt: skip
         msg = {"role": "assistant", "content": "", "tool_calls": [call]}
-        text = assistant_text(src, msg, [tool], _server_render(src))
+        text = assistant_text(src, msg, [tool], server_render(src))
         for stop in STOPS:
             text = text.removesuffix(stop)
         parser = ChatParser(fmt, [tool])
@@ -84,9 +68,9 @@ def test_template_written_call_parses_back(name: str) -> None:
         assert arguments_object(whole.tool_calls[0].arguments) == args, (text, whole)
         if "abc123def" in text:  # a format that writes the id reads it back
             assert whole.tool_calls[0].id == "abc123def", (text, whole)
-        streamed = _check_stream(parser, text)
+        streamed = check_stream(parser, text)
         assert json.loads(streamed[0]["arguments"]) == args
-        named = _named_token(fmt)
+        named = named_token(fmt)
         lark = tool_grammar(fmt, [tool], "required", thinking_open=False, special=named)
         lark = lark or (dialect_grammar(fmt, [tool], "required", special=named)
                         if fmt.dialect and fmt.dialect != "harmony" else None)  # fmt: skip

@@ -34,9 +34,15 @@ from loraserve.chat.formats.special.grammars import dialect_grammar
 from loraserve.chat.render import RenderInputs, Tokens, direct_apply
 from loraserve.server.tool_calls import BARE_JSON
 from tests.unit.chat.format_util import DATA, TEMPLATES, assistant_text, grammar_accepts
-from tests.unit.chat.test_formats_parse_oracle import _format
-from tests.unit.chat.test_formats_roundtrip import _check_stream, _named_token, tool_and_call
-from tests.unit.chat.test_formats_roundtrip_all import ALL, WITH_TOOLS, _server_render
+from tests.unit.chat.oracle_util import template_format
+from tests.unit.chat.roundtrip_util import (
+    ALL,
+    WITH_TOOLS,
+    check_stream,
+    named_token,
+    server_render,
+    tool_and_call,
+)
 
 LFM2_WRITER = "LFM2.5-8B-A1B.jinja"
 LFM2 = ["LFM2-8B-A1B.jinja", "LFM2.5-Instruct.jinja"]
@@ -54,7 +60,7 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": CI
 def _fmt(name: str) -> ChatFormat:
     logging.disable(logging.WARNING)
     try:
-        return _format(name)
+        return template_format(name)
     finally:
         logging.disable(logging.NOTSET)
 
@@ -82,9 +88,9 @@ def _check(fmt: ChatFormat, tool: dict, args: dict, text: str, thinking_open: bo
     whole = parser.parse(text, partial=False)
     assert [c.name for c in whole.tool_calls] == [tool["function"]["name"]], (text, whole)
     assert arguments_object(whole.tool_calls[0].arguments) == args, (text, whole)
-    streamed = _check_stream(parser, text)
+    streamed = check_stream(parser, text)
     assert json.loads(streamed[0]["arguments"]) == args
-    named = _named_token(fmt)
+    named = named_token(fmt)
     lark = tool_grammar(fmt, [tool], "required", thinking_open=thinking_open, special=named)
     if lark is None and fmt.dialect:
         lark = dialect_grammar(fmt, [tool], "required", special=named)
@@ -107,7 +113,7 @@ def test_lfm2_calls_parse_back(name: str) -> None:
     def check(case: tuple[dict, dict]) -> None:
         tool, args = case
         msg = {"role": "assistant", "content": "", "tool_calls": [_call(tool, args)]}
-        text = assistant_text(writer, msg, [tool], _server_render(writer))
+        text = assistant_text(writer, msg, [tool], server_render(writer))
         assert text.startswith("<|tool_call_start|>[")
         _check(fmt, tool, args, text)
 

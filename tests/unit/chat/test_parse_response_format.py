@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from loraserve.chat.formats.stream import MessageStream
-from tests.unit.chat.test_formats_parse_oracle import CASES, _mine, _norm, _parser
+from tests.unit.chat.oracle_util import CASES, case_parser, norm_message, parsed_message
 
 PENDING = {"Cohere2MoE.jinja", "muse-glimmer.jinja"}  # specialised formats not ported yet
 RF_CASES = [
@@ -17,15 +17,15 @@ RF_CASES = [
 
 
 def _with_rf(case: dict):  # noqa: ANN202
-    parser = _parser(case)
+    parser = case_parser(case)
     parser.response_format = True
     return parser
 
 
 @pytest.mark.parametrize("case", RF_CASES, ids=[f"{c['id']}-{c['template']}" for c in RF_CASES])
 def test_response_format_parses_equal_llama_cpps(case: dict) -> None:
-    mine = _mine(_with_rf(case), case["input"], case["is_partial"])
-    assert _norm(mine) == _norm(case["expect"])
+    mine = parsed_message(_with_rf(case), case["input"], case["is_partial"])
+    assert norm_message(mine) == norm_message(case["expect"])
 
 
 @pytest.mark.parametrize("case", RF_CASES, ids=[f"{c['id']}-{c['template']}" for c in RF_CASES])

@@ -13,7 +13,7 @@ from loraserve.chat.formats.detect import detect
 from loraserve.chat.formats.parse import ChatParser
 from loraserve.chat.formats.stream import MessageStream
 from tests.unit.chat.format_util import TEMPLATES, assistant_text, render_for
-from tests.unit.chat.test_formats_roundtrip import _check_stream
+from tests.unit.chat.roundtrip_util import check_stream
 
 TOOL = {
     "type": "function",
@@ -56,7 +56,7 @@ def test_a_call_cut_by_the_limit_stays_in_stream_and_whole(name: str) -> None:
     parser, one, two = _two_calls_cut(name)
     assert len(parser.parse(two, partial=False).tool_calls) == 2, two
     cut = two[: len(two) - (len(two) - len(one)) // 2]  # inside the second call's arguments
-    streamed = _check_stream(parser, cut)  # char by char: the deltas add up to the final
+    streamed = check_stream(parser, cut)  # char by char: the deltas add up to the final
     whole = MessageStream(parser)  # the unstreamed answer: the text at once
     whole.feed(cut)
     whole.finish()

@@ -17,7 +17,7 @@ import pytest
 from loraserve.chat.formats.grammar import tool_grammar
 from loraserve.chat.formats.parse import ChatParser
 from tests.unit.chat.format_util import grammar_accepts
-from tests.unit.chat.test_formats_parse_oracle import CASES, _format
+from tests.unit.chat.oracle_util import CASES, template_format
 
 HARMONY = "openai-gpt-oss-120b.jinja"
 SPECIALS = ("<|channel|>", "<|constrain|>", "<|message|>", "<|start|>", "<|end|>")
@@ -38,7 +38,7 @@ def _special(marker: str) -> bool:
 
 @pytest.mark.parametrize("case", CALLS, ids=[str(c["id"]) for c in CALLS])
 def test_accepts_llama_cpps_calls(case: dict) -> None:
-    fmt, tools = _format(HARMONY), case["request"]["tools"]
+    fmt, tools = template_format(HARMONY), case["request"]["tools"]
     (want,) = case["expect"]["tool_calls"]
     for choice in ("required", want["name"], "auto"):
         lark = tool_grammar(fmt, tools, choice, special=_special)
@@ -51,14 +51,14 @@ def test_accepts_llama_cpps_calls(case: dict) -> None:
 @pytest.mark.parametrize("case", TEXTS, ids=[str(c["id"]) for c in TEXTS])
 def test_auto_leaves_answers_without_calls_free(case: dict) -> None:
     tools = case["request"]["tools"] or CALLS[0]["request"]["tools"]
-    lark = tool_grammar(_format(HARMONY), tools, "auto", special=_special)
+    lark = tool_grammar(template_format(HARMONY), tools, "auto", special=_special)
     assert lark is not None
     assert grammar_accepts(lark, case["input"], SPECIALS) is None, lark
 
 
 def test_refuses_other_functions_and_bad_arguments() -> None:
     case = CALLS[0]
-    fmt, tools = _format(HARMONY), case["request"]["tools"]
+    fmt, tools = template_format(HARMONY), case["request"]["tools"]
     other = [*tools, {"type": "function", "function": {"name": "other", "parameters": {}}}]
     lark = tool_grammar(fmt, other, "other", special=_special)
     assert lark is not None and grammar_accepts(lark, case["input"], SPECIALS) is not None
@@ -78,7 +78,7 @@ def test_special_markers_are_token_references(choice: str) -> None:
     name = "Qwen-Qwen2.5-7B-Instruct.jinja"
     case = next(c for c in CASES if c["template"] == name and c["expect"]["tool_calls"]
                 and not c["is_partial"] and len(c["expect"]["tool_calls"]) == 1)  # fmt: skip
-    fmt, tools = _format(name), case["request"]["tools"]
+    fmt, tools = template_format(name), case["request"]["tools"]
     specials = ("<tool_call>", "</tool_call>")
     lark = tool_grammar(fmt, tools, choice, special=lambda m: m in specials)
     assert lark is not None and "<tool_call>" in lark and '"<tool_call>' not in lark
@@ -100,7 +100,7 @@ PATTERN_TRIGGERED = [
 def test_pattern_triggered_auto_grammars_bind_the_calls(name: str, answer: str) -> None:
     """Muse's and Functionary's `auto` grammars: text first, then a call, is accepted; a
     call of no tool, or arguments outside the schema, is refused."""
-    fmt, tools = _format(name), CALLS[0]["request"]["tools"]
+    fmt, tools = template_format(name), CALLS[0]["request"]["tools"]
     specials = tuple(t for t in fmt.preserved_tokens if t.startswith("<|"))
     lark = tool_grammar(fmt, tools, "auto", special=lambda m: m in specials)
     assert lark is not None and grammar_accepts(lark, answer, specials) is None, lark
@@ -113,7 +113,7 @@ def test_harmony_markers_as_text_still_bind_the_calls(case: dict) -> None:
     """A vocabulary without harmony's special tokens (the markers spelled as text): a
     message's text stops at its first `<|end|>`, so under `auto` and `required` the call
     after an analysis message is still held to the tools and the schema."""
-    fmt, tools = _format(HARMONY), case["request"]["tools"]
+    fmt, tools = template_format(HARMONY), case["request"]["tools"]
     (want,) = case["expect"]["tool_calls"]
     other = case["input"].replace(f"functions.{want['name']}", "functions.other")
     for choice in ("auto", "required"):
@@ -125,7 +125,7 @@ def test_harmony_markers_as_text_still_bind_the_calls(case: dict) -> None:
 @pytest.mark.parametrize(("name", "answer"), PATTERN_TRIGGERED)
 def test_pattern_triggered_auto_grammars_bind_calls_spelled_as_text(name: str, answer: str) -> None:
     """Muse's and Functionary's `auto` grammars with every marker spelled as text."""
-    lark = tool_grammar(_format(name), CALLS[0]["request"]["tools"], "auto")
+    lark = tool_grammar(template_format(name), CALLS[0]["request"]["tools"], "auto")
     assert lark is not None and grammar_accepts(lark, answer) is None, lark
     for bad in (answer.replace("special_function", "other"), answer.replace("1", "x")):
         assert grammar_accepts(lark, bad) is not None, bad

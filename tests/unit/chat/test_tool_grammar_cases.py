@@ -26,7 +26,7 @@ import pytest
 from loraserve.chat.formats.grammar import tool_grammar
 from loraserve.chat.formats.lead import opens_reasoning
 from tests.unit.chat.format_util import grammar_accepts
-from tests.unit.chat.test_formats_parse_oracle import CASES, _format, _prompt
+from tests.unit.chat.oracle_util import CASES, case_prompt, template_format
 
 NARROWER = {18, 23}
 
@@ -34,7 +34,9 @@ NARROWER = {18, 23}
 def _spelled_by_fields(name: str) -> bool:
     logging.disable(logging.WARNING)
     try:
-        return not _format(name).dialect  # dialects: test_formats_roundtrip, test_tool_grammar
+        return not template_format(
+            name
+        ).dialect  # dialects: test_formats_roundtrip, test_tool_grammar
     finally:
         logging.disable(logging.NOTSET)
 
@@ -48,8 +50,8 @@ CALL_CASES = [
 
 @pytest.mark.parametrize("case", CALL_CASES, ids=[str(c["id"]) for c in CALL_CASES])
 def test_grammar_accepts_llama_cpps_call_case(case: dict) -> None:
-    fmt, req = _format(case["template"]), case["request"]
-    opened = opens_reasoning(fmt, _prompt(case, fmt))
+    fmt, req = template_format(case["template"]), case["request"]
+    opened = opens_reasoning(fmt, case_prompt(case, fmt))
     lark = tool_grammar(fmt, req["tools"], req["tool_choice"],
                         req.get("parallel_tool_calls", True), True, opened)  # fmt: skip
     assert lark is not None
@@ -63,9 +65,9 @@ def test_every_call_case_but_the_named_ones_is_checked() -> None:
 @pytest.mark.parametrize("case_id", sorted(NARROWER))
 def test_required_rejects_text_before_the_call(case_id: int) -> None:
     case = next(c for c in CASES if c["id"] == case_id)
-    fmt, req = _format(case["template"]), case["request"]
+    fmt, req = template_format(case["template"]), case["request"]
     assert req["tool_choice"] == "required"
-    opened = opens_reasoning(fmt, _prompt(case, fmt))
+    opened = opens_reasoning(fmt, case_prompt(case, fmt))
     lark = tool_grammar(fmt, req["tools"], "required", True, True, opened)
     assert lark is not None and grammar_accepts(lark, case["input"]) is not None
     # the same answer with the call right after the reasoning: accepted from the trigger on

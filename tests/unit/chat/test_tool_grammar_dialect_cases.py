@@ -33,7 +33,7 @@ from loraserve.chat.formats.grammar import tool_grammar
 from loraserve.chat.formats.lead import opens_reasoning
 from loraserve.chat.formats.special.lark import named
 from tests.unit.chat.format_util import grammar_accepts
-from tests.unit.chat.test_formats_parse_oracle import CASES, _format, _prompt
+from tests.unit.chat.oracle_util import CASES, case_prompt, template_format
 
 # markers as special tokens: a string argument that holds the format's special tokens
 # (Ling 3's `</think>` and `<tool_call>` inside a value) is text only in ours
@@ -43,7 +43,7 @@ AS_TEXT_ONLY = {192}
 def _dialect(name: str) -> str:
     logging.disable(logging.WARNING)
     try:
-        return _format(name).dialect
+        return template_format(name).dialect
     finally:
         logging.disable(logging.NOTSET)
 
@@ -56,14 +56,14 @@ CALL_CASES = [
 WHOLE = CALL_CASES
 OPENED = [
     c for c in CALL_CASES
-    if _format(c["template"]).reasoning_start.strip()
-    and c["input"].startswith(_format(c["template"]).reasoning_start.strip())
+    if template_format(c["template"]).reasoning_start.strip()
+    and c["input"].startswith(template_format(c["template"]).reasoning_start.strip())
 ]  # fmt: skip
 
 
 def _grammar(case: dict, opened: bool, specials: tuple[str, ...] = ()) -> str:
     req = case["request"]
-    lark = tool_grammar(_format(case["template"]), req["tools"], req["tool_choice"],
+    lark = tool_grammar(template_format(case["template"]), req["tools"], req["tool_choice"],
                         req.get("parallel_tool_calls", True), True, opened,
                         lambda m: m in specials)  # fmt: skip
     assert lark is not None
@@ -72,14 +72,14 @@ def _grammar(case: dict, opened: bool, specials: tuple[str, ...] = ()) -> str:
 
 @pytest.mark.parametrize("case", WHOLE, ids=[str(c["id"]) for c in WHOLE])
 def test_grammar_accepts_llama_cpps_dialect_call_case(case: dict) -> None:
-    fmt = _format(case["template"])
-    lark = _grammar(case, opens_reasoning(fmt, _prompt(case, fmt)))
+    fmt = template_format(case["template"])
+    lark = _grammar(case, opens_reasoning(fmt, case_prompt(case, fmt)))
     assert grammar_accepts(lark, case["input"]) is None, (case["input"], lark)
 
 
 @pytest.mark.parametrize("case", OPENED, ids=[str(c["id"]) for c in OPENED])
 def test_grammar_accepts_the_case_after_a_reasoning_prefill(case: dict) -> None:
-    start = _format(case["template"]).reasoning_start.strip()
+    start = template_format(case["template"]).reasoning_start.strip()
     lark = _grammar(case, True)
     text = case["input"][len(start) :]
     assert grammar_accepts(lark, text) is None, (text, lark)
@@ -91,9 +91,9 @@ def test_grammar_accepts_the_case_with_special_tokens(case: dict) -> None:
     never holds one, so a trigger inside reasoning (case 289) must be allowed there."""
     if case["id"] in AS_TEXT_ONLY:
         pytest.skip("a string value holding special tokens: text only in ours")
-    fmt = _format(case["template"])
+    fmt = template_format(case["template"])
     specials = tuple(sorted({t for t in fmt.preserved_tokens if named(t)}, key=len)[::-1])
-    lark = _grammar(case, opens_reasoning(fmt, _prompt(case, fmt)), specials)
+    lark = _grammar(case, opens_reasoning(fmt, case_prompt(case, fmt)), specials)
     assert grammar_accepts(lark, case["input"], specials) is None, (case["input"], lark)
 
 
@@ -109,8 +109,8 @@ def test_required_accepts_a_thought_the_answer_opens() -> None:
     """llama.cpp's case 73: a new thought block, then the forced call (refused before)."""
     case = next(c for c in CASES if c["id"] == 73)
     assert case["request"]["tool_choice"] == "required"
-    fmt = _format(case["template"])
-    opened = opens_reasoning(fmt, _prompt(case, fmt))
+    fmt = template_format(case["template"])
+    opened = opens_reasoning(fmt, case_prompt(case, fmt))
     assert not opened and case["input"].startswith("<|channel>thought")
     assert grammar_accepts(_grammar(case, opened), case["input"]) is None
     req = case["request"]

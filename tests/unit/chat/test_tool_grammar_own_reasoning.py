@@ -28,9 +28,8 @@ from loraserve.chat.formats.parse import ChatParser
 from loraserve.engine.budget import BudgetSpec, ReasoningBudget
 from loraserve.server.reasoning_budget import Budget, budget_spec
 from tests.unit.chat.format_util import TEMPLATES, assistant_text, grammar_accepts
-from tests.unit.chat.test_formats_parse_oracle import _format
-from tests.unit.chat.test_formats_roundtrip import _named_token
-from tests.unit.chat.test_formats_roundtrip_all import _server_render
+from tests.unit.chat.oracle_util import template_format
+from tests.unit.chat.roundtrip_util import named_token, server_render
 
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": PARAMS}}
@@ -59,11 +58,11 @@ def _case(name: str) -> tuple[str, str] | None:
     or None where the prompt opens or closes the reasoning itself or the turn holds none."""
     logging.disable(logging.WARNING)
     try:
-        fmt = _format(name)
+        fmt = template_format(name)
         if not fmt.has_tools or fmt.dialect == "harmony" or budget_markers(fmt) is None:
             return None  # gpt-oss: its analysis message (test_tool_grammar)
         src = (TEMPLATES / name).read_text()
-        render = _server_render(src)
+        render = server_render(src)
         prompt = render(USER, [TOOL], True, True)
         msg = {"role": "assistant", "content": "", "reasoning_content": THOUGHT,
                "tool_calls": [CALL]}  # fmt: skip
@@ -82,15 +81,15 @@ NAMES = [p.name for p in sorted(TEMPLATES.glob("*.jinja")) if _case(p.name)]
 
 
 def _grammar(name: str, choice: str, reasoning: bool = True, named: bool = False) -> str:
-    fmt = _format(name)
-    special = _named_token(fmt) if named else (lambda m: False)
+    fmt = template_format(name)
+    special = named_token(fmt) if named else (lambda m: False)
     lark = tool_grammar(fmt, [TOOL], choice, True, reasoning, False, special)
     assert lark is not None
     return lark
 
 
 def _specials(name: str) -> tuple[str, ...]:
-    fmt, named = _format(name), _named_token(_format(name))
+    fmt, named = template_format(name), named_token(template_format(name))
     return tuple(sorted({t for t in fmt.preserved_tokens if named(t)}, key=len)[::-1])
 
 
@@ -101,7 +100,7 @@ def test_every_family_is_checked() -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_reasoning_then_call_parses_and_passes_the_grammar(name: str) -> None:
     _, text = _case(name)  # type: ignore[misc]
-    got = ChatParser(_format(name), [TOOL]).parse(text, partial=False)
+    got = ChatParser(template_format(name), [TOOL]).parse(text, partial=False)
     assert got.reasoning_content.strip() == THOUGHT, (text, got)
     assert [c.name for c in got.tool_calls] == ["get_weather"], (text, got)
     assert not got.content.strip(), (text, got)
@@ -115,7 +114,7 @@ def test_reasoning_then_call_parses_and_passes_the_grammar(name: str) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_text_before_the_call_stays_refused(name: str) -> None:
     _, text = _case(name)  # type: ignore[misc]
-    end = budget_markers(_format(name)).ends[0].strip()  # type: ignore[union-attr]
+    end = budget_markers(template_format(name)).ends[0].strip()  # type: ignore[union-attr]
     cut = text.index(end) + len(end)
     block, call = text[:cut], text[cut:]
     lark = _grammar(name, "required")
@@ -132,7 +131,7 @@ def test_text_before_the_call_stays_refused(name: str) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_the_budget_ends_the_block_before_the_call(name: str) -> None:
     prompt, text = _case(name)  # type: ignore[misc]
-    fmt = _format(name)
+    fmt = template_format(name)
     spec = budget_spec(_Bytes(), fmt, prompt, Budget(6))
     assert spec is not None and not spec.counting
     start = budget_markers(fmt).start  # type: ignore[union-attr]

@@ -23,9 +23,8 @@ from loraserve.chat.formats.parse import ChatParser
 from loraserve.chat.formats.special.grammars import dialect_grammar
 from loraserve.chat.formats.special.lark import named, optional_runs
 from tests.unit.chat.format_util import TEMPLATES, assistant_text, grammar_accepts
-from tests.unit.chat.test_formats_parse_oracle import _format
-from tests.unit.chat.test_formats_roundtrip import _named_token
-from tests.unit.chat.test_formats_roundtrip_all import _server_render
+from tests.unit.chat.oracle_util import template_format
+from tests.unit.chat.roundtrip_util import named_token, server_render
 
 TOOL = {"type": "function", "function": {"name": "weather", "parameters": {
     "type": "object", "required": ["city"],
@@ -46,14 +45,14 @@ def _call_text(name: str, args: dict) -> str:
     call = {"id": "abc123def", "type": "function",
             "function": {"name": "weather", "arguments": args}}  # fmt: skip
     msg = {"role": "assistant", "content": "", "tool_calls": [call]}
-    return assistant_text(src, msg, [TOOL], _server_render(src)).replace("zz", "")
+    return assistant_text(src, msg, [TOOL], server_render(src)).replace("zz", "")
 
 
 def _accepts(name: str, text: str) -> str | None:
     logging.disable(logging.WARNING)
-    fmt = _format(name)
+    fmt = template_format(name)
     logging.disable(logging.NOTSET)
-    special = _named_token(fmt)
+    special = named_token(fmt)
     if fmt.dialect:
         lark = dialect_grammar(fmt, [TOOL], "required", special=special)
     else:
@@ -69,7 +68,7 @@ def test_optional_arguments_repeat(name: str) -> None:
     args = {"city": "Paris", "unit": "c", "days": 2, "zzunit": "f", "zzdays": 3}
     text = _call_text(name, args)
     assert _accepts(name, text) is None, text
-    (call,) = ChatParser(_format(name), [TOOL]).parse(text, partial=False).tool_calls
+    (call,) = ChatParser(template_format(name), [TOOL]).parse(text, partial=False).tool_calls
     assert call.arguments == '{"city": "Paris", "unit": "c", "days": 2, "unit": "f", "days": 3}'
 
 
@@ -127,14 +126,14 @@ def _two_text(name: str, args: dict) -> str:
     call = {"id": "abc123def", "type": "function",
             "function": {"name": "weather", "arguments": args}}  # fmt: skip
     msg = {"role": "assistant", "content": "", "tool_calls": [call]}
-    return assistant_text(src, msg, [TWO], _server_render(src))
+    return assistant_text(src, msg, [TWO], server_render(src))
 
 
 def _two_accepts(name: str, text: str) -> str | None:
     logging.disable(logging.WARNING)
-    fmt = _format(name)
+    fmt = template_format(name)
     logging.disable(logging.NOTSET)
-    special = _named_token(fmt)
+    special = named_token(fmt)
     if fmt.dialect:
         lark = dialect_grammar(fmt, [TWO], "required", special=special)
     else:
@@ -160,7 +159,7 @@ def test_argument_order_as_llama_cpps_grammar(name: str) -> None:
                         (between, name in ANY_ORDER)):  # fmt: skip
         text = _two_text(name, args)
         assert (_two_accepts(name, text) is None) == takes, (args, text)
-        (call,) = ChatParser(_format(name), [TWO]).parse(text, partial=False).tool_calls
+        (call,) = ChatParser(template_format(name), [TWO]).parse(text, partial=False).tool_calls
         assert json.loads(call.arguments) == args
 
 
@@ -171,7 +170,7 @@ def test_bound_is_never_reached_in_llama_cpps_cases() -> None:
     the bound only ends a call whose model keeps repeating a key."""
     from collections import Counter
 
-    from tests.unit.chat.test_formats_parse_oracle import CASES
+    from tests.unit.chat.oracle_util import CASES
 
     calls, most = 0, 0
     for case in CASES:

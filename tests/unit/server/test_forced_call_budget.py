@@ -25,7 +25,7 @@ from loraserve.server import tool_calls
 from loraserve.server.reasoning_budget import reasoning_budget
 from loraserve.server.tool_calls import plan_reply
 from tests.unit.chat.format_util import TEMPLATES
-from tests.unit.chat.test_formats_parse_oracle import _format
+from tests.unit.chat.oracle_util import template_format
 
 QWEN3 = "Qwen-Qwen3-0.6B.jinja"
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -62,7 +62,7 @@ def _budget(monkeypatch: pytest.MonkeyPatch, choice: str = "required", prompt: s
             server: int = -1, rf: str | None = None, **body: Any) -> int | None:  # fmt: skip
     """The budget tokens of the plan of a Qwen3 request (None: no budget)."""
     logging.disable(logging.WARNING)
-    fmt = _format(QWEN3)
+    fmt = template_format(QWEN3)
     logging.disable(logging.NOTSET)
     monkeypatch.setattr(tool_calls, "chat_format", lambda state, tools: fmt)
     state = _state(server)
