@@ -20,7 +20,7 @@ from loraserve.chat.formats.detect import detect
 from loraserve.chat.formats.grammar import tool_grammar
 from loraserve.chat.formats.lead import opens_reasoning
 from loraserve.chat.render import RenderInputs, Tokens, render
-from tests.http.test_tool_calls import SCHEMAS, TOOLS, USER, chat, chat_stream, check_calls
+from tests.http.tool_call_util import SCHEMAS, TOOLS, USER, chat, chat_stream, check_calls
 from tests.server_util import serve_in_thread
 from tests.unit.chat.format_util import TEMPLATES, render_for
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.http.test_tool_calls import USER, chat, check_calls
+from tests.http.tool_call_util import USER, chat, check_calls
 from tests.server_util import serve_in_thread
 from tests.unit.chat.format_util import TEMPLATES
 
