@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from loraserve.engine.sampling.chain import adjusted_logits, sample_batch
 from loraserve.engine.sampling.ops import fast_argmax, fast_topk
 from loraserve.kernels.rowops import scan_rows
-from tests.unit.sampling.test_sampling import state
+from tests.unit.sampling.sampling_util import state
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from loraserve.engine.sampling.chain import sample_batch
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.sampling.state import SamplerState
-from tests.unit.sampling.test_sampling import FAST, PLAIN, final_probs, randn, state
+from tests.unit.sampling.sampling_util import FAST, PLAIN, final_probs, randn, state
 
 # ---- seeds ----------------------------------------------------------------------------------
 
