@@ -17,7 +17,7 @@ from loraserve.lora.adapter import AdapterError, load_adapter
 from loraserve.model.gguf import GGUFFile
 from loraserve.model.gguf_write import write_gguf
 from tests.hardening.fuzz_worker import GEMMA_270M
-from tests.hardening.test_fuzz_files import ADAPTERS, _base_shapes
+from tests.hardening.seed_files import ADAPTERS, base_shapes
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def gemma_base() -> tuple[Any, dict[str, tuple[int, ...]]]:
     from loraserve.model.config import ModelConfig
 
-    shapes = {k: tuple(v) for k, v in _base_shapes(ADAPTERS / "titlecase").items()}
+    shapes = {k: tuple(v) for k, v in base_shapes(ADAPTERS / "titlecase").items()}
     return ModelConfig(**GEMMA_270M), shapes
 
 

@@ -20,14 +20,14 @@ from loraserve.model.gguf_write import write_gguf
 from loraserve.model.loader import load_model
 from loraserve.model.validate import ModelFileError
 from tests.hardening.fuzz_gguf import fields
-from tests.hardening.test_fuzz_files import ROOT, _seed_models
+from tests.hardening.seed_files import ROOT, seed_models
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 @pytest.fixture(scope="module")
 def seeds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return _seed_models(tmp_path_factory.mktemp("seeds"))
+    return seed_models(tmp_path_factory.mktemp("seeds"))
 
 
 def _patched(src: Path, dst: Path, role: str, key: str, value: int) -> Path:

@@ -24,106 +24,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from safetensors import safe_open
-
 from tests.hardening.fuzz_gguf import fields, mutate, mutate_peft_config
+from tests.hardening.seed_files import ADAPTERS, ROOT, base_shapes, seed_models, tiny_lora
 
-ROOT = Path(__file__).resolve().parents[2]
-ADAPTERS = ROOT / "loraserve" / "adapters"
 CASES = int(os.environ.get("LORASERVE_FUZZ_CASES", "800"))
 SEED = int(os.environ.get("LORASERVE_FUZZ_SEED", "0"))
 BATCH = 2000  # cases per child (its start-up, ~5-10 s, costs more than 100 cases)
 CASE_TIMEOUT_S = 20.0  # one case alone (a torch import included)
 START_S = 30.0  # a batch's child: torch import, kernels
-
-
-def _tiny(path: Path, arch: str) -> Path:
-    """A tiny random model written by our GGUF writer (no transformers needed): 2 layers,
-    hidden 64, 4 heads and 2 KV heads, FFN 96; gemma3's matrices Q8_0 (its layers then run
-    in the fused C call), llama's float32 with an output matrix."""
-    import torch
-
-    from loraserve.model.gguf_write import write_gguf
-    from tests.tiny import tiny_vocab
-
-    g = torch.Generator().manual_seed(5)
-    d = 32 if arch == "gemma3" else 16
-    tokens, scores, types = tiny_vocab()
-    meta: dict[str, Any] = {
-        "general.architecture": arch, f"{arch}.block_count": 2,
-        f"{arch}.context_length": 256, f"{arch}.embedding_length": 64,
-        f"{arch}.feed_forward_length": 96, f"{arch}.attention.head_count": 4,
-        f"{arch}.attention.head_count_kv": 2, f"{arch}.attention.key_length": d,
-        f"{arch}.attention.value_length": d, f"{arch}.rope.freq_base": 10000.0,
-        f"{arch}.attention.layer_norm_rms_epsilon": 1e-6,
-        "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.scores": scores, "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
-    }  # fmt: skip
-    if arch == "gemma3":
-        meta["gemma3.attention.sliding_window"] = 5
-    shapes = {"token_embd.weight": (320, 64), "output_norm.weight": (64,)}
-    if arch == "llama":
-        shapes["output.weight"] = (320, 64)
-    for i in range(2):
-        p = f"blk.{i}."
-        shapes |= {p + "attn_norm.weight": (64,), p + "attn_q.weight": (4 * d, 64),
-                   p + "attn_k.weight": (2 * d, 64), p + "attn_v.weight": (2 * d, 64),
-                   p + "attn_output.weight": (64, 4 * d), p + "ffn_norm.weight": (64,),
-                   p + "ffn_gate.weight": (96, 64), p + "ffn_up.weight": (96, 64),
-                   p + "ffn_down.weight": (64, 96)}  # fmt: skip
-        if arch == "gemma3":
-            shapes |= {p + "attn_q_norm.weight": (d,), p + "attn_k_norm.weight": (d,),
-                       p + "post_attention_norm.weight": (64,),
-                       p + "post_ffw_norm.weight": (64,)}  # fmt: skip
-    tensors = {
-        n: torch.randn(shp, generator=g) * 0.1 + (len(shp) == 1) for n, shp in shapes.items()
-    }
-    q8 = {
-        n: 8
-        for n, t in tensors.items()
-        if arch == "gemma3" and n.startswith("blk.") and t.dim() == 2
-    }
-    return write_gguf(path, meta, tensors, q8)
-
-
-def _tiny_lora(path: Path) -> Path:
-    """A GGUF LoRA of rank 4 for the tiny Gemma's q, v and down projections."""
-    import torch
-
-    from loraserve.model.gguf_write import write_gguf
-
-    g = torch.Generator().manual_seed(6)
-    meta = {"general.architecture": "gemma3", "general.type": "adapter",
-            "adapter.type": "lora", "adapter.lora.alpha": 8.0}  # fmt: skip
-    tensors = {}
-    for i in range(2):
-        for stem, (out, inp) in (("attn_q", (128, 64)), ("attn_v", (64, 64)),
-                                 ("ffn_down", (64, 96))):  # fmt: skip
-            tensors[f"blk.{i}.{stem}.weight.lora_a"] = torch.randn(4, inp, generator=g) * 0.1
-            tensors[f"blk.{i}.{stem}.weight.lora_b"] = torch.randn(out, 4, generator=g) * 0.1
-    return write_gguf(path, meta, tensors)
-
-
-def _seed_models(folder: Path) -> dict[str, Path]:
-    return {"gemma_q8": _tiny(folder / "gemma_q8.gguf", "gemma3"),
-            "llama": _tiny(folder / "llama.gguf", "llama")}  # fmt: skip
-
-
-def _base_shapes(adapter: Path) -> dict[str, list[int]]:
-    """The base tensors the demo adapter fits: (out, in) of each target, from its own pairs."""
-    with safe_open(str(adapter / "adapter_model.safetensors"), "pt") as st:
-        dims = {k: st.get_slice(k).get_shape() for k in st.keys()}
-    from loraserve.lora.adapter import _module_key
-    from loraserve.model.hf import hf_to_gguf_name
-
-    out = {}
-    for k, a in dims.items():
-        if ".lora_A." in k:
-            module = k.split(".lora_A.")[0]
-            b = dims[k.replace(".lora_A.", ".lora_B.")]
-            out[hf_to_gguf_name(_module_key(module) + ".weight", "gemma3")] = [b[0], a[1]]
-    return out
 
 
 _KINDS = {"gemma_q8": "model", "llama": "model", "tiny_lora": "tiny_adapter"}
@@ -133,8 +41,8 @@ def _cases(folder: Path, n: int) -> list[dict[str, Any]]:
     """n mutated cases: 40% tiny Gemma Q8_0, 20% tiny llama, 15% the demo GGUF adapter, 15%
     a tiny Gemma GGUF LoRA (generating with it), 10% the demo PEFT folder's configuration."""
     rng = random.Random(SEED)
-    seeds = {**_seed_models(folder), "adapter": ADAPTERS / "titlecase.gguf",
-             "tiny_lora": _tiny_lora(folder / "tiny_lora.gguf")}  # fmt: skip
+    seeds = {**seed_models(folder), "adapter": ADAPTERS / "titlecase.gguf",
+             "tiny_lora": tiny_lora(folder / "tiny_lora.gguf")}  # fmt: skip
     parsed = {k: (p.read_bytes(), *fields(p.read_bytes())) for k, p in seeds.items()}
     peft = ADAPTERS / "titlecase"
     conf = json.loads((peft / "adapter_config.json").read_text())
@@ -212,7 +120,7 @@ def _batch(cases: list[dict[str, Any]], spec: dict[str, Any], folder: Path, tag:
 
 def test_mutated_model_and_adapter_files_never_crash_hang_or_escape(tmp_path: Path) -> None:
     cases = _cases(tmp_path, CASES)
-    spec = {"base_shapes": _base_shapes(ADAPTERS / "titlecase"),
+    spec = {"base_shapes": base_shapes(ADAPTERS / "titlecase"),
             "tiny_model": str(tmp_path / "gemma_q8.gguf")}  # fmt: skip
     size = min(BATCH, -(-len(cases) // 2))  # two children at a time
     chunks = [cases[i : i + size] for i in range(0, len(cases), size)]
