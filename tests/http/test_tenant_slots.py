@@ -8,18 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.http.tenant_util import KEYS, SECRET, action, auth, slots, used_slot
 from tests.server_util import Served, serve_in_thread
-
-SECRET = "the of and to in is it that was for on are as with his they the cat sat"
-KEYS = ("tenant-one", "tenant-two")
-
-
-def auth(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
 
 
 @pytest.fixture(scope="module")
@@ -28,24 +21,6 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     args = ["-np", "2", "-c", "512", "--cache-isolation", "key", "--slot-save-path", str(folder)]
     with serve_in_thread([*args, "--api-key", KEYS[0], "--api-key", KEYS[1]]) as s:
         yield s
-
-
-def slots(srv: Served, key: str) -> list[dict[str, Any]]:
-    r = srv.client.get("/slots", headers=auth(key))
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def action(srv: Served, key: str, slot: int, what: str, filename: str = "") -> Any:
-    body = {"filename": filename} if filename else None
-    return srv.client.post(f"/slots/{slot}?action={what}", json=body, headers=auth(key))
-
-
-def used_slot(srv: Served, key: str) -> int:
-    """The slot holding ``key``'s sequence (as that key sees it)."""
-    held = [s["id"] for s in slots(srv, key) if s["n_tokens"] > 0]
-    assert len(held) == 1, slots(srv, key)
-    return held[0]
 
 
 def test_slots_hide_another_keys_token_counts(keyed: Served) -> None:

@@ -16,10 +16,8 @@ import httpx
 import pytest
 
 from loraserve.engine import slot_io
-from tests.http.test_tenant_slots import KEYS, action, auth, slots, used_slot
+from tests.http.tenant_util import KEYS, SECRET, action, auth, slots, used_slot
 from tests.server_util import Served, serve_in_thread
-
-SECRET = "the of and to in is it that was for on are as with his they the cat sat"
 
 
 @pytest.fixture(scope="module")
@@ -92,13 +90,14 @@ def test_a_restore_raced_by_a_request_stays_the_restorers(keyed: Served, monkeyp
     assert action(keyed, KEYS[0], target, "erase").status_code == 200
 
 
-def test_a_slot_file_saved_without_isolation_is_a_clear_error(
-    keyed: Served, folder: Path
-) -> None:
+def test_a_slot_file_saved_without_isolation_is_a_clear_error(keyed: Served, folder: Path) -> None:
     eng = engine(keyed)
-    assert keyed.client.post(
-        "/completion", json={"prompt": SECRET, "n_predict": 2}, headers=auth(KEYS[0])
-    ).status_code == 200
+    assert (
+        keyed.client.post(
+            "/completion", json={"prompt": SECRET, "n_predict": 2}, headers=auth(KEYS[0])
+        ).status_code
+        == 200
+    )
     slot = used_slot(keyed, KEYS[0])
     image = eng.save_slot(slot).result()
     slot_io.write(folder / "legacy.bin", image, eng.slot_fingerprint(), -1)  # no owner

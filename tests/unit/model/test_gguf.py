@@ -19,6 +19,7 @@ from gguf import quants
 from loraserve.model.dequant import UnsupportedQuantError
 from loraserve.model.gguf import GGUFError, GGUFFile
 from loraserve.model.gguf_write import write_gguf
+from tests.unit.model.gguf_util import assert_same_as_reader
 
 RNG = np.random.default_rng(0)
 SCALARS = {
@@ -29,34 +30,6 @@ SCALARS = {
 NUMPY = {V.UINT8: np.uint8, V.INT8: np.int8, V.UINT16: np.uint16, V.INT16: np.int16,
          V.UINT32: np.uint32, V.INT32: np.int32, V.FLOAT32: np.float32, V.UINT64: np.uint64,
          V.INT64: np.int64, V.FLOAT64: np.float64, V.BOOL: np.bool_}  # fmt: skip
-
-
-def reader_metadata(r: gguf.GGUFReader) -> dict[str, Any]:
-    """The oracle's metadata, without its GGUF.* header pseudo-keys."""
-    return {k: f for k, f in r.fields.items() if not k.startswith("GGUF.")}
-
-
-def assert_same_as_reader(ours: GGUFFile, r: gguf.GGUFReader) -> None:
-    fields = reader_metadata(r)
-    assert list(ours.metadata) == list(fields)
-    for key, field in fields.items():
-        value, expected = ours.metadata[key], field.contents()
-        if field.types[0] == V.ARRAY and field.types[-1] != V.STRING:
-            assert isinstance(value, np.ndarray), key
-            assert value.dtype == field.parts[field.data[0]].dtype if field.data else True, key
-            np.testing.assert_array_equal(value, np.array(expected, dtype=value.dtype), key)
-        else:
-            assert value == expected and type(value) is type(expected), key
-    assert list(ours.tensors) == [t.name for t in r.tensors]
-    for t in r.tensors:
-        info = ours.tensors[t.name]
-        assert info.shape == tuple(int(n) for n in reversed(t.shape))
-        assert (info.ggml_type, info.offset, info.nbytes) == (
-            t.tensor_type,
-            t.data_offset,
-            t.n_bytes,
-        )
-        np.testing.assert_array_equal(ours.raw(t.name), t.data.view(np.uint8).reshape(-1))
 
 
 def assert_dequant_matches(ours: GGUFFile, t: Any) -> None:

@@ -16,7 +16,7 @@ from gguf import quants
 from loraserve.model.dequant import GGML_TYPE
 from loraserve.model.gguf import GGUFFile
 from loraserve.model.gguf_write import write_gguf
-from tests.unit.model.test_gguf import assert_same_as_reader, reader_metadata
+from tests.unit.model.gguf_util import assert_same_as_reader, reader_metadata
 
 RNG = np.random.default_rng(0)
 

@@ -22,7 +22,7 @@ from loraserve.server.schemas import (
     TokenizeRequest,
     UnloadAdapterRequest,
 )
-from tests.unit.server.test_schemas import USER, error_of
+from tests.unit.server.schema_util import USER, error_of
 
 
 @pytest.mark.parametrize(

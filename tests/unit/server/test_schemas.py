@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import pytest
-from pydantic import ValidationError
 
 from loraserve.server.config.args import parse_server_args
-from loraserve.server.errors import (
-    validation_message,
-)
 from loraserve.server.schemas import (
     SAMPLING_KEYS,
     ApplyTemplateRequest,
@@ -24,14 +19,7 @@ from loraserve.server.schemas import (
     TokenizeRequest,
     UnloadAdapterRequest,
 )
-
-USER = [{"role": "user", "content": "hi"}]
-
-
-def error_of(model: type, data: Any) -> str:
-    with pytest.raises(ValidationError) as exc:
-        model.model_validate(data)
-    return validation_message(exc.value.errors())
+from tests.unit.server.schema_util import USER
 
 
 def test_completion_defaults_are_the_contracts():
