@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.http.hub_util import Events, ids
+from tests.http.hub_util import hub as hub  # a fixture
 from tests.http.router_util import router, status, wait_status
-from tests.http.test_router_download import Events, ids
-from tests.http.test_router_download import hub as hub  # a fixture
 from tests.server_util import free_socket
 
 INI = """\
