@@ -64,6 +64,9 @@ class ModelRunner:
         if states is None and decoder.cfg.recurrent:
             states = StateStore(state_shapes(decoder.cfg), block_size)
         self.states = states
+        # seq -> (its blocks, their slots): the tables of the last step's sequences
+        self._slot_tables: dict[int, tuple[tuple[int, ...], torch.Tensor]] = {}
+        self._next_tables: dict[int, tuple[tuple[int, ...], torch.Tensor]] = {}
 
     def ensure_capacity(self, n_blocks: int) -> None:
         """Grow the KV tensors to ``n_blocks`` blocks, keeping their contents, one layer at
@@ -100,6 +103,19 @@ class ModelRunner:
         table = torch.tensor(list(blocks[: (n_tokens + self.bs - 1) // self.bs]), dtype=torch.long)
         return table[pos // self.bs] * self.bs + pos % self.bs
 
+    def _seq_slots(self, seq: int, blocks: Sequence[int], n_tokens: int) -> torch.Tensor:
+        """`block_slots` of sequence ``seq`` (-1: none), from the table its last step built
+        over the same blocks when there is one (a decode step reuses it until it enters a
+        new block): [n_tokens] long, a view the step only reads."""
+        need = (n_tokens + self.bs - 1) // self.bs
+        key = tuple(blocks[:need])
+        hit = self._slot_tables.get(seq) if seq >= 0 else None
+        if hit is None or hit[0] != key:
+            hit = (key, self.block_slots(key, need * self.bs))
+        if seq >= 0:
+            self._next_tables[seq] = hit
+        return hit[1][:n_tokens]
+
     def _context(
         self, items: Sequence[BatchItem]
     ) -> tuple[torch.Tensor, torch.Tensor, StepContext]:
@@ -108,6 +124,7 @@ class ModelRunner:
         (``AttnMeta``), so one attention call per layer serves the whole batch."""
         ids: list[int] = []
         pos: list[int] = []
+        nkeys: list[int] = []
         row_seq: list[int] = []
         seq_slots: list[torch.Tensor] = []  # per item: [start + n] slots of positions 0..
         new_slots: list[torch.Tensor] = []  # per item: [n] slots the new tokens write to
@@ -115,25 +132,29 @@ class ModelRunner:
         logits_rows: list[int] = []
         hidden_rows: list[int] = []
         row = 0
+        self._next_tables = {}
         for b, it in enumerate(items):
             if it.hidden is not None:
                 hidden_rows.extend(range(row + it.hidden[0], row + it.hidden[1]))
-            ids.extend(it.tokens[it.start : it.start + it.n])
             total = it.start + it.n
+            ids.extend(it.tokens[it.start : total])
             pos.extend(range(it.start, total))
+            nkeys.extend(range(it.start + 1, total + 1))
             row_seq.extend([b] * it.n)
-            seq_slots.append(self.block_slots(it.blocks, total))
+            seq_slots.append(self._seq_slots(it.seq, it.blocks, total))
             new_slots.append(seq_slots[-1][it.start :])
             seq_off.append(seq_off[-1] + total)
             row += it.n
             if it.want_logits:
                 logits_rows.extend(range(row - it.n_logits, row))
+        self._slot_tables, self._next_tables = self._next_tables, {}
         positions = torch.tensor(pos, dtype=torch.long)  # [T]
+        one = len(items) == 1  # the tables' own views: nothing writes them
         attn = AttnMeta(
-            slots=torch.cat(seq_slots),
+            slots=seq_slots[0] if one else torch.cat(seq_slots),
             seq_off=torch.tensor(seq_off, dtype=torch.long),
             row_seq=torch.tensor(row_seq, dtype=torch.int32),
-            row_nkeys=(positions + 1).to(torch.int32),
+            row_nkeys=torch.tensor(nkeys, dtype=torch.int32),
             window=self.cfg.sliding_window,
         )
         lora = None
@@ -146,7 +167,7 @@ class ModelRunner:
                 r += it.n
             lora = self.lora(spans) if spans else None
         ctx = StepContext(
-            slot_mapping=torch.cat(new_slots),
+            slot_mapping=new_slots[0] if one else torch.cat(new_slots),
             attn=attn,
             logits_rows=torch.tensor(logits_rows, dtype=torch.long),
             lora=lora,
