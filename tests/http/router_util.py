@@ -10,6 +10,7 @@ from contextlib import contextmanager
 import httpx
 import uvicorn
 from httpx import Response
+from starlette.applications import Starlette
 
 from loraserve.server.app import HTTP_IMPL
 from loraserve.server.config.args import parse_server_args
@@ -20,8 +21,8 @@ PROMPT = "hello world, the router"
 
 
 @contextmanager
-def router(args: list[str]) -> Iterator[tuple[httpx.Client, object]]:
-    """A router (`create_router_app` under uvicorn in a thread): a client and its state."""
+def router_app(args: list[str]) -> Iterator[tuple[httpx.Client, Starlette]]:
+    """A router (`create_router_app` under uvicorn in a thread): a client and the app."""
     app = create_router_app(parse_server_args(["-t", "1", *args]))
     sock = free_socket()
     server = uvicorn.Server(
@@ -31,14 +32,23 @@ def router(args: list[str]) -> Iterator[tuple[httpx.Client, object]]:
     thread.start()
     client = httpx.Client(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", timeout=60)
     try:
+        deadline = time.monotonic() + 30
         while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive(), "router did not start"
             time.sleep(0.01)
-        yield client, app.state.router
+        yield client, app
     finally:
         client.close()
         server.should_exit = True
         thread.join(15)
         sock.close()
+
+
+@contextmanager
+def router(args: list[str]) -> Iterator[tuple[httpx.Client, object]]:
+    """A router as `router_app` starts it: a client and the router's state."""
+    with router_app(args) as (client, app):
+        yield client, app.state.router
 
 
 def status(c: httpx.Client, name: str) -> dict:

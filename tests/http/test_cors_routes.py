@@ -9,22 +9,15 @@ from __future__ import annotations
 
 import re
 import shutil
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
-from loraserve.server.app import HTTP_IMPL
-from loraserve.server.config.args import parse_server_args
-from loraserve.server.router.app import create_router_app
-from tests.server_util import free_socket, peft_folder, serve_in_thread, tiny_model_path
+from tests.http.router_util import router_app
+from tests.server_util import peft_folder, serve_in_thread, tiny_model_path
 
 EVIL = "http://evil.example"
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -90,31 +83,9 @@ def test_every_server_route_refuses_unpreflighted_writes(folders: tuple[Path, Pa
             assert r.status_code == 200 and "access-control-allow-credentials" not in r.headers
 
 
-@contextmanager
-def router_client(args: list[str]) -> Iterator[tuple[httpx.Client, FastAPI]]:
-    """A router app under uvicorn in a thread, with a client."""
-    app = create_router_app(parse_server_args(["-t", "1", *args]))
-    sock = free_socket()
-    server = uvicorn.Server(uvicorn.Config(app, http=HTTP_IMPL, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    client = httpx.Client(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", timeout=60)
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline and thread.is_alive(), "router did not start"
-            time.sleep(0.01)
-        yield client, app
-    finally:
-        client.close()
-        server.should_exit = True
-        thread.join(15)
-        sock.close()
-
-
 def test_every_router_route_refuses_unpreflighted_writes(tmp_path: Path) -> None:
     shutil.copy(tiny_model_path(), tmp_path / "tiny.gguf")
-    with router_client(["--models-dir", str(tmp_path), "--models-max", "1"]) as (c, app):
+    with router_app(["--models-dir", str(tmp_path), "--models-max", "1"]) as (c, app):
         routes = writes(app)
         assert ("POST", "/models/load") in routes and ("POST", "/models/unload") in routes
         refused_everywhere(c, routes)

@@ -14,7 +14,7 @@ import pytest
 from loraserve.adapters import DEMO_ADAPTERS, gguf_path
 from loraserve.server.config.args import parse_server_args
 from loraserve.server.router import presets
-from tests.http.test_cors_routes import router_client
+from tests.http.router_util import router_app
 from tests.server_util import peft_folder, tiny_model_path
 from tests.tiny import hf_model, write_gguf
 
@@ -42,14 +42,14 @@ def test_the_default_model_comes_with_its_demo_adapters_off(monkeypatch) -> None
 def test_a_request_without_model_goes_to_the_only_model(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(presets, "default_model_entry", lambda: None)
     shutil.copy(tiny_model_path(), tmp_path / "tiny.gguf")
-    with router_client(["--models-dir", str(tmp_path)]) as (c, _):
+    with router_app(["--models-dir", str(tmp_path)]) as (c, _):
         named = c.post("/completion", json={**BODY, "model": "tiny"})
         bare = c.post("/completion", json=BODY)
         assert named.status_code == bare.status_code == 200, bare.text
         assert bare.json()["content"] == named.json()["content"]
         assert bare.json()["model"] == "tiny"
     write_gguf(tmp_path / "other.gguf", hf_model("llama", seed=11), "llama")
-    with router_client(["--models-dir", str(tmp_path)]) as (c, _):
+    with router_app(["--models-dir", str(tmp_path)]) as (c, _):
         r = c.post("/completion", json=BODY)
         assert r.status_code == 400
         assert r.json()["error"]["message"] == "model name is missing from the request"
@@ -58,7 +58,7 @@ def test_a_request_without_model_goes_to_the_only_model(tmp_path: Path, monkeypa
 @pytest.mark.parametrize("flags", [[], ["--models-max", "1"]])
 def test_props_say_router(flags: list[str], monkeypatch) -> None:
     monkeypatch.setattr(presets, "default_model_entry", lambda: None)
-    with router_client(flags) as (c, _):
+    with router_app(flags) as (c, _):
         assert c.get("/props").json()["role"] == "router"
         assert c.get("/models").json()["data"] == []
 
@@ -70,7 +70,7 @@ def test_global_adapter_scales_reach_requests_without_lora(tmp_path: Path, monke
     shutil.copy(tiny_model_path(), tmp_path / "tiny.gguf")
     adapter = peft_folder(tmp_path / "adapter", 3, magnitude=2.0)
     flags = ["--models-dir", str(tmp_path), "--lora-scaled", f"{adapter}:0"]
-    with router_client(flags) as (c, _):
+    with router_app(flags) as (c, _):
         off = c.post("/completion", json=BODY).json()["content"]
         on = c.post("/completion", json={**BODY, "lora": [{"id": 0, "scale": 1}]}).json()
         assert on["content"] != off  # the adapter changes this answer
