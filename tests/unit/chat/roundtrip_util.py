@@ -4,8 +4,6 @@ sdist's templates as the server renders them."""
 
 from __future__ import annotations
 
-import logging
-
 from hypothesis import strategies as st
 
 from loraserve.chat.formats.description import ChatFormat
@@ -85,11 +83,8 @@ STOPS = ("<|call|>",)  # gpt-oss ends a call's message with a stop token the out
 
 
 def with_tools(name: str) -> bool:
-    logging.disable(logging.WARNING)
-    try:
-        return template_format(name).has_tools
-    finally:
-        logging.disable(logging.NOTSET)
+    """Whether llama.cpp's rules find a tool-call format in the template."""
+    return template_format(name).has_tools
 
 
 ALL = [p.name for p in sorted(TEMPLATES.glob("*.jinja"))]

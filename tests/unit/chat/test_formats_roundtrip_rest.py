@@ -19,7 +19,6 @@ treats it, so that every template of the directory has its calls rendered and pa
 from __future__ import annotations
 
 import json
-import logging
 from functools import cache
 from typing import Any
 
@@ -54,15 +53,6 @@ NO_FORMAT = [
 ]  # fmt: skip
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": CITY}}
-
-
-@cache
-def _fmt(name: str) -> ChatFormat:
-    logging.disable(logging.WARNING)
-    try:
-        return template_format(name)
-    finally:
-        logging.disable(logging.NOTSET)
 
 
 @cache
@@ -105,8 +95,11 @@ def _check(fmt: ChatFormat, tool: dict, args: dict, text: str, thinking_open: bo
 @pytest.mark.parametrize("name", LFM2)
 def test_lfm2_calls_parse_back(name: str) -> None:
     writer = (TEMPLATES / LFM2_WRITER).read_text()
-    fmt = _fmt(name)
-    assert fmt.has_tools and fmt.trigger == _fmt(LFM2_WRITER).trigger == "<|tool_call_start|>"
+    fmt = template_format(name)
+    assert (
+        fmt.has_tools
+        and fmt.trigger == template_format(LFM2_WRITER).trigger == "<|tool_call_start|>"
+    )
 
     @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
     @given(tool_and_call())
@@ -135,7 +128,9 @@ def test_lfm2_grammar_is_llama_servers(name: str) -> None:
         assert out["grammar"] is not None
         assert out["grammar_lazy"] == (case["tool_choice"] == "auto")
         if out["grammar_lazy"]:
-            assert out["grammar_triggers"] == [{"type": "word", "value": _fmt(name).trigger}]
+            assert out["grammar_triggers"] == [
+                {"type": "word", "value": template_format(name).trigger}
+            ]
 
 
 @pytest.mark.parametrize("name", NO_FORMAT)
@@ -154,7 +149,7 @@ def test_llama_server_parses_and_constrains_nothing(name: str) -> None:
         assert out["grammar"] is None and not out["grammar_triggers"], case
         with_tools += 1
     assert with_tools >= 10
-    fmt = _fmt(name)
+    fmt = template_format(name)
     assert not fmt.has_tools
     assert tool_grammar(fmt, [TOOL], "auto", thinking_open=False) is None
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -163,7 +158,7 @@ def test_llama_server_parses_and_constrains_nothing(name: str) -> None:
 
 
 def _forced(name: str) -> ChatFormat:
-    fmt = _fmt(name)
+    fmt = template_format(name)
     found = template_forced_format(fmt, (TEMPLATES / name).read_text(), Tokens("<s>", "</s>"))
     return found or BARE_JSON.with_(reasoning_mode=fmt.reasoning_mode,
                                     reasoning_start=fmt.reasoning_start,

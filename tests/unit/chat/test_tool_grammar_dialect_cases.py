@@ -25,8 +25,6 @@ and free text before the call stays refused (ours, issue 26: OpenAI's `required`
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 from loraserve.chat.formats.grammar import tool_grammar
@@ -41,11 +39,7 @@ AS_TEXT_ONLY = {192}
 
 
 def _dialect(name: str) -> str:
-    logging.disable(logging.WARNING)
-    try:
-        return template_format(name).dialect
-    finally:
-        logging.disable(logging.NOTSET)
+    return template_format(name).dialect
 
 
 CALL_CASES = [
