@@ -26,8 +26,11 @@ from bench.hybrid_synth import REAL, synth_model
 from bench.stage_profile import Meter
 
 
-def prefill_profile(arch: str, tokens: int, threads: int, reps: int) -> list[dict[str, Any]]:
-    """Per repetition: thread-CPU seconds of the whole request and of each label, calls."""
+def prefill_profile(
+    arch: str, tokens: int, threads: int, reps: int, probe: bool = False
+) -> list[dict[str, Any]]:
+    """Per repetition: thread-CPU seconds of the whole request and of each label, calls, and
+    the generated token; `probe`: with `bench.chunked_probe_install`'s scans."""
     from loraserve.engine.core import EngineConfig
     from loraserve.engine.engine import Engine
     from loraserve.engine.sampling.params import SamplingParams
@@ -35,6 +38,11 @@ def prefill_profile(arch: str, tokens: int, threads: int, reps: int) -> list[dic
 
     torch.set_num_threads(threads)
     m = load_model(synth_model(arch))
+    undo = None
+    if probe:
+        from bench.chunked_probe_install import install
+
+        undo = install()
     meter = Meter()
     instrument(m.decoder, meter)
     eng = Engine(m, EngineConfig(n_slots=1, n_ctx=max(4096, 2 * tokens)))
@@ -44,13 +52,16 @@ def prefill_profile(arch: str, tokens: int, threads: int, reps: int) -> list[dic
         meter.secs.clear()
         meter.calls.clear()
         t0 = time.thread_time()
-        sub = eng.submit(prompts=[prompt], sampling=SamplingParams(temperature=0.0),
+        sub = eng.submit(prompts=[prompt], sampling=SamplingParams(temperature=0.0, n_probs=4),
                          max_tokens=1, cache_prompt=False)  # fmt: skip
         eng.run_until_idle()
-        assert all(q.events.qsize() for q in sub.requests)
         total = time.thread_time() - t0
+        events = [q.events.get_nowait() for q in sub.requests]
         if r:  # the first is the warm-up
-            out.append({"total": total, "secs": dict(meter.secs), "calls": dict(meter.calls)})
+            out.append({"total": total, "secs": dict(meter.secs), "calls": dict(meter.calls),
+                        "token": (events[0].token, events[0].probs)})  # fmt: skip
+    if undo is not None:
+        undo()
     return out
 
 
@@ -105,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--probe", action="store_true", help="the row-block scans in place")
     args = ap.parse_args(argv)
     for label, dec, end in (
         ("states from prefill and decode (today)", True, False),
@@ -114,10 +126,12 @@ def main(argv: list[str] | None = None) -> None:
         per = chat_recompute(dec, end)
         print(f"chat prompt tokens recomputed, {label}: {sum(per)} {per}")
     for arch in list(REAL) if args.arch == "all" else [args.arch]:
-        for i, rep in enumerate(prefill_profile(arch, args.tokens, args.threads, args.reps)):
+        reps = prefill_profile(arch, args.tokens, args.threads, args.reps, args.probe)
+        for i, rep in enumerate(reps):
             tot = rep["total"]
-            print(f"{arch}: {args.tokens}-token prefill, repetition {i + 1}, {args.threads} "
-                  f"thread(s): {tot * 1e3:.1f} ms thread CPU")  # fmt: skip
+            print(f"{arch}{' (probe scans)' * args.probe}: {args.tokens}-token prefill, "
+                  f"repetition {i + 1}, {args.threads} thread(s): {tot * 1e3:.1f} ms thread "
+                  f"CPU; token, top-4 probs {rep['token']}")  # fmt: skip
             mm = sum(v for k, v in rep["secs"].items() if k.startswith("mm "))
             rows = [(k, v) for k, v in rep["secs"].items() if not k.startswith("mm ")]
             for label, secs in sorted([*rows, ("projections (all mm)", mm)], key=lambda r: -r[1]):
