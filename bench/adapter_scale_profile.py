@@ -11,6 +11,12 @@ token (prefill included, as the bench's throughput has it) for every repetition,
 Zipf cases over the rank-8 one: time.thread_time sees the one engine thread's work alone,
 so a loaded machine disturbs it little (wall clock is for `bench.adapter_scale` under the
 lock).
+
+`--loads N`: instead, the thread-CPU of a first read of N pool adapters (`--reps` times
+over the same files, each read a first one: no header handed over, no content id
+remembered), the whole `lora.adapter.load_adapter` and its phases (header parse, the pairs
+as views of the file with their header checks, the copy and value checks, the content
+hash), medians for rank 8 and rank 16 apart. The files are read once before (page cache).
 """
 
 from __future__ import annotations
@@ -35,7 +41,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seeds", type=int, default=2, help="Zipf cases (seeds 0..)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--loads", type=int, default=0, help="profile N first reads instead")
     args = ap.parse_args(argv)
+    if args.loads:
+        from bench.adapter_scale_loads import profile_loads
+
+        profile_loads(MODEL, args.loads, args.reps, args.threads)
+        return
     from loraserve.engine.engine import Engine
     from loraserve.engine.engine_config import EngineConfig
     from loraserve.engine.sampling.params import SamplingParams

@@ -12,7 +12,6 @@ has no embedding hook.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -20,6 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+try:  # BLAKE3: ~5x sha256's speed here (0.6 vs 2.9 ms of CPU for a 6 MB adapter)
+    from blake3 import blake3 as _hasher
+except ImportError:  # an install without it: sha256 (other ids, the same guarantees)
+    from hashlib import sha256 as _hasher
 
 from loraserve.lora.adapter_checks import EMBED, AdapterError, Held, all_finite, hold
 from loraserve.lora.content_ids import ContentIds, Seen
@@ -39,7 +43,7 @@ class Adapter:
 
     name: str
     path: Path
-    content_id: str  # sha256 hex of the targets' names, shapes, factors and weights
+    content_id: str  # BLAKE3 hex of the targets' names, shapes, factors and weights
     weights: dict[str, LoraWeight]  # GGUF base tensor name -> pair
     id: int = -1
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -214,21 +218,29 @@ def _lookup(conf: dict[str, Any], field_name: str, key: str, default: Any) -> An
 
 
 def _content_id(held: Held, arena: torch.Tensor | None) -> str:
-    """sha256 of each target's name, shapes, factor and weights as stored: per target in
-    name order its line, then a pair held as float32 its values; then the ``arena`` of the
-    pairs held as float16 (tagged: half the bytes, one value each), their halves in one
-    update (A, B's tiles and tail per target, in name order: `adapter_checks.hold`; one
-    pass over the bytes just copied, where an update a tensor cost ~1.9 ms more of a ~5 ms
-    hash). The same values stored both ways get two ids: KV not shared, never wrongly hit.
-    The lines give every pair's shapes, so the bytes after them are read one way only."""
-    h = hashlib.sha256()
+    """BLAKE3 (`_hasher`) of each target's name, shapes, factor and weights as stored: per
+    target in name order its line, then a pair held as float32 its values; then the
+    ``arena`` of the pairs held as float16 (tagged: half the bytes, one value each), their
+    halves in one update (A, B's tiles and tail per target, in name order:
+    `adapter_checks.hold`; one pass over the bytes just copied, where an update a tensor
+    cost ~1.9 ms more of a ~5 ms sha256). The lines between two tensors' bytes go in one
+    update (the same stream). The same values stored both ways get two ids: KV not shared,
+    never wrongly hit. The lines give every pair's shapes, so the bytes after them are
+    read one way only."""
+    h = _hasher()
+    lines: list[str] = []
     for t in sorted(held):
         w, pair = held[t]
         tag = "|f16" if w.a16 is not None else ""
-        h.update(f"{t}|{w.a_shape}|{w.b_shape}|{w.factor!r}{tag}\n".encode())
-        for x in pair:  # the buffer itself (all are contiguous); none in the arena
-            h.update(x.numpy().data)
+        lines.append(f"{t}|{w.a_shape}|{w.b_shape}|{w.factor!r}{tag}\n")
+        if pair:  # the buffers themselves (all are contiguous); none in the arena
+            h.update("".join(lines).encode())
+            lines.clear()
+            for x in pair:
+                h.update(x.numpy().data.cast("B"))
     if arena is not None:
-        h.update(b"halves\n")
-        h.update(arena.numpy().data)
+        lines.append("halves\n")
+    h.update("".join(lines).encode())
+    if arena is not None:
+        h.update(arena.numpy().data.cast("B"))
     return h.hexdigest()

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from loraserve.kernels import lora16
+from loraserve.lora.adapter_gguf import AdapterGGUF
 from loraserve.model.config import ModelConfig
 from loraserve.model.gguf import GGUFFile, GGUFTensorInfo
 from loraserve.model.loader import unpermute_qk
@@ -36,7 +37,7 @@ def open_gguf(path: Path) -> GGUFFile:
     from loraserve.lora.adapter import AdapterError
 
     try:
-        return GGUFFile(path)
+        return AdapterGGUF(path)
     except (ValueError, OSError) as e:
         raise AdapterError(f"cannot read GGUF LoRA {path}: {e}") from None
 

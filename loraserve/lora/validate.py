@@ -277,10 +277,10 @@ def check_header(path: Path, base_shapes: Mapping[str, Shape] | None) -> None:
                 check_pair(path, module, ab["lora_A"], ab["lora_B"], None)
         del conf
         return
-    from loraserve.model.gguf import GGUFFile
+    from loraserve.lora.adapter_gguf import AdapterGGUF
 
     try:
-        with GGUFFile(path) as gg:
+        with AdapterGGUF(path) as gg:
             shapes = {n: i.shape for n, i in gg.tensors.items()}
             alpha = gg.metadata.get("adapter.lora.alpha", 0.0)
     except (ValueError, OSError) as e:

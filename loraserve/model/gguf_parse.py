@@ -6,6 +6,7 @@ what it was reading, before any tensor data is touched.
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from typing import Any
@@ -121,3 +122,42 @@ class _Parser:
             raise self._truncated(8) from None
         self.pos = pos
         return out
+
+
+_DIMS = {n: struct.Struct(f"<{n}Q") for n in range(1, GGML_MAX_DIMS + 1)}
+_TYPE_OFFSET = struct.Struct("<IQ")
+
+TableRecord = tuple[str, tuple[int, ...], int, int]  # name, torch-order shape, type, offset
+
+
+def plain_tensor_table(
+    buf: mmap.mmap, pos: int, size: int, n: int
+) -> tuple[list[TableRecord], int] | None:
+    """A fast path for small files read often (adapters): the ``n`` tensor records from
+    ``pos`` as `GGUFFile` reads them (name, shape in torch order, ggml type, offset relative
+    to the data section) and where they end, in one loop of unpacks; None as soon as a record
+    breaks any of the checked reader's rules (name of 1 to 63 bytes, 1 to 4 dims, each
+    positive, at most 2^48 elements, inside the file), so the caller reads it the checked
+    way, which names the problem. Records it returns are those the checked reader returns."""
+    u64, u32, typed = _U64.unpack_from, _U32.unpack_from, _TYPE_OFFSET.unpack_from
+    out: list[TableRecord] = []
+    try:
+        for _ in range(n):
+            (length,) = u64(buf, pos)
+            end = pos + 8 + length
+            if not 0 < length < GGML_MAX_NAME or end + 4 > size:
+                return None  # the name's byte length is what ggml bounds (undecoded here)
+            name = buf[pos + 8 : end].decode("utf-8", "surrogateescape")
+            (n_dims,) = u32(buf, end)
+            if not 1 <= n_dims <= GGML_MAX_DIMS:
+                return None
+            ne = _DIMS[n_dims].unpack_from(buf, end + 4)
+            pos = end + 4 + 8 * n_dims
+            ggml_type, rel = typed(buf, pos)
+            pos += 12
+            if min(ne) < 1 or math.prod(ne) > MAX_ELEMENTS:
+                return None
+            out.append((name, ne[::-1], ggml_type, rel))
+    except struct.error:  # past the end of the file
+        return None
+    return out, pos

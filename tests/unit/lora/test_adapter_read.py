@@ -2,17 +2,17 @@
 they are held (a file rewritten in place after the load changes nothing held), a
 non-finite value is refused naming its target whatever the storage type (the check runs
 once over a run of tensors, then tensor by tensor to name it), and the content id is the
-sha256 of the values as stored (the halves of A and of B [out, r]), whatever the path
+BLAKE3 hash of the values as stored (the halves of A and of B [out, r]), whatever the path
 that computed it."""
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 
 import numpy as np
 import pytest
 import torch
+from blake3 import blake3
 from gguf import GGMLQuantizationType as Q
 from safetensors.torch import load_file, save_file
 
@@ -116,7 +116,7 @@ def _reference_id(a) -> str:
     """The content id as defined, from the held tensors: per target in name order, its
     header line, then A and B [out, r] as float32 for a pair held so; then the halves held
     (A, B's tiles, B's tail) of every float16 pair, in name order."""
-    h = hashlib.sha256()
+    h = blake3()
     halves = []
     for t in sorted(a.weights):
         w = a.weights[t]
