@@ -1,15 +1,18 @@
 """What share of a prompt's prefill the recurrent scan is today (issue 28, chunked scans).
 
 `python -m bench.chunked_profile [qwen35|granitehybrid|all] [--tokens 512] [--threads 1]
-[--reps 2]` loads the `bench.hybrid_synth` model in-process (8 layers of qwen35's shapes, 10 of
-granitehybrid's), runs one request of a `--tokens` prompt and one generated token (cache off)
-after a warm-up, and prints the calling thread's CPU time of the whole request and, inside
-it, the scan kernels (`gdn_recur`, `scan2`), the recurrent mixers (projections, conv, gates,
-norm included), the quantized projections and the layers: compare at `--threads 1` (the
-kernels' other threads are not counted). The scan's share scales to the real models as the
-recurrent layers' share of the layers does (qwen35: 24 of 32 as here 6 of 8; Granite 4.0 H
-1B: 36 of 40 as here 9 of 10), the output projection aside. First it prints the prompt
-tokens `bench.hybrid_speed`'s multi-turn chat recomputes with the cache on (`chat_recompute`:
+[--reps 2] [--probe]` loads the `bench.hybrid_synth` model in-process (8 layers of qwen35's
+shapes, 10 of granitehybrid's), runs one request of a `--tokens` prompt and one generated
+token (cache off) after a warm-up (with `--probe`: the row-block scans of
+`bench.chunked_probe_install`), and prints the calling thread's CPU time of the whole
+request and, inside it, the scan kernels (`gdn_recur`, `scan2`), the recurrent mixers
+(projections, conv, gates, norm included), the quantized projections and the layers:
+compare at `--threads 1` (the kernels' other threads are not counted). The request's wall
+time is printed too (from 00:10 under `flock /tmp/loraserve-bench.lock`, e.g. at
+`--threads 2`). The scan's share scales to the real models as the recurrent layers' share
+of the layers does (qwen35: 24 of 32 as here 6 of 8; Granite 4.0 H 1B: 36 of 40 as here 9
+of 10), the output projection aside. First it prints the prompt tokens
+`bench.hybrid_speed`'s multi-turn chat recomputes with the cache on (`chat_recompute`:
 today's 477, as measured in b5742b8, and with prefill-made states only).
 """
 
@@ -51,14 +54,15 @@ def prefill_profile(
     for r in range(reps + 1):
         meter.secs.clear()
         meter.calls.clear()
-        t0 = time.thread_time()
+        t0, w0 = time.thread_time(), time.perf_counter()
         sub = eng.submit(prompts=[prompt], sampling=SamplingParams(temperature=0.0, n_probs=4),
                          max_tokens=1, cache_prompt=False)  # fmt: skip
         eng.run_until_idle()
-        total = time.thread_time() - t0
+        total, wall = time.thread_time() - t0, time.perf_counter() - w0
         events = [q.events.get_nowait() for q in sub.requests]
         if r:  # the first is the warm-up
-            out.append({"total": total, "secs": dict(meter.secs), "calls": dict(meter.calls),
+            out.append({"total": total, "wall": wall, "secs": dict(meter.secs),
+                        "calls": dict(meter.calls),
                         "token": (events[0].token, events[0].probs)})  # fmt: skip
     if undo is not None:
         undo()
@@ -131,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
             tot = rep["total"]
             print(f"{arch}{' (probe scans)' * args.probe}: {args.tokens}-token prefill, "
                   f"repetition {i + 1}, {args.threads} thread(s): {tot * 1e3:.1f} ms thread "
-                  f"CPU; token, top-4 probs {rep['token']}")  # fmt: skip
+                  f"CPU, {rep['wall'] * 1e3:.1f} ms wall; token, top-4 probs "
+                  f"{rep['token']}")  # fmt: skip
             mm = sum(v for k, v in rep["secs"].items() if k.startswith("mm "))
             rows = [(k, v) for k, v in rep["secs"].items() if not k.startswith("mm ")]
             for label, secs in sorted([*rows, ("projections (all mm)", mm)], key=lambda r: -r[1]):

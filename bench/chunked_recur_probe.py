@@ -33,7 +33,9 @@ from bench.chunked_scan import gdn_c, gdn_inputs, ssd_c, ssd_inputs, timed
 SRC = r"""
 #include <stdint.h>
 #include <string.h>
+#ifndef R
 #define R 64
+#endif
 // q, k, v, o [T, H, S]; g, beta [T, H]; m_in, m_out [H, S, S] (M [S_v, S_k] per head)
 int probe_gdn(int64_t T, int64_t H, int64_t S, const float *m_in, float *m_out,
               const float *q, const float *k, const float *v, const float *g,
@@ -73,17 +75,20 @@ int probe_gdn(int64_t T, int64_t H, int64_t S, const float *m_in, float *m_out,
     return 0;
 }
 
-// Mamba-2, one group: xbc [T, ldx] (x [H, P], B [N], C [N]), dt, da [T, H], s_in, s_out
+// Mamba-2: xbc [T, ldx] (x [H, P], B [G, N], C [G, N]), dt, da [T, H], s_in, s_out
 // [H, P, N], y [T, H, P]. Rows p of a head's state are independent: blocks of RP rows (lanes)
 // run through every token; y's sum over n follows ssm_scan.c's torch_sum for vl = 8 and
 // N / 8 < 64 (small_sum_8): element n goes to accumulator (k, n % 8), k = (n / 8) % 4 while
 // n / 8 < 4 (N / 32), else k = 0, each summed in ascending n from 0; then the four folded
 // in order, the 8 lanes summed in order from 0, plus 0.
+#ifndef RP
 #define RP 32
-int probe_ssd(int64_t T, int64_t H, int64_t P, int64_t N, const float *xbc, int64_t ldx,
+#endif
+int probe_ssd(int64_t T, int64_t H, int64_t P, int64_t N, int64_t G, const float *xbc,
+              int64_t ldx,
               const float *dt, const float *da, const float *s_in, float *s_out, float *y,
               int nthreads) {
-    if (P % RP || N % 8 || N / 8 >= 64) return -3;
+    if (P % RP || N % 8 || N / 8 >= 64 || G < 1 || H % G) return -3;
     const int64_t nb = P / RP, ilp4 = (N / 8) / 4 * 4;
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
     for (int64_t task = 0; task < H * nb; task++) {
@@ -93,8 +98,8 @@ int probe_ssd(int64_t T, int64_t H, int64_t P, int64_t N, const float *xbc, int6
             for (int64_t n = 0; n < N; n++) blk[n * RP + l] = s_in[(h * P + p0 + l) * N + n];
         for (int64_t t = 0; t < T; t++) {
             const float d = dt[t * H + h], a = da[t * H + h];
-            const float *x = xbc + t * ldx + h * P + p0, *b = xbc + t * ldx + H * P;
-            const float *c = b + N;
+            const float *x = xbc + t * ldx + h * P + p0;
+            const float *b = xbc + t * ldx + H * P + (h / (H / G)) * N, *c = b + G * N;
             float xd[RP], acc[4][8][RP];
             memset(acc, 0, sizeof(acc));
             for (int l = 0; l < RP; l++) xd[l] = x[l] * d;
@@ -126,32 +131,33 @@ int probe_ssd(int64_t T, int64_t H, int64_t P, int64_t N, const float *xbc, int6
 """
 
 
-def build() -> ctypes.CDLL:
-    """Compile the probe with the project's flags in a temporary directory and load it."""
+def build(r: int = 64, rp: int = 32) -> ctypes.CDLL:
+    """Compile the probe with the project's flags in a temporary directory and load it: r
+    delta-net rows, rp Mamba-2 rows a block (the shapes then need S % r == P % rp == 0)."""
     from loraserve.cbuild_env import cflags
 
     tmp = Path(tempfile.mkdtemp(prefix="loraserve-probe-"))
     (tmp / "probe.c").write_text(SRC)
-    subprocess.run(["gcc", *cflags(), str(tmp / "probe.c"), "-o", str(tmp / "probe.so")],
-                   check=True)  # fmt: skip
+    subprocess.run(["gcc", *cflags(), f"-DR={r}", f"-DRP={rp}", str(tmp / "probe.c"), "-o",
+                    str(tmp / "probe.so")], check=True)  # fmt: skip
     lib = ctypes.CDLL(str(tmp / "probe.so"))
     shutil.rmtree(tmp)  # loaded: the mapping outlives the file
     lib.probe_gdn.argtypes = ([ctypes.c_int64] * 3 + [ctypes.c_void_p] * 7
                               + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int])  # fmt: skip
     lib.probe_gdn.restype = ctypes.c_int
-    lib.probe_ssd.argtypes = ([ctypes.c_int64] * 4 + [ctypes.c_void_p, ctypes.c_int64]
+    lib.probe_ssd.argtypes = ([ctypes.c_int64] * 5 + [ctypes.c_void_p, ctypes.c_int64]
                               + [ctypes.c_void_p] * 5 + [ctypes.c_int])  # fmt: skip
     lib.probe_ssd.restype = ctypes.c_int
     return lib
 
 
 def probe_ssd(lib: ctypes.CDLL, d: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Mamba-2 probe on `chunked_scan.ssd_inputs` (one group) -> (y [T, H, P], final s)."""
-    h, p, n, _ = d["dims"]
+    """The Mamba-2 probe on `chunked_scan.ssd_inputs` -> (y [T, H, P], final s)."""
+    h, p, n, g = d["dims"]
     xbc = d["xbc"]
     t = xbc.shape[0]
     y, s = torch.empty(t, h, p), torch.empty(h, p, n)
-    rc = lib.probe_ssd(t, h, p, n, xbc.data_ptr(), xbc.stride(0), d["dt"].data_ptr(),
+    rc = lib.probe_ssd(t, h, p, n, g, xbc.data_ptr(), xbc.stride(0), d["dt"].data_ptr(),
                        d["da"].data_ptr(), d["s0"].data_ptr(), s.data_ptr(), y.data_ptr(),
                        torch.get_num_threads())  # fmt: skip
     if rc:

@@ -89,6 +89,7 @@ def test_row_block_probe_keeps_the_c_kernels_bits() -> None:
     d = gdn_inputs(40, seed=7, hv=3, s=64)
     for x, y in zip(gdn_c(d), probe(lib, d), strict=True):
         assert torch.equal(x.reshape(-1).view(torch.int32), y.reshape(-1).view(torch.int32))
-    ds = ssd_inputs(40, seed=7, h=3, p=32, n=64, g=1)
-    for x, y in zip(ssd_c(ds), probe_ssd(lib, ds), strict=True):
-        assert torch.equal(x.reshape(-1).view(torch.int32), y.reshape(-1).view(torch.int32))
+    for g in (1, 2):
+        ds = ssd_inputs(40, seed=7, h=4, p=32, n=64, g=g)
+        for x, y in zip(ssd_c(ds), probe_ssd(lib, ds), strict=True):
+            assert torch.equal(x.reshape(-1).view(torch.int32), y.reshape(-1).view(torch.int32))
