@@ -37,6 +37,8 @@ from loraserve.lora.registry import AdapterRegistry, Mix
 from loraserve.lora.tiers import victims
 
 MAX_READS = 2  # adapter files read at once
+# a reader's nice over the engine thread's (`LORASERVE_READER_NICE`; 0: the engine's own)
+READER_NICE = int(os.environ.get("LORASERVE_READER_NICE", "0"))
 
 
 @dataclass
@@ -150,12 +152,14 @@ class AdapterLoads:
     def _like_engine(self) -> None:
         """A reader thread runs at the engine thread's scheduling priority (`server/offload.
         lower_priority` lowers the engine's; a reader spawned by a submitting thread would
-        otherwise keep that thread's, above the engine's and the event loop's share)."""
+        otherwise keep that thread's, above the engine's and the event loop's share), plus
+        `READER_NICE`: above 0 a read yields the cores to decoding, below 0 it takes them
+        first (a shorter wait for its requests, the same CPU taken from the engine)."""
         if self.engine_tid is None or not hasattr(os, "setpriority"):
             return
         try:
-            nice = os.getpriority(os.PRIO_PROCESS, self.engine_tid)
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            nice = os.getpriority(os.PRIO_PROCESS, self.engine_tid) + READER_NICE
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, max(-20, nice)))
         except OSError:  # gone, or not allowed (a sandbox): the reader keeps its own
             pass
 

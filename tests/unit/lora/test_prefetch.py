@@ -149,3 +149,28 @@ def test_an_adapter_a_submission_names_is_kept_until_received(tiny, lib) -> None
     assert [x.name for x in reg.resident] == ["c"] and reg.stats.loads == 3
     assert again == first == greedy(peft["a"], P)
     assert b == greedy(peft["b"], P) and c == greedy(peft["c"], P)
+
+
+def test_readers_take_the_engines_nice_plus_the_offset(monkeypatch) -> None:
+    from loraserve.engine import adapter_loads as al
+
+    loads = al.AdapterLoads.__new__(al.AdapterLoads)
+    loads.engine_tid = threading.get_native_id()  # this thread stands in for the engine
+    base = os.getpriority(os.PRIO_PROCESS, loads.engine_tid)
+
+    def reader_nice(offset: int) -> int:
+        monkeypatch.setattr(al, "READER_NICE", offset)
+        seen: list[int] = []
+
+        def reader() -> None:  # a pool's initializer, as the read pool runs it
+            loads._like_engine()
+            seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+        t = threading.Thread(target=reader)
+        t.start()
+        t.join()
+        return seen[0]
+
+    assert reader_nice(0) == base
+    assert reader_nice(3) == min(19, base + 3)
+    assert reader_nice(40) == 19  # clamped to the lowest priority there is
