@@ -91,7 +91,15 @@ def gdn_pass(m0: torch.Tensor, q: torch.Tensor, k: torch.Tensor, intra: tuple,
     return o, torch.baddbmm(elast * m0, (u * tail).transpose(1, 2), k)
 
 
-def gdn_chunk(m0, q, k, v, logg, beta, scale: float):  # noqa: ANN001, ANN201
+def gdn_chunk(
+    m0: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    logg: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk of the gated delta rule for B (sequence, head) pairs: m0 [B, S_v, S_k],
     the rest as `gdn_intra`. -> (o [B, C, S_v], M after the chunk's last row)."""
     return gdn_pass(m0, q, k, gdn_intra(q, k, v, logg, beta), scale)
@@ -119,7 +127,9 @@ def ssd_pass(s0: torch.Tensor, intra: tuple) -> tuple[torch.Tensor, torch.Tensor
     return y, elast * s0 + torch.bmm(xdt_tail.transpose(1, 2), b)
 
 
-def ssd_chunk(s0, xdt, b, cm, loga):  # noqa: ANN001, ANN201
+def ssd_chunk(
+    s0: torch.Tensor, xdt: torch.Tensor, b: torch.Tensor, cm: torch.Tensor, loga: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk of the Mamba-2 scan for B (sequence, head) pairs: s0 [B, P, N], the rest as
     `ssd_intra`. -> (y [B, C, P], s after the chunk's last row [B, P, N])."""
     return ssd_pass(s0, ssd_intra(xdt, b, cm, loga))
@@ -134,7 +144,16 @@ def _chunks(x: torch.Tensor, c: int) -> torch.Tensor:
     return out.view(h, nc, c, *x.shape[2:])
 
 
-def gdn_chunked(q, k, v, g, beta, scale: float, m0, c: int = 64):  # noqa: ANN001, ANN201
+def gdn_chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float,
+    m0: torch.Tensor,
+    c: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A whole prompt in chunks of c (the state-free parts of all chunks in one batch, then
     the chunks in order): q, k, v [T, H, S], g, beta [T, H], m0 [H, S, S] (ours: M [S_v, S_k]
     per head). -> (o [T, H, S], M after row T-1 [H, S, S])."""
@@ -150,7 +169,15 @@ def gdn_chunked(q, k, v, g, beta, scale: float, m0, c: int = 64):  # noqa: ANN00
     return o.view(h, nc * c, -1)[:, :t].transpose(0, 1), m
 
 
-def ssd_chunked(x, dt, loga, bm, cm, s0, c: int = 64):  # noqa: ANN001, ANN201
+def ssd_chunked(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    loga: torch.Tensor,
+    bm: torch.Tensor,
+    cm: torch.Tensor,
+    s0: torch.Tensor,
+    c: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A whole prompt in chunks of c (the state-free parts of all chunks at once, then the
     chunks in order): x [T, H, P], dt, loga [T, H] (dt A), bm, cm [T, G, N], s0 [H, P, N]
     -> (y [T, H, P], s after row T-1 [H, P, N]). Head h reads group h // (H / G); with one
@@ -172,7 +199,15 @@ def ssd_chunked(x, dt, loga, bm, cm, s0, c: int = 64):  # noqa: ANN001, ANN201
     return y.view(h, nc * c, p)[:, :t].transpose(0, 1), s
 
 
-def ssd_chunked_g1(x, dt, loga, bm, cm, s0, c: int = 64):  # noqa: ANN001, ANN201
+def ssd_chunked_g1(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    loga: torch.Tensor,
+    bm: torch.Tensor,
+    cm: torch.Tensor,
+    s0: torch.Tensor,
+    c: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`ssd_chunked` for one group: bm, cm [T, N] shared by every head."""
     t, h, p = x.shape
     n = bm.shape[-1]

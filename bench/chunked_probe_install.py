@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from bench.chunked_recur_probe import build
 
@@ -62,7 +63,11 @@ def install() -> Callable[[], None]:
 
     gdn0, scan0 = deltanet.gdn_recur, ssm_scan.scan2
 
-    def gdn_recur(spans, m_in, m_out, q, k, v, g, beta, scale, o, snaps) -> None:  # noqa: ANN001
+    def gdn_recur(
+        spans: list[tuple[int, int]], m_in: list[Tensor], m_out: list[Tensor], q: Tensor,
+        k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float, o: Tensor,
+        snaps: list[list[tuple[int, Tensor]]],
+    ) -> None:  # fmt: skip
         t, h, s = q.shape
         states = [*m_in, *m_out, *(d for z in snaps for _, d in z)]
         fits = (
@@ -95,7 +100,11 @@ def install() -> Callable[[], None]:
                 mo.copy_(cur)
         return None
 
-    def scan2(xbc, dt, da, dims, spans, states, wanted, finals=None) -> Any:  # noqa: ANN001
+    def scan2(
+        xbc: Tensor, dt: Tensor, da: Tensor, dims: tuple[int, int, int, int],
+        spans: list[tuple[int, int]], states: list[Tensor], wanted: list[list[int]],
+        finals: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
         h, p, n, g = dims
         t = xbc.shape[0]
         fits = (
