@@ -1,5 +1,6 @@
-"""Chunked (parallel-within-a-chunk) forms of the gated delta rule and the Mamba-2 selective
-scan in torch float32: the prototype `bench.chunked_scan` measures against our token-by-token
+"""Chunked forms of the gated delta rule and the Mamba-2 scan in torch float32 (a prototype).
+
+Parallel within a chunk; `bench.chunked_scan` measures them against our token-by-token
 C kernels (`kernels/deltanet.c`, `kernels/ssm_scan.c`). Written from the public maths (the
 WY/UT transform of the delta rule, "Gated Delta Networks", Yang et al. 2024; Mamba-2's SSD,
 Dao and Gu 2024); not used by the engine.

@@ -1,5 +1,6 @@
-"""A pytest plugin that runs a test session with the row-block probe scans in place of the
-engine's (`bench.chunked_probe_install`): `python -m pytest -p bench.chunked_probe_pytest
+"""A pytest plugin: a test session with the row-block probe scans in place of the engine's.
+
+`bench.chunked_probe_install` swaps them in; `python -m pytest -p bench.chunked_probe_pytest
 tests/unit/model/test_hybrid_snapshots.py ...` runs the project's own bit-identity tests
 (alone, batched, chunked, cache on and off, snapshots, drafts) on them, and reports at the
 end how many scan calls the probe took and how many went to the original kernels."""

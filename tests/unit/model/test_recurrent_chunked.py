@@ -1,9 +1,11 @@
-"""The chunked-scan prototype (`bench.chunked_forms`, `bench.chunked_prefix`): the chunked
-gated delta rule and Mamba-2 SSD equal the token-by-token recurrences (float64 loops written
-here) to float32 rounding, and with chunks aligned to absolute positions plus the pending
-rows carried between steps, a sequence's outputs and states are the same bits in any pieces,
-one row at a time, batched with another sequence and at another thread count; chunks started
-at a cut instead differ (what the alignment is for)."""
+"""The chunked-scan prototype (`bench/chunked_*.py`): values, prefix consistency, bits.
+
+The chunked gated delta rule and Mamba-2 SSD equal the token-by-token recurrences (float64
+loops written here) to float32 rounding; with chunks aligned to absolute positions plus the
+pending rows carried between steps, a sequence's outputs and states are the same bits in any
+pieces, one row at a time, batched with another sequence and at another thread count;
+chunks started at a cut instead differ (what the alignment is for); the row-block probe
+(`bench.chunked_recur_probe`) gives the C kernels' bits."""
 
 from __future__ import annotations
 
