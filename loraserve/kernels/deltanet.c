@@ -34,6 +34,34 @@ static void transpose(const float *a, float *b, int64_t s) {  // b[j][i] = a[i][
 }
 
 
+// One token of one head on the transposed state mt (MT[j][i] = M[i][j]), in place: the
+// generic form (any S); acc, d [S] scratch.
+static void token_t(float *mt, const float *kr, const float *qr, const float *vr, float gr,
+                    float br, float scale, float *orow, float *acc, float *d, int64_t S) {
+    for (int64_t i = 0; i < S; i++) acc[i] = 0.0f;
+    for (int64_t j = 0; j < S; j++) {  // M <- M g; acc = M k
+        float *c = mt + j * S;
+        const float kj = kr[j];
+        for (int64_t i = 0; i < S; i++) {
+            c[i] = c[i] * gr;
+            acc[i] = acc[i] + c[i] * kj;
+        }
+    }
+    for (int64_t i = 0; i < S; i++) {
+        d[i] = (vr[i] - acc[i]) * br;
+        acc[i] = 0.0f;
+    }
+    for (int64_t j = 0; j < S; j++) {  // M <- M + d k^T; acc = M q
+        float *c = mt + j * S;
+        const float kj = kr[j], qj = qr[j];
+        for (int64_t i = 0; i < S; i++) {
+            c[i] = c[i] + d[i] * kj;
+            acc[i] = acc[i] + c[i] * qj;
+        }
+    }
+    for (int64_t i = 0; i < S; i++) orow[i] = acc[i] * scale;
+}
+
 #if defined(__AVX2__)
 // r[0..7] (rows) -> their transpose in place: r[j] lane i = old r[i] lane j
 static inline void tr8(__m256 *r) {
@@ -143,32 +171,9 @@ int ls_gdn_recur(int64_t n_seq, const int64_t *lo, const int64_t *n, const float
             int64_t e = snap_off[z];
             for (int64_t r = 0; r < n[z]; r++) {
                 const int64_t row = lo[z] + r;
-                const float *kr = k + (row * H + h) * S, *qr = q + (row * H + h) * S;
-                const float *vr = v + row * v_ld + h * S;
-                const float gr = g[row * H + h], br = beta[row * H + h];
-                for (int64_t i = 0; i < S; i++) acc[i] = 0.0f;
-                for (int64_t j = 0; j < S; j++) {  // M <- M g; acc = M k
-                    float *c = mt + j * S;
-                    const float kj = kr[j];
-                    for (int64_t i = 0; i < S; i++) {
-                        c[i] = c[i] * gr;
-                        acc[i] = acc[i] + c[i] * kj;
-                    }
-                }
-                for (int64_t i = 0; i < S; i++) {
-                    d[i] = (vr[i] - acc[i]) * br;
-                    acc[i] = 0.0f;
-                }
-                for (int64_t j = 0; j < S; j++) {  // M <- M + d k^T; acc = M q
-                    float *c = mt + j * S;
-                    const float kj = kr[j], qj = qr[j];
-                    for (int64_t i = 0; i < S; i++) {
-                        c[i] = c[i] + d[i] * kj;
-                        acc[i] = acc[i] + c[i] * qj;
-                    }
-                }
-                float *orow = o + (row * H + h) * S;
-                for (int64_t i = 0; i < S; i++) orow[i] = acc[i] * scale;
+                token_t(mt, k + (row * H + h) * S, q + (row * H + h) * S,
+                        v + row * v_ld + h * S, g[row * H + h], beta[row * H + h], scale,
+                        o + (row * H + h) * S, acc, d, S);
                 for (; e < snap_off[z + 1] && snap_row[e] == r; e++)
                     transpose(mt, snap_dst[e] + h * ss, S);
             }
@@ -211,3 +216,5 @@ int ls_conv_step(const float *st, const float *x, const float *taps, const float
     }
     return 0;
 }
+
+#include "deltanet_step.h"

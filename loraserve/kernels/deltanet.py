@@ -1,6 +1,8 @@
 """The gated delta rule's per-token recurrence in C (`deltanet.c`), for
 `model.recurrent.deltanet`: one call runs every sequence of a step, each (sequence, value
-head) in parallel, with the torch reference's float operations in its order."""
+head) in parallel, with the torch reference's float operations in its order; the gates of
+every path (`gdn_gates`) and a decode step's whole mixer between its projections
+(`gdn_step`, `deltanet_step.h`)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ _SIGNATURES = {
         ctypes.c_int,
     ),
     "ls_conv_step": ([_P, _P, _P, _P, _I, _I, _P, _P, _P, _P], ctypes.c_int),
+    "ls_gdn_gates": ([_P, _I, _I, _I, _P, _P, _P, _P, _P], ctypes.c_int),
+    "ls_gdn_step": ([_P, _I, _I, _P, _P, _P, _P, ctypes.c_int], ctypes.c_int),
 }
 _lib: ctypes.CDLL | None = None
 _loaded = False
@@ -121,3 +125,60 @@ def conv_step(
     if rc != 0:
         raise ValueError(f"conv_step: sizes that do not fit the C kernel ({rc})")
     return act
+
+
+def gdn_gates(
+    ba: torch.Tensor, cols: torch.Tensor, dt_b: torch.Tensor, a: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """g = exp(softplus(alpha + dt_b) a) and beta = sigmoid(beta logit), [T, H] each, of the
+    rows ba [T, W] (unit stride; value head h's beta logit at column cols[h], its alpha at
+    cols[H + h], cols int64 [2 H]), each value alone in libm (`deltanet_step.h`): the bits of
+    every delta-net path, in any layout."""
+    lib = _c()
+    if lib is None:
+        raise RuntimeError("the delta-net C kernel is not built here")
+    t, w = ba.shape
+    h = dt_b.numel()
+    if ba.dtype != torch.float32 or (t > 1 and ba.stride(1) != 1) or cols.numel() != 2 * h \
+            or cols.dtype != torch.int64 or a.numel() != h:  # fmt: skip
+        raise ValueError(f"gdn_gates: rows {tuple(ba.shape)}, {cols.numel()} columns, {h} heads")
+    cols, dt_b, a = cols.contiguous(), dt_b.contiguous(), a.contiguous()
+    g, beta = torch.empty(t, h), torch.empty(t, h)
+    rc = lib.ls_gdn_gates(ba.data_ptr(), ba.stride(0) if t > 1 else w, t, h, cols.data_ptr(),
+                          dt_b.data_ptr(), a.data_ptr(), g.data_ptr(), beta.data_ptr())  # fmt: skip
+    if rc != 0:
+        raise ValueError(f"gdn_gates: columns {cols.tolist()} outside rows of {w}")
+    return g, beta
+
+
+def gdn_step(
+    mixed: torch.Tensor,
+    st_in: Sequence[torch.Tensor],
+    st_out: Sequence[torch.Tensor],
+    spec: ctypes.Structure,
+    state_size: int,
+) -> torch.Tensor:
+    """A decode step of a delta-net mixer between its projections: mixed [T, W] float32 (unit
+    stride: q|k|v, z, beta|alpha), row q the one new row of its sequence, whose state record
+    st_in[q] is read and st_out[q] written (``state_size`` contiguous float32 each); spec:
+    the mixer's `layers_spec.GdnSpec.c_struct`. Returns the out-projection's input
+    [T, Hv S]."""
+    lib = _c()
+    if lib is None:
+        raise RuntimeError("the delta-net C kernel is not built here")
+    t = mixed.shape[0]
+    if mixed.dtype != torch.float32 or mixed.stride(1) != 1 or len(st_in) != t \
+            or len(st_out) != t:  # fmt: skip
+        raise ValueError(f"gdn_step: rows {tuple(mixed.shape)} for {len(st_in)} states")
+    for x in (*st_in, *st_out):
+        if x.numel() != state_size or x.dtype != torch.float32 or not x.is_contiguous():
+            raise ValueError(f"gdn_step: every state must be {state_size} contiguous float32")
+    out = torch.empty(t, spec.Hv * spec.S)  # type: ignore[attr-defined]
+    rc = lib.ls_gdn_step(mixed.data_ptr(), mixed.stride(0) if t > 1 else mixed.shape[1], t,
+                         _ptrs(st_in), _ptrs(st_out), ctypes.addressof(spec), out.data_ptr(),
+                         torch.get_num_threads())  # fmt: skip
+    if rc == -2:
+        raise MemoryError("gdn_step: out of memory for its work buffers")
+    if rc != 0:
+        raise ValueError(f"gdn_step: sizes that do not fit the C kernel ({rc})")
+    return out

@@ -1,12 +1,13 @@
 // A decoder's layers in one call, LoRA deltas included: the Python loop over layers (about
 // 10 kernel calls and 40 tensor ops per layer, 5-7 ms of a 25 ms Gemma 270M decode step)
-// becomes one C call. Layers attend, or (granitehybrid) run a Mamba-2 mixer in place of
-// attention for decode steps (each row the one new row of its sequence).
+// becomes one C call. Layers attend (qwen35: with output gates and a partial rope), or run a
+// Mamba-2 (granitehybrid) or gated delta-net (qwen35) mixer in place of attention for decode
+// steps (each row the one new row of its sequence).
 //
 // Same bits as the Python path, by construction: this file is linked with the kernels'
 // sources into one library and calls the very functions the Python path calls, with the
 // same arguments, in the same order (RMSNorm, the quantized projections, norm+rope, the KV
-// write, attention, the Mamba-2 step sizes and step, the gated activation, the scaled
+// write, attention, the Mamba-2 and delta-net steps, the gated activation, the scaled
 // residual adds), so a sequence's numbers do not depend on whether its step had an adapter
 // elsewhere in the batch (tests compare both paths bitwise).
 
@@ -16,6 +17,7 @@
 
 #include "layers.h"
 #include "layers_proj.h"
+#include "layers_attn.h"
 
 // Whether the model's sizes fit each other: positive widths, heads that group, and every
 // layer's projections, norms, KV pools or Mamba-2 tensors and states of the widths the
@@ -23,7 +25,7 @@
 static int model_fits(const ls_model_t *m, const ls_step_t *st, int64_t T) {
     const int64_t Hd = m->hidden, nq = m->n_heads, nkv = m->n_kv, D = m->head_dim, F = m->ffn;
     if (T < 0 || m->n_layers < 0 || Hd < 1 || nq < 1 || nkv < 1 || nq % nkv || D < 2 || D % 2 ||
-        F < 1 || st->S < 0 || st->B < 0)
+        F < 1 || st->S < 0 || st->B < 0 || m->rope_dim < 2 || m->rope_dim > D || m->rope_dim % 2)
         return 0;
     for (int64_t i = 0; i < m->n_layers; i++) {
         const ls_layer_t *L = &m->layers[i];
@@ -35,9 +37,16 @@ static int model_fits(const ls_model_t *m, const ls_step_t *st, int64_t T) {
                 !proj_fits(&L->qkv, Hd, di + C + mb->H) || !proj_fits(&L->o, di, Hd) ||
                 L->qk_norm != NULL)
                 return 0;
-        } else if (!proj_fits(&L->qkv, Hd, (nq + 2 * nkv) * D) || !proj_fits(&L->o, nq * D, Hd) ||
-                   st->k_caches[i] == NULL || st->v_caches[i] == NULL ||
-                   (!L->rope && L->qk_norm != NULL)) {
+        } else if (L->gdn != NULL) {
+            const ls_gdn_t *g = L->gdn;
+            const int64_t vs = g->Hv * g->S;
+            if (g->Hk < 1 || g->Hv < 1 || g->Hv % g->Hk || g->S < 1 || g->L < 2 || !st->st_in ||
+                !st->st_out || !proj_fits(&L->qkv, Hd, 2 * g->Hk * g->S + 2 * vs + 2 * g->Hv) ||
+                !proj_fits(&L->o, vs, Hd) || L->qk_norm != NULL)
+                return 0;
+        } else if (!proj_fits(&L->qkv, Hd, (nq + 2 * nkv) * D + (m->out_gate ? nq * D : 0)) ||
+                   !proj_fits(&L->o, nq * D, Hd) || st->k_caches[i] == NULL ||
+                   st->v_caches[i] == NULL || (!L->rope && L->qk_norm != NULL)) {
             return 0;
         }
         if (!proj_fits(&L->gate_up, Hd, 2 * F) || !proj_fits(&L->down, F, Hd)) return 0;
@@ -72,37 +81,18 @@ static int mamba_mixer(const ls_model_t *m, const ls_layer_t *L, const ls_step_t
     return proj(&L->o, y, di, T, a, st->lora, 4 * i + 1, nthreads);
 }
 
-// The attention of layer i for h [T, hidden] -> a [T, hidden]: q|k|v, q and k normed and
-// rotated into qk (or, without rope and norm, read where projected), the new keys and values
-// written to the pools, attention, the output projection.
-static int attn_layer(const ls_model_t *m, const ls_layer_t *L, const ls_step_t *st,
-                      int64_t i, const float *h, float *qkv, float *qk, float *att, float *a,
-                      int64_t T, int nthreads) {
-    const int64_t Hd = m->hidden, nq = m->n_heads, nkv = m->n_kv, D = m->head_dim;
-    const int64_t nqkv = (nq + 2 * nkv) * D;
-    int rc = proj(&L->qkv, h, Hd, T, qkv, st->lora, 4 * i, nthreads);
+// The gated delta-net mixer of layer i for h [T, hidden] -> a [T, hidden]
+// (recurrent/deltanet.py's `_step`): the in-projection (q|k|v, z, beta|alpha), the step
+// (ls_gdn_step: conv, q/k norms, gates, recurrence, output norm and gate; each row's
+// sequence's state record st_in -> st_out), ssm_out.
+static int gdn_mixer(const ls_model_t *m, const ls_layer_t *L, const ls_step_t *st, int64_t i,
+                     const float *h, float *mixed, float *y, float *a, int64_t T, int nthreads) {
+    int rc = proj(&L->qkv, h, m->hidden, T, mixed, st->lora, 4 * i, nthreads);
     if (rc != 0) return rc;
-    const float *q = qkv;
-    int64_t ldq = nqkv;
-    if (L->rope) {
-        ls_norm_rope(qkv, T, nq + nkv, D, nqkv, L->qk_norm, L->qk_norm ? nq + nkv : 1, m->eps,
-                     L->sliding ? st->cos_l : st->cos_g, L->sliding ? st->sin_l : st->sin_g, qk,
+    rc = ls_gdn_step(mixed, L->qkv.n_out, T, st->st_in + i * T, st->st_out + i * T, L->gdn, y,
                      nthreads);
-        q = qk;
-        ldq = (nq + nkv) * D;
-    }
-    float *kc = st->k_caches[i], *vc = st->v_caches[i];
-    for (int64_t t = 0; t < T; t++) {  // the new keys (normed, rotated) and values
-        const int64_t s = st->slot_mapping[t];
-        if (s < 0 || s >= st->S) return -1;
-        memcpy(kc + s * nkv * D, q + t * ldq + nq * D, sizeof(float) * nkv * D);
-        memcpy(vc + s * nkv * D, qkv + t * nqkv + (nq + nkv) * D, sizeof(float) * nkv * D);
-    }
-    rc = ls_attention(q, ldq, kc, vc, st->S, st->slots, st->seq_off, st->B, st->row_seq,
-                      st->row_nkeys, L->sliding ? st->window : 0, m->attn_scale, att, T, nq, nkv,
-                      D, nthreads);
-    if (rc != 0) return rc;
-    return proj(&L->o, att, nq * D, T, a, st->lora, 4 * i + 1, nthreads);
+    if (rc != 0) return rc == -2 ? -2 : -3;
+    return proj(&L->o, y, L->gdn->Hv * L->gdn->S, T, a, st->lora, 4 * i + 1, nthreads);
 }
 
 // x [T, hidden] float32, in place: every layer of the model for the step's T token rows.
@@ -120,10 +110,12 @@ int ls_decoder_layers(const ls_model_t *m, const ls_step_t *st, float *x, int64_
         if (L->qkv.n_out > w_in) w_in = L->qkv.n_out;
         if (L->mamba != NULL && L->mamba->H * L->mamba->P > w_mid)
             w_mid = L->mamba->H * L->mamba->P;
+        if (L->gdn != NULL && L->gdn->Hv * L->gdn->S > w_mid) w_mid = L->gdn->Hv * L->gdn->S;
     }
     float *h = malloc(sizeof(float) * (size_t)(T * Hd));
     float *qkv = malloc(sizeof(float) * (size_t)(T * w_in));
     float *qk = malloc(sizeof(float) * (size_t)(T * (nq + nkv) * D));
+    float *qg = malloc(sizeof(float) * (size_t)(T * nqkv));  // q|k|v without output gates
     float *att = malloc(sizeof(float) * (size_t)(T * w_mid));
     float *a = malloc(sizeof(float) * (size_t)(T * Hd));
     float *a2 = malloc(sizeof(float) * (size_t)(T * Hd));
@@ -131,13 +123,17 @@ int ls_decoder_layers(const ls_model_t *m, const ls_step_t *st, float *x, int64_
     float *f = malloc(sizeof(float) * (size_t)(T * F));
     const float rs = m->res_scale;
     int rc = -2;
-    if (!h || !qkv || !qk || !att || !a || !a2 || !gu || !f) goto done;
+    if (!h || !qkv || !qk || !qg || !att || !a || !a2 || !gu || !f) goto done;
     rc = 0;
     for (int64_t i = 0; i < m->n_layers && rc == 0; i++) {
         const ls_layer_t *L = &m->layers[i];
         ls_rms_norm(x, T, 1, Hd, Hd, L->attn_norm, 1, m->eps, h, nthreads);
-        rc = L->mamba != NULL ? mamba_mixer(m, L, st, i, h, qkv, att, a, T, nthreads)
-                              : attn_layer(m, L, st, i, h, qkv, qk, att, a, T, nthreads);
+        if (L->mamba != NULL)
+            rc = mamba_mixer(m, L, st, i, h, qkv, att, a, T, nthreads);
+        else if (L->gdn != NULL)
+            rc = gdn_mixer(m, L, st, i, h, qkv, att, a, T, nthreads);
+        else
+            rc = attn_layer(m, L, st, i, h, qkv, qg, qk, att, a, T, nthreads);
         if (rc != 0) break;
         if (L->post_attn_norm != NULL) {
             ls_rms_norm(a, T, 1, Hd, Hd, L->post_attn_norm, 1, m->eps, a2, nthreads);
@@ -160,6 +156,7 @@ done:
     free(h);
     free(qkv);
     free(qk);
+    free(qg);
     free(att);
     free(a);
     free(a2);

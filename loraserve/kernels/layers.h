@@ -54,6 +54,24 @@ typedef struct {
     int64_t H, P, N, G, L;
 } ls_mamba_t;
 
+// A gated delta-net mixer's own tensors (recurrent/deltanet.py names them): taps [L, C]
+// (C = 2 Hk S + Hv S: q|k|v), ones [C] and ones_s [S] of 1.0f, norm [S], dt_b and a [Hv],
+// ba_cols [2 Hv] (beta's then alpha's column among the in-projection's last 2 Hv values);
+// eps the output norm's, eps_qk q's and k's L2 norm's (eps / S), scale 1 / sqrt(S) (q, k and
+// the output's factor); value head h reads key head h / (Hv / Hk) with interleave, else
+// h % Hk. Its projections are the layer's qkv (q|k|v, z, beta|alpha) and o (ssm_out).
+typedef struct {
+    const float *taps, *ones, *ones_s, *norm, *dt_b, *a;
+    const int64_t *ba_cols;
+    float eps, eps_qk, scale;
+    int64_t Hk, Hv, S, L;
+    int32_t interleave;
+} ls_gdn_t;
+
+// deltanet.c (deltanet_step.h)
+int ls_gdn_step(const float *mixed, int64_t ldm, int64_t T, const float *const *st_in,
+                float *const *st_out, const ls_gdn_t *w, float *out, int nthreads);
+
 typedef struct {
     ls_proj_t qkv, o, gate_up, down;
     const float *attn_norm;       // [hidden]
@@ -65,6 +83,7 @@ typedef struct {
     int64_t norm_n[5];  // the five norms' value counts, in the order above (0 for NULL)
     int32_t rope;       // 0: q and k attend as projected (no rotation; qk_norm NULL)
     const ls_mamba_t *mamba;  // not NULL: this Mamba-2 mixer in place of attention
+    const ls_gdn_t *gdn;      // not NULL: this gated delta-net mixer in place of attention
 } ls_layer_t;
 
 typedef struct {
@@ -74,7 +93,15 @@ typedef struct {
     const ls_layer_t *layers;
     float res_scale;  // each branch's output times this before its residual add (granite)
     int32_t vl;       // torch's float sum width (ssm_scan.vector_lanes), for the Mamba-2 step
+    int64_t rope_dim;    // dims of each q/k head rotated: head_dim, or fewer (partial rope)
+    int32_t rope_pairs;  // partial rope: 1 rotates pairs (2i, 2i+1), 0 (i, i + rope_dim / 2)
+    int32_t out_gate;    // 1: each q head followed by its output gate (qwen35's attention)
 } ls_model_t;
+
+// layers.c: out[t, h D + j] = a[t lda + h D + j] * sigmoid(g[t ldg + h hsg + j]), the sigmoid
+// in double rounded to float (block.py's gated attention calls it too: the same bits)
+int ls_sigmoid_gate(const float *a, int64_t lda, const float *g, int64_t ldg, int64_t hsg,
+                    int64_t T, int64_t H, int64_t D, float *out);
 
 // One LoRA target of one adapter: float32 (a, b, bt) or, when the adapter's values are
 // halves, float16 alone (a16, bt16, tail16; a and b NULL); neither: the adapter does not
@@ -107,12 +134,12 @@ typedef struct {
     int64_t B;
     const int32_t *row_seq, *row_nkeys;  // [T]
     int32_t window;
-    const float *cos_g, *sin_g, *cos_l, *sin_l;  // [T, D/2] global and local rope tables
+    const float *cos_g, *sin_g, *cos_l, *sin_l;  // [T, rope_dim/2] global and local rope tables
     float *const *k_caches;  // [n_layers] pools [S, Hkv, D] float32
     float *const *v_caches;
     int64_t S;
     const ls_lora_t *lora;  // NULL: no adapter in the step
-    // [n_layers * T]: Mamba-2 layer i's state record of row q's sequence before / after the
+    // [n_layers * T]: recurrent (Mamba-2, delta-net) layer i's state record of row q's sequence before / after the
     // row at [i * T + q] (every row the one new row of its sequence); NULL without such layers
     const float *const *st_in;
     float *const *st_out;

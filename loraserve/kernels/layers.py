@@ -26,6 +26,7 @@ from loraserve.kernels.layers_abi import ModelC as _Model
 from loraserve.kernels.layers_abi import P as _P
 from loraserve.kernels.layers_abi import StepC as _Step
 from loraserve.kernels.layers_spec import (
+    GdnSpec,
     LayerSpec,
     MambaSpec,
     ProjSpec,
@@ -38,7 +39,26 @@ from loraserve.kernels.layers_spec import (
 )
 from loraserve.kernels.rowops import ACTS
 
-__all__ = ["FusedLayers", "LayerSpec", "MambaSpec", "ProjSpec"]
+__all__ = ["FusedLayers", "GdnSpec", "LayerSpec", "MambaSpec", "ProjSpec", "sigmoid_gate"]
+
+
+def sigmoid_gate(a: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """a [T, H D] (contiguous) times sigmoid(gate) [T, H, D] (unit stride in D; any row and
+    head strides): each sigmoid in double, rounded to float32, then the product, one value
+    at a time (`layers_attn.h`, which the fused layers call too: the same bits in any batch).
+    Without the C kernels: torch's double sigmoid."""
+    lib = bind(_SIGNATURES)
+    t, h, d = gate.shape
+    a = a.contiguous()
+    if lib is None or a.dtype != torch.float32 or gate.dtype != torch.float32 \
+            or gate.stride(2) != 1 or a.shape != (t, h * d):  # fmt: skip
+        return a * torch.sigmoid(gate.double()).float().reshape(t, h * d)
+    out = torch.empty(t, h * d)
+    rc = lib.ls_sigmoid_gate(a.data_ptr(), h * d, gate.data_ptr(), gate.stride(0),
+                             gate.stride(1), t, h, d, out.data_ptr())  # fmt: skip
+    if rc != 0:
+        raise ValueError(f"sigmoid_gate: a {tuple(a.shape)}, gate {tuple(gate.shape)}")
+    return out
 
 
 class FusedLayers:
@@ -50,17 +70,23 @@ class FusedLayers:
     def __init__(
         self, layers: list[LayerSpec], hidden: int, n_heads: int, n_kv: int, head_dim: int,
         ffn: int, eps: float, attn_scale: float, act: str, res_scale: float = 1.0,
-        lanes: int | None = None,
+        lanes: int | None = None, rope_dim: int | None = None, rope_pairs: bool = False,
+        out_gate: bool = False,
     ) -> None:  # fmt: skip
         self._lib = bind(_SIGNATURES)
         self._specs = layers  # keeps every pointed-to tensor alive
         arr = (_Layer * len(layers))()
         self._mambas = [None if L.mamba is None else L.mamba.c_struct() for L in layers]
-        self.mamba_layers = [i for i, L in enumerate(layers) if L.mamba is not None]
+        self._gdns = [None if L.gdn is None else L.gdn.c_struct() for L in layers]
+        # the recurrent layers (Mamba-2, delta-net): decode steps alone, with state records
+        self.mamba_layers = [i for i, L in enumerate(layers) if L.mamba or L.gdn]
+        self.rope_dim = head_dim if rope_dim is None else rope_dim
+        if not (2 <= self.rope_dim <= head_dim and self.rope_dim % 2 == 0):
+            raise ValueError(f"fused layers: rope on {self.rope_dim} of {head_dim} dims")
         if self.mamba_layers and lanes is None:
             self._lib = None  # the Mamba-2 step needs torch's sum width: the Python path
         for i, L in enumerate(layers):
-            check_layer(i, L, hidden, n_heads, n_kv, head_dim, ffn)
+            check_layer(i, L, hidden, n_heads, n_kv, head_dim, ffn, out_gate)
             arr[i].norm_n = (_I * 5)(*[numel(t) for t in (L.attn_norm, L.qk_norm,
                                        L.post_attn_norm, L.ffn_norm, L.post_ffn_norm)])  # fmt: skip
             arr[i].qkv, arr[i].o = proj_struct(L.qkv), proj_struct(L.o)
@@ -69,12 +95,15 @@ class FusedLayers:
             arr[i].post_attn_norm, arr[i].ffn_norm = ptr(L.post_attn_norm), ptr(L.ffn_norm)
             arr[i].post_ffn_norm, arr[i].sliding = ptr(L.post_ffn_norm), int(L.sliding)
             arr[i].rope = int(L.rope)
-            mb = self._mambas[i]
+            mb, gd = self._mambas[i], self._gdns[i]
             arr[i].mamba = None if mb is None else ctypes.addressof(mb)
+            arr[i].gdn = None if gd is None else ctypes.addressof(gd)
         self._layers = arr
         self._model = _Model(len(layers), hidden, n_heads, n_kv, head_dim, ffn, eps,
                              attn_scale, ACTS[act], ctypes.addressof(arr), res_scale,
-                             lanes or 0)  # fmt: skip
+                             lanes or 0, self.rope_dim, int(rope_pairs),
+                             int(out_gate))  # fmt: skip
+        self.out_gate = out_gate
         self.hidden, self.n_kv, self.head_dim = hidden, n_kv, head_dim
         self._kv_key: tuple[int, ...] = ()
         self._kv: tuple[Any, Any] | None = None
@@ -88,7 +117,7 @@ class FusedLayers:
         self._adapters: dict[Hashable, tuple[Any, list[torch.Tensor]]] = {}
         # each target's (input width, rows): the LoRA pairs are checked against them
         def widths(L: LayerSpec) -> tuple[int, ...]:
-            w_in, _, w_mid = mixer_widths(L, hidden, n_heads, n_kv, head_dim)
+            w_in, _, w_mid = mixer_widths(L, hidden, n_heads, n_kv, head_dim, out_gate)
             return w_in, w_mid, hidden, ffn
 
         self._dims = {
@@ -180,12 +209,13 @@ class FusedLayers:
             return None
         n = len(self._specs) * t
         if states is None or len(states[0]) != n or len(states[1]) != n:
-            raise ValueError(f"fused layers: Mamba-2 layers need {n} state records each way")
+            raise ValueError(f"fused layers: recurrent layers need {n} state records each way")
         arrays = []
         for recs in states:
             ptrs = [0] * n
             for i in self.mamba_layers:
-                size = self._specs[i].mamba.state_size  # type: ignore[union-attr]
+                mixer = self._specs[i].mamba or self._specs[i].gdn
+                size = mixer.state_size  # type: ignore[union-attr]
                 for q in range(i * t, i * t + t):
                     r = recs[q]
                     if r is None or r.numel() != size or r.dtype != torch.float32 \
@@ -219,7 +249,7 @@ class FusedLayers:
                 or not x.is_contiguous():  # fmt: skip
             raise ValueError(f"fused layers: x {tuple(x.shape)} {x.dtype}, not [T, {self.hidden}]")
         for c in (*rope_global, *rope_local):
-            if c.shape != (t, self.head_dim // 2) or not c.is_contiguous():
+            if c.shape != (t, self.rope_dim // 2) or not c.is_contiguous():
                 raise ValueError(f"fused layers: rope tables {tuple(c.shape)} for {t} rows")
         if slot_mapping.numel() != t or row_seq.numel() != t or row_nkeys.numel() != t:
             raise ValueError("fused layers: slot_mapping, row_seq, row_nkeys need T entries")

@@ -18,17 +18,24 @@ class MambaC(ctypes.Structure):
                 ("a", P), ("H", I64), ("P", I64), ("N", I64), ("G", I64), ("L", I64)]  # fmt: skip
 
 
+class GdnC(ctypes.Structure):
+    _fields_ = [("taps", P), ("ones", P), ("ones_s", P), ("norm", P), ("dt_b", P), ("a", P),
+                ("ba_cols", P), ("eps", F), ("eps_qk", F), ("scale", F), ("Hk", I64),
+                ("Hv", I64), ("S", I64), ("L", I64), ("interleave", I32)]  # fmt: skip
+
+
 class LayerC(ctypes.Structure):
     _fields_ = [("qkv", ProjC), ("o", ProjC), ("gate_up", ProjC), ("down", ProjC),
                 ("attn_norm", P), ("qk_norm", P), ("post_attn_norm", P), ("ffn_norm", P),
                 ("post_ffn_norm", P), ("sliding", I32), ("norm_n", I64 * 5), ("rope", I32),
-                ("mamba", P)]  # fmt: skip
+                ("mamba", P), ("gdn", P)]  # fmt: skip
 
 
 class ModelC(ctypes.Structure):
     _fields_ = [("n_layers", I64), ("hidden", I64), ("n_heads", I64), ("n_kv", I64),
                 ("head_dim", I64), ("ffn", I64), ("eps", F), ("attn_scale", F), ("act", I32),
-                ("layers", P), ("res_scale", F), ("vl", I32)]  # fmt: skip
+                ("layers", P), ("res_scale", F), ("vl", I32), ("rope_dim", I64),
+                ("rope_pairs", I32), ("out_gate", I32)]  # fmt: skip
 
 
 class LoraWC(ctypes.Structure):
@@ -48,4 +55,7 @@ class StepC(ctypes.Structure):
                 ("st_out", P)]  # fmt: skip
 
 
-SIGNATURES = {"ls_decoder_layers": ([P, P, P, I64, ctypes.c_int], ctypes.c_int)}
+SIGNATURES = {
+    "ls_decoder_layers": ([P, P, P, I64, ctypes.c_int], ctypes.c_int),
+    "ls_sigmoid_gate": ([P, I64, P, I64, I64, I64, I64, I64, P], ctypes.c_int),
+}

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from loraserve.kernels.layers_abi import MambaC, ProjC
+from loraserve.kernels.layers_abi import GdnC, MambaC, ProjC
 
 
 def halves(t: Any, shape: tuple[int, ...]) -> bool:
@@ -47,6 +47,7 @@ class LayerSpec:
     sliding: bool
     rope: bool = True  # False: q and k attend as projected (qk_norm None)
     mamba: MambaSpec | None = None  # a Mamba-2 mixer: qkv is its ssm_in, o its ssm_out
+    gdn: GdnSpec | None = None  # a gated delta-net mixer: qkv its in-projection, o ssm_out
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,55 @@ class MambaSpec:
         return MambaC(*(ptr(t) for t, _ in want), h, p, n, g, k)
 
 
+@dataclass(frozen=True)
+class GdnSpec:
+    """A gated delta-net mixer's tensors (`recurrent.deltanet.GatedDeltaNet`), float32
+    contiguous: taps [L, C] (C = 2 Hk S + Hv S), ones [C], ones_s [S], norm [S], dt_b and a
+    [Hv]; ba_cols [2 Hv] int64 (beta's then alpha's column among the in-projection's last
+    2 Hv values); eps (the output norm's), eps_qk (q's and k's: eps / S), scale (1 / sqrt(S));
+    dims (Hk, Hv, S, L); interleave: value head h reads key head h / (Hv / Hk), else h % Hk."""
+
+    taps: torch.Tensor
+    ones: torch.Tensor
+    ones_s: torch.Tensor
+    norm: torch.Tensor
+    dt_b: torch.Tensor
+    a: torch.Tensor
+    ba_cols: torch.Tensor
+    eps: float
+    eps_qk: float
+    scale: float
+    dims: tuple[int, int, int, int]
+    interleave: bool
+
+    @property
+    def state_size(self) -> int:
+        """One sequence's state record: the conv rows [(L-1) C], then M [Hv S S]."""
+        hk, hv, s, k = self.dims
+        return (k - 1) * (2 * hk * s + hv * s) + hv * s * s
+
+    @property
+    def in_width(self) -> int:
+        """The in-projection's output width: q|k|v, z, beta|alpha."""
+        hk, hv, s, _ = self.dims
+        return 2 * hk * s + 2 * hv * s + 2 * hv
+
+    def c_struct(self) -> GdnC:
+        """The C structure pointing into these tensors (they must outlive it)."""
+        hk, hv, s, k = self.dims
+        want = [(self.taps, k * (2 * hk * s + hv * s)), (self.ones, 2 * hk * s + hv * s),
+                (self.ones_s, s), (self.norm, s), (self.dt_b, hv), (self.a, hv)]  # fmt: skip
+        for t, m in want:
+            if t.numel() != m or t.dtype != torch.float32 or not t.is_contiguous():
+                raise ValueError(f"delta-net: a tensor of {t.numel()} values, not {m}")
+        cols = self.ba_cols
+        if cols.dtype != torch.int64 or cols.numel() != 2 * hv or not cols.is_contiguous() \
+                or int(cols.min()) < 0 or int(cols.max()) >= 2 * hv or hv % hk:  # fmt: skip
+            raise ValueError("delta-net: beta/alpha columns outside the in-projection's 2 Hv")
+        return GdnC(*(ptr(t) for t, _ in want), cols.data_ptr(), self.eps, self.eps_qk,
+                    self.scale, hk, hv, s, k, int(self.interleave))  # fmt: skip
+
+
 def ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -91,21 +141,32 @@ def numel(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.numel()
 
 
-def mixer_widths(L: LayerSpec, hidden: int, nq: int, nkv: int, d: int) -> tuple[int, ...]:
-    """(qkv input, qkv output, o input) widths of layer L's mixer: attention's, or for a
-    Mamba-2 mixer ssm_in's [hidden -> 2 H P + 2 G N + H] and ssm_out's input H P."""
+def mixer_widths(
+    L: LayerSpec, hidden: int, nq: int, nkv: int, d: int, out_gate: bool = False
+) -> tuple[int, ...]:
+    """(qkv input, qkv output, o input) widths of layer L's mixer: attention's (q|k|v, each
+    q head followed by its output gate with ``out_gate``), for a Mamba-2 mixer ssm_in's
+    [hidden -> 2 H P + 2 G N + H] and ssm_out's input H P, for a delta-net mixer its
+    in-projection's q|k|v, z, beta|alpha and ssm_out's input Hv S."""
+    if L.gdn is not None:
+        hk, hv, s, _ = L.gdn.dims
+        return hidden, L.gdn.in_width, hv * s
     if L.mamba is None:
-        return hidden, (nq + 2 * nkv) * d, nq * d
+        return hidden, (nq + 2 * nkv) * d + (nq * d if out_gate else 0), nq * d
     h, p, n, g, _ = L.mamba.dims
     return hidden, 2 * h * p + 2 * g * n + h, h * p
 
 
-def check_layer(i: int, L: LayerSpec, hidden: int, nq: int, nkv: int, d: int, ffn: int) -> None:
+def check_layer(i: int, L: LayerSpec, hidden: int, nq: int, nkv: int, d: int, ffn: int,
+                out_gate: bool = False) -> None:  # fmt: skip
     """Layer i's projections and norms have the widths the C call sizes its buffers for:
     ValueError naming the first that does not (the C call checks the same, -3)."""
-    want = {"qkv": (L.qkv, mixer_widths(L, hidden, nq, nkv, d)[1]), "o": (L.o, hidden),
-            "gate_up": (L.gate_up, 2 * ffn), "down": (L.down, hidden)}  # fmt: skip
-    if (L.mamba is not None or not L.rope) and L.qk_norm is not None:
+    want = {"qkv": (L.qkv, mixer_widths(L, hidden, nq, nkv, d, out_gate)[1]),
+            "o": (L.o, hidden), "gate_up": (L.gate_up, 2 * ffn),
+            "down": (L.down, hidden)}  # fmt: skip
+    if L.mamba is not None and L.gdn is not None:
+        raise ValueError(f"fused layers: layer {i} has two recurrent mixers")
+    if (L.mamba is not None or L.gdn is not None or not L.rope) and L.qk_norm is not None:
         raise ValueError(f"fused layers: layer {i} has a q/k norm without rope or attention")
     for name, (p, n_out) in want.items():
         rows = sum(raw.shape[0] for raw, _, _ in p.parts)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from loraserve.kernels.layers import sigmoid_gate
 from loraserve.kernels.rowops import layer_norm
 from loraserve.model.attn import paged_attention
 from loraserve.model.attn.mla import LatentAttention
@@ -112,7 +113,7 @@ class Block(nn.Module):
         gate = None
         if cfg.attn_out_gate:  # each head's query then its gate (qwen35): split them
             qg = qkv[:, : 2 * nq * d].view(t, nq, 2 * d)
-            gate = qg[:, :, d:].reshape(t, nq * d)  # [T, nq d]
+            gate = qg[:, :, d:]  # [T, nq, d] (a view)
             qkv = torch.cat((qg[:, :, :d].reshape(t, nq * d), qkv[:, 2 * nq * d :]), 1)
         qk = qkv[:, : (nq + nkv) * d].view(t, nq + nkv, d)  # q and k heads, normed and
         v = qkv[:, (nq + nkv) * d :].view(t, nkv, d)  # rotated together below
@@ -139,7 +140,7 @@ class Block(nn.Module):
                             cfg.attn_softcap, self.sinks, self.chunk)  # fmt: skip
         a = a.reshape(t, nq * d)
         if gate is not None:  # sigmoid in float64, rounded: the same bits in any batch
-            a = a * torch.sigmoid(gate.double()).float()
+            a = sigmoid_gate(a, gate)
         a = self.o(a)
         return self._residual(x, h, a + self.mixer(h) if self.beside else a)
 

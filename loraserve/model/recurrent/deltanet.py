@@ -26,7 +26,10 @@ sequence's state is one flat tensor: the conv rows, then M of every value head. 
 recurrence runs in C (`kernels/deltanet.c`: one call per layer and step, every sequence and
 head in parallel) with the float operations of `recur_torch`, the torch reference, bit for
 bit; one value head (where torch's bmm sums in another order) and builds without the C
-kernels run the reference.
+kernels run the reference. The C paths compute the gates value by value in libm
+(`kernels.deltanet.gdn_gates`, whatever the layout), and a decode step (one new row per
+sequence) runs the whole mixer between its projections in one C call (`gdn_step`: the very
+functions of the general path), which the fused C layers (`kernels.layers`) call too.
 """
 
 from __future__ import annotations
@@ -34,16 +37,17 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from loraserve.cache.state import SeqStep
 from loraserve.kernels import deltanet as kernel
+from loraserve.kernels.layers_spec import GdnSpec
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
 from loraserve.model.layers import gated_act, rms_norm
 from loraserve.model.projection import Projection
-from loraserve.model.recurrent.gdn_math import gate_row, gates, recur_torch
+from loraserve.model.recurrent.gdn_math import gate_row, recur_torch
+from loraserve.model.recurrent.mamba2 import fresh_records, is_decode_step
 from loraserve.model.recurrent.shortconv import causal_conv, matrix
 from loraserve.model.weights import WeightSource
 
@@ -106,6 +110,13 @@ class GatedDeltaNet(nn.Module):
         self.kmap_identity = self.hv == self.hk  # each value head reads its own key head
         self.kmap2 = torch.cat((self.kmap, self.kmap + self.hk))  # q's then k's per value head
         self.ones_row = torch.ones(1, self.conv_dim)  # SiLU as gated_act(x, 1) of one row
+        self.ba_cols = torch.cat((self.beta_cols, self.alpha_cols)).contiguous()  # [2 H_v]
+        self.spec = GdnSpec(self.taps_lc, self.ones_row.reshape(-1), self.ones,
+                            self.norm.contiguous(), self.dt_b.contiguous(), self.a.contiguous(),
+                            self.ba_cols, self.eps, self.eps / n, self.inv_f,
+                            (self.hk, self.hv, self.s, self.k), self.interleave)  # fmt: skip
+        self.state_size = self.spec.state_size
+        self._c = self.spec.c_struct() if self.order is None else None  # the C decode step
 
     @staticmethod
     def state_shape(cfg: ModelConfig) -> tuple[int, ...]:
@@ -119,9 +130,8 @@ class GatedDeltaNet(nn.Module):
         if ctx.states is None:
             raise RuntimeError("a recurrent layer ran without its sequences' states")
         t, k, s, hv, hk, cd = hs.shape[0], self.k, self.s, self.hv, self.hk, self.conv_dim
-        if t == 1 and len(ctx.states) == 1 and ctx.states[0].hi == 1 and not ctx.states[0].every:
-            if USE_C and hv > 1 and self.order is None and kernel.available():
-                return self._step(hs, ctx.states[0])
+        if USE_C and hv > 1 and self._c is not None and is_decode_step(ctx.states, t):
+            return self._step(hs, ctx.states)  # one C call between the projections
         mixed = self.in_proj(hs)  # [T, conv_dim + H_v S + 2 H_v]
         if self.order is not None:  # ssm_in's rows -> q|k|v, z (a copy of each value)
             mixed = mixed[:, self.order]
@@ -178,11 +188,7 @@ class GatedDeltaNet(nn.Module):
                     seq.rows.setdefault(self.i, []).append(snap)
             snaps.append(mine)
         if USE_C and hv > 1 and kernel.available():
-            if t == 1:  # one row: `gate_row` itself (what `gates` equals row by row)
-                g, beta = (x.unsqueeze(0) for x in gate_row(alpha_l[0], beta_l[0], self.dt_b,
-                                                            self.a))  # fmt: skip
-            else:
-                g, beta = gates(alpha_l, beta_l, self.dt_b, self.a)
+            g, beta = kernel.gdn_gates(ba, self.ba_cols, self.dt_b, self.a)  # [T, H_v] each
             kernel.gdn_recur(spans, m_in, m_out, q, kk, v, g, beta, scale.item(), o, snaps)
         else:  # the reference: each row's gates alone, then the recurrence in torch
             rows = [gate_row(alpha_l[r], beta_l[r], self.dt_b, self.a) for r in range(t)]
@@ -200,44 +206,26 @@ class GatedDeltaNet(nn.Module):
         del zc, normed
         return self.out_proj(gated)
 
-    def _step(self, hs: torch.Tensor, seq: SeqStep) -> torch.Tensor:
-        """One row of one sequence (every decode step at -np 1): `forward`'s float
-        operations on the same values, in fewer torch calls. The conv and its SiLU run in
-        one C call on the state's rows in place (`kernels.deltanet.conv_step`), q and k are
-        normed in one call (each head's row alone either way), the gates run on the row as
-        it lies, and a snapshot after the row is the new state itself (the same values;
-        states are never changed in place)."""
-        k, s, hv, hk, cd, i = self.k, self.s, self.hv, self.hk, self.conv_dim, self.i
-        n_conv = (k - 1) * cd
-        mixed = self.in_proj(hs)  # [1, conv_dim + H_v S + 2 H_v]
-        st = seq.state[i]
-        seq.out[i] = out = torch.empty(n_conv + hv * s * s)  # [conv rows | M]
-        # conv and SiLU in one call (causal_conv's bits), the conv rows after it into out
-        act = kernel.conv_step(st[:n_conv], mixed[:, :cd], self.taps_lc, None, self.ones_row,
-                               out[:n_conv])  # [1, conv_dim]  # fmt: skip
-        n = float(s)
-        qk = rms_norm(act[:, : 2 * hk * s].view(1, 2 * hk, s), self.ones, self.eps / n)
-        qk = qk * self.inv  # [1, 2 H_k, S]: q's heads, then k's
-        if not self.kmap_identity:  # each value head's key head, for q and k at once
-            qk = qk[:, self.kmap2]  # [1, 2 H_v, S]
-        q, kk = qk[:, :hv], qk[:, hv:]  # one row: contiguous views
-        v = act[:, 2 * hk * s :].view(1, hv, s)
-        ba = mixed[:, cd + hv * s :]  # [1, 2 H_v]
-        if self.ba_slices is not None:
-            beta_l, alpha_l = ba[:, self.ba_slices[0]], ba[:, self.ba_slices[1]]
-        else:
-            beta_l, alpha_l = ba[:, self.beta_cols], ba[:, self.alpha_cols]
-        g = torch.exp(F.softplus(alpha_l + self.dt_b) * self.a)  # gate_row on the row
-        beta = torch.sigmoid(beta_l)
-        o = torch.empty(1, hv, s)
-        kernel.gdn_recur([(0, 1)], [st[n_conv:]], [out[n_conv:]], q, kk, v, g, beta,
-                         self.inv_f, o, [[]])  # fmt: skip
-        for r, block in seq.cuts:  # a block ends with this row: its snapshot is the state
-            if r == 0:
-                seq.snaps.setdefault(block, {})[i] = out
-        normed = rms_norm(o, self.norm, self.eps).view(1, hv * s)  # [1, H_v S]
-        z = mixed[:, cd : cd + hv * s].as_strided((1, hv * s), (hv * s, 1))  # normed's stride
-        return self.out_proj(gated_act(z, normed, "silu"))  # SiLU(z) * norm(o)
+    def _step(self, hs: torch.Tensor, seqs: list[SeqStep]) -> torch.Tensor:
+        """A decode step (row q the one new row of sequence q): `forward`'s float operations
+        on the same values in one C call between the projections (`kernels.deltanet.gdn_step`:
+        conv and SiLU, q and k normed, the gates, the recurrence, the output norm and gate).
+        Each sequence's new state record is made (`fresh_records`, which also makes it the
+        snapshot of a block that ends with the row) and written by the call."""
+        mixed = self.in_proj(hs)  # [T, conv_dim + H_v S + 2 H_v]
+        recs = self.new_records(seqs)
+        out = kernel.gdn_step(mixed, [q.state[self.i] for q in seqs], recs, self._c,
+                              self.state_size)  # [T, H_v S]  # fmt: skip
+        return self.out_proj(out)
+
+    def new_records(self, seqs: list[SeqStep]) -> list[torch.Tensor]:
+        """A decode step's new state record of each of ``seqs`` (`mamba2.fresh_records`)."""
+        return fresh_records(self.i, self.state_size, seqs)
+
+    def fused_spec(self) -> GdnSpec | None:
+        """This mixer's tensors for the fused C layers (`kernels.layers`); None where the
+        decode step runs in Python (one value head, early qwen3next's ssm_in layout)."""
+        return self.spec if self._c is not None and self.hv > 1 else None
 
 
 def _legacy_order(hk: int, s: int, r: int) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""Gated delta-net's per-token maths in torch: the gates (row by row or all rows with the
-same bits) and the reference recurrence that `kernels.deltanet.gdn_recur` equals bit for bit."""
+"""Gated delta-net's per-token maths in torch, the reference path (no C kernels, one value
+head): the gates of a row and the recurrence that `kernels.deltanet.gdn_recur` equals bit for
+bit. (The C paths' gates are `kernels.deltanet.gdn_gates`, each value alone in libm.)"""
 
 from __future__ import annotations
 
@@ -15,28 +16,6 @@ def gate_row(
     differently from their scalar tails, so where an element sits in the row decides its bits:
     the reference computes each row alone."""
     return torch.exp(F.softplus(alpha + dt_b) * a), torch.sigmoid(beta)
-
-
-def gates(
-    alpha: torch.Tensor, beta: torch.Tensor, dt_b: torch.Tensor, a: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`gate_row` of every row at once, the same bits: alpha, beta [T, H_v] -> [T, H_v] each.
-    Each transcendental op reads rows padded by one element, so torch cannot merge them into
-    one run and runs each row's H_v elements as one inner loop, as for the row alone; chunks
-    stay under torch's parallel grain (32768 elements), so no thread splits a row."""
-    t, h = alpha.shape
-    pad = torch.empty(2, t, h + 1)
-    pa, pb = pad[0, :, :h], pad[1, :, :h]
-    torch.add(alpha, dt_b, out=pa)
-    pb.copy_(beta)
-    g, b = torch.empty(t, h), torch.empty(t, h)
-    step = max(1, 16384 // (h + 1))
-    for lo in range(0, t, step):
-        hi = min(t, lo + step)
-        pa[lo:hi] = F.softplus(pa[lo:hi]) * a  # elementwise: the same bits anywhere
-        g[lo:hi] = torch.exp(pa[lo:hi])
-        b[lo:hi] = torch.sigmoid(pb[lo:hi])
-    return g, b
 
 
 def recur_torch(

@@ -163,19 +163,26 @@ class Mamba2(nn.Module):
         """A decode step's new state record [conv rows | scan state] for each of ``seqs``
         (one new row each), made each sequence's state after its row and, where a block
         ends with the row, that block's snapshot (the same values, never changed)."""
-        recs = [torch.empty(self.state_size) for _ in seqs]
-        for seq, rec in zip(seqs, recs, strict=True):
-            seq.out[self.i] = rec
-            for r, block in seq.cuts:
-                if r == 0:
-                    seq.snaps.setdefault(block, {})[self.i] = rec
-        return recs
+        return fresh_records(self.i, self.state_size, seqs)
 
     def fused_spec(self) -> MambaSpec:
         """This mixer's tensors for the fused C layers (`kernels.layers`)."""
         return MambaSpec(self.taps_lc, self.conv_b, self.ones_row.reshape(-1), self.d_flat,
                          self.norm, self.dt_b, self.a,
                          (self.h, self.d_inner // self.h, self.n, self.g, self.k))  # fmt: skip
+
+
+def fresh_records(i: int, size: int, seqs: list[SeqStep]) -> list[torch.Tensor]:
+    """The new state records [size] of recurrent layer i for a decode step of ``seqs`` (one
+    new row each): made each sequence's state after its row and, where a block ends with the
+    row, that block's snapshot (the same values, never changed)."""
+    recs = [torch.empty(size) for _ in seqs]
+    for seq, rec in zip(seqs, recs, strict=True):
+        seq.out[i] = rec
+        for r, block in seq.cuts:
+            if r == 0:
+                seq.snaps.setdefault(block, {})[i] = rec
+    return recs
 
 
 def is_decode_step(seqs: list[SeqStep] | None, t: int) -> bool:

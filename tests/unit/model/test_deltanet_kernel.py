@@ -6,7 +6,7 @@ one call. The reference is elementwise float32 torch ops only, whose results do 
 the CPU or BLAS (torch's bmm, which `recur_torch` uses, may sum in another order elsewhere);
 widths that are multiples of 8 run the kernel's register-tiled form, the others (20) its
 transposing loop, and empty sequences (state copied through) are in both. The
-row-batched gates (`gates`) equal each row's computed alone, the decode step's C conv
+gates (`gdn_gates`) are each value's own, the decode step's C conv
 (`conv_step`) equals the padded torch conv bit for bit, and a whole model's logits with the
 C recurrence are those of the torch one within rounding. (Agreement with llama-server itself:
 test_deltanet.py and test_archs.py, which run the C path.)"""
@@ -34,15 +34,28 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @pytest.mark.parametrize("t,h", [(1, 4), (7, 16), (33, 32), (300, 48), (2000, 24)])
-def test_gates_equal_each_row_alone(t: int, h: int) -> None:
+def test_gates_each_value_alone(t: int, h: int) -> None:
+    """`gdn_gates` (every C path's gates): within float32 rounding of float64's
+    exp(softplus(alpha + dt_b) a) and sigmoid(beta), and each row's bits the same alone, in
+    the batch and read from a wider row in another column order."""
     gen = torch.Generator().manual_seed(t * 100 + h)
     alpha = torch.randn(t, h, generator=gen) * 12  # past softplus' threshold (20) too
     beta = torch.randn(t, h, generator=gen) * 6
     dt_b, a = torch.randn(h, generator=gen), -torch.rand(h, generator=gen) * 4
-    g, b = deltanet.gates(alpha, beta, dt_b, a)
-    for r in range(t):
-        gr, br = deltanet.gate_row(alpha[r], beta[r], dt_b, a)
-        assert _same(g[r], gr) and _same(b[r], br), f"row {r}"
+    cols = torch.arange(2 * h)
+    g, b = kernel.gdn_gates(torch.cat((beta, alpha), 1), cols, dt_b, a)
+    sp = torch.nn.functional.softplus((alpha + dt_b).double()).float()  # float32 steps
+    arg = (sp * a).double()  # a last-place error of sp or arg scales exp's by |arg|
+    want_g = torch.exp(arg).float().double()  # (float32's underflow included)
+    assert ((g.double() - want_g).abs() <= (3e-7 + 3e-7 * arg.abs()) * want_g + 1e-44).all()
+    torch.testing.assert_close(b.double(), torch.sigmoid(beta.double()), rtol=3e-7, atol=0)
+    wide = torch.cat((torch.randn(t, 3, generator=gen), alpha, beta), 1)  # alpha first
+    swapped = torch.cat((torch.arange(h) + 3 + h, torch.arange(h) + 3))
+    g2, b2 = kernel.gdn_gates(wide, swapped, dt_b, a)
+    assert _same(g2, g) and _same(b2, b)
+    for r in {0, t // 2, t - 1}:
+        gr, br = kernel.gdn_gates(wide[r : r + 1], swapped, dt_b, a)
+        assert _same(gr[0], g[r]) and _same(br[0], b[r]), f"row {r}"
 
 
 def _matvec(m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,126 @@
+"""qwen35's decode steps in the fused C layers (`kernels/layers.c`: gated delta-net mixers,
+gated attention with a partial rope): the same bits as the per-layer path, alone and batched,
+with adapters on the delta-net, attention and FFN projections; and the decode step's C mixer
+(`kernels.deltanet.gdn_step`) against the mixer's general path on the same rows."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from loraserve.engine.core import EngineConfig
+from loraserve.engine.engine import Engine
+from loraserve.kernels import backend, ssm_scan
+from loraserve.kernels.layers import FusedLayers, sigmoid_gate
+from loraserve.lora.adapter_write import write_gguf_lora
+from loraserve.model import decoder as decoder_mod
+from loraserve.model.fused import build_fused
+from loraserve.model.loader import LoadedModel, load_model
+from loraserve.model.recurrent.deltanet import GatedDeltaNet
+from tests.arch_models import write_model
+from tests.engine_util import ask
+from tests.unit.model.test_recurrent import PROBS, RECORDS, RECURRENT_STEMS, _adapter, answers
+from tests.unit.model.test_recurrent import model as recorded_model
+
+needs_c = pytest.mark.skipif(backend() != "c" or not ssm_scan.available(), reason="no C kernels")
+STEMS = (*RECURRENT_STEMS, "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+         "ffn_down")  # fmt: skip
+
+
+def _partial_rope_model(tmp: Path, rec: dict[str, Any], n_rot: int) -> LoadedModel:
+    """The recorded qwen35 model with its rope on the first ``n_rot`` dims of each head (the
+    real Qwen3.5's 64 of 256: `attn.variants.partial_rope`)."""
+    spec = copy.deepcopy(rec)
+    for kv in spec["metadata"]:
+        if kv[0] in ("qwen35.rope.dimension_count", "qwen35.rope.dimension_count_swa"):
+            kv[2] = n_rot
+        if kv[0] == "qwen35.rope.dimension_sections":
+            kv[2] = [n_rot // 4] * 4
+    types = {k: int(t) for k, t in spec["files"]["Q4_K_M"]["types"].items()}
+    return load_model(write_model(spec, tmp / "qwen35-partial.gguf", types))
+
+
+@needs_c
+@pytest.mark.skipif("qwen35" not in RECORDS, reason="no recorded qwen35")
+@pytest.mark.parametrize("n_rot", [None, 32], ids=["recorded", "partial-rope"])
+def test_fused_qwen35_decode_equals_the_per_layer_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n_rot: int | None
+) -> None:
+    """Three requests decoding together (one row each per step), two under adapter mixes on
+    the delta-net (attn_qkv, attn_gate, ssm_beta, ssm_alpha, ssm_out), attention and FFN
+    projections: every generated token and its top-2 probabilities equal the per-layer
+    path's, alone and batched, and fused steps of three rows ran; with the recorded rope on
+    whole heads and on a quarter of each."""
+    rec = RECORDS["qwen35"]["variants"]["dense"]
+    if n_rot is None:
+        m = recorded_model(tmp_path, "qwen35", "dense")
+    else:
+        m = _partial_rope_model(tmp_path, rec, n_rot)
+        assert m.config.partial_rope and m.config.rope_dim == n_rot
+    # the decoder builds its fused layers with `model.fused.build_fused` (until decoder.py
+    # calls it itself: the same function)
+    monkeypatch.setattr(decoder_mod, "_build_fused", lambda d: build_fused(d.cfg, d.blocks),
+                        raising=False)  # fmt: skip
+    monkeypatch.setattr(m.decoder, "_fused_built", [])
+    fused = m.decoder._fused()
+    assert fused is not None and fused.out_gate
+    assert fused.rope_dim == (n_rot or m.config.head_dim)
+    assert any(isinstance(b.mixer, GatedDeltaNet) for b in m.decoder.blocks)
+    assert len(fused.mamba_layers) == sum(b.mixer is not None for b in m.decoder.blocks)
+    pairs = _adapter(rec, 7, STEMS)
+    for stem in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha", "ssm_out", "attn_q."):
+        assert any(f".{stem}" in n for n in pairs), stem
+    lora = tmp_path / "qwen35-lora.gguf"
+    write_gguf_lora(lora, "qwen35", pairs)
+    calls = []
+    real = FusedLayers.__call__
+
+    def counted(self: FusedLayers, *a: Any, **kw: Any) -> torch.Tensor:
+        calls.append(a[0].shape[0])
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(FusedLayers, "__call__", counted)
+    cases = rec["answers"]["Q4_K_M"]
+    prompts = [cases[0]["prompt"], cases[0]["prompt"], cases[2]["prompt"]]  # 0, 1: mix alone
+    mixes: list[dict[int, float]] = [{0: 0.7}, {}, {0: -1.3}]
+
+    def run(use_fused: bool) -> list[tuple[list, list, int]]:
+        m.decoder.use_fused = use_fused
+        eng = Engine(m, EngineConfig(n_slots=3, n_ctx=3 * 128, block_size=4))
+        eng.load_adapter(lora, 0.0).result()
+        asks = [ask(p, 6, mix, sampling=PROBS, cache_prompt=False)
+                for p, mix in zip(prompts, mixes, strict=True)]  # fmt: skip
+        alone = [answers(eng, [a])[0] for a in asks]
+        return alone + answers(eng, asks)
+
+    try:
+        got = run(True)
+        n_fused = len(calls)
+        want = run(False)
+    finally:
+        m.decoder.use_fused = True
+    assert n_fused > 0 and len(calls) == n_fused, "the fused call did not run (or ran unasked)"
+    assert 3 in calls, "no batched decode step of three rows ran fused"
+    assert got == want
+    assert got[:3] == got[3:], "batched answers differ from the answers alone"
+    assert got[0][1] != got[1][1], "the adapter changes nothing: no test"
+
+
+@needs_c
+def test_sigmoid_gate_each_value_alone() -> None:
+    """The attention's output gate: a * sigmoid(g) with the sigmoid in double rounded to
+    float32 (what torch's double sigmoid gives, within its last double place), each value
+    the same alone, batched and read through a strided view."""
+    gen = torch.Generator().manual_seed(3)
+    qg = torch.randn(5, 4, 2 * 16, generator=gen) * 9  # each head's q, then its gate
+    a = torch.randn(5, 4 * 16, generator=gen)
+    got = sigmoid_gate(a, qg[:, :, 16:])
+    want = a * torch.sigmoid(qg[:, :, 16:].double()).float().reshape(5, 64)
+    torch.testing.assert_close(got, want, rtol=1.2e-7, atol=0)
+    for r in (0, 4):
+        one = sigmoid_gate(a[r : r + 1], qg[r : r + 1, :, 16:].contiguous())
+        assert torch.equal(one[0].view(torch.int32), got[r].view(torch.int32))
