@@ -124,3 +124,54 @@ def test_sigmoid_gate_each_value_alone() -> None:
     for r in (0, 4):
         one = sigmoid_gate(a[r : r + 1], qg[r : r + 1, :, 16:].contiguous())
         assert torch.equal(one[0].view(torch.int32), got[r].view(torch.int32))
+
+
+@needs_c
+@pytest.mark.parametrize("s,hk,hv,interleave", [(32, 2, 4, False), (32, 2, 4, True),
+                                                 (20, 1, 3, False), (8, 4, 4, True)])  # fmt: skip
+def test_decode_step_equals_its_pieces(s: int, hk: int, hv: int, interleave: bool) -> None:
+    """`gdn_step` on three rows of three sequences: the bits of the general path's calls one
+    at a time (conv_step, the q/k norms times 1/sqrt(S), gdn_gates, gdn_recur, the output
+    norm, SiLU(z) times it), outputs and new state records alike; S = 20 runs the
+    recurrence's transposing form, the others its register tiles."""
+    from loraserve.kernels import deltanet as kernel
+    from loraserve.kernels.layers_spec import GdnSpec
+    from loraserve.model.layers import gated_act, rms_norm
+
+    gen = torch.Generator().manual_seed(s * 10 + hv + interleave)
+    t, k, cd, vs = 3, 4, 2 * hk * s + hv * s, hv * s
+    r = hv // hk
+    taps = torch.randn(k, cd, generator=gen)
+    norm, dt_b = torch.randn(s, generator=gen), torch.randn(hv, generator=gen)
+    a = -torch.rand(hv, generator=gen) * 3
+    if interleave:  # per key head its r betas, then its r alphas
+        g = torch.arange(hv) // r * 2 * r + torch.arange(hv) % r
+        cols = torch.cat((g, g + r))
+    else:
+        cols = torch.arange(2 * hv)
+    eps, inv = 1e-6, torch.tensor(1.0 / s**0.5, dtype=torch.float32)
+    spec = GdnSpec(taps, torch.ones(cd), torch.ones(s), norm, dt_b, a, cols, eps, eps / s,
+                   inv.item(), (hk, hv, s, k), interleave)  # fmt: skip
+    c = spec.c_struct()
+    mixed = torch.randn(t, cd + vs + 2 * hv + 5, generator=gen)[:, : cd + vs + 2 * hv] * 2
+    st_in = [torch.randn(spec.state_size, generator=gen) * 0.3 for _ in range(t)]
+    got_st = [torch.full((spec.state_size,), float("nan")) for _ in range(t)]
+    got = kernel.gdn_step(mixed, st_in, got_st, c, spec.state_size)
+    n_conv = (k - 1) * cd
+    want_st = [torch.empty(spec.state_size) for _ in range(t)]
+    act = torch.cat([kernel.conv_step(st_in[q][:n_conv], mixed[q : q + 1, :cd], taps, None,
+                                      torch.ones(1, cd), want_st[q][:n_conv])
+                     for q in range(t)])  # fmt: skip
+    qk = rms_norm(act[:, : 2 * hk * s].reshape(t, 2 * hk, s), torch.ones(s), eps / s) * inv
+    kmap = torch.arange(hv) // r if interleave else torch.arange(hv) % hk
+    q_, k_ = qk[:, :hk][:, kmap].contiguous(), qk[:, hk:][:, kmap].contiguous()
+    gg, beta = kernel.gdn_gates(mixed[:, cd + vs :], cols, dt_b, a)
+    o = torch.empty(t, hv, s)
+    kernel.gdn_recur([(q, q + 1) for q in range(t)], [x[n_conv:] for x in st_in],
+                     [x[n_conv:] for x in want_st], q_, k_, act[:, 2 * hk * s :].reshape(t, hv, s),
+                     gg, beta, inv.item(), o, [[] for _ in range(t)])  # fmt: skip
+    normed = rms_norm(o, norm, eps).view(t, vs)
+    want = gated_act(mixed[:, cd : cd + vs].contiguous(), normed, "silu")
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    for x, y in zip(got_st, want_st, strict=True):
+        assert torch.equal(x.view(torch.int32), y.view(torch.int32))
