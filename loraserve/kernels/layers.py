@@ -3,9 +3,10 @@
 The Python loop over layers costs 5-7 ms of a 25 ms Gemma 270M decode step in tensor ops
 and kernel calls; `FusedLayers` runs the same kernels in the same order in one call (the
 step's adapters as a scale table and each adapter's per-target pointers), so its numbers
-equal the Python path's bit for bit (tests compare both). Layers attend, or run a Mamba-2
-mixer (granitehybrid) in decode steps, whose state records the caller passes
-(`recurrent.mamba2.decode_records`).
+equal the Python path's bit for bit (tests compare both). Layers attend (qwen35's gated
+attention too: output gates, a partial rope), or run a Mamba-2 (granitehybrid) or gated
+delta-net (qwen35) mixer in decode steps, whose state records the caller passes
+(`recurrent.mamba2.decode_records`). Which decoders build them: `model.fused.build_fused`.
 """
 
 from __future__ import annotations
@@ -65,7 +66,10 @@ class FusedLayers:
     """Every layer of a decoder as one C call. Built once per decoder; holds the weight
     tensors it points into (they must stay alive and in place). res_scale: each branch's
     output times it before its residual add (granite); lanes: torch's float sum width
-    (`ssm_scan.vector_lanes`), needed where a layer is Mamba-2."""
+    (`ssm_scan.vector_lanes`), needed where a layer is Mamba-2; rope_dim: the dims of each
+    q/k head rotated (None: all; fewer: `attn.variants.partial_rope`, adjacent pairs with
+    rope_pairs, else halves); out_gate: each q head's rows followed by its output gate's
+    (qwen35: the attention's output times sigmoid(gate), `sigmoid_gate`)."""
 
     def __init__(
         self, layers: list[LayerSpec], hidden: int, n_heads: int, n_kv: int, head_dim: int,
