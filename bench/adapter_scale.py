@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -147,9 +148,11 @@ def run_loraserve(plan: Plan, model: Path, n: int) -> dict[str, Any]:
         drop_cached(used)
     cached = page_cached(used)
 
-    def before_multi(round_picks: list[int]) -> None:
+    def before_multi(round_picks: list[int]) -> dict[str, Any]:
+        files = [folder / f"a{a:04d}.gguf" for a in sorted(set(round_picks))]
         if plan.cold:  # every read of the round from the disk (resident ones need none)
-            drop_cached([folder / f"a{a:04d}.gguf" for a in sorted(set(round_picks))])
+            drop_cached(files)
+        return {"page_cached": page_cached(files)}  # the round's files, as its load starts
 
     warm, single, multi, single16 = _workload(
         plan, n, lambda a: [{"name": f"a{a:04d}", "scale": 1.0}]
@@ -239,7 +242,8 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[dict[str, Any]] = []
 
     def write() -> None:  # after every server: a window cut short keeps what it measured
-        doc = {"plan": asdict(plan), "machine": machine(), "rows": rows}
+        env = {k: v for k, v in os.environ.items() if k.startswith(("LORASERVE_", "OMP_"))}
+        doc = {"plan": asdict(plan), "machine": machine(), "env": env, "rows": rows}
         path.write_text(json.dumps(doc, indent=1))
 
     binary = None if args.no_peer else find_peer()

@@ -15,13 +15,13 @@ draw new Zipf picks (seed + round) from a server whose tier has seen the earlier
 steady state that S-LoRA's figures describe. Both are reported: `ratio_first` (round 0) and
 `ratio_steady` (median over rounds 1..R-1), beside `ratio_median` over all rounds.
 
-Five rounds by default (three before): with 64 adapters the new picks of rounds 0, 1 and 2
-are first uses of 32, 15 and 6 adapters, and one round's ratio varies by up to ~8% on a
-quiet machine (a rank-16 single-adapter load ran faster than the rank-8 one in 2 rounds of
-6), so the median of three was round 1's in two runs of three, a load still a sixth first
-uses, within that noise. Three runs of three rounds at 64 (2026-12-03 17:45-18:30) gave
-round 0 0.83/0.85/0.97, round 1 0.86/0.93/1.04, round 2 0.94/0.96/1.03: in order of their
-reads in two runs of three.
+Five rounds by default (three before): one round's ratio varies by up to ~8% on a quiet
+machine, and with three the median was round 1's, a load still a sixth first uses.
+
+Each load also records what explains a slow round: its first uses (adapters never sent
+before: reads no tier policy avoids) beside `lru_reads` (the client-side LRU model's reads),
+the share of the round's adapter files in the page cache as the Zipf load starts, the
+server's system CPU and major page faults, and MemAvailable.
 
 Every request has a prompt of its own (tagged with the round and side), so no round reads
 the KV an earlier one left in the prefix cache.
@@ -34,6 +34,7 @@ import statistics
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -58,10 +59,12 @@ class TierModel:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._lru: OrderedDict[int, None] = OrderedDict()
+        self.seen: set[int] = set()  # every adapter sent so far
 
     def feed(self, picks: list[int]) -> list[bool]:
         """Each pick's residency in send order; the model then holds them as used."""
         out = []
+        self.seen.update(picks)
         for a in picks:
             out.append(a in self._lru)
             self._lru[a] = None
@@ -134,15 +137,36 @@ def _load(server: Running, payloads: list[dict[str, Any]], clients: int,
     use during it (the machine's share taken by processes other than the two sides)."""
     before = metrics(server.url)
     meter = CpuMeter(server.proc.pid)
-    cpu0 = _proc_jiffies(server.proc.pid)
-    out = summarize(*asyncio.run(closed_loop(server.url, payloads, clients)), resident)
+    cpu0, sys0, flt0 = _proc_jiffies(server.proc.pid), *_sys_faults(server.proc.pid)
+    out = {"mem_available_mib": _mem_available_mib()}
+    out.update(summarize(*asyncio.run(closed_loop(server.url, payloads, clients)), resident))
     out["other_cores"] = meter.other_cores()
     out["server_cpu_s"] = (_proc_jiffies(server.proc.pid) - cpu0) / CLK_TCK
+    sys1, flt1 = _sys_faults(server.proc.pid)
+    out["server_sys_s"], out["major_faults"] = (sys1 - sys0) / CLK_TCK, flt1 - flt0
     after = metrics(server.url)
     for key in ("loads", "load_s", "evictions"):
         a, b = after[key], before[key]
         out[key] = None if a is None or b is None else a - b
     return out
+
+
+def _sys_faults(pid: int) -> tuple[int, int]:
+    """The server's system-mode CPU (jiffies) and major page faults so far: a read that
+    waits for the disk faults, and memory short enough to reclaim shows as system time."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0, 0
+    return int(fields[12]), int(fields[9])
+
+
+def _mem_available_mib() -> float | None:
+    """MemAvailable now (MiB): a page cache that cannot hold the adapters reads them anew."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    return None
 
 
 def _total(xs: list[float | None]) -> float | None:
@@ -162,7 +186,7 @@ def rounds(
     single: Callable[[int], tuple[list[dict[str, Any]], list[int]]] | None,
     multi: Callable[[int], tuple[list[dict[str, Any]], list[int]]],
     tier: TierModel,
-    before_multi: Callable[[list[int]], None] | None = None,
+    before_multi: Callable[[list[int]], dict[str, Any] | None] | None = None,
     mark: Callable[[str], object] | None = None,
     single16: Callable[[int], tuple[list[dict[str, Any]], list[int]]] | None = None,
 ) -> dict[str, Any]:
@@ -186,9 +210,12 @@ def rounds(
         loads = {"single": single, "single16": single16, "multi": multi}
         for side in (x for x in order if loads[x] is not None):
             payloads, picks = loads[side](r)  # type: ignore[misc]
+            extra: dict[str, Any] = {"first_uses": len(set(picks) - tier.seen)}
             if side == "multi" and before_multi is not None:
-                before_multi(picks)
-            sides[side] = _load(server, payloads, clients, tier.feed(picks))
+                extra.update(before_multi(picks) or {})
+            warm = tier.feed(picks)
+            sides[side] = {**_load(server, payloads, clients, warm), **extra,
+                           "lru_reads": warm.count(False)}  # fmt: skip
         s, m = sides.get("single", {}).get("tokens_per_s"), sides["multi"]["tokens_per_s"]
         ratio = m / s if s and m else None
         out_rounds.append({"round": r, "ratio": ratio, "cpu_ratio": _cpu_ratio(sides), **sides})
