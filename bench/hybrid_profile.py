@@ -4,14 +4,14 @@
 [--paths]` loads the `bench.hybrid_synth` model in-process, runs one request of `--tokens` + 1
 greedy tokens and one of 1 token on the same 64-token prompt (cache off), and prints, per
 decode token (the difference of the two), the time in each quantized projection (by tensor
-name), the recurrent kernels (`gdn_recur`, `scan2`, `mamba2_step`), the recurrent mixers and
-the layers as a whole, or the fused C layers (`kernels.layers`: granitehybrid's decode steps)
-as one stage; what the layers and the output leave is the engine's step (embedding, sampling,
-state bookkeeping). `--paths` alternates the fused and the per-layer path, repetition by
-repetition, so the two are compared under the same load. Times are the calling thread's CPU
-time (`bench.stage_profile`): compare runs at 1 thread. Not a speed figure against
-llama-server (that is `bench.hybrid_speed`, in a quiet window): a way to see which stage a
-change moved.
+name), the recurrent kernels (`gdn_recur`, `gdn_step`, `scan2`, `mamba2_step`), the recurrent
+mixers and the layers as a whole, or the fused C layers (`kernels.layers`: granitehybrid's
+decode steps) as one stage; what the layers and the output leave is the engine's step
+(embedding, sampling, state bookkeeping). `--paths` alternates the fused and the per-layer
+path, repetition by repetition, so the two are compared under the same load. Times are the
+calling thread's CPU time (`bench.stage_profile`): compare runs at 1 thread. Not a speed figure
+against llama-server (that is `bench.hybrid_speed`, in a quiet window): a way to see which
+stage a change moved.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ def instrument(decoder: Any, meter: Meter) -> None:
         FusedLayers.__call__, "fused layers (C)"
     )
     deltanet.gdn_recur = meter.wrap(deltanet.gdn_recur, "gdn_recur")  # type: ignore[assignment]
+    deltanet.gdn_step = meter.wrap(deltanet.gdn_step, "gdn_step")  # type: ignore[assignment]
     ssm_scan.scan2 = meter.wrap(ssm_scan.scan2, "ssm scan2")  # type: ignore[assignment]
     ssm_scan.mamba2_step = meter.wrap(  # type: ignore[assignment]
         ssm_scan.mamba2_step, "mamba2 step (C)"
