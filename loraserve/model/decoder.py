@@ -70,6 +70,12 @@ class Decoder(nn.Module):
             self._factors = w.float("rope_factors_short.weight")
             self._factors_long = w.float("rope_factors_long.weight")
         self._build_rope(self._factors)
+        # no layer rotates (granitehybrid): a step's tables are zeros of their shape, never
+        # read (`_unused_tables`), not looked up position by position
+        self._any_rope = any(b.rope for b in self.blocks)
+        self._unused: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._embed_scale = torch.tensor(cfg.embed_scale, dtype=torch.float32)
+        self._mixers = [b.mixer for b in self.blocks]
         self._by_long: dict[bool, Decoder] = {False: self}  # `for_context`: shared by siblings
 
     def _build_rope(self, factors: torch.Tensor | None) -> None:
@@ -108,17 +114,20 @@ class Decoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions: [T] long -> logits [S, V] float32 for ctx.logits_rows."""
         ctx = get_context()
-        max_pos = int(positions.max())
-        self.rope_global.ensure(max_pos)
-        self.rope_local.ensure(max_pos)
         if isinstance(self.embed, torch.Tensor):
             x = self.embed[input_ids]  # [T, hidden]
         else:
             x = self.embed(input_ids)
         if self.cfg.embed_scale != 1.0:
-            x = x * torch.tensor(self.cfg.embed_scale, dtype=torch.float32)
-        rope_global = self.rope_global.tables(positions)
-        rope_local = self.rope_local.tables(positions)
+            x = x * self._embed_scale
+        if self._any_rope:
+            max_pos = int(positions.max())
+            self.rope_global.ensure(max_pos)
+            self.rope_local.ensure(max_pos)
+            rope_global = self.rope_global.tables(positions)
+            rope_local = self.rope_local.tables(positions)
+        else:
+            rope_global = rope_local = self._unused_tables(x.shape[0])
         fused = self._fused() if self.use_fused else None
         kv = ctx.kv_caches
         lora_in = None
@@ -129,8 +138,7 @@ class Decoder(nn.Module):
                 fused = None
         states = None
         if fused is not None and fused.mamba_layers:  # Mamba-2 layers: decode steps alone
-            mixers = [b.mixer for b in self.blocks]
-            states = decode_records(mixers, ctx.states, x.shape[0])  # type: ignore[arg-type]
+            states = decode_records(self._mixers, ctx.states, x.shape[0])  # type: ignore[arg-type]
             fused = None if states is None else fused
         if fused is not None and all(k.dtype == v.dtype == torch.float32 for k, v in kv):
             a = ctx.attn  # every layer in one C call: the same kernels, the same bits
@@ -150,13 +158,24 @@ class Decoder(nn.Module):
         cfg = self.cfg
         if ctx.hidden_rows is not None:  # embeddings hook: see StepContext.hidden_rows
             ctx.hidden = norm(cfg, x.index_select(0, ctx.hidden_rows), self.norm, self.norm_b)
-        x = norm(cfg, x.index_select(0, ctx.logits_rows), self.norm, self.norm_b)
+        if ctx.logits_rows.numel() != x.shape[0]:  # else every row: the runner's rows ascend
+            x = x.index_select(0, ctx.logits_rows)
+        x = norm(cfg, x, self.norm, self.norm_b)
         logits = self.output(x)  # [S, V]
         if cfg.final_softcap > 0.0:
             softcap_(logits, cfg.final_softcap)
         if cfg.logit_scale != 1.0:  # one multiply per value: the same bits anywhere
             logits.mul_(cfg.logit_scale)
         return logits
+
+    def _unused_tables(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rope tables of ``t`` rows ([t, D/2] zeros) for a model none of whose layers
+        rotates: only their shape is read."""
+        tables = self._unused.get(t)
+        if tables is None:
+            z = torch.zeros(t, self.rope_global.inv_freq.shape[0])
+            tables = self._unused[t] = (z, z)
+        return tables
 
     def _fused(self) -> FusedLayers | None:
         """The fused layers, built on first use; None where a layer needs the Python path
