@@ -76,11 +76,12 @@ class StateStore:
         self.snaps: dict[int, States] = {}  # block id -> states after the block's last token
         self.max_ckpts = checkpoints
         self.min_step = min_step
+        self._snapshot_bytes = sum(4 * _numel(s) for s in self.shapes.values())
 
     @property
     def snapshot_bytes(self) -> int:
         """Bytes of one snapshot (every recurrent layer's float32 state)."""
-        return sum(4 * _numel(s) for s in self.shapes.values())
+        return self._snapshot_bytes
 
     @property
     def kv_share(self) -> float:
