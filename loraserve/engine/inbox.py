@@ -7,9 +7,9 @@ CLI) a call runs at once on the caller's thread.
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -27,7 +27,9 @@ class Inbox:
     is up (then its future fails with `EngineBusy`)."""
 
     def __init__(self) -> None:
-        self._queue: queue.Queue[Callable[[], None]] = queue.Queue()
+        # posted calls: deque's append and popleft are atomic (other threads append, the
+        # engine thread alone pops), so a step with nothing posted takes no lock
+        self._queue: deque[Callable[[], None]] = deque()
         self._waiting: list[tuple[Callable[[], Any], Future[Any], float, str]] = []
         self.wake = threading.Event()
         self.threaded = False  # set while an engine thread runs `run` between its steps
@@ -54,16 +56,14 @@ class Inbox:
     @property
     def empty(self) -> bool:
         """Whether no posted call waits to run (waiting calls aside)."""
-        return self._queue.empty()
+        return not self._queue
 
     def run(self) -> None:
         """Engine thread: run what was posted, then retry the waiting calls."""
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            job()
+        while self._queue:
+            self._queue.popleft()()
+        if not self._waiting:
+            return
         now, still = time.monotonic(), []
         for fn, fut, deadline, busy in self._waiting:
             if self._try(fn, fut):
@@ -76,7 +76,7 @@ class Inbox:
 
     def _post(self, job: Callable[[], None]) -> None:
         if self.threaded:
-            self._queue.put(job)
+            self._queue.append(job)
             self.wake.set()
         else:
             job()
