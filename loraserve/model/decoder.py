@@ -13,9 +13,7 @@ import copy
 import torch
 from torch import nn
 
-from loraserve import kernels
-from loraserve.kernels import ssm_scan
-from loraserve.kernels.layers import FusedLayers, LayerSpec, ProjSpec
+from loraserve.kernels.layers import FusedLayers
 from loraserve.kernels.rowops import softcap_
 from loraserve.model.attn.rope_scaling import RopeScaling, ScaledRope
 from loraserve.model.block import Block, norm
@@ -24,9 +22,10 @@ from loraserve.model.block import matrix as _matrix
 from loraserve.model.block import req as _req
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
+from loraserve.model.fused import build_fused
 from loraserve.model.layers import Rope, RowEmbedding
 from loraserve.model.projection import Matrix, Projection
-from loraserve.model.recurrent.mamba2 import Mamba2, decode_records
+from loraserve.model.recurrent.mamba2 import decode_records
 from loraserve.model.weights import WeightSource
 
 __all__ = ["Block", "Decoder", "norm"]
@@ -181,47 +180,8 @@ class Decoder(nn.Module):
         """The fused layers, built on first use; None where a layer needs the Python path
         (MoE, float weights) or the C kernels are not here."""
         if not self._fused_built:
-            self._fused_built.append(_build_fused(self))
+            self._fused_built.append(build_fused(self.cfg, self.blocks))
         return self._fused_built[0]
-
-
-def _build_fused(d: Decoder) -> FusedLayers | None:
-    cfg = d.cfg
-    if (cfg.qk_norm_mode != "head" or not cfg.pre_norms or cfg.attn_temp
-            or cfg.attn_softcap or cfg.attn_sinks or cfg.kv_lora_rank or cfg.norm != "rms"
-            or cfg.parallel or cfg.partial_rope
-            or cfg.attn_chunk or cfg.qk_l2_norm or cfg.attn_out_gate
-            or cfg.act not in ("silu", "gelu_tanh")):  # fmt: skip
-        return None  # layer kinds the fused C layers do not have: the per-layer path
-
-    def spec(p: Projection) -> ProjSpec | None:
-        if p._qparts is None or not all(m.quantized for m in p.parts) or len(p.parts) > 8:
-            return None
-        return ProjSpec(p._qparts.parts, p.out_features, p.bias, tuple(n for n, _, _ in p.spans))
-
-    layers = []
-    for b in d.blocks:
-        mix = b.mixer  # attention, or a Mamba-2 mixer in its place (granitehybrid)
-        if b.moe is not None or not b.has_ffn or b.ffn_alone or b.beside or b.plain_ffn \
-                or not (mix is None or isinstance(mix, Mamba2)) \
-                or (not b.rope and b.qk_norm is not None):  # fmt: skip
-            return None
-        mixes = (b.qkv, b.o) if mix is None else (mix.in_proj, mix.out_proj)
-        projs = [spec(p) for p in (*mixes, b.gate_up, b.down)]
-        if any(p is None for p in projs):
-            return None
-        qkv, o, gate_up, down = projs
-        layers.append(LayerSpec(qkv, o, gate_up, down, b.attn_norm.contiguous(),
-                                b.qk_norm, _f32(b.post_attn_norm), b.ffn_norm.contiguous(),
-                                _f32(b.post_ffn_norm), bool(b.sliding), bool(b.rope),
-                                None if mix is None else mix.fused_spec()))  # fmt: skip
-    if not layers:
-        return None
-    ffn = d.blocks[0].gate_up.out_features // 2
-    fused = FusedLayers(layers, cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
-                        ffn, cfg.rms_eps, cfg.attn_scale, cfg.act, cfg.residual_scale,
-                        ssm_scan.vector_lanes())  # fmt: skip
-    return fused if fused.available and kernels.backend() == "c" else None
 
 
 def _rope(dim: int, theta: float, n: int, factors: torch.Tensor | None,
