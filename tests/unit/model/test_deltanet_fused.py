@@ -17,8 +17,6 @@ from loraserve.engine.engine import Engine
 from loraserve.kernels import backend, ssm_scan
 from loraserve.kernels.layers import FusedLayers, sigmoid_gate
 from loraserve.lora.adapter_write import write_gguf_lora
-from loraserve.model import decoder as decoder_mod
-from loraserve.model.fused import build_fused
 from loraserve.model.loader import LoadedModel, load_model
 from loraserve.model.recurrent.deltanet import GatedDeltaNet
 from tests.arch_models import write_model
@@ -61,12 +59,7 @@ def test_fused_qwen35_decode_equals_the_per_layer_path(
     else:
         m = _partial_rope_model(tmp_path, rec, n_rot)
         assert m.config.partial_rope and m.config.rope_dim == n_rot
-    # the decoder builds its fused layers with `model.fused.build_fused` (until decoder.py
-    # calls it itself: the same function)
-    monkeypatch.setattr(decoder_mod, "_build_fused", lambda d: build_fused(d.cfg, d.blocks),
-                        raising=False)  # fmt: skip
-    monkeypatch.setattr(m.decoder, "_fused_built", [])
-    fused = m.decoder._fused()
+    fused = m.decoder._fused()  # `model.fused.build_fused`'s
     assert fused is not None and fused.out_gate
     assert fused.rope_dim == (n_rot or m.config.head_dim)
     assert any(isinstance(b.mixer, GatedDeltaNet) for b in m.decoder.blocks)
