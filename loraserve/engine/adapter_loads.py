@@ -37,7 +37,9 @@ from loraserve.lora.registry import AdapterRegistry, Mix
 from loraserve.lora.tiers import victims
 
 MAX_READS = 2  # adapter files read at once
-# a reader's nice over the engine thread's (`LORASERVE_READER_NICE`; 0: the engine's own)
+# a reader's nice over the engine thread's (`LORASERVE_READER_NICE`; 0: the engine's own).
+# Measured at 2000 adapters from disk (62a3cb3): +14 starved reads (52-119 ms against 12-23)
+# and lowered the ratio (0.81x vs 0.88x), -5 did not raise it (0.885x)
 READER_NICE = int(os.environ.get("LORASERVE_READER_NICE", "0"))
 
 
