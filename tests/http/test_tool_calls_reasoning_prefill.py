@@ -40,7 +40,9 @@ def srv(request):
 
 @pytest.mark.parametrize("choice", ["required", "auto"])
 def test_reasoning_prefill_continues(srv, choice: str) -> None:
-    body = {"messages": PREFILL, "tool_choice": choice, "n_predict": 512,
+    # 1024: Muse's call (XML tags, each argument a run of tokens on the tiny vocabulary)
+    # may repeat optional keys up to the grammar's bound and still needs to close
+    body = {"messages": PREFILL, "tool_choice": choice, "n_predict": 1024,
             "parallel_tool_calls": False}  # fmt: skip
     choice_ = chat(srv, **body)["choices"][0]
     msg = choice_["message"]
