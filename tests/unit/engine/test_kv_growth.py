@@ -10,10 +10,9 @@ import weakref
 import torch
 
 from loraserve.engine.runner import ModelRunner
-from tests.unit.lora.test_lora_load import llama  # noqa: F401
 
 
-def test_growth_keeps_contents_and_releases_each_old_layer(llama) -> None:  # noqa: F811
+def test_growth_keeps_contents_and_releases_each_old_layer(llama) -> None:
     _, model = llama
     runner = ModelRunner(model.decoder, 4, torch.float32)
     runner.ensure_capacity(3)

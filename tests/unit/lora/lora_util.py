@@ -26,6 +26,9 @@ from tests.tiny import hf_model, our_logits, write_gguf
 IDS = [1, 5, 77, 300, 12, 9, 260, 261, 200, 150, 33, 7]
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TOL = 1e-4
+R = 4  # the rank of `pairs`
+MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # fmt: skip
 Tiny = tuple[nn.Module, LoadedModel]
 
 
@@ -65,15 +68,48 @@ def peft_pairs(folder: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
 def gguf_from_peft(path: Path, folder: Path, m: nn.Module, arch: str) -> Path:
     """The llama.cpp converter's output for a PEFT folder (uniform alpha, F32)."""
     conf = json.loads((folder / "adapter_config.json").read_text())
-    cfg = m.config
-    tensors = {}
-    for hf_name, (a, b) in peft_pairs(folder).items():
-        name = hf_to_gguf_name(hf_name, arch)
+    pairs = {k.removesuffix(".weight"): ab for k, ab in peft_pairs(folder).items()}
+    return gguf_from_pairs(path, m, arch, pairs, conf["lora_alpha"])
+
+
+def gguf_from_pairs(path: Path, m: nn.Module, arch: str, pairs: dict, alpha: float) -> Path:
+    """The llama.cpp converter's output for HF module name -> (A [r, in], B [out, r]): llama's
+    q/k rows of B permuted, F32."""
+    cfg, tensors = m.config, {}
+    for module, (a, b) in pairs.items():
+        name = hf_to_gguf_name(module + ".weight", arch)
         if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = cfg.num_attention_heads if "attn_q" in name else cfg.num_key_value_heads
             b = permute_qk(b, heads)
         tensors[name + ".lora_a"], tensors[name + ".lora_b"] = a, b
-    return gguf_adapter(path, arch, tensors, alpha=conf["lora_alpha"])
+    return gguf_adapter(path, arch, tensors, alpha=alpha)
+
+
+def random_pairs(m: nn.Module, r: int, seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """HF module name -> random (A [r, in], B [out, r]) for every projection in MODULES."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, p in m.state_dict().items():
+        module = name.removesuffix(".weight")
+        if module.endswith(MODULES):
+            o, i = p.shape
+            out[module] = (
+                torch.randn(r, i, generator=g) * 0.3,
+                torch.randn(o, r, generator=g) * 0.3,
+            )
+    return out
+
+
+def pairs(seed: int = 0, **over: tuple[tuple[int, ...], tuple[int, ...]]) -> dict:
+    """GGUF LoRA tensors on the tiny llama (hidden 64, ffn 96), shapes overridable."""
+    shapes = {"blk.0.attn_v.weight": ((R, 64), (32, R)), "blk.1.ffn_up.weight": ((R, 64), (96, R))}
+    shapes.update(over)
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, (sa, sb) in shapes.items():
+        out[name + ".lora_a"] = torch.randn(sa, generator=g) * 0.1
+        out[name + ".lora_b"] = torch.randn(sb, generator=g) * 0.1
+    return out
 
 
 def gguf_adapter(
@@ -104,6 +140,30 @@ def gguf_adapter(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def f16_adapter(
+    path: Path,
+    shapes: Mapping[str, tuple[int, ...]],
+    seed: int,
+    rank: int,
+    halves: bool,
+    skip: str = "",
+) -> None:
+    """A GGUF LoRA on every 2-D target of ``shapes`` (but names containing ``skip``) whose
+    values are float16, stored as F16 (``halves``) or as F32 (the same values)."""
+    g = torch.Generator().manual_seed(seed)
+    tensors, types = {}, {}
+    for name, shape in sorted(shapes.items()):
+        if len(shape) != 2 or (skip and skip in name):
+            continue
+        out, inp = shape
+        for part, s in (("lora_a", (rank, inp)), ("lora_b", (out, rank))):
+            t = (torch.randn(s, generator=g) * 0.2).half().numpy()
+            tensors[f"{name}.{part}"] = t.astype(np.float32)
+            if halves:
+                types[f"{name}.{part}"] = GGMLQuantizationType.F16
+    gguf_adapter(path, "gemma3", tensors, alpha=float(rank), types=types)
 
 
 def merged(m: nn.Module, adapters: list[tuple[Path, float]]) -> nn.Module:

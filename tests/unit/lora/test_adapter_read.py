@@ -20,8 +20,7 @@ from loraserve.lora.adapter import AdapterError
 from loraserve.lora.read_gguf import runs_finite, tensors_finite
 from loraserve.lora.registry import AdapterRegistry
 from loraserve.model.gguf import GGUFFile
-from tests.unit.lora.lora_util import gguf_adapter, peft_adapter
-from tests.unit.lora.test_lora_load import llama, pairs  # noqa: F401
+from tests.unit.lora.lora_util import gguf_adapter, pairs, peft_adapter
 
 V, UP = "blk.0.attn_v.weight", "blk.1.ffn_up.weight"
 STORED = {"F32": None, "F16": Q.F16, "BF16": Q.BF16}
@@ -37,7 +36,7 @@ def _values(a) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 @pytest.mark.parametrize("kind", sorted(STORED))
-def test_held_tensors_are_not_the_file(llama, tmp_path, kind: str) -> None:  # noqa: F811
+def test_held_tensors_are_not_the_file(llama, tmp_path, kind: str) -> None:
     """The file's bytes overwritten in place (same inode, as a mapping would show them)
     after the load: every held value stays what was read."""
     _, model = llama
@@ -63,7 +62,7 @@ def test_held_tensors_are_not_the_file(llama, tmp_path, kind: str) -> None:  # n
 @pytest.mark.parametrize("kind", sorted(STORED))
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 @pytest.mark.parametrize("where", [V + ".lora_a", UP + ".lora_b"])
-def test_non_finite_gguf_is_named(llama, tmp_path, kind: str, bad: float, where: str) -> None:  # noqa: F811
+def test_non_finite_gguf_is_named(llama, tmp_path, kind: str, bad: float, where: str) -> None:
     _, model = llama
     t = pairs(1)
     t[where] = t[where].clone()
@@ -75,7 +74,7 @@ def test_non_finite_gguf_is_named(llama, tmp_path, kind: str, bad: float, where:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.bfloat16])
-def test_non_finite_peft_is_named(llama, tmp_path, dtype: torch.dtype) -> None:  # noqa: F811
+def test_non_finite_peft_is_named(llama, tmp_path, dtype: torch.dtype) -> None:
     m, model = llama
     folder, _ = peft_adapter(tmp_path / "p", m, target_modules=["v_proj", "up_proj"])
     f = folder / "adapter_model.safetensors"
@@ -93,7 +92,7 @@ def test_non_finite_peft_is_named(llama, tmp_path, dtype: torch.dtype) -> None: 
     assert reg.load(folder).weights[target].b.dtype == torch.float32
 
 
-def test_runs_finite_over_mixed_types(llama, tmp_path) -> None:  # noqa: F811
+def test_runs_finite_over_mixed_types(llama, tmp_path) -> None:
     """Runs of one type are checked together, the other types' tensors in their own
     runs; a non-finite value in any run is found, a finite file passes."""
     t = pairs(2)
@@ -135,7 +134,7 @@ def _reference_id(a) -> str:
 
 
 @pytest.mark.parametrize("kind", sorted(STORED))
-def test_content_id_is_the_stored_values_hash(llama, tmp_path, kind: str) -> None:  # noqa: F811
+def test_content_id_is_the_stored_values_hash(llama, tmp_path, kind: str) -> None:
     _, model = llama
     reg = AdapterRegistry(model)
     t = pairs(5, **{"blk.0.attn_q.weight": ((4, 64), (64, 4))})  # B unpermuted on read
@@ -144,7 +143,7 @@ def test_content_id_is_the_stored_values_hash(llama, tmp_path, kind: str) -> Non
 
 
 @pytest.mark.parametrize("kind", [*sorted(STORED), "PEFT-F16", "PEFT-F32"])
-def test_held_bytes_are_the_counted_bytes(llama, tmp_path, kind: str) -> None:  # noqa: F811
+def test_held_bytes_are_the_counted_bytes(llama, tmp_path, kind: str) -> None:
     """The storages behind the held tensors hold exactly their bytes, no more (an empty
     tail slice of B once kept B's whole copy alive beside its tiles, half the adapter
     again in memory, uncounted; a view of the mapping kept the file mapped): a float32

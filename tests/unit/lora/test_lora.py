@@ -30,11 +30,6 @@ from tests.unit.lora.lora_util import (
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
-    return tiny(tmp_path_factory, "llama")
-
-
-@pytest.fixture(scope="module")
 def gemma3(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
     return tiny(tmp_path_factory, "gemma3")
 

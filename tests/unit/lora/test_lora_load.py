@@ -16,26 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from loraserve.lora.adapter import AdapterError
 from loraserve.lora.registry import AdapterRegistry
-from tests.unit.lora.lora_util import IDS, Tiny, gguf_adapter, lora_logits, peft_adapter, tiny
-
-R = 4
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
-    return tiny(tmp_path_factory, "llama")
-
-
-def pairs(seed: int = 0, **over: tuple[tuple[int, ...], tuple[int, ...]]) -> dict:
-    """GGUF LoRA tensors on the tiny llama (hidden 64, ffn 96), shapes overridable."""
-    shapes = {"blk.0.attn_v.weight": ((R, 64), (32, R)), "blk.1.ffn_up.weight": ((R, 64), (96, R))}
-    shapes.update(over)
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, (sa, sb) in shapes.items():
-        out[name + ".lora_a"] = torch.randn(sa, generator=g) * 0.1
-        out[name + ".lora_b"] = torch.randn(sb, generator=g) * 0.1
-    return out
+from tests.unit.lora.lora_util import IDS, R, gguf_adapter, lora_logits, pairs, peft_adapter
 
 
 def test_gguf_types_and_alpha(llama, tmp_path) -> None:
