@@ -22,45 +22,14 @@ from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.lora.merge_cli import main
 from loraserve.lora.registry import AdapterRegistry
 from loraserve.model.gguf import GGUFFile
-from loraserve.model.hf import hf_to_gguf_name
-from loraserve.model.loader import LoadedModel, load_model, permute_qk
+from loraserve.model.loader import LoadedModel, load_model
 from tests.engine_util import run_one
 from tests.server_util import write_peft
 from tests.tiny import hf_model, write_gguf
-from tests.unit.lora.lora_util import gguf_adapter, lora_logits
+from tests.unit.lora.lora_util import IDS, gguf_from_pairs, lora_logits, random_pairs
 
-IDS = [1, 5, 77, 300, 12, 9, 260, 261, 200, 150, 33, 7]
-MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # fmt: skip
 DEMO = Path(__file__).resolve().parents[3] / "loraserve" / "adapters"
 Tiny = tuple[nn.Module, LoadedModel, Path]
-
-
-def _pairs(m: nn.Module, r: int, seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """HF module name -> random (A [r, in], B [out, r]) for every targeted projection."""
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, p in m.state_dict().items():
-        module = name.removesuffix(".weight")
-        if module.endswith(MODULES):
-            o, i = p.shape
-            out[module] = (
-                torch.randn(r, i, generator=g) * 0.3,
-                torch.randn(o, r, generator=g) * 0.3,
-            )
-    return out
-
-
-def gguf_input(path: Path, m: nn.Module, arch: str, pairs: dict, alpha: float) -> Path:
-    cfg, tensors = m.config, {}
-    for module, (a, b) in pairs.items():
-        name = hf_to_gguf_name(module + ".weight", arch)
-        if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
-            b = permute_qk(
-                b, cfg.num_attention_heads if "attn_q" in name else cfg.num_key_value_heads
-            )
-        tensors[f"{name}.lora_a"], tensors[f"{name}.lora_b"] = a, b
-    return gguf_adapter(path, arch, tensors, alpha=alpha)
 
 
 @pytest.fixture(scope="module", params=["gemma3", "llama"])
@@ -75,11 +44,11 @@ def _inputs(tmp: Path, tiny: Tiny, kinds: tuple[str, str]) -> list[Path]:
     m, model, _ = tiny
     arch, paths = model.config.arch, []
     for i, (kind, r) in enumerate(zip(kinds, (4, 6), strict=True)):
-        pairs = _pairs(m, r, seed=10 + i)
+        pairs = random_pairs(m, r, seed=10 + i)
         if kind == "peft":
             paths.append(write_peft(tmp / f"in{i}", pairs, r, alpha=2.0 * r))
         else:
-            paths.append(gguf_input(tmp / f"in{i}.gguf", m, arch, pairs, alpha=1.5 * r))
+            paths.append(gguf_from_pairs(tmp / f"in{i}.gguf", m, arch, pairs, alpha=1.5 * r))
     return paths
 
 

@@ -12,7 +12,7 @@ import torch
 from loraserve.lora.merge_cli import main
 from tests.server_util import write_peft
 from tests.tiny import hf_model, write_gguf
-from tests.unit.lora.test_merge import _pairs, gguf_input
+from tests.unit.lora.lora_util import gguf_from_pairs, random_pairs
 
 
 @pytest.fixture(scope="module")
@@ -24,18 +24,18 @@ def files(tmp_path_factory) -> dict[str, Path]:
         hf_model("gemma3", num_hidden_layers=2),
         hf_model("llama", hidden_size=32, seed=1),
     )
-    zero = {k: (a, torch.zeros_like(b)) for k, (a, b) in _pairs(llama, 4, 0).items()}
-    write_peft(d / "lp", _pairs(llama, 4, 3), 4, 8.0)
+    zero = {k: (a, torch.zeros_like(b)) for k, (a, b) in random_pairs(llama, 4, 0).items()}
+    write_peft(d / "lp", random_pairs(llama, 4, 3), 4, 8.0)
     main([str(d / "lp"), "--mode", "cat", "-o", str(d / "lpa"), "--arch", "llama"])
     (d / "notes.txt").write_text("not an adapter")
     return {
         "lpa": d / "lpa",
-        "l4": gguf_input(d / "l4.gguf", llama, "llama", _pairs(llama, 4, 1), 8.0),
-        "l6": gguf_input(d / "l6.gguf", llama, "llama", _pairs(llama, 6, 2), 8.0),
+        "l4": gguf_from_pairs(d / "l4.gguf", llama, "llama", random_pairs(llama, 4, 1), 8.0),
+        "l6": gguf_from_pairs(d / "l6.gguf", llama, "llama", random_pairs(llama, 6, 2), 8.0),
         "lp": d / "lp",
-        "g4": gguf_input(d / "g4.gguf", gemma, "gemma3", _pairs(gemma, 4, 4), 8.0),
-        "o4": gguf_input(d / "o4.gguf", other, "llama", _pairs(other, 4, 5), 8.0),
-        "zero": gguf_input(d / "zero.gguf", llama, "llama", zero, 8.0),
+        "g4": gguf_from_pairs(d / "g4.gguf", gemma, "gemma3", random_pairs(gemma, 4, 4), 8.0),
+        "o4": gguf_from_pairs(d / "o4.gguf", other, "llama", random_pairs(other, 4, 5), 8.0),
+        "zero": gguf_from_pairs(d / "zero.gguf", llama, "llama", zero, 8.0),
         "model": write_gguf(d / "model.gguf", llama, "llama"),
         "txt": d / "notes.txt",
         "dir": d,
