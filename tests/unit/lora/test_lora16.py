@@ -8,6 +8,8 @@ import torch
 
 from loraserve.kernels import lora16
 from loraserve.kernels.floatmm import backend, lora_delta
+from tests.unit.lora.lora_util import f16_adapter
+from tests.unit.model.quant_util import quantized_model
 
 needs_c = pytest.mark.skipif(
     backend() != "c" or not lora16.available(), reason="no C compiler here"
@@ -130,28 +132,6 @@ def test_half_route_refuses_shapes_that_do_not_fit() -> None:
         lora16.lora_delta16(x, y, [(a.half(), lora16.tiles(b), lora16.tail(b))], torch.ones(2, 2))
 
 
-def _f16_adapter(path, shapes, seed: int, rank: int, halves: bool, skip: str = "") -> None:
-    """A GGUF LoRA on every 2-D target of ``shapes`` (but names containing ``skip``) whose
-    values are float16, stored as F16 (``halves``) or as F32 (the same values)."""
-    import numpy as np
-    from gguf import GGMLQuantizationType as Q
-
-    from tests.unit.lora.lora_util import gguf_adapter
-
-    g = torch.Generator().manual_seed(seed)
-    tensors, types = {}, {}
-    for name, shape in sorted(shapes.items()):
-        if len(shape) != 2 or (skip and skip in name):
-            continue
-        out, inp = shape
-        for part, s in (("lora_a", (rank, inp)), ("lora_b", (out, rank))):
-            t = (torch.randn(s, generator=g) * 0.2).half().numpy()
-            tensors[f"{name}.{part}"] = t.astype(np.float32)
-            if halves:
-                types[f"{name}.{part}"] = Q.F16
-    gguf_adapter(path, "gemma3", tensors, alpha=float(rank), types=types)
-
-
 @needs_c
 def test_half_adapters_give_their_float32_twins_bits_in_mixed_batches(tmp_path) -> None:
     """Adapters of ranks 3, 8 and 16 stored as F16 (read through their halves by the fused
@@ -161,14 +141,13 @@ def test_half_adapters_give_their_float32_twins_bits_in_mixed_batches(tmp_path) 
     from loraserve.engine.runner import BatchItem, ModelRunner
     from loraserve.lora.adapter import LoraWeight
     from loraserve.lora.registry import AdapterRegistry
-    from tests.unit.model.test_fused_layers import _quantized_model
 
-    model = _quantized_model(tmp_path, "gemma3")
+    model = quantized_model(tmp_path, "gemma3")
     reg = AdapterRegistry(model)
     for halves in (True, False):  # ids 0-2 halves, 3-5 their float32 twins
         for i, rank in enumerate((3, 8, 16)):
             path = tmp_path / f"a{i}-{halves}.gguf"
-            _f16_adapter(path, reg.shapes, i, rank, halves, skip="attn_k" if i == 1 else "")
+            f16_adapter(path, reg.shapes, i, rank, halves, skip="attn_k" if i == 1 else "")
             a = reg.load(path)
             if not halves:  # equal content shares the halves' weights: the float32 alone
                 a.weights = {t: LoraWeight(w.a, w.b, w.factor) for t, w in a.weights.items()}

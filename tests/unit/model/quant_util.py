@@ -1,7 +1,11 @@
 """Random GGUF rows of every quantization type, gguf-py's float64 dequantization of them (the
-oracle) and the activation rows as the kernels read them: the toolkit of the kernel tests."""
+oracle), the activation rows as the kernels read them, and a tiny model whose matrices are of
+several types: the toolkit of the kernel tests."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -10,6 +14,8 @@ from gguf import quants
 
 import loraserve.kernels as K
 from loraserve.model.dequant import GGML_QUANT_SIZES, GGML_TYPE
+from loraserve.model.loader import load_model
+from tests.tiny import gguf_tensors, hf_model, write_gguf
 
 QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
          "IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
@@ -65,3 +71,18 @@ def activations_as_used(xa: K.QuantizedRows) -> np.ndarray:
 def quantized(x: torch.Tensor, name: str) -> K.QuantizedRows:
     """x quantized in the activation blocks type ``name`` reads (32, or 256: K-quants)."""
     return K.quantize_rows(x, K.activation_block(GGML_TYPE[name]))
+
+
+def quantized_model(tmp_path: Path, arch: str, with_hf: bool = False, **over: Any) -> Any:
+    """A tiny transformers ``arch`` (hidden and ffn 256) written as GGUF with its block
+    matrices in a cycle of quantization types (Q8_0 where a K-quant does not fit) and loaded;
+    with ``with_hf`` also the transformers model: (model, m)."""
+    m = hf_model(arch, hidden_size=256, intermediate_size=256, seed=3, **over)
+    kinds = [RefType[n] for n in ("Q4_K", "Q5_0", "Q8_0", "Q6_K", "Q4_0", "Q3_K", "Q5_1")]
+    quant = {}
+    for i, (name, t) in enumerate(gguf_tensors(m, arch).items()):
+        if name.startswith("blk.") and t.dim() == 2:
+            kind = kinds[i % len(kinds)]
+            quant[name] = kind if t.shape[1] % 256 == 0 else RefType.Q8_0  # K-quants: 256 blocks
+    model = load_model(write_gguf(tmp_path / f"{arch}.gguf", m, arch, quant))
+    return (model, m) if with_hf else model

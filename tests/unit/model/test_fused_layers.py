@@ -6,33 +6,20 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from gguf import GGMLQuantizationType as Q
 
 from loraserve.kernels import backend
 from loraserve.kernels.rowops import gated_act
-from loraserve.model.loader import load_model
-from tests.tiny import gguf_tensors, hf_model, our_logits, write_gguf
+from tests.tiny import our_logits
+from tests.unit.model.quant_util import quantized_model
 
 needs_c = pytest.mark.skipif(backend() != "c", reason="no C compiler here")
-
-
-def _quantized_model(tmp_path, arch: str, with_hf: bool = False, **over):
-    m = hf_model(arch, hidden_size=256, intermediate_size=256, seed=3, **over)
-    kinds = [Q.Q4_K, Q.Q5_0, Q.Q8_0, Q.Q6_K, Q.Q4_0, Q.Q3_K, Q.Q5_1]
-    quant = {}
-    for i, (name, t) in enumerate(gguf_tensors(m, arch).items()):
-        if name.startswith("blk.") and t.dim() == 2:
-            kind = kinds[i % len(kinds)]
-            quant[name] = kind if t.shape[1] % 256 == 0 else Q.Q8_0  # K-quants: 256 blocks
-    model = load_model(write_gguf(tmp_path / f"{arch}.gguf", m, arch, quant))
-    return (model, m) if with_hf else model
 
 
 @needs_c
 @pytest.mark.parametrize("arch", ["gemma3", "qwen2", "llama"])
 def test_fused_layers_equal_the_python_path_bitwise(tmp_path, arch: str) -> None:
     over = {"sliding_window": 5} if arch == "gemma3" else {}
-    model = _quantized_model(tmp_path, arch, **over)
+    model = quantized_model(tmp_path, arch, **over)
     dec = model.decoder
     assert dec._fused() is not None, "the quantized dense model should take the fused path"
     ids = torch.randint(3, 300, (19,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -56,7 +43,7 @@ def test_fused_lora_deltas_equal_the_python_path_bitwise(tmp_path, arch: str) ->
     from loraserve.lora.registry import AdapterRegistry
     from tests.unit.lora.lora_util import peft_adapter
 
-    model, m = _quantized_model(tmp_path, arch, with_hf=True)
+    model, m = quantized_model(tmp_path, arch, with_hf=True)
     reg = AdapterRegistry(model)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     for i, tm in enumerate((targets, ["v_proj", "down_proj"])):  # different target sets
@@ -86,7 +73,7 @@ def test_fused_lora_deltas_equal_the_python_path_bitwise(tmp_path, arch: str) ->
 
 @needs_c
 def test_fused_layers_refuse_bad_metadata_with_a_clear_error(tmp_path) -> None:
-    model = _quantized_model(tmp_path, "llama")
+    model = quantized_model(tmp_path, "llama")
     fused = model.decoder._fused()
     assert fused is not None
     d = model.config
