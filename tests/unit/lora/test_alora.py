@@ -10,78 +10,20 @@ computed under the base model, so its KV is shared with base requests both ways
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
-from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from gguf import GGUFValueType, GGUFWriter
-from peft import LoraConfig, get_peft_model
 
 from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.lora.adapter import AdapterError
-from loraserve.model.loader import LoadedModel, load_model
+from loraserve.model.loader import LoadedModel
 from tests.engine_util import ask, run_and_drain, tokens
-from tests.tiny import hf_logits, hf_model, write_gguf
-from tests.unit.lora.lora_util import TARGETS, peft_pairs
+from tests.unit.lora.alora_util import INV
+from tests.unit.lora.catalogue_util import N, greedy
 
-INV = [7, 8]
 HISTORY = [1, 5, 77, 300, 12, 9, 260, 261, 200, 150, 33, 41, 42, 43]  # 14 tokens
-N = 6
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> tuple[LoadedModel, torch.nn.Module]:
-    m = hf_model("gemma3", num_hidden_layers=2, seed=3)
-    return load_model(write_gguf(tmp_path_factory.mktemp("m") / "g.gguf", m, "gemma3")), m
-
-
-@pytest.fixture(scope="module")
-def alora(tiny, tmp_path_factory) -> tuple[Path, Path, torch.nn.Module]:
-    """PEFT's aLoRA (folder, its GGUF form, the PEFT model)."""
-    _, m = tiny
-    cfg = LoraConfig(
-        r=4, lora_alpha=8, target_modules=TARGETS, alora_invocation_tokens=INV,
-        task_type="CAUSAL_LM",
-    )  # fmt: skip
-    pm = get_peft_model(copy.deepcopy(m), cfg)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for n, p in pm.named_parameters():
-            if "lora_" in n:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    root = tmp_path_factory.mktemp("alora")
-    pm.save_pretrained(root / "inv")
-    assert (
-        json.loads((root / "inv" / "adapter_config.json").read_text())["alora_invocation_tokens"]
-        == INV
-    )
-    return root / "inv", gguf_alora(root / "inv.gguf", root / "inv"), pm.eval()
-
-
-def gguf_alora(path: Path, folder: Path) -> Path:
-    """llama.cpp's converter output for an aLoRA folder (gemma3: no q/k permutation)."""
-    from loraserve.model.hf import hf_to_gguf_name
-
-    w = GGUFWriter(str(path), "gemma3")
-    w.add_type("adapter")
-    w.add_string("adapter.type", "lora")
-    w.add_float32("adapter.lora.alpha", 8.0)
-    w.add_key_value(
-        "adapter.alora.invocation_tokens", INV, GGUFValueType.ARRAY, GGUFValueType.UINT32
-    )
-    for hf_name, (a, b) in peft_pairs(folder).items():
-        name = hf_to_gguf_name(hf_name, "gemma3")
-        w.add_tensor(name + ".lora_a", a.numpy().astype(np.float32))
-        w.add_tensor(name + ".lora_b", b.numpy().astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 @functools.cache
@@ -99,13 +41,6 @@ def peft_greedy(pm: torch.nn.Module, prompt: list[int], n: int = N, cached=True)
         for _ in range(n):
             out = pm(torch.tensor([ids]), alora_offsets=[len(ids) - start]).logits[0]
             ids.append(int(out[-1].argmax()))
-    return ids[len(prompt) :]
-
-
-def base_greedy(m: torch.nn.Module, prompt: list[int], n: int = N) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(hf_logits(m, ids)[-1].argmax()))
     return ids[len(prompt) :]
 
 
@@ -128,9 +63,9 @@ def test_alora_equals_peft(tiny, alora, form: int) -> None:
     pm = alora[2]
     for prompt in (HISTORY + INV + [50, 51], HISTORY[:3] + INV + HISTORY + INV + [60]):
         got, _ = one(eng, prompt, lora=[(a.id, 1.0)])
-        assert got == peft_greedy(pm, prompt) != base_greedy(m, prompt)
+        assert got == peft_greedy(pm, prompt) != greedy(m, prompt)
     no_invocation = HISTORY + [50, 51]  # the adapter never acts: the base model's answer
-    assert one(eng, no_invocation, lora=[(a.id, 1.0)])[0] == base_greedy(m, no_invocation)
+    assert one(eng, no_invocation, lora=[(a.id, 1.0)])[0] == greedy(m, no_invocation)
 
 
 def test_base_history_is_shared_both_ways(tiny, alora) -> None:
@@ -147,7 +82,7 @@ def test_base_history_is_shared_both_ways(tiny, alora) -> None:
     a = eng.load_adapter(alora[0], 0.0).result()
     one(eng, asked, lora=[(a.id, 1.0)])
     base, cache_n = one(eng, HISTORY + [99])
-    assert cache_n >= len(HISTORY) and base == base_greedy(m, HISTORY + [99])
+    assert cache_n >= len(HISTORY) and base == greedy(m, HISTORY + [99])
     # and never the adapter's positions: a base request over the invocation recomputes them
     _, cache_n = one(eng, asked)
     assert cache_n == len(HISTORY)

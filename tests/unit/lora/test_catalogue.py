@@ -9,61 +9,20 @@ counters (`cache_n`).
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import threading
 from pathlib import Path
 
 import pytest
-import torch
 
-from loraserve.engine.engine import Engine, EngineConfig
+from loraserve.engine.engine import Engine
 from loraserve.lora.adapter import AdapterError
 from loraserve.lora.catalogue import Catalogue, parse_module
 from loraserve.lora.registry import UnknownModelName
-from loraserve.model.loader import LoadedModel, load_model
 from tests.engine_util import ask, follow, run_and_drain, tokens
-from tests.tiny import hf_logits, hf_model, write_gguf
-from tests.unit.lora.lora_util import gguf_from_peft, peft_adapter
-
-P = [1, 5, 77, 300, 12, 9, 260, 261, 200, 150, 33, 7, 41, 42, 43, 44, 45, 46]
-N = 6
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> tuple[LoadedModel, torch.nn.Module]:
-    m = hf_model("gemma3", num_hidden_layers=2, seed=3)
-    return load_model(write_gguf(tmp_path_factory.mktemp("m") / "g.gguf", m, "gemma3")), m
-
-
-@pytest.fixture(scope="module")
-def lib(tiny, tmp_path_factory) -> tuple[Path, dict[str, torch.nn.Module]]:
-    """A --lora-dir with PEFT folders a, b, c, d (seeds 1-4) and e.gguf (a's GGUF form)."""
-    _, m = tiny
-    root = tmp_path_factory.mktemp("loras")
-    peft = {}
-    for seed, n in enumerate("abcd", 1):
-        _, peft[n] = peft_adapter(root / n, m, seed=seed)
-    gguf_from_peft(root / "e.gguf", root / "a", m, "gemma3")
-    return root, peft
-
-
-@functools.cache
-def _greedy(m: torch.nn.Module, prompt: tuple[int, ...], n: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(hf_logits(m, ids)[-1].argmax()))
-    return ids[len(prompt) :]
-
-
-def greedy(m: torch.nn.Module, prompt: list[int], n: int = N) -> list[int]:
-    """transformers' (or PEFT's) greedy tokens after ``prompt``."""
-    return _greedy(m, tuple(prompt), n)
-
-
-def engine(model: LoadedModel, root: Path, **kw) -> Engine:
-    return Engine(model, EngineConfig(n_ctx=512, block_size=4, lora_dirs=(str(root),), **kw))
+from tests.unit.lora.catalogue_util import N, P, engine, greedy
+from tests.unit.lora.lora_util import peft_adapter
 
 
 def one(eng: Engine, **kw) -> tuple[list[int], int]:
