@@ -19,8 +19,8 @@ from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.model.loader import LoadedModel, load_model
 from tests.engine_util import ask, run_and_drain, tokens
 from tests.tiny import hf_model, write_gguf
+from tests.unit.lora.alora_util import INV
 from tests.unit.lora.lora_util import peft_adapter
-from tests.unit.lora.test_alora import INV, alora  # noqa: F401 (fixture)
 
 HISTORY = [1, 5, 77, 300, 12, 9, 260, 261, 200]
 MIXES = [{}, {"a": 1.0}, {"b": 0.5}, {"inv": 1.0}, {"a": 1.0, "inv": 1.0}, None]  # None: global

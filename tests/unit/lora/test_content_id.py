@@ -9,8 +9,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from loraserve.lora.registry import AdapterRegistry
-from tests.unit.lora.lora_util import gguf_adapter
-from tests.unit.lora.test_lora_load import llama, pairs  # noqa: F401
+from tests.unit.lora.lora_util import gguf_adapter, pairs
 
 
 def test_halves_identity(llama, tmp_path) -> None:  # noqa: F811

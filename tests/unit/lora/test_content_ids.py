@@ -13,8 +13,7 @@ import pytest
 import loraserve.lora.adapter as adapter_mod
 from loraserve.lora import content_ids
 from loraserve.lora.registry import AdapterRegistry
-from tests.unit.lora.lora_util import gguf_adapter
-from tests.unit.lora.test_lora_load import llama, pairs  # noqa: F401
+from tests.unit.lora.lora_util import gguf_adapter, pairs
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import time
 from loraserve.lora import prefetch as pf
 from loraserve.lora.prefetch import Prefetch, disk_path, will_need
 from tests.engine_util import ask, follow, run_and_drain, tokens
-from tests.unit.lora.test_catalogue import N, P, engine, greedy, lib, tiny  # noqa: F401
+from tests.unit.lora.catalogue_util import N, P, engine, greedy
 
 
 def deferred() -> tuple[Prefetch, list]:

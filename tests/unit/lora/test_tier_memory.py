@@ -12,7 +12,7 @@ import torch
 
 from loraserve.kernels.floatmm import backend
 from loraserve.lora.registry import AdapterRegistry
-from tests.unit.lora.test_lora16 import _f16_adapter
+from tests.unit.lora.lora_util import f16_adapter as _f16_adapter
 
 needs_c = pytest.mark.skipif(backend() != "c", reason="no C compiler here")
 
@@ -20,7 +20,7 @@ needs_c = pytest.mark.skipif(backend() != "c", reason="no C compiler here")
 @needs_c
 def test_evicted_adapters_leave_the_fused_layers_cache(tmp_path) -> None:
     from loraserve.engine.runner import BatchItem, ModelRunner
-    from tests.unit.model.test_fused_layers import _quantized_model
+    from tests.unit.model.quant_util import quantized_model as _quantized_model
 
     model = _quantized_model(tmp_path, "gemma3")
     fused = model.decoder._fused()
@@ -60,7 +60,7 @@ def test_evicted_adapters_leave_the_fused_layers_cache(tmp_path) -> None:
 def test_evicted_adapters_tensors_are_freed(tmp_path) -> None:
     """Once evicted, an adapter's tensors are garbage (no reference left anywhere), even
     after its byte count was taken: the count never keeps the weights it counted."""
-    from tests.unit.model.test_fused_layers import _quantized_model
+    from tests.unit.model.quant_util import quantized_model as _quantized_model
 
     model = _quantized_model(tmp_path, "gemma3")
     reg = AdapterRegistry(model)
