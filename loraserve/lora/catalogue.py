@@ -24,12 +24,14 @@ PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 @dataclass(frozen=True)
 class Entry:
-    """One adapter the catalogue offers: its name, its real path, and the base model
-    it says it was trained on (PEFT's ``base_model_name_or_path``, vLLM's ``parent``)."""
+    """One adapter the catalogue offers: its name, its real path, the base model it says
+    it was trained on (PEFT's ``base_model_name_or_path``; a module's ``base_model_name``,
+    vLLM's ``parent``), and whether it is a ``--lora-modules`` entry."""
 
     name: str
     path: Path
     base_model: str | None = None
+    module: bool = False
 
 
 def _inside(path: str, root: str) -> bool:
@@ -96,7 +98,7 @@ class Catalogue:
             key = name.casefold()
             if key in self._modules:
                 raise ValueError(f"--lora-modules: the name {name!r} is given twice")
-            self._modules[key] = Entry(name, Path(path), base)
+            self._modules[key] = Entry(name, Path(path), base, module=True)
 
     def __bool__(self) -> bool:
         return bool(self.dirs or self._modules)

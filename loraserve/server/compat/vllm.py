@@ -62,7 +62,9 @@ async def load_lora_adapter(request: HttpRequest) -> Response:
     name, path = _text(body.get("lora_name")), _text(body.get("lora_path"))
     if not name or not path:
         return error("Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput", 400)
-    inplace = body.get("load_inplace", False) is True
+    inplace = body.get("load_inplace", False)
+    if not isinstance(inplace, bool):
+        return error("'load_inplace' must be true or false", "BadRequestError", 400)
     try:
         await load_named(request, name, path, replace=inplace)
     except ApiError as e:

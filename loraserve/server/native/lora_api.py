@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
+import unicodedata
 from typing import Any
 
 from fastapi import APIRouter
@@ -47,7 +48,10 @@ def _regular_size(path: str, root: str, shown: str) -> int:
     real = os.path.realpath(path)
     if not _inside(real, root):
         raise ApiError(403, "permission_error", f"path: {shown} links outside {root}")
-    st = os.stat(real)
+    try:
+        st = os.stat(real)
+    except OSError as e:  # a link loop, a file gone meanwhile: the caller's input, named
+        raise invalid_request(f"path: {shown} cannot be read: {e.strerror or e}") from None
     if not stat.S_ISREG(st.st_mode):
         raise invalid_request(f"path: {shown} is not a regular file")
     return st.st_size
@@ -127,6 +131,19 @@ async def unregistered(engine: Engine, registered: list[Adapter]) -> list[Entry]
     return [e for e in entries if e.name.casefold() not in taken]
 
 
+async def offered(
+    engine: Engine, registered: list[Adapter]
+) -> tuple[list[Entry], dict[tuple[str, str], str]]:
+    """`unregistered`, and the base model each `--lora-modules` entry names (its JSON
+    form's `base_model_name`: vLLM's `parent`) by (name case folded, real path)."""
+    entries = await io_thread(engine.catalogue_entries)
+    taken = {a.name.casefold() for a in registered}
+    parents = {
+        (e.name.casefold(), str(e.path)): e.base_model for e in entries if e.module and e.base_model
+    }
+    return [e for e in entries if e.name.casefold() not in taken], parents
+
+
 @router.post("/lora-adapters", openapi_extra=body_doc(LoraScales))
 async def set_scales(request: HttpRequest) -> Response:
     """Set the global scales: `[{id, scale}]`, unlisted adapters to 0. **Ours:** an entry may
@@ -152,6 +169,8 @@ async def load_adapter(request: HttpRequest) -> Response:
     body = await read_body(request, LoadAdapterRequest)
     if not state.cfg.lora_dirs:
         raise not_supported("loading adapters at run time is off: start with --lora-dir DIR")
+    if body.name is not None:
+        check_name(body.name)
     real = resolve_adapter_path(state.cfg.lora_dirs, body.path)
     try:
         adapter = await wait(engine.load_adapter(real, body.scale, body.name, body.pinned))
@@ -173,6 +192,14 @@ async def unload_adapter(request: HttpRequest) -> Response:
     return JsonResponse({"success": True})
 
 
+def check_name(name: str) -> None:
+    """A name given to a load: 400 for one with control characters (a NUL, a newline...),
+    which no listing or log could show as it is."""
+    bad = next((c for c in name if unicodedata.category(c) == "Cc"), None)
+    if bad is not None:
+        raise invalid_request(f"name: {name!r} contains the control character {bad!r}")
+
+
 async def load_named(
     request: HttpRequest, name: str, path: str, *, replace: bool = False, pinned: bool = False
 ) -> Adapter:
@@ -185,6 +212,7 @@ async def load_named(
     engine = state.require()
     if not state.cfg.lora_dirs:
         raise not_supported("loading adapters at run time is off: start with --lora-dir DIR")
+    check_name(name)
     real = resolve_adapter_path(state.cfg.lora_dirs, path)
     try:
         return await wait(engine.load_adapter(real, 0.0, name, pinned, replace))

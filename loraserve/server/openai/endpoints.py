@@ -28,7 +28,7 @@ from loraserve.server.errors import JsonResponse
 from loraserve.server.flight import wait
 from loraserve.server.generation import chat_prompt, submit, tokenize_prompts
 from loraserve.server.grammar import grammar_spec
-from loraserve.server.native.lora_api import unregistered
+from loraserve.server.native.lora_api import offered
 from loraserve.server.native.results import final_result
 from loraserve.server.openai.pieces import (
     chat_logprobs,
@@ -228,7 +228,8 @@ async def chat_completions(request: HttpRequest) -> Response:
 async def models(request: HttpRequest) -> Response:
     """The model, then every adapter as a model of its own (selectable by name): the
     registered ones, then what `--lora-dir` and `--lora-modules` offer (read on first use),
-    with vLLM's `root` (the adapter's path) and `parent` (the model)."""
+    with vLLM's `root` (the adapter's path) and `parent` (the model, or the base model a
+    `--lora-modules` entry's JSON form names, as vLLM's)."""
     state = get_state(request)
     state.require()
     assert state.model is not None
@@ -252,8 +253,9 @@ async def models(request: HttpRequest) -> Response:
     ]
     engine = state.require()
     listed = [a for a, _ in await wait(engine.list_adapters())]
-    offered = [(a.name, a.path, a.id, bool(a.weights)) for a in listed]
-    offered += [(e.name, e.path, None, False) for e in await unregistered(engine, listed)]
+    entries, parents = await offered(engine, listed)
+    adapters = [(a.name, a.path, a.id, bool(a.weights)) for a in listed]
+    adapters += [(e.name, e.path, None, False) for e in entries]
     data += [
         {
             "id": a_name,
@@ -261,9 +263,9 @@ async def models(request: HttpRequest) -> Response:
             "created": created,
             "owned_by": "loraserve",
             "root": str(path),
-            "parent": name,
+            "parent": parents.get((a_name.casefold(), str(path)), name),
             "meta": {"lora_id": lora_id, "loaded": loaded},
         }
-        for a_name, path, lora_id, loaded in offered
+        for a_name, path, lora_id, loaded in adapters
     ]
     return JsonResponse({"object": "list", "data": data})
