@@ -19,7 +19,7 @@ from loraserve.lora.adapter_write import write_gguf_lora
 from loraserve.model.gguf_write import write_gguf
 from tests.arch_models import tensor_values, typed_metadata
 from tests.engine_util import ask, run_and_drain
-from tests.unit.model.test_archs import PROBS, RECORDS, _random_adapter, load, model_file
+from tests.unit.model.archs_util import PROBS, RECORDS, load, model_file, random_adapter
 
 ARCHS = ["qwen3moe", "gpt-oss", "deepseek2"]
 MIXES: list[dict[int, float]] = [{}, {0: 0.8}, {1: -0.5}, {0: 0.8, 1: -0.5}, {0: -0.3, 1: 1.2}]
@@ -53,7 +53,7 @@ def test_batched_mixes_bitwise_alone_and_equal_merged(tmp: Path, arch: str) -> N
     model = load(model_file(tmp, arch, variant, "F32"), arch)
     name_arch, cfg = RECORDS[arch]["arch"], model.config
     assert not cfg.permuted_qk  # the adapters' B rows are the base's as written
-    pairs = [_random_adapter(rec, 1), _random_adapter(rec, 2)]
+    pairs = [random_adapter(rec, 1), random_adapter(rec, 2)]
     stems = {n.split(".")[-2] for n in pairs[0]}
     assert stems & {"ffn_gate_exps", "ffn_gate_up_exps"}, "no routed experts adapted"
     assert "ffn_gate_inp" in stems, "the router not adapted"

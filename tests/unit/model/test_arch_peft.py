@@ -25,7 +25,7 @@ from loraserve.model.gguf_write import write_gguf
 from loraserve.model.hf import hf_to_gguf_name
 from loraserve.model.weights import permute_qk
 from tests.arch_models import tensor_values, typed_metadata
-from tests.unit.model.test_archs import RECORDS, check_equals_merged, load, model_file
+from tests.unit.model.archs_util import RECORDS, check_equals_merged, load, model_file
 
 MODULES = [  # transformers' linear modules inside a layer (modeling_<arch>.py)
     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",

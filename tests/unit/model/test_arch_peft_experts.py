@@ -20,8 +20,8 @@ from loraserve.lora.adapter_checks import AdapterError
 from loraserve.model.gguf_write import write_gguf
 from loraserve.model.loader import load_model
 from tests.arch_models import tensor_values, typed_metadata, write_model
-from tests.unit.model.test_archs import check_equals_merged
-from tests.unit.model.test_mla_adapters import _spec
+from tests.unit.model.archs_util import check_equals_merged
+from tests.unit.model.mla_util import mla_spec
 
 R, ALPHA, SCALE = 4, 8.0, 0.8
 
@@ -63,7 +63,7 @@ def _folder(path: Path, spec: dict, g: torch.Generator, skip: int = 1,
 
 
 def test_per_expert_modules_equal_merged_weights(tmp_path: Path) -> None:
-    spec = _spec()
+    spec = mla_spec()
     model = load_model(write_model(spec, tmp_path / "ds2.gguf"))
     deltas = _folder(tmp_path / "peft", spec, torch.Generator().manual_seed(5))
     values = tensor_values(spec)
@@ -81,7 +81,7 @@ def test_per_expert_modules_equal_merged_weights(tmp_path: Path) -> None:
 
 
 def test_experts_of_different_scale_are_refused(tmp_path: Path) -> None:
-    spec = _spec()
+    spec = mla_spec()
     model = load_model(write_model(spec, tmp_path / "ds2.gguf"))
     conf = {"alpha_pattern": {"experts.0.gate_proj": 2.0}}
     _folder(tmp_path / "peft", spec, torch.Generator().manual_seed(6), conf=conf)

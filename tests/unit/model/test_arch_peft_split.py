@@ -19,8 +19,8 @@ from loraserve.engine.engine import Engine
 from loraserve.model.gguf_write import write_gguf
 from loraserve.model.loader import load_model
 from tests.arch_models import tensor_values, typed_metadata, write_model
-from tests.unit.model.test_archs import check_equals_merged
-from tests.unit.model.test_mla_adapters import HEADS, _spec
+from tests.unit.model.archs_util import check_equals_merged
+from tests.unit.model.mla_util import HEADS, mla_spec
 
 R, ALPHA, SCALE = 4, 8.0, 0.8
 
@@ -70,7 +70,7 @@ def _folder(path: Path, spec: dict, g: torch.Generator) -> dict[str, torch.Tenso
 
 
 def test_kv_b_and_expert_parameters_equal_merged_weights(tmp_path: Path) -> None:
-    spec = _spec()
+    spec = mla_spec()
     model = load_model(write_model(spec, tmp_path / "ds2.gguf"))
     deltas = _folder(tmp_path / "peft", spec, torch.Generator().manual_seed(3))
     assert "blk.1.ffn_gate_up_exps.weight" in deltas

@@ -21,7 +21,6 @@ YaRN, long rope factors: its ``overrides``), answered at llama-server's context 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -31,20 +30,27 @@ import torch
 
 from loraserve.engine.core import EngineConfig
 from loraserve.engine.engine import Engine
-from loraserve.engine.runner import BatchItem, ModelRunner
-from loraserve.engine.sampling.params import SamplingParams
+from loraserve.engine.runner import ModelRunner
 from loraserve.lora.adapter_write import write_gguf_lora
 from loraserve.model.gguf_write import write_gguf
-from loraserve.model.loader import load_model
 from loraserve.model.tokenizer import Tokenizer
 from loraserve.model.weights import permute_qk
-from tests.arch_models import file_sha256, tensor_digest, tensor_values, typed_metadata, write_model
+from tests.arch_models import tensor_values, typed_metadata
 from tests.engine_util import ask, run_and_drain
+from tests.unit.model.archs_util import (
+    GAP,
+    KV,
+    PROBS,
+    RECORDS,
+    VARIANTS,
+    VOCAB,
+    case_id,
+    forced_logits,
+    load,
+    model_file,
+    random_adapter,
+)
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "archs"
-RECORDS = {p.stem: json.loads(p.read_text()) for p in sorted(DATA.glob("*.json"))}
-VOCAB = RECORDS.pop("test_vocab", None)
-VARIANTS = [(a, v) for a, r in RECORDS.items() for v in r["variants"]]
 TYPES = ("F32", "Q8_0", "Q4_K_M")
 # every recorded (model, variant, file type): a tagged record may hold F32 answers only
 CASES = [(a, v, t) for a, v in VARIANTS for t in TYPES if t in RECORDS[a]["variants"][v]["answers"]]
@@ -52,73 +58,11 @@ CASES = [(a, v, t) for a, v in VARIANTS for t in TYPES if t in RECORDS[a]["varia
 # alone: the engine and adapter checks run on the short ones
 LONG = {a for a, r in RECORDS.items() if int(r.get("n_ctx", 256)) > 256 and "long" in a}
 SHORT = [(a, v) for a, v in VARIANTS if a not in LONG]
-GAP = 0.5
-KV = torch.float16  # llama-server's default KV cache type (-ctk/-ctv f16), as recorded
-PROBS = SamplingParams(temperature=0.0, n_probs=2)
-_FILES: dict[tuple[str, str, str], Path] = {}
-
-
-def _id(p: tuple[str, ...]) -> str:
-    return "-".join(p)
-
-
-def load(path: Path, key: str) -> Any:
-    """The model at ``path``, told the context llama-server ran it with (phi3's long factors)."""
-    model = load_model(path)
-    model.decoder = model.decoder.for_context(int(RECORDS[key].get("n_ctx", 256)))
-    return model
-
-
-def model_file(tmp: Path, arch: str, variant: str, qtype: str) -> Path:
-    """The model llama-server answered on, rebuilt here; its bytes checked against the record."""
-    key = (arch, variant, qtype)
-    if key not in _FILES:
-        rec = RECORDS[arch]["variants"][variant]
-        files = rec["files"][qtype]
-        types = None if qtype == "F32" else {k: int(t) for k, t in files["types"].items()}
-        path = write_model(rec, tmp / f"{arch}-{variant}-{qtype}.gguf", types)
-        if qtype == "F32":
-            assert file_sha256(path) == files["sha256"], "the F32 file is not the one recorded"
-        assert tensor_digest(path)[0] == files["tensors_sha256"], (
-            f"{qtype}: our quantizer's bytes differ from llama-quantize's"
-        )
-        _FILES[key] = path
-    return _FILES[key]
 
 
 @pytest.fixture(scope="module")
 def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("archs")
-
-
-def forced_logits(
-    runner: ModelRunner, cases: list[dict[str, Any]], mix: dict[int, float] | None = None
-) -> torch.Tensor:
-    """Teacher forcing in one forward pass: each case's prompt followed by llama-server's
-    tokens, the logits [sum of N, V] of every position that predicts one of those N tokens
-    (a row's logits do not depend on the batch: the engine's promise, tested below)."""
-    items, block = [], 0
-    for c in cases:
-        seq = c["prompt"] + c["tokens"][:-1]
-        n_blocks = -(-len(seq) // runner.bs)
-        blocks = list(range(block, block + n_blocks))
-        block += n_blocks
-        items.append(
-            BatchItem(seq, 0, len(seq), blocks, True, mix or {}, n_logits=len(c["tokens"]))
-        )
-    runner.ensure_capacity(block)
-    return runner.forward(items)
-
-
-def check_equals_merged(eng: Engine, base: Any, merged: Any, cases: list[dict[str, Any]],
-                        scale: float) -> None:  # fmt: skip
-    """Adapter 0 at `scale` in `eng` answers the teacher-forced `cases` as the `merged` model
-    does (log-probabilities within 2e-3), and the adapter changes the `base` model's answers."""
-    got = forced_logits(eng.core.runner, cases, {0: scale}).log_softmax(-1)
-    want = forced_logits(ModelRunner(merged.decoder, 16, torch.float32), cases).log_softmax(-1)
-    ref = forced_logits(ModelRunner(base.decoder, 16, torch.float32), cases).log_softmax(-1)
-    assert (ref - want).abs().max() > 0.01, "the adapter changes nothing: no test"
-    assert (got - want).abs().max() < 2e-3
 
 
 def answers(eng: Engine, prefixes: list[list[int]], **kw: Any) -> list[tuple[int, Any]]:
@@ -129,7 +73,7 @@ def answers(eng: Engine, prefixes: list[list[int]], **kw: Any) -> list[tuple[int
     return [(e[0].token, e[0].probs) for e in evs]
 
 
-@pytest.mark.parametrize("arch,variant,qtype", CASES, ids=map(_id, CASES))
+@pytest.mark.parametrize("arch,variant,qtype", CASES, ids=map(case_id, CASES))
 def test_greedy_equals_llama_server(tmp: Path, arch: str, variant: str, qtype: str) -> None:
     rec = RECORDS[arch]["variants"][variant]
     model = load(model_file(tmp, arch, variant, qtype), arch)
@@ -161,36 +105,7 @@ def test_greedy_equals_llama_server(tmp: Path, arch: str, variant: str, qtype: s
     assert [(e[0].token, e[0].probs) for e in evs] == batched, "resumed differs from batched"
 
 
-def _random_adapter(rec: dict[str, Any], seed: int) -> dict[str, Any]:
-    """Random LoRA pairs (HF layout: A [r, in], B [out, r]) on every 2-D projection, the
-    routers included (llama.cpp's ``build_moe_ffn`` applies LoRA to ``ffn_gate_inp``, qwen2moe's
-    to the 1-D shared-expert gate ``ffn_gate_inp_shexp``: B [1, r]), and on every stacked expert
-    tensor (routed experts: A [E, r, in], B [E, out, r], as ``build_lora_mm_id`` applies them)."""
-    g = torch.Generator().manual_seed(seed)
-    pairs = {}
-    for name, shape, _ in rec["tensors"]:
-        stem = name.split(".")[-2] if name.startswith("blk.") else ""
-        if name.endswith(".bias"):  # gpt-oss's 2-D expert biases are no LoRA target
-            continue
-        if stem == "ffn_gate_inp_shexp":  # [hidden]: one output row
-            pairs[name] = (torch.randn(4, shape[-1], generator=g) * 0.05,
-                           torch.randn(1, 4, generator=g) * 0.05)  # fmt: skip
-        elif len(shape) == 2 and stem.startswith(("attn_q", "attn_k", "attn_v", "attn_output",
-                                                   "ffn_gate", "ffn_up", "ffn_down")):  # fmt: skip
-            if stem.endswith("_norm"):
-                continue
-            a = torch.randn(4, shape[1], generator=g) * 0.05
-            b = torch.randn(shape[0], 4, generator=g) * 0.05
-            pairs[name] = (a, b)
-        elif len(shape) == 3 and stem in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
-                                            "ffn_gate_up_exps"):  # fmt: skip
-            a = torch.randn(shape[0], 4, shape[2], generator=g) * 0.05
-            b = torch.randn(shape[0], shape[1], 4, generator=g) * 0.05
-            pairs[name] = (a, b)
-    return pairs
-
-
-@pytest.mark.parametrize("arch,variant", SHORT, ids=map(_id, SHORT))
+@pytest.mark.parametrize("arch,variant", SHORT, ids=map(case_id, SHORT))
 def test_adapter_mix_equals_merged_weights(tmp: Path, arch: str, variant: str) -> None:
     rec = RECORDS[arch]["variants"][variant]
     path = model_file(tmp, arch, variant, "F32")
@@ -198,7 +113,7 @@ def test_adapter_mix_equals_merged_weights(tmp: Path, arch: str, variant: str) -
     name_arch = RECORDS[arch]["arch"]  # arch is the record's key: <arch> or <arch>+<tag>
     cfg = model.config
     heads = (cfg.n_heads, cfg.n_kv_heads)
-    p1, p2 = _random_adapter(rec, 1), _random_adapter(rec, 2)
+    p1, p2 = random_adapter(rec, 1), random_adapter(rec, 2)
     write_gguf_lora(tmp / f"{arch}-{variant}-a1.gguf", name_arch, p1, qk_heads=heads)
     write_gguf_lora(tmp / f"{arch}-{variant}-a2.gguf", name_arch, p2, qk_heads=heads)
     mix = {0: 0.8, 1: -0.5}

@@ -16,7 +16,7 @@ from loraserve.model.loader import load_model
 from loraserve.model.validate import ModelFileError
 from tests.arch_models import file_sha256, write_model
 from tests.mtp_models import DATA, mtp_spec
-from tests.unit.model.test_archs import GAP, KV, forced_logits
+from tests.unit.model.archs_util import GAP, KV, forced_logits
 
 REC = json.loads((DATA / "mtp" / "qwen35.json").read_text())
 

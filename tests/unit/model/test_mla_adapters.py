@@ -8,7 +8,6 @@ architecture's recorded models."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,37 +15,13 @@ import torch
 
 from loraserve.engine.core import EngineConfig
 from loraserve.engine.engine import Engine
-from loraserve.engine.runner import ModelRunner
 from loraserve.lora.adapter_write import write_gguf_lora
 from loraserve.lora.registry import base_shapes
 from loraserve.model.gguf_write import write_gguf
 from loraserve.model.loader import load_model
 from tests.arch_models import tensor_values, typed_metadata, write_model
-from tests.unit.model.test_archs import forced_logits
-
-SPEC = Path(__file__).resolve().parents[2] / "data" / "archs" / "deepseek2.json"
-HEADS = 3
-
-
-def _spec() -> dict[str, Any]:
-    """The recorded tiny deepseek2 with HEADS query heads (every head-sized tensor resized)."""
-    spec = json.loads(SPEC.read_text())["variants"]["moe"]
-    meta = {k: v for k, _, v in spec["metadata"]}
-    qd, dv = int(meta["deepseek2.attention.key_length_mla"]), int(
-        meta["deepseek2.attention.value_length_mla"]
-    )
-    tensors = []
-    for name, shape, t in spec["tensors"]:
-        if name.endswith((".attn_k_b.weight", ".attn_v_b.weight")):
-            shape = [HEADS, *shape]
-        elif name.endswith(".attn_q_b.weight"):
-            shape = [HEADS * qd, shape[1]]
-        elif name.endswith(".attn_output.weight"):
-            shape = [shape[0], HEADS * dv]
-        tensors.append([name, shape, t])
-    metadata = [[k, vt, HEADS if k == "deepseek2.attention.head_count" else v]
-                for k, vt, v in spec["metadata"]]  # fmt: skip
-    return {**spec, "tensors": tensors, "metadata": metadata}
+from tests.unit.model.archs_util import check_equals_merged
+from tests.unit.model.mla_util import HEADS, mla_spec
 
 
 def _pairs(spec: dict[str, Any], seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -67,7 +42,7 @@ def _pairs(spec: dict[str, Any], seed: int) -> dict[str, tuple[torch.Tensor, tor
 
 
 def test_per_head_adapters_equal_merged_weights(tmp_path: Path) -> None:
-    spec = _spec()
+    spec = mla_spec()
     model = load_model(write_model(spec, tmp_path / "ds2.gguf"))
     shapes = base_shapes(model.decoder)
     assert shapes["blk.0.attn_k_b.weight"] == (HEADS, 512, 128)  # adapters address the stacks
@@ -82,9 +57,4 @@ def test_per_head_adapters_equal_merged_weights(tmp_path: Path) -> None:
                                    values))  # fmt: skip
     eng = Engine(model, EngineConfig(n_slots=2, n_ctx=512, block_size=16))
     eng.load_adapter(tmp_path / "a.gguf", 0.0).result()
-    cases = spec["answers"]["F32"]
-    got = forced_logits(eng.core.runner, cases, {0: 0.8}).log_softmax(-1)
-    want = forced_logits(ModelRunner(merged.decoder, 16, torch.float32), cases).log_softmax(-1)
-    base = forced_logits(ModelRunner(model.decoder, 16, torch.float32), cases).log_softmax(-1)
-    assert (base - want).abs().max() > 0.01, "the adapter changes nothing: no test"
-    assert (got - want).abs().max() < 2e-3
+    check_equals_merged(eng, model, merged, spec["answers"]["F32"], 0.8)
