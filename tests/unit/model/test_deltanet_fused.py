@@ -12,17 +12,19 @@ from typing import Any
 import pytest
 import torch
 
-from loraserve.engine.core import EngineConfig
-from loraserve.engine.engine import Engine
 from loraserve.kernels import backend, ssm_scan
-from loraserve.kernels.layers import FusedLayers, sigmoid_gate
+from loraserve.kernels.layers import sigmoid_gate
 from loraserve.lora.adapter_write import write_gguf_lora
 from loraserve.model.loader import LoadedModel, load_model
 from loraserve.model.recurrent.deltanet import GatedDeltaNet
 from tests.arch_models import write_model
-from tests.engine_util import ask
-from tests.unit.model.test_recurrent import PROBS, RECORDS, RECURRENT_STEMS, _adapter, answers
-from tests.unit.model.test_recurrent import model as recorded_model
+from tests.unit.model.recurrent_util import (
+    RECORDS,
+    RECURRENT_STEMS,
+    check_fused_decode,
+    stem_adapter,
+)
+from tests.unit.model.recurrent_util import model as recorded_model
 
 needs_c = pytest.mark.skipif(backend() != "c" or not ssm_scan.available(), reason="no C kernels")
 STEMS = (*RECURRENT_STEMS, "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
@@ -64,43 +66,12 @@ def test_fused_qwen35_decode_equals_the_per_layer_path(
     assert fused.rope_dim == (n_rot or m.config.head_dim)
     assert any(isinstance(b.mixer, GatedDeltaNet) for b in m.decoder.blocks)
     assert len(fused.mamba_layers) == sum(b.mixer is not None for b in m.decoder.blocks)
-    pairs = _adapter(rec, 7, STEMS)
+    pairs = stem_adapter(rec, 7, STEMS)
     for stem in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha", "ssm_out", "attn_q."):
         assert any(f".{stem}" in n for n in pairs), stem
     lora = tmp_path / "qwen35-lora.gguf"
     write_gguf_lora(lora, "qwen35", pairs)
-    calls = []
-    real = FusedLayers.__call__
-
-    def counted(self: FusedLayers, *a: Any, **kw: Any) -> torch.Tensor:
-        calls.append(a[0].shape[0])
-        return real(self, *a, **kw)
-
-    monkeypatch.setattr(FusedLayers, "__call__", counted)
-    cases = rec["answers"]["Q4_K_M"]
-    prompts = [cases[0]["prompt"], cases[0]["prompt"], cases[2]["prompt"]]  # 0, 1: mix alone
-    mixes: list[dict[int, float]] = [{0: 0.7}, {}, {0: -1.3}]
-
-    def run(use_fused: bool) -> list[tuple[list, list, int]]:
-        m.decoder.use_fused = use_fused
-        eng = Engine(m, EngineConfig(n_slots=3, n_ctx=3 * 128, block_size=4))
-        eng.load_adapter(lora, 0.0).result()
-        asks = [ask(p, 6, mix, sampling=PROBS, cache_prompt=False)
-                for p, mix in zip(prompts, mixes, strict=True)]  # fmt: skip
-        alone = [answers(eng, [a])[0] for a in asks]
-        return alone + answers(eng, asks)
-
-    try:
-        got = run(True)
-        n_fused = len(calls)
-        want = run(False)
-    finally:
-        m.decoder.use_fused = True
-    assert n_fused > 0 and len(calls) == n_fused, "the fused call did not run (or ran unasked)"
-    assert 3 in calls, "no batched decode step of three rows ran fused"
-    assert got == want
-    assert got[:3] == got[3:], "batched answers differ from the answers alone"
-    assert got[0][1] != got[1][1], "the adapter changes nothing: no test"
+    check_fused_decode(m, lora, rec["answers"]["Q4_K_M"], monkeypatch)
 
 
 @needs_c

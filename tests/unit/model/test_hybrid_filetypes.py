@@ -20,7 +20,8 @@ from loraserve.engine import slot_io
 from loraserve.engine.core import EngineConfig
 from loraserve.engine.engine import Engine
 from tests.engine_util import ask
-from tests.unit.model.test_recurrent import PROBS, RECORDS, answers, model
+from tests.unit.model.archs_util import PROBS
+from tests.unit.model.recurrent_util import RECORDS, answers, model
 
 KINDS = ("granitehybrid", "qwen35", "lfm2")  # Mamba-2, gated delta-net, short conv
 CASES = [(a, q) for q in ("F32", "Q8_0") for a in KINDS if a in RECORDS]

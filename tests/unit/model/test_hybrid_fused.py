@@ -6,7 +6,6 @@ alone, whatever the rows around it."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -14,13 +13,19 @@ import torch
 from loraserve.engine.core import EngineConfig
 from loraserve.engine.engine import Engine
 from loraserve.kernels import backend, ssm_scan
-from loraserve.kernels.layers import FusedLayers
 from loraserve.lora.adapter_write import write_gguf_lora
 from loraserve.model.loader import load_model
 from tests.engine_util import ask
-from tests.unit.model.test_archs import RECORDS as ALL
-from tests.unit.model.test_recurrent import PROBS, RECORDS, RECURRENT_STEMS, _adapter, answers
-from tests.unit.model.test_recurrent import model as recorded_model
+from tests.unit.model.archs_util import PROBS
+from tests.unit.model.archs_util import RECORDS as ALL
+from tests.unit.model.recurrent_util import (
+    RECORDS,
+    RECURRENT_STEMS,
+    answers,
+    check_fused_decode,
+    stem_adapter,
+)
+from tests.unit.model.recurrent_util import model as recorded_model
 
 needs_c = pytest.mark.skipif(backend() != "c" or not ssm_scan.available(), reason="no C kernels")
 STEMS = (*RECURRENT_STEMS, "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
@@ -39,42 +44,11 @@ def test_fused_hybrid_decode_equals_the_per_layer_path(
     fused = m.decoder._fused()
     assert fused is not None and fused.mamba_layers, "granitehybrid should take the fused path"
     rec = RECORDS["granitehybrid"]["variants"]["dense"]
-    pairs = _adapter(rec, 5, STEMS)
+    pairs = stem_adapter(rec, 5, STEMS)
     assert any(".ssm_in." in n for n in pairs) and any(".ssm_out." in n for n in pairs)
     lora = tmp_path / "granitehybrid-lora.gguf"
     write_gguf_lora(lora, "granitehybrid", pairs, qk_heads=(m.config.n_heads,) * 2)
-    calls = []
-    real = FusedLayers.__call__
-
-    def counted(self: FusedLayers, *a: Any, **kw: Any) -> torch.Tensor:
-        calls.append(a[0].shape[0])
-        return real(self, *a, **kw)
-
-    monkeypatch.setattr(FusedLayers, "__call__", counted)
-    cases = rec["answers"]["Q4_K_M"]
-    prompts = [cases[0]["prompt"], cases[0]["prompt"], cases[2]["prompt"]]  # 0, 1: mix alone
-    mixes: list[dict[int, float]] = [{0: 0.7}, {}, {0: -1.3}]
-
-    def run(use_fused: bool) -> list[tuple[list, list, int]]:
-        m.decoder.use_fused = use_fused
-        eng = Engine(m, EngineConfig(n_slots=3, n_ctx=3 * 128, block_size=4))
-        eng.load_adapter(lora, 0.0).result()
-        asks = [ask(p, 6, mix, sampling=PROBS, cache_prompt=False)
-                for p, mix in zip(prompts, mixes, strict=True)]  # fmt: skip
-        alone = [answers(eng, [a])[0] for a in asks]
-        return alone + answers(eng, asks)
-
-    try:
-        got = run(True)
-        n_fused = len(calls)
-        want = run(False)
-    finally:
-        m.decoder.use_fused = True
-    assert n_fused > 0 and len(calls) == n_fused, "the fused call did not run (or ran unasked)"
-    assert 3 in calls, "no batched decode step of three rows ran fused"
-    assert got == want
-    assert got[:3] == got[3:], "batched answers differ from the answers alone"
-    assert got[0][1] != got[1][1], "the adapter changes nothing: no test"
+    check_fused_decode(m, lora, rec["answers"]["Q4_K_M"], monkeypatch)
 
 
 @needs_c

@@ -28,19 +28,26 @@ from loraserve.engine.core import EngineConfig
 from loraserve.engine.engine import Engine
 from loraserve.lora.adapter_write import write_gguf_lora
 from tests.engine_util import ask
-from tests.unit.model.test_recurrent import (
-    PROBS,
+from tests.unit.model.archs_util import PROBS, case_id
+from tests.unit.model.recurrent_util import (
     RECORDS,
     RECURRENT_STEMS,
-    STEMS,
     VARIANTS,
-    _adapter,
-    _id,
-    action,
     answers,
     model,
+    stem_adapter,
 )
 
+STEMS = [[5, 9, 14, 2, 77, 31, 8, 8, 100, 64, 3], [5, 9, 14, 2, 77, 6], [40] * 9]
+request = st.tuples(
+    st.integers(0, len(STEMS) - 1),
+    st.lists(st.integers(0, 127), max_size=6),  # own tail after the shared stem
+    st.sampled_from([None, {0: 0.5}, {1: -0.7}, {0: 1.0, 1: 0.5}]),  # None: the global mix
+)
+action = st.one_of(
+    st.lists(request, min_size=1, max_size=4),  # requests submitted together
+    st.sampled_from([[(0, 0.0), (1, 0.0)], [(0, 0.8)], [(0, 0.5), (1, -0.7)]]),  # global switch
+)
 ARCHS = [a for a in ("jamba", "falcon-h1", "nemotron_h") if a in RECORDS]
 Origin = tuple[object, tuple[int, ...]]  # (cache key, the tokens before the state)
 
@@ -111,7 +118,7 @@ def check_cache_on_equals_off(
     for seed in (1, 2):
         p = tmp / f"{arch}-{variant}-prop{seed}.gguf"
         if not p.exists():
-            pairs = _adapter(rec, seed, RECURRENT_STEMS + ("attn_q", "attn_v", "ffn_up"))
+            pairs = stem_adapter(rec, seed, RECURRENT_STEMS + ("attn_q", "attn_v", "ffn_up"))
             name = RECORDS[arch]["arch"]  # the record's (nemotron_h_moe+latent: nemotron_h_moe)
             write_gguf_lora(p, name, pairs, qk_heads=(m.config.n_heads,) * 2)
         paths.append(p)
@@ -142,7 +149,7 @@ def check_cache_on_equals_off(
 
 
 @pytest.mark.skipif(not VARIANTS, reason="no recorded recurrent architecture")
-@pytest.mark.parametrize("arch,variant", VARIANTS, ids=map(_id, VARIANTS))
+@pytest.mark.parametrize("arch,variant", VARIANTS, ids=map(case_id, VARIANTS))
 @settings(
     max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

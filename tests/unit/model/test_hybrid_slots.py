@@ -22,14 +22,8 @@ from loraserve.engine.engine import Engine
 from loraserve.lora.adapter_write import write_gguf_lora
 from loraserve.server.config.args import parse_server_args
 from tests.engine_util import ask
-from tests.unit.model.test_recurrent import (
-    PROBS,
-    RECORDS,
-    RECURRENT_STEMS,
-    _adapter,
-    answers,
-    model,
-)
+from tests.unit.model.archs_util import PROBS
+from tests.unit.model.recurrent_util import RECORDS, RECURRENT_STEMS, answers, model, stem_adapter
 
 HYBRIDS = [a for a in ("granitehybrid", "qwen35") if a in RECORDS]
 TURN = [5, 9, 3, 7, 11, 2, 8, 4, 6, 10]  # with 5 answer tokens fed: 15, inside a block
@@ -44,7 +38,7 @@ def _engine(m, adapter: Path, **kw) -> Engine:  # type: ignore[no-untyped-def]
 def _adapter_file(tmp: Path, arch: str, m) -> Path:  # type: ignore[no-untyped-def]
     p = tmp / f"{arch}-slots.gguf"
     rec = RECORDS[arch]["variants"]["dense"]
-    pairs = _adapter(rec, 5, RECURRENT_STEMS + ("attn_q", "attn_v", "ffn_up"))
+    pairs = stem_adapter(rec, 5, RECURRENT_STEMS + ("attn_q", "attn_v", "ffn_up"))
     write_gguf_lora(p, arch, pairs, qk_heads=(m.config.n_heads,) * 2)
     return p
 

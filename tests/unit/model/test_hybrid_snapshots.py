@@ -17,16 +17,11 @@ from loraserve.engine.core import EngineConfig
 from loraserve.engine.engine import Engine
 from loraserve.lora.adapter_write import write_gguf_lora
 from tests.engine_util import ask
-from tests.unit.model.test_recurrent import (
-    PROBS,
-    RECORDS,
-    RECURRENT_STEMS,
-    _adapter,
-    answers,
-    model,
-)
+from tests.unit.model.archs_util import PROBS
+from tests.unit.model.recurrent_util import RECORDS, RECURRENT_STEMS, answers, model, stem_adapter
 
 ARCHS = [a for a in ("jamba", "falcon-h1", "nemotron_h") if a in RECORDS]
+
 
 @pytest.fixture(scope="module")
 def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -84,7 +79,7 @@ def test_next_turn_resumes_from_the_live_state(tmp_path: Path, arch: str) -> Non
     m = model(tmp_path, arch, "dense")
     rec = RECORDS[arch]["variants"]["dense"]
     p = tmp_path / f"{arch}-live.gguf"
-    pairs = _adapter(rec, 3, RECURRENT_STEMS + ("attn_q", "attn_v", "ffn_up"))
+    pairs = stem_adapter(rec, 3, RECURRENT_STEMS + ("attn_q", "attn_v", "ffn_up"))
     write_gguf_lora(p, arch, pairs, qk_heads=(m.config.n_heads,) * 2)
     eng = Engine(m, EngineConfig(n_slots=1, n_ctx=128, block_size=4))
     off = Engine(m, EngineConfig(n_slots=1, n_ctx=128, block_size=4))
@@ -139,7 +134,7 @@ def test_edited_last_message_resumes_from_its_checkpoint(tmp_path: Path, arch: s
     m = model(tmp_path, arch, "dense")
     rec = RECORDS[arch]["variants"]["dense"]
     p = tmp_path / f"{arch}-branch.gguf"
-    pairs = _adapter(rec, 4, RECURRENT_STEMS + ("attn_q", "attn_v", "ffn_up"))
+    pairs = stem_adapter(rec, 4, RECURRENT_STEMS + ("attn_q", "attn_v", "ffn_up"))
     write_gguf_lora(p, arch, pairs, qk_heads=(m.config.n_heads,) * 2)
     off = Engine(m, EngineConfig(n_slots=1, n_ctx=128, block_size=4))
     off.load_adapter(p, 0.0).result()
@@ -152,7 +147,7 @@ def test_edited_last_message_resumes_from_its_checkpoint(tmp_path: Path, arch: s
         answers(eng, [ask(history + [13, 14, 15], 4, mix)])
         branch = history + [12, 3, 9, 1]  # the last message edited
         other = None if mix else {0: 0.5}
-        for m2 in ((mix, other) if ram else (mix,)):
+        for m2 in (mix, other) if ram else (mix,):
             ((got, _, cached),) = answers(eng, [ask(branch, 4, m2)])
             ((ref, _, _),) = answers(off, [ask(branch, 4, m2, cache_prompt=False)])
             assert got == ref

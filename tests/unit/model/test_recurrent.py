@@ -12,9 +12,9 @@ its spec):
 - answers (tokens and top-2 probabilities) alone with the cache off, batched with prefill
   chunks that end inside blocks, and resumed from the prefix cache are all the same bits, and
   a resume starts only on a block boundary whose state snapshot exists;
-- hypothesis: random request sequences with shared prefixes, random adapter mixes (per request
-  and global switches), prefill chunk sizes and cache budgets: every answer equals its cache-off
-  answer, bit for bit;
+- hypothesis (test_hybrid_property.py): random request sequences with shared prefixes, random
+  adapter mixes (per request and global switches), prefill chunk sizes and cache budgets: every
+  answer equals its cache-off answer, bit for bit;
 - an adapter on the recurrent layers' in/out projections equals it merged into the weights;
 - a slot saved to a file and restored elsewhere resumes from the saved states (at its end, or
   a block's snapshot), bit-identical;
@@ -24,61 +24,34 @@ its spec):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from hypothesis import strategies as st
 
 from loraserve.engine import slot_io
 from loraserve.engine.core import EngineConfig
 from loraserve.engine.engine import Engine
 from loraserve.engine.runner import BatchItem, ModelRunner
-from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.spec.config import SpecConfig
 from loraserve.lora.adapter_write import write_gguf_lora
-from loraserve.model import archs
 from loraserve.model.gguf_write import write_gguf
-from loraserve.model.loader import LoadedModel, load_model
-from tests.arch_models import tensor_digest, tensor_values, typed_metadata, write_model
+from loraserve.model.loader import load_model
+from tests.arch_models import tensor_values, typed_metadata
 from tests.engine_util import ask, run_and_drain
+from tests.unit.model.archs_util import DATA, GAP, PROBS, case_id, forced_logits
+from tests.unit.model.recurrent_util import (
+    RECORDS,
+    RECURRENT_STEMS,
+    VARIANTS,
+    answers,
+    model,
+    stem_adapter,
+)
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "archs"
-RECORDS = {
-    p.stem: r
-    for p in sorted([*DATA.glob("*.json"), *DATA.glob("recurrent/*.json")])
-    if (r := json.loads(p.read_text())).get("arch") in archs.ARCHS
-    and archs.get(r["arch"]).recurrent
-}
-VARIANTS = [(a, v) for a, r in RECORDS.items() for v in r["variants"]]
 HERE = [
     (p.stem, v) for p in sorted(DATA.glob("recurrent/*.json")) for v in RECORDS[p.stem]["variants"]
 ]
-GAP = 0.5
-PROBS = SamplingParams(temperature=0.0, n_probs=2)
-RECURRENT_STEMS = ("shortconv.in_proj", "shortconv.out_proj", "ssm_in", "ssm_out", "attn_qkv",
-                   "attn_gate", "ssm_beta", "ssm_alpha", "ssm_ba")  # fmt: skip
-_MODELS: dict[tuple[str, str, str], LoadedModel] = {}
-
-
-def _id(p: tuple[str, ...]) -> str:
-    return "-".join(p)
-
-
-def model(tmp: Path, arch: str, variant: str, qtype: str = "Q4_K_M") -> LoadedModel:
-    key = (arch, variant, qtype)
-    if key not in _MODELS:
-        rec = RECORDS[arch]["variants"][variant]
-        types = None
-        if qtype != "F32":
-            types = {k: int(t) for k, t in rec["files"][qtype]["types"].items()}
-        path = write_model(rec, tmp / f"{arch}-{variant}-{qtype}.gguf", types)
-        # the very file llama-server answered on (its tensors' bytes, as recorded)
-        assert tensor_digest(path)[0] == rec["files"][qtype]["tensors_sha256"]
-        _MODELS[key] = load_model(path)
-    return _MODELS[key]
 
 
 @pytest.fixture(scope="module")
@@ -86,21 +59,7 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("recurrent")
 
 
-def forced_logits(runner: ModelRunner, cases: list[dict[str, Any]]) -> torch.Tensor:
-    """Teacher forcing in one pass: each case's prompt and llama-server's tokens, the logits of
-    every position that predicts one of those tokens."""
-    items, block = [], 0
-    for c in cases:
-        seq = c["prompt"] + c["tokens"][:-1]
-        n = -(-len(seq) // runner.bs)
-        items.append(BatchItem(seq, 0, len(seq), list(range(block, block + n)), True, {},
-                               n_logits=len(c["tokens"])))  # fmt: skip
-        block += n
-    runner.ensure_capacity(block)
-    return runner.forward(items)
-
-
-@pytest.mark.parametrize("arch,variant", HERE, ids=map(_id, HERE))
+@pytest.mark.parametrize("arch,variant", HERE, ids=map(case_id, HERE))
 @pytest.mark.parametrize("qtype", ("F32", "Q8_0", "Q4_K_M"))
 def test_greedy_equals_llama_server(tmp: Path, arch: str, variant: str, qtype: str) -> None:
     rec = RECORDS[arch]["variants"][variant]
@@ -115,17 +74,7 @@ def test_greedy_equals_llama_server(tmp: Path, arch: str, variant: str, qtype: s
     assert not wrong, f"{len(wrong)}/{len(decided)} decided positions differ: {wrong}"
 
 
-def answers(eng: Engine, asks: list[dict[str, Any]]) -> list[tuple[list, list, int]]:
-    """Each request's generated tokens, their top-2 probabilities and its cached prompt tokens."""
-    out = []
-    for evs in run_and_drain(eng, asks):
-        assert evs[-1].error is None, evs[-1].error
-        gen = [e for e in evs if e.token is not None]
-        out.append(([e.token for e in gen], [e.probs for e in gen], evs[-1].n_cached))
-    return out
-
-
-@pytest.mark.parametrize("arch,variant", VARIANTS, ids=map(_id, VARIANTS))
+@pytest.mark.parametrize("arch,variant", VARIANTS, ids=map(case_id, VARIANTS))
 def test_alone_batched_chunked_resumed_identical(tmp: Path, arch: str, variant: str) -> None:
     m = model(tmp, arch, variant)
     cases = RECORDS[arch]["variants"][variant]["answers"]["Q4_K_M"]
@@ -146,22 +95,11 @@ def test_alone_batched_chunked_resumed_identical(tmp: Path, arch: str, variant: 
         assert sum(cached) > 0, "nothing resumed from the prefix cache"
 
 
-def _adapter(rec: dict[str, Any], seed: int, stems: tuple[str, ...]) -> dict[str, Any]:
-    g = torch.Generator().manual_seed(seed)
-    pairs = {}
-    for name, shape, _ in rec["tensors"]:
-        if name.startswith("blk.") and name.endswith(".weight") and len(shape) == 2:
-            if name.split(".", 2)[2].removesuffix(".weight") in stems:
-                pairs[name] = (torch.randn(4, shape[1], generator=g) * 0.05,
-                               torch.randn(shape[0], 4, generator=g) * 0.05)  # fmt: skip
-    return pairs
-
-
-@pytest.mark.parametrize("arch,variant", VARIANTS, ids=map(_id, VARIANTS))
+@pytest.mark.parametrize("arch,variant", VARIANTS, ids=map(case_id, VARIANTS))
 def test_adapter_on_recurrent_projections_equals_merged(tmp: Path, arch: str, variant: str) -> None:
     rec = RECORDS[arch]["variants"][variant]
     m = model(tmp, arch, variant, "F32")
-    pairs = _adapter(rec, 3, RECURRENT_STEMS)
+    pairs = stem_adapter(rec, 3, RECURRENT_STEMS)
     assert pairs, "no recurrent projection to adapt"
     name = RECORDS[arch]["arch"]  # the record's architecture (a tagged record: arch+tag)
     write_gguf_lora(tmp / f"{arch}-rec.gguf", name, pairs, qk_heads=(m.config.n_heads,) * 2)
@@ -187,7 +125,7 @@ def test_adapter_on_recurrent_projections_equals_merged(tmp: Path, arch: str, va
     assert (got - want).abs().max() < 2e-3
 
 
-@pytest.mark.parametrize("arch,variant", VARIANTS, ids=map(_id, VARIANTS))
+@pytest.mark.parametrize("arch,variant", VARIANTS, ids=map(case_id, VARIANTS))
 def test_restored_slot_resumes_exact_state(tmp: Path, arch: str, variant: str) -> None:
     """A slot saved to a file and restored into another engine resumes from the states saved
     with its blocks: the same bits as the answer computed from scratch."""
@@ -232,7 +170,7 @@ def test_restored_slot_resumes_exact_state(tmp: Path, arch: str, variant: str) -
         slot_io.install(second.core.scheduler, second.core.runner, 0, bad)
 
 
-@pytest.mark.parametrize("arch,variant", VARIANTS, ids=map(_id, VARIANTS))
+@pytest.mark.parametrize("arch,variant", VARIANTS, ids=map(case_id, VARIANTS))
 def test_speculation_rolls_state_back(tmp: Path, arch: str, variant: str) -> None:
     """n-gram speculation: rejected draft rows are rolled back to the state after the last
     accepted one, so the answers equal those without speculation, bit for bit."""
@@ -248,15 +186,3 @@ def test_speculation_rolls_state_back(tmp: Path, arch: str, variant: str) -> Non
     drafted = sum(ev[-1].timings.draft_n for ev in evs)
     accepted = sum(ev[-1].timings.draft_n_accepted for ev in evs)
     assert drafted > accepted, "no draft row rejected: the rollback was not exercised"
-
-
-STEMS = [[5, 9, 14, 2, 77, 31, 8, 8, 100, 64, 3], [5, 9, 14, 2, 77, 6], [40] * 9]
-request = st.tuples(
-    st.integers(0, len(STEMS) - 1),
-    st.lists(st.integers(0, 127), max_size=6),  # own tail after the shared stem
-    st.sampled_from([None, {0: 0.5}, {1: -0.7}, {0: 1.0, 1: 0.5}]),  # None: the global mix
-)
-action = st.one_of(
-    st.lists(request, min_size=1, max_size=4),  # requests submitted together
-    st.sampled_from([[(0, 0.0), (1, 0.0)], [(0, 0.8)], [(0, 0.5), (1, -0.7)]]),  # global switch
-)
