@@ -21,7 +21,13 @@ import pytest
 import torch
 
 from tests.arch_models import tensor_values
-from tests.unit.model.test_recurrent_hf import PROMPT, _compare, _hf_logits, _ours, _t
+from tests.unit.model.recurrent_hf_util import (
+    PROMPT,
+    as_tensor,
+    compare,
+    hf_prompt_logits,
+    ours_logits,
+)
 
 transformers = pytest.importorskip("transformers")
 qwen3_5 = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
@@ -83,7 +89,7 @@ def test_qwen35_equals_transformers(tmp_path: Path) -> None:
     spec = _spec()
     values = tensor_values(spec)
     values["blk.0.ssm_a"] = -np.abs(values["blk.0.ssm_a"]) - 0.1  # -exp(A_log): negative
-    ours = _ours(tmp_path, A, spec, values)
+    ours = ours_logits(tmp_path, A, spec, values)
     cfg = transformers.Qwen3_5TextConfig(
         vocab_size=V, hidden_size=H, intermediate_size=FF, num_hidden_layers=2,
         num_attention_heads=HEADS, num_key_value_heads=HEADS, head_dim=128,
@@ -94,16 +100,16 @@ def test_qwen35_equals_transformers(tmp_path: Path) -> None:
                          "rope_type": "default"},
         tie_word_embeddings=False,
     )  # fmt: skip
-    sd = {"model.embed_tokens.weight": _t(values["token_embd.weight"]),
-          "model.norm.weight": _t(values["output_norm.weight"] - 1.0),
-          "lm_head.weight": _t(values["output.weight"])}  # fmt: skip
+    sd = {"model.embed_tokens.weight": as_tensor(values["token_embd.weight"]),
+          "model.norm.weight": as_tensor(values["output_norm.weight"] - 1.0),
+          "lm_head.weight": as_tensor(values["output.weight"])}  # fmt: skip
     for name, v in values.items():
         if not name.startswith("blk."):
             continue
         _, i, rest = name.split(".", 2)
         stem = rest.removesuffix(".weight").removesuffix(".bias")
         pre = f"model.layers.{i}."
-        w = _t(v)
+        w = as_tensor(v)
         if stem == "ssm_a":
             sd[pre + "linear_attn.A_log"] = torch.log(-w)
         elif stem == "ssm_dt":
@@ -112,6 +118,6 @@ def test_qwen35_equals_transformers(tmp_path: Path) -> None:
             sd[pre + "linear_attn.conv1d.weight"] = w.unsqueeze(1)  # [C, 1, K]
         else:
             sd[pre + NAMES[stem] + ".weight"] = w - 1.0 if stem in PLUS_ONE else w
-    theirs = _hf_logits(qwen3_5.Qwen3_5ForCausalLM(cfg).float(), sd)
+    theirs = hf_prompt_logits(qwen3_5.Qwen3_5ForCausalLM(cfg).float(), sd)
     assert len(PROMPT) > 16  # several blocks of 4
-    _compare(ours, theirs)
+    compare(ours, theirs)

@@ -18,15 +18,17 @@ import numpy as np
 import pytest
 import torch
 
-from loraserve.engine.runner import BatchItem, ModelRunner
-from loraserve.model.gguf_write import write_gguf
-from loraserve.model.loader import load_model
-from tests.arch_models import tensor_values, typed_metadata
+from tests.arch_models import tensor_values
+from tests.unit.model.recurrent_hf_util import (
+    as_tensor,
+    compare,
+    hf_prompt_logits,
+    ours_logits,
+)
 
 transformers = pytest.importorskip("transformers")
 
 H, FF, V, L = 256, 384, 128, 2
-PROMPT = [int(t) for t in np.random.default_rng(5).integers(0, V, 37)]
 
 
 def _meta(arch: str, extra: list[list[Any]]) -> list[list[Any]]:
@@ -55,35 +57,6 @@ def _common(norm: str) -> list[list[Any]]:
     return t
 
 
-def _ours(tmp: Path, name: str, spec: dict[str, Any], values: dict[str, np.ndarray]) -> Any:
-    path = write_gguf(tmp / f"{name}.gguf", typed_metadata(spec["metadata"]), values)
-    m = load_model(path)
-    runner = ModelRunner(m.decoder, 4, torch.float32)
-    runner.ensure_capacity(16)
-    item = BatchItem(PROMPT, 0, len(PROMPT), list(range(16)), True, {}, n_logits=len(PROMPT))
-    return runner.forward([item]).log_softmax(-1)
-
-
-def _compare(ours: torch.Tensor, theirs: torch.Tensor) -> None:
-    assert (ours - theirs).abs().max() < 1e-3
-    top2 = theirs.topk(2, dim=-1).values
-    clear = (top2[:, 0] - top2[:, 1]) > 1e-3
-    assert torch.equal(ours.argmax(-1)[clear], theirs.argmax(-1)[clear])
-
-
-def _t(a: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(a))
-
-
-def _hf_logits(model: torch.nn.Module, sd: dict[str, torch.Tensor]) -> torch.Tensor:
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    assert not unexpected and all("rotary" in k or "lm_head" in k for k in missing), missing
-    model.eval()
-    with torch.no_grad():
-        out = model(torch.tensor([PROMPT]), use_cache=False).logits[0].float()
-    return out.log_softmax(-1)
-
-
 def test_lfm2_short_convolution_equals_transformers(tmp_path: Path) -> None:
     t = _common("token_embd_norm.weight") + [
         ["blk.0.attn_q_norm.weight", [128], 0], ["blk.0.attn_k_norm.weight", [128], 0],
@@ -93,7 +66,7 @@ def test_lfm2_short_convolution_equals_transformers(tmp_path: Path) -> None:
     spec = {"metadata": _meta("lfm2", [["lfm2.shortconv.l_cache", "UINT32", 3]]), "tensors": t,
             "generator": {"seed": 3, "stdev": 0.3}}  # fmt: skip
     values = tensor_values(spec)
-    ours = _ours(tmp_path, "lfm2", spec, values)
+    ours = ours_logits(tmp_path, "lfm2", spec, values)
     cfg = transformers.Lfm2Config(
         vocab_size=V, hidden_size=H, intermediate_size=FF, num_hidden_layers=L,
         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256, norm_eps=1e-5,
@@ -101,8 +74,8 @@ def test_lfm2_short_convolution_equals_transformers(tmp_path: Path) -> None:
         block_auto_adjust_ff_dim=False, tie_word_embeddings=True,
         rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
     )  # fmt: skip
-    sd = {"model.embed_tokens.weight": _t(values["token_embd.weight"]),
-          "model.embedding_norm.weight": _t(values["token_embd_norm.weight"])}  # fmt: skip
+    sd = {"model.embed_tokens.weight": as_tensor(values["token_embd.weight"]),
+          "model.embedding_norm.weight": as_tensor(values["token_embd_norm.weight"])}  # fmt: skip
     names = {"attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "ffn_gate": "feed_forward.w1",
              "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
              "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
@@ -114,12 +87,12 @@ def test_lfm2_short_convolution_equals_transformers(tmp_path: Path) -> None:
         if name.startswith("blk."):
             _, i, rest = name.split(".", 2)
             stem = rest.removesuffix(".weight")
-            w = _t(v)
+            w = as_tensor(v)
             if stem == "shortconv.conv":
                 w = w.unsqueeze(1)  # Conv1d [C, 1, L]
             sd[f"model.layers.{i}.{names[stem]}.weight"] = w
-    theirs = _hf_logits(transformers.Lfm2ForCausalLM(cfg).float(), sd)
-    _compare(ours, theirs)
+    theirs = hf_prompt_logits(transformers.Lfm2ForCausalLM(cfg).float(), sd)
+    compare(ours, theirs)
 
 
 def test_granitehybrid_mamba2_equals_transformers(tmp_path: Path) -> None:
@@ -141,7 +114,7 @@ def test_granitehybrid_mamba2_equals_transformers(tmp_path: Path) -> None:
     spec = {"metadata": _meta(a, extra), "tensors": t, "generator": {"seed": 4, "stdev": 0.3}}
     values = tensor_values(spec)
     values["blk.1.ssm_a"] = -np.abs(values["blk.1.ssm_a"]) - 0.1  # -exp(A_log): negative
-    ours = _ours(tmp_path, a, spec, values)
+    ours = ours_logits(tmp_path, a, spec, values)
     cfg = transformers.GraniteMoeHybridConfig(
         vocab_size=V, hidden_size=H, intermediate_size=FF, shared_intermediate_size=FF,
         num_hidden_layers=L, num_attention_heads=2, num_key_value_heads=2,
@@ -153,8 +126,8 @@ def test_granitehybrid_mamba2_equals_transformers(tmp_path: Path) -> None:
         attention_multiplier=1.0 / (H // 2) ** 0.5, position_embedding_type=None,
         tie_word_embeddings=True,
     )  # fmt: skip
-    sd = {"model.embed_tokens.weight": _t(values["token_embd.weight"]),
-          "model.norm.weight": _t(values["output_norm.weight"])}  # fmt: skip
+    sd = {"model.embed_tokens.weight": as_tensor(values["token_embd.weight"]),
+          "model.norm.weight": as_tensor(values["output_norm.weight"])}  # fmt: skip
     names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
              "ffn_down": "shared_mlp.output_linear", "attn_q": "self_attn.q_proj",
              "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -164,13 +137,13 @@ def test_granitehybrid_mamba2_equals_transformers(tmp_path: Path) -> None:
     for i in range(L):
         p = f"blk.{i}."
         gate_up = np.concatenate([values[p + "ffn_gate.weight"], values[p + "ffn_up.weight"]])
-        sd[f"model.layers.{i}.shared_mlp.input_linear.weight"] = _t(gate_up)
+        sd[f"model.layers.{i}.shared_mlp.input_linear.weight"] = as_tensor(gate_up)
     for name, v in values.items():
         if not name.startswith("blk.") or ".ffn_gate." in name or ".ffn_up." in name:
             continue
         _, i, rest = name.split(".", 2)
         stem, _, kind = rest.partition(".")
-        w = _t(v)
+        w = as_tensor(v)
         pre = f"model.layers.{i}."
         if stem == "ssm_a":
             sd[pre + "mamba.A_log"] = torch.log(-w.reshape(-1))
@@ -184,5 +157,5 @@ def test_granitehybrid_mamba2_equals_transformers(tmp_path: Path) -> None:
             sd[pre + "mamba.norm.weight"] = w.reshape(-1)
         else:
             sd[pre + names[stem] + "." + kind] = w
-    theirs = _hf_logits(transformers.GraniteMoeHybridForCausalLM(cfg).float(), sd)
-    _compare(ours, theirs)
+    theirs = hf_prompt_logits(transformers.GraniteMoeHybridForCausalLM(cfg).float(), sd)
+    compare(ours, theirs)
