@@ -17,13 +17,13 @@ import torch
 import torch.nn.functional as F
 
 import loraserve.kernels as K
-from loraserve.kernels.floatmm import lora_delta
 from loraserve.kernels.moe import GroupedExperts
 from loraserve.kernels.pack_q6k import pack_q6k
 from loraserve.kernels.rowops import gated_act
 from loraserve.model.dequant import GGML_TYPE
 from loraserve.model.ffn.routed import RoutedExperts
 from loraserve.model.projection import Matrix
+from tests.unit.model.moe_util import ExpertLora, ExpertWeights
 from tests.unit.model.quant_util import dequantized, random_rows
 
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="grouped experts need the C kernels")
@@ -175,43 +175,6 @@ def test_grouped_equals_float64_dequantized_reference(types: tuple) -> None:
     assert err < 0.03, f"relative error {err:.4f}"
 
 
-class _Weights:
-    """The WeightSource surface RoutedExperts reads: stacked expert tensors as Matrix lists."""
-
-    def __init__(self, tensors: dict[str, list[Matrix]], floats: dict[str, torch.Tensor]):
-        self.tensors, self.floats = tensors, floats
-
-    def has(self, name: str) -> bool:
-        return name in self.tensors or name in self.floats
-
-    def experts(self, name: str) -> list[Matrix] | None:
-        return self.tensors.get(name)
-
-    def float(self, name: str) -> torch.Tensor | None:
-        return self.floats.get(name)
-
-    def release(self, name: str) -> None:
-        pass
-
-
-class _Lora:
-    """Per expert, a rank-4 delta on every stacked target, each token at its own scale (0:
-    the token has no adapter), applied by the engine's LoRA kernel (`lora_delta`)."""
-
-    def __init__(self, scales: torch.Tensor, seed: int) -> None:
-        self.scales, self.seed, self.ab = scales, seed, {}
-        self.calls = 0
-
-    def apply_expert(self, target, e, x, y, tok):  # type: ignore[no-untyped-def]
-        key = (target, e)
-        if key not in self.ab:
-            g = torch.Generator().manual_seed(self.seed + len(self.ab))
-            self.ab[key] = (torch.randn(4, x.shape[1], generator=g) * 0.05,
-                            torch.randn(y.shape[1], 4, generator=g) * 0.05)  # fmt: skip
-        self.calls += 1
-        return lora_delta(x, y, [self.ab[key]], self.scales[tok].unsqueeze(0))
-
-
 @pytest.mark.parametrize("fused", [False, True], ids=["gate+up", "fused-gate_up"])
 def test_adapters_on_quantized_experts(fused: bool) -> None:
     """The staged path with adapters equals the per-expert loop with the same deltas, and a
@@ -231,13 +194,13 @@ def test_adapters_on_quantized_experts(fused: bool) -> None:
         tensors[p + "ffn_gate_exps.weight"] = mats("Q4_K", FF, H)
         tensors[p + "ffn_up_exps.weight"] = mats("Q4_K", FF, H)
     cfg = SimpleNamespace(act="silu", expert_weight_input=False)
-    routed = RoutedExperts(cfg, p, _Weights(tensors, {}))  # type: ignore[arg-type]
+    routed = RoutedExperts(cfg, p, ExpertWeights(tensors, {}))  # type: ignore[arg-type]
     assert routed.grouped is not None
     g = torch.Generator().manual_seed(9)
     x = torch.randn(24, H, generator=g)
     experts, w = routing(24, 6)
     scales = torch.where(torch.arange(24) % 3 == 0, 0.0, torch.rand(24, generator=g) + 0.5)
-    lora = _Lora(scales, 100)
+    lora = ExpertLora(scales, 100)
     staged = routed(x, experts, w, lora)
     assert lora.calls > 0
     grouped, routed.grouped = routed.grouped, None

@@ -26,8 +26,8 @@ from loraserve.kernels.pack_q6k import pack_q6k, packable_q6k, unpack_q6k
 from loraserve.lora.delta import LoraBatch
 from loraserve.model.ffn.routed import RoutedExperts
 from loraserve.model.projection import Matrix
+from tests.unit.model.moe_util import ExpertLora, ExpertWeights
 from tests.unit.model.quant_util import dequantized, random_rows
-from tests.unit.model.test_moe_grouped import _Lora, _Weights
 
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="packed Q6_K needs the C kernels")
 Q6, Q4 = 14, 12
@@ -128,8 +128,8 @@ def test_packed_q6k_same_bits_in_avx512_and_avx2_builds() -> None:
     assert native["sha"] == avx2["sha"]
 
 
-class _Targeted(_Lora):
-    """`_Lora` that says which stacked targets its adapters adapt (as `LoraBatch.targets`)."""
+class _Targeted(ExpertLora):
+    """`ExpertLora` that says which stacked targets its adapters adapt (as `LoraBatch.targets`)."""
 
     def __init__(self, scales: torch.Tensor, seed: int, names: set[str]) -> None:
         super().__init__(scales, seed)
@@ -149,7 +149,7 @@ def test_adapters_without_expert_targets_keep_the_one_call() -> None:
                                    ("ffn_up_exps.weight", up, Q4, h),
                                    ("ffn_down_exps.weight", down, Q6, f))}  # fmt: skip
     cfg = SimpleNamespace(act="silu", expert_weight_input=False)
-    routed = RoutedExperts(cfg, p, _Weights(tensors, {}))  # type: ignore[arg-type]
+    routed = RoutedExperts(cfg, p, ExpertWeights(tensors, {}))  # type: ignore[arg-type]
     # packed at load (`Matrix.pack`: dense Q6_K packing is pack_q6k.h's layout)
     assert routed.grouped is not None and routed.down[0].kernel_type == K.PACKED | Q6
     assert torch.equal(routed.down[2].data, pack_q6k(down[2], f))
