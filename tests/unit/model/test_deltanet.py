@@ -32,29 +32,12 @@ from loraserve.engine.runner import BatchItem, ModelRunner
 from loraserve.lora.adapter_write import write_gguf_lora
 from loraserve.model.gguf_write import write_gguf
 from loraserve.model.loader import LoadedModel, load_model
-from tests.arch_models import tensor_digest, tensor_values, typed_metadata, write_model
+from tests.arch_models import tensor_values, typed_metadata, write_model
+from tests.unit.model.archs_util import forced_logits
+from tests.unit.model.deltanet_util import DATA, RECORDS, model, run_chunks, variant
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "archs" / "deltanet"
-RECORDS = {p.stem: json.loads(p.read_text()) for p in sorted(DATA.glob("*.json"))}
 CASES = [(a, t) for a in RECORDS for t in ("F32", "Q4_K_M")]
 GAP = 0.5
-_MODELS: dict[tuple[str, str], LoadedModel] = {}
-
-
-def _variant(arch: str) -> dict[str, Any]:
-    return next(iter(RECORDS[arch]["variants"].values()))
-
-
-def model(tmp: Path, arch: str, qtype: str) -> LoadedModel:
-    if (arch, qtype) not in _MODELS:
-        rec = _variant(arch)
-        types = (
-            None if qtype == "F32" else {k: int(t) for k, t in rec["files"][qtype]["types"].items()}
-        )
-        path = write_model(rec, tmp / f"{arch}-{qtype}.gguf", types)
-        assert tensor_digest(path)[0] == rec["files"][qtype]["tensors_sha256"], "not the file"
-        _MODELS[(arch, qtype)] = load_model(path)
-    return _MODELS[(arch, qtype)]
 
 
 @pytest.fixture(scope="module")
@@ -64,16 +47,7 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def forced(m: LoadedModel, cases: list[dict[str, Any]]) -> torch.Tensor:
     """Teacher-forced logits [sum of N, V] of every position predicting llama-server's tokens."""
-    runner = ModelRunner(m.decoder, 16, torch.float16)  # llama-server's f16 KV cache
-    items, block = [], 0
-    for c in cases:
-        seq = c["prompt"] + c["tokens"][:-1]
-        n = -(-len(seq) // 16)
-        items.append(BatchItem(seq, 0, len(seq), list(range(block, block + n)), True, {},
-                               n_logits=len(c["tokens"])))  # fmt: skip
-        block += n
-    runner.ensure_capacity(block)
-    return runner.forward(items)
+    return forced_logits(ModelRunner(m.decoder, 16, torch.float16), cases)  # f16 KV as llama-server
 
 
 def _wrong(m: LoadedModel, cases: list[dict[str, Any]]) -> tuple[int, int]:
@@ -90,7 +64,7 @@ def test_shared_key_heads_equal_llama_server(tmp: Path, arch: str, qtype: str) -
     m = model(tmp, arch, qtype)
     mixers = [b.mixer for b in m.decoder.blocks if b.mixer is not None]
     assert mixers and all(x.hk < x.hv for x in mixers), "no key head shared: no test"
-    cases = _variant(arch)["answers"][qtype]
+    cases = variant(arch)["answers"][qtype]
     n, wrong = _wrong(m, cases)
     assert n >= len(cases) * 24 // 3, "too few decided positions to mean anything"
     assert wrong == 0, f"{wrong}/{n} decided positions differ from llama-server"
@@ -107,44 +81,15 @@ def test_shared_key_heads_equal_llama_server(tmp: Path, arch: str, qtype: str) -
             x.kmap = k
 
 
-def _run(runner: ModelRunner, seqs: list[list[int]], cuts: list[list[int]]) -> list[torch.Tensor]:
-    """Each sequence's logits [len, V], computed in the chunks ``cuts`` says (positions where a
-    new step starts), the sequences' chunks of one round batched together."""
-    bs = runner.bs
-    out: list[list[torch.Tensor]] = [[] for _ in seqs]
-    bounds = [[0, *c, len(s)] for s, c in zip(seqs, cuts, strict=True)]
-    tables = []
-    base = 0
-    for s in seqs:
-        n = -(-len(s) // bs)
-        tables.append(list(range(base, base + n)))
-        base += n
-    runner.ensure_capacity(base)
-    for step in range(max(len(b) - 1 for b in bounds)):
-        items, who = [], []
-        for j, (s, b) in enumerate(zip(seqs, bounds, strict=True)):
-            if step < len(b) - 1:
-                lo, hi = b[step], b[step + 1]
-                items.append(BatchItem(s, lo, hi - lo, tables[j], True, {}, n_logits=hi - lo,
-                                       slot=j, seq=100 + j))  # fmt: skip
-                who.append((j, hi - lo))
-        logits = runner.forward(items)
-        row = 0
-        for j, n in who:
-            out[j].append(logits[row : row + n])
-            row += n
-    return [torch.cat(o) for o in out]
-
-
 def test_any_chunking_and_batch_same_bits(tmp: Path) -> None:
     arch = "qwen35+heads"  # the layer's code is the same for the other records
     m = model(tmp, arch, "Q4_K_M")
     rng = random.Random(5)
-    seqs = [c["prompt"] + c["tokens"] for c in _variant(arch)["answers"]["Q4_K_M"][1:]]
-    alone = [_run(ModelRunner(m.decoder, 4, torch.float32), [s], [[]])[0] for s in seqs]
+    seqs = [c["prompt"] + c["tokens"] for c in variant(arch)["answers"]["Q4_K_M"][1:]]
+    alone = [run_chunks(ModelRunner(m.decoder, 4, torch.float32), [s], [[]])[0] for s in seqs]
     for _ in range(2):  # random cuts, inside blocks too, all sequences batched
         cuts = [sorted(rng.sample(range(1, len(s)), rng.randint(1, 6))) for s in seqs]
-        got = _run(ModelRunner(m.decoder, 4, torch.float32), seqs, cuts)
+        got = run_chunks(ModelRunner(m.decoder, 4, torch.float32), seqs, cuts)
         for g, a, c in zip(got, alone, cuts, strict=True):
             assert torch.equal(g, a), f"cut at {c}: not the bits of the sequence alone"
 
@@ -152,7 +97,7 @@ def test_any_chunking_and_batch_same_bits(tmp: Path) -> None:
 def test_adapter_on_legacy_ssm_in_equals_merged(tmp: Path) -> None:
     """LoRA on ssm_in (applied to the stored rows, before they are reordered), ssm_ba and
     ssm_out of an early qwen3next file equals the adapter merged into those weights."""
-    arch, rec = "qwen3next+ssm_in", _variant("qwen3next+ssm_in")
+    arch, rec = "qwen3next+ssm_in", variant("qwen3next+ssm_in")
     m = model(tmp, arch, "F32")
     g = torch.Generator().manual_seed(7)
     pairs = {

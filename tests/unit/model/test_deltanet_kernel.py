@@ -24,7 +24,7 @@ from loraserve.kernels import deltanet as kernel
 from loraserve.model.layers import gated_act
 from loraserve.model.recurrent import deltanet
 from loraserve.model.recurrent.shortconv import causal_conv
-from tests.unit.model.test_deltanet import _run, _variant, model
+from tests.unit.model.deltanet_util import model, run_chunks, variant
 
 pytestmark = pytest.mark.skipif(not kernel.available(), reason="C kernels not built here")
 
@@ -147,7 +147,7 @@ def test_bad_shapes_refused() -> None:
 
 def test_model_logits_with_c_and_torch(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     m = model(tmp_path, "qwen35+heads", "Q4_K_M")
-    seqs = [c["prompt"] + c["tokens"] for c in _variant("qwen35+heads")["answers"]["Q4_K_M"]]
+    seqs = [c["prompt"] + c["tokens"] for c in variant("qwen35+heads")["answers"]["Q4_K_M"]]
     seqs = seqs[:3]
     cuts = [[3, 4, 5, 9], [1, 6], []]  # prefill chunks ending inside blocks, single rows
 
@@ -162,7 +162,7 @@ def test_model_logits_with_c_and_torch(tmp_path: Path, monkeypatch) -> None:  # 
 
     def logits(use_c: bool) -> list[torch.Tensor]:
         monkeypatch.setattr(deltanet, "USE_C", use_c)
-        return _run(ModelRunner(m.decoder, 16, torch.float16), seqs, cuts)
+        return run_chunks(ModelRunner(m.decoder, 16, torch.float16), seqs, cuts)
 
     with_c = logits(True)
     assert calls, "the C recurrence never ran: no test"
