@@ -4,8 +4,9 @@ adapter table), and `AffinityRouter`, a Ray Serve request router, sends each key
 replica, the next ranks taking the spill-over when that replica is saturated
 (`max_ongoing_requests`). The replica of a key is kept by `Balancer`: bounded-load
 rendezvous hashing, so that with K keys active in the last minute and R replicas no replica
-holds more than ceil(K / R) of them (four adapter mixes on two replicas land two and two),
-each key staying where it was first placed while it is active (its KV stays warm there).
+holds more than ceil(K / R) of them weighted by their recent traffic (four adapter mixes of
+equal traffic on two replicas land two and two; a hot one counts for more), each key
+staying where it was first placed while it is active (its KV stays warm there).
 """
 
 from __future__ import annotations
@@ -78,33 +79,70 @@ def rank(key: str, replica_ids: list[str]) -> list[str]:
     return sorted(replica_ids, key=weight, reverse=True)
 
 
+@dataclass
+class _Placed:
+    """A routing key's replica, when the key was last used, and its recent traffic: its
+    requests, each decayed with time constant ``tau`` (seconds) since it came, at ``last``."""
+
+    replica: str
+    last: float
+    traffic: float = 0.0
+
+    def at(self, now: float, tau: float) -> float:
+        """The traffic decayed to ``now``."""
+        return self.traffic * math.exp(-(now - self.last) / tau)
+
+
 class Balancer:
-    """Each active routing key's replica: a new key goes to the first replica in its
-    rendezvous order (`rank`) that holds fewer than ceil(K / R) of the K active keys
-    (itself included); a key keeps its replica while it stays active (used within
-    ``window_s``) and that replica is there."""
+    """Each active routing key's replica. A key keeps its replica while it stays active
+    (used within ``window_s``) and that replica is there. A new key goes to the first
+    replica in its rendezvous order (`rank`) whose keys, weighted by their recent traffic,
+    leave room for one more key under ceil(K / R) (K active keys, itself included, R
+    replicas); a key's weight is its traffic over the mean key's (the K keys weigh K in
+    all, each 1 under equal traffic, so a replica holds at most ceil(K / R) keys then).
+    When no replica has room (a few keys carry most of the traffic), the least loaded one
+    takes it."""
 
     def __init__(self, window_s: float = 60.0) -> None:
         self.window_s = window_s
-        self._where: dict[str, tuple[str, float]] = {}  # key -> (replica id, last used)
+        self.tau = window_s / 2  # traffic's time constant
+        self._where: dict[str, _Placed] = {}
 
     def order(self, key: str, replica_ids: list[str], now: float | None = None) -> list[str]:
-        """The replicas for ``key``, its own first, then the rest in rendezvous order."""
+        """The replicas for ``key``, its own first, then the rest in rendezvous order; the
+        request is counted in ``key``'s traffic."""
         now = time.monotonic() if now is None else now
         live = set(replica_ids)
         self._where = {
-            k: (r, t) for k, (r, t) in self._where.items() if r in live and now - t <= self.window_s
+            k: p
+            for k, p in self._where.items()
+            if p.replica in live and now - p.last <= self.window_s
         }
         ranked = rank(key, replica_ids)
         placed = self._where.get(key)
         if placed is None and ranked:
-            cap = math.ceil((len(self._where) + 1) / len(ranked))
-            held = Counter(r for r, _ in self._where.values())
-            placed = (next((r for r in ranked if held[r] < cap), ranked[0]), now)
+            placed = _Placed(self._place(ranked, now), now)
         if placed is None:
             return ranked
-        self._where[key] = (placed[0], now)
-        return [placed[0], *(r for r in ranked if r != placed[0])]
+        placed.traffic = placed.at(now, self.tau) + 1.0
+        placed.last = now
+        self._where[key] = placed
+        return [placed.replica, *(r for r in ranked if r != placed.replica)]
+
+    def loads(self, now: float) -> Counter[str]:
+        """Each replica's active keys weighted by their recent traffic (mean key: 1)."""
+        traffic = {k: p.at(now, self.tau) for k, p in self._where.items()}
+        mean = sum(traffic.values()) / len(traffic) if traffic else 1.0
+        out: Counter[str] = Counter()
+        for k, p in self._where.items():
+            out[p.replica] += traffic[k] / mean if mean > 0 else 1.0
+        return out
+
+    def _place(self, ranked: list[str], now: float) -> str:
+        load = self.loads(now)
+        cap = math.ceil((len(self._where) + 1) / len(ranked))
+        fits = [r for r in ranked if load[r] + 1.0 <= cap + 1e-9]
+        return fits[0] if fits else min(ranked, key=lambda r: load[r])
 
 
 class AffinityRouter(RequestRouter):

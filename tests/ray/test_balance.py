@@ -1,7 +1,8 @@
 """Bounded-load affinity of `loraserve ray` (`cluster.routing.Balancer`), without a cluster:
 four adapter configurations on two replicas land two and two (plain rendezvous hashing
 put all four of issue 29's workload on one replica), any K configurations on R replicas
-at most ceil(K / R) each, a configuration keeps its replica while it is active, and the
+at most ceil(K / R) each under equal traffic (weighted by recent traffic otherwise: a hot
+one counts for more), a configuration keeps its replica while it is active, and the
 configurations of a replica that left, or that went quiet, are placed again."""
 
 from __future__ import annotations
@@ -36,12 +37,35 @@ def test_four_configurations_on_two_replicas_land_two_and_two() -> None:
 
 @pytest.mark.parametrize("n_replicas", [1, 2, 3, 4])
 def test_no_replica_holds_more_than_its_share(n_replicas: int) -> None:
+    """Keys of equal traffic: at most ceil(K / R) keys each, for every K."""
     replicas = [f"r{i}" for i in range(n_replicas)]
-    b = Balancer()
     keys = [f"k{i}" for i in range(13)]
     for n in range(1, len(keys) + 1):
+        b = Balancer()
         where = place(b, keys[:n], replicas)
         assert max(Counter(where.values()).values()) <= math.ceil(n / n_replicas)
+        assert max(b.loads(0.0).values()) <= math.ceil(n / n_replicas) + 1e-9
+
+
+def test_shares_are_weighted_by_recent_traffic() -> None:
+    """A hot configuration counts for its traffic: with 9 of 12 recent requests on ``h``,
+    the three quiet ones share the other replica instead of two and two by count."""
+    replicas = ["r0", "r1"]
+    b = Balancer()
+    for _ in range(9):
+        b.order("h", replicas, now=0.0)
+    where = place(b, ["a", "b", "c"], replicas, now=0.0)
+    (hot,) = {b.order("h", replicas, now=0.0)[0]}
+    assert set(where.values()) == {next(r for r in replicas if r != hot)}
+    counts = Counter(b.order(k, replicas, now=0.0)[0] for k in "habc")  # each keeps its own
+    assert counts[hot] == 1 and counts.total() == 4
+    # the traffic decays: long after, with h quiet (but active) and a..c busy, a new key
+    # goes where the traffic is now lowest: h's replica
+    for k in "abc":
+        for _ in range(5):
+            b.order(k, replicas, now=50.0)
+    b.order("h", replicas, now=55.0)
+    assert b.order("new", replicas, now=55.0)[0] == hot
 
 
 def test_quiet_keys_and_departed_replicas_are_placed_again() -> None:
