@@ -27,11 +27,15 @@ KEY = {"Authorization": "Bearer k"}
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory) -> tuple[Path, Path]:
-    """A --lora-dir (``up``, ``down``) and a folder outside it (``mod``, ``jmod``)."""
+    """A --lora-dir (``up``, ``down``, ``side``, a ``broken`` folder, a link loop) and a folder
+    outside it (``mod``, ``jmod``)."""
     lib = tmp_path_factory.mktemp("lib")
     peft_folder(lib / "up", 1)
     peft_folder(lib / "down", 2)
+    peft_folder(lib / "side", 4)  # named by the global scales alone
     os.symlink(lib / "loop.gguf", lib / "loop.gguf")  # a link to itself
+    shutil.copytree(lib / "up", lib / "broken")
+    (lib / "broken" / "adapter_model.safetensors").write_bytes(b"not safetensors")
     outside = tmp_path_factory.mktemp("outside")
     peft_folder(outside / "mod", 3)
     shutil.copytree(lib / "down", outside / "jmod")
@@ -161,3 +165,30 @@ def test_bad_input_is_a_4xx_naming_it(srv) -> None:
     assert not {"l", "u", "a\x00b", "a\nb", "a\tb", "p"} & set(names)
     r = srv.client.post("/completion", json={"prompt": "x", "lora": [{"name": "loop", "scale": 1}]})
     assert r.status_code == 404 and "'loop'" in r.text  # the catalogue never offers it
+
+
+def test_global_scales_read_a_named_adapter_before_switching(srv) -> None:
+    """`POST /lora-adapters` naming a catalogue adapter no request used yet reads it first:
+    a broken file is a 400 naming it that changes nothing (before, the switch succeeded
+    and every request without `lora` then failed on it); a good one answers at once."""
+    base = complete(srv)["content"]
+    r = srv.client.post("/lora-adapters", json=[{"name": "broken", "scale": 1.0}])
+    assert r.status_code == 400 and "broken" in r.json()["error"]["message"], r.text
+    assert complete(srv)["content"] == base
+    assert "broken" not in [a["name"] for a in srv.client.get("/lora-adapters").json()]
+    assert "side" not in [a["name"] for a in srv.client.get("/lora-adapters").json()]
+    named = complete(srv, lora=[{"name": "down", "scale": 1.0}])["content"]
+    try:
+        r = srv.client.post("/lora-adapters", json=[{"name": "DOWN", "scale": 1.0}])
+        assert r.status_code == 200, r.text
+        assert complete(srv)["content"] == named != base
+        r = srv.client.post("/lora-adapters", json=[{"name": "side", "scale": 1.0}])
+        side = {a["name"]: a for a in srv.client.get("/lora-adapters").json()}["side"]
+        assert r.status_code == 200 and side["loaded"] and side["scale"] == 1.0  # read at once
+        assert (
+            complete(srv)["content"]
+            == complete(srv, lora=[{"name": "side", "scale": 1.0}])["content"]
+        )
+    finally:
+        assert srv.client.post("/lora-adapters", json=[]).status_code == 200
+    assert complete(srv)["content"] == base

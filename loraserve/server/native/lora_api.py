@@ -147,16 +147,39 @@ async def offered(
 @router.post("/lora-adapters", openapi_extra=body_doc(LoraScales))
 async def set_scales(request: HttpRequest) -> Response:
     """Set the global scales: `[{id, scale}]`, unlisted adapters to 0. **Ours:** an entry may
-    name its adapter (`{name, scale}`: a loaded one, or one under `--lora-dir`, whose weights
-    are read on its first use); an unknown id or name, a non-number scale or a non-array body
-    is a 400 that changes nothing."""
+    name its adapter (`{name, scale}`: a loaded one, or one under `--lora-dir`, read here if
+    no adapter has its name yet); an unknown id or name, a file that does not fit the model,
+    a non-number scale or a non-array body is a 400 that changes nothing."""
     engine = get_state(request).require()
     items = [(x.ref, x.scale) for x in (await read_body(request, LoraScales)).root]
+    await read_named(engine, [ref for ref, s in items if isinstance(ref, str) and s != 0])
     try:
         await wait(engine.set_global_scales(items))
     except ValueError as e:
         raise invalid_request(f"lora: {e}") from None
     return JsonResponse({"success": True})
+
+
+async def read_named(engine: Engine, names: list[str]) -> None:
+    """Read the catalogue's adapters among ``names`` that no registered adapter has yet,
+    registering them at scale 0 as a first use would: one that does not fit the model is a
+    400 naming its file before the global scales change (else every request without `lora`
+    would fail on it). Unknown names are left to `set_global` (its 400)."""
+    wanted = {n.casefold() for n in names} - await _registered_names(engine)
+    if not wanted:
+        return
+    for e in await io_thread(engine.catalogue_entries):
+        if e.name.casefold() not in wanted:
+            continue
+        try:
+            await wait(engine.load_adapter(e.path, 0.0, e.name))
+        except ValueError as err:  # unless a request registered that name meanwhile
+            if e.name.casefold() not in await _registered_names(engine):
+                raise invalid_request(f"lora: {err}") from None
+
+
+async def _registered_names(engine: Engine) -> set[str]:
+    return {a.name.casefold() for a, _ in await wait(engine.list_adapters())}
 
 
 @router.post("/lora-adapters/load", openapi_extra=body_doc(LoadAdapterRequest))
