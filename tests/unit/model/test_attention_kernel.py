@@ -6,20 +6,14 @@ query row alone, inside any batch, in any prefill chunking or as a one-token dec
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loraserve.kernels.attention import attention, attention_c, attention_torch, backend
+from loraserve.kernels.attention import attention, attention_c, backend
+from tests.unit.model.attention_util import IMPLS, Impl, attend
 
-Impl = Callable[..., torch.Tensor]
-IMPLS = [
-    pytest.param(attention_c, id="c", marks=pytest.mark.skipif(backend() != "c", reason="no cc")),
-    pytest.param(attention_torch, id="torch"),
-]
 S = 256  # pool slots
 
 
@@ -33,29 +27,6 @@ def seq_slots(n_seqs: int, length: int, seed: int = 1) -> list[torch.Tensor]:
     """Disjoint, scattered slot lists (positions 0..length-1) for n_seqs sequences."""
     perm = torch.randperm(S, generator=torch.Generator().manual_seed(seed))
     return [perm[i * length : (i + 1) * length] for i in range(n_seqs)]
-
-
-def run(
-    impl: Impl,
-    q: torch.Tensor,
-    kv: tuple[torch.Tensor, torch.Tensor],
-    slots: Sequence[torch.Tensor],
-    items: Sequence[tuple[int, int, int]],
-    window: int = 0,
-    scale: float = 0.125,
-) -> torch.Tensor:
-    """Attend a batch of items (sequence, start, n) as the runner lays it out: each item's
-    slot list holds positions 0..start+n-1; q [T, H, D] holds the items' rows in order."""
-    lists, off, row_seq, nkeys = [], [0], [], []
-    for b, (s, start, n) in enumerate(items):
-        lists.append(slots[s][: start + n])
-        off.append(off[-1] + start + n)
-        row_seq += [b] * n
-        nkeys += range(start + 1, start + n + 1)
-    i32, i64 = torch.int32, torch.long
-    return impl(q, *kv, torch.cat(lists), torch.tensor(off, dtype=i64),
-                torch.tensor(row_seq, dtype=i32), torch.tensor(nkeys, dtype=i32), scale,
-                window)  # fmt: skip
 
 
 def reference(
@@ -94,7 +65,7 @@ def test_matches_float64_reference(impl: Impl, h: int, hkv: int, d: int, window:
     kv, slots = pool(hkv, d), seq_slots(3, 40)
     items = [(0, 0, 23), (1, 31, 1), (2, 12, 9)]
     q = torch.randn(33, h, d, generator=torch.Generator().manual_seed(5))
-    got = run(impl, q, kv, slots, items, window, scale=d**-0.5)
+    got = attend(impl, q, kv, slots, items, window, scale=d**-0.5)
     r = 0
     for s, start, n in items:
         for p in range(start, start + n):
@@ -109,9 +80,9 @@ def test_row_alone_equals_row_in_batch(impl: Impl, window: int) -> None:
     """A decode row gives the same bits alone and among other sequences of other lengths."""
     kv, slots = pool(1, 256), seq_slots(4, 60)
     q = torch.randn(1 + 1 + 17 + 1, 4, 256, generator=torch.Generator().manual_seed(2))
-    batch = run(impl, q, kv, slots, [(1, 40, 1), (0, 10, 1), (2, 0, 17), (3, 59, 1)], window)
+    batch = attend(impl, q, kv, slots, [(1, 40, 1), (0, 10, 1), (2, 0, 17), (3, 59, 1)], window)
     for r, (s, start) in {0: (1, 40), 1: (0, 10), 19: (3, 59)}.items():
-        alone = run(impl, q[r : r + 1], kv, slots, [(s, start, 1)], window)
+        alone = attend(impl, q[r : r + 1], kv, slots, [(s, start, 1)], window)
         assert torch.equal(alone[0], batch[r])
 
 
@@ -121,9 +92,9 @@ def test_chunking_and_decode_bitwise_equal(impl: Impl, window: int) -> None:
     """One prefill chunk, several chunks and one token at a time give the same bits."""
     kv, slots = pool(2, 64), seq_slots(1, 30)
     q = torch.randn(30, 4, 64, generator=torch.Generator().manual_seed(3))
-    whole = run(impl, q, kv, slots, [(0, 0, 30)], window)
+    whole = attend(impl, q, kv, slots, [(0, 0, 30)], window)
     for cuts in ([0, 7, 8, 20, 30], [0, 1, 2, 29, 30], list(range(31))):
-        got = torch.cat([run(impl, q[a:b], kv, slots, [(0, a, b - a)], window)
+        got = torch.cat([attend(impl, q[a:b], kv, slots, [(0, a, b - a)], window)
                          for a, b in zip(cuts, cuts[1:], strict=False)])  # fmt: skip
         assert torch.equal(got, whole), cuts
 
@@ -136,15 +107,15 @@ def test_c_equals_itself_under_threads_and_strides() -> None:
     qk = torch.randn(50, 5, 256, generator=torch.Generator().manual_seed(4))  # q | k heads
     q = qk[:, :4]  # [T, 4, D] non-contiguous, as the decoder passes it
     items = [(0, 40, 10), (1, 0, 40)]
-    base = run(attention_c, q.contiguous(), kv, slots, items)
-    assert torch.equal(run(attention_c, q, kv, slots, items), base)
+    base = attend(attention_c, q.contiguous(), kv, slots, items)
+    assert torch.equal(attend(attention_c, q, kv, slots, items), base)
     n = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert torch.equal(run(attention_c, q, kv, slots, items), base)
+        assert torch.equal(attend(attention_c, q, kv, slots, items), base)
     finally:
         torch.set_num_threads(n)
-    assert torch.equal(run(attention, q, kv, slots, items), base)
+    assert torch.equal(attend(attention, q, kv, slots, items), base)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -157,7 +128,7 @@ def test_non_finite_inputs_give_non_finite_rows(impl: Impl) -> None:
     v[slots[1][2], 0, 0] = float("inf")
     q = torch.randn(20, 2, 32, generator=torch.Generator().manual_seed(6))
     q[19, 1, 0] = float("inf")
-    out = run(impl, q, (k, v), slots, [(0, 0, 10), (1, 0, 10)])
+    out = attend(impl, q, (k, v), slots, [(0, 0, 10), (1, 0, 10)])
     finite = out.isfinite().all(-1).all(-1)  # [T] row fully finite
     assert finite[:3].all() and not finite[3:10].any()  # keys 0..2 are clean, 3 is NaN
     assert finite[10:12].all() and not finite[12:20].any()  # the inf value from key 2 on
@@ -187,7 +158,7 @@ def test_rows_of_one_sequence_in_any_order(impl: Impl) -> None:
     off, seq = torch.tensor([0, 50]), torch.zeros(len(pos), dtype=i32)
     out = impl(q, *kv, slots[0], off, seq, nkeys, 0.125, 4)
     for r, p in enumerate(pos):
-        assert torch.equal(run(impl, q[r : r + 1], kv, slots, [(0, p, 1)], 4)[0], out[r])
+        assert torch.equal(attend(impl, q[r : r + 1], kv, slots, [(0, p, 1)], 4)[0], out[r])
 
 
 @st.composite
@@ -216,11 +187,13 @@ def test_any_batch_equals_rows_alone(impl: Impl, batch: tuple) -> None:
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
-        out = run(impl, q, kv, slots, items, window)
+        out = attend(impl, q, kv, slots, items, window)
     finally:
         torch.set_num_threads(before)
     r = 0
     for s, start, n in items:
         for p in range(start, start + n):
-            assert torch.equal(run(impl, q[r : r + 1], kv, slots, [(s, p, 1)], window)[0], out[r])
+            assert torch.equal(
+                attend(impl, q[r : r + 1], kv, slots, [(s, p, 1)], window)[0], out[r]
+            )
             r += 1

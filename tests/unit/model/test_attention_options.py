@@ -7,20 +7,15 @@ in any chunking.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loraserve.kernels.attention import attention_c, attention_torch, backend
+from tests.unit.model.attention_util import IMPLS, Impl, attend
 
-Impl = Callable[..., torch.Tensor]
-IMPLS = [
-    pytest.param(attention_c, id="c", marks=pytest.mark.skipif(backend() != "c", reason="no cc")),
-    pytest.param(attention_torch, id="torch"),
-]
 S = 128  # pool slots
 
 
@@ -31,29 +26,6 @@ def pools(hkv: int, d: int, dv: int, latent: bool) -> tuple[torch.Tensor, torch.
     if latent:
         return k, k[:, :, :dv]
     return k, torch.randn(S, hkv, dv, generator=g)
-
-
-def call(
-    impl: Impl,
-    q: torch.Tensor,
-    kv: tuple[torch.Tensor, torch.Tensor],
-    slots: Sequence[torch.Tensor],
-    items: Sequence[tuple[int, int, int]],
-    window: int = 0,
-    scale: float = 0.2,
-    softcap: float = 0.0,
-    sinks: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Attend items (sequence, start, n) laid out as the runner does (q rows in order)."""
-    lists, off, row_seq, nkeys = [], [0], [], []
-    for b, (s, start, n) in enumerate(items):
-        lists.append(slots[s][: start + n])
-        off.append(off[-1] + start + n)
-        row_seq += [b] * n
-        nkeys += range(start + 1, start + n + 1)
-    i32 = torch.int32
-    return impl(q, *kv, torch.cat(lists), torch.tensor(off), torch.tensor(row_seq, dtype=i32),
-                torch.tensor(nkeys, dtype=i32), scale, window, softcap, sinks)  # fmt: skip
 
 
 def reference(
@@ -97,7 +69,7 @@ def test_options_match_float64_reference(
     sinks = torch.randn(h, generator=torch.Generator().manual_seed(3)) * 3 if sink else None
     items = [(0, 0, 21), (1, 30, 2)]
     q = torch.randn(23, h, d, generator=torch.Generator().manual_seed(5))
-    got = call(impl, q, kv, slots, items, window, d**-0.5, cap, sinks)
+    got = attend(impl, q, kv, slots, items, window, d**-0.5, cap, sinks)
     assert got.shape == (23, h, dv)
     r = 0
     for s, start, n in items:
@@ -115,12 +87,12 @@ def test_sinks_only_rescale_and_capping_saturates(impl: Impl) -> None:
     kv = pools(1, 16, 16, False)
     slots = [torch.arange(S)]
     q = torch.randn(10, 2, 16, generator=torch.Generator().manual_seed(1))
-    plain = call(impl, q, kv, slots, [(0, 0, 10)])
+    plain = attend(impl, q, kv, slots, [(0, 0, 10)], scale=0.2)
     sinks = torch.tensor([-1e4, 0.5])
-    sunk = call(impl, q, kv, slots, [(0, 0, 10)], sinks=sinks)
+    sunk = attend(impl, q, kv, slots, [(0, 0, 10)], scale=0.2, sinks=sinks)
     assert torch.allclose(sunk[:, 0], plain[:, 0], atol=1e-6)  # a -1e4 sink weighs nothing
     assert (sunk[:, 1].norm(dim=-1) < plain[:, 1].norm(dim=-1)).all()
-    huge = call(impl, q * 1e6, kv, slots, [(0, 0, 10)], softcap=1.0)
+    huge = attend(impl, q * 1e6, kv, slots, [(0, 0, 10)], scale=0.2, softcap=1.0)
     assert huge.isfinite().all()
 
 
@@ -155,12 +127,12 @@ def test_any_batch_equals_rows_alone_with_options(impl: Impl, batch: tuple) -> N
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
-        out = call(impl, q, kv, slots, items, window, 0.3, cap, sinks)
+        out = attend(impl, q, kv, slots, items, window, 0.3, cap, sinks)
     finally:
         torch.set_num_threads(before)
     r = 0
     for s, start, n in items:
         for p in range(start, start + n):
-            alone = call(impl, q[r : r + 1], kv, slots, [(s, p, 1)], window, 0.3, cap, sinks)
+            alone = attend(impl, q[r : r + 1], kv, slots, [(s, p, 1)], window, 0.3, cap, sinks)
             assert torch.equal(alone[0], out[r])
             r += 1
