@@ -116,13 +116,95 @@ static void token_tiles(const float *src, float *dst, const float *kr, const flo
 }
 #endif
 
+// One token of one head, whole state: src [S, S] -> dst [S, S] (may be src); work [S S + 2 S]
+// scratch. The register tiles where they apply, else the transposed form: the same bits.
+// Every per-token path runs this (a decode step, a prompt's few rows).
+static inline void head_token(const float *src, float *dst, const float *kr, const float *qr,
+                              const float *vr, float gr, float br, float scale, float *orow,
+                              float *work, int64_t S) {
+#if defined(__AVX2__)
+    if (S % 8 == 0) {
+        token_tiles(src, dst, kr, qr, vr, gr, br, scale, orow, work + S * S + S, S);
+        return;
+    }
+#endif
+    transpose(src, work, S);
+    token_t(work, kr, qr, vr, gr, br, scale, orow, work + S * S, work + S * S + S, S);
+    transpose(work, dst, S);
+}
+
+// A prompt's rows run by blocks of state rows (issue 28, docs/chunked_scan.md): row i of M
+// evolves alone (m_i <- g m_i + d_i k^T, d_i = beta (v_i - g m_i.k), o_i = scale m_i.q), so a
+// block of GDN_ROWS rows (32 KiB at S = 128: L1) runs through every token before the next
+// block, instead of each token sweeping the whole state (64 KiB, L2, twice). Per row the float
+// operations of token_t / token_tiles in their order: the same bits. Sequences of fewer than
+// GDN_BLOCK_MIN rows (decode steps, drafts) stay token by token on the register tiles.
+enum { GDN_ROWS = 64, GDN_BLOCK_MIN = 8 };
+
+typedef struct {  // one ls_gdn_recur call's token rows
+    const float *q, *k, *v, *g, *beta;
+    float *o;
+    int64_t v_ld, H, S;
+    float scale;
+} gdn_io_t;
+
+// blk [S][nr] <-> rows 0 .. nr - 1 of m (row stride S): blk[j nr + l] = m[l S + j]
+static void rows_in(const float *m, float *blk, int64_t nr, int64_t S) {
+    for (int64_t l = 0; l < nr; l++)
+        for (int64_t j = 0; j < S; j++) blk[j * nr + l] = m[l * S + j];
+}
+static void rows_out(const float *blk, float *m, int64_t nr, int64_t S) {
+    for (int64_t j = 0; j < S; j++)
+        for (int64_t l = 0; l < nr; l++) m[l * S + j] = blk[j * nr + l];
+}
+
+// Rows i0 .. i0 + nr - 1 (nr <= GDN_ROWS) of head h, transposed in blk (lanes = rows), through
+// rows lo .. lo + n - 1; the state after local row snap_row[e] (e in e0 .. e1 - 1) goes to those
+// rows of snap_dst[e]. Inlined with nr a constant where it is one (the lanes in registers).
+static inline __attribute__((always_inline)) void block_run(
+    const gdn_io_t *io, float *restrict blk, int64_t nr, int64_t h, int64_t i0, int64_t lo,
+    int64_t n, const int64_t *snap_row, float *const *snap_dst, int64_t e, int64_t e1) {
+    const int64_t H = io->H, S = io->S;
+    for (int64_t r = 0; r < n; r++) {
+        const int64_t th = (lo + r) * H + h;
+        const float *kr = io->k + th * S, *qr = io->q + th * S;
+        const float *vr = io->v + (lo + r) * io->v_ld + h * S + i0;
+        const float gr = io->g[th], br = io->beta[th];
+        float acc[GDN_ROWS], d[GDN_ROWS];
+        for (int64_t l = 0; l < nr; l++) acc[l] = 0.0f;
+        for (int64_t j = 0; j < S; j++) {  // acc = (M g) k
+            const float *c = blk + j * nr;
+            const float kj = kr[j];
+            for (int64_t l = 0; l < nr; l++) acc[l] = acc[l] + (c[l] * gr) * kj;
+        }
+        for (int64_t l = 0; l < nr; l++) {
+            d[l] = (vr[l] - acc[l]) * br;
+            acc[l] = 0.0f;
+        }
+        for (int64_t j = 0; j < S; j++) {  // M <- M g + d k^T; acc = M q
+            float *c = blk + j * nr;
+            const float kj = kr[j], qj = qr[j];
+            for (int64_t l = 0; l < nr; l++) {
+                const float m = c[l] * gr + d[l] * kj;
+                c[l] = m;
+                acc[l] = acc[l] + m * qj;
+            }
+        }
+        float *orow = io->o + th * S + i0;
+        for (int64_t l = 0; l < nr; l++) orow[l] = acc[l] * io->scale;
+        for (; e < e1 && snap_row[e] == r; e++)
+            rows_out(blk, snap_dst[e] + h * S * S + i0 * S, nr, S);
+    }
+}
+
 // n_seq sequences; sequence z owns rows lo[z] .. lo[z] + n[z] - 1 of q, k [T, H, S]
 // (contiguous), v (row stride v_ld, heads contiguous), g and beta [T, H], o [T, H, S]. Its
 // state M [H, S, S] is read from m_in[z] and the state after its last row written to m_out[z]
 // (m_in is never written). Snapshots: for e in snap_off[z] .. snap_off[z+1] - 1, the state
 // after its row snap_row[e] (counted from lo[z], ascending) goes to snap_dst[e] [H, S, S].
-// Returns 0, -1 when a work buffer could not be allocated (outputs then undefined), or -3
-// for sizes that do not fit (a span or snapshot row outside its sequence, v_ld < H S).
+// Tasks: (sequence, head, block of GDN_ROWS state rows). Returns 0, -1 when a work buffer
+// could not be allocated (outputs then undefined), or -3 for sizes that do not fit (a span or
+// snapshot row outside its sequence, v_ld < H S).
 int ls_gdn_recur(int64_t n_seq, const int64_t *lo, const int64_t *n, const float *const *m_in,
                  float *const *m_out, const float *q, const float *k, const float *v,
                  int64_t v_ld, const float *g, const float *beta, float scale, float *o,
@@ -135,12 +217,14 @@ int ls_gdn_recur(int64_t n_seq, const int64_t *lo, const int64_t *n, const float
         for (int64_t e = snap_off[z]; e < snap_off[z + 1]; e++)
             if (snap_row[e] < 0 || snap_row[e] >= n[z]) return -3;
     }
-    int failed = 0;
-    const int64_t tasks = n_seq * H, ss = S * S;
+    const gdn_io_t io = {q, k, v, g, beta, o, v_ld, H, S, scale};
+    const int64_t ss = S * S, R = S <= 128 ? GDN_ROWS : GDN_ROWS / 2, nb = (S + R - 1) / R;
+    const int64_t tasks = n_seq * H * nb;
     if (tasks < 2) nthreads = 1;
+    int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
-        float *mt = malloc((size_t)(ss + 2 * S) * sizeof(float));
+        float *mt = malloc((size_t)(ss + 2 * S) * sizeof(float));  // >= S R (a block)
         if (mt == NULL) {
 #pragma omp atomic write
             failed = 1;
@@ -148,36 +232,34 @@ int ls_gdn_recur(int64_t n_seq, const int64_t *lo, const int64_t *n, const float
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
             if (mt == NULL) continue;
-            const int64_t z = task / H, h = task % H;
-            float *acc = mt + ss, *d = acc + S;
+            const int64_t z = task / (H * nb), h = task / nb % H, i0 = task % nb * R;
+            const float *src = m_in[z] + h * ss;
+            float *dst = m_out[z] + h * ss;
+            const int64_t e0 = snap_off[z], e1 = snap_off[z + 1];
 #if defined(__AVX2__)
-            if (S % 8 == 0) {  // row-major tiles (see the top): no transposes in memory
-                const float *src = m_in[z] + h * ss;
-                float *dst = m_out[z] + h * ss;
-                int64_t e = snap_off[z];
+            if (S % 8 == 0 && n[z] < GDN_BLOCK_MIN) {  // a few rows: the whole head per token
+                if (i0 > 0) continue;
                 if (n[z] == 0) memcpy(dst, src, (size_t)ss * sizeof(float));
-                for (int64_t r = 0; r < n[z]; r++, src = dst) {
-                    const int64_t row = lo[z] + r;
-                    token_tiles(src, dst, k + (row * H + h) * S, q + (row * H + h) * S,
-                                v + row * v_ld + h * S, g[row * H + h], beta[row * H + h],
-                                scale, o + (row * H + h) * S, d, S);
-                    for (; e < snap_off[z + 1] && snap_row[e] == r; e++)
+                for (int64_t r = 0, e = e0; r < n[z]; r++, src = dst) {
+                    const int64_t th = (lo[z] + r) * H + h;
+                    const float *vr = v + (lo[z] + r) * v_ld + h * S;
+                    head_token(src, dst, k + th * S, q + th * S, vr, g[th], beta[th], scale,
+                               o + th * S, mt, S);
+                    for (; e < e1 && snap_row[e] == r; e++)
                         memcpy(snap_dst[e] + h * ss, dst, (size_t)ss * sizeof(float));
                 }
                 continue;
             }
 #endif
-            transpose(m_in[z] + h * ss, mt, S);
-            int64_t e = snap_off[z];
-            for (int64_t r = 0; r < n[z]; r++) {
-                const int64_t row = lo[z] + r;
-                token_t(mt, k + (row * H + h) * S, q + (row * H + h) * S,
-                        v + row * v_ld + h * S, g[row * H + h], beta[row * H + h], scale,
-                        o + (row * H + h) * S, acc, d, S);
-                for (; e < snap_off[z + 1] && snap_row[e] == r; e++)
-                    transpose(mt, snap_dst[e] + h * ss, S);
-            }
-            transpose(mt, m_out[z] + h * ss, S);
+            const int64_t nr = S - i0 < R ? S - i0 : R;
+            rows_in(src + i0 * S, mt, nr, S);
+            if (nr == GDN_ROWS)
+                block_run(&io, mt, GDN_ROWS, h, i0, lo[z], n[z], snap_row, snap_dst, e0, e1);
+            else if (nr == GDN_ROWS / 2)
+                block_run(&io, mt, GDN_ROWS / 2, h, i0, lo[z], n[z], snap_row, snap_dst, e0, e1);
+            else
+                block_run(&io, mt, nr, h, i0, lo[z], n[z], snap_row, snap_dst, e0, e1);
+            rows_out(mt, dst + i0 * S, nr, S);
         }
         free(mt);
     }

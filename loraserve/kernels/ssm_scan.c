@@ -7,6 +7,7 @@
 // bit-identical to the torch loop. dt (softplus) and dA (exp) come precomputed from torch.
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 // torch's cascade row sum (aten SumKernel.cpp `row_sum`/`multi_row_sum`) over `size`
@@ -110,11 +111,78 @@ static int spans_fit(int64_t nseq, const int64_t *lo, const int64_t *hi,
     return 1;
 }
 
+// A prompt's rows run by blocks of SSM_ROWS state rows p of a head (issue 28,
+// docs/chunked_scan.md): each row of s [P, N] evolves alone, so a block (16 KiB at N = 128: L1)
+// runs through every token before the next one. The block is held transposed (blk[n nr + l] =
+// s[p0 + l][n]: the lanes are rows) and y's sum over n keeps torch_sum's order for each row:
+// its short form (fewer than 64 vectors of w lanes, as small_sum: vector e into accumulator
+// e % 4, the last nv % 4 into 0; then 0 += 1, += 2, += 3; the scalar tail from 0.0f, then the
+// lanes in order, then 0.0f +). Wider sums (64 vectors or more) and sequences of fewer than
+// SSM_BLOCK_MIN rows keep the per-token loop. The same float operations per value: the same bits.
+enum { SSM_ROWS = 32, SSM_BLOCK_MIN = 16, SSM_LANES = 16 };
+
+// rows p0 .. p0 + nr - 1 of one head's state sh [P, N] -> blk [N][nr], and back
+static void srows_in(const float *sh, float *blk, int64_t nr, int64_t N) {
+    for (int64_t l = 0; l < nr; l++)
+        for (int64_t n = 0; n < N; n++) blk[n * nr + l] = sh[l * N + n];
+}
+static void srows_out(const float *blk, float *sh, int64_t nr, int64_t N) {
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t l = 0; l < nr; l++) sh[l * N + n] = blk[n * nr + l];
+}
+
+// One token through the block blk [N][nr] (nr <= SSM_ROWS): x, y at the block's first row,
+// b, c [N] the token's group rows, d its dt, a its dA; sums of w lanes (1 when N < vl).
+// Inlined with nr a constant where it is one.
+static inline __attribute__((always_inline)) void block_token(
+    float *restrict blk, int64_t nr, const float *x, const float *b, const float *c, float d,
+    float a, int64_t N, int64_t w, float *y) {
+    float xd[SSM_ROWS], tail[SSM_ROWS], acc[4][SSM_LANES][SSM_ROWS];
+    const int64_t nv = N / w, full = nv / 4 * 4;
+    for (int64_t l = 0; l < nr; l++) {
+        xd[l] = x[l] * d;
+        tail[l] = 0.0f;
+    }
+    for (int k = 0; k < 4; k++)
+        for (int64_t m = 0; m < w; m++)
+            for (int64_t l = 0; l < nr; l++) acc[k][m][l] = 0.0f;
+    for (int64_t e = 0; e < nv; e++) {
+        const int k = e < full ? (int)(e & 3) : 0;
+        for (int64_t m = 0; m < w; m++) {
+            const int64_t n = e * w + m;
+            const float bn = b[n], cn = c[n];  // in registers: blk's stores may alias b, c
+            float *sn = blk + n * nr, *ac = acc[k][m];
+            for (int64_t l = 0; l < nr; l++) {
+                const float decay = sn[l] * a, inp = bn * xd[l];
+                sn[l] = decay + inp;
+                ac[l] = ac[l] + sn[l] * cn;
+            }
+        }
+    }
+    for (int64_t n = nv * w; n < N; n++) {
+        const float bn = b[n], cn = c[n];
+        float *sn = blk + n * nr;
+        for (int64_t l = 0; l < nr; l++) {
+            const float decay = sn[l] * a, inp = bn * xd[l];
+            sn[l] = decay + inp;
+            tail[l] = tail[l] + sn[l] * cn;
+        }
+    }
+    for (int64_t m = 0; m < w; m++) {  // per row: fin = tail + lane 0 + .. + lane w - 1
+        for (int k = 1; k < 4; k++)
+            for (int64_t l = 0; l < nr; l++) acc[0][m][l] += acc[k][m][l];
+        for (int64_t l = 0; l < nr; l++) tail[l] += acc[0][m][l];
+    }
+    for (int64_t l = 0; l < nr; l++) y[l] = 0.0f + tail[l];
+}
+
 // Mamba-2. xbc [T, ldx]: x [H, P] at 0, B [G, N] at H P, C [G, N] at H P + G N of each row;
 // dt, da [T, H]; sequences q = 0..nseq-1 own rows lo[q]..hi[q]-1 and their state
-// s[q] [H, P, N] (updated in place, starting from s_in[q] where given); rows snap_rows[snap_off[q]..snap_off[q+1]-1] (ascending)
-// copy the state after that row into snaps [n_snaps, H P N]; y [T, H, P]. Returns 0, or -3
-// for sizes that do not fit (a head count G does not divide, ldx < H P + 2 G N, a span or
+// s[q] [H, P, N] (updated in place, starting from s_in[q] where given); rows
+// snap_rows[snap_off[q]..snap_off[q+1]-1] (ascending) copy the state after that row into snaps
+// [n_snaps, H P N]; y [T, H, P]. Tasks: (sequence, head, block of SSM_ROWS state rows).
+// Returns 0, -2 when a work buffer could not be allocated (outputs then undefined), or -3 for
+// sizes that do not fit (a head count G does not divide, ldx < H P + 2 G N, a span or
 // snapshot row out of order, N past SSM_MAX_N).
 int ls_ssm_scan2(const float *xbc, int64_t ldx, const float *dt, const float *da, int64_t H,
                  int64_t P, int64_t N, int64_t G, int64_t nseq, const int64_t *lo,
@@ -124,40 +192,69 @@ int ls_ssm_scan2(const float *xbc, int64_t ldx, const float *dt, const float *da
     if (H < 1 || P < 1 || N < 1 || N > SSM_MAX_N || G < 1 || H % G != 0 ||
         ldx < H * P + 2 * G * N || !spans_fit(nseq, lo, hi, snap_rows, snap_off, vl))
         return -3;
-    const int64_t HPN = H * P * N, rep = H / G;
+    const int64_t HPN = H * P * N, rep = H / G, nb = (P + SSM_ROWS - 1) / SSM_ROWS;
+    const int64_t w = N < vl ? 1 : vl, blocks = N / w < 64;  // torch_sum's short form
     if (nseq * HPN < 4096) nthreads = 1;
-#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
-    for (int64_t qh = 0; qh < nseq * H; qh++) {
-        const int64_t q = qh / H, h = qh % H;
-        float *sh = s + q * HPN + h * P * N;
-        // s_in: each sequence's starting state [H, P, N], copied head by head into s here
-        // (in the parallel region, while the head's rows are about to be read); NULL: s holds
-        // the starting states already
-        if (s_in) memcpy(sh, s_in[q] + h * P * N, (size_t)(P * N) * sizeof(float));
-        float prod[N > 0 ? N : 1];
-        int64_t next = snap_off[q];
-        for (int64_t row = lo[q]; row < hi[q]; row++) {
-            const float d = dt[row * H + h], a = da[row * H + h];
-            const float *x = xbc + row * ldx + h * P;
-            const float *b = xbc + row * ldx + H * P + (h / rep) * N;
-            const float *c = b + G * N;
-            for (int64_t p = 0; p < P; p++) {
-                const float xd = x[p] * d;
-                float *sp = sh + p * N;
-                for (int64_t n = 0; n < N; n++) {
-                    const float decay = sp[n] * a, inp = b[n] * xd;
-                    sp[n] = decay + inp;
-                    prod[n] = sp[n] * c[n];
-                }
-                y[(row * H + h) * P + p] = torch_sum(prod, N, vl);
-            }
-            if (next < snap_off[q + 1] && snap_rows[next] == row) {
-                memcpy(snaps + next * HPN + h * P * N, sh, (size_t)(P * N) * sizeof(float));
-                next++;
-            }
+    int failed = 0;
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *blk = blocks ? malloc((size_t)(N * SSM_ROWS) * sizeof(float)) : NULL;
+        if (blocks && blk == NULL) {
+#pragma omp atomic write
+            failed = 1;
         }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < nseq * H * nb; task++) {
+            const int64_t q = task / (H * nb), h = task / nb % H, p0 = task % nb * SSM_ROWS;
+            const int64_t nr = P - p0 < SSM_ROWS ? P - p0 : SSM_ROWS;
+            float *sh = s + q * HPN + h * P * N;
+            const float *from = s_in ? s_in[q] + h * P * N : sh;  // NULL: s holds them already
+            int64_t next = snap_off[q];
+            if (!blocks || hi[q] - lo[q] < SSM_BLOCK_MIN) {  // token by token, the whole head
+                if (p0 > 0) continue;
+                if (s_in) memcpy(sh, from, (size_t)(P * N) * sizeof(float));
+                float prod[N > 0 ? N : 1];
+                for (int64_t row = lo[q]; row < hi[q]; row++) {
+                    const float d = dt[row * H + h], a = da[row * H + h];
+                    const float *x = xbc + row * ldx + h * P;
+                    const float *b = xbc + row * ldx + H * P + (h / rep) * N;
+                    const float *c = b + G * N;
+                    for (int64_t p = 0; p < P; p++) {
+                        const float xd = x[p] * d;
+                        float *sp = sh + p * N;
+                        for (int64_t n = 0; n < N; n++) {
+                            const float decay = sp[n] * a, inp = b[n] * xd;
+                            sp[n] = decay + inp;
+                            prod[n] = sp[n] * c[n];
+                        }
+                        y[(row * H + h) * P + p] = torch_sum(prod, N, vl);
+                    }
+                    if (next < snap_off[q + 1] && snap_rows[next] == row) {
+                        memcpy(snaps + next * HPN + h * P * N, sh, (size_t)(P * N) * sizeof(float));
+                        next++;
+                    }
+                }
+                continue;
+            }
+            if (blk == NULL) continue;
+            srows_in(from + p0 * N, blk, nr, N);
+            for (int64_t row = lo[q]; row < hi[q]; row++) {
+                const float d = dt[row * H + h], a = da[row * H + h];
+                const float *x = xbc + row * ldx + h * P + p0;
+                const float *b = xbc + row * ldx + H * P + (h / rep) * N;
+                float *yr = y + (row * H + h) * P + p0;
+                if (nr == SSM_ROWS) block_token(blk, SSM_ROWS, x, b, b + G * N, d, a, N, w, yr);
+                else block_token(blk, nr, x, b, b + G * N, d, a, N, w, yr);
+                if (next < snap_off[q + 1] && snap_rows[next] == row) {
+                    srows_out(blk, snaps + next * HPN + h * P * N + p0 * N, nr, N);
+                    next++;
+                }
+            }
+            srows_out(blk, sh + p0 * N, nr, N);
+        }
+        free(blk);
     }
-    return 0;
+    return failed ? -2 : 0;
 }
 
 // Mamba-1. x, dt [T, D] (dt after softplus); da [rows r0..r1-1 of T, D, N] (exp(dt A));
