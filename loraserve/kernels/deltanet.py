@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import torch
 
 from loraserve.cbuild import bind
+from loraserve.kernels import argcheck
+from loraserve.kernels.layers_abi import GdnC
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
@@ -68,18 +70,17 @@ def gdn_recur(
     lib = _c()
     if lib is None:
         raise RuntimeError("the delta-net C kernel is not built here")
+    if q.dim() != 3:
+        raise ValueError(f"gdn_recur: q {tuple(q.shape)}, expected [T, H, S]")
     t, h, s = q.shape
     for x, shape in ((q, (t, h, s)), (k, (t, h, s)), (o, (t, h, s)), (g, (t, h)), (beta, (t, h))):
-        if tuple(x.shape) != shape or x.dtype != torch.float32 or not x.is_contiguous():
-            raise ValueError(f"gdn_recur: a tensor of shape {tuple(x.shape)}, expected {shape}")
-    if tuple(v.shape) != (t, h, s) or v.stride()[1:] != (s, 1) or v.dtype != torch.float32:
+        argcheck.f32(f"gdn_recur: a tensor of shape {tuple(x.shape)}", x, shape=shape)
+    argcheck.f32("gdn_recur: v", v, shape=(t, h, s), contiguous=False)
+    if v.stride()[1:] != (s, 1):
         raise ValueError(f"gdn_recur: v {tuple(v.shape)} strides {v.stride()}")
-    states = [*m_in, *m_out, *(d for z in snaps for _, d in z)]
-    if any(x.numel() != h * s * s or not x.is_contiguous() or x.dtype != torch.float32
-           for x in states):  # fmt: skip
-        raise ValueError(f"gdn_recur: every state must be {h * s * s} contiguous float32")
-    if any(not 0 <= lo <= hi <= t for lo, hi in spans):
-        raise ValueError(f"gdn_recur: row spans {spans} outside {t} rows")
+    for x in (*m_in, *m_out, *(d for z in snaps for _, d in z)):
+        argcheck.f32(f"gdn_recur: every state must be {h * s * s} contiguous float32", x, h * s * s)
+    argcheck.spans("gdn_recur", spans, t, m_in, m_out, snaps)
     off = [0]
     for z in snaps:
         off.append(off[-1] + len(z))
@@ -113,11 +114,17 @@ def conv_step(
     lib = _c()
     if lib is None:
         raise RuntimeError("the delta-net C kernel is not built here")
+    if taps.dim() != 2:
+        raise ValueError(f"conv_step: taps {tuple(taps.shape)}, expected [L, C]")
     n, c = taps.shape
     if x.numel() != c or st.numel() != (n - 1) * c or conv_out.numel() != (n - 1) * c:
         raise ValueError(f"conv_step: state {st.numel()}, row {x.numel()} for taps {(n, c)}")
+    argcheck.f32("conv_step: x", x, c, contiguous=False)
     if x.stride(-1) != 1 or not (st.is_contiguous() and conv_out.is_contiguous()):
         raise ValueError("conv_step: rows of unit stride")
+    for what, y, m in (("st", st, None), ("conv_out", conv_out, None), ("taps", taps, None),
+                       ("bias", bias, c), ("ones", ones, c)):  # fmt: skip
+        argcheck.f32(f"conv_step: {what}", y, m)
     pre, act = torch.empty(c), torch.empty(1, c)
     rc = lib.ls_conv_step(st.data_ptr(), x.data_ptr(), taps.data_ptr(),
                           None if bias is None else bias.data_ptr(), c, n, ones.data_ptr(),
@@ -137,12 +144,17 @@ def gdn_gates(
     lib = _c()
     if lib is None:
         raise RuntimeError("the delta-net C kernel is not built here")
+    argcheck.rows("gdn_gates: ba", ba, 1)
     t, w = ba.shape
     h = dt_b.numel()
-    if ba.dtype != torch.float32 or (t > 1 and ba.stride(1) != 1) or cols.numel() != 2 * h \
-            or cols.dtype != torch.int64 or a.numel() != h:  # fmt: skip
+    if cols.numel() != 2 * h or cols.dtype != torch.int64 or cols.device.type != "cpu" \
+            or a.numel() != h:  # fmt: skip
         raise ValueError(f"gdn_gates: rows {tuple(ba.shape)}, {cols.numel()} columns, {h} heads")
+    if h and not 0 <= int(cols.min()) <= int(cols.max()) < w:  # C knows the stride, not w
+        raise ValueError(f"gdn_gates: columns {cols.tolist()} outside rows of {w}")
     cols, dt_b, a = cols.contiguous(), dt_b.contiguous(), a.contiguous()
+    argcheck.f32("gdn_gates: dt_b", dt_b, h)
+    argcheck.f32("gdn_gates: a", a, h)
     g, beta = torch.empty(t, h), torch.empty(t, h)
     rc = lib.ls_gdn_gates(ba.data_ptr(), ba.stride(0) if t > 1 else w, t, h, cols.data_ptr(),
                           dt_b.data_ptr(), a.data_ptr(), g.data_ptr(), beta.data_ptr())  # fmt: skip
@@ -166,14 +178,20 @@ def gdn_step(
     lib = _c()
     if lib is None:
         raise RuntimeError("the delta-net C kernel is not built here")
+    if not isinstance(spec, GdnC) or min(spec.Hk, spec.Hv, spec.S) < 1 or spec.L < 2:
+        raise ValueError("gdn_step: spec must be a GdnSpec's c_struct()")
+    hk, hv, s, n = spec.Hk, spec.Hv, spec.S, spec.L
+    c = 2 * hk * s + hv * s
+    if state_size != (n - 1) * c + hv * s * s:  # what the C code writes into each record
+        raise ValueError(f"gdn_step: state_size {state_size} is not the spec's")
+    argcheck.rows("gdn_step: mixed", mixed, c + hv * s + 2 * hv)
     t = mixed.shape[0]
-    if mixed.dtype != torch.float32 or mixed.stride(1) != 1 or len(st_in) != t \
-            or len(st_out) != t:  # fmt: skip
+    if len(st_in) != t or len(st_out) != t:
         raise ValueError(f"gdn_step: rows {tuple(mixed.shape)} for {len(st_in)} states")
     for x in (*st_in, *st_out):
-        if x.numel() != state_size or x.dtype != torch.float32 or not x.is_contiguous():
-            raise ValueError(f"gdn_step: every state must be {state_size} contiguous float32")
-    out = torch.empty(t, spec.Hv * spec.S)  # type: ignore[attr-defined]
+        argcheck.f32(f"gdn_step: every state must be {state_size} contiguous float32", x,
+                     state_size)  # fmt: skip
+    out = torch.empty(t, hv * s)
     rc = lib.ls_gdn_step(mixed.data_ptr(), mixed.stride(0) if t > 1 else mixed.shape[1], t,
                          _ptrs(st_in), _ptrs(st_out), ctypes.addressof(spec), out.data_ptr(),
                          torch.get_num_threads())  # fmt: skip

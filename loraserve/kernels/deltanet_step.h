@@ -41,7 +41,8 @@ int ls_gdn_gates(const float *ba, int64_t ld, int64_t T, int64_t H, const int64_
 // mixed [T, ldm]: each row q|k|v [C] (C = 2 Hk S + Hv S), z [Hv S], beta|alpha logits (at
 // w->ba_cols from C + Hv S); st_in[q] / st_out[q]: row q's sequence's state record before /
 // after the row, [(L-1) C | Hv S S] (never the same memory); out [T, Hv S]. Returns 0, -2 out
-// of memory, -3 sizes that do not fit.
+// of memory, -3 sizes that do not fit (a null pointer, Hk not dividing Hv, L < 2, ldm short of
+// the row's C + Hv S + 2 Hv values, a beta/alpha column outside the row).
 int ls_gdn_step(const float *mixed, int64_t ldm, int64_t T, const float *const *st_in,
                 float *const *st_out, const ls_gdn_t *w, float *out, int nthreads) {
     if (!w || T < 1 || w->Hk < 1 || w->Hv < 1 || w->Hv % w->Hk || w->S < 1 || w->L < 2 ||
@@ -51,6 +52,8 @@ int ls_gdn_step(const float *mixed, int64_t ldm, int64_t T, const float *const *
     const int64_t Hk = w->Hk, Hv = w->Hv, S = w->S, ss = S * S, vs = Hv * S;
     const int64_t C = 2 * Hk * S + vs, nc = (w->L - 1) * C, r = Hv / Hk;
     if (ldm < C + vs + 2 * Hv) return -3;
+    for (int64_t h = 0; h < 2 * Hv; h++)  // inside the row's last ldm - C - Hv S values
+        if (w->ba_cols[h] < 0 || w->ba_cols[h] >= ldm - C - vs) return -3;
     for (int64_t q = 0; q < T; q++)
         if (!st_in[q] || !st_out[q]) return -3;
     // act [T, C] after conv and SiLU, pre [C], qk [T, 2 Hk, S] normed, g, beta [T, Hv],
@@ -89,15 +92,7 @@ int ls_gdn_step(const float *mixed, int64_t ldm, int64_t T, const float *const *
             const float *qr = qk + (q * 2 * Hk + kh) * S, *kr = qk + (q * 2 * Hk + Hk + kh) * S;
             float *dst = st_out[q] + nc + h * ss, *orow = o + q * vs + h * S;
             const float gq = g[q * Hv + h], bq = beta[q * Hv + h];
-#if defined(__AVX2__)
-            if (S % 8 == 0) {
-                token_tiles(src, dst, kr, qr, vr, gq, bq, w->scale, orow, mt + ss + S, S);
-                continue;
-            }
-#endif
-            transpose(src, mt, S);
-            token_t(mt, kr, qr, vr, gq, bq, w->scale, orow, mt + ss, mt + ss + S, S);
-            transpose(mt, dst, S);
+            head_token(src, dst, kr, qr, vr, gq, bq, w->scale, orow, mt, S);
         }
         free(mt);
     }

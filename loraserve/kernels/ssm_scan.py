@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from loraserve.cbuild import bind
+from loraserve.kernels import argcheck
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {
@@ -72,7 +73,10 @@ def available() -> bool:
 
 
 def _ok(rc: int, what: str) -> None:
-    """A C entry point's refusal (-3: sizes that do not fit, issue 31) as an exception."""
+    """A C entry point's refusal (-3: sizes that do not fit, issue 31) as an exception;
+    -2: out of memory for its work buffers."""
+    if rc == -2:
+        raise MemoryError(f"{what}: out of memory for its work buffers")
     if rc != 0:
         raise ValueError(f"{what}: sizes that do not fit the C kernel ({rc})")
 
@@ -102,10 +106,13 @@ def dt_da(raw: torch.Tensor, bias: torch.Tensor, a: torch.Tensor) -> tuple[torch
     lib = _c()
     if lib is None:
         raise RuntimeError("the C selective scan is not available here")
+    argcheck.rows("dt_da: raw", raw, 1)
     t, h = raw.shape
-    if raw.stride(1) != 1 or raw.dtype != torch.float32 or bias.numel() != h or a.numel() != h:
+    if bias.numel() != h or a.numel() != h:
         raise ValueError("dt_da: raw must be float32 rows of unit stride, bias and a [H]")
     bias, a = bias.contiguous(), a.contiguous()
+    argcheck.f32("dt_da: bias", bias, h)
+    argcheck.f32("dt_da: a", a, h)
     dt, da = torch.empty(t, h), torch.empty(t, h)
     _ok(lib.ls_ssm_dt(raw.data_ptr(), raw.stride(0) if t > 1 else h, t, h, bias.data_ptr(),
                       a.data_ptr(), dt.data_ptr(), da.data_ptr()), "ssm_dt")  # fmt: skip
@@ -155,17 +162,21 @@ def scan2(
     if lib is None or lanes is None:
         raise RuntimeError("the C selective scan is not available here")
     h, p, n, g = dims
+    if min(dims) < 1:
+        raise ValueError(f"scan2: dims {dims}")
+    argcheck.rows("scan2: xbc must be float32 rows of unit stride", xbc, h * p + 2 * g * n)
     t = xbc.shape[0]
-    if xbc.stride(1) != 1 or xbc.dtype != torch.float32:
-        raise ValueError("scan2: xbc must be float32 rows of unit stride")
+    argcheck.spans("scan2", spans, t, states, wanted)
     dt, da = dt.contiguous(), da.contiguous()
+    argcheck.f32("scan2: dt", dt, shape=(t, h))
+    argcheck.f32("scan2: da", da, shape=(t, h))
     if finals is None:
         finals = torch.empty(len(states), h, p, n)
-    elif not finals.is_contiguous() or finals.shape != (len(states), h, p, n):
+    elif not finals.is_contiguous() or finals.shape != (len(states), h, p, n) \
+            or finals.dtype != torch.float32:  # fmt: skip
         raise ValueError("scan2: finals must be a contiguous [nseq, H, P, N] buffer")
     for st in states:
-        if st.dtype != torch.float32 or not st.is_contiguous() or st.numel() != h * p * n:
-            raise ValueError("scan2: each state must be contiguous float32 [H, P, N]")
+        argcheck.f32("scan2: each state must be contiguous float32 [H, P, N]", st, h * p * n)
     # the kernel copies each starting state into finals head by head, as it scans
     s_in = (ctypes.c_void_p * len(states))(*(st.data_ptr() for st in states))
     s = finals
@@ -199,9 +210,17 @@ def scan1(
     lanes = vector_lanes()
     if lib is None or lanes is None:
         raise RuntimeError("the C selective scan is not available here")
+    if x.dim() != 2 or a.dim() != 2:
+        raise ValueError(f"scan1: x {tuple(x.shape)}, a {tuple(a.shape)}")
     t, d = x.shape
     n = a.shape[1]
     x, b, c, a = x.contiguous(), b.contiguous(), c.contiguous(), a.contiguous()
+    for what, y, shape in (("x", x, (t, d)), ("dt", dt, (t, d)), ("a", a, (d, n)),
+                           ("b", b, (t, n)), ("c", c, (t, n))):  # fmt: skip
+        argcheck.f32(f"scan1: {what}", y, shape=shape, contiguous=False)
+    argcheck.spans("scan1", spans, t, states, wanted)
+    for st in states:
+        argcheck.f32("scan1: each state must be float32 [D, N]", st, d * n, contiguous=False)
     dts = softplus_rows(dt)  # [T, D]
     s = torch.stack([st.reshape(d, n) for st in states]) if states else torch.empty(0)
     lo, hi, snap_rows, off = _index(spans, wanted)
@@ -242,19 +261,21 @@ def mamba2_step(
     if lib is None or lanes is None:
         raise RuntimeError("the C selective scan is not available here")
     k, h, p, n, g = dims
-    t, di = zx.shape[0], h * p
+    di = h * p
     taps, conv_b, ones, d, norm = weights
-    if zx.stride(1) != 1 or zx.dtype != torch.float32 or len(st_in) != t or len(st_out) != t:
+    argcheck.rows("mamba2_step: zx", zx, 2 * di + 2 * g * n)
+    t = zx.shape[0]
+    if len(st_in) != t or len(st_out) != t:
         raise ValueError("mamba2_step: zx must be float32 rows of unit stride, one state each")
     size = (k - 1) * (di + 2 * g * n) + di * n
-    if any(s.numel() != size or not s.is_contiguous() for s in (*st_in, *st_out)):
-        raise ValueError(f"mamba2_step: state records of {size} contiguous floats needed")
+    for s in (*st_in, *st_out):
+        argcheck.f32(f"mamba2_step: state records of {size} contiguous floats needed", s, size)
     c = di + 2 * g * n
-    want = [(taps, k * c), (conv_b, c), (ones, c), (d, h), (norm, di)]
-    if any(w is not None and (w.numel() != m or not w.is_contiguous() or w.dtype != torch.float32)
-           for w, m in want):  # fmt: skip
-        raise ValueError("mamba2_step: weights of other sizes than the dims")
+    for w, m in ((taps, k * c), (conv_b, c), (ones, c), (d, h), (norm, di)):
+        argcheck.f32("mamba2_step: weights of other sizes than the dims", w, m)
     dt, da = dt.contiguous(), da.contiguous()
+    argcheck.f32("mamba2_step: dt", dt, shape=(t, h))
+    argcheck.f32("mamba2_step: da", da, shape=(t, h))
     out = torch.empty(t, di)
     ins = (ctypes.c_void_p * t)(*(s.data_ptr() for s in st_in))
     outs = (ctypes.c_void_p * t)(*(s.data_ptr() for s in st_out))

@@ -7,6 +7,7 @@ refusal into a ValueError."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import subprocess
 import sys
@@ -187,7 +188,116 @@ def test_scan_wrappers_turn_a_refusal_into_an_error() -> None:
         ssm_scan.scan2(torch.zeros(2, 64), torch.zeros(2, 3), torch.zeros(2, 3), (3, 4, 8, 2),
                        [(0, 2)], [torch.zeros(3, 4, 8)], [[]])  # fmt: skip
     with pytest.raises(ValueError, match="ssm_scan1: sizes that do not fit"):
-        d, n = 4, 8  # a sequence whose span runs backwards
+        d, n = 4, 8  # a snapshot row past its sequence's 2 rows (the wrapper checks spans)
         ssm_scan.scan1(torch.zeros(2, d), torch.zeros(2, d), torch.zeros(d, n),
-                       torch.zeros(2, n), torch.zeros(2, n), [(2, 0)],
-                       [torch.zeros(d, n)], [[]])  # fmt: skip
+                       torch.zeros(2, n), torch.zeros(2, n), [(0, 2)],
+                       [torch.zeros(d, n)], [[5]])  # fmt: skip
+
+
+# The delta-net decode step, its gates and the gated attention's output gate (issue 28's C
+# entry points): null pointers, a spec whose key heads do not divide its value heads, rows
+# narrower than the mixer's, beta/alpha columns past the row (the old step checked them
+# against the row stride from the gates' start, C + Hv S values into the row, so the last
+# 2 Hv + C + Hv S - 1 columns it accepted were read past the row) return -3; calls that fit,
+# 0.
+PROBE3 = r"""
+import ctypes, json
+import torch
+from loraserve.kernels import deltanet
+from loraserve.kernels.layers import bind, _SIGNATURES
+from loraserve.kernels.layers_abi import GdnC
+d, lay = deltanet._c(), bind(_SIGNATURES)
+if None in (d, lay):
+    print(json.dumps(None)); raise SystemExit
+N, I = None, ctypes.c_int64
+buf = torch.zeros(4096)
+p = buf.data_ptr()
+cols = (I * 4)(0, 1, 2, 3)
+far = (I * 4)(0, 1, 2, 60)  # inside a 64-wide row from its start, past its last 4 values
+def spec(hk=1, hv=2, s=8, cols=cols):
+    return GdnC(p, p, p, p, p, p, ctypes.addressof(cols), 1e-6, 1e-6, 0.35, hk, hv, s, 4, 0)
+ptrs = (ctypes.c_void_p * 1)(p)
+ok, bad_heads, past = (ctypes.byref(x) for x in (spec(), spec(hk=2, hv=3), spec(cols=far)))
+W = 2 * 1 * 8 + 2 * 8 + 2 * 8 + 4  # q|k|v, z, beta|alpha of 1 key head, 2 value heads of 8
+out = {
+    "gdn_step null spec": d.ls_gdn_step(p, W, 1, ptrs, ptrs, N, p, 1),
+    "gdn_step Hk does not divide Hv": d.ls_gdn_step(p, 64, 1, ptrs, ptrs, bad_heads, p, 1),
+    "gdn_step rows narrower than the mixer": d.ls_gdn_step(p, W - 1, 1, ptrs, ptrs, ok, p, 1),
+    "gdn_step beta/alpha column past the row": d.ls_gdn_step(p, 64, 1, ptrs, ptrs, past, p, 1),
+    "gdn_step null state": d.ls_gdn_step(p, W, 1, (ctypes.c_void_p * 1)(N), ptrs, ok, p, 1),
+    "gdn_step T=0": d.ls_gdn_step(p, W, 0, ptrs, ptrs, ok, p, 1),
+    "gdn_gates null rows": d.ls_gdn_gates(N, 4, 1, 2, cols, p, p, p, p),
+    "gdn_gates H=0": d.ls_gdn_gates(p, 4, 1, 0, cols, p, p, p, p),
+    "gdn_gates column past the row": d.ls_gdn_gates(p, 3, 1, 2, cols, p, p, p, p),
+    "gdn_gates T<0": d.ls_gdn_gates(p, 4, -1, 2, cols, p, p, p, p),
+    "sigmoid_gate null rows": lay.ls_sigmoid_gate(N, 8, p, 8, 8, 1, 1, 8, p),
+    "sigmoid_gate D=0": lay.ls_sigmoid_gate(p, 8, p, 8, 8, 1, 1, 0, p),
+    "sigmoid_gate lda<H*D": lay.ls_sigmoid_gate(p, 8, p, 16, 8, 1, 2, 8, p),
+    "sigmoid_gate head stride<D": lay.ls_sigmoid_gate(p, 16, p, 16, 4, 1, 2, 8, p),
+}
+fits = {
+    "gdn_step": d.ls_gdn_step(p, W, 1, ptrs, (ctypes.c_void_p * 1)(p + 4 * 2048),
+                              ok, p + 4 * 3072, 1),
+    "gdn_gates": d.ls_gdn_gates(p, 4, 2, 2, cols, p, p, p + 64, p + 128),
+    "sigmoid_gate": lay.ls_sigmoid_gate(p, 16, p, 16, 8, 2, 2, 8, p + 64),
+}
+print(json.dumps([out, fits]))
+"""
+
+
+def test_delta_net_step_gate_entry_points_refuse_sizes_that_do_not_fit() -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", PROBE3], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, f"the probe died ({run.returncode}): {run.stderr[-2000:]}"
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    if got is None:
+        pytest.skip("no C kernels on this machine")
+    refused, fits = got
+    assert refused == dict.fromkeys(refused, -3) and len(refused) == 14, refused
+    assert fits == {"gdn_step": 0, "gdn_gates": 0, "sigmoid_gate": 0}
+
+
+def test_recurrent_wrappers_refuse_crafted_inputs() -> None:
+    """The recurrent kernels' Python wrappers check what the C code cannot (a tensor's dtype,
+    width and row count, one state per span): each crafted call raises ValueError before C
+    runs (the old wrappers passed these on: writes past y or a state, reads past a row)."""
+    from loraserve.kernels import deltanet, ssm_scan
+    from loraserve.kernels.layers_abi import GdnC
+
+    if not ssm_scan.available() or not deltanet.available():
+        pytest.skip("no C kernels on this machine")
+    z = torch.zeros
+    st = [z(2, 8, 8)]
+    recur = (z(3, 2, 8), z(3, 2, 8), z(3, 2, 8), z(3, 2), z(3, 2), 0.3, z(3, 2, 8))
+    xbc, dt = z(4, 2 * 4 + 2 * 8), z(4, 2)
+    calls = {
+        "2 spans but": lambda: deltanet.gdn_recur([(0, 2), (2, 3)], st * 2, st, *recur, [[], []]),
+        "outside 3 rows": lambda: deltanet.gdn_recur([(0, 4)], st, st, *recur, [[]]),
+        "a CPU float32 tensor": lambda: deltanet.gdn_recur([(0, 3)], [z(2, 8, 8).half()], st,
+                                                           *recur, [[]]),  # fmt: skip
+        "bias": lambda: deltanet.conv_step(z(8), z(4), z(3, 4), z(2), z(4), z(8)),
+        "dt_b": lambda: deltanet.gdn_gates(z(2, 4), torch.arange(4), z(2).half(), z(2)),
+        "columns": lambda: deltanet.gdn_gates(z(4, 8)[:, :2], torch.arange(4), z(2), z(2)),
+        "spec": lambda: deltanet.gdn_step(z(1, 64), [z(10)], [z(10)], ctypes.c_int(0), 10),
+        "state_size": lambda: deltanet.gdn_step(
+            z(1, 64), [z(10)], [z(10)], GdnC(None, None, None, None, None, None, None, 0, 0,
+                                             0, 1, 2, 8, 4, 0), 10),  # fmt: skip
+        "scan2: row spans": lambda: ssm_scan.scan2(xbc, dt, dt, (2, 4, 8, 1), [(0, 9)],
+                                                   [z(2, 4, 8)], [[]]),  # fmt: skip
+        "scan2: dt": lambda: ssm_scan.scan2(xbc, dt[:2], dt, (2, 4, 8, 1), [(0, 4)],
+                                            [z(2, 4, 8)], [[]]),  # fmt: skip
+        "xbc": lambda: ssm_scan.scan2(xbc[:, :20], dt, dt, (2, 4, 8, 1), [(0, 4)],
+                                      [z(2, 4, 8)], [[]]),  # fmt: skip
+        "finals": lambda: ssm_scan.scan2(xbc, dt, dt, (2, 4, 8, 1), [(0, 4)], [z(2, 4, 8)],
+                                         [[]], z(1, 2, 4, 8).half()),  # fmt: skip
+        "scan1: b": lambda: ssm_scan.scan1(z(4, 4), z(4, 4), z(4, 8), z(2, 8), z(4, 8),
+                                           [(0, 4)], [z(4, 8)], [[]]),  # fmt: skip
+        "mamba2_step: dt": lambda: ssm_scan.mamba2_step(
+            z(1, 32), z(1, 1), z(1, 2), (4, 2, 4, 8, 1), [z(3 * 24 + 64)], [z(3 * 24 + 64)],
+            (z(4, 24), None, z(24), z(2), None), 1e-6),  # fmt: skip
+        "dt_da: bias": lambda: ssm_scan.dt_da(z(3, 2), z(2).double(), z(2)),
+    }
+    for what, call in calls.items():
+        with pytest.raises(ValueError, match=what):
+            call()
