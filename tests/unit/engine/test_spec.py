@@ -7,54 +7,34 @@ The drafts are real: the suite checks that drafts were both accepted and rejecte
 from __future__ import annotations
 
 import dataclasses
-import functools
-import random
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
 from scipy.stats import chi2_contingency
 
 from loraserve.engine.engine import Engine, EngineConfig
-from loraserve.engine.request import Event
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.spec.config import SpecConfig, SpecRequest
 from tests.engine_util import ask, tokens
-from tests.engine_util import run_and_drain as _run_and_drain
-from tests.server_util import peft_folder, tiny_model
-
-
-def run_and_drain(eng: Engine, todo: list[dict]) -> list[list[Event]]:
-    """`engine_util.run_and_drain`, every request finished without an error."""
-    out = _run_and_drain(eng, todo)
-    assert all(evs[-1].error is None for evs in out)
-    return out
-
-
-SIMPLE = SpecConfig(types=("ngram-simple",), ngram_simple_size_n=2, ngram_simple_size_m=6)
-MOD = SpecConfig(types=("ngram-mod",), ngram_mod_n_match=2, ngram_mod_n_min=1, ngram_mod_n_max=6)
-BOTH = SpecConfig(
-    types=("ngram-simple", "ngram-mod"),
-    ngram_simple_size_n=3,
-    ngram_simple_size_m=8,
-    ngram_mod_n_match=1,
-    ngram_mod_n_min=2,
-    ngram_mod_n_max=4,
+from tests.server_util import tiny_model
+from tests.unit.engine.spec_util import (
+    BOTH,
+    GREEDY,
+    MIXES,
+    MOD,
+    SEEDED,
+    SIMPLE,
+    adapter_dir,
+    answers,
+    copy_prompts,
+    drafted,
+    run_and_drain,
+    seeded,
 )
+
 SPECS = {"ngram-simple": SIMPLE, "ngram-mod": MOD, "both": BOTH}
-SEEDED = SamplingParams(temperature=0.3, top_k=20, top_p=0.9, min_p=0.02)
 PENALIZED = dataclasses.replace(SEEDED, repeat_penalty=1.05, presence_penalty=0.1)
-
-
-@functools.cache
-def adapter_dir() -> Path:
-    import tempfile
-
-    d = Path(tempfile.mkdtemp(prefix="loraserve-spec-"))
-    for name, seed in (("a", 31), ("b", 32)):
-        peft_folder(d / name, seed)
-    return d
 
 
 def engine(spec: SpecConfig, n_slots: int = 4, **kw: Any) -> Engine:
@@ -64,45 +44,11 @@ def engine(spec: SpecConfig, n_slots: int = 4, **kw: Any) -> Engine:
     return eng
 
 
-def copy_prompts(seed: int, k: int) -> list[list[int]]:
-    """Prompts that repeat themselves (what an n-gram draft copies from)."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(k):
-        body = [rng.randrange(3, 300) for _ in range(rng.randrange(4, 20))]
-        out.append([1, *body, *body, *body[: rng.randrange(1, len(body))]])
-    return out
-
-
-MIXES = [None, {0: 1.0}, {1: 0.5}, {0: 1.0, 1: -1.0}]
-
-
-GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
-
-
 def asks(mixed: bool, sampling: SamplingParams = GREEDY) -> list[dict[str, Any]]:
     return [
         ask(p, 40, MIXES[i % len(MIXES)] if mixed else None, sampling=sampling)
         for i, p in enumerate(copy_prompts(7, 6))
     ]
-
-
-def seeded(base: SamplingParams, seed: int) -> SamplingParams:
-    return dataclasses.replace(base, seed=seed)
-
-
-def answers(eng: Engine, todo: list[dict], concurrent: bool) -> list[list[Event]]:
-    if concurrent:
-        out = run_and_drain(eng, todo)
-    else:
-        out = [run_and_drain(eng, [a])[0] for a in todo]
-    eng.core.cache.check()
-    return out
-
-
-def drafted(evs: list[list[Event]]) -> tuple[int, int]:
-    t = [e[-1].timings for e in evs]
-    return sum(x.draft_n for x in t if x), sum(x.draft_n_accepted for x in t if x)
 
 
 @pytest.mark.parametrize("concurrent", [False, True], ids=["alone", "concurrent"])

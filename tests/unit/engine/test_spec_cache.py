@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.spec.config import SpecConfig
+from tests.engine_util import tokens
 from tests.server_util import tiny_model
-from tests.unit.engine.test_spec import BOTH, MIXES, adapter_dir, run_and_drain, tokens
+from tests.unit.engine.spec_util import BOTH, MIXES, adapter_dir, run_and_drain
 
 BS = 4
 SAMPLINGS = (  # plain greedy (one argmax for a whole draft), and through the sampling chain

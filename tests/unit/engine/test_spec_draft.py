@@ -18,18 +18,17 @@ from loraserve.engine.sampling.params import SamplingParams
 from loraserve.engine.spec.config import SpecConfig
 from loraserve.engine.spec.draft_model import VocabMismatch, check_vocab
 from loraserve.model.loader import LoadedModel, load_model
+from tests.engine_util import ask, tokens
 from tests.server_util import serve_in_thread, tiny_model, tiny_model_path
-from tests.unit.engine.test_spec import (
+from tests.unit.engine.spec_util import (
     GREEDY,
     MIXES,
     SEEDED,
     adapter_dir,
     answers,
-    ask,
     copy_prompts,
     drafted,
     seeded,
-    tokens,
 )
 
 DRAFT = SpecConfig(types=("draft-simple",), draft_model="tiny", draft_n_max=4)

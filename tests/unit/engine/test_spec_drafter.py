@@ -19,7 +19,7 @@ from loraserve.engine.spec.drafter import (
     Speculator,
 )
 from loraserve.engine.spec.ngram import TokenBytes, ngram_simple_draft
-from tests.unit.engine.test_spec import BOTH, GREEDY, MOD
+from tests.unit.engine.spec_util import BOTH, GREEDY, MOD
 
 
 def _decoding_run(tokens_: list[int]) -> Run:
