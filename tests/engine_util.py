@@ -1,11 +1,12 @@
-"""Driving an `Engine` from the test thread: one request's `Engine.submit` arguments (`ask`),
-the one run-and-drain (`run_and_drain`: submit, step until idle, collect every request's
-events; `run_one` for a single request) and what tests read from the events; `follow` reads
-a request on a started engine. The engine thread is not started here;
-`Engine.run_until_idle` steps the engine in the caller's thread."""
+"""Driving an `Engine` from the test thread: random prompts (`random_prompts`), one request's
+`Engine.submit` arguments (`ask`), the one run-and-drain (`run_and_drain`: submit, step until
+idle, collect every request's events; `run_one` for a single request) and what tests read from
+the events; `follow` reads a request on a started engine. The engine thread is not started
+here; `Engine.run_until_idle` steps the engine in the caller's thread."""
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -17,6 +18,12 @@ from loraserve.engine.sampling.params import SamplingParams
 GREEDY = SamplingParams(temperature=0.0)
 MixArg = Mapping[int, float] | Sequence[tuple[int, float]]
 _STEPPING = threading.Lock()  # one caller at a time steps an engine from outside it
+
+
+def random_prompts(seed: int, k: int) -> list[list[int]]:
+    """``k`` random prompts: token 1, then 2 to 39 ids in [3, 320)."""
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(3, 320) for _ in range(rng.randrange(2, 40))] for _ in range(k)]
 
 
 def ask(prompt: list[int], n: int = 8, mix: MixArg | None = None, **kw: Any) -> dict[str, Any]:

@@ -11,9 +11,8 @@ from loraserve.engine.embedding import Pooling, normalize
 from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.model.loader import LoadedModel, load_model
-from tests.engine_util import ask, run_and_drain
+from tests.engine_util import ask, random_prompts, run_and_drain
 from tests.tiny import hf_model, write_gguf
-from tests.unit.engine.test_engine import prompts
 from tests.unit.lora.lora_util import peft_adapter
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -53,7 +52,7 @@ def embed(engine: Engine, prompt: list[int], pooling: Pooling, **kw) -> torch.Te
 def test_each_pooling_equals_transformers(tiny, pooling) -> None:
     model, m = tiny
     eng = Engine(model, EngineConfig(n_slots=2, n_ctx=512, ubatch=7))  # chunked prefill
-    for p in prompts(11, 3):
+    for p in random_prompts(11, 3):
         ours = embed(eng, p, pooling)
         assert torch.allclose(ours, pooled(hf_hidden(m, p), pooling), atol=2e-4)
 
@@ -63,7 +62,7 @@ def test_batched_with_completions_and_cache(tiny) -> None:
     embedding may reuse the completion's cached prefix and is still exact."""
     model, m = tiny
     eng = Engine(model, EngineConfig(n_slots=4, n_ctx=1024))
-    ps = prompts(12, 3)
+    ps = random_prompts(12, 3)
     alone = [run_and_drain(eng, [ask(ps[0], 6)])[0]]
     out = run_and_drain(
         eng,
@@ -89,7 +88,7 @@ def test_under_a_lora_mix(tiny, tmp_path) -> None:
     folder, pm = peft_adapter(tmp_path / "a", m, seed=3)
     eng = Engine(model, EngineConfig(n_slots=2, n_ctx=512))
     adapter = eng.load_adapter(folder, 0.0).result()
-    p = prompts(13, 1)[0]
+    p = random_prompts(13, 1)[0]
     with_lora = embed(eng, p, Pooling.MEAN, lora=[(adapter.id, 1.0)])
     base = embed(eng, p, Pooling.MEAN)
     assert torch.allclose(with_lora, pooled(hf_hidden(pm, p), Pooling.MEAN), atol=2e-4)

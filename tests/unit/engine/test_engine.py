@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 from gguf import GGMLQuantizationType
@@ -12,7 +10,7 @@ from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.engine.request import StopType
 from loraserve.engine.sampling.params import SamplingParams
 from loraserve.model.loader import LoadedModel, load_model
-from tests.engine_util import ask, run_and_drain, run_one, tokens
+from tests.engine_util import ask, random_prompts, run_and_drain, run_one, tokens
 from tests.tiny import gguf_tensors, hf_logits, hf_model, write_gguf
 from tests.unit.lora.lora_util import peft_adapter
 
@@ -24,14 +22,9 @@ def tiny(tmp_path_factory) -> tuple[LoadedModel, torch.nn.Module]:
     return load_model(path), m
 
 
-def prompts(seed: int, k: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[1] + [rng.randrange(3, 320) for _ in range(rng.randrange(2, 40))] for _ in range(k)]
-
-
 def test_greedy_equals_transformers(tiny) -> None:
     model, hf = tiny
-    p = prompts(0, 1)[0]
+    p = random_prompts(0, 1)[0]
     got = tokens(run_and_drain(Engine(model, EngineConfig(n_ctx=256)), [ask(p, 10)])[0])
     ids = list(p)
     for _ in range(10):
@@ -42,7 +35,7 @@ def test_greedy_equals_transformers(tiny) -> None:
 @pytest.mark.parametrize("ubatch", [512, 7])
 def test_batch_invariance(tiny, ubatch: int) -> None:
     model, _ = tiny
-    ps = prompts(1, 6)
+    ps = random_prompts(1, 6)
     alone = [run_one(Engine(model, EngineConfig(n_ctx=512)), p, 12) for p in ps]
     eng = Engine(model, EngineConfig(n_slots=4, n_ctx=1024, ubatch=ubatch))
     together = [tokens(e) for e in run_and_drain(eng, [ask(p, 12) for p in ps])]
@@ -51,7 +44,7 @@ def test_batch_invariance(tiny, ubatch: int) -> None:
 
 def test_prefix_reuse_is_exact(tiny) -> None:
     model, _ = tiny
-    p = prompts(2, 1)[0] + [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    p = random_prompts(2, 1)[0] + [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
     eng = Engine(model, EngineConfig(n_ctx=512, block_size=4))
     cold = run_and_drain(eng, [ask(p, 6, cache_prompt=False)])[0]
     first = run_and_drain(eng, [ask(p, 6)])[0]
@@ -71,7 +64,7 @@ def test_cache_keys_do_not_mix(tiny, tmp_path) -> None:
     eng = Engine(model, EngineConfig(n_ctx=512, block_size=4))
     folder, _ = peft_adapter(tmp_path / "x", hf, target_modules=["q_proj", "v_proj"])
     x = eng.load_adapter(folder, 0.0).result()
-    p = prompts(4, 1)[0]
+    p = random_prompts(4, 1)[0]
     run_and_drain(eng, [ask(p, 4, lora=[(x.id, 1.0)])])
     hits = eng.core.cache.stats.hit_tokens
     run_and_drain(eng, [ask(p, 4)])  # base key: nothing computed under it yet
@@ -81,7 +74,7 @@ def test_cache_keys_do_not_mix(tiny, tmp_path) -> None:
 def test_stops_and_limits(tiny) -> None:
     model, _ = tiny
     eng = Engine(model, EngineConfig(n_ctx=64))
-    p = prompts(5, 1)[0]
+    p = random_prompts(5, 1)[0]
     full = run_and_drain(eng, [ask(p, 12)])[0]
     assert full[-1].stop_type == StopType.LIMIT and len(tokens(full)) == 12
     text = "".join(e.text for e in full)
@@ -103,7 +96,7 @@ def test_unified_kv_lets_every_slot_use_the_whole_context(tiny) -> None:
     """-c 128 -np 4 gives each slot 32 tokens; with --kv-unified each may use all 128, and
     its tokens are those of a one-slot engine with the same context."""
     model, _ = tiny
-    p = prompts(5, 1)[0]
+    p = random_prompts(5, 1)[0]
     split = run_and_drain(Engine(model, EngineConfig(n_slots=4, n_ctx=128)), [ask(p, 40)])[0]
     assert split[-1].stop_type == StopType.LIMIT and len(tokens(split)) == 32 - len(p)
     unified = Engine(model, EngineConfig(n_slots=4, n_ctx=128, kv_unified=True))
@@ -115,8 +108,8 @@ def test_unified_kv_lets_every_slot_use_the_whole_context(tiny) -> None:
 def test_cancel_frees_slot_and_blocks(tiny) -> None:
     model, _ = tiny
     eng = Engine(model, EngineConfig(n_slots=2, n_ctx=256, cache_ram_mib=0))
-    (a,) = eng.submit(**ask(prompts(6, 1)[0], 50)).requests
-    eng.submit(**ask(prompts(7, 1)[0], 5))
+    (a,) = eng.submit(**ask(random_prompts(6, 1)[0], 50)).requests
+    eng.submit(**ask(random_prompts(7, 1)[0], 5))
     eng.step()
     eng.cancel(a)
     eng.run_until_idle()
@@ -130,9 +123,9 @@ def test_cancel_frees_slot_and_blocks(tiny) -> None:
 def test_seeded_sampling_is_batch_independent(tiny) -> None:
     model, _ = tiny
     sp = SamplingParams(temperature=1.0, seed=42, top_k=0, top_p=1.0, min_p=0.0)
-    p = prompts(8, 1)[0]
+    p = random_prompts(8, 1)[0]
     alone = run_one(Engine(model, EngineConfig(n_ctx=256)), p, 10, sampling=sp)
-    others = [ask(q, 10, sampling=SamplingParams(temperature=1.0)) for q in prompts(9, 3)]
+    others = [ask(q, 10, sampling=SamplingParams(temperature=1.0)) for q in random_prompts(9, 3)]
     eng = Engine(model, EngineConfig(n_slots=4, n_ctx=1024))
     together = run_and_drain(eng, [*others[:2], ask(p, 10, sampling=sp), others[2]])
     assert tokens(together[2]) == alone
@@ -155,7 +148,7 @@ def test_next_turn_reuses_the_answers_kv_and_equals_cache_off(
         )
         assert model.decoder.blocks[0].qkv.parts[0].quantized  # the quantized kernels run
     eng = Engine(model, EngineConfig(n_ctx=512, block_size=4))
-    p = prompts(7, 1)[0]
+    p = random_prompts(7, 1)[0]
     answer = tokens(run_and_drain(eng, [ask(p, 8)])[0])
     turn = p + answer + [40, 41, 42]
     evs = run_and_drain(eng, [ask(turn, 6)])[0]
