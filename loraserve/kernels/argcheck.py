@@ -1,7 +1,8 @@
-"""The Python side of the C entry points' argument checks (issue 31): a recurrent kernel's
-wrapper hands the C code raw pointers and sizes, so every tensor it passes is checked here
-first to be what the C code will read or write (a CPU float32 tensor of the values it
-takes, in the layout it assumes) and every row span to lie inside the rows given. A crafted
+"""Argument checks of the recurrent kernels' Python wrappers (issue 31's rule, Python side).
+
+A wrapper hands the C code raw pointers and sizes, so every tensor it passes is checked here
+first to be what the C code will read or write (a CPU float32 tensor of the values it takes,
+in the layout it assumes) and every row span to lie inside the rows given. A crafted
 argument raises ValueError; it never reaches C as a short buffer."""
 
 from __future__ import annotations
