@@ -3,16 +3,21 @@ thread, and requests that do not need it keep decoding, to their end, while the 
 the request that named it then answers as PEFT does. Queued requests keep their adapters:
 with one slot and `--lora-max-loaded 1`, three requests under three adapters queue behind
 each other, each adapter is read once and none goes back to disk before its request ran.
+An evicted adapter whose file is deleted fails its next use by name, alone.
 
 The oracle is transformers' (PEFT's) greedy answer (`catalogue_util.greedy`).
 """
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 
+import pytest
+
 from loraserve.lora import registry as registry_mod
+from loraserve.lora.registry import UnknownModelName
 from tests.engine_util import ask, follow, run_and_drain, tokens
 from tests.unit.lora.catalogue_util import N, P, engine, greedy
 
@@ -62,3 +67,24 @@ def test_queued_requests_keep_their_adapters(tiny, lib) -> None:
     assert reg.stats.loads == 3  # each read once: none evicted while its request queued
     eng.step()  # idle: back under the limit, the least recently used gone
     assert len(reg.resident) == 1 and reg.stats.evictions == 2
+
+
+def test_a_file_gone_after_eviction_is_an_unknown_name(tiny, lib, tmp_path) -> None:
+    """An adapter evicted and then deleted on disk: its next use fails naming it (the
+    server's 404), the others still answer, and a copy put back is read again."""
+    model, _ = tiny
+    root, peft = lib
+    mine = tmp_path / "lib"
+    for n in "ab":
+        shutil.copytree(root / n, mine / n)
+    eng = engine(model, mine, lora_max_loaded=1)
+    run_and_drain(eng, [ask(P, N, adapter_name="a")])
+    run_and_drain(eng, [ask(P, N, adapter_name="b")])  # a goes back to disk
+    shutil.rmtree(mine / "a")
+    with pytest.raises(UnknownModelName, match="'a'"):
+        eng.submit(**ask(P, N), adapter_name="a").received.result()
+    (evs,) = run_and_drain(eng, [ask(P, N, adapter_name="b")])
+    assert tokens(evs) == greedy(peft["b"], P)
+    shutil.copytree(root / "a", mine / "a")
+    (evs,) = run_and_drain(eng, [ask(P, N, adapter_name="a")])
+    assert tokens(evs) == greedy(peft["a"], P)
