@@ -29,6 +29,8 @@ length, its chunking or the rows that follow: the basis of the prefix-consistenc
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -39,6 +41,15 @@ def _decay(gcum: torch.Tensor) -> torch.Tensor:
     diff = gcum.unsqueeze(-1) - gcum.unsqueeze(-2)  # [B, C, C]
     mask = torch.ones(c, c, dtype=torch.bool).tril()
     return torch.exp(diff.masked_fill(~mask, float("-inf")))
+
+
+def _cum_decays(logd: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """logd [..., C] (log decays of a chunk's rows) -> (G = their running sum [..., C],
+    exp(G) [..., C, 1], exp(G_C - G) [..., C, 1], exp(G_C) [..., 1, 1])."""
+    gcum = torch.cumsum(logd, dim=-1)
+    last = gcum[..., -1:]
+    return (gcum, torch.exp(gcum).unsqueeze(-1), torch.exp(last - gcum).unsqueeze(-1),
+            torch.exp(last).unsqueeze(-1))  # fmt: skip
 
 
 def unit_lower_inverse(lmat: torch.Tensor) -> torch.Tensor:
@@ -65,9 +76,8 @@ def gdn_intra(
     0). -> (U [B, C, S_v], W [B, C, S_k] with u = U - W M0^T; QK [B, C, C] the decayed causal
     q.k; exp(G) [B, C, 1]; exp(G_C - G) [B, C, 1]; exp(G_C) [B, 1, 1])."""
     c = q.shape[1]
-    gcum = torch.cumsum(logg, dim=-1)  # [B, C]
+    gcum, eg, tail, elast = _cum_decays(logg)  # [B, C], [B, C, 1], [B, C, 1], [B, 1, 1]
     dmat = _decay(gcum)  # [B, C, C]
-    eg = torch.exp(gcum).unsqueeze(-1)  # [B, C, 1]
     kk = torch.bmm(k, k.transpose(1, 2))  # [B, C, C]
     strict = torch.ones(c, c, dtype=torch.bool).tril(-1)
     lmat = (beta.unsqueeze(-1) * dmat * kk).masked_fill(~strict, 0.0)  # strictly lower
@@ -76,8 +86,7 @@ def gdn_intra(
     sol = torch.bmm(unit_lower_inverse(lmat), rhs)  # (I + L)^-1 rhs
     sv = v.shape[-1]
     qk = torch.bmm(q, k.transpose(1, 2)) * dmat  # [B, C, C], j <= i (D is 0 above)
-    tail = torch.exp(gcum[:, -1:] - gcum).unsqueeze(-1)  # [B, C, 1]
-    return sol[..., :sv], sol[..., sv:], qk, eg, tail, torch.exp(gcum[:, -1]).view(-1, 1, 1)
+    return sol[..., :sv], sol[..., sv:], qk, eg, tail, elast
 
 
 def gdn_pass(m0: torch.Tensor, q: torch.Tensor, k: torch.Tensor, intra: tuple,
@@ -113,11 +122,9 @@ def ssd_intra(
     [B, C, N] (the head's group's B and C rows); loga [B, C] (dt A; padding rows all 0).
     -> (the chunk's own y [B, C, P], exp(G) [B, C, 1], C rows, B rows, (x dt) exp(G_C - G)
     [B, C, P], exp(G_C) [B, 1, 1])."""
-    gcum = torch.cumsum(loga, dim=-1)  # [B, C]
+    gcum, eg, tail, elast = _cum_decays(loga)  # [B, C], [B, C, 1], [B, C, 1], [B, 1, 1]
     lmat = _decay(gcum) * torch.bmm(cm, b.transpose(1, 2))  # [B, C, C]
-    tail = torch.exp(gcum[:, -1:] - gcum).unsqueeze(-1)  # [B, C, 1]
-    return (torch.bmm(lmat, xdt), torch.exp(gcum).unsqueeze(-1), cm, b, xdt * tail,
-            torch.exp(gcum[:, -1]).view(-1, 1, 1))  # fmt: skip
+    return torch.bmm(lmat, xdt), eg, cm, b, xdt * tail, elast
 
 
 def ssd_pass(s0: torch.Tensor, intra: tuple) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,6 +152,26 @@ def _chunks(x: torch.Tensor, c: int) -> torch.Tensor:
     return out.view(h, nc, c, *x.shape[2:])
 
 
+def _unchunk(y: torch.Tensor, t: int) -> torch.Tensor:
+    """y [H, nc, c, X] -> its first t rows as [T, H, X] (`_chunks`' inverse)."""
+    h, nc, c = y.shape[:3]
+    return y.view(h, nc * c, -1)[:, :t].transpose(0, 1)
+
+
+def _in_chunks(intra: Callable[..., tuple], step: Callable[..., tuple], rows: tuple,
+               s0: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """rows [H, nc, C, ...] each: every chunk's state-free parts in one batch (`intra`), then
+    the chunks in order from s0 (`step(state, j, chunk j's parts) -> (out [H, C, width],
+    state)`). -> (out [H, nc, C, width], the state after the last chunk)."""
+    h, nc = rows[0].shape[:2]
+    flat = (x.reshape(h * nc, *x.shape[2:]) for x in rows)
+    parts = [x.view(h, nc, *x.shape[1:]) for x in intra(*flat)]
+    out, st = torch.empty(h, nc, rows[0].shape[2], width), s0
+    for j in range(nc):
+        out[:, j], st = step(st, j, tuple(x[:, j] for x in parts))
+    return out, st
+
+
 def gdn_chunked(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -161,13 +188,9 @@ def gdn_chunked(
     t, h = q.shape[:2]
     qc, kc, vc = (_chunks(x.transpose(0, 1), c) for x in (q, k, v))  # [H, nc, C, S]
     lg, bc = _chunks(torch.log(g).t(), c), _chunks(beta.t(), c)  # [H, nc, C]
-    nc = qc.shape[1]
-    flat = (x.reshape(h * nc, *x.shape[2:]) for x in (qc, kc, vc, lg, bc))
-    intra = [x.view(h, nc, *x.shape[1:]) for x in gdn_intra(*flat)]
-    o, m = torch.empty(h, nc, c, q.shape[-1]), m0
-    for j in range(nc):
-        o[:, j], m = gdn_pass(m, qc[:, j], kc[:, j], tuple(x[:, j] for x in intra), scale)
-    return o.view(h, nc * c, -1)[:, :t].transpose(0, 1), m
+    o, m = _in_chunks(gdn_intra, lambda m, j, parts: gdn_pass(m, qc[:, j], kc[:, j], parts, scale),
+                      (qc, kc, vc, lg, bc), m0, q.shape[-1])  # fmt: skip
+    return _unchunk(o, t), m
 
 
 def ssd_chunked(
@@ -183,48 +206,35 @@ def ssd_chunked(
     chunks in order): x [T, H, P], dt, loga [T, H] (dt A), bm, cm [T, G, N], s0 [H, P, N]
     -> (y [T, H, P], s after row T-1 [H, P, N]). Head h reads group h // (H / G); with one
     group (granitehybrid) C B^T and the state's products are one matrix product for all
-    heads (`ssd_chunked_g1`)."""
+    heads (`_ssd_g1`)."""
     t, h, p = x.shape
-    if bm.shape[1] == 1:
-        return ssd_chunked_g1(x, dt, loga, bm[:, 0], cm[:, 0], s0, c)
-    grp = torch.arange(h) // (h // bm.shape[1])
     xdt = _chunks((x * dt.unsqueeze(-1)).transpose(0, 1), c)  # [H, nc, C, P]
-    bh, ch = (_chunks(z[:, grp].transpose(0, 1), c) for z in (bm, cm))  # [H, nc, C, N]
     la = _chunks(loga.t(), c)  # [H, nc, C]
-    nc = xdt.shape[1]
-    flat = (z.reshape(h * nc, *z.shape[2:]) for z in (xdt, bh, ch, la))
-    intra = [z.view(h, nc, *z.shape[1:]) for z in ssd_intra(*flat)]
-    y, s = torch.empty(h, nc, c, p), s0
-    for j in range(nc):
-        y[:, j], s = ssd_pass(s, tuple(z[:, j] for z in intra))
-    return y.view(h, nc * c, p)[:, :t].transpose(0, 1), s
+    if bm.shape[1] == 1:
+        y, s = _ssd_g1(xdt, la, bm[:, 0], cm[:, 0], s0)
+        return _unchunk(y, t), s
+    grp = torch.arange(h) // (h // bm.shape[1])
+    bh, ch = (_chunks(z[:, grp].transpose(0, 1), c) for z in (bm, cm))  # [H, nc, C, N]
+    y, s = _in_chunks(ssd_intra, lambda s, j, parts: ssd_pass(s, parts), (xdt, bh, ch, la), s0, p)
+    return _unchunk(y, t), s
 
 
-def ssd_chunked_g1(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    loga: torch.Tensor,
-    bm: torch.Tensor,
-    cm: torch.Tensor,
-    s0: torch.Tensor,
-    c: int = 64,
+def _ssd_g1(
+    xdt: torch.Tensor, la: torch.Tensor, bm: torch.Tensor, cm: torch.Tensor, s0: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`ssd_chunked` for one group: bm, cm [T, N] shared by every head."""
-    t, h, p = x.shape
+    """`ssd_chunked` for one group, on its chunked rows xdt [H, nc, C, P] and la [H, nc, C];
+    bm, cm [T, N] shared by every head. -> (y [H, nc, C, P], s after the last row)."""
+    h, nc, c, p = xdt.shape
     n = bm.shape[-1]
-    xdt = _chunks((x * dt.unsqueeze(-1)).transpose(0, 1), c)  # [H, nc, C, P]
-    nc = xdt.shape[1]
     bc, cc = (_chunks(z.unsqueeze(0), c)[0] for z in (bm, cm))  # [nc, C, N]
-    gcum = torch.cumsum(_chunks(loga.t(), c), dim=-1)  # [H, nc, C]
+    gcum, eg, tail, elast = _cum_decays(la)  # [H, nc, C], [.., C, 1], [.., C, 1], [.., 1, 1]
     lmat = _decay(gcum.view(h * nc, c)).view(h, nc, c, c) * torch.bmm(cc, bc.transpose(1, 2))
     y = torch.matmul(lmat, xdt)  # [H, nc, C, P]: each chunk's own rows
-    eg = torch.exp(gcum).unsqueeze(-1)  # [H, nc, C, 1]
-    xt = xdt * torch.exp(gcum[..., -1:] - gcum).unsqueeze(-1)  # [H, nc, C, P]
-    elast = torch.exp(gcum[..., -1]).view(h, nc, 1, 1)
+    xt = xdt * tail  # [H, nc, C, P]
     s = s0.reshape(h * p, n)
     for j in range(nc):  # the state's products: [C, N] x [N, H P] and [H P, C] x [C, N]
         y[:, j] += eg[:, j] * (cc[j] @ s.t()).view(c, h, p).transpose(0, 1)
         s = elast[:, j].view(h, 1, 1).expand(h, p, 1).reshape(h * p, 1) * s + (
             xt[:, j].permute(0, 2, 1).reshape(h * p, c) @ bc[j]
         )
-    return y.view(h, nc * c, p)[:, :t].transpose(0, 1), s.view(h, p, n)
+    return y, s.view(h, p, n)

@@ -1,10 +1,9 @@
 """What share of a prompt's prefill the recurrent scan is today (issue 28, chunked scans).
 
 `python -m bench.chunked_profile [qwen35|granitehybrid|all] [--tokens 512] [--threads 1]
-[--reps 2] [--probe]` loads the `bench.hybrid_synth` model in-process (8 layers of qwen35's
+[--reps 2]` loads the `bench.hybrid_synth` model in-process (8 layers of qwen35's
 shapes, 10 of granitehybrid's), runs one request of a `--tokens` prompt and one generated
-token (cache off) after a warm-up (with `--probe`: the row-block scans of
-`bench.chunked_probe_install`), and prints the calling thread's CPU time of the whole
+token (cache off) after a warm-up, and prints the calling thread's CPU time of the whole
 request and, inside it, the scan kernels (`gdn_recur`, `scan2`), the recurrent mixers
 (projections, conv, gates, norm included), the quantized projections and the layers:
 compare at `--threads 1` (the kernels' other threads are not counted). The request's wall
@@ -30,10 +29,10 @@ from bench.stage_profile import Meter
 
 
 def prefill_profile(
-    arch: str, tokens: int, threads: int, reps: int, probe: bool = False
+    arch: str, tokens: int, threads: int, reps: int
 ) -> list[dict[str, Any]]:
     """Per repetition: thread-CPU seconds of the whole request and of each label, calls, and
-    the generated token; `probe`: with `bench.chunked_probe_install`'s scans."""
+    the generated token."""
     from loraserve.engine.core import EngineConfig
     from loraserve.engine.engine import Engine
     from loraserve.engine.sampling.params import SamplingParams
@@ -41,11 +40,6 @@ def prefill_profile(
 
     torch.set_num_threads(threads)
     m = load_model(synth_model(arch))
-    undo = None
-    if probe:
-        from bench.chunked_probe_install import install
-
-        undo = install()
     meter = Meter()
     instrument(m.decoder, meter)
     eng = Engine(m, EngineConfig(n_slots=1, n_ctx=max(4096, 2 * tokens)))
@@ -64,8 +58,6 @@ def prefill_profile(
             out.append({"total": total, "wall": wall, "secs": dict(meter.secs),
                         "calls": dict(meter.calls),
                         "token": (events[0].token, events[0].probs)})  # fmt: skip
-    if undo is not None:
-        undo()
     return out
 
 
@@ -120,7 +112,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--probe", action="store_true", help="the row-block scans in place")
     args = ap.parse_args(argv)
     for label, dec, end in (
         ("states from prefill and decode (today)", True, False),
@@ -130,10 +121,10 @@ def main(argv: list[str] | None = None) -> None:
         per = chat_recompute(dec, end)
         print(f"chat prompt tokens recomputed, {label}: {sum(per)} {per}")
     for arch in list(REAL) if args.arch == "all" else [args.arch]:
-        reps = prefill_profile(arch, args.tokens, args.threads, args.reps, args.probe)
+        reps = prefill_profile(arch, args.tokens, args.threads, args.reps)
         for i, rep in enumerate(reps):
             tot = rep["total"]
-            print(f"{arch}{' (probe scans)' * args.probe}: {args.tokens}-token prefill, "
+            print(f"{arch}: {args.tokens}-token prefill, "
                   f"repetition {i + 1}, {args.threads} thread(s): {tot * 1e3:.1f} ms thread "
                   f"CPU, {rep['wall'] * 1e3:.1f} ms wall; token, top-4 probs "
                   f"{rep['token']}")  # fmt: skip

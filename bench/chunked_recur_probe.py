@@ -1,20 +1,22 @@
-"""The alternative to a chunked delta-net: the same recurrence, loops interchanged.
+"""The loop interchange of the recurrences, as a standalone probe: the kernels' row blocks.
 
 The gated delta rule is separable over the state's value rows: row i of M [S_v, S_k] runs
 m_i <- g m_i + d_i k^T with d_i = beta (v_i - g m_i.k) and o_i = scale m_i.q, reading only its
-own row and the token's k, q, g, beta. `kernels/deltanet.c` runs token by token over a head's
-whole M (64 KiB at S = 128: L2, read twice and written once per token); this probe runs
-blocks of R rows (R S floats, 32 KiB at R = 64: L1) through every token of the prompt before
-the next block, with each row's float operations those of `deltanet.c` in its order (lanes =
-rows, each dot product summed over the key index from 0 upwards, no contraction), so its
-outputs and states must be the C kernel's bits. More tasks too: (head, row block) pairs.
-The same holds for Mamba-2's scan (`kernels/ssm_scan.c`): rows p of a head's state [P, N]
-are independent, and y's sum over n keeps `torch_sum`'s order with rows as lanes.
+own row and the token's k, q, g, beta. This probe runs blocks of R rows (R S floats, 32 KiB at
+R = 64: L1) through every token of the prompt before the next block, with each row's float
+operations those of `kernels/deltanet.c` in its order (lanes = rows, each dot product summed
+over the key index from 0 upwards, no contraction). The same holds for Mamba-2's scan
+(`kernels/ssm_scan.c`): rows p of a head's state [P, N] are independent, and y's sum over n
+keeps `torch_sum`'s order with rows as lanes. It was the prototype (docs/chunked_scan.md);
+the kernels now run prompts this way themselves (`ls_gdn_recur`, `ls_ssm_scan2`), and the
+probe stays as an implementation written apart from them (`tests/unit/model/
+test_recurrent_chunked.py` checks the kernels' bits against it) and an A/B of the two.
 
 `python -m bench.chunked_recur_probe [--tokens 512] [--reps 3] [--threads 1] [--wall]`
 compiles the probe (gcc, the project's flags) into a temporary directory, checks it bit for
-bit against `kernels.deltanet.gdn_recur` on `bench.chunked_scan`'s qwen35-shaped inputs and
-prints both times per prompt (thread CPU at 1 thread; `--wall` under the bench lock).
+bit against `kernels.deltanet.gdn_recur` and `kernels.ssm_scan.scan2` on `bench.chunked_scan`'s
+qwen35- and granitehybrid-shaped inputs and prints both times per prompt (thread CPU at 1
+thread; `--wall` under the bench lock): about 1.0x since the kernels carry the interchange.
 """
 
 from __future__ import annotations
@@ -200,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         ours = 1e3 * timed(c_fn, args.reps, args.wall)
         mine = 1e3 * timed(p_fn, args.reps, args.wall)
         print(f"{name}, {args.tokens} tokens, {args.threads} thread(s), {clock} ms (median of "
-              f"{args.reps}): our C kernel {ours:.2f}, row-block probe {mine:.2f} "
+              f"{args.reps}): our C kernel {ours:.2f}, standalone probe {mine:.2f} "
               f"({ours / mine:.2f}x); same bits: {ok}")  # fmt: skip
 
 

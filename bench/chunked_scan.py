@@ -24,17 +24,18 @@ import torch
 import torch.nn.functional as F
 
 from bench.chunked_forms import gdn_chunked, ssd_chunked
+from loraserve.model.recurrent.gdn_math import gate_row
 
 GDN = {"hv": 32, "s": 128}  # qwen35 (Qwen3.5-4B): value heads, key = value head width
 SSD = {"h": 48, "p": 64, "n": 128, "g": 1}  # granitehybrid (Granite-4.0-H-1B)
 
 
-def _decays(gen: torch.Generator, t: int, h: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dt = softplus(raw + dt_bias) [T, H], A [H]) drawn as `hybrid_synth` draws them:
-    A = -exp(U(0, 2.7)), dt_bias = softplus^-1(U(0.01, 0.1)), raw ~ N(0, 1)."""
+def _decays(gen: torch.Generator, t: int, h: int) -> tuple[torch.Tensor, ...]:
+    """(raw [T, H], dt_bias [H], A [H]) drawn as `hybrid_synth` draws them: A = -exp(U(0,
+    2.7)), dt_bias = softplus^-1(U(0.01, 0.1)), raw ~ N(0, 1); dt = softplus(raw + dt_bias)."""
     a = -torch.exp(torch.rand(h, generator=gen) * 2.7)
     dt_b = torch.log(torch.expm1(0.01 + 0.09 * torch.rand(h, generator=gen)))
-    return F.softplus(torch.randn(t, h, generator=gen) + dt_b), a
+    return torch.randn(t, h, generator=gen), dt_b, a
 
 
 def gdn_inputs(t: int, seed: int = 0, hv: int = GDN["hv"], s: int = GDN["s"]) -> dict:
@@ -44,9 +45,8 @@ def gdn_inputs(t: int, seed: int = 0, hv: int = GDN["hv"], s: int = GDN["s"]) ->
     inv = 1.0 / math.sqrt(s)
     q, k = (F.normalize(torch.randn(t, hv, s, generator=gen), dim=-1) for _ in "qk")
     v = F.silu(torch.randn(t, hv, s, generator=gen))
-    dt, a = _decays(gen, t, hv)
-    g = torch.exp(dt * a)
-    beta = torch.sigmoid(torch.randn(t, hv, generator=gen))
+    raw, dt_b, a = _decays(gen, t, hv)
+    g, beta = gate_row(raw, torch.randn(t, hv, generator=gen), dt_b, a)  # the model's gates
     m0 = 0.1 * torch.randn(hv, s, s, generator=gen)
     return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "scale": inv, "m0": m0}
 
@@ -57,7 +57,8 @@ def ssd_inputs(t: int, seed: int = 0, h: int = SSD["h"], p: int = SSD["p"], n: i
     dt A, s0 [H, P, N]."""
     gen = torch.Generator().manual_seed(seed)
     xbc = F.silu(torch.randn(t, h * p + 2 * g * n, generator=gen))
-    dt, a = _decays(gen, t, h)
+    raw, dt_b, a = _decays(gen, t, h)
+    dt = F.softplus(raw + dt_b)
     loga = dt * a
     s0 = 0.1 * torch.randn(h, p, n, generator=gen)
     return {"xbc": xbc, "dt": dt, "loga": loga, "da": torch.exp(loga), "s0": s0,
