@@ -41,7 +41,7 @@ from typing import IO
 
 import httpx
 
-from tests.hardening import test_hostile_load as hl
+from tests.hardening import hostile_util as hl
 from tests.server_util import (
     free_socket,
     peft_folder,
