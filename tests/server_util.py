@@ -6,6 +6,7 @@ PEFT writer (`write_peft`; `peft_folder` for the tiny model), and a real server 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import os
@@ -159,6 +160,15 @@ def serve_in_thread(
         thread.join(15)
         sock.close()
         torch.set_num_threads(threads)
+
+
+def on_loop() -> bool:
+    """Whether the caller runs on an asyncio event loop (a served app's, in its thread)."""
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        return False
 
 
 def scrape_metrics(srv: Served) -> dict[str, float]:

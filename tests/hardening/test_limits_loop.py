@@ -14,7 +14,6 @@ by timing.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -27,17 +26,9 @@ from hypothesis import strategies as st
 
 from loraserve.model.tokenizer_special import _C_SPACE, SpecialSplitter
 from loraserve.server.fields import MAX_BIAS_TEXT, MAX_LOGIT_BIAS
-from tests.server_util import Served, serve_in_thread
+from tests.server_util import Served, on_loop, serve_in_thread
 
 BIG = "the cat sat " * 4000  # 48,000 characters: past the off-loop threshold
-
-
-def on_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-        return True
-    except RuntimeError:
-        return False
 
 
 @pytest.fixture(scope="module")

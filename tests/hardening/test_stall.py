@@ -5,7 +5,6 @@ tokenizing, detokenizing, rendering a template) runs off the event loop, so othe
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -16,7 +15,7 @@ import pytest
 
 import loraserve.server.body as body_mod
 import loraserve.server.chat_prompt as chat_prompt
-from tests.server_util import Served, serve_in_thread
+from tests.server_util import Served, on_loop, serve_in_thread
 
 TEXT = "the cat sat " * (2**20 // 12)  # 1 MiB
 BIG = [
@@ -28,14 +27,6 @@ BIG = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": TEXT}]}, 400),
     ("/apply-template", {"messages": [{"role": "user", "content": "x"}] * 50_000}, 200),
 ]
-
-
-def on_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-        return True
-    except RuntimeError:
-        return False
 
 
 @pytest.fixture(scope="module")
