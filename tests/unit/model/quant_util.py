@@ -4,6 +4,10 @@ several types: the toolkit of the kernel tests."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +21,7 @@ from loraserve.model.dequant import GGML_QUANT_SIZES, GGML_TYPE
 from loraserve.model.loader import load_model
 from tests.tiny import gguf_tensors, hf_model, write_gguf
 
+ROOT = str(Path(__file__).resolve().parents[3])  # the repository
 QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
          "IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
          "IQ3_S", "IQ1_S", "IQ1_M"]  # fmt: skip
@@ -86,3 +91,21 @@ def quantized_model(tmp_path: Path, arch: str, with_hf: bool = False, **over: An
             quant[name] = kind if t.shape[1] % 256 == 0 else RefType.Q8_0  # K-quants: 256 blocks
     model = load_model(write_gguf(tmp_path / f"{arch}.gguf", m, arch, quant))
     return (model, m) if with_hf else model
+
+
+def has_vnni() -> bool:
+    """Whether this CPU has AVX-512 VNNI (and VL): the native kernel build's widest ISA."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_vnni" in flags and " avx512vl" in flags
+
+
+def run_python(code: str, env: dict[str, str]) -> dict:
+    """``code`` run by a fresh Python at the repository root with ``env`` added (a kernel build
+    of its own): its last line of output, as JSON."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, **env}, timeout=600, cwd=ROOT)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])

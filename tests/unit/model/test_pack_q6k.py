@@ -9,11 +9,6 @@ gguf-py's float64 dequantization within the activation quantization's error.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -27,11 +22,10 @@ from loraserve.lora.delta import LoraBatch
 from loraserve.model.ffn.routed import RoutedExperts
 from loraserve.model.projection import Matrix
 from tests.unit.model.moe_util import ExpertLora, ExpertWeights
-from tests.unit.model.quant_util import dequantized, random_rows
+from tests.unit.model.quant_util import ROOT, dequantized, has_vnni, random_rows, run_python
 
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="packed Q6_K needs the C kernels")
 Q6, Q4 = 14, 12
-ROOT = str(Path(__file__).resolve().parents[3])
 
 
 @pytest.mark.parametrize(("n", "k"), [(8, 256), (24, 768), (16, 1024)])
@@ -104,26 +98,11 @@ print(json.dumps({{"isa": cbuild.library().ls_isa(), "sha": h.hexdigest()}}))
 """
 
 
-def _has_vnni() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512_vnni" in flags and " avx512vl" in flags
-
-
-def _run(code: str, env: dict[str, str]) -> dict:
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, **env}, timeout=600, cwd=ROOT)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.skipif(not _has_vnni(), reason="this CPU has no AVX-512 VNNI")
+@pytest.mark.skipif(not has_vnni(), reason="this CPU has no AVX-512 VNNI")
 def test_packed_q6k_same_bits_in_avx512_and_avx2_builds() -> None:
     code = ISA_CODE.format(root=ROOT)
-    native = _run(code, {})
-    avx2 = _run(code, {"LORASERVE_KERNEL_NO_AVX512": "1"})  # its own key in the cache
+    native = run_python(code, {})
+    avx2 = run_python(code, {"LORASERVE_KERNEL_NO_AVX512": "1"})  # its own key in the cache
     assert native["isa"] == 7 and avx2["isa"] == 1
     assert native["sha"] == avx2["sha"]
 
@@ -217,7 +196,7 @@ print(json.dumps(out))
 def test_workspace_is_freed_when_the_last_layer_goes() -> None:
     """The kept workspace (~16 MB here) is unmapped at unload: repeated loads neither keep
     it nor grow the resident set."""
-    out = _run(RSS_CODE.format(root=ROOT), {})
+    out = run_python(RSS_CODE.format(root=ROOT), {})
     assert all(k > 8 << 20 for k in out["kept"]), out
     assert out["after"] == [0, 0, 0, 0]
     assert out["rss"][-1] - out["rss"][0] < 8 << 20, out["rss"]

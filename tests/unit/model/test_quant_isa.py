@@ -11,15 +11,11 @@ multi-part call. Their outputs are compared byte for byte.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.unit.model.quant_util import QUANT
+from tests.unit.model.quant_util import QUANT, ROOT, has_vnni, run_python
 
 CODE = r"""
 import hashlib, json, sys
@@ -52,29 +48,12 @@ print(json.dumps(out))
 """
 
 
-def _has_vnni() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512_vnni" in flags and " avx512vl" in flags
-
-
-def _run(env: dict[str, str]) -> dict[str, object]:
-    root = str(Path(__file__).resolve().parents[3])
-    code = CODE.format(root=root, names=QUANT)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, **env},
-                         timeout=600, cwd=root)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.skipif(not _has_vnni(), reason="this CPU has no AVX-512 VNNI")
+@pytest.mark.skipif(not has_vnni(), reason="this CPU has no AVX-512 VNNI")
 def test_avx512_vnni_and_avx2_builds_give_the_same_bits(tmp_path: Path) -> None:
-    native = _run({})
-    avx2 = _run({"LORASERVE_KERNEL_NO_AVX512": "1", "LORASERVE_CACHE": str(tmp_path),
-                 "LORASERVE_PREBUILT_DIR": str(tmp_path / "none")})  # fmt: skip
+    code = CODE.format(root=ROOT, names=QUANT)
+    native = run_python(code, {})
+    avx2 = run_python(code, {"LORASERVE_KERNEL_NO_AVX512": "1", "LORASERVE_CACHE": str(tmp_path),
+                             "LORASERVE_PREBUILT_DIR": str(tmp_path / "none")})  # fmt: skip
     assert native.pop("isa") == 7, "the native build does not use AVX-512 VNNI"
     assert avx2.pop("isa") == 1, "the AVX2 build still has AVX-512"
     assert len(native) == 2 * len(QUANT)
