@@ -52,6 +52,29 @@ def test_half_route_equals_float32_route_bitwise(k: int, n: int) -> None:
         assert torch.equal(alone[0], got[row])
 
 
+def _both_routes(
+    x: torch.Tensor, y0: torch.Tensor, pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    s: torch.Tensor, threads: int, rows_alone: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:  # fmt: skip
+    """y0 [T, N] plus the deltas of x [T, K] under the scales s [adapters, T]: by `ls_lora`'s
+    float32 route, by the half route on ``threads`` threads, and (``rows_alone``) by the half
+    route one row at a time ([1, N] each)."""
+    ref = y0.clone()
+    lora_delta(x, ref, [(a, b) for a, b in pairs], s)
+    halves = [(a.half(), lora16.tiles(b), lora16.tail(b)) for a, b in pairs]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = y0.clone()
+        lora16.lora_delta16(x, got, halves, s)
+        alone = [y0[r : r + 1].clone() for r in range(len(x))] if rows_alone else []
+        for r, row in enumerate(alone):
+            lora16.lora_delta16(x[r : r + 1], row, halves, s[:, r : r + 1])
+    finally:
+        torch.set_num_threads(before)
+    return ref, got, alone
+
+
 @needs_c
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("t", [1, 2, 8, 16, 21])
@@ -71,19 +94,7 @@ def test_rows_grouped_by_adapter_keep_each_rows_bits(threads: int, t: int) -> No
         if row % 5 == 3:
             s[4, row] = -1.25  # a second adapter in the row's mix
     y0 = torch.randn(t, n, generator=g)
-    ref = y0.clone()
-    lora_delta(x, ref, [(a, b) for a, b in pairs], s)
-    halves = [(a.half(), lora16.tiles(b), lora16.tail(b)) for a, b in pairs]
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        got = y0.clone()
-        lora16.lora_delta16(x, got, halves, s)
-        alone = [y0[r : r + 1].clone() for r in range(t)]
-        for r in range(t):
-            lora16.lora_delta16(x[r : r + 1], alone[r], halves, s[:, r : r + 1])
-    finally:
-        torch.set_num_threads(before)
+    ref, got, alone = _both_routes(x, y0, pairs, s, threads, rows_alone=True)
     assert torch.equal(got, ref)
     for r in range(t):
         assert torch.equal(alone[r][0], got[r])
@@ -106,16 +117,7 @@ def test_uneven_shares_keep_each_rows_bits(threads: int) -> None:
             s[a, row] = 0.75 - row / 16
     s[2, t - 1] = 2.0  # the last row on two adapters
     y0 = torch.randn(t, n, generator=g)
-    ref = y0.clone()
-    lora_delta(x, ref, [(a, b) for a, b in pairs], s)
-    halves = [(a.half(), lora16.tiles(b), lora16.tail(b)) for a, b in pairs]
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        got = y0.clone()
-        lora16.lora_delta16(x, got, halves, s)
-    finally:
-        torch.set_num_threads(before)
+    ref, got, _ = _both_routes(x, y0, pairs, s, threads)
     assert torch.equal(got, ref)
 
 

@@ -35,6 +35,7 @@ from loraserve.model.loader import LoadedModel, load_model
 from tests.arch_models import tensor_values, typed_metadata, write_model
 from tests.unit.model.archs_util import forced_logits
 from tests.unit.model.deltanet_util import DATA, RECORDS, model, run_chunks, variant
+from tests.unit.model.recurrent_util import stem_adapter
 
 CASES = [(a, t) for a in RECORDS for t in ("F32", "Q4_K_M")]
 GAP = 0.5
@@ -99,15 +100,7 @@ def test_adapter_on_legacy_ssm_in_equals_merged(tmp: Path) -> None:
     ssm_out of an early qwen3next file equals the adapter merged into those weights."""
     arch, rec = "qwen3next+ssm_in", variant("qwen3next+ssm_in")
     m = model(tmp, arch, "F32")
-    g = torch.Generator().manual_seed(7)
-    pairs = {
-        n: (
-            torch.randn(4, shape[1], generator=g) * 0.05,
-            torch.randn(shape[0], 4, generator=g) * 0.05,
-        )
-        for n, shape, _ in rec["tensors"]
-        if n.endswith((".ssm_in.weight", ".ssm_ba.weight", ".ssm_out.weight"))
-    }
+    pairs = stem_adapter(rec, 7, ("ssm_in", "ssm_ba", "ssm_out"))
     assert any(".ssm_in." in n for n in pairs), "no ssm_in to adapt"
     write_gguf_lora(tmp / "legacy-lora.gguf", "qwen3next", pairs, qk_heads=(2, 2))
     values = tensor_values(rec)

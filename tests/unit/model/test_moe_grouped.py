@@ -72,6 +72,16 @@ def pair_alone(x, stacks, e, w, act, biases, before):  # type: ignore[no-untyped
     return d if before else d * w
 
 
+def variant_parts(variant: str, g: torch.Generator) -> tuple[str, tuple, bool]:
+    """A case's activation, its expert biases (gate, up, down: drawn from ``g`` for a "+bias"
+    variant, else None) and whether the routing weights scale the input ("before")."""
+    act = "swiglu_oai" if "oai" in variant else "silu"
+    biases: tuple = (None, None, None)
+    if "bias" in variant:
+        biases = tuple(torch.randn(E, n, generator=g) * 0.1 for n in (FF, FF, H))
+    return act, biases, variant == "before"
+
+
 # every type pair with SiLU; gpt-oss's biases and clamped SwiGLU, llama4's input weights on two
 CASES = [(t, "silu") for t in TYPES] + [
     (t, v) for t in (TYPES[0], TYPES[2]) for v in ("swiglu_oai+bias", "before")
@@ -88,12 +98,8 @@ def test_grouped_equals_each_pair_alone_bitwise(types: tuple, variant: str) -> N
     tgu, tdown, pack = types
     gate, up = stack(rng, tgu, FF, H, pack), stack(rng, tgu, FF, H, pack)
     down = stack(rng, tdown, H, FF, pack)
-    act = "swiglu_oai" if "oai" in variant else "silu"
     g = torch.Generator().manual_seed(1)
-    biases = (None, None, None)
-    if "bias" in variant:
-        biases = tuple(torch.randn(E, n, generator=g) * 0.1 for n in (FF, FF, H))
-    before = variant == "before"
+    act, biases, before = variant_parts(variant, g)
     ge = GroupedExperts([gate[:2], up[:2]], down[:2], act, *biases)
     x = torch.randn(40, H, generator=g)  # 40 tokens: ~16 rows an expert (the many-row tiles)
     experts, w = routing(40, 2)
@@ -126,12 +132,8 @@ def test_many_rows_run_in_expert_groups_bitwise(variant: str) -> None:
     rng = np.random.default_rng(11)
     gate, up = stack(rng, "Q4_K", FF, H, True), stack(rng, "Q4_K", FF, H, True)
     down = stack(rng, "Q6_K", H, FF, True)
-    act = "swiglu_oai" if "oai" in variant else "silu"
     g = torch.Generator().manual_seed(3)
-    biases = (None, None, None)
-    if "bias" in variant:
-        biases = tuple(torch.randn(E, n, generator=g) * 0.1 for n in (FF, FF, H))
-    before = variant == "before"
+    act, biases, before = variant_parts(variant, g)
     ge = GroupedExperts([gate[:2], up[:2]], down[:2], act, *biases)
     t = 1500  # 3000 rows: two or three groups
     x = torch.randn(t, H, generator=g)
