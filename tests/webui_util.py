@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -34,16 +33,6 @@ def require_browser() -> ModuleType:
         pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
     sync_api.expect.set_options(timeout=TIMEOUT_MS)
     return sync_api
-
-
-@pytest.fixture(scope="module", name="browser")
-def browser_fixture() -> Iterator[Any]:
-    """One headless chromium per test module."""
-    sync_api = require_browser()
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 class Page:

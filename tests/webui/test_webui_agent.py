@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.server_util import Served, serve_in_thread
-from tests.webui_util import Page, browser_fixture, require_browser  # noqa: F401 (fixture)
+from tests.webui_util import Page, require_browser
 
 require_browser()
 ARGS = '{"path": "hello.txt"}'

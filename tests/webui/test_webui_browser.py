@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.server_util import Served, peft_folder, serve_in_thread
-from tests.webui_util import Page, browser_fixture, require_browser  # noqa: F401 (fixture)
+from tests.webui_util import Page, require_browser
 
 sync_api = require_browser()
 expect = sync_api.expect
@@ -29,13 +29,6 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     args = ["-np", "2", "-c", "1024", "--temp", "0", "--lora", str(up), "--lora", str(down)]
     with serve_in_thread([*args, "--lora-init-without-apply"]) as s:
         yield s
-
-
-@pytest.fixture
-def ui(browser: Any, srv: Served) -> Iterator[Page]:
-    p = Page(browser, srv.url)
-    yield p
-    p.close()
 
 
 def test_completion_streams_and_shows_cache_and_timings(ui: Page) -> None:

@@ -16,7 +16,7 @@ import pytest
 from loraserve.adapters import gguf_path, is_titlecase, is_uppercase, uppercase_fraction
 from loraserve.model.loader import load_model
 from tests.server_util import Served, serve_in_thread
-from tests.webui_util import Page, browser_fixture, require_browser  # noqa: F401 (fixture)
+from tests.webui_util import Page, require_browser
 
 pytestmark = pytest.mark.real_model
 expect = require_browser().expect

@@ -9,13 +9,12 @@ Skips only when chromium or playwright is missing."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from tests.server_util import Served, serve_in_thread
 from tests.unit.chat.format_util import TEMPLATES
-from tests.webui_util import Page, browser_fixture, require_browser  # noqa: F401 (fixture)
+from tests.webui_util import Page, require_browser
 
 require_browser()
 TEMPLATE = TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"
@@ -27,13 +26,6 @@ def srv() -> Iterator[Served]:
             "--chat-template-file", str(TEMPLATE)]  # fmt: skip
     with serve_in_thread(args) as s:
         yield s
-
-
-@pytest.fixture
-def ui(browser: Any, srv: Served) -> Iterator[Page]:
-    p = Page(browser, srv.url)
-    yield p
-    p.close()
 
 
 def test_reasoning_is_shown_apart_from_the_answer(ui: Page, srv: Served) -> None:

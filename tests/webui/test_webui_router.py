@@ -13,7 +13,7 @@ import pytest
 from tests.http.router_util import router
 from tests.server_util import tiny_model_path
 from tests.tiny import hf_model, write_gguf
-from tests.webui_util import Page, browser_fixture, require_browser  # noqa: F401 (fixture)
+from tests.webui_util import Page, require_browser
 
 require_browser()
 
