@@ -9,6 +9,7 @@ import copy
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -237,3 +238,25 @@ def merged_moe(m: nn.Module, adapters: list[tuple[dict, float]]) -> nn.Module:
                 rows = slice(0, f) if "gate_exps" in name else slice(f, 2 * f)
                 p[f"model.layers.{blk}.mlp.experts.gate_up_proj"].data[:, rows] += d
     return out
+
+
+def reference_content_id(a: Any, h: Any) -> str:
+    """An adapter's content id as defined, from its held tensors, with the hash object ``h``
+    (blake3, or hashlib.sha256 as the fallback): per target in name order, its header line,
+    then A and B [out, r] as float32 for a pair held so; then the halves held (A, B's tiles,
+    B's tail) of every float16 pair, in name order."""
+    halves = []
+    for t in sorted(a.weights):
+        w = a.weights[t]
+        tag = "|f16" if w.a16 is not None else ""
+        h.update(f"{t}|{w.a_shape}|{w.b_shape}|{w.factor!r}{tag}\n".encode())
+        if w.a16 is not None:
+            halves += [w.a16, w.bt16, w.tail16]
+            continue
+        for x in (w.a, w.b):
+            h.update(x.contiguous().numpy().tobytes())
+    if halves:
+        h.update(b"halves\n")
+        for x in halves:
+            h.update(x.contiguous().numpy().tobytes())
+    return h.hexdigest()

@@ -20,7 +20,7 @@ from loraserve.lora.adapter import AdapterError
 from loraserve.lora.read_gguf import runs_finite, tensors_finite
 from loraserve.lora.registry import AdapterRegistry
 from loraserve.model.gguf import GGUFFile
-from tests.unit.lora.lora_util import gguf_adapter, pairs, peft_adapter
+from tests.unit.lora.lora_util import gguf_adapter, pairs, peft_adapter, reference_content_id
 
 V, UP = "blk.0.attn_v.weight", "blk.1.ffn_up.weight"
 STORED = {"F32": None, "F16": Q.F16, "BF16": Q.BF16}
@@ -111,35 +111,13 @@ def test_runs_finite_over_mixed_types(llama, tmp_path) -> None:
             assert runs_finite(gg, others), name
 
 
-def _reference_id(a) -> str:
-    """The content id as defined, from the held tensors: per target in name order, its
-    header line, then A and B [out, r] as float32 for a pair held so; then the halves held
-    (A, B's tiles, B's tail) of every float16 pair, in name order."""
-    h = blake3()
-    halves = []
-    for t in sorted(a.weights):
-        w = a.weights[t]
-        tag = "|f16" if w.a16 is not None else ""
-        h.update(f"{t}|{w.a_shape}|{w.b_shape}|{w.factor!r}{tag}\n".encode())
-        if w.a16 is not None:
-            halves += [w.a16, w.bt16, w.tail16]
-            continue
-        for x in (w.a, w.b):
-            h.update(x.contiguous().numpy().tobytes())
-    if halves:
-        h.update(b"halves\n")
-        for x in halves:
-            h.update(x.contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
 @pytest.mark.parametrize("kind", sorted(STORED))
 def test_content_id_is_the_stored_values_hash(llama, tmp_path, kind: str) -> None:
     _, model = llama
     reg = AdapterRegistry(model)
     t = pairs(5, **{"blk.0.attn_q.weight": ((4, 64), (64, 4))})  # B unpermuted on read
     a = reg.load(_write(tmp_path / "a.gguf", t, kind))
-    assert a.content_id == _reference_id(a)
+    assert a.content_id == reference_content_id(a, blake3())
 
 
 @pytest.mark.parametrize("kind", [*sorted(STORED), "PEFT-F16", "PEFT-F32"])
