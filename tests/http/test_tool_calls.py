@@ -22,6 +22,7 @@ from tests.http.tool_call_util import (
     chat,
     chat_stream,
     check_calls,
+    openai_second_turn,
 )
 from tests.server_util import serve_in_thread
 from tests.unit.chat.format_util import TEMPLATES
@@ -116,26 +117,7 @@ def test_reasoning_formats(srv) -> None:
 
 
 def test_openai_client_second_turn(srv) -> None:
-    openai = pytest.importorskip("openai")
-    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x")
-    first = client.chat.completions.create(
-        model="m", messages=USER, tools=TOOLS, tool_choice="required", max_tokens=N_PREDICT,
-        temperature=0, parallel_tool_calls=False,
-    )  # fmt: skip
-    call = first.choices[0].message.tool_calls[0]
-    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
-    second = client.chat.completions.create(
-        model="m",
-        messages=[
-            *USER,
-            first.choices[0].message.model_dump(exclude_none=True),
-            {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21}'},
-        ],
-        tools=TOOLS,
-        max_tokens=8,
-        temperature=0,
-    )
-    assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    openai_second_turn(srv, N_PREDICT)
 
 
 def test_responses_function_tools(srv) -> None:

@@ -20,7 +20,15 @@ from loraserve.chat.formats.detect import detect
 from loraserve.chat.formats.grammar import tool_grammar
 from loraserve.chat.formats.lead import opens_reasoning
 from loraserve.chat.render import RenderInputs, Tokens, render
-from tests.http.tool_call_util import SCHEMAS, TOOLS, USER, chat, chat_stream, check_calls
+from tests.http.tool_call_util import (
+    SCHEMAS,
+    TOOLS,
+    USER,
+    chat,
+    chat_stream,
+    check_calls,
+    openai_second_turn,
+)
 from tests.server_util import serve_in_thread
 from tests.unit.chat.format_util import TEMPLATES, render_for
 
@@ -111,26 +119,7 @@ def test_none_answers_text(srv) -> None:
 def test_openai_client_second_turn(srv) -> None:
     """The client's own message objects round-trip: the call goes back into the history
     with the tool's result, and the template renders it (the prompt grows by the call)."""
-    openai = pytest.importorskip("openai")
-    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x")
-    first = client.chat.completions.create(
-        model="m", messages=USER, tools=TOOLS, tool_choice="required", max_tokens=N,
-        temperature=0, parallel_tool_calls=False,
-    )  # fmt: skip
-    call = first.choices[0].message.tool_calls[0]
-    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
-    history = [
-        *USER,
-        first.choices[0].message.model_dump(exclude_none=True),
-        {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21}'},
-    ]
-    r = srv.client.post("/apply-template", json={"messages": history, "tools": TOOLS})
-    assert r.status_code == 200, r.text
-    assert '"temp": 21' in r.json()["prompt"] or "temp" in r.json()["prompt"]
-    second = client.chat.completions.create(
-        model="m", messages=history, tools=TOOLS, max_tokens=8, temperature=0
-    )
-    assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    openai_second_turn(srv, N, render=True)
 
 
 def test_responses_function_tools(srv) -> None:

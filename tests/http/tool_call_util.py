@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import jsonschema
+import pytest
 
 WEATHER = {
     "type": "object",
@@ -82,3 +83,31 @@ def check_calls(choice: dict) -> list[dict]:
         assert c["type"] == "function" and c["id"]
         jsonschema.validate(json.loads(c["function"]["arguments"]), SCHEMAS[c["function"]["name"]])
     return complete
+
+
+def openai_second_turn(srv, max_tokens: int, render: bool = False) -> None:
+    """The official `openai` client: a required call (its arguments valid under the tool's
+    schema) goes back into the history, as the client's own message object, with the tool's
+    result, and the second turn finishes; with ``render`` the template renders that history
+    (/apply-template) with the call in the prompt. Skips where `openai` is not installed."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x")
+    first = client.chat.completions.create(
+        model="m", messages=USER, tools=TOOLS, tool_choice="required", max_tokens=max_tokens,
+        temperature=0, parallel_tool_calls=False,
+    )  # fmt: skip
+    call = first.choices[0].message.tool_calls[0]
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    history = [
+        *USER,
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21}'},
+    ]
+    if render:
+        r = srv.client.post("/apply-template", json={"messages": history, "tools": TOOLS})
+        assert r.status_code == 200, r.text
+        assert '"temp": 21' in r.json()["prompt"] or "temp" in r.json()["prompt"]
+    second = client.chat.completions.create(
+        model="m", messages=history, tools=TOOLS, max_tokens=8, temperature=0
+    )
+    assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
