@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,8 @@ from loraserve.engine.engine import Engine
 from loraserve.lora.adapter import AdapterError
 from loraserve.lora.catalogue import Catalogue, parse_module
 from loraserve.lora.registry import UnknownModelName
-from tests.engine_util import ask, follow, run_and_drain, tokens
-from tests.unit.lora.catalogue_util import N, P, engine, greedy
+from tests.engine_util import ask, run_and_drain, tokens
+from tests.unit.lora.catalogue_util import N, P, engine, first_uses_at_once, greedy
 from tests.unit.lora.lora_util import peft_adapter
 
 
@@ -90,21 +89,7 @@ def test_concurrent_first_uses_read_once(tiny, lib) -> None:
     eng = engine(model, root, n_slots=4)
     eng.start()
     try:
-        base = eng.submit(**ask(P, 24))  # keeps decoding while the adapter is read
-        go = threading.Barrier(4)
-        subs = []
-
-        def client() -> None:
-            go.wait()
-            subs.append(eng.submit(**ask(P, N), adapter_name="c"))
-
-        threads = [threading.Thread(target=client) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        answers = [tokens(follow(s.requests[0])) for s in subs]
-        follow(base.requests[0])
+        answers = first_uses_at_once(eng, "c")
     finally:
         eng.shutdown()
     assert answers == [greedy(peft["c"], P)] * 4
