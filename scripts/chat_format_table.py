@@ -24,8 +24,8 @@ from loraserve.chat.formats.grammar import tool_grammar  # noqa: E402
 from loraserve.chat.render import Tokens  # noqa: E402
 from loraserve.server.tool_calls import BARE_JSON  # noqa: E402
 from tests.unit.chat.format_util import TEMPLATES  # noqa: E402
-from tests.unit.chat.test_formats_parse_oracle import CASES, _mine, _norm, _parser  # noqa: E402
-from tests.unit.chat.test_formats_parse_oracle import _format as fmt_of  # noqa: E402
+from tests.unit.chat.oracle_util import CASES, case_parser, norm_message, parsed_message  # noqa: E402
+from tests.unit.chat.oracle_util import template_format as fmt_of  # noqa: E402
 
 
 def main() -> None:
@@ -40,10 +40,10 @@ def main() -> None:
     agree, total = Counter(), Counter()
     for c in CASES:
         total[c["template"]] += 1
-        parser = _parser(c)
+        parser = case_parser(c)
         parser.response_format = c["request"].get("json_schema") is not None
-        answers = (_norm(c["expect"]), _norm(c.get("parsed", c["expect"])))
-        if _norm(_mine(parser, c["input"], c["is_partial"])) in answers:
+        answers = (norm_message(c["expect"]), norm_message(c.get("parsed", c["expect"])))
+        if norm_message(parsed_message(parser, c["input"], c["is_partial"])) in answers:
             agree[c["template"]] += 1
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     rows = []

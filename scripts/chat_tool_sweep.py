@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jsonschema  # noqa: E402
 
-from tests.http.test_tool_calls import SCHEMAS, TOOLS, USER  # noqa: E402
+from tests.http.tool_call_util import SCHEMAS, TOOLS, USER  # noqa: E402
 from tests.server_util import serve_in_thread  # noqa: E402
 from tests.unit.chat.format_util import TEMPLATES  # noqa: E402
-from tests.unit.chat.test_formats_parse_oracle import _format  # noqa: E402
+from tests.unit.chat.oracle_util import template_format as _format  # noqa: E402
 
 PREFILL = [*USER, {"role": "assistant", "content": "", "reasoning_content": "Let me"}]
 NAMED = {"type": "function", "function": {"name": "add"}}
