@@ -30,6 +30,7 @@ from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
 from loraserve.model.layers import gated_act, rms_norm
 from loraserve.model.projection import Projection
+from loraserve.model.recurrent.records import POOL
 from loraserve.model.recurrent.shortconv import causal_conv, matrix
 from loraserve.model.weights import WeightSource
 
@@ -175,8 +176,9 @@ class Mamba2(nn.Module):
 def fresh_records(i: int, size: int, seqs: list[SeqStep]) -> list[torch.Tensor]:
     """The new state records [size] of recurrent layer i for a decode step of ``seqs`` (one
     new row each): made each sequence's state after its row and, where a block ends with the
-    row, that block's snapshot (the same values, never changed)."""
-    recs = [torch.empty(size) for _ in seqs]
+    row, that block's snapshot (the same values, never changed). Their memory is that of
+    free records of the layer when there are (`records.POOL`: no page faults)."""
+    recs = POOL.take((i, size), size, len(seqs))
     for seq, rec in zip(seqs, recs, strict=True):
         seq.out[i] = rec
         for r, block in seq.cuts:

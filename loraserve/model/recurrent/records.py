@@ -1,0 +1,77 @@
+"""Memory for decode steps' new state records, reused once nothing holds a record any more.
+
+A decode step makes one new state record per recurrent layer and sequence
+(`mamba2.fresh_records`): 1.6 MB (granitehybrid) to 2.2 MB (qwen35) each on the bench models,
+a whole snapshot's worth per step. Each drops out of the sequence's live states two steps
+later. Made with `torch.empty` every step, glibc's heap grew by a step's records and, as
+they were freed, trimmed its top back past its trim threshold: on the qwen35 bench model
+~3,200 page faults (every new page zeroed) every third decode step or so, such a step 4-10 ms
+slower than the others (1 thread, thread CPU). The pool keeps, per key, the storages of the
+records it handed out lately and hands one out again when nothing else refers to its memory
+(no tensor, view or storage object: `torch._C._storage_Use_Count` is 1, the pool's own
+reference), so a step reuses the pages of the records the step before last dropped.
+
+A reused record's values are whatever it held, as `torch.empty`'s are: every writer of a
+new record writes all of it. A record a snapshot, checkpoint or live state still holds is
+never handed out. The pool keeps at most ``slack`` times the last request's count per key
+(older entries are forgotten: freed with their last reference, as before)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Hashable
+
+import torch
+
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+class RecordPool:
+    """Float32 records of a fixed size per key, their memory reused when free."""
+
+    def __init__(self, slack: int = 4) -> None:
+        self.slack = slack
+        # (key, size) -> the storages of the records handed out, the latest last
+        self._rings: dict[tuple[Hashable, int], list[torch.UntypedStorage]] = {}
+        self._lock = threading.Lock()  # engines on other threads share the pool
+
+    def take(self, key: Hashable, size: int, n: int) -> list[torch.Tensor]:
+        """n records [size] float32 (contents unspecified) for ``key`` (one recurrent layer):
+        on the storages of free records the pool handed out under ``key`` and size before,
+        oldest first, then new ones."""
+        if _use_count is None:
+            return [torch.empty(size) for _ in range(n)]
+        out: list[torch.Tensor] = []
+        with self._lock:
+            ring = self._rings.setdefault((key, size), [])
+            j = 0
+            while len(out) < n and j < len(ring) - len(out):  # not the ones just moved
+                s = ring[j]
+                if _free(s):  # handed out again: now the latest
+                    del ring[j]
+                    ring.append(s)
+                    out.append(torch.empty(0).set_(s, 0, (size,), (1,)))
+                else:
+                    j += 1
+            while len(out) < n:
+                t = torch.empty(size)
+                ring.append(t.untyped_storage())
+                out.append(t)
+            del ring[: max(len(ring) - self.slack * n, 0)]  # the oldest forgotten
+        return out
+
+    def held(self, key: Hashable, size: int) -> int:
+        """How many storages the pool keeps under ``key`` and ``size`` (free or not)."""
+        return len(self._rings.get((key, size), ()))
+
+
+def _free(s: torch.UntypedStorage) -> bool:
+    """Whether nothing but the pool's list refers to storage ``s``: no tensor or view (the
+    storage's use count is the pool's object's alone) and no other reference to that object
+    (torch hands the same Python object to every ``untyped_storage()`` while it lives): the
+    list's, the caller's loop variable, this argument and `getrefcount`'s."""
+    return _use_count(s._cdata) == 1 and sys.getrefcount(s) <= 4  # type: ignore[misc]
+
+
+POOL = RecordPool()
