@@ -5,6 +5,7 @@
 // (f16 exponent 31) is refused (-1): dequant.py's NaN payload handling stays the one answer.
 
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "f16.h"
 
@@ -48,4 +49,42 @@ int ls_dequant_rows(int type, const uint8_t *rows, int64_t n, int64_t K, int64_t
         return 0;
     }
     return -3;
+}
+
+// packed.c: a table's rows repacked 8 to a group, and back (dir 0).
+int64_t ls_packed_group_bytes(int type, int64_t K);
+int ls_repack(int type, uint8_t *rows, int64_t N, int64_t K, int64_t row_bytes, uint8_t *packed,
+              int dir, int nthreads);
+
+// Rows ids [n] (int64) of a table of V rows packed 8 to a group (packed.c, RowEmbedding's
+// tied output copy) -> out [n, K]: each row's group unpacked to the file's bytes, then
+// ls_dequant_rows on the row. The Python lookup did the same in ~12 torch ops (0.2 ms of a
+// granitehybrid decode step); these are the same bytes, so the same values. Returns
+// ls_dequant_rows' codes; -3 also an id outside 0..V-1 or a group size not packed.c's;
+// -2 out of memory.
+int ls_dequant_packed_rows(int type, const uint8_t *packed, int64_t V, int64_t group_bytes,
+                           const int64_t *ids, int64_t n, int64_t K, int64_t row_bytes,
+                           float *out) {
+    if (n < 0 || V < 8 || V % 8 || K < 1 || row_bytes < 1 || !packed || !ids || !out) return -3;
+    if (group_bytes != ls_packed_group_bytes(type, K)) return -3;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= V) return -3;
+    uint8_t *rows = malloc((size_t)(8 * row_bytes));
+    if (!rows) return -2;
+    int64_t at = -1;  // the group unpacked in rows
+    int rc = 0;
+    for (int64_t i = 0; i < n && rc == 0; i++) {
+        const int64_t g = ids[i] / 8;
+        if (g != at) {
+            rc = ls_repack(type, rows, 8, K, row_bytes, (uint8_t *)packed + g * group_bytes, 0, 1);
+            if (rc != 0) {
+                rc = -3;
+                break;
+            }
+            at = g;
+        }
+        rc = ls_dequant_rows(type, rows + (ids[i] % 8) * row_bytes, 1, K, row_bytes, out + i * K);
+    }
+    free(rows);
+    return rc;
 }

@@ -37,10 +37,14 @@ class RowEmbedding(nn.Module):
         self.packed = packed
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        from loraserve.kernels.embed_rows import dequant_rows
+        from loraserve.kernels.embed_rows import dequant_packed_rows, dequant_rows
         from loraserve.model.dequant import dequantize
 
         if self.packed is not None:
+            rb = self.raw.shape[1]  # one C call, the same values:
+            out = dequant_packed_rows(self.packed, ids, self.ggml_type, self.dim, rb)
+            if out is not None:
+                return out  # [T, dim] float32
             from loraserve.kernels.pack import unpack_rows
 
             groups, at = torch.unique(ids // 8, return_inverse=True)
