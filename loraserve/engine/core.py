@@ -178,12 +178,17 @@ class EngineCore:
         run.timings.prompt_ms = (time.perf_counter() - run.t_prompt_start) * 1000
         self._finish(run, StopType.NONE, embedding=run.pooler.result())
 
-    def _sample(self, runs: list[Run], logits: torch.Tensor) -> None:
+    def _sample(
+        self, runs: list[Run], logits: torch.Tensor, top: torch.Tensor | None = None
+    ) -> None:
+        """Sample each run's token from its row of ``logits`` [R, V]; ``top`` [R]: the rows'
+        argmax as the step found it (unused where a grammar masks a row first)."""
         masked = [True] * len(runs)
         for i, run in enumerate(runs):
             if run.constraint is not None:  # the grammar's mask first, as llama.cpp
                 masked[i] = guarded(self, run, "the grammar", run.constraint.mask, logits[i])
-        results = sample_isolated(logits, [s.sampler for s in runs])  # type: ignore[misc]
+                top = None
+        results = sample_isolated(logits, [s.sampler for s in runs], top)  # type: ignore[misc]
         now = time.perf_counter()
         for run, res, ok in zip(runs, results, masked, strict=True):
             if not ok:

@@ -71,7 +71,7 @@ def forward_isolated(runner: ModelRunner, work: Work) -> StepOutcome:
         reason = f"{type(e).__name__}: {e}"
     else:
         bad, top = scan_rows(logits.contiguous())  # one pass: bad rows, each row's argmax
-        if not bool(bad.any()):
+        if not any(bad.tolist()):  # bool(bad.any()) dispatched 8 torch ops
             return StepOutcome(work, logits, hidden=runner.hidden, top=top)
         if len(work) == 1:
             return StepOutcome([], logits[:0], [(work[0][0], NON_FINITE)])
@@ -107,12 +107,12 @@ def _one_by_one(runner: ModelRunner, work: Work) -> StepOutcome:
 
 
 def sample_isolated(
-    logits: torch.Tensor, states: Sequence[SamplerState]
+    logits: torch.Tensor, states: Sequence[SamplerState], top: torch.Tensor | None = None
 ) -> list[SampleResult | str]:
-    """`sample_batch`, or, if it raises, each row alone: a row that still raises gets its
-    error message instead of a result."""
+    """`sample_batch` (``top``: the rows' argmax, if known), or, if it raises, each row
+    alone: a row that still raises gets its error message instead of a result."""
     try:
-        return list(sample_batch(logits, states))
+        return list(sample_batch(logits, states, top))
     except Exception:
         log.exception("sampling failed: sampling each request alone")
     out: list[SampleResult | str] = []

@@ -237,8 +237,12 @@ def _draw(g: _Group, states: Sequence[SamplerState]) -> list[SampleResult]:
     return out
 
 
-def sample_batch(logits: torch.Tensor, states: Sequence[SamplerState]) -> list[SampleResult]:
-    """Sample one token per row. logits [B, V] (row i belongs to states[i]).
+def sample_batch(
+    logits: torch.Tensor, states: Sequence[SamplerState], top: torch.Tensor | None = None
+) -> list[SampleResult]:
+    """Sample one token per row. logits [B, V] (row i belongs to states[i]); ``top`` [B]
+    int64: each row's first maximum when the caller found it already (the step's finiteness
+    pass, `kernels.rowops.scan_rows`, over these very values), else None.
 
     Rows may differ in every parameter. Greedy rows without penalties or n_probs (and with at
     most a bias of distinct tokens) are a single argmax over the batch; the others run the
@@ -249,7 +253,8 @@ def sample_batch(logits: torch.Tensor, states: Sequence[SamplerState]) -> list[S
     if logits.dim() != 2 or logits.shape[0] != len(states):
         raise ValueError(f"logits must be [len(states), vocab], got {tuple(logits.shape)}")
     if all(s.plain_greedy or s.bias_greedy for s in states):
-        tokens: list[int | None] = list(fast_argmax(logits.contiguous()).tolist())
+        best = top if top is not None else fast_argmax(logits.contiguous())  # [B]
+        tokens: list[int | None] = list(best.tolist())
         for r, s in enumerate(states):
             if s.bias_greedy:
                 tokens[r] = biased_argmax(logits[r], tokens[r], s.bias_ids, s.bias_values)

@@ -47,7 +47,7 @@ def fast_argmax(x: torch.Tensor) -> torch.Tensor:
     """x [R, V] -> first index of each row's maximum [R] int64, as `torch.argmax`."""
     if x.device.type == "cpu" and x.dtype == torch.float32:
         bad, top = scan_rows(x.contiguous())  # one C pass (kernels/rowops.c)
-        return top if not bool(bad.any()) else x.argmax(dim=-1)  # NaN rows: torch's answer
+        return top if not any(bad.tolist()) else x.argmax(dim=-1)  # NaN rows: torch's answer
     rows, vocab = x.shape
     if x.device.type != "cpu" or vocab < 4 * _CHUNK:
         return x.argmax(dim=-1)

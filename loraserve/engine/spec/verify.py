@@ -41,6 +41,13 @@ def _rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
     return logits[torch.tensor(rows, dtype=torch.long)]
 
 
+def _top(top: torch.Tensor | None, rows: list[int], logits: torch.Tensor) -> torch.Tensor | None:
+    """The step's argmax [S] of ``rows`` (None where the step did not find it)."""
+    if top is None or rows == list(range(logits.shape[0])):
+        return top
+    return top[torch.tensor(rows, dtype=torch.long)]
+
+
 def verify(
     core: EngineCore,
     entries: list[tuple[Run, int]],
@@ -62,7 +69,8 @@ def verify(
         _verify_greedy(core, plain, logits, top)
     depth = 0
     while live:
-        core._sample([r for r, _ in live], _rows(logits, [f + depth for _, f in live]))
+        rows = [f + depth for _, f in live]
+        core._sample([r for r, _ in live], _rows(logits, rows), _top(top, rows, logits))
         going: list[tuple[Run, int]] = []
         for run, first in live:
             draft = run.draft
