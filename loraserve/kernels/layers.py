@@ -41,6 +41,14 @@ from loraserve.kernels.layers_spec import (
 from loraserve.kernels.rowops import ACTS
 
 __all__ = ["FusedLayers", "GdnSpec", "LayerSpec", "MambaSpec", "ProjSpec", "sigmoid_gate"]
+_LONG, _I32, _F32 = torch.long, torch.int32, torch.float32
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t as a contiguous tensor of ``dtype``: t itself where it is one (no torch op)."""
+    if t.dtype is not dtype:
+        t = t.to(dtype)
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def sigmoid_gate(a: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -84,6 +92,8 @@ class FusedLayers:
         self._gdns = [None if L.gdn is None else L.gdn.c_struct() for L in layers]
         # the recurrent layers (Mamba-2, delta-net): decode steps alone, with state records
         self.mamba_layers = [i for i, L in enumerate(layers) if L.mamba or L.gdn]
+        mixers = [L.mamba or L.gdn for L in layers]
+        self._state_sizes = [m.state_size for m in mixers if m is not None]  # each one's record
         self.rope_dim = head_dim if rope_dim is None else rope_dim
         if not (2 <= self.rope_dim <= head_dim and self.rope_dim % 2 == 0):
             raise ValueError(f"fused layers: rope on {self.rope_dim} of {head_dim} dims")
@@ -109,7 +119,7 @@ class FusedLayers:
                              int(out_gate))  # fmt: skip
         self.out_gate = out_gate
         self.hidden, self.n_kv, self.head_dim = hidden, n_kv, head_dim
-        self._kv_key: tuple[int, ...] = ()
+        self._kv_key: list[int] = []
         self._kv: tuple[Any, Any] | None = None
         # the LoRA slot of each target name: (layer * 4 + projection) * 8 + part
         self._slots = {
@@ -190,7 +200,7 @@ class FusedLayers:
         return self._lib is not None
 
     def _kv_arrays(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[Any, Any]:
-        key = tuple(t.data_ptr() for pair in kv for t in pair)
+        key = [t.data_ptr() for pair in kv for t in pair]  # the pools moved: new arrays
         if key != self._kv_key or self._kv is None:
             pool = (kv[0][0].shape[0], self.n_kv, self.head_dim)  # checked once per pool
             for i, (k, v) in enumerate(kv):
@@ -216,13 +226,11 @@ class FusedLayers:
             raise ValueError(f"fused layers: recurrent layers need {n} state records each way")
         arrays = []
         for recs in states:
-            ptrs = [0] * n
-            for i in self.mamba_layers:
-                mixer = self._specs[i].mamba or self._specs[i].gdn
-                size = mixer.state_size  # type: ignore[union-attr]
+            ptrs: list[int | None] = [None] * n
+            for i, size in zip(self.mamba_layers, self._state_sizes, strict=True):
                 for q in range(i * t, i * t + t):
                     r = recs[q]
-                    if r is None or r.numel() != size or r.dtype != torch.float32 \
+                    if r is None or r.dtype is not _F32 or r.numel() != size \
                             or not r.is_contiguous():  # fmt: skip
                         raise ValueError(f"fused layers: layer {i} needs contiguous float32 "
                                          f"state records of {size} values")  # fmt: skip
@@ -257,17 +265,15 @@ class FusedLayers:
                 raise ValueError(f"fused layers: rope tables {tuple(c.shape)} for {t} rows")
         if slot_mapping.numel() != t or row_seq.numel() != t or row_nkeys.numel() != t:
             raise ValueError("fused layers: slot_mapping, row_seq, row_nkeys need T entries")
-        slot_mapping, slots = slot_mapping.long().contiguous(), slots.long().contiguous()
-        seq_off = seq_off.long().contiguous()
-        row_seq = row_seq.to(torch.int32).contiguous()
-        row_nkeys = row_nkeys.to(torch.int32).contiguous()
+        slot_mapping, slots = _as(slot_mapping, _LONG), _as(slots, _LONG)
+        seq_off, row_seq, row_nkeys = _as(seq_off, _LONG), _as(row_seq, _I32), _as(row_nkeys, _I32)
         (cg, sg), (cl, sl) = rope_global, rope_local
         ks, vs = self._kv_arrays(kv)
         st = self._state_arrays(states, t)
         lo = None
         if lora is not None and lora[0]:
             arrays, table = lora
-            table = table.float().contiguous()
+            table = _as(table, _F32)
             if table.shape != (len(arrays), x.shape[0]):
                 raise ValueError(f"LoRA table {tuple(table.shape)} for {len(arrays)} adapters")
             ads = (_P * len(arrays))(*[ctypes.addressof(a) for a in arrays])
