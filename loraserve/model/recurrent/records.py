@@ -42,23 +42,26 @@ class RecordPool:
         oldest first, then new ones."""
         if _use_count is None:
             return [torch.empty(size) for _ in range(n)]
-        out: list[torch.Tensor] = []
         with self._lock:
             ring = self._rings.setdefault((key, size), [])
-            j = 0
-            while len(out) < n and j < len(ring) - len(out):  # not the ones just moved
+            idx: list[int] = []  # the free ones, oldest first (not enumerate: its tuple
+            for j in range(len(ring)):  # would hold one more reference to each)
                 s = ring[j]
-                if _free(s):  # handed out again: now the latest
-                    del ring[j]
-                    ring.append(s)
-                    out.append(torch.empty(0).set_(s, 0, (size,), (1,)))
-                else:
-                    j += 1
-            while len(out) < n:
+                if _free(s):
+                    idx.append(j)
+                    if len(idx) == n:
+                        break
+            got = [ring[j] for j in idx]
+            for j in reversed(idx):
+                del ring[j]
+            out = [torch.empty(0).set_(s, 0, (size,), (1,)) for s in got]
+            for _ in range(n - len(got)):
                 t = torch.empty(size)
-                ring.append(t.untyped_storage())
+                got.append(t.untyped_storage())
                 out.append(t)
-            del ring[: max(len(ring) - self.slack * n, 0)]  # the oldest forgotten
+            ring += got  # the latest last
+            if len(ring) > self.slack * n:
+                del ring[: len(ring) - self.slack * n]  # the oldest forgotten
         return out
 
     def held(self, key: Hashable, size: int) -> int:
