@@ -122,9 +122,12 @@ class Decoder(nn.Module):
         if self._any_rope:
             max_pos = int(positions.max())
             self.rope_global.ensure(max_pos)
-            self.rope_local.ensure(max_pos)
             rope_global = self.rope_global.tables(positions)
-            rope_local = self.rope_local.tables(positions)
+            if self.rope_local is self.rope_global:  # one base (most models): the same tables
+                rope_local = rope_global
+            else:
+                self.rope_local.ensure(max_pos)
+                rope_local = self.rope_local.tables(positions)
         else:
             rope_global = rope_local = self._unused_tables(x.shape[0])
         fused = self._fused() if self.use_fused else None
