@@ -34,7 +34,7 @@ def tiny(tmp_path_factory) -> tuple[LoadedModel, torch.nn.Module]:
 
 
 @pytest.fixture(scope="module")
-def lib(tiny, alora, tmp_path_factory):  # noqa: F811
+def lib(tiny, alora, tmp_path_factory):
     import shutil
 
     _, m = tiny

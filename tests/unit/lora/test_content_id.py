@@ -12,7 +12,7 @@ from loraserve.lora.registry import AdapterRegistry
 from tests.unit.lora.lora_util import gguf_adapter, pairs
 
 
-def test_halves_identity(llama, tmp_path) -> None:  # noqa: F811
+def test_halves_identity(llama, tmp_path) -> None:
     _, model = llama
     t = {k: v.half().float() for k, v in pairs(3).items()}  # values float16 holds exactly
     f16 = {k: Q.F16 for k in t}

@@ -31,7 +31,7 @@ from loraserve.engine.engine import Engine, EngineConfig
 from loraserve.lora import content_ids
 from loraserve.lora.registry import AdapterRegistry
 from tests.engine_util import ask, run_and_drain, tokens
-from tests.unit.lora.lora_util import Tiny, gguf_adapter, tiny
+from tests.unit.lora.lora_util import Tiny, gguf_adapter, reference_content_id, tiny
 
 REPO = Path(__file__).resolve().parents[3]
 PROMPT = [1, 5, 77, 30, 12, 9, 26, 61, 20, 15, 33, 7, 41, 42, 43]
@@ -64,28 +64,6 @@ def _f16(t: dict[str, torch.Tensor]) -> dict[str, Q]:
     return dict.fromkeys(t, Q.F16)
 
 
-def _sha256_reference(a) -> str:
-    """The id as documented, with sha256: per target in name order its header line, then A
-    and B [out, r] as float32 for a pair held so; then the halves held (A, B's tiles, B's
-    tail) of every float16 pair, in name order."""
-    h = hashlib.sha256()
-    halves = []
-    for t in sorted(a.weights):
-        w = a.weights[t]
-        tag = "|f16" if w.a16 is not None else ""
-        h.update(f"{t}|{w.a_shape}|{w.b_shape}|{w.factor!r}{tag}\n".encode())
-        if w.a16 is not None:
-            halves += [w.a16, w.bt16, w.tail16]
-            continue
-        for x in (w.a, w.b):
-            h.update(x.contiguous().numpy().tobytes())
-    if halves:
-        h.update(b"halves\n")
-        for x in halves:
-            h.update(x.contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
 def test_ids_are_sha256_of_the_stored_values(llama_sha, tmp_path, sha256) -> None:
     _, model = llama_sha
     reg = AdapterRegistry(model)
@@ -95,7 +73,7 @@ def test_ids_are_sha256_of_the_stored_values(llama_sha, tmp_path, sha256) -> Non
     assert all(w.a16 is not None for w in f16.weights.values())  # the halves path
     assert all(w.a16 is None for w in f32.weights.values())  # the float32 path
     for a in (f16, f32):
-        assert a.content_id == _sha256_reference(a)
+        assert a.content_id == reference_content_id(a, hashlib.sha256())
     assert f16.content_id != f32.content_id  # the same values stored two ways: kept apart
 
 

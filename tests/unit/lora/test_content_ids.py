@@ -41,7 +41,7 @@ def _fresh_id(model, path) -> str:  # type: ignore[no-untyped-def]
     return AdapterRegistry(model).read_path(path).content_id
 
 
-def test_unchanged_file_is_not_hashed_again(llama, tmp_path, monkeypatch, hashes) -> None:  # noqa: F811
+def test_unchanged_file_is_not_hashed_again(llama, tmp_path, monkeypatch, hashes) -> None:
     _, model = llama
     path = gguf_adapter(tmp_path / "a.gguf", "llama", pairs(1))
     _settled(monkeypatch)
@@ -56,7 +56,7 @@ def test_unchanged_file_is_not_hashed_again(llama, tmp_path, monkeypatch, hashes
 
 
 def test_same_size_and_restored_mtime_still_rehashed(
-    llama,  # noqa: F811
+    llama,
     tmp_path,
     monkeypatch,
     hashes,
@@ -76,7 +76,7 @@ def test_same_size_and_restored_mtime_still_rehashed(
     assert reg.content_ids.hits == 0
 
 
-def test_file_written_just_before_the_read_is_not_remembered(llama, tmp_path, hashes) -> None:  # noqa: F811
+def test_file_written_just_before_the_read_is_not_remembered(llama, tmp_path, hashes) -> None:
     _, model = llama
     path = gguf_adapter(tmp_path / "a.gguf", "llama", pairs(1))  # within the 2 s margin
     reg = AdapterRegistry(model)
@@ -85,7 +85,7 @@ def test_file_written_just_before_the_read_is_not_remembered(llama, tmp_path, ha
 
 
 def test_write_between_lookup_and_read_gets_the_new_id(
-    llama,  # noqa: F811
+    llama,
     tmp_path,
     monkeypatch,
     hashes,

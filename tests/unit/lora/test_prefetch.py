@@ -13,7 +13,7 @@ import time
 from loraserve.lora import prefetch as pf
 from loraserve.lora.prefetch import Prefetch, disk_path, will_need
 from tests.engine_util import ask, follow, run_and_drain, tokens
-from tests.unit.lora.catalogue_util import N, P, engine, greedy
+from tests.unit.lora.catalogue_util import N, P, engine, first_uses_at_once, greedy
 
 
 def deferred() -> tuple[Prefetch, list]:
@@ -86,7 +86,7 @@ def test_unclaimed_reads_are_bounded(tmp_path, monkeypatch) -> None:
     assert sum(fetch.claim(x) is not None for x in files[2:]) == 0
 
 
-def test_submit_reads_once_and_answers_as_peft(tiny, lib) -> None:  # noqa: F811
+def test_submit_reads_once_and_answers_as_peft(tiny, lib) -> None:
     model, _ = tiny
     root, peft = lib
     eng = engine(model, root, n_slots=4)
@@ -97,21 +97,7 @@ def test_submit_reads_once_and_answers_as_peft(tiny, lib) -> None:  # noqa: F811
     engine_nice = os.getpriority(os.PRIO_PROCESS, eng.thread_native_id) + 3
     os.setpriority(os.PRIO_PROCESS, eng.thread_native_id, engine_nice)  # as the server does
     try:
-        base = eng.submit(**ask(P, 24))  # keeps decoding while the adapter is read
-        go = threading.Barrier(4)
-        subs = []
-
-        def client() -> None:
-            go.wait()
-            subs.append(eng.submit(**ask(P, N), adapter_name="c"))
-
-        threads = [threading.Thread(target=client) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        answers = [tokens(follow(s.requests[0])) for s in subs]
-        follow(base.requests[0])
+        answers = first_uses_at_once(eng, "c")
         again = eng.submit(**ask(P, N), lora=[(reg.find("c").id, 1.0)])
         assert tokens(follow(again.requests[0])) == answers[0]
         readers = [t.native_id for t in eng.loads._pool._threads]  # spawned by the clients
@@ -123,7 +109,7 @@ def test_submit_reads_once_and_answers_as_peft(tiny, lib) -> None:  # noqa: F811
     assert disk_path(reg, "c") is None  # resident: nothing to read at submit
 
 
-def test_an_adapter_a_submission_names_is_kept_until_received(tiny, lib) -> None:  # noqa: F811
+def test_an_adapter_a_submission_names_is_kept_until_received(tiny, lib) -> None:
     model, _ = tiny
     root, peft = lib
     eng = engine(model, root, lora_max_loaded=1)

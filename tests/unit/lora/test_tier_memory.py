@@ -12,7 +12,7 @@ import torch
 
 from loraserve.kernels.floatmm import backend
 from loraserve.lora.registry import AdapterRegistry
-from tests.unit.lora.lora_util import f16_adapter as _f16_adapter
+from tests.unit.lora.lora_util import f16_adapter
 
 needs_c = pytest.mark.skipif(backend() != "c", reason="no C compiler here")
 
@@ -20,14 +20,14 @@ needs_c = pytest.mark.skipif(backend() != "c", reason="no C compiler here")
 @needs_c
 def test_evicted_adapters_leave_the_fused_layers_cache(tmp_path) -> None:
     from loraserve.engine.runner import BatchItem, ModelRunner
-    from tests.unit.model.quant_util import quantized_model as _quantized_model
+    from tests.unit.model.quant_util import quantized_model
 
-    model = _quantized_model(tmp_path, "gemma3")
+    model = quantized_model(tmp_path, "gemma3")
     fused = model.decoder._fused()
     assert fused is not None
     reg = AdapterRegistry(model)
     for i in range(12):
-        _f16_adapter(tmp_path / f"a{i}.gguf", reg.shapes, i, 4, halves=i % 2 == 0)
+        f16_adapter(tmp_path / f"a{i}.gguf", reg.shapes, i, 4, halves=i % 2 == 0)
         reg.load(tmp_path / f"a{i}.gguf")
     a0 = reg.get(0)
     want = sum(t.nbytes for w in a0.weights.values() for t in w.tensors)
@@ -60,12 +60,12 @@ def test_evicted_adapters_leave_the_fused_layers_cache(tmp_path) -> None:
 def test_evicted_adapters_tensors_are_freed(tmp_path) -> None:
     """Once evicted, an adapter's tensors are garbage (no reference left anywhere), even
     after its byte count was taken: the count never keeps the weights it counted."""
-    from tests.unit.model.quant_util import quantized_model as _quantized_model
+    from tests.unit.model.quant_util import quantized_model
 
-    model = _quantized_model(tmp_path, "gemma3")
+    model = quantized_model(tmp_path, "gemma3")
     reg = AdapterRegistry(model)
     for i in range(2):
-        _f16_adapter(tmp_path / f"a{i}.gguf", reg.shapes, i, 4, halves=i == 0)
+        f16_adapter(tmp_path / f"a{i}.gguf", reg.shapes, i, 4, halves=i == 0)
         reg.load(tmp_path / f"a{i}.gguf")
     refs = [weakref.ref(t) for i in range(2) for w in reg.get(i).weights.values()
             for t in w.tensors]  # fmt: skip
