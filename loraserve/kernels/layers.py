@@ -60,6 +60,7 @@ def sigmoid_gate(a: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     t, h, d = gate.shape
     a = a.contiguous()
     if lib is None or a.dtype != torch.float32 or gate.dtype != torch.float32 \
+            or a.device.type != "cpu" or gate.device.type != "cpu" \
             or gate.stride(2) != 1 or a.shape != (t, h * d):  # fmt: skip
         return a * torch.sigmoid(gate.double()).float().reshape(t, h * d)
     out = torch.empty(t, h * d)

@@ -88,6 +88,8 @@ def test_sigmoid_gate_each_value_alone() -> None:
     for r in (0, 4):
         one = sigmoid_gate(a[r : r + 1], qg[r : r + 1, :, 16:].contiguous())
         assert torch.equal(one[0].view(torch.int32), got[r].view(torch.int32))
+    meta = sigmoid_gate(a.to("meta"), qg[:, :, 16:].to("meta"))  # not CPU memory: never C's
+    assert meta.device.type == "meta" and meta.shape == (5, 64)
 
 
 @needs_c
