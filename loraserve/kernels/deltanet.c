@@ -19,6 +19,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "row_block.h"
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -148,16 +150,6 @@ typedef struct {  // one ls_gdn_recur call's token rows
     float scale;
 } gdn_io_t;
 
-// blk [S][nr] <-> rows 0 .. nr - 1 of m (row stride S): blk[j nr + l] = m[l S + j]
-static void rows_in(const float *m, float *blk, int64_t nr, int64_t S) {
-    for (int64_t l = 0; l < nr; l++)
-        for (int64_t j = 0; j < S; j++) blk[j * nr + l] = m[l * S + j];
-}
-static void rows_out(const float *blk, float *m, int64_t nr, int64_t S) {
-    for (int64_t j = 0; j < S; j++)
-        for (int64_t l = 0; l < nr; l++) m[l * S + j] = blk[j * nr + l];
-}
-
 // Rows i0 .. i0 + nr - 1 (nr <= GDN_ROWS) of head h, transposed in blk (lanes = rows), through
 // rows lo .. lo + n - 1; the state after local row snap_row[e] (e in e0 .. e1 - 1) goes to those
 // rows of snap_dst[e]. Inlined with nr a constant where it is one (the lanes in registers).
@@ -193,7 +185,7 @@ static inline __attribute__((always_inline)) void block_run(
         float *orow = io->o + th * S + i0;
         for (int64_t l = 0; l < nr; l++) orow[l] = acc[l] * io->scale;
         for (; e < e1 && snap_row[e] == r; e++)
-            rows_out(blk, snap_dst[e] + h * S * S + i0 * S, nr, S);
+            row_block_out(blk, snap_dst[e] + h * S * S + i0 * S, nr, S);
     }
 }
 
@@ -252,14 +244,14 @@ int ls_gdn_recur(int64_t n_seq, const int64_t *lo, const int64_t *n, const float
             }
 #endif
             const int64_t nr = S - i0 < R ? S - i0 : R;
-            rows_in(src + i0 * S, mt, nr, S);
+            row_block_in(src + i0 * S, mt, nr, S);
             if (nr == GDN_ROWS)
                 block_run(&io, mt, GDN_ROWS, h, i0, lo[z], n[z], snap_row, snap_dst, e0, e1);
             else if (nr == GDN_ROWS / 2)
                 block_run(&io, mt, GDN_ROWS / 2, h, i0, lo[z], n[z], snap_row, snap_dst, e0, e1);
             else
                 block_run(&io, mt, nr, h, i0, lo[z], n[z], snap_row, snap_dst, e0, e1);
-            rows_out(mt, dst + i0 * S, nr, S);
+            row_block_out(mt, dst + i0 * S, nr, S);
         }
         free(mt);
     }

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "row_block.h"
+
 // torch's cascade row sum (aten SumKernel.cpp `row_sum`/`multi_row_sum`) over `size`
 // elements of w lanes each (element e at v + e * w): 4 interleaved accumulators of 4 levels,
 // each level folded into the next every 16 elements. out: w lanes.
@@ -121,16 +123,6 @@ static int spans_fit(int64_t nseq, const int64_t *lo, const int64_t *hi,
 // SSM_BLOCK_MIN rows keep the per-token loop. The same float operations per value: the same bits.
 enum { SSM_ROWS = 32, SSM_BLOCK_MIN = 16, SSM_LANES = 16 };
 
-// rows p0 .. p0 + nr - 1 of one head's state sh [P, N] -> blk [N][nr], and back
-static void srows_in(const float *sh, float *blk, int64_t nr, int64_t N) {
-    for (int64_t l = 0; l < nr; l++)
-        for (int64_t n = 0; n < N; n++) blk[n * nr + l] = sh[l * N + n];
-}
-static void srows_out(const float *blk, float *sh, int64_t nr, int64_t N) {
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t l = 0; l < nr; l++) sh[l * N + n] = blk[n * nr + l];
-}
-
 // One token through the block blk [N][nr] (nr <= SSM_ROWS): x, y at the block's first row,
 // b, c [N] the token's group rows, d its dt, a its dA; sums of w lanes (1 when N < vl).
 // Inlined with nr a constant where it is one.
@@ -237,7 +229,7 @@ int ls_ssm_scan2(const float *xbc, int64_t ldx, const float *dt, const float *da
                 continue;
             }
             if (blk == NULL) continue;
-            srows_in(from + p0 * N, blk, nr, N);
+            row_block_in(from + p0 * N, blk, nr, N);
             for (int64_t row = lo[q]; row < hi[q]; row++) {
                 const float d = dt[row * H + h], a = da[row * H + h];
                 const float *x = xbc + row * ldx + h * P + p0;
@@ -246,11 +238,11 @@ int ls_ssm_scan2(const float *xbc, int64_t ldx, const float *dt, const float *da
                 if (nr == SSM_ROWS) block_token(blk, SSM_ROWS, x, b, b + G * N, d, a, N, w, yr);
                 else block_token(blk, nr, x, b, b + G * N, d, a, N, w, yr);
                 if (next < snap_off[q + 1] && snap_rows[next] == row) {
-                    srows_out(blk, snaps + next * HPN + h * P * N + p0 * N, nr, N);
+                    row_block_out(blk, snaps + next * HPN + h * P * N + p0 * N, nr, N);
                     next++;
                 }
             }
-            srows_out(blk, sh + p0 * N, nr, N);
+            row_block_out(blk, sh + p0 * N, nr, N);
         }
         free(blk);
     }
