@@ -146,8 +146,8 @@ def test_out_of_vocabulary_sampled_id_fails_alone(srv, idle, monkeypatch) -> Non
     real = core_mod.sample_isolated
     vocab = srv.app.state.server.engine.tokenizer.vocab_size
 
-    def sample(logits: Any, states: Any) -> Any:
-        out = real(logits, states)
+    def sample(logits: Any, states: Any, top: Any = None) -> Any:
+        out = real(logits, states, top)
         for i, st in enumerate(states):
             if getattr(st, "_fault", False) and not isinstance(out[i], str):
                 out[i] = dataclasses.replace(out[i], token=vocab + 7)

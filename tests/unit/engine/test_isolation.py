@@ -200,10 +200,10 @@ def test_sampling_failure_fails_only_its_request(monkeypatch) -> None:
     eng = engine()
     real, seed = isolation.sample_batch, 4242  # the faulty request is the one with this seed
 
-    def sample_batch(logits, states):
+    def sample_batch(logits, states, top=None):
         if any(s.params.seed == seed for s in states):
             raise ValueError("injected sampling failure")
-        return real(logits, states)
+        return real(logits, states, top)
 
     monkeypatch.setattr(isolation, "sample_batch", sample_batch)
     bad = request(eng, [1, 5, 6], sampling=SamplingParams(temperature=0.0, seed=seed))
