@@ -44,10 +44,9 @@ class RecordPool:
             return [torch.empty(size) for _ in range(n)]
         with self._lock:
             ring = self._rings.setdefault((key, size), [])
-            idx: list[int] = []  # the free ones, oldest first (not enumerate: its tuple
-            for j in range(len(ring)):  # would hold one more reference to each)
-                s = ring[j]
-                if _free(s):
+            idx: list[int] = []  # the free ones, oldest first
+            for j in range(len(ring)):
+                if _free(ring, j):
                     idx.append(j)
                     if len(idx) == n:
                         break
@@ -69,12 +68,23 @@ class RecordPool:
         return len(self._rings.get((key, size), ()))
 
 
-def _free(s: torch.UntypedStorage) -> bool:
-    """Whether nothing but the pool's list refers to storage ``s``: no tensor or view (the
-    storage's use count is the pool's object's alone) and no other reference to that object
-    (torch hands the same Python object to every ``untyped_storage()`` while it lives): the
-    list's, the caller's loop variable, this argument and `getrefcount`'s."""
-    return _use_count(s._cdata) == 1 and sys.getrefcount(s) <= 4  # type: ignore[misc]
+def _refs(ring: list[torch.UntypedStorage], j: int) -> int:
+    """The reference count of the storage object ``ring[j]`` as seen from here."""
+    s = ring[j]
+    return sys.getrefcount(s)
+
+
+# what `_refs` sees for a storage nothing but its list holds, measured rather than assumed
+# (interpreters count temporaries differently: 3.14 borrows stack references)
+_ALONE = _refs([torch.empty(1).untyped_storage()], 0)
+
+
+def _free(ring: list[torch.UntypedStorage], j: int) -> bool:
+    """Whether nothing but the pool's list refers to storage ``ring[j]``: no tensor or view
+    (the storage's use count is the pool's object's alone) and no other reference to that
+    object (torch hands the same Python object to every ``untyped_storage()`` while it
+    lives)."""
+    return _use_count(ring[j]._cdata) == 1 and _refs(ring, j) <= _ALONE  # type: ignore[misc]
 
 
 POOL = RecordPool()
