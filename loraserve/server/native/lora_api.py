@@ -126,9 +126,7 @@ async def list_adapters(request: HttpRequest) -> Response:
 
 async def unregistered(engine: Engine, registered: list[Adapter]) -> list[Entry]:
     """The catalogue's entries that name no registered adapter (read off the event loop)."""
-    taken = {a.name.casefold() for a in registered}
-    entries = await io_thread(engine.catalogue_entries)
-    return [e for e in entries if e.name.casefold() not in taken]
+    return (await offered(engine, registered))[0]
 
 
 async def offered(
