@@ -1,8 +1,10 @@
-"""Speed of loraserve vs llama-server on real-shape random MoE models (issue 27 item 5).
+"""Speed of loraserve vs llama-server on real-shape random models (issue 27 item 5).
 
-`python -m bench.arch_speed [--archs qwen3moe,gpt-oss,deepseek2] [--layers 4] [--check]
-[--quick]` builds the missing models (`bench.synth_archs`: Qwen3-30B-A3B, gpt-oss-20b and
-DeepSeek-V2-Lite layer shapes, random weights, Q4_K_M), then for each model starts
+`python -m bench.arch_speed [--archs qwen3moe,gpt-oss,deepseek2,llama,...] [--layers N]
+[--check] [--quick]` builds the missing models (`bench.synth_archs`: Qwen3-30B-A3B,
+gpt-oss-20b and DeepSeek-V2-Lite layer shapes, and the dense families of
+`bench.arch_shapes`: Llama 3.1 8B, Qwen2.5 7B, Qwen3 8B, Phi 3.5 mini, Gemma 2 9B, ...;
+random weights, Q4_K_M; 4 layers, `LAYERS` for the big ones), then for each model starts
 llama-server and then loraserve, one at a time, with the same flags (`-t 2 -np 1 -c 2048
 --cache-ram 0`), and measures on each:
 
@@ -50,7 +52,8 @@ from bench.servers import (
 from bench.synth_archs import SHAPES, shape_of, synth_model
 
 TARGETS = {"prefill": 1.5, "decode": 1.0}
-QUICK_LAYERS = {"qwen3moe": 1, "gpt-oss": 1, "deepseek2": 2}
+QUICK_LAYERS = {"deepseek2": 2}  # 1 for the others
+LAYERS = {"seed_oss": 2}  # layers where `--layers` is not given; 4 for the others
 QUICK_VOCAB = 32768
 CHECK_PROMPT = (5, 17, 99, 1000, 7, 3, 4242, 12)
 RESULTS = Path(__file__).parent / "results"
@@ -58,10 +61,10 @@ RESULTS = Path(__file__).parent / "results"
 
 @dataclass(frozen=True)
 class Plan:
-    """Sizes of the run; `layers` None means each arch's quick layer count."""
+    """Sizes of the run; `layers` None means each arch's quick layer count, 0 its `LAYERS`."""
 
     archs: tuple[str, ...] = tuple(SHAPES)
-    layers: int | None = 4
+    layers: int | None = 0
     vocab: int | None = None
     threads: int = 2
     n_prompt: int = 512
@@ -158,16 +161,32 @@ def compare(peer: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _head() -> str | None:
+    """The repository's HEAD commit (the code the figures are of), if git answers."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, cwd=Path(__file__).parent, timeout=10)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
 def run(plan: Plan, kinds: list[ServerKind]) -> dict[str, Any]:
     """Every model of `plan` on every server, servers one after the other."""
     res: dict[str, Any] = {
         "meta": {"timestamp": time.strftime("%Y-%m-%d %H:%M:%S"), "plan": asdict(plan),
-                 "machine": machine(), "load_before": machine_load(), "targets": TARGETS},
+                 "machine": machine(), "load_before": machine_load(), "targets": TARGETS,
+                 "head": _head()},
         "models": {},
     }  # fmt: skip
     t0 = time.monotonic()
     for arch in plan.archs:
-        layers = plan.layers or QUICK_LAYERS[arch]
+        if plan.layers is None:
+            layers = QUICK_LAYERS.get(arch, 1)
+        else:
+            layers = plan.layers or LAYERS.get(arch, 4)
         shape = shape_of(arch, layers, plan.vocab)
         path = synth_model(arch, layers, plan.vocab)
         entry: dict[str, Any] = {"shape": shape.label, "layers": layers, "vocab": shape.vocab,
@@ -223,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(prog="python -m bench.arch_speed", description=__doc__)
     ap.add_argument("--archs", default=",".join(SHAPES))
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=0, help="default: 4 (LAYERS for big ones)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--check", action="store_true", help="compare greedy tokens too")
     ap.add_argument("--quick", action="store_true", help="pipeline check, not a measurement")
