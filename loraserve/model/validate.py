@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from loraserve.model.archs.mamba2 import with_placeholders as mamba2_placeholders
 from loraserve.model.config import ModelConfig, UnsupportedModelError
 from loraserve.model.shapes import (
     SHAPES,
@@ -276,6 +277,7 @@ def gguf_config(
     types = {n: t.ggml_type for n, t in tensors.items() if hasattr(t, "ggml_type")}
     try:
         n_tokens = check_tokenizer(meta)
+        meta = mamba2_placeholders(meta)  # converted mamba2 files: attention/FFN sizes 0
         check_hparams(meta)
         try:
             cfg = ModelConfig.from_gguf(dict(meta), set(shapes))
