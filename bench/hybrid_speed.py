@@ -1,8 +1,9 @@
 """Speed and prompt reuse of loraserve vs llama-server on real-shape random hybrid models
 (issue 28's bench).
 
-`python -m bench.hybrid_speed [--archs qwen35,granitehybrid] [--check] [--quick]` builds the
-missing models (`bench.hybrid_synth`: Qwen3.5-4B and Granite-4.0-H-1B layer shapes, fewer
+`python -m bench.hybrid_speed [--archs qwen35,granitehybrid,...] [--check] [--quick]` builds
+the missing models (`bench.hybrid_synth`: Qwen3.5-4B, Granite-4.0-H-1B, LFM2-1.2B,
+Nemotron-Nano-9B-v2, Falcon-H1-1.5B, mamba2-1.3b, Qwen3.5-35B-A3B layer shapes, fewer
 layers in the real ratio of layer kinds, random weights, Q4_K_M), then for each model starts
 llama-server and then loraserve, one at a time, with the same flags (`-t 2 -np 1 -c 4096
 --cache-ram 8192`, llama-server's default cache budget and context checkpoints), and on each:
@@ -20,7 +21,8 @@ llama-server and then loraserve, one at a time, with the same flags (`-t 2 -np 1
 
 Prompts are token ids (llama.cpp's `test` vocabulary). Writes
 `bench/results/hybrid_speed_<ts>.json` and prints the table. `--quick` proves the pipeline
-on small files (4 / 10 layers, a 4096 vocabulary, short runs): its figures are not the bench's.
+on small files (each layer kind once, a 4096 vocabulary, short runs): its figures are not the
+bench's. `--archs` defaults to qwen35,granitehybrid; `all` names every arch.
 """
 
 from __future__ import annotations
@@ -53,7 +55,9 @@ from bench.servers import (
 
 RESULTS = Path(__file__).parent / "results"
 TARGETS = {"prefill": 1.5, "decode": 1.0}
-QUICK_LAYERS = {"qwen35": 4, "granitehybrid": 10}
+# the fewest layers that hold every layer kind once (`bench.hybrid_shapes` patterns)
+QUICK_LAYERS = {"qwen35": 4, "granitehybrid": 10, "lfm2": 3, "nemotron_h": 6, "falcon-h1": 1,
+                "mamba2": 2, "qwen35moe": 4}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -233,14 +237,15 @@ def main(argv: list[str] | None = None) -> None:
     from bench.peer import find_peer
 
     ap = argparse.ArgumentParser(prog="python -m bench.hybrid_speed", description=__doc__)
-    ap.add_argument("--archs", default=",".join(REAL))
+    ap.add_argument("--archs", default="qwen35,granitehybrid", help="comma list, or all")
     ap.add_argument("--layers", type=int, default=0, help="default: per arch")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--check", action="store_true", help="compare greedy tokens too")
     ap.add_argument("--quick", action="store_true", help="pipeline check, not a measurement")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
-    archs = tuple(a.strip() for a in args.archs.split(",") if a.strip())
+    names = ",".join(REAL) if args.archs == "all" else args.archs
+    archs = tuple(a.strip() for a in names.split(",") if a.strip())
     if unknown := set(archs) - set(REAL):
         ap.error(f"unknown arch(s) {sorted(unknown)}; known: {', '.join(REAL)}")
     plan = quick_plan(archs) if args.quick else Plan(archs)

@@ -1,7 +1,7 @@
-"""Random-weights GGUF models with the real layer shapes of two hybrid models, for the hybrid
-speed bench (`bench/hybrid_speed.py`, issue 28).
+"""Random-weights GGUF models with the real layer shapes of hybrid / state-space models, for
+the hybrid speed bench (`bench/hybrid_speed.py`, issue 28).
 
-`python -m bench.hybrid_synth [qwen35|granitehybrid|all] [--layers N] [--vocab N]` prints the
+`python -m bench.hybrid_synth [ARCH|all] [--layers N] [--vocab N]` prints the
 paths, building what is missing (the `gguf` package's writer one tensor at a time in F16,
 then llama-quantize to Q4_K_M; cached beside `bench.synth_archs`' files by arch, layers and
 vocabulary).
@@ -18,6 +18,8 @@ Shapes (public `config.json` values):
   attention x1/128, residual x0.22, logits /6, tied output, vocabulary 100352; 40 layers,
   fewer here (a multiple of 10 keeps the ratio).
 
+`lfm2`, `nemotron_h`, `falcon-h1`, `mamba2` and `qwen35moe`: see `bench/hybrid_shapes.py`.
+
 The tokenizer is llama.cpp's `test` vocabulary with the real size. Mamba's A is drawn
 negative (-exp(U(0, 2.7))), the delta-net's A likewise, dt biases near softplus^-1(0.01..0.1),
 so the recurrences decay as trained ones do.
@@ -33,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import hybrid_shapes
 from bench.synth import quantize, synth_dir
 from bench.synth_archs import _pool, _tensor
 
@@ -40,6 +43,9 @@ FORMAT = 1  # bump when the generator changes, so cached files are rebuilt
 DEFAULT_LAYERS = {"qwen35": 8, "granitehybrid": 10}
 REAL = {"qwen35": ("Qwen3.5-4B", 2560, 32, 248320), "granitehybrid": ("Granite-4.0-H-1B", 1536,
         40, 100352)}  # fmt: skip
+# the other archs: `bench/hybrid_shapes.py`
+DEFAULT_LAYERS |= {a: s.default_layers for a, s in hybrid_shapes.SHAPES.items()}
+REAL |= {a: (s.label, s.hidden, s.real_layers, s.vocab) for a, s in hybrid_shapes.SHAPES.items()}
 
 
 def is_attn(arch: str, i: int) -> bool:
@@ -49,6 +55,8 @@ def is_attn(arch: str, i: int) -> bool:
 
 def keys(arch: str, layers: int) -> dict[str, Any]:
     """The `<arch>.` metadata keys beyond embedding_length/block_count/vocab_size."""
+    if arch in hybrid_shapes.SHAPES:
+        return hybrid_shapes.keys(arch, layers)
     if arch == "qwen35":
         return {"context_length": 262144, "feed_forward_length": 9216,
                 "attention.head_count": 16, "attention.head_count_kv": 4,
@@ -70,8 +78,10 @@ def keys(arch: str, layers: int) -> dict[str, Any]:
 
 
 def tensor_specs(arch: str, layers: int, vocab: int) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, numpy shape) of every tensor, as llama.cpp's loaders name them (tied output)."""
-    h = REAL[arch][1]
+    """(name, numpy shape) of every tensor, as llama.cpp's loaders name them."""
+    if arch in hybrid_shapes.SHAPES:
+        return hybrid_shapes.tensor_specs(arch, layers, vocab)
+    h = REAL[arch][1]  # qwen35, granitehybrid: tied output
     specs: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (vocab, h)),
                                                  ("output_norm.weight", (h,))]  # fmt: skip
     for i in range(layers):
@@ -138,25 +148,35 @@ def _special(name: str, shp: tuple[int, ...], rng: np.random.Generator) -> np.nd
     return None
 
 
-def write_f16(path: Path, arch: str, layers: int, vocab: int, seed: int = 28) -> Path:
-    """Write the random F16 GGUF (vectors and the recurrent layers' small tensors F32)."""
+def write_f16(
+    path: Path, arch: str, layers: int, vocab: int, seed: int = 28,
+    shape: hybrid_shapes.Hybrid | None = None,
+) -> Path:  # fmt: skip
+    """Write the random F16 GGUF (vectors and the recurrent layers' small tensors F32);
+    `shape`: other sizes than the real model's for a `bench.hybrid_shapes` arch (tests)."""
     import gguf
 
     label, h = REAL[arch][0], REAL[arch][1]
-    specs = tensor_specs(arch, layers, vocab)
+    specs, kv = tensor_specs(arch, layers, vocab), keys(arch, layers)
+    if shape is not None:
+        label, h = shape.label, shape.hidden
+        specs = hybrid_shapes.tensor_specs(arch, layers, vocab, shape)
+        kv = hybrid_shapes.keys(arch, layers, shape)
     w = gguf.GGUFWriter(path, arch)
     meta = {"general.name": f"{label} shapes, {layers} layers, random weights",
             "general.file_type": 1, f"{arch}.embedding_length": h,
             f"{arch}.block_count": layers, f"{arch}.vocab_size": vocab,
             "tokenizer.ggml.model": "test"}  # fmt: skip
-    meta |= {f"{arch}.{k}": v for k, v in keys(arch, layers).items()}
+    meta |= {f"{arch}.{k}": v for k, v in kv.items()}
     for key, v in meta.items():
         w.add_key_value(key, *_typed(v))
     w.add_key_value("tokenizer.ggml.tokens", [f"tok_{i}" for i in range(vocab)],
                     gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING)  # fmt: skip
     w.add_key_value("tokenizer.ggml.token_type", [1] * vocab, gguf.GGUFValueType.ARRAY,
                     gguf.GGUFValueType.INT32)  # fmt: skip
-    f32 = {n for n, s in specs if len(s) == 1 or "ssm_" in n and min(s) < 32}
+    # F32 where llama.cpp's ops want it: lfm2's short convolution (ggml_ssm_conv asserts)
+    small = ("ssm_", "shortconv.conv")
+    f32 = {n for n, s in specs if len(s) == 1 or any(x in n for x in small) and min(s) < 32}
     for name, shp in specs:
         dtype = np.dtype(np.float32 if name in f32 else np.float16)
         w.add_tensor_info(name, shp, dtype, int(np.prod(shp)) * dtype.itemsize)
