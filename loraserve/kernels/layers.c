@@ -1,8 +1,9 @@
 // A decoder's layers in one call, LoRA deltas included: the Python loop over layers (about
 // 10 kernel calls and 40 tensor ops per layer, 5-7 ms of a 25 ms Gemma 270M decode step)
 // becomes one C call. Layers attend (qwen35: with output gates and a partial rope), or run a
-// Mamba-2 (granitehybrid) or gated delta-net (qwen35) mixer in place of attention for decode
-// steps (each row the one new row of its sequence).
+// Mamba-2 (granitehybrid, mamba2, nemotron-h), gated delta-net (qwen35) or short-convolution
+// (lfm2) mixer in place of attention for decode steps (each row the one new row of its
+// sequence), or no mixer; their FFN is gated, relu(up)^2 (nemotron-h) or absent.
 //
 // Same bits as the Python path, by construction: this file is linked with the kernels'
 // sources into one library and calls the very functions the Python path calls, with the
@@ -18,6 +19,7 @@
 #include "layers.h"
 #include "layers_proj.h"
 #include "layers_attn.h"
+#include "layers_conv.h"
 
 // Whether the model's sizes fit each other: positive widths, heads that group, and every
 // layer's projections, norms, KV pools or Mamba-2 tensors and states of the widths the
@@ -30,7 +32,13 @@ static int model_fits(const ls_model_t *m, const ls_step_t *st, int64_t T) {
     for (int64_t i = 0; i < m->n_layers; i++) {
         const ls_layer_t *L = &m->layers[i];
         const ls_mamba_t *mb = L->mamba;
-        if (mb != NULL) {
+        const int kinds = (mb != NULL) + (L->gdn != NULL) + (L->conv != NULL) + !!L->no_mixer;
+        if (kinds > 1 || (L->no_mixer != 0 && L->no_mixer != 1) || L->ffn_form < LS_FFN_GATED ||
+            L->ffn_form > LS_FFN_RELU_SQR || (L->no_mixer && L->ffn_form == LS_FFN_NONE))
+            return 0;
+        if (L->no_mixer) {
+            if (L->qk_norm != NULL) return 0;
+        } else if (mb != NULL) {
             const int64_t di = mb->H * mb->P, C = di + 2 * mb->G * mb->N;
             if (mb->H < 1 || mb->P < 1 || mb->N < 1 || mb->G < 1 || mb->L < 2 || !mb->taps ||
                 !mb->ones || !mb->d || !mb->dt_b || !mb->a || !st->st_in || !st->st_out ||
@@ -44,17 +52,28 @@ static int model_fits(const ls_model_t *m, const ls_step_t *st, int64_t T) {
                 !st->st_out || !proj_fits(&L->qkv, Hd, 2 * g->Hk * g->S + 2 * vs + 2 * g->Hv) ||
                 !proj_fits(&L->o, vs, Hd) || L->qk_norm != NULL)
                 return 0;
+        } else if (L->conv != NULL) {
+            const ls_conv_t *cv = L->conv;
+            if (cv->C < 1 || cv->L < 2 || !cv->taps || !st->st_in || !st->st_out ||
+                !proj_fits(&L->qkv, Hd, 3 * cv->C) || !proj_fits(&L->o, cv->C, Hd) ||
+                L->qk_norm != NULL)
+                return 0;
         } else if (!proj_fits(&L->qkv, Hd, (nq + 2 * nkv) * D + (m->out_gate ? nq * D : 0)) ||
                    !proj_fits(&L->o, nq * D, Hd) || st->k_caches[i] == NULL ||
                    st->v_caches[i] == NULL || (!L->rope && L->qk_norm != NULL)) {
             return 0;
         }
-        if (!proj_fits(&L->gate_up, Hd, 2 * F) || !proj_fits(&L->down, F, Hd)) return 0;
+        const int64_t up = L->ffn_form == LS_FFN_GATED ? 2 * F : F;
+        if (L->ffn_form != LS_FFN_NONE &&
+            (!proj_fits(&L->gate_up, Hd, up) || !proj_fits(&L->down, F, Hd)))
+            return 0;
         const float *norms[5] = {L->attn_norm, L->qk_norm, L->post_attn_norm, L->ffn_norm,
                                  L->post_ffn_norm};
         const int64_t want[5] = {Hd, (nq + nkv) * D, Hd, Hd, Hd};
-        for (int k = 0; k < 5; k++)
-            if (norms[k] == NULL ? (k == 0 || k == 3) : L->norm_n[k] != want[k]) return 0;
+        for (int k = 0; k < 5; k++)  // attn_norm always, ffn_norm where the layer has an FFN
+            if (norms[k] == NULL ? (k == 0 || (k == 3 && L->ffn_form != LS_FFN_NONE))
+                                 : L->norm_n[k] != want[k])
+                return 0;
     }
     return 1;
 }
@@ -111,6 +130,7 @@ int ls_decoder_layers(const ls_model_t *m, const ls_step_t *st, float *x, int64_
         if (L->mamba != NULL && L->mamba->H * L->mamba->P > w_mid)
             w_mid = L->mamba->H * L->mamba->P;
         if (L->gdn != NULL && L->gdn->Hv * L->gdn->S > w_mid) w_mid = L->gdn->Hv * L->gdn->S;
+        if (L->conv != NULL && L->conv->C > w_mid) w_mid = L->conv->C;
     }
     float *h = malloc(sizeof(float) * (size_t)(T * Hd));
     float *qkv = malloc(sizeof(float) * (size_t)(T * w_in));
@@ -127,24 +147,27 @@ int ls_decoder_layers(const ls_model_t *m, const ls_step_t *st, float *x, int64_
     rc = 0;
     for (int64_t i = 0; i < m->n_layers && rc == 0; i++) {
         const ls_layer_t *L = &m->layers[i];
-        ls_rms_norm(x, T, 1, Hd, Hd, L->attn_norm, 1, m->eps, h, nthreads);
-        if (L->mamba != NULL)
-            rc = mamba_mixer(m, L, st, i, h, qkv, att, a, T, nthreads);
-        else if (L->gdn != NULL)
-            rc = gdn_mixer(m, L, st, i, h, qkv, att, a, T, nthreads);
-        else
-            rc = attn_layer(m, L, st, i, h, qkv, qg, qk, att, a, T, nthreads);
-        if (rc != 0) break;
-        if (L->post_attn_norm != NULL) {
-            ls_rms_norm(a, T, 1, Hd, Hd, L->post_attn_norm, 1, m->eps, a2, nthreads);
-            add_rows(x, a2, T * Hd, rs);
-        } else {
-            add_rows(x, a, T * Hd, rs);
+        if (!L->no_mixer) {
+            ls_rms_norm(x, T, 1, Hd, Hd, L->attn_norm, 1, m->eps, h, nthreads);
+            if (L->mamba != NULL)
+                rc = mamba_mixer(m, L, st, i, h, qkv, att, a, T, nthreads);
+            else if (L->gdn != NULL)
+                rc = gdn_mixer(m, L, st, i, h, qkv, att, a, T, nthreads);
+            else if (L->conv != NULL)
+                rc = conv_mixer(m, L, st, i, h, qkv, att, a, T, nthreads);
+            else
+                rc = attn_layer(m, L, st, i, h, qkv, qg, qk, att, a, T, nthreads);
+            if (rc != 0) break;
+            if (L->post_attn_norm != NULL) {
+                ls_rms_norm(a, T, 1, Hd, Hd, L->post_attn_norm, 1, m->eps, a2, nthreads);
+                add_rows(x, a2, T * Hd, rs);
+            } else {
+                add_rows(x, a, T * Hd, rs);
+            }
         }
+        if (L->ffn_form == LS_FFN_NONE) continue;
         ls_rms_norm(x, T, 1, Hd, Hd, L->ffn_norm, 1, m->eps, h, nthreads);
-        if ((rc = proj(&L->gate_up, h, Hd, T, gu, st->lora, 4 * i + 2, nthreads)) != 0) break;
-        ls_gated_act(gu, gu + F, T, F, 2 * F, m->act, f, nthreads);
-        if ((rc = proj(&L->down, f, F, T, a, st->lora, 4 * i + 3, nthreads)) != 0) break;
+        if ((rc = ffn_branch(m, L, st, i, h, gu, f, a, T, nthreads)) != 0) break;
         if (L->post_ffn_norm != NULL) {
             ls_rms_norm(a, T, 1, Hd, Hd, L->post_ffn_norm, 1, m->eps, a2, nthreads);
             add_rows(x, a2, T * Hd, rs);

@@ -72,6 +72,18 @@ typedef struct {
 int ls_gdn_step(const float *mixed, int64_t ldm, int64_t T, const float *const *st_in,
                 float *const *st_out, const ls_gdn_t *w, float *out, int nthreads);
 
+// A short-convolution mixer's own tensor (recurrent/shortconv.py): taps [L, C]; its
+// projections are the layer's qkv (in_proj: b|c|x, 3 C) and o (out_proj, C -> hidden).
+typedef struct {
+    const float *taps;
+    int64_t C, L;
+} ls_conv_t;
+
+// A layer's feed-forward: gated (act(gate) * up, gate_up [2 F]), none (the mixer alone:
+// mamba2, nemotron-h's Mamba-2 and attention layers), or relu(up)^2 with no gate (gate_up
+// [F]: nemotron-h's FFN layers).
+enum { LS_FFN_GATED = 0, LS_FFN_NONE = 1, LS_FFN_RELU_SQR = 2 };
+
 typedef struct {
     ls_proj_t qkv, o, gate_up, down;
     const float *attn_norm;       // [hidden]
@@ -84,12 +96,15 @@ typedef struct {
     int32_t rope;       // 0: q and k attend as projected (no rotation; qk_norm NULL)
     const ls_mamba_t *mamba;  // not NULL: this Mamba-2 mixer in place of attention
     const ls_gdn_t *gdn;      // not NULL: this gated delta-net mixer in place of attention
+    int32_t ffn_form;         // LS_FFN_*
+    int32_t no_mixer;         // 1: no mixer (the FFN alone on ffn_norm: nemotron-h's "ffn")
+    const ls_conv_t *conv;    // not NULL: this short-convolution mixer in place of attention
 } ls_layer_t;
 
 typedef struct {
     int64_t n_layers, hidden, n_heads, n_kv, head_dim, ffn;
     float eps, attn_scale;
-    int32_t act;  // 0 SiLU, 1 GELU-tanh
+    int32_t act;  // the gated FFNs' activation: 0 SiLU, 1 GELU-tanh
     const ls_layer_t *layers;
     float res_scale;  // each branch's output times this before its residual add (granite)
     int32_t vl;       // torch's float sum width (ssm_scan.vector_lanes), for the Mamba-2 step
@@ -139,8 +154,9 @@ typedef struct {
     float *const *v_caches;
     int64_t S;
     const ls_lora_t *lora;  // NULL: no adapter in the step
-    // [n_layers * T]: recurrent (Mamba-2, delta-net) layer i's state record of row q's sequence before / after the
-    // row at [i * T + q] (every row the one new row of its sequence); NULL without such layers
+    // [n_layers * T]: recurrent (Mamba-2, delta-net, short conv) layer i's state record of
+    // row q's sequence before / after the row at [i * T + q] (every row the one new row of
+    // its sequence); NULL without such layers
     const float *const *st_in;
     float *const *st_out;
 } ls_step_t;

@@ -4,9 +4,10 @@ The Python loop over layers costs 5-7 ms of a 25 ms Gemma 270M decode step in te
 and kernel calls; `FusedLayers` runs the same kernels in the same order in one call (the
 step's adapters as a scale table and each adapter's per-target pointers), so its numbers
 equal the Python path's bit for bit (tests compare both). Layers attend (qwen35's gated
-attention too: output gates, a partial rope), or run a Mamba-2 (granitehybrid) or gated
-delta-net (qwen35) mixer in decode steps, whose state records the caller passes
-(`recurrent.mamba2.decode_records`). Which decoders build them: `model.fused.build_fused`.
+attention too: output gates, a partial rope), or run a Mamba-2 (granitehybrid, mamba2,
+nemotron-h), gated delta-net (qwen35) or short-convolution (lfm2) mixer in decode steps, whose
+state records the caller passes (`recurrent.mamba2.decode_records`), or no mixer; their FFN is
+gated, relu(up)^2 or absent. Which decoders build them: `model.fused.build_fused`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from loraserve.kernels.layers_abi import ModelC as _Model
 from loraserve.kernels.layers_abi import P as _P
 from loraserve.kernels.layers_abi import StepC as _Step
 from loraserve.kernels.layers_spec import (
+    ConvSpec,
     GdnSpec,
     LayerSpec,
     MambaSpec,
@@ -40,7 +42,8 @@ from loraserve.kernels.layers_spec import (
 )
 from loraserve.kernels.rowops import ACTS
 
-__all__ = ["FusedLayers", "GdnSpec", "LayerSpec", "MambaSpec", "ProjSpec", "sigmoid_gate"]
+__all__ = ["ConvSpec", "FusedLayers", "GdnSpec", "LayerSpec", "MambaSpec", "ProjSpec",
+           "sigmoid_gate"]  # fmt: skip
 _LONG, _I32, _F32 = torch.long, torch.int32, torch.float32
 
 
@@ -78,7 +81,8 @@ class FusedLayers:
     (`ssm_scan.vector_lanes`), needed where a layer is Mamba-2; rope_dim: the dims of each
     q/k head rotated (None: all; fewer: `attn.variants.partial_rope`, adjacent pairs with
     rope_pairs, else halves); out_gate: each q head's rows followed by its output gate's
-    (qwen35: the attention's output times sigmoid(gate), `sigmoid_gate`)."""
+    (qwen35: the attention's output times sigmoid(gate), `sigmoid_gate`). ffn: the FFN
+    layers' width (any positive value where no layer has one); act: the gated FFNs'."""
 
     def __init__(
         self, layers: list[LayerSpec], hidden: int, n_heads: int, n_kv: int, head_dim: int,
@@ -91,14 +95,17 @@ class FusedLayers:
         arr = (_Layer * len(layers))()
         self._mambas = [None if L.mamba is None else L.mamba.c_struct() for L in layers]
         self._gdns = [None if L.gdn is None else L.gdn.c_struct() for L in layers]
-        # the recurrent layers (Mamba-2, delta-net): decode steps alone, with state records
-        self.mamba_layers = [i for i, L in enumerate(layers) if L.mamba or L.gdn]
-        mixers = [L.mamba or L.gdn for L in layers]
+        self._convs = [None if L.conv is None else L.conv.c_struct() for L in layers]
+        # the recurrent layers (Mamba-2, delta-net, short conv): decode steps alone, with
+        # state records
+        self.mamba_layers = [i for i, L in enumerate(layers) if L.recurrent is not None]
+        mixers = [L.recurrent for L in layers]
         self._state_sizes = [m.state_size for m in mixers if m is not None]  # each one's record
+        self._attends = [L.attends for L in layers]
         self.rope_dim = head_dim if rope_dim is None else rope_dim
         if not (2 <= self.rope_dim <= head_dim and self.rope_dim % 2 == 0):
             raise ValueError(f"fused layers: rope on {self.rope_dim} of {head_dim} dims")
-        if self.mamba_layers and lanes is None:
+        if any(L.mamba for L in layers) and lanes is None:
             self._lib = None  # the Mamba-2 step needs torch's sum width: the Python path
         for i, L in enumerate(layers):
             check_layer(i, L, hidden, n_heads, n_kv, head_dim, ffn, out_gate)
@@ -109,13 +116,14 @@ class FusedLayers:
             arr[i].attn_norm, arr[i].qk_norm = ptr(L.attn_norm), ptr(L.qk_norm)
             arr[i].post_attn_norm, arr[i].ffn_norm = ptr(L.post_attn_norm), ptr(L.ffn_norm)
             arr[i].post_ffn_norm, arr[i].sliding = ptr(L.post_ffn_norm), int(L.sliding)
-            arr[i].rope = int(L.rope)
-            mb, gd = self._mambas[i], self._gdns[i]
+            arr[i].rope, arr[i].ffn_form, arr[i].no_mixer = L.rope, L.ffn_form, L.qkv is None
+            mb, gd, cv = self._mambas[i], self._gdns[i], self._convs[i]
             arr[i].mamba = None if mb is None else ctypes.addressof(mb)
             arr[i].gdn = None if gd is None else ctypes.addressof(gd)
+            arr[i].conv = None if cv is None else ctypes.addressof(cv)
         self._layers = arr
         self._model = _Model(len(layers), hidden, n_heads, n_kv, head_dim, ffn, eps,
-                             attn_scale, ACTS[act], ctypes.addressof(arr), res_scale,
+                             attn_scale, ACTS.get(act, 0), ctypes.addressof(arr), res_scale,
                              lanes or 0, self.rope_dim, int(rope_pairs),
                              int(out_gate))  # fmt: skip
         self.out_gate = out_gate
@@ -127,6 +135,7 @@ class FusedLayers:
             name: (4 * i + j) * 8 + k
             for i, L in enumerate(layers)
             for j, p in enumerate((L.qkv, L.o, L.gate_up, L.down))
+            if p is not None
             for k, name in enumerate(p.names)
         }
         self._adapters: dict[Hashable, tuple[Any, list[torch.Tensor]]] = {}
@@ -139,6 +148,7 @@ class FusedLayers:
             name: (widths(L)[j], raw.shape[0])
             for L in layers
             for j, p in enumerate((L.qkv, L.o, L.gate_up, L.down))
+            if p is not None
             for name, (raw, _, _) in zip(p.names, p.parts, strict=False)
         }
 
@@ -205,7 +215,7 @@ class FusedLayers:
         if key != self._kv_key or self._kv is None:
             pool = (kv[0][0].shape[0], self.n_kv, self.head_dim)  # checked once per pool
             for i, (k, v) in enumerate(kv):
-                if i in self.mamba_layers:  # no keys there (the C call never reads its pool)
+                if not self._attends[i]:  # no keys there (the C call never reads its pool)
                     continue
                 if tuple(k.shape) != pool or tuple(v.shape) != pool or not k.is_contiguous() \
                         or not v.is_contiguous() or k.dtype != torch.float32 \
@@ -218,8 +228,8 @@ class FusedLayers:
         return self._kv
 
     def _state_arrays(self, states: tuple[list[Any], list[Any]] | None, t: int) -> Any:
-        """The Mamba-2 layers' state records as the C call's two pointer arrays (None
-        without Mamba-2 layers); ValueError where one is missing or of another size."""
+        """The recurrent layers' state records as the C call's two pointer arrays (None
+        without recurrent layers); ValueError where one is missing or of another size."""
         if not self.mamba_layers:
             return None
         n = len(self._specs) * t
@@ -251,9 +261,9 @@ class FusedLayers:
         rope tables ([T, D/2] cos, sin) per layer kind; kv: per layer (k, v) pools
         [S, Hkv, D] float32 contiguous; lora: the step's adapters (`adapter_targets` of
         each, ascending id) and their scale table [n, T] float32 (0 where a row's mix lacks
-        the adapter); states: where layers are Mamba-2, each row's sequence's state record
+        the adapter); states: where layers are recurrent, each row's sequence's state record
         before and after its row (row q the one new row of its sequence), lists of
-        [n_layers * T] flat float32 tensors, entry i * T + q (None at attention layers).
+        [n_layers * T] contiguous float32 tensors, entry i * T + q (None at the others).
         Raises ValueError on inconsistent metadata."""
         if len(kv) != len(self._specs):
             raise ValueError(f"{len(kv)} KV pools for {len(self._specs)} layers")

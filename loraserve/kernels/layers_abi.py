@@ -24,11 +24,19 @@ class GdnC(ctypes.Structure):
                 ("Hv", I64), ("S", I64), ("L", I64), ("interleave", I32)]  # fmt: skip
 
 
+class ConvC(ctypes.Structure):
+    _fields_ = [("taps", P), ("C", I64), ("L", I64)]
+
+
 class LayerC(ctypes.Structure):
     _fields_ = [("qkv", ProjC), ("o", ProjC), ("gate_up", ProjC), ("down", ProjC),
                 ("attn_norm", P), ("qk_norm", P), ("post_attn_norm", P), ("ffn_norm", P),
                 ("post_ffn_norm", P), ("sliding", I32), ("norm_n", I64 * 5), ("rope", I32),
-                ("mamba", P), ("gdn", P)]  # fmt: skip
+                ("mamba", P), ("gdn", P), ("ffn_form", I32), ("no_mixer", I32),
+                ("conv", P)]  # fmt: skip
+
+
+FFN_GATED, FFN_NONE, FFN_RELU_SQR = 0, 1, 2  # LayerC.ffn_form (layers.h's LS_FFN_*)
 
 
 class ModelC(ctypes.Structure):

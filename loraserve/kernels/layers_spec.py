@@ -1,5 +1,6 @@
-"""What `layers.FusedLayers` is built from: each layer's projections (`ProjSpec`), norms and
-mixer (`LayerSpec`, `MambaSpec`), the checks of their widths, and their C structures."""
+"""What `layers.FusedLayers` is built from: each layer's projections (`ProjSpec`), norms,
+mixer and FFN (`LayerSpec`, `MambaSpec`, `GdnSpec`, `ConvSpec`), the checks of their widths,
+and their C structures."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from typing import Any
 
 import torch
 
-from loraserve.kernels.layers_abi import GdnC, MambaC, ProjC
+from loraserve.kernels.layers_abi import (
+    FFN_GATED,
+    FFN_NONE,
+    FFN_RELU_SQR,
+    ConvC,
+    GdnC,
+    MambaC,
+    ProjC,
+)
 
 
 def halves(t: Any, shape: tuple[int, ...]) -> bool:
@@ -33,21 +42,60 @@ class ProjSpec:
 @dataclass(frozen=True)
 class LayerSpec:
     """One dense layer's projections and norms (float32 [hidden] or, for qk_norm,
-    [n_heads + n_kv_heads, head_dim]; None where the architecture has none)."""
+    [n_heads + n_kv_heads, head_dim]; None where the architecture has none). qkv and o None:
+    no mixer, the FFN alone on ffn_norm (nemotron-h's "ffn" layers); gate_up and down None:
+    no FFN, the mixer alone (mamba2, nemotron-h's others; ffn_norm None)."""
 
-    qkv: ProjSpec
-    o: ProjSpec
-    gate_up: ProjSpec
-    down: ProjSpec
+    qkv: ProjSpec | None
+    o: ProjSpec | None
+    gate_up: ProjSpec | None
+    down: ProjSpec | None
     attn_norm: torch.Tensor
     qk_norm: torch.Tensor | None
     post_attn_norm: torch.Tensor | None
-    ffn_norm: torch.Tensor
+    ffn_norm: torch.Tensor | None
     post_ffn_norm: torch.Tensor | None
     sliding: bool
     rope: bool = True  # False: q and k attend as projected (qk_norm None)
     mamba: MambaSpec | None = None  # a Mamba-2 mixer: qkv is its ssm_in, o its ssm_out
     gdn: GdnSpec | None = None  # a gated delta-net mixer: qkv its in-projection, o ssm_out
+    conv: ConvSpec | None = None  # a short-convolution mixer: qkv its in_proj, o out_proj
+    relu_sqr: bool = False  # the FFN is relu(up)^2, no gate (gate_up [F], not [2 F])
+
+    @property
+    def recurrent(self) -> MambaSpec | GdnSpec | ConvSpec | None:
+        """The layer's recurrent mixer (state records each step), if any."""
+        return self.mamba or self.gdn or self.conv
+
+    @property
+    def attends(self) -> bool:
+        """Whether the layer is attention's (reads and writes its KV pool)."""
+        return self.qkv is not None and self.recurrent is None
+
+    @property
+    def ffn_form(self) -> int:
+        """layers.h's LS_FFN_*: gated, none or relu(up)^2."""
+        return FFN_NONE if self.gate_up is None else FFN_RELU_SQR if self.relu_sqr else FFN_GATED
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """A short-convolution mixer's taps [L, C] float32 contiguous (`recurrent.shortconv`)."""
+
+    taps: torch.Tensor
+
+    @property
+    def state_size(self) -> int:
+        """One sequence's state record: the last L-1 rows of b*x, [L-1, C]."""
+        k, c = self.taps.shape
+        return (k - 1) * c
+
+    def c_struct(self) -> ConvC:
+        """The C structure pointing into the taps (they must outlive it)."""
+        t = self.taps
+        if t.dim() != 2 or t.shape[0] < 2 or t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"short conv: taps {tuple(t.shape)} {t.dtype}, not [L >= 2, C]")
+        return ConvC(t.data_ptr(), t.shape[1], t.shape[0])
 
 
 @dataclass(frozen=True)
@@ -147,10 +195,14 @@ def mixer_widths(
     """(qkv input, qkv output, o input) widths of layer L's mixer: attention's (q|k|v, each
     q head followed by its output gate with ``out_gate``), for a Mamba-2 mixer ssm_in's
     [hidden -> 2 H P + 2 G N + H] and ssm_out's input H P, for a delta-net mixer its
-    in-projection's q|k|v, z, beta|alpha and ssm_out's input Hv S."""
+    in-projection's q|k|v, z, beta|alpha and ssm_out's input Hv S, for a short conv in_proj's
+    b|c|x [3 C] and out_proj's input C."""
     if L.gdn is not None:
         hk, hv, s, _ = L.gdn.dims
         return hidden, L.gdn.in_width, hv * s
+    if L.conv is not None:
+        c = L.conv.taps.shape[1]
+        return hidden, 3 * c, c
     if L.mamba is None:
         return hidden, (nq + 2 * nkv) * d + (nq * d if out_gate else 0), nq * d
     h, p, n, g, _ = L.mamba.dims
@@ -161,14 +213,19 @@ def check_layer(i: int, L: LayerSpec, hidden: int, nq: int, nkv: int, d: int, ff
                 out_gate: bool = False) -> None:  # fmt: skip
     """Layer i's projections and norms have the widths the C call sizes its buffers for:
     ValueError naming the first that does not (the C call checks the same, -3)."""
-    want = {"qkv": (L.qkv, mixer_widths(L, hidden, nq, nkv, d, out_gate)[1]),
-            "o": (L.o, hidden), "gate_up": (L.gate_up, 2 * ffn),
-            "down": (L.down, hidden)}  # fmt: skip
-    if L.mamba is not None and L.gdn is not None:
+    if sum(m is not None for m in (L.mamba, L.gdn, L.conv)) > 1:
         raise ValueError(f"fused layers: layer {i} has two recurrent mixers")
-    if (L.mamba is not None or L.gdn is not None or not L.rope) and L.qk_norm is not None:
+    if (L.qkv is None) != (L.o is None) or (L.gate_up is None) != (L.down is None) \
+            or (L.qkv is None and (L.gate_up is None or L.recurrent is not None)):  # fmt: skip
+        raise ValueError(f"fused layers: layer {i} lacks half a mixer or an FFN, or has neither")
+    if (L.recurrent is not None or not L.rope or L.qkv is None) and L.qk_norm is not None:
         raise ValueError(f"fused layers: layer {i} has a q/k norm without rope or attention")
+    want = {"qkv": (L.qkv, mixer_widths(L, hidden, nq, nkv, d, out_gate)[1]),
+            "o": (L.o, hidden), "gate_up": (L.gate_up, ffn * (1 if L.relu_sqr else 2)),
+            "down": (L.down, hidden)}  # fmt: skip
     for name, (p, n_out) in want.items():
+        if p is None:
+            continue
         rows = sum(raw.shape[0] for raw, _, _ in p.parts)
         if p.n_out != n_out or rows != n_out:
             raise ValueError(
@@ -177,6 +234,8 @@ def check_layer(i: int, L: LayerSpec, hidden: int, nq: int, nkv: int, d: int, ff
             )
         if p.bias is not None and p.bias.numel() != n_out:
             raise ValueError(f"fused layers: layer {i} {name} bias of {p.bias.numel()} values")
+    if L.gate_up is not None and L.ffn_norm is None:
+        raise ValueError(f"fused layers: layer {i} has an FFN without its norm")
     norms = {"attn_norm": (L.attn_norm, hidden), "qk_norm": (L.qk_norm, (nq + nkv) * d),
              "post_attn_norm": (L.post_attn_norm, hidden), "ffn_norm": (L.ffn_norm, hidden),
              "post_ffn_norm": (L.post_ffn_norm, hidden)}  # fmt: skip
@@ -188,9 +247,11 @@ def check_layer(i: int, L: LayerSpec, hidden: int, nq: int, nkv: int, d: int, ff
             )
 
 
-def proj_struct(p: ProjSpec) -> ProjC:
-    """The C structure of projection p (pointing into its tensors)."""
+def proj_struct(p: ProjSpec | None) -> ProjC:
+    """The C structure of projection p (pointing into its tensors); none: no parts."""
     s = ProjC()
+    if p is None:
+        return s
     s.nparts, s.n_out, s.bias = len(p.parts), p.n_out, ptr(p.bias)
     for i, (raw, t, col) in enumerate(p.parts):
         s.types[i], s.ws[i], s.ns[i] = t, raw.data_ptr(), raw.shape[0]

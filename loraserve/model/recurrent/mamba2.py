@@ -19,6 +19,8 @@ makes.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -173,12 +175,17 @@ class Mamba2(nn.Module):
                          (self.h, self.d_inner // self.h, self.n, self.g, self.k))  # fmt: skip
 
 
-def fresh_records(i: int, size: int, seqs: list[SeqStep]) -> list[torch.Tensor]:
-    """The new state records [size] of recurrent layer i for a decode step of ``seqs`` (one
-    new row each): made each sequence's state after its row and, where a block ends with the
-    row, that block's snapshot (the same values, never changed). Their memory is that of
-    free records of the layer when there are (`records.POOL`: no page faults)."""
+def fresh_records(
+    i: int, size: int, seqs: list[SeqStep], shape: tuple[int, ...] | None = None
+) -> list[torch.Tensor]:
+    """The new state records [size] (or views of them in ``shape``) of recurrent layer i for a
+    decode step of ``seqs`` (one new row each): made each sequence's state after its row and,
+    where a block ends with the row, that block's snapshot (the same values, never changed).
+    Their memory is that of free records of the layer when there are (`records.POOL`: no
+    page faults)."""
     recs = POOL.take((i, size), size, len(seqs))
+    if shape is not None:
+        recs = [r.view(shape) for r in recs]
     for seq, rec in zip(seqs, recs, strict=True):
         seq.out[i] = rec
         for r, block in seq.cuts:
@@ -196,11 +203,13 @@ def is_decode_step(seqs: list[SeqStep] | None, t: int) -> bool:
 
 
 def decode_records(
-    mixers: list[Mamba2 | None], seqs: list[SeqStep] | None, t: int
+    mixers: list[Any], seqs: list[SeqStep] | None, t: int
 ) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]] | None:
     """A decode step's state records for the fused C layers: (before, after) lists of
     [n_layers * t], entry i * t + q sequence q's at layer i (None where the layer has no
-    mixer); the new records are made each sequence's output states (`new_records`).
+    recurrent mixer: ``mixers[i]`` None, or a mixer with ``i``, ``state_size`` and, where its
+    records have a shape, ``record_shape``); the new records are made each sequence's output
+    states (`new_records`).
     None where the step is not a decode step (the per-layer path runs it)."""
     if not is_decode_step(seqs, t):
         return None
@@ -213,7 +222,8 @@ def decode_records(
             outs += [None] * t
         else:
             ins += [s.state[m.i] for s in seqs]
-            outs += fresh_records(m.i, m.state_size, seqs)  # m.new_records(seqs), a call less
+            shape = m.record_shape() if hasattr(m, "record_shape") else None
+            outs += fresh_records(m.i, m.state_size, seqs, shape)  # m.new_records(seqs)
     return ins, outs
 
 

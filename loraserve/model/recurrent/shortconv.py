@@ -5,7 +5,9 @@ last L positions (kernel ``shortconv.conv`` [C, L]) is gated by c and projected 
 ``out_proj``. The state of a sequence is its last L-1 rows of b*x ([L-1, C], zeros at the
 start). Each output element is sum_j xpad[t+j] * w[:, j] accumulated in order j = 0..L-1 as
 separate elementwise products and adds over whole rows, so a row's bits depend on its own
-window alone: the same alone, batched, chunked anywhere and resumed from a snapshot.
+window alone: the same alone, batched, chunked anywhere and resumed from a snapshot. Decode
+steps of a dense lfm2 run in the fused C layers (`kernels/layers_conv.h`: the same float
+operations in the same order), whose state records `mamba2.decode_records` makes.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from loraserve.kernels.layers_spec import ConvSpec
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
 from loraserve.model.projection import Matrix, Projection
@@ -32,7 +35,9 @@ class ShortConv(nn.Module):
         if conv is None:
             raise ValueError(f"model file lacks tensor {p + 'conv.weight'!r}")
         self.taps = [c.contiguous() for c in conv.float().t()]  # L x [C]: tap j over channels
+        self.taps_lc = conv.float().t().contiguous()  # [L, C]: the fused C layers' taps
         self.k = len(self.taps)
+        self.state_size = self.taps_lc.numel() - self.taps_lc.shape[1]  # (L-1) C
 
     @staticmethod
     def state_shape(cfg: ModelConfig) -> tuple[int, ...]:
@@ -51,7 +56,8 @@ class ShortConv(nn.Module):
         k = self.k
         for seq in ctx.states:
             n = seq.hi - seq.lo
-            xpad = torch.cat((seq.state[self.i], bx[seq.lo : seq.hi]))  # [L-1+n, C]
+            st = seq.state[self.i].view(k - 1, -1)  # [L-1, C] (a fused step's record too)
+            xpad = torch.cat((st, bx[seq.lo : seq.hi]))  # [L-1+n, C]
             conv[seq.lo : seq.hi] = causal_conv(xpad, self.taps)
             seq.out[self.i] = xpad[n:].clone()  # the last L-1 rows
             for r, block in seq.cuts:  # state after row lo + r: rows r+1 .. r+L-1 of xpad
@@ -59,6 +65,14 @@ class ShortConv(nn.Module):
             if seq.every:  # a draft's rows: the state after each (rollback)
                 seq.rows[self.i] = [xpad[r + 1 : r + k].clone() for r in range(n)]
         return self.out_proj(c * conv)
+
+    def fused_spec(self) -> ConvSpec:
+        """This mixer's taps for the fused C layers (`kernels.layers`)."""
+        return ConvSpec(self.taps_lc)
+
+    def record_shape(self) -> tuple[int, ...]:
+        """The shape of a state record (`state_shape`'s): [L-1, C]."""
+        return (self.k - 1, self.taps_lc.shape[1])
 
 
 def causal_conv(xpad: torch.Tensor, taps: list[torch.Tensor]) -> torch.Tensor:

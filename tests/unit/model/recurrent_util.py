@@ -17,6 +17,7 @@ from loraserve.engine.core import EngineConfig
 from loraserve.engine.engine import Engine
 from loraserve.kernels.layers import FusedLayers
 from loraserve.model import archs
+from loraserve.model.decoder import Decoder
 from loraserve.model.loader import LoadedModel, load_model
 from tests.arch_models import tensor_digest, write_model
 from tests.engine_util import ask, run_and_drain
@@ -77,17 +78,25 @@ def check_fused_decode(
     m: LoadedModel, lora: Path, cases: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Three requests (two of ``cases``' prompts, the first twice) decoding under the mixes
-    {0: 0.7}, none and {0: -1.3} of adapter ``lora``, alone and then together: every token and
-    its top-2 probabilities are the per-layer path's, fused steps of three rows ran, the
-    batched answers are the answers alone, and the adapter changes the answer."""
+    {0: 0.7}, none and {0: -1.3} of adapter ``lora``, alone and then together: every step's
+    logits (bit for bit), token and top-2 probabilities are the per-layer path's, fused steps
+    of three rows ran, the batched answers are the answers alone, and the adapter changes the
+    answer."""
     calls = []
-    real = FusedLayers.__call__
+    logits: list[torch.Tensor] = []
+    real, forward = FusedLayers.__call__, Decoder.forward
 
     def counted(self: FusedLayers, *a: Any, **kw: Any) -> torch.Tensor:
         calls.append(a[0].shape[0])
         return real(self, *a, **kw)
 
+    def kept(self: Decoder, *a: Any, **kw: Any) -> torch.Tensor:
+        out = forward(self, *a, **kw)
+        logits.append(out.clone())
+        return out
+
     monkeypatch.setattr(FusedLayers, "__call__", counted)
+    monkeypatch.setattr(Decoder, "forward", kept)
     prompts = [cases[0]["prompt"], cases[0]["prompt"], cases[2]["prompt"]]  # 0, 1: mix alone
     mixes: list[dict[int, float]] = [{0: 0.7}, {}, {0: -1.3}]
 
@@ -102,10 +111,15 @@ def check_fused_decode(
 
     try:
         got = run(True)
-        n_fused = len(calls)
+        n_fused, got_logits = len(calls), logits[:]
+        logits.clear()
         want = run(False)
     finally:
         m.decoder.use_fused = True
+    assert len(got_logits) == len(logits)
+    bad = [i for i, (a, b) in enumerate(zip(got_logits, logits, strict=True))
+           if not torch.equal(a, b)]  # fmt: skip
+    assert not bad, f"{len(bad)} of {len(logits)} steps' logits differ from the per-layer path's"
     assert n_fused > 0 and len(calls) == n_fused, "the fused call did not run (or ran unasked)"
     assert 3 in calls, "no batched decode step of three rows ran fused"
     assert got == want
