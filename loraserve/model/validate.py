@@ -187,8 +187,14 @@ def check_tensors(
             raise ModelFileError(_mismatch(name, shape, want, cfg, i))
     for i in range(cfg.n_layers):
         fused_exps = f"blk.{i}.ffn_gate_up_exps.weight" in shapes  # gate|up in one (deepseek2)
-        for stem in required_stems(cfg, i):
+        stems = required_stems(cfg, i)
+        fused_qkv = "attn_q" in stems and f"blk.{i}.attn_qkv.weight" in shapes  # phi3's files
+        if fused_qkv:
+            _check_fused_qkv(cfg, i, shapes, table)
+        for stem in stems:
             if fused_exps and stem in ("ffn_gate_exps", "ffn_up_exps"):
+                continue
+            if fused_qkv and stem in ("attn_q", "attn_k", "attn_v"):
                 continue
             if f"blk.{i}.{stem}.weight" not in shapes and f"blk.{i}.{stem}" not in shapes:
                 raise ModelFileError(f"the model lacks tensor 'blk.{i}.{stem}.weight'")
@@ -212,6 +218,18 @@ def check_tensors(
         raise ModelFileError(
             f"output.weight has shape {tuple(out)}, expected the embedding's {tuple(emb)}"
         )
+
+
+def _check_fused_qkv(
+    cfg: ModelConfig, i: int, shapes: Mapping[str, Shape], table: Mapping[str, ShapeFn]
+) -> None:
+    """Layer i's one ``attn_qkv`` (q|k|v rows, as llama.cpp's ``create_tensor_qkv`` takes it
+    first: phi3's converted files) against the q, k and v shapes it stands for."""
+    name = f"blk.{i}.attn_qkv.weight"
+    parts = [tuple(table[s](cfg, i)) for s in ("attn_q", "attn_k", "attn_v")]
+    want = (sum(p[0] for p in parts), cfg.hidden_size)
+    if tuple(shapes[name]) != want:
+        raise ModelFileError(_mismatch(name, shapes[name], want, cfg, i))
 
 
 def _mismatch(name: str, shape: Shape, want: Shape, cfg: ModelConfig, i: int) -> str:
