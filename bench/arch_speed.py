@@ -246,6 +246,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--check", action="store_true", help="compare greedy tokens too")
     ap.add_argument("--quick", action="store_true", help="pipeline check, not a measurement")
+    ap.add_argument("--decode-reps", type=int, default=None, help="S2 requests (default 5)")
+    ap.add_argument("--n-predict", type=int, default=None, help="S2 tokens each (default 256)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     archs = tuple(a.strip() for a in args.archs.split(",") if a.strip())
@@ -254,6 +256,9 @@ def main(argv: list[str] | None = None) -> None:
     plan = quick_plan(archs) if args.quick else Plan(archs, args.layers)
     plan = Plan(**{**asdict(plan), "archs": archs, "threads": args.threads,
                    "check_tokens": 8 if args.check else 0})  # fmt: skip
+    if args.decode_reps or args.n_predict:
+        plan = Plan(**{**asdict(plan), "decode_reps": args.decode_reps or plan.decode_reps,
+                       "n_predict": args.n_predict or plan.n_predict})  # fmt: skip
     peer = find_peer()
     if peer is None:
         sys.exit("arch_speed: no llama-server (python -m bench.peer --build)")
