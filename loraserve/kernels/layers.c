@@ -2,8 +2,9 @@
 // 10 kernel calls and 40 tensor ops per layer, 5-7 ms of a 25 ms Gemma 270M decode step)
 // becomes one C call. Layers attend (qwen35: with output gates and a partial rope), or run a
 // Mamba-2 (granitehybrid, mamba2, nemotron-h), gated delta-net (qwen35) or short-convolution
-// (lfm2) mixer in place of attention for decode steps (each row the one new row of its
-// sequence), or no mixer; their FFN is gated, relu(up)^2 (nemotron-h) or absent.
+// (lfm2) mixer in place of attention or beside it (falcon-h1: Mamba-2) for decode steps (each
+// row the one new row of its sequence), or no mixer; their FFN is gated, relu(up)^2
+// (nemotron-h) or absent.
 //
 // Same bits as the Python path, by construction: this file is linked with the kernels'
 // sources into one library and calls the very functions the Python path calls, with the
@@ -24,6 +25,16 @@
 // Whether the model's sizes fit each other: positive widths, heads that group, and every
 // layer's projections, norms, KV pools or Mamba-2 tensors and states of the widths the
 // buffers below are sized for.
+// Whether Mamba-2 mixer mb with projections pin (ssm_in) and pout (ssm_out) fits hidden Hd
+// and the step has state records.
+static int mamba_fits(const ls_mamba_t *mb, const ls_proj_t *pin, const ls_proj_t *pout,
+                      int64_t Hd, const ls_step_t *st) {
+    const int64_t di = mb->H * mb->P, C = di + 2 * mb->G * mb->N;
+    return mb->H >= 1 && mb->P >= 1 && mb->N >= 1 && mb->G >= 1 && mb->L >= 2 && mb->taps &&
+           mb->ones && mb->d && mb->dt_b && mb->a && st->st_in && st->st_out &&
+           proj_fits(pin, Hd, di + C + mb->H) && proj_fits(pout, di, Hd);
+}
+
 static int model_fits(const ls_model_t *m, const ls_step_t *st, int64_t T) {
     const int64_t Hd = m->hidden, nq = m->n_heads, nkv = m->n_kv, D = m->head_dim, F = m->ffn;
     if (T < 0 || m->n_layers < 0 || Hd < 1 || nq < 1 || nkv < 1 || nq % nkv || D < 2 || D % 2 ||
@@ -34,17 +45,14 @@ static int model_fits(const ls_model_t *m, const ls_step_t *st, int64_t T) {
         const ls_mamba_t *mb = L->mamba;
         const int kinds = (mb != NULL) + (L->gdn != NULL) + (L->conv != NULL) + !!L->no_mixer;
         if (kinds > 1 || (L->no_mixer != 0 && L->no_mixer != 1) || L->ffn_form < LS_FFN_GATED ||
-            L->ffn_form > LS_FFN_RELU_SQR || (L->no_mixer && L->ffn_form == LS_FFN_NONE))
+            L->ffn_form > LS_FFN_RELU_SQR || (L->no_mixer && L->ffn_form == LS_FFN_NONE) ||
+            (L->beside != 0 && L->beside != 1) || (L->beside && mb == NULL))
             return 0;
+        if (L->beside && !mamba_fits(mb, &L->ssm_in, &L->ssm_out, Hd, st)) return 0;
         if (L->no_mixer) {
             if (L->qk_norm != NULL) return 0;
-        } else if (mb != NULL) {
-            const int64_t di = mb->H * mb->P, C = di + 2 * mb->G * mb->N;
-            if (mb->H < 1 || mb->P < 1 || mb->N < 1 || mb->G < 1 || mb->L < 2 || !mb->taps ||
-                !mb->ones || !mb->d || !mb->dt_b || !mb->a || !st->st_in || !st->st_out ||
-                !proj_fits(&L->qkv, Hd, di + C + mb->H) || !proj_fits(&L->o, di, Hd) ||
-                L->qk_norm != NULL)
-                return 0;
+        } else if (mb != NULL && !L->beside) {
+            if (!mamba_fits(mb, &L->qkv, &L->o, Hd, st) || L->qk_norm != NULL) return 0;
         } else if (L->gdn != NULL) {
             const ls_gdn_t *g = L->gdn;
             const int64_t vs = g->Hv * g->S;
@@ -80,13 +88,17 @@ static int model_fits(const ls_model_t *m, const ls_step_t *st, int64_t T) {
 
 // The Mamba-2 mixer of layer i for h [T, hidden] -> a [T, hidden] (recurrent/mamba2.py's
 // `_step`): ssm_in, the step sizes (ls_ssm_dt), the step (ls_mamba2_step: conv, scan, D skip,
-// gate, grouped norm; each row's sequence's state record st_in -> st_out), ssm_out.
+// gate, grouped norm; each row's sequence's state record st_in -> st_out), ssm_out. Its
+// projections are the layer's qkv and o, or ssm_in and ssm_out beside attention.
 static int mamba_mixer(const ls_model_t *m, const ls_layer_t *L, const ls_step_t *st,
                        int64_t i, const float *h, float *zx, float *y, float *a, int64_t T,
                        int nthreads) {
     const ls_mamba_t *mb = L->mamba;
-    const int64_t di = mb->H * mb->P, n_in = L->qkv.n_out;
-    int rc = proj(&L->qkv, h, m->hidden, T, zx, st->lora, 4 * i, nthreads);
+    const ls_proj_t *pin = L->beside ? &L->ssm_in : &L->qkv;
+    const ls_proj_t *pout = L->beside ? &L->ssm_out : &L->o;
+    const int64_t slot = LS_PROJS * i + (L->beside ? 4 : 0);
+    const int64_t di = mb->H * mb->P, n_in = pin->n_out;
+    int rc = proj(pin, h, m->hidden, T, zx, st->lora, slot, nthreads);
     if (rc != 0) return rc;
     float *dt = malloc(sizeof(float) * (size_t)(2 * T * mb->H));
     if (!dt) return -2;
@@ -97,7 +109,7 @@ static int mamba_mixer(const ls_model_t *m, const ls_layer_t *L, const ls_step_t
                             m->eps, mb->H, mb->P, mb->N, mb->G, mb->L, y, m->vl, nthreads);
     free(dt);
     if (rc != 0) return rc == -2 ? -2 : -3;
-    return proj(&L->o, y, di, T, a, st->lora, 4 * i + 1, nthreads);
+    return proj(pout, y, di, T, a, st->lora, slot + 1, nthreads);
 }
 
 // The gated delta-net mixer of layer i for h [T, hidden] -> a [T, hidden]
@@ -106,12 +118,12 @@ static int mamba_mixer(const ls_model_t *m, const ls_layer_t *L, const ls_step_t
 // sequence's state record st_in -> st_out), ssm_out.
 static int gdn_mixer(const ls_model_t *m, const ls_layer_t *L, const ls_step_t *st, int64_t i,
                      const float *h, float *mixed, float *y, float *a, int64_t T, int nthreads) {
-    int rc = proj(&L->qkv, h, m->hidden, T, mixed, st->lora, 4 * i, nthreads);
+    int rc = proj(&L->qkv, h, m->hidden, T, mixed, st->lora, LS_PROJS * i, nthreads);
     if (rc != 0) return rc;
     rc = ls_gdn_step(mixed, L->qkv.n_out, T, st->st_in + i * T, st->st_out + i * T, L->gdn, y,
                      nthreads);
     if (rc != 0) return rc == -2 ? -2 : -3;
-    return proj(&L->o, y, L->gdn->Hv * L->gdn->S, T, a, st->lora, 4 * i + 1, nthreads);
+    return proj(&L->o, y, L->gdn->Hv * L->gdn->S, T, a, st->lora, LS_PROJS * i + 1, nthreads);
 }
 
 // x [T, hidden] float32, in place: every layer of the model for the step's T token rows.
@@ -127,6 +139,7 @@ int ls_decoder_layers(const ls_model_t *m, const ls_step_t *st, float *x, int64_
     for (int64_t i = 0; i < m->n_layers; i++) {
         const ls_layer_t *L = &m->layers[i];
         if (L->qkv.n_out > w_in) w_in = L->qkv.n_out;
+        if (L->beside && L->ssm_in.n_out > w_in) w_in = L->ssm_in.n_out;
         if (L->mamba != NULL && L->mamba->H * L->mamba->P > w_mid)
             w_mid = L->mamba->H * L->mamba->P;
         if (L->gdn != NULL && L->gdn->Hv * L->gdn->S > w_mid) w_mid = L->gdn->Hv * L->gdn->S;
@@ -149,7 +162,7 @@ int ls_decoder_layers(const ls_model_t *m, const ls_step_t *st, float *x, int64_
         const ls_layer_t *L = &m->layers[i];
         if (!L->no_mixer) {
             ls_rms_norm(x, T, 1, Hd, Hd, L->attn_norm, 1, m->eps, h, nthreads);
-            if (L->mamba != NULL)
+            if (L->mamba != NULL && !L->beside)
                 rc = mamba_mixer(m, L, st, i, h, qkv, att, a, T, nthreads);
             else if (L->gdn != NULL)
                 rc = gdn_mixer(m, L, st, i, h, qkv, att, a, T, nthreads);
@@ -157,6 +170,10 @@ int ls_decoder_layers(const ls_model_t *m, const ls_step_t *st, float *x, int64_
                 rc = conv_mixer(m, L, st, i, h, qkv, att, a, T, nthreads);
             else
                 rc = attn_layer(m, L, st, i, h, qkv, qg, qk, att, a, T, nthreads);
+            if (rc == 0 && L->beside) {  // attention's output + the mixer's (block.py's order)
+                rc = mamba_mixer(m, L, st, i, h, qkv, att, a2, T, nthreads);
+                for (int64_t k = 0; rc == 0 && k < T * Hd; k++) a[k] = a[k] + a2[k];
+            }
             if (rc != 0) break;
             if (L->post_attn_norm != NULL) {
                 ls_rms_norm(a, T, 1, Hd, Hd, L->post_attn_norm, 1, m->eps, a2, nthreads);

@@ -84,6 +84,10 @@ typedef struct {
 // [F]: nemotron-h's FFN layers).
 enum { LS_FFN_GATED = 0, LS_FFN_NONE = 1, LS_FFN_RELU_SQR = 2 };
 
+// A layer's projections that adapters target, each one LoRA slot of 8 parts: qkv, o, gate_up,
+// down, and the Mamba-2 mixer's ssm_in and ssm_out where it runs beside attention.
+#define LS_PROJS 6
+
 typedef struct {
     ls_proj_t qkv, o, gate_up, down;
     const float *attn_norm;       // [hidden]
@@ -99,6 +103,10 @@ typedef struct {
     int32_t ffn_form;         // LS_FFN_*
     int32_t no_mixer;         // 1: no mixer (the FFN alone on ffn_norm: nemotron-h's "ffn")
     const ls_conv_t *conv;    // not NULL: this short-convolution mixer in place of attention
+    // beside: 1: the Mamba-2 mixer (mamba, with its projections ssm_in and ssm_out) runs beside
+    // the attention on the same normed input, their outputs summed (falcon-h1)
+    int32_t beside;
+    ls_proj_t ssm_in, ssm_out;
 } ls_layer_t;
 
 typedef struct {
@@ -133,8 +141,8 @@ typedef struct {
 } ls_lora_w;
 
 // The step's adapters (ascending id, as LoraBatch orders them): table [n_active, T] each
-// row's user scale (0: not in its mix); ad[j] [n_layers * 4 * 8] adapter j's targets per
-// (layer, projection qkv/o/gate_up/down, part).
+// row's user scale (0: not in its mix); ad[j] [n_layers * LS_PROJS * 8] adapter j's targets
+// per (layer, projection qkv/o/gate_up/down/ssm_in/ssm_out, part).
 typedef struct {
     int32_t n_active;
     const float *table;

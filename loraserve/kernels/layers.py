@@ -20,6 +20,7 @@ import torch
 
 from loraserve.cbuild import bind
 from loraserve.kernels.layers_abi import I64 as _I
+from loraserve.kernels.layers_abi import PROJS as _PROJS
 from loraserve.kernels.layers_abi import SIGNATURES as _SIGNATURES
 from loraserve.kernels.layers_abi import LayerC as _Layer
 from loraserve.kernels.layers_abi import LoraC as _Lora
@@ -35,6 +36,7 @@ from loraserve.kernels.layers_spec import (
     ProjSpec,
     check_layer,
     halves,
+    mamba_widths,
     mixer_widths,
     numel,
     proj_struct,
@@ -113,6 +115,8 @@ class FusedLayers:
                                        L.post_attn_norm, L.ffn_norm, L.post_ffn_norm)])  # fmt: skip
             arr[i].qkv, arr[i].o = proj_struct(L.qkv), proj_struct(L.o)
             arr[i].gate_up, arr[i].down = proj_struct(L.gate_up), proj_struct(L.down)
+            arr[i].ssm_in, arr[i].ssm_out = proj_struct(L.ssm_in), proj_struct(L.ssm_out)
+            arr[i].beside = L.ssm_in is not None
             arr[i].attn_norm, arr[i].qk_norm = ptr(L.attn_norm), ptr(L.qk_norm)
             arr[i].post_attn_norm, arr[i].ffn_norm = ptr(L.post_attn_norm), ptr(L.ffn_norm)
             arr[i].post_ffn_norm, arr[i].sliding = ptr(L.post_ffn_norm), int(L.sliding)
@@ -130,11 +134,11 @@ class FusedLayers:
         self.hidden, self.n_kv, self.head_dim = hidden, n_kv, head_dim
         self._kv_key: list[int] = []
         self._kv: tuple[Any, Any] | None = None
-        # the LoRA slot of each target name: (layer * 4 + projection) * 8 + part
+        # the LoRA slot of each target name: (layer * PROJS + projection) * 8 + part
         self._slots = {
-            name: (4 * i + j) * 8 + k
+            name: (_PROJS * i + j) * 8 + k
             for i, L in enumerate(layers)
-            for j, p in enumerate((L.qkv, L.o, L.gate_up, L.down))
+            for j, p in enumerate(L.projections)
             if p is not None
             for k, name in enumerate(p.names)
         }
@@ -142,12 +146,13 @@ class FusedLayers:
         # each target's (input width, rows): the LoRA pairs are checked against them
         def widths(L: LayerSpec) -> tuple[int, ...]:
             w_in, _, w_mid = mixer_widths(L, hidden, n_heads, n_kv, head_dim, out_gate)
-            return w_in, w_mid, hidden, ffn
+            side = (0, 0, 0) if L.mamba is None else mamba_widths(L.mamba, hidden)
+            return w_in, w_mid, hidden, ffn, side[0], side[2]
 
         self._dims = {
             name: (widths(L)[j], raw.shape[0])
             for L in layers
-            for j, p in enumerate((L.qkv, L.o, L.gate_up, L.down))
+            for j, p in enumerate(L.projections)
             if p is not None
             for name, (raw, _, _) in zip(p.names, p.parts, strict=False)
         }
@@ -159,7 +164,7 @@ class FusedLayers:
         its ``factor``. Targets outside the layers (the output projection) are left to the
         caller."""
         if key not in self._adapters:
-            arr = (_LoraW * (len(self._specs) * 32))()
+            arr = (_LoraW * (len(self._specs) * _PROJS * 8))()
             keep: list[torch.Tensor] = []
             for name, w in weights.items():
                 slot = self._slots.get(name)

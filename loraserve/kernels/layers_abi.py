@@ -33,7 +33,10 @@ class LayerC(ctypes.Structure):
                 ("attn_norm", P), ("qk_norm", P), ("post_attn_norm", P), ("ffn_norm", P),
                 ("post_ffn_norm", P), ("sliding", I32), ("norm_n", I64 * 5), ("rope", I32),
                 ("mamba", P), ("gdn", P), ("ffn_form", I32), ("no_mixer", I32),
-                ("conv", P)]  # fmt: skip
+                ("conv", P), ("beside", I32), ("ssm_in", ProjC), ("ssm_out", ProjC)]  # fmt: skip
+
+
+PROJS = 6  # LoRA slots per layer (layers.h's LS_PROJS): qkv, o, gate_up, down, ssm_in, ssm_out
 
 
 FFN_GATED, FFN_NONE, FFN_RELU_SQR = 0, 1, 2  # LayerC.ffn_form (layers.h's LS_FFN_*)

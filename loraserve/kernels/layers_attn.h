@@ -48,7 +48,7 @@ static int attn_layer(const ls_model_t *m, const ls_layer_t *L, const ls_step_t 
                       float *a, int64_t T, int nthreads) {
     const int64_t Hd = m->hidden, nq = m->n_heads, nkv = m->n_kv, D = m->head_dim;
     const int64_t nqkv = (nq + 2 * nkv) * D, nproj = L->qkv.n_out, nqk = nq + nkv;
-    int rc = proj(&L->qkv, h, Hd, T, qkv, st->lora, 4 * i, nthreads);
+    int rc = proj(&L->qkv, h, Hd, T, qkv, st->lora, LS_PROJS * i, nthreads);
     if (rc != 0) return rc;
     const float *src = qkv;  // q|k|v rows of lds values
     int64_t lds = nproj;
@@ -93,5 +93,5 @@ static int attn_layer(const ls_model_t *m, const ls_layer_t *L, const ls_step_t 
     if (rc != 0) return rc;
     if (m->out_gate)  // in place: each value read before it is written
         ls_sigmoid_gate(att, nq * D, qkv + D, nproj, 2 * D, T, nq, D, att);
-    return proj(&L->o, att, nq * D, T, a, st->lora, 4 * i + 1, nthreads);
+    return proj(&L->o, att, nq * D, T, a, st->lora, LS_PROJS * i + 1, nthreads);
 }

@@ -22,7 +22,7 @@ static int conv_mixer(const ls_model_t *m, const ls_layer_t *L, const ls_step_t 
     const int64_t C = cv->C, K = cv->L;
     const float *w = cv->taps;
     if (!records_there(st, i, T)) return -3;
-    int rc = proj(&L->qkv, h, m->hidden, T, bcx, st->lora, 4 * i, nthreads);
+    int rc = proj(&L->qkv, h, m->hidden, T, bcx, st->lora, LS_PROJS * i, nthreads);
     if (rc != 0) return rc;
     for (int64_t q = 0; q < T; q++) {
         const float *si = st->st_in[i * T + q], *b = bcx + q * 3 * C, *c = b + C, *x = c + C;
@@ -37,7 +37,7 @@ static int conv_mixer(const ls_model_t *m, const ls_layer_t *L, const ls_step_t 
         }
         memmove(so, si + C, sizeof(float) * (size_t)((K - 2) * C));
     }
-    return proj(&L->o, y, C, T, a, st->lora, 4 * i + 1, nthreads);
+    return proj(&L->o, y, C, T, a, st->lora, LS_PROJS * i + 1, nthreads);
 }
 
 // Layer i's feed-forward of the normed h [T, hidden] -> a [T, hidden]: gate_up, then act(gate)
@@ -45,7 +45,7 @@ static int conv_mixer(const ls_model_t *m, const ls_layer_t *L, const ls_step_t 
 static int ffn_branch(const ls_model_t *m, const ls_layer_t *L, const ls_step_t *st, int64_t i,
                       const float *h, float *gu, float *f, float *a, int64_t T, int nthreads) {
     const int64_t Hd = m->hidden, F = m->ffn;
-    int rc = proj(&L->gate_up, h, Hd, T, gu, st->lora, 4 * i + 2, nthreads);
+    int rc = proj(&L->gate_up, h, Hd, T, gu, st->lora, LS_PROJS * i + 2, nthreads);
     if (rc != 0) return rc;
     if (L->ffn_form == LS_FFN_RELU_SQR) {
         for (int64_t k = 0; k < T * F; k++) {
@@ -55,5 +55,5 @@ static int ffn_branch(const ls_model_t *m, const ls_layer_t *L, const ls_step_t 
     } else if (ls_gated_act(gu, gu + F, T, F, 2 * F, m->act, f, nthreads) != 0) {
         return -3;
     }
-    return proj(&L->down, f, F, T, a, st->lora, 4 * i + 3, nthreads);
+    return proj(&L->down, f, F, T, a, st->lora, LS_PROJS * i + 3, nthreads);
 }

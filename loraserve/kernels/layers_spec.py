@@ -61,6 +61,10 @@ class LayerSpec:
     gdn: GdnSpec | None = None  # a gated delta-net mixer: qkv its in-projection, o ssm_out
     conv: ConvSpec | None = None  # a short-convolution mixer: qkv its in_proj, o out_proj
     relu_sqr: bool = False  # the FFN is relu(up)^2, no gate (gate_up [F], not [2 F])
+    # the Mamba-2 mixer's projections where it runs beside the attention (falcon-h1: their
+    # outputs summed); qkv and o are then the attention's
+    ssm_in: ProjSpec | None = None
+    ssm_out: ProjSpec | None = None
 
     @property
     def recurrent(self) -> MambaSpec | GdnSpec | ConvSpec | None:
@@ -70,7 +74,12 @@ class LayerSpec:
     @property
     def attends(self) -> bool:
         """Whether the layer is attention's (reads and writes its KV pool)."""
-        return self.qkv is not None and self.recurrent is None
+        return self.qkv is not None and (self.recurrent is None or self.ssm_in is not None)
+
+    @property
+    def projections(self) -> tuple[ProjSpec | None, ...]:
+        """The layer's projections in LoRA slot order (layers.h's LS_PROJS)."""
+        return self.qkv, self.o, self.gate_up, self.down, self.ssm_in, self.ssm_out
 
     @property
     def ffn_form(self) -> int:
@@ -203,9 +212,14 @@ def mixer_widths(
     if L.conv is not None:
         c = L.conv.taps.shape[1]
         return hidden, 3 * c, c
-    if L.mamba is None:
+    if L.mamba is None or L.ssm_in is not None:  # attention (beside a Mamba-2 mixer too)
         return hidden, (nq + 2 * nkv) * d + (nq * d if out_gate else 0), nq * d
-    h, p, n, g, _ = L.mamba.dims
+    return mamba_widths(L.mamba, hidden)
+
+
+def mamba_widths(mb: MambaSpec, hidden: int) -> tuple[int, int, int]:
+    """(ssm_in input, ssm_in output, ssm_out input) widths of Mamba-2 mixer mb."""
+    h, p, n, g, _ = mb.dims
     return hidden, 2 * h * p + 2 * g * n + h, h * p
 
 
@@ -218,11 +232,16 @@ def check_layer(i: int, L: LayerSpec, hidden: int, nq: int, nkv: int, d: int, ff
     if (L.qkv is None) != (L.o is None) or (L.gate_up is None) != (L.down is None) \
             or (L.qkv is None and (L.gate_up is None or L.recurrent is not None)):  # fmt: skip
         raise ValueError(f"fused layers: layer {i} lacks half a mixer or an FFN, or has neither")
-    if (L.recurrent is not None or not L.rope or L.qkv is None) and L.qk_norm is not None:
+    if (L.ssm_in is None) != (L.ssm_out is None) or (L.ssm_in is not None and L.mamba is None):
+        raise ValueError(f"fused layers: layer {i} has half a Mamba-2 mixer beside attention")
+    if ((L.recurrent is not None and L.ssm_in is None) or not L.rope or L.qkv is None) \
+            and L.qk_norm is not None:  # fmt: skip
         raise ValueError(f"fused layers: layer {i} has a q/k norm without rope or attention")
+    side = 0 if L.mamba is None else mamba_widths(L.mamba, hidden)[1]
     want = {"qkv": (L.qkv, mixer_widths(L, hidden, nq, nkv, d, out_gate)[1]),
             "o": (L.o, hidden), "gate_up": (L.gate_up, ffn * (1 if L.relu_sqr else 2)),
-            "down": (L.down, hidden)}  # fmt: skip
+            "down": (L.down, hidden), "ssm_in": (L.ssm_in, side),
+            "ssm_out": (L.ssm_out, hidden)}  # fmt: skip
     for name, (p, n_out) in want.items():
         if p is None:
             continue

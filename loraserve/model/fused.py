@@ -2,9 +2,10 @@
 layer specs that call is built from: dense layers whose mixer is attention (plain, gated:
 qwen35's output gates, per-head q/k norms, a partial rope), a Mamba-2 (granitehybrid, mamba2,
 nemotron-h), gated delta-net (qwen35, qwen3next) or short-convolution (lfm2) mixer, or none
-(nemotron-h's FFN layers), and whose FFN is gated, relu(up)^2 without a gate (nemotron-h) or
-absent (mamba2, nemotron-h's mixer layers); every projection quantized. Anything else (MoE,
-float weights, sinks, soft-capping, attention beside a mixer, ...) keeps the per-layer path."""
+(nemotron-h's FFN layers), or attention and a Mamba-2 mixer side by side (falcon-h1), and
+whose FFN is gated, relu(up)^2 without a gate (nemotron-h) or absent (mamba2, nemotron-h's
+mixer layers); every projection quantized. Anything else (MoE, float weights, sinks,
+soft-capping, ...) keeps the per-layer path."""
 
 from __future__ import annotations
 
@@ -49,19 +50,25 @@ def _layer(cfg: ModelConfig, b: Block) -> LayerSpec | None:
     mix = b.mixer  # attention, a recurrent mixer in its place, or none (the FFN alone)
     gdn = mix.fused_spec() if isinstance(mix, GatedDeltaNet) else None
     ffn = _ffn(cfg, b)
-    if ffn is None or b.beside or (b.ffn_alone and cfg.residual_scale != 1.0) \
+    if ffn is None or (b.beside and not isinstance(mix, Mamba2)) \
+            or (b.ffn_alone and cfg.residual_scale != 1.0) \
             or not (mix is None or isinstance(mix, (Mamba2, ShortConv)) or gdn is not None) \
             or (not b.rope and b.qk_norm is not None):  # fmt: skip
         return None
     if b.ffn_alone:
         mixes: tuple[Projection, ...] = ()
+    elif mix is None or b.beside:
+        mixes = (b.qkv, b.o)
     else:
-        mixes = (b.qkv, b.o) if mix is None else (mix.in_proj, mix.out_proj)  # type: ignore[union-attr]
-    projs = [_proj(p) for p in (*mixes, *((b.gate_up, b.down) if ffn[0] else ()))]
+        mixes = (mix.in_proj, mix.out_proj)  # type: ignore[union-attr]
+    side = (mix.in_proj, mix.out_proj) if b.beside else ()  # type: ignore[union-attr]
+    ffns = (b.gate_up, b.down) if ffn[0] else ()
+    projs = [_proj(p) for p in (*mixes, *ffns, *side)]
     if any(p is None for p in projs):
         return None
     qkv, o = projs[:2] if mixes else (None, None)
-    gate_up, down = projs[-2:] if ffn[0] else (None, None)
+    gate_up, down = projs[len(mixes) : len(mixes) + 2] if ffns else (None, None)
+    ssm_in, ssm_out = projs[-2:] if side else (None, None)
     # the FFN alone reads the layer's attn_norm (block.py's ffn_alone)
     ffn_norm = b.attn_norm if b.ffn_alone else b.ffn_norm if ffn[0] else None
     return LayerSpec(qkv, o, gate_up, down, b.attn_norm.contiguous(), b.qk_norm,
@@ -69,7 +76,7 @@ def _layer(cfg: ModelConfig, b: Block) -> LayerSpec | None:
                      bool(b.sliding), bool(b.rope),
                      mix.fused_spec() if isinstance(mix, Mamba2) else None, gdn,
                      mix.fused_spec() if isinstance(mix, ShortConv) else None,
-                     ffn[1])  # fmt: skip
+                     ffn[1], ssm_in, ssm_out)  # fmt: skip
 
 
 def build_fused(cfg: ModelConfig, blocks: Sequence[Block]) -> FusedLayers | None:

@@ -1,9 +1,10 @@
-"""The fused C layers with optional mixers and FFNs and the short-convolution mixer
-(`kernels/layers.c`, `layers_conv.h`): mamba2 (Mamba-2 layers without FFN), nemotron_h (a
-Mamba-2 alone, attention alone without rope, relu(up)^2 FFN alone) and lfm2 (short conv and
-attention, gated FFNs) decode in one C call per step with the per-layer path's bits, alone
-and batched, with adapters on the mixers' and FFNs' projections; and the C entry point
-refuses layer descriptions that do not fit."""
+"""The fused C layers with optional mixers and FFNs, the short-convolution mixer and a Mamba-2
+mixer beside attention (`kernels/layers.c`, `layers_conv.h`): mamba2 (Mamba-2 layers without
+FFN), nemotron_h (a Mamba-2 alone, attention alone without rope, relu(up)^2 FFN alone), lfm2
+(short conv and attention, gated FFNs) and falcon-h1 (attention + Mamba-2 summed, gated FFN)
+decode in one C call per step with the per-layer path's bits, alone and batched, with
+adapters on the mixers' and FFNs' projections; and the C entry point refuses layer
+descriptions that do not fit."""
 
 from __future__ import annotations
 
@@ -34,13 +35,15 @@ KINDS = {
     "mamba2": [("mamba", "none"), ("mamba", "none")],
     "nemotron_h": [("attn", "none"), ("mamba", "none"), ("none", "relu_sqr")],
     "lfm2": [("attn", "gated"), ("conv", "gated")],
+    "falcon-h1": [("attn+mamba", "gated"), ("attn+mamba", "gated")],
 }
 
 
 def _kinds(fused) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
     out = []
     for L in fused._specs:
-        mix = "none" if L.qkv is None else "mamba" if L.mamba else "conv" if L.conv else "attn"
+        mix = "none" if L.qkv is None else "attn+mamba" if L.ssm_in else "mamba" if L.mamba \
+            else "conv" if L.conv else "attn"  # fmt: skip
         ffn = "none" if L.gate_up is None else "relu_sqr" if L.relu_sqr else "gated"
         out.append((mix, ffn))
     return out
@@ -63,7 +66,7 @@ def test_fused_decode_of_optional_mixers_and_ffns_equals_the_per_layer_path(
     pairs = stem_adapter(rec, 11, STEMS)
     names = {n.split(".", 2)[2] for n in pairs}
     for L in fused._specs:  # every projection the fused call runs carries a delta
-        for p in (L.qkv, L.o, L.gate_up, L.down):
+        for p in L.projections:
             for n in () if p is None else p.names:
                 assert n.split(".", 2)[2] in names, n
     lora = tmp_path / f"{arch}-lora.gguf"
@@ -110,10 +113,10 @@ def _proj(k: int, n: int) -> ProjC:
 
 @needs_c
 def test_decoder_layers_refuse_layer_kinds_that_do_not_fit() -> None:
-    """A layer with neither mixer nor FFN, two mixers, an FFN form or no_mixer flag out of
-    range, a short conv without taps, of one tap, without state records or with an in_proj
-    of another width, an FFN whose gate_up does not fit its form or without its norm: -3
-    before any weight is read."""
+    """A layer with neither mixer nor FFN, two mixers, an FFN form, no_mixer or beside flag
+    out of range, beside attention without a Mamba-2 mixer, a short conv without taps, of one
+    tap, without state records or with an in_proj of another width, an FFN whose gate_up does
+    not fit its form or without its norm: -3 before any weight is read."""
     w = torch.ones(8)
     taps = torch.ones(3, 8)
     conv = ConvC(taps.data_ptr(), 8, 3)
@@ -143,6 +146,8 @@ def test_decoder_layers_refuse_layer_kinds_that_do_not_fit() -> None:
         "gated FFN's gate_up of F": layer(ffn_form=0),
         "relu^2 FFN's gate_up of 2 F": layer(gate_up=_proj(8, 8)),
         "FFN without its norm": layer(ffn_norm=None),
+        "beside without a Mamba-2 mixer": layer(beside=1),
+        "beside 2": layer(beside=2),
     }
     assert _call(layer()) == -1  # every size fits: the null weights' type is refused
     got = {k: _call(L) for k, L in cases.items()}
