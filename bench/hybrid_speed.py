@@ -242,6 +242,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--check", action="store_true", help="compare greedy tokens too")
     ap.add_argument("--quick", action="store_true", help="pipeline check, not a measurement")
+    ap.add_argument("--turns", type=int, default=0, help="chat turns (default 5)")
+    ap.add_argument("--n-predict", type=int, default=0, help="decode tokens (default 64)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     names = ",".join(REAL) if args.archs == "all" else args.archs
@@ -250,7 +252,9 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"unknown arch(s) {sorted(unknown)}; known: {', '.join(REAL)}")
     plan = quick_plan(archs) if args.quick else Plan(archs)
     plan = Plan(**{**asdict(plan), "archs": archs, "threads": args.threads,
-                   "layers": args.layers, "check_tokens": 8 if args.check else 0})  # fmt: skip
+                   "layers": args.layers, "check_tokens": 8 if args.check else 0,
+                   "turns": args.turns or plan.turns,
+                   "n_predict": args.n_predict or plan.n_predict})  # fmt: skip
     peer = find_peer()
     if peer is None:
         sys.exit("hybrid_speed: no llama-server (python -m bench.peer --build)")
