@@ -21,8 +21,8 @@ The labels go into `general.name`: phi3's is "Phi 3.5 mini", since llama.cpp's v
 loader looks up Phi-3's special tokens (absent from the `test` vocabulary) in any model
 whose name contains "phi-3".
 
-Dense models are cut to 4 layers by default (fewer for the big ones: `bench.arch_speed`'s
-`LAYERS`); the embedding and output layer keep the real vocabulary size.
+Dense models are cut to 4 layers by default (`bench.arch_speed`'s `LAYERS` may set others);
+the embedding and output layer keep the real vocabulary size.
 """
 
 from __future__ import annotations

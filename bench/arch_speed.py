@@ -4,7 +4,7 @@
 [--check] [--quick]` builds the missing models (`bench.synth_archs`: Qwen3-30B-A3B,
 gpt-oss-20b and DeepSeek-V2-Lite layer shapes, and the dense families of
 `bench.arch_shapes`: Llama 3.1 8B, Qwen2.5 7B, Qwen3 8B, Phi 3.5 mini, Gemma 2 9B, ...;
-random weights, Q4_K_M; 4 layers, `LAYERS` for the big ones), then for each model starts
+random weights, Q4_K_M; 4 layers unless `LAYERS` says otherwise), then for each model starts
 llama-server and then loraserve, one at a time, with the same flags (`-t 2 -np 1 -c 2048
 --cache-ram 0`), and measures on each:
 
@@ -53,7 +53,7 @@ from bench.synth_archs import SHAPES, shape_of, synth_model
 
 TARGETS = {"prefill": 1.5, "decode": 1.0}
 QUICK_LAYERS = {"deepseek2": 2}  # 1 for the others
-LAYERS = {"seed_oss": 2}  # layers where `--layers` is not given; 4 for the others
+LAYERS: dict[str, int] = {}  # layers where `--layers` is not given, by arch; else 4
 QUICK_VOCAB = 32768
 CHECK_PROMPT = (5, 17, 99, 1000, 7, 3, 4242, 12)
 RESULTS = Path(__file__).parent / "results"
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(prog="python -m bench.arch_speed", description=__doc__)
     ap.add_argument("--archs", default=",".join(SHAPES))
-    ap.add_argument("--layers", type=int, default=0, help="default: 4 (LAYERS for big ones)")
+    ap.add_argument("--layers", type=int, default=0, help="default: LAYERS[arch] or 4")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--check", action="store_true", help="compare greedy tokens too")
     ap.add_argument("--quick", action="store_true", help="pipeline check, not a measurement")
