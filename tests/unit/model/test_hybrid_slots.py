@@ -25,7 +25,9 @@ from tests.engine_util import ask
 from tests.unit.model.archs_util import PROBS
 from tests.unit.model.recurrent_util import RECORDS, RECURRENT_STEMS, answers, model, stem_adapter
 
-HYBRIDS = [a for a in ("granitehybrid", "qwen35") if a in RECORDS]
+# the hybrids whose decode steps run in the fused C layers (their state records written there)
+HYBRIDS = [a for a in ("granitehybrid", "qwen35", "lfm2", "nemotron_h", "mamba2", "falcon-h1")
+           if a in RECORDS]  # fmt: skip
 TURN = [5, 9, 3, 7, 11, 2, 8, 4, 6, 10]  # with 5 answer tokens fed: 15, inside a block
 
 
