@@ -57,7 +57,7 @@ class LayerSpec:
     post_ffn_norm: torch.Tensor | None
     sliding: bool
     rope: bool = True  # False: q and k attend as projected (qk_norm None)
-    mamba: MambaSpec | None = None  # a Mamba-2 mixer: qkv is its ssm_in, o its ssm_out
+    mamba: MambaSpec | None = None  # a Mamba-2 mixer: qkv its ssm_in, o ssm_out (or beside)
     gdn: GdnSpec | None = None  # a gated delta-net mixer: qkv its in-projection, o ssm_out
     conv: ConvSpec | None = None  # a short-convolution mixer: qkv its in_proj, o out_proj
     relu_sqr: bool = False  # the FFN is relu(up)^2, no gate (gate_up [F], not [2 F])
