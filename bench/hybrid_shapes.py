@@ -27,6 +27,12 @@ Real models (public `config.json` values):
   attention 16 / 2 heads of 256, rope on 64 dims), delta-net 16 key / 32 value heads of 128,
   256 routed experts of 512 (8 used) plus a gated shared expert of 512, untied, vocabulary
   248320.
+- `lfm2moe`: LFM2-8B-A1B: LFM2's layers (hidden 2048, 32 / 8 heads of 64, conv kernel 3) with
+  18 conv : 6 attention, two leading dense FFNs of 7168, then 32 sigmoid-routed experts of
+  1792 (4 used, selection bias), tied output, vocabulary 65536. Pattern `ccAc`.
+- `qwen3next`: Qwen3-Next-80B-A3B: as `qwen35moe` (48 layers, 3 : 1) but 512 experts (10
+  used), the delta-net's beta and alpha in one `ssm_ba`, plain rope on 64 dims, vocabulary
+  151936.
 """
 
 from __future__ import annotations
@@ -91,9 +97,26 @@ SHAPES: dict[str, Hybrid] = {
         "expert_count": 256, "expert_used_count": 8, "expert_feed_forward_length": 512,
         "expert_shared_feed_forward_length": 512,
         "feed_forward_length": 512}),  # optional to llama.cpp, required by loraserve
+    "lfm2moe": Hybrid("LFM2-8B-A1B", 2048, 24, 65536, 8, "ccAc", True, {
+        "context_length": 128000, "feed_forward_length": 7168, "leading_dense_block_count": 2,
+        "attention.head_count": 32, "attention.head_count_kv": 8,
+        "attention.layer_norm_rms_epsilon": 1e-5, "rope.freq_base": 1e6,
+        "shortconv.l_cache": 3, "expert_count": 32, "expert_used_count": 4,
+        "expert_feed_forward_length": 1792, "expert_gating_func": 2,
+        "expert_weights_norm": True}),
+    "qwen3next": Hybrid("Qwen3-Next-80B-A3B", 2048, 48, 151936, 4, "dddA", False, {
+        "context_length": 262144, "feed_forward_length": 5120, "attention.head_count": 16,
+        "attention.head_count_kv": 2, "attention.key_length": 256,
+        "attention.value_length": 256, "attention.layer_norm_rms_epsilon": 1e-6,
+        "rope.freq_base": 1e7, "rope.dimension_count": 64, "full_attention_interval": 4,
+        "ssm.conv_kernel": 4, "ssm.inner_size": 4096, "ssm.state_size": 128,
+        "ssm.time_step_rank": 32, "ssm.group_count": 16, "expert_count": 512,
+        "expert_used_count": 10, "expert_feed_forward_length": 512,
+        "expert_shared_feed_forward_length": 512}),
 }
 # fmt: on
-ATTN = {"lfm2": "A", "nemotron_h": "*", "qwen35moe": "A"}  # attention kinds, where mixed
+# attention kinds, where mixed
+ATTN = {"lfm2": "A", "lfm2moe": "A", "nemotron_h": "*", "qwen35moe": "A", "qwen3next": "A"}
 
 
 def keys(arch: str, layers: int, shape: Hybrid | None = None) -> dict[str, Any]:
@@ -102,7 +125,7 @@ def keys(arch: str, layers: int, shape: Hybrid | None = None) -> dict[str, Any]:
     layers; `nemotron_h`: FFN size 0 on all but the FFN layers)."""
     s = shape or SHAPES[arch]
     out, kinds = dict(s.keys), s.kinds(layers)
-    if arch in ("lfm2", "nemotron_h"):
+    if arch in ("lfm2", "lfm2moe", "nemotron_h"):
         kv = out["attention.head_count_kv"]
         out["attention.head_count_kv"] = [kv if k == ATTN[arch] else 0 for k in kinds]
     if arch == "nemotron_h":
@@ -140,11 +163,16 @@ def _ffn(b: str, h: int, f: int, gate: bool = True, tag: str = "") -> list[Spec]
     return [(f"{b}ffn_gate{tag}.weight", (f, h)), *out] if gate else out
 
 
-def _layer(arch: str, kind: str, b: str, h: int, k: dict[str, Any]) -> list[Spec]:
-    """Layer `b`'s tensors for its kind, from the scalar keys `k`."""
-    dim = k.get("attention.key_length", 0)
-    if arch == "lfm2":
+def _layer(arch: str, kind: str, i: int, h: int, k: dict[str, Any]) -> list[Spec]:
+    """Layer `i`'s tensors for its kind, from the scalar keys `k`."""
+    dim, b = k.get("attention.key_length", 0), f"blk.{i}."
+    if arch in ("lfm2", "lfm2moe"):
         ff = _ffn(b, h, k["feed_forward_length"])
+        if arch == "lfm2moe" and i >= k["leading_dense_block_count"]:
+            e, f = k["expert_count"], k["expert_feed_forward_length"]
+            ff = [(b + "ffn_gate_inp.weight", (e, h)), (b + "ffn_gate_exps.weight", (e, f, h)),
+                  (b + "ffn_up_exps.weight", (e, f, h)), (b + "ffn_down_exps.weight", (e, h, f)),
+                  (b + "exp_probs_b.bias", (e,))]  # fmt: skip
         out = [(b + "attn_norm.weight", (h,)), (b + "ffn_norm.weight", (h,)), *ff]
         if kind == "A":
             dim = dim or h // k["attention.head_count"]
@@ -165,7 +193,7 @@ def _layer(arch: str, kind: str, b: str, h: int, k: dict[str, Any]) -> list[Spec
                 *_mamba2(b, h, k), *_ffn(b, h, k["feed_forward_length"])]  # fmt: skip
     if arch == "mamba2":
         return [(b + "attn_norm.weight", (h,)), *_mamba2(b, h, k)]
-    # qwen35moe: gated attention or gated delta-net, then the routed + shared experts
+    # qwen35moe, qwen3next: gated attention or gated delta-net, then the routed + shared experts
     out = [(b + "attn_norm.weight", (h,)), (b + "post_attention_norm.weight", (h,))]
     if kind == "A":
         out += [*_attn(b, h, k, gate=2), (b + "attn_q_norm.weight", (dim,)),
@@ -176,7 +204,8 @@ def _layer(arch: str, kind: str, b: str, h: int, k: dict[str, Any]) -> list[Spec
         out += [(b + "attn_qkv.weight", (conv, h)), (b + "attn_gate.weight", (inner, h)),
                 (b + "ssm_conv1d.weight", (conv, k["ssm.conv_kernel"])),
                 (b + "ssm_dt.bias", (tsr,)), (b + "ssm_a", (tsr,)),
-                (b + "ssm_beta.weight", (tsr, h)), (b + "ssm_alpha.weight", (tsr, h)),
+                *([(b + "ssm_ba.weight", (2 * tsr, h))] if arch == "qwen3next" else
+                  [(b + "ssm_beta.weight", (tsr, h)), (b + "ssm_alpha.weight", (tsr, h))]),
                 (b + "ssm_norm.weight", (k["ssm.state_size"],)),
                 (b + "ssm_out.weight", (h, inner))]  # fmt: skip
     e, f = k["expert_count"], k["expert_feed_forward_length"]
@@ -191,10 +220,10 @@ def tensor_specs(arch: str, layers: int, vocab: int, shape: Hybrid | None = None
     model of the arch than the real one, e.g. a test template's sizes)."""
     s = shape or SHAPES[arch]
     h = s.hidden
-    norm = "token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight"
+    norm = "token_embd_norm.weight" if arch.startswith("lfm2") else "output_norm.weight"
     specs: list[Spec] = [("token_embd.weight", (vocab, h)), (norm, (h,))]
     if not s.tied:
         specs.append(("output.weight", (vocab, h)))
     for i, kind in enumerate(s.kinds(layers)):
-        specs += _layer(arch, kind, f"blk.{i}.", h, s.keys)
+        specs += _layer(arch, kind, i, h, s.keys)
     return specs

@@ -21,7 +21,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "archs"
 RECORD = {"mamba2": "recurrent/mamba2"}
 # the template's layer kinds, in `bench.hybrid_shapes` letters
 TEMPLATE_KINDS = {"lfm2": "Ac", "nemotron_h": "*M-", "falcon-h1": "H", "mamba2": "M",
-                  "qwen35moe": "dA"}  # fmt: skip
+                  "qwen35moe": "dA", "lfm2moe": "Ac", "qwen3next": "dA"}  # fmt: skip
 
 
 def template(arch: str) -> tuple[dict[str, Any], list[list[Any]]]:
@@ -41,7 +41,7 @@ def template_shape(arch: str) -> tuple[hybrid_shapes.Hybrid, int, int]:
         v = meta.get(k, v) if v != 0 else v  # mamba2's unused sizes: 0 as converted
         keys[k] = max(v) if isinstance(v, list) and k != "rope.dimension_sections" else v
     keys["attention.key_length"] = meta["attention.key_length"]
-    if arch == "qwen35moe":  # the template's attention layer is its second
+    if arch in ("qwen35moe", "qwen3next"):  # the template's attention layer is its second
         keys["full_attention_interval"] = 2
     s = dataclasses.replace(real, hidden=meta["embedding_length"], pattern=TEMPLATE_KINDS[arch],
                             tied=False, keys=keys)  # fmt: skip
@@ -51,8 +51,8 @@ def template_shape(arch: str) -> tuple[hybrid_shapes.Hybrid, int, int]:
 def optional(name: str) -> bool:
     """Tensors llama.cpp's loaders take when present (`TENSOR_NOT_REQUIRED`) that the real
     models lack: attention and FFN biases, rope factors."""
-    conv_dt = name.endswith(("ssm_conv1d.bias", "ssm_dt.bias"))
-    return name.endswith(".bias") and not conv_dt or name.startswith("rope_freqs")
+    required = name.endswith(("ssm_conv1d.bias", "ssm_dt.bias", "exp_probs_b.bias"))
+    return name.endswith(".bias") and not required or name.startswith("rope_freqs")
 
 
 @pytest.mark.parametrize("arch", sorted(hybrid_shapes.SHAPES))
