@@ -33,6 +33,10 @@ Real models (public `config.json` values):
 - `qwen3next`: Qwen3-Next-80B-A3B: as `qwen35moe` (48 layers, 3 : 1) but 512 experts (10
   used), the delta-net's beta and alpha in one `ssm_ba`, plain rope on 64 dims, vocabulary
   151936.
+- `nemotron_h_moe`: NVIDIA-Nemotron-3-Nano-30B-A3B: hidden 2688, 52 layers (23 Mamba-2 : 23
+  MoE : 6 attention 32 / 2 heads of 128), Mamba-2 64 heads of 64, 8 groups of state 128, 128
+  relu² experts of 1856 (6 used, sigmoid with selection bias, weights normed and x2.5) plus a
+  shared expert of 3712, untied, vocabulary 131072. Pattern `MEMEM*EME` (4 : 4 : 1).
 """
 
 from __future__ import annotations
@@ -113,10 +117,27 @@ SHAPES: dict[str, Hybrid] = {
         "ssm.time_step_rank": 32, "ssm.group_count": 16, "expert_count": 512,
         "expert_used_count": 10, "expert_feed_forward_length": 512,
         "expert_shared_feed_forward_length": 512}),
+    "nemotron_h_moe": Hybrid("NVIDIA-Nemotron-3-Nano-30B-A3B", 2688, 52, 131072, 9, "MEMEM*EME",
+                             False, {
+        "context_length": 262144, "feed_forward_length": 1856, "attention.head_count": 32,
+        "attention.head_count_kv": 2, "attention.key_length": 128,
+        "attention.value_length": 128, "attention.layer_norm_epsilon": 1e-5,
+        "attention.layer_norm_rms_epsilon": 1e-5, "ssm.conv_kernel": 4,
+        "ssm.inner_size": 4096, "ssm.state_size": 128, "ssm.time_step_rank": 64,
+        "ssm.group_count": 8, "expert_count": 128, "expert_used_count": 6,
+        "expert_feed_forward_length": 1856, "expert_shared_feed_forward_length": 3712,
+        "expert_shared_count": 1, "expert_weights_scale": 2.5, "expert_weights_norm": True}),
 }
 # fmt: on
 # attention kinds, where mixed
-ATTN = {"lfm2": "A", "lfm2moe": "A", "nemotron_h": "*", "qwen35moe": "A", "qwen3next": "A"}
+ATTN = {
+    "lfm2": "A",
+    "lfm2moe": "A",
+    "nemotron_h": "*",
+    "nemotron_h_moe": "*",
+    "qwen35moe": "A",
+    "qwen3next": "A",
+}  # fmt: skip
 
 
 def keys(arch: str, layers: int, shape: Hybrid | None = None) -> dict[str, Any]:
@@ -125,12 +146,12 @@ def keys(arch: str, layers: int, shape: Hybrid | None = None) -> dict[str, Any]:
     layers; `nemotron_h`: FFN size 0 on all but the FFN layers)."""
     s = shape or SHAPES[arch]
     out, kinds = dict(s.keys), s.kinds(layers)
-    if arch in ("lfm2", "lfm2moe", "nemotron_h"):
+    if arch in ("lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe"):
         kv = out["attention.head_count_kv"]
         out["attention.head_count_kv"] = [kv if k == ATTN[arch] else 0 for k in kinds]
-    if arch == "nemotron_h":
+    if arch.startswith("nemotron_h"):  # FFN or MoE layers: "-" / "E"
         ff = out["feed_forward_length"]
-        out["feed_forward_length"] = [ff if k == "-" else 0 for k in kinds]
+        out["feed_forward_length"] = [ff if k in "-E" else 0 for k in kinds]
     return out
 
 
@@ -181,8 +202,17 @@ def _layer(arch: str, kind: str, i: int, h: int, k: dict[str, Any]) -> list[Spec
         return [*out, (b + "shortconv.in_proj.weight", (3 * h, h)),
                 (b + "shortconv.conv.weight", (h, k["shortconv.l_cache"])),
                 (b + "shortconv.out_proj.weight", (h, h))]  # fmt: skip
-    if arch == "nemotron_h":
+    if arch.startswith("nemotron_h"):
         out = [(b + "attn_norm.weight", (h,))]
+        if kind == "E":  # relu² experts without a gate, sigmoid routing, a shared expert
+            e, f = k["expert_count"], k["expert_feed_forward_length"]
+            return out + [
+                (b + "ffn_gate_inp.weight", (e, h)),
+                (b + "exp_probs_b.bias", (e,)),
+                (b + "ffn_up_exps.weight", (e, f, h)),
+                (b + "ffn_down_exps.weight", (e, h, f)),
+                *_ffn(b, h, k["expert_shared_feed_forward_length"], False, "_shexp"),
+            ]
         if kind == "M":
             return out + _mamba2(b, h, k)
         if kind == "*":

@@ -57,7 +57,8 @@ RESULTS = Path(__file__).parent / "results"
 TARGETS = {"prefill": 1.5, "decode": 1.0}
 # the fewest layers that hold every layer kind once (`bench.hybrid_shapes` patterns)
 QUICK_LAYERS = {"qwen35": 4, "granitehybrid": 10, "lfm2": 3, "nemotron_h": 6, "falcon-h1": 1,
-                "mamba2": 2, "qwen35moe": 4, "lfm2moe": 3, "qwen3next": 4}  # fmt: skip
+                "mamba2": 2, "qwen35moe": 4, "lfm2moe": 3, "qwen3next": 4,
+                "nemotron_h_moe": 6}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,14 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "archs"
 RECORD = {"mamba2": "recurrent/mamba2"}
 # the template's layer kinds, in `bench.hybrid_shapes` letters
 TEMPLATE_KINDS = {"lfm2": "Ac", "nemotron_h": "*M-", "falcon-h1": "H", "mamba2": "M",
-                  "qwen35moe": "dA", "lfm2moe": "Ac", "qwen3next": "dA"}  # fmt: skip
+                  "qwen35moe": "dA", "lfm2moe": "Ac", "qwen3next": "dA",
+                  "nemotron_h_moe": "*ME"}  # fmt: skip
 
 
 def template(arch: str) -> tuple[dict[str, Any], list[list[Any]]]:
     """The recorded template's first variant: its `<arch>.` keys and tensor table."""
     rec = json.loads((DATA / f"{RECORD.get(arch, arch)}.json").read_text())
-    var = next(iter(rec["variants"].values()))
+    var = rec["variants"].get("moe") or next(iter(rec["variants"].values()))
     meta = {k[len(arch) + 1 :]: v for k, _, v in var["metadata"] if k.startswith(arch + ".")}
     return meta, var["tensors"]
 
