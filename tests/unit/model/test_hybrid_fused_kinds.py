@@ -8,6 +8,7 @@ descriptions that do not fit."""
 
 from __future__ import annotations
 
+import copy
 import ctypes
 from pathlib import Path
 
@@ -18,7 +19,9 @@ from loraserve.cbuild import bind
 from loraserve.kernels import backend, ssm_scan
 from loraserve.kernels.layers_abi import SIGNATURES, ConvC, LayerC, ModelC, ProjC, StepC
 from loraserve.lora.adapter_write import write_gguf_lora
+from loraserve.model.loader import load_model
 from loraserve.model.recurrent.shortconv import ShortConv
+from tests.arch_models import write_model
 from tests.unit.model.recurrent_util import (
     RECORDS,
     RECURRENT_STEMS,
@@ -71,6 +74,30 @@ def test_fused_decode_of_optional_mixers_and_ffns_equals_the_per_layer_path(
                 assert n.split(".", 2)[2] in names, n
     lora = tmp_path / f"{arch}-lora.gguf"
     write_gguf_lora(lora, arch, pairs, qk_heads=(m.config.n_heads, m.config.n_kv_heads))
+    check_fused_decode(m, lora, rec["answers"]["Q4_K_M"], monkeypatch)
+
+
+@needs_c
+@pytest.mark.skipif("mamba2" not in RECORDS, reason="no recorded mamba2")
+def test_converted_mamba2_file_decodes_fused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mamba2 file as llama.cpp's converter writes it (head_count 0, no head_count_kv,
+    feed_forward_length 0: `test_mamba2_converted_keys`) takes the fused call too, with the
+    per-layer path's bits alone and batched, adapters on ssm_in and ssm_out."""
+    rec = copy.deepcopy(RECORDS["mamba2"]["variants"]["dense"])
+    unused = ("mamba2.attention.head_count", "mamba2.attention.head_count_kv",
+              "mamba2.feed_forward_length")  # fmt: skip
+    rec["metadata"] = [kv for kv in rec["metadata"] if kv[0] not in unused] + [
+        ["mamba2.attention.head_count", "UINT32", 0],
+        ["mamba2.feed_forward_length", "UINT32", 0],
+    ]
+    types = {k: int(t) for k, t in rec["files"]["Q4_K_M"]["types"].items()}
+    m = load_model(write_model(rec, tmp_path / "mamba2-converted.gguf", types))
+    fused = m.decoder._fused()
+    assert fused is not None and _kinds(fused) == KINDS["mamba2"]
+    lora = tmp_path / "mamba2-converted-lora.gguf"
+    write_gguf_lora(lora, "mamba2", stem_adapter(rec, 3, STEMS))
     check_fused_decode(m, lora, rec["answers"]["Q4_K_M"], monkeypatch)
 
 
