@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +72,23 @@ def test_nemotron_h_rms_epsilon_from_layer_norm_epsilon(tmp_path: Path) -> None:
     _set(spelled, "nemotron_h.attention.layer_norm_rms_epsilon", "FLOAT32", 1e-6)
     assert not torch.allclose(logits(write_model(spelled, tmp_path / "e6.gguf")), want)
 
+
+def test_mistral3_yarn_log_multiplier(tmp_path: Path) -> None:
+    """The converter writes Ministral 3's mscale_all_dim as ``rope.scaling.yarn_log_multiplier``
+    (1.0); llama.cpp's mistral3 loader makes YaRN's magnitude get_mscale(f, 1) /
+    get_mscale(f, 1.0) = 1 (we applied 1 + 0.1 ln f: 9.3e-3 relative off transformers, 2.7e-7
+    now). The same file without the key, its magnitude set to 1 through
+    ``rope.scaling.attn_factor`` (llama.cpp multiplies it in), gives the same logits."""
+    s = spec("mistral3", stdev=0.5)  # scores large enough for their scale to show
+    keys = {m[0]: m for m in s["metadata"]}
+    assert keys["mistral3.rope.scaling.yarn_log_multiplier"][2] == 1.0
+    factor = keys["mistral3.rope.scaling.factor"][2]
+    ref = copy.deepcopy(s)
+    ref["metadata"] = [m for m in ref["metadata"] if not m[0].endswith("yarn_log_multiplier")]
+    _set(ref, "mistral3.rope.scaling.attn_factor", "FLOAT32", 1 / (1 + 0.1 * math.log(factor)))
+    got = logits(write_model(s, tmp_path / "converted.gguf"))
+    want = logits(write_model(ref, tmp_path / "ref.gguf"))
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    ref["metadata"] = [m for m in ref["metadata"] if not m[0].endswith("attn_factor")]
+    unscaled = logits(write_model(ref, tmp_path / "unscaled.gguf"))
+    assert (unscaled - want).abs().max() > 1e-3 * want.abs().max()
