@@ -43,6 +43,8 @@ MAMBA = dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("LlamaForCausalLM", {}),
     "mistral": ("MistralForCausalLM", {}),
+    "mixtral": ("MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "phi3": ("Phi3ForCausalLM", dict(pad_token_id=0)),
     "qwen2": ("Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3ForCausalLM", {}),
     "qwen3moe": ("Qwen3MoeForCausalLM", dict(MOE, norm_topk_prob=True)),
@@ -75,6 +77,15 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         num_hidden_layers=3, hybrid_override_pattern="M*-", layers_block_type=None,
         mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=1, expand=2,
         conv_kernel=4)),
+    "nemotron_h_moe": ("NemotronHForCausalLM", dict(
+        num_hidden_layers=3, hybrid_override_pattern="M*E", mamba_num_heads=8,
+        mamba_head_dim=16, ssm_state_size=16, n_groups=1, expand=2, conv_kernel=4,
+        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=32, n_group=1, topk_group=1)),
+    "lfm2moe": ("Lfm2MoeForCausalLM", dict(layer_types=["conv", "full_attention"],
+                                           num_experts=4, num_experts_per_tok=2,
+                                           moe_intermediate_size=32, num_dense_layers=1,
+                                           tie_word_embeddings=True)),
     "falcon-h1": ("FalconH1ForCausalLM", dict(MAMBA, mamba_d_ssm=128, mamba_chunk_size=4)),
     "deepseek2": ("DeepseekV2ForCausalLM", dict(
         kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16,
