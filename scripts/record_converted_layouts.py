@@ -128,6 +128,10 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
                                          expand=2, state_size=16, n_groups=1, chunk_size=4)),
 }  # fmt: skip
 
+# Qwen3.5 / Qwen3-Next as on the Hub: one multi-token-prediction layer, converted by default
+for _a in ("qwen35", "qwen35moe", "qwen3next"):
+    CASES[_a + "+mtp"] = CASES[_a]
+
 # config.json as the Hub's checkpoints spell it where transformers 5 saves another spelling
 # the converter reads differently (None: the key removed)
 HUB_CONFIG: dict[str, dict[str, Any]] = {
@@ -217,11 +221,29 @@ def checkpoint(arch: str, folder: Path) -> Any:
     saved = json.loads(cfg_path.read_text())
     for k, v in HUB_CONFIG.get(arch, {}).items():
         saved.pop(k, None) if v is None else saved.__setitem__(k, v)
+    if arch.endswith("+mtp"):  # transformers keeps no MTP weights: a copy of layer 1, noised
+        _add_mtp(model, folder, saved)
     cfg_path.write_text(json.dumps(saved))
     vocab = {f"t{i}": i for i in range(BASE["vocab_size"])}  # gemma3 trims its embeddings to it
     (folder / "tokenizer.json").write_text(json.dumps({"model": {"vocab": vocab},
                                                        "added_tokens": []}))  # fmt: skip
     return model
+
+
+def _add_mtp(model: Any, folder: Path, config: dict[str, Any]) -> None:
+    """The Hub's ``mtp.*`` tensors (one layer: the full-attention layer 1's, noised, and the
+    fc / norms) in a second safetensors file, and ``mtp_num_hidden_layers`` 1."""
+    from safetensors.torch import save_file
+
+    g, h = torch.Generator().manual_seed(2), int(config.get("hidden_size", BASE["hidden_size"]))
+    pre = "model.layers.1."
+    mtp = {"mtp.layers.0." + k[len(pre):]: v + 0.01 * torch.randn(v.shape, generator=g)
+           for k, v in model.state_dict().items() if k.startswith(pre)}  # fmt: skip
+    mtp["mtp.fc.weight"] = torch.randn(h, 2 * h, generator=g) * 0.02
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        mtp[f"mtp.{n}.weight"] = 1 + 0.1 * torch.randn(h, generator=g)
+    save_file({k: v.contiguous() for k, v in mtp.items()}, str(folder / "model-mtp.safetensors"))
+    config["mtp_num_hidden_layers"] = 1
 
 
 def convert(folder: Path, out: Path, args: list[str], raw: bool = False) -> str:
