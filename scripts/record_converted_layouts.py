@@ -128,6 +128,16 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
                                          expand=2, state_size=16, n_groups=1, chunk_size=4)),
 }  # fmt: skip
 
+# per-layer counts without a nonzero entry: no FFN layer, no attention layer (llama.cpp loads them)
+CASES["nemotron_h+no_ffn"] = (
+    CASES["nemotron_h"][0],
+    dict(CASES["nemotron_h"][1], num_hidden_layers=2, hybrid_override_pattern="M*"),
+)
+CASES["granitehybrid+no_attention"] = (
+    CASES["granitehybrid"][0],
+    dict(CASES["granitehybrid"][1], layer_types=["mamba", "mamba"]),
+)
+
 # Qwen3.5 / Qwen3-Next as on the Hub: one multi-token-prediction layer, converted by default
 for _a in ("qwen35", "qwen35moe", "qwen3next"):
     CASES[_a + "+mtp"] = CASES[_a]
@@ -148,7 +158,10 @@ HUB_CONFIG: dict[str, dict[str, Any]] = {
 # defaults): transformers 5 gives NemotronHConfig MoE defaults (num_experts_per_tok), so the
 # converter writes a dense Nemotron-H as nemotron_h_moe with no FFN sizes, which llama.cpp
 # refuses too; Nemotron-Nano-9B-v2 was converted from its own (remote-code) config.json.
-RAW_CONFIG = {"nemotron_h"}
+RAW_CONFIG = {"nemotron_h", "nemotron_h+no_ffn"}
+HUB_CONFIG["nemotron_h+no_ffn"] = dict(HUB_CONFIG["nemotron_h"], num_hidden_layers=2,
+                                       hybrid_override_pattern="M*")  # fmt: skip
+HUB_CONFIG["granitehybrid+no_attention"] = {"layer_types": ["mamba", "mamba"]}
 # converter flags: the random checkpoints carry no multi-token-prediction layers
 CONVERT_ARGS: dict[str, list[str]] = {a: ["--no-mtp"] for a in ("qwen35", "qwen35moe",
                                                                  "qwen3next")}  # fmt: skip

@@ -267,6 +267,8 @@ def _heads(arch: archs.Arch, v: Any) -> int:
     attention layers' (they must agree); else one value."""
     if arch.recurrent and (isinstance(v, list) or hasattr(v, "shape")):
         counts = {int(x) for x in v} - {0}
+        if not counts:  # no layer of that kind (llama.cpp loads it): a size nothing reads
+            return 1
         if len(counts) != 1:
             raise UnsupportedModelError(f"{arch.name}: attention layers with head counts {v}")
         return counts.pop()
