@@ -145,10 +145,13 @@ for _a in ("qwen35", "qwen35moe", "qwen3next"):
 # config.json as the Hub's checkpoints spell it where transformers 5 saves another spelling
 # the converter reads differently (None: the key removed)
 HUB_CONFIG: dict[str, dict[str, Any]] = {
-    "granitehybrid": {"layer_types": ["mamba", "attention"]},
+    # Granite 4.0-H micro: no experts, num_experts_per_tok 0 (transformers' default 2: llama.cpp
+    # asserts expert_used_count <= expert_count)
+    "granitehybrid": {"layer_types": ["mamba", "attention"], "num_experts_per_tok": 0},
     "nemotron_h": {"hybrid_override_pattern": "M*-", "layers_block_type": None,
                    "mtp_layers_block_type": None, "num_experts_per_tok": None,
-                   "n_routed_experts": None, "num_hidden_layers": 3},
+                   "n_routed_experts": None, "num_hidden_layers": 3,
+                   "n_group": None, "topk_group": None},  # llama.cpp: no expert groups
     "cohere2": {"rotary_pct": 1.0},
     # Hunyuan-A13B's config: per-layer lists (transformers' experts are intermediate_size wide)
     "hunyuan-moe": {"moe_topk": [2, 2], "moe_intermediate_size": [96, 96],
@@ -161,7 +164,12 @@ HUB_CONFIG: dict[str, dict[str, Any]] = {
 RAW_CONFIG = {"nemotron_h", "nemotron_h+no_ffn"}
 HUB_CONFIG["nemotron_h+no_ffn"] = dict(HUB_CONFIG["nemotron_h"], num_hidden_layers=2,
                                        hybrid_override_pattern="M*")  # fmt: skip
-HUB_CONFIG["granitehybrid+no_attention"] = {"layer_types": ["mamba", "mamba"]}
+HUB_CONFIG["granitehybrid+no_attention"] = {"layer_types": ["mamba", "mamba"],
+                                            "num_experts_per_tok": 0}  # fmt: skip
+for _a in ("qwen35", "qwen35moe", "qwen35+mtp", "qwen35moe+mtp"):  # 2 rope pairs of 16 dims
+    HUB_CONFIG[_a] = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                      "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0],
+                      "mrope_interleaved": True}}  # fmt: skip
 # converter flags: the random checkpoints carry no multi-token-prediction layers
 CONVERT_ARGS: dict[str, list[str]] = {a: ["--no-mtp"] for a in ("qwen35", "qwen35moe",
                                                                  "qwen3next")}  # fmt: skip
