@@ -39,8 +39,10 @@ import httpx
 
 from bench.scenarios import Target, s1_prefill, s2_decode, warm_up
 from bench.servers import (
+    CLK_TCK,
     CpuMeter,
     ServerKind,
+    _proc_jiffies,
     free_port,
     launch,
     loraserve_kind,
@@ -133,10 +135,14 @@ def one_server(
             t = Target(srv.url, 0, encoder(vocab), (), time.monotonic() + plan.cap)
             warm_up(t)
             meter = CpuMeter(srv.proc.pid)
+            j0 = _proc_jiffies(srv.proc.pid)
             pre = s1_prefill(t, plan.n_prompt, plan.prefill_reps, cap=plan.cap / 2)
+            j1 = _proc_jiffies(srv.proc.pid)
             dec = s2_decode(t, plan.decode_prompt, plan.n_predict, plan.decode_reps,
                             cap=plan.cap / 2)  # fmt: skip
             out["other_cores"] = meter.other_cores()
+            out["cpu_ms"] = _cpu_per_token(j1 - j0, _proc_jiffies(srv.proc.pid) - j1, pre, dec,
+                                           plan.decode_prompt)  # fmt: skip
             out.update(prefill_tok_s=pre["prefill_tok_s"], decode_tok_s=dec["decode_tok_s"],
                        prefill=pre, decode=dec, peak_rss_mib=srv.peak_rss_mib())  # fmt: skip
     except Exception as e:  # recorded; the other server and models still run
@@ -145,12 +151,32 @@ def one_server(
     return out
 
 
+def _cpu_per_token(
+    pre_j: int, dec_j: int, pre: dict[str, Any], dec: dict[str, Any], dec_prompt: int
+) -> dict[str, float | None]:
+    """The server's CPU ms (all its threads) per prompt token in S1 and per generated token
+    in S2 (S2's prompts charged at S1's rate). At `--threads 1` this is the work per token,
+    which time-slicing by other processes does not inflate as it does wall time."""
+    n_pre = sum(r.get("prompt_n") or 0 for r in pre.get("runs", []))
+    runs = dec.get("runs", [])
+    n_dec = sum(r.get("n_tokens") or 0 for r in runs)
+    per_pre = pre_j * 1e3 / CLK_TCK / n_pre if n_pre else None
+    if not n_dec or per_pre is None:
+        return {"prefill": per_pre, "decode": None}
+    return {
+        "prefill": per_pre,
+        "decode": (dec_j * 1e3 / CLK_TCK - per_pre * dec_prompt * len(runs)) / n_dec,
+    }
+
+
 def compare(peer: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
     """The ratios loraserve / llama-server and the check tokens' agreement."""
     out: dict[str, Any] = {}
     for key in ("prefill", "decode"):
         a, b = ours.get(f"{key}_tok_s"), peer.get(f"{key}_tok_s")
         out[f"{key}_ratio"] = a / b if a and b else None
+        ca, cb = (s.get("cpu_ms", {}).get(key) for s in (ours, peer))
+        out[f"{key}_cpu_ratio"] = cb / ca if ca and cb else None  # llama-server's / ours
         out[f"{key}_meets_target"] = bool(a and b and a / b >= TARGETS[key])
     p, o = peer.get("check"), ours.get("check")
     if p and o:
@@ -228,6 +254,10 @@ def table(res: dict[str, Any]) -> str:
         rows.append(f"| {arch} | | ratio | {_f(c.get('prefill_ratio'), '.2f')}x "
                     f"(target {TARGETS['prefill']}x) | {_f(c.get('decode_ratio'), '.2f')}x "
                     f"(target {TARGETS['decode']}x) | | |")  # fmt: skip
+        if c.get("decode_cpu_ratio") or c.get("prefill_cpu_ratio"):
+            notes.append(f"{arch} CPU per token, llama-server's / ours: prefill "
+                         f"{_f(c.get('prefill_cpu_ratio'), '.2f')}x, decode "
+                         f"{_f(c.get('decode_cpu_ratio'), '.2f')}x")  # fmt: skip
         if chk:
             where = ", ".join(f"{i} (gap {_f(g, '.3f')})" for i, g in chk["differ_at_peer_gap"])
             tail = f"; differ at {where}" if where else ""
