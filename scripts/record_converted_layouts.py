@@ -104,10 +104,12 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     # llama.cpp slides windows only in the 64-layer (32B) EXAONE 4, transformers wherever
     # sliding_window is set: a window past the ids keeps the two alike
     "exaone4": ("Exaone4ForCausalLM", dict(sliding_window=128)),
-    "olmoe": ("OlmoeForCausalLM", dict(num_experts=4, num_experts_per_tok=2)),
+    # OLMoE: as many KV heads as heads (llama.cpp's k norm is hidden wide)
+    "olmoe": ("OlmoeForCausalLM", dict(num_experts=4, num_experts_per_tok=2,
+                                       num_key_value_heads=4)),
     "qwen2moe": ("Qwen2MoeForCausalLM", dict(MOE, shared_expert_intermediate_size=48)),
     "ernie4_5-moe": ("Ernie4_5_MoeForCausalLM", dict(
-        moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_layer_start_index=1,
+        moe_num_experts=4, moe_k=2, moe_intermediate_size=48, moe_layer_start_index=1,
         moe_num_shared_experts=1)),
     "hunyuan-moe": ("HunYuanMoEV1ForCausalLM", dict(num_experts=4, moe_topk=2)),
     "minimax-m2": ("MiniMaxM2ForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2,
@@ -116,7 +118,9 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
         first_k_dense_replace=1, n_shared_experts=1, n_group=1, topk_group=1,
         use_qk_norm=True)),
-    "llama4": ("Llama4ForCausalLM", dict(num_local_experts=4, num_experts_per_tok=1,
+    # 4 layers: the 4th without rope (llama-server aborts on a llama4 without one)
+    "llama4": ("Llama4ForCausalLM", dict(num_hidden_layers=4, num_local_experts=4,
+                                         num_experts_per_tok=1,
                                          intermediate_size=32, intermediate_size_mlp=96,
                                          interleave_moe_layer_step=1)),
     "seed_oss": ("SeedOssForCausalLM", {}),
@@ -153,6 +157,7 @@ HUB_CONFIG: dict[str, dict[str, Any]] = {
                    "n_routed_experts": None, "num_hidden_layers": 3,
                    "n_group": None, "topk_group": None},  # llama.cpp: no expert groups
     "cohere2": {"rotary_pct": 1.0},
+    "minimax-m2": {"scoring_func": "sigmoid"},  # MiniMax-M2's; transformers 5 saves none
     # Hunyuan-A13B's config: per-layer lists (transformers' experts are intermediate_size wide)
     "hunyuan-moe": {"moe_topk": [2, 2], "moe_intermediate_size": [96, 96],
                     "num_shared_expert": [1, 1]},
