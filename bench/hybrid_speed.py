@@ -2,9 +2,11 @@
 (issue 28's bench).
 
 `python -m bench.hybrid_speed [--archs qwen35,granitehybrid,...] [--check] [--quick]` builds
-the missing models (`bench.hybrid_synth`: Qwen3.5-4B, Granite-4.0-H-1B, LFM2-1.2B,
-Nemotron-Nano-9B-v2, Falcon-H1-1.5B, mamba2-1.3b, Qwen3.5-35B-A3B layer shapes, fewer
-layers in the real ratio of layer kinds, random weights, Q4_K_M), then for each model starts
+the missing models (`bench.hybrid_synth`: Qwen3.5-4B, Granite-4.0-H-1B and the
+`bench.hybrid_shapes` models (LFM2-1.2B, LFM2-8B-A1B, Nemotron-Nano-9B-v2,
+Nemotron-3-Nano-30B-A3B, Falcon-H1-1.5B, mamba2-1.3b, Qwen3.5-35B-A3B, Qwen3-Next-80B-A3B)
+layer shapes, fewer layers in the real ratio of layer kinds, random weights, Q4_K_M), then
+for each model starts
 llama-server and then loraserve, one at a time, with the same flags (`-t 2 -np 1 -c 4096
 --cache-ram 8192`, llama-server's default cache budget and context checkpoints), and on each:
 
