@@ -54,7 +54,15 @@ LIBRARY = "kernels"  # one shared library of every source below
 # six: every file parses the intrinsics headers (~0.3 s of CPU each), and a cold first start
 # waits for this build (measured on 2 cores: six objects 2.95 s, these two 2.2 s)
 UNITS = (
-    ("qmatmul.c", "quantize.c", "moe.c", "ssm_scan.c", "mamba2_step.c", "embed_rows.c"),
+    (
+        "qmatmul.c",
+        "quantize.c",
+        "moe.c",
+        "ssm_scan.c",
+        "ssd_chunk.c",
+        "mamba2_step.c",
+        "embed_rows.c",
+    ),
     (
         "packed.c",
         "floatmm.c",

@@ -1,0 +1,172 @@
+"""The chunked (SSD) form of Mamba-2's selective scan in C (`ssd_chunk.c`): chunks of ``c``
+rows aligned to each sequence's absolute positions 0, c, 2c, ...; a sequence's state record
+carries the state at its last chunk boundary plus the pending rows of the current chunk, so a
+prompt's rows and decode rows run the same fixed operations, and a sequence's outputs, records
+and snapshots are the same bits however its rows are split into calls, batched with other
+sequences, or threaded (docs/chunked_scan.md, "Can a chunked form keep the numerics
+contract?"). The D skip, z gate and norm stay outside, as with `ssm_scan.scan2`.
+
+Record (float32, contiguous, `record_size` values; all zeros = the state at position 0):
+s [H, P, N] (boundary state), PX [H, c-1, P] (x dt of the pending rows), PB [H, c-1, N]
+(their B), PG [H, c-1] (running sums of lg = dt A over the chunk's rows), cnt [1] (how many
+rows are pending, 0..c-1); slots past cnt are 0.0."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+import torch
+
+from loraserve.cbuild import bind
+from loraserve.kernels import argcheck
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_SIGNATURES = {
+    "ls_ssd_chunk": (
+        [_I, _P, _P, _P, _P, _P, _I, _P, _P, _P] + [_I] * 5 + [_P] * 3 + [ctypes.c_int],
+        ctypes.c_int,
+    ),
+}
+_MAX_CHUNK = 4096  # SSD_MAX_C
+_lib: ctypes.CDLL | None = None
+_loaded = False
+
+
+def _c() -> ctypes.CDLL | None:
+    global _lib, _loaded
+    if not _loaded:
+        _lib, _loaded = bind(_SIGNATURES), True
+    return _lib
+
+
+def available() -> bool:
+    """Whether the C chunked scan can run here (the kernels library is built)."""
+    return _c() is not None
+
+
+def record_size(h: int, p: int, n: int, c: int) -> int:
+    """Floats in one layer's scan record for h heads of state [p, n] and chunk c."""
+    return h * p * n + h * (c - 1) * (p + n + 1) + 1
+
+
+def _parts(rec: torch.Tensor, h: int, p: int, n: int, c: int) -> tuple[torch.Tensor, ...]:
+    """Views (s [H, P, N], PX [H, c-1, P], PB [H, c-1, N], PG [H, c-1], cnt [1]) of a record."""
+    sizes = (h * p * n, h * (c - 1) * p, h * (c - 1) * n, h * (c - 1), 1)
+    s, px, pb, pg, cnt = rec.split(sizes)
+    return s.view(h, p, n), px.view(h, c - 1, p), pb.view(h, c - 1, n), pg.view(h, c - 1), cnt
+
+
+def _count(what: str, rec: torch.Tensor, c: int) -> int:
+    """The record's pending-row count, ValueError unless it is an integer in 0..c-1."""
+    v = float(rec[-1])
+    if not (0.0 <= v <= c - 1 and v == int(v)):
+        raise ValueError(f"{what}: corrupt record, pending-row count {v} not in 0..{c - 1}")
+    return int(v)
+
+
+def state_of(record: torch.Tensor, h: int, p: int, n: int, c: int) -> torch.Tensor:
+    """The full state [H, P, N] after a record's pending rows (the chunk-end formula with
+    G_last = G_{cnt-1}, in torch; not the kernel's bits): what the recurrence would hold."""
+    argcheck.f32("state_of: record", record, record_size(h, p, n, c))
+    s, px, pb, pg, _ = _parts(record, h, p, n, c)
+    k = _count("state_of", record, c)
+    if k == 0:
+        return s.clone()
+    last = pg[:, k - 1]  # [H]
+    e = torch.exp(last[:, None] - pg[:, :k])  # [H, k]
+    upd = torch.einsum("hj,hjp,hjn->hpn", e, px[:, :k], pb[:, :k])
+    return torch.exp(last)[:, None, None] * s + upd
+
+
+def _disjoint(what: str, outs: list[torch.Tensor], ins: Sequence[torch.Tensor]) -> None:
+    """ValueError unless every written tensor (outs: rec_out, then snapshots) meets no other
+    tensor given, except rec_out[z] being rec_in[z] itself (a record updated in place)."""
+    spans = [(t.data_ptr(), t.data_ptr() + 4 * t.numel(), 0, i) for i, t in enumerate(outs)]
+    spans += [(t.data_ptr(), t.data_ptr() + 4 * t.numel(), 1, i) for i, t in enumerate(ins)]
+    spans.sort()
+    for i, (a0, a1, ka, za) in enumerate(spans):
+        for b0, b1, kb, zb in spans[i + 1 :]:
+            if b0 >= a1:
+                break
+            if ka == kb == 1 or (ka != kb and za == zb and (a0, a1) == (b0, b1)):
+                continue
+            raise ValueError(f"{what}: records and snapshots written must not overlap")
+
+
+def ssd_chunk(
+    xbc: torch.Tensor,
+    dt: torch.Tensor,
+    lg: torch.Tensor,
+    dims: tuple[int, int, int, int],
+    spans: Sequence[tuple[int, int]],
+    rec_in: Sequence[torch.Tensor],
+    rec_out: Sequence[torch.Tensor],
+    snaps: Sequence[Sequence[tuple[int, torch.Tensor]]],
+    chunk: int,
+) -> torch.Tensor:
+    """The chunked scan of a step's rows: xbc [T, >= H P + 2 G N] (x [H, P], B, C [G, N] per
+    row; float32, unit stride), dt [T, H] (softplus'd) and lg [T, H] (dt * A), dims (H, P, N,
+    G); sequence z owns rows spans[z] = (lo, hi), starts from record rec_in[z] (not
+    modified) and leaves its record in rec_out[z] (the same tensor or disjoint memory);
+    snaps[z]: (local row r, record tensor) pairs, r ascending, each given the record after
+    row r. Records are contiguous float32 of `record_size`. -> y [T, H, P]."""
+    lib = _c()
+    if lib is None:
+        raise RuntimeError("the C chunked scan is not available here")
+    h, p, n, g = dims
+    if min(dims) < 1 or h % g != 0:
+        raise ValueError(f"ssd_chunk: dims {dims}")
+    if not isinstance(chunk, int) or not 1 <= chunk <= _MAX_CHUNK:
+        raise ValueError(f"ssd_chunk: chunk {chunk} outside 1..{_MAX_CHUNK}")
+    width = h * p + 2 * g * n
+    argcheck.rows("ssd_chunk: xbc must be float32 rows of unit stride", xbc, width)
+    t = xbc.shape[0]
+    dt, lg = dt.contiguous(), lg.contiguous()
+    argcheck.spans("ssd_chunk", spans, t, rec_in, rec_out, snaps)
+    argcheck.f32("ssd_chunk: dt", dt, shape=(t, h))
+    argcheck.f32("ssd_chunk: lg", lg, shape=(t, h))
+    size = record_size(h, p, n, chunk)
+    for rec in (*rec_in, *rec_out):
+        argcheck.f32(f"ssd_chunk: records of {size} contiguous floats needed", rec, size)
+    for z, rec in enumerate(rec_in):
+        _count(f"ssd_chunk: rec_in[{z}]", rec, chunk)
+    ordered = sorted((lo, hi) for lo, hi in spans if hi > lo)
+    if any(b[0] < a[1] for a, b in zip(ordered, ordered[1:], strict=False)):
+        raise ValueError(f"ssd_chunk: row spans {list(spans)} overlap")
+    rows, ptrs, off = [], [], [0]
+    for (lo, hi), kept in zip(spans, snaps, strict=True):
+        last = -1
+        for r, rec in kept:
+            if not isinstance(r, int) or not last < r < hi - lo:
+                raise ValueError(f"ssd_chunk: snapshot rows must ascend within 0..{hi - lo - 1}")
+            argcheck.f32(f"ssd_chunk: snapshots of {size} contiguous floats needed", rec, size)
+            rows.append(r)
+            ptrs.append(rec)
+            last = r
+        off.append(len(rows))
+    _disjoint("ssd_chunk", [*rec_out, *ptrs], list(rec_in))
+    y = torch.empty(t, h, p)
+    k = len(spans)
+    if k == 0:
+        return y
+    lo_t = torch.tensor([a for a, _ in spans], dtype=torch.int64)
+    n_t = torch.tensor([b - a for a, b in spans], dtype=torch.int64)
+    off_t = torch.tensor(off, dtype=torch.int64)
+    rows_t = torch.tensor(rows, dtype=torch.int64)
+    ins = (ctypes.c_void_p * k)(*(r.data_ptr() for r in rec_in))
+    outs = (ctypes.c_void_p * k)(*(r.data_ptr() for r in rec_out))
+    sp = (ctypes.c_void_p * max(1, len(ptrs)))(*(r.data_ptr() for r in ptrs))
+    ldx = xbc.stride(0) if t > 1 else width
+    rc = lib.ls_ssd_chunk(
+        k, lo_t.data_ptr(), n_t.data_ptr(), ins, outs, xbc.data_ptr(), ldx, dt.data_ptr(),
+        lg.data_ptr(), y.data_ptr(), h, p, n, g, chunk, off_t.data_ptr(), rows_t.data_ptr(), sp,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if rc == -2:
+        raise MemoryError("ssd_chunk: out of memory for its work buffers")
+    if rc == -4:
+        raise ValueError("ssd_chunk: corrupt record (pending-row count)")
+    if rc != 0:
+        raise ValueError(f"ssd_chunk: sizes that do not fit the C kernel ({rc})")
+    return y
