@@ -72,6 +72,7 @@ UNITS = (
         "attention.c",
         "layers.c",
         "deltanet.c",
+        "gdn_chunk.c",
     ),
 )
 

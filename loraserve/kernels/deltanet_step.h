@@ -14,12 +14,18 @@
 
 #include "layers.h"
 
-// g = exp(softplus(alpha + dt_b) a) and beta = sigmoid(beta logit) of one value, with libm's
-// expf and log1pf (softplus past 20: x, as torch and ggml): the same bits in any layout.
-static inline void gdn_gate(float alpha, float blog, float dt_b, float a, float *g, float *b) {
+// log g = softplus(alpha + dt_b) a of one value, with libm's expf and log1pf (softplus past
+// 20: x, as torch and ggml); gdn_chunk.c's log gates are these bits, g is their expf.
+static inline float gdn_log_gate(float alpha, float dt_b, float a) {
     const float x = alpha + dt_b;
     const float sp = x > 20.0f ? x : log1pf(expf(x));
-    *g = expf(sp * a);
+    return sp * a;
+}
+
+// g = exp(softplus(alpha + dt_b) a) and beta = sigmoid(beta logit) of one value, with libm's
+// expf and log1pf: the same bits in any layout.
+static inline void gdn_gate(float alpha, float blog, float dt_b, float a, float *g, float *b) {
+    *g = expf(gdn_log_gate(alpha, dt_b, a));
     *b = 1.0f / (1.0f + expf(-blog));
 }
 
