@@ -49,19 +49,21 @@ static inline int64_t ssd_total(const SsdDims *d) {
     return d->H * (d->P * d->N + (d->C - 1) * (d->P + d->N + 1)) + 1;
 }
 
-// Head h's pending rows (X [C][P], B [C][N], Gs [C]; cnt of them) into record rec, zeros
-// past them; its state s [P][N] too unless s is already rec's.
+// Head h's pending rows from slot `from` (X [C][P], B [C][N], Gs [C]; cnt of them) into
+// record rec, and from slot 0 zeros past them (from > 0: rec holds the rows before it and
+// zeros past them already); its state s [P][N] too unless s is already rec's.
 static void ssd_put(float *rec, const SsdDims *d, int64_t h, const float *s, const float *X,
-                    const float *B, const float *Gs, int64_t cnt) {
+                    const float *B, const float *Gs, int64_t from, int64_t cnt) {
     const int64_t P = d->P, N = d->N, C1 = d->C - 1;
     float *rs = ssd_s(rec, d, h), *px = ssd_px(rec, d, h), *pb = ssd_pb(rec, d, h);
     float *pg = ssd_pg(rec, d, h);
     if (rs != s) memcpy(rs, s, (size_t)(P * N) * sizeof(float));
-    memcpy(px, X, (size_t)(cnt * P) * sizeof(float));
+    memcpy(px + from * P, X + from * P, (size_t)((cnt - from) * P) * sizeof(float));
+    memcpy(pb + from * N, B + from * N, (size_t)((cnt - from) * N) * sizeof(float));
+    memcpy(pg + from, Gs + from, (size_t)(cnt - from) * sizeof(float));
+    if (from > 0) return;
     memset(px + cnt * P, 0, (size_t)((C1 - cnt) * P) * sizeof(float));
-    memcpy(pb, B, (size_t)(cnt * N) * sizeof(float));
     memset(pb + cnt * N, 0, (size_t)((C1 - cnt) * N) * sizeof(float));
-    memcpy(pg, Gs, (size_t)cnt * sizeof(float));
     memset(pg + cnt, 0, (size_t)(C1 - cnt) * sizeof(float));
 }
 
@@ -122,10 +124,13 @@ static void ssd_head(const SsdDims *d, int64_t h, float *s, int64_t cnt, SsdWork
     int64_t next = 0, r = 0;
     while (r < n) {  // a segment: rows r .. r1-1 of one chunk, whose boundary state is s
         const int64_t r1 = r + (C - cnt) < n ? r + (C - cnt) : n, k = r1 - r;
-        for (int64_t i = 0; i < k; i++) {  // the rows' x and B, read after the ys below
-            const float *xr = xbc + (lo + r + i) * d->ldx;
+        for (int64_t i = r == 0 ? 0 : k; i < k + C && r + i < n; i++) {  // the next rows' x,
+            const float *xr = xbc + (lo + r + i) * d->ldx;  // B and C, read a segment later
             for (int64_t q = 0; q < P; q += 16) __builtin_prefetch(xr + h * P + q);
-            for (int64_t q = 0; q < N; q += 16) __builtin_prefetch(xr + boff + q);
+            for (int64_t q = 0; q < N; q += 16) {
+                __builtin_prefetch(xr + boff + q);
+                __builtin_prefetch(xr + coff + q);
+            }
         }
         for (int64_t p0 = 0; p0 < P; p0 += 16) {  // ys[i][p] = dot(C_i, s0[p]), 4 rows at once
             const int64_t np = P - p0 < 16 ? P - p0 : 16;
@@ -169,7 +174,7 @@ static void ssd_head(const SsdDims *d, int64_t h, float *s, int64_t cnt, SsdWork
                 ssd_close(s, d, X, B, e, eg, wk->wx);
                 cnt = 0;
             }
-            if (next < nsnap && snaps[next] == r) ssd_put(snap_ptrs[next++], d, h, s, X, B, Gs, cnt);
+            if (next < nsnap && snaps[next] == r) ssd_put(snap_ptrs[next++], d, h, s, X, B, Gs, 0, cnt);
         }
     }
 }
@@ -235,7 +240,8 @@ int ls_ssd_chunk(int64_t nseq, const int64_t *lo, const int64_t *n, void **rec_i
             if (in != out) memcpy(s, ssd_s(in, &d, h), (size_t)(P * N) * sizeof(float));
             ssd_head(&d, h, s, cnt, &wk, xbc, dt, lg, y, lo[z], n[z], snap_rows + snap_off[z],
                      snap_off[z + 1] - snap_off[z], snap_ptrs + snap_off[z]);
-            ssd_put(out, &d, h, s, wk.X, wk.B, wk.Gs, (cnt + n[z]) % C);
+            const int64_t kept = in == out && cnt + n[z] < C ? cnt : 0;  // in place, no chunk end
+            ssd_put(out, &d, h, s, wk.X, wk.B, wk.Gs, kept, (cnt + n[z]) % C);
         }
         free(buf);
     }

@@ -13,6 +13,7 @@ rows are pending, 0..c-1); slots past cnt are 0.0."""
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 from collections.abc import Sequence
 
@@ -79,19 +80,33 @@ def state_of(record: torch.Tensor, h: int, p: int, n: int, c: int) -> torch.Tens
     return torch.exp(last)[:, None, None] * s + upd
 
 
-def _disjoint(what: str, outs: list[torch.Tensor], ins: Sequence[torch.Tensor]) -> None:
-    """ValueError unless every written tensor (outs: rec_out, then snapshots) meets no other
-    tensor given, except rec_out[z] being rec_in[z] itself (a record updated in place)."""
-    spans = [(t.data_ptr(), t.data_ptr() + 4 * t.numel(), 0, i) for i, t in enumerate(outs)]
-    spans += [(t.data_ptr(), t.data_ptr() + 4 * t.numel(), 1, i) for i, t in enumerate(ins)]
-    spans.sort()
-    for i, (a0, a1, ka, za) in enumerate(spans):
-        for b0, b1, kb, zb in spans[i + 1 :]:
-            if b0 >= a1:
-                break
-            if ka == kb == 1 or (ka != kb and za == zb and (a0, a1) == (b0, b1)):
-                continue
-            raise ValueError(f"{what}: records and snapshots written must not overlap")
+def _pointers(what: str, recs: Sequence[torch.Tensor], size: int) -> list[int]:
+    """The records' data pointers, each checked to be contiguous CPU float32 of ``size``."""
+    out = []
+    for rec in recs:
+        ok = isinstance(rec, torch.Tensor) and rec.dtype == torch.float32 and rec.is_cpu
+        if not (ok and rec.numel() == size and rec.is_contiguous()):
+            argcheck.f32(f"{what}: records of {size} contiguous floats needed", rec, size)
+        out.append(rec.data_ptr())
+    return out
+
+
+def _disjoint(what: str, outs: list[int], ins: list[int], nbytes: int) -> None:
+    """ValueError unless the records written (outs: rec_out, then snapshots; nbytes each)
+    meet no other record given, except rec_out[z] being rec_in[z] (updated in place)."""
+    so = sorted(outs)
+    if any(b - a < nbytes for a, b in zip(so, so[1:], strict=False)):
+        raise ValueError(f"{what}: records and snapshots written must not overlap")
+    for z, q in enumerate(ins):
+        i = bisect.bisect_right(so, q - nbytes)
+        while i < len(so) and so[i] < q + nbytes:
+            if so[i] != q or outs[z] != q:
+                raise ValueError(f"{what}: a record read overlaps another sequence's written")
+            i += 1
+
+
+def _index(values: list[int]) -> ctypes.Array[ctypes.c_int64]:
+    return (ctypes.c_int64 * max(1, len(values)))(*values)
 
 
 def ssd_chunk(
@@ -127,10 +142,9 @@ def ssd_chunk(
     argcheck.f32("ssd_chunk: dt", dt, shape=(t, h))
     argcheck.f32("ssd_chunk: lg", lg, shape=(t, h))
     size = record_size(h, p, n, chunk)
-    for rec in (*rec_in, *rec_out):
-        argcheck.f32(f"ssd_chunk: records of {size} contiguous floats needed", rec, size)
-    for z, rec in enumerate(rec_in):
-        _count(f"ssd_chunk: rec_in[{z}]", rec, chunk)
+    p_in = _pointers("ssd_chunk: rec_in", rec_in, size)
+    same = all(a is b for a, b in zip(rec_out, rec_in, strict=True))
+    p_out = list(p_in) if same else _pointers("ssd_chunk: rec_out", rec_out, size)
     ordered = sorted((lo, hi) for lo, hi in spans if hi > lo)
     if any(b[0] < a[1] for a, b in zip(ordered, ordered[1:], strict=False)):
         raise ValueError(f"ssd_chunk: row spans {list(spans)} overlap")
@@ -140,33 +154,28 @@ def ssd_chunk(
         for r, rec in kept:
             if not isinstance(r, int) or not last < r < hi - lo:
                 raise ValueError(f"ssd_chunk: snapshot rows must ascend within 0..{hi - lo - 1}")
-            argcheck.f32(f"ssd_chunk: snapshots of {size} contiguous floats needed", rec, size)
             rows.append(r)
             ptrs.append(rec)
             last = r
         off.append(len(rows))
-    _disjoint("ssd_chunk", [*rec_out, *ptrs], list(rec_in))
+    p_snap = _pointers("ssd_chunk: snapshots", ptrs, size)
+    _disjoint("ssd_chunk", p_out + p_snap, p_in, 4 * size)
     y = torch.empty(t, h, p)
     k = len(spans)
     if k == 0:
         return y
-    lo_t = torch.tensor([a for a, _ in spans], dtype=torch.int64)
-    n_t = torch.tensor([b - a for a, b in spans], dtype=torch.int64)
-    off_t = torch.tensor(off, dtype=torch.int64)
-    rows_t = torch.tensor(rows, dtype=torch.int64)
-    ins = (ctypes.c_void_p * k)(*(r.data_ptr() for r in rec_in))
-    outs = (ctypes.c_void_p * k)(*(r.data_ptr() for r in rec_out))
-    sp = (ctypes.c_void_p * max(1, len(ptrs)))(*(r.data_ptr() for r in ptrs))
     ldx = xbc.stride(0) if t > 1 else width
     rc = lib.ls_ssd_chunk(
-        k, lo_t.data_ptr(), n_t.data_ptr(), ins, outs, xbc.data_ptr(), ldx, dt.data_ptr(),
-        lg.data_ptr(), y.data_ptr(), h, p, n, g, chunk, off_t.data_ptr(), rows_t.data_ptr(), sp,
-        torch.get_num_threads(),
+        k, _index([a for a, _ in spans]), _index([b - a for a, b in spans]),
+        (ctypes.c_void_p * k)(*p_in), (ctypes.c_void_p * k)(*p_out), xbc.data_ptr(), ldx,
+        dt.data_ptr(), lg.data_ptr(), y.data_ptr(), h, p, n, g, chunk, _index(off), _index(rows),
+        (ctypes.c_void_p * max(1, len(p_snap)))(*p_snap), torch.get_num_threads(),
     )  # fmt: skip
+    if rc == -4:  # checked in C before anything was written: name the record
+        for z, rec in enumerate(rec_in):
+            _count(f"ssd_chunk: rec_in[{z}]", rec, chunk)
     if rc == -2:
         raise MemoryError("ssd_chunk: out of memory for its work buffers")
-    if rc == -4:
-        raise ValueError("ssd_chunk: corrupt record (pending-row count)")
     if rc != 0:
         raise ValueError(f"ssd_chunk: sizes that do not fit the C kernel ({rc})")
     return y
