@@ -197,7 +197,9 @@ int ls_ssd_chunk(int64_t nseq, const int64_t *lo, const int64_t *n, void **rec_i
         return -3;
     if (nseq == 0) return 0;
     if (!lo || !n || !rec_in || !rec_out || !snap_off || snap_off[0] < 0) return -3;
+    if (snap_off[nseq] > 0 && (!snap_rows || !snap_ptrs)) return -3;
     const int64_t total = ssd_total(&d);
+    int64_t work = 0;
     for (int64_t z = 0; z < nseq; z++) {
         if (lo[z] < 0 || n[z] < 0 || snap_off[z + 1] < snap_off[z] || !rec_in[z] || !rec_out[z])
             return -3;
@@ -207,15 +209,13 @@ int ls_ssd_chunk(int64_t nseq, const int64_t *lo, const int64_t *n, void **rec_i
                 return -3;
         const float cf = ((const float *)rec_in[z])[total - 1];
         if (!(cf >= 0.0f && cf <= (float)(C - 1)) || cf != (float)(int64_t)cf) return -4;
-    }
-    int64_t *cnt0 = malloc((size_t)nseq * sizeof(int64_t));
-    if (!cnt0) return -2;
-    int64_t work = 0;
-    for (int64_t z = 0; z < nseq; z++) {
-        cnt0[z] = (int64_t)((const float *)rec_in[z])[total - 1];
         work += n[z];
     }
-    if (work * H * P * N < 65536) nthreads = 1;
+    if (work > 0 && (!xbc || !dt || !lg || !y)) return -3;
+    int64_t *cnt0 = malloc((size_t)nseq * sizeof(int64_t));
+    if (!cnt0) return -2;
+    for (int64_t z = 0; z < nseq; z++) cnt0[z] = (int64_t)((const float *)rec_in[z])[total - 1];
+    if (nthreads < 1 || work * H * P * N < 65536) nthreads = 1;
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {

@@ -149,6 +149,9 @@ def test_zero_rows_and_chunk_one() -> None:
     y, out, _ = _run(DIMS, C, xbc[:0], dt[:0], lg[:0], rec)
     assert y.shape == (0, h, p)
     _same(out, rec)
+    empty = torch.empty(0, xbc.shape[1])  # no storage at all
+    y, out, _ = _run(DIMS, C, empty, torch.empty(0, h), torch.empty(0, h), rec)
+    _same(out, rec)
     xbc, dt, da, lg = _inputs(DIMS, 20, 4)  # chunk 1: the state itself after every row
     y0, f0, _ = ssm_scan.scan2(xbc, dt, da, DIMS, [(0, 20)], [torch.zeros(h, p, n)], [[]])
     y1, f1, _ = _run(DIMS, 1, xbc, dt, lg, torch.zeros(sc.record_size(h, p, n, 1)))
