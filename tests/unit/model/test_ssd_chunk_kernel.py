@@ -9,6 +9,8 @@ import ctypes
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loraserve.kernels import ssd_chunk as sc
 from loraserve.kernels import ssm_scan
@@ -26,10 +28,10 @@ def _inputs(dims: Dims, t: int, seed: int) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(seed)
     width = h * p + 2 * g * n
     xbc = torch.randn(t, width + 5, generator=gen)[:, :width]
-    raw = torch.randn(t, h, generator=gen) * 2
+    raw = torch.randn(max(t, 1), h, generator=gen) * 2  # dt_da takes 1+ rows
     a = -torch.rand(h, generator=gen) * 3
     dt, da = ssm_scan.dt_da(raw, torch.randn(h, generator=gen), a)
-    return xbc, dt, da, dt * a
+    return xbc, dt[:t], da[:t], dt[:t] * a
 
 
 def _run(dims: Dims, c: int, xbc: torch.Tensor, dt: torch.Tensor, lg: torch.Tensor,
@@ -140,6 +142,44 @@ def test_batched_and_threads_bitwise() -> None:
                     _same(got, want)
     finally:
         torch.set_num_threads(threads)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.sampled_from([((2, 8, 16, 1), 4), ((4, 16, 32, 2), 16), ((3, 5, 13, 3), 1)]),
+    st.lists(st.tuples(st.integers(0, 9), st.integers(0, 9), st.booleans()), max_size=8),
+    st.sampled_from([1, 2]),
+)
+def test_any_calls_same_bits(
+    shape: tuple[Dims, int], steps: list[tuple[int, int, bool]], threads: int
+) -> None:
+    """Two sequences fed by any series of calls (each taking some rows of both, batched,
+    records in place or not, 1 or 2 threads) end with the bits of one call each."""
+    dims, c = shape
+    h, p, n, _ = dims
+    total = [sum(a for a, _, _ in steps), sum(b for _, b, _ in steps)]
+    seqs = [_inputs(dims, k, 300 + z) for z, k in enumerate(total)]
+    rec0 = torch.zeros(sc.record_size(h, p, n, c))
+    want = [_run(dims, c, x, d, g, rec0)[:2] for x, d, _, g in seqs]
+    recs, ys, done = [rec0.clone(), rec0.clone()], [[], []], [0, 0]
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for ka, kb, in_place in steps:
+            spans = [(kb, kb + ka), (0, kb)]  # sequence 1's rows first
+            pick = [torch.cat([seqs[1][j][done[1] : done[1] + kb],
+                               seqs[0][j][done[0] : done[0] + ka]]) for j in (0, 1, 3)]  # fmt: skip
+            outs = recs if in_place else [torch.empty_like(r) for r in recs]
+            y = sc.ssd_chunk(pick[0], pick[1], pick[2], dims, spans, recs, outs, [[], []], c)
+            for z in (0, 1):
+                ys[z].append(y[spans[z][0] : spans[z][1]])
+                done[z] += (ka, kb)[z]
+            recs = outs
+    finally:
+        torch.set_num_threads(old)
+    for z in (0, 1):
+        _same(torch.cat([torch.empty(0, h, p), *ys[z]]), want[z][0])
+        _same(recs[z], want[z][1])
 
 
 def test_zero_rows_and_chunk_one() -> None:
