@@ -93,7 +93,7 @@ static void gc_put(float *rec, const float *mrow, const gc_work_t *wk, int64_t p
 }
 
 // Sequence rows lo .. lo + n - 1 of head h from record rin (p pending rows) into rout, the
-// record after local row snap_row[e] (e in e0 .. e1 - 1) into snap_dst[e] (cnt excluded).
+// record after local row snap_row[e] (e .. e1 - 1) into snap_dst[e] (all but cnt).
 static void gc_task(const gc_io_t *io, gc_work_t *wk, const float *rin, float *rout, int64_t p,
                     int64_t h, int64_t lo, int64_t n, const int64_t *snap_row,
                     float *const *snap_dst, int64_t e, int64_t e1) {
@@ -106,9 +106,8 @@ static void gc_task(const gc_io_t *io, gc_work_t *wk, const float *rin, float *r
     memcpy(wk->kr, rin + gc_pk(H, S, C, h), sizeof(float) * (size_t)(p * S));
     memcpy(wk->u, rin + gc_pu(H, S, C, h), sizeof(float) * (size_t)(p * S));
     memcpy(wk->g, rin + gc_pg(H, S, C, h), sizeof(float) * (size_t)p);
-    memset(wk->kt, 0, sizeof(float) * (size_t)(S * C));
-    for (int64_t j = 0; j < p; j++)
-        for (int64_t b = 0; b < S; b++) wk->kt[b * C + j] = wk->kr[j * S + b];
+    for (int64_t b = 0; b < S; b++)  // the pending keys transposed, zeros past them
+        for (int64_t j = 0; j < C; j++) wk->kt[b * C + j] = j < p ? wk->kr[j * S + b] : 0.0f;
     const float *kp[C], *qp[C];
     for (int64_t r = 0; r < n;) {
         const int64_t ng = C - p < n - r ? C - p : n - r;  // rows r .. r + ng - 1: one M0
@@ -132,7 +131,10 @@ static void gc_task(const gc_io_t *io, gc_work_t *wk, const float *rin, float *r
         gc_dots(wk->kt, kp, qp, ng, wk->kk, wk->qk, S, C);
         int64_t a0 = 0;
 #if GC_TILES
-        if (rows) gc_mk_tiles(mrow, kp, qp, ng, S, wk->w, wk->x), a0 = S;
+        if (rows) {  // rout's M on the way, then the current M0 there
+            gc_mk_tiles(mrow, kp, qp, ng, S, wk->w, wk->x, mrow == mout ? NULL : mout);
+            mrow = mout, a0 = S;
+        }
 #endif
         for (; a0 + GC_LANES <= S; a0 += GC_LANES)
             gc_mk(wk->mt, kp, qp, ng, a0, GC_LANES, S, wk->w, wk->x);
@@ -152,8 +154,8 @@ static void gc_task(const gc_io_t *io, gc_work_t *wk, const float *rin, float *r
                 if (rows) {
                     gc_end_rows(mrow, mout, cu, wk->kr, eg, S, C), mrow = mout;
                 } else {
-                    for (a0 = 0; a0 + 2 * GC_LANES <= S; a0 += 2 * GC_LANES)
-                        gc_end(wk->mt, cu, wk->kr, eg, a0, 2 * GC_LANES, S, C);
+                    for (a0 = 0; a0 + GC_END_LANES <= S; a0 += GC_END_LANES)
+                        gc_end(wk->mt, cu, wk->kr, eg, a0, GC_END_LANES, S, C);
                     if (a0 < S) gc_end(wk->mt, cu, wk->kr, eg, a0, S - a0, S, C);
                     dirty = 1;
                 }
@@ -171,8 +173,8 @@ static void gc_task(const gc_io_t *io, gc_work_t *wk, const float *rin, float *r
 
 // n_seq sequences; sequence z owns rows lo[z] .. lo[z] + n[z] - 1 of q, k, o [T][H][S]
 // (contiguous), v (row stride v_ld, heads contiguous), lg and beta [T][H]. Its record
-// (gdn_chunk.py's record_size floats) is read from rec_in[z] (never written, shared with no
-// other pointer) and the record after its last row written to rec_out[z]; for e in
+// (gdn_chunk.py's record_size floats) is read from rec_in[z] (never written; no written
+// record may share its memory) and the record after its last row written to rec_out[z]; for e in
 // snap_off[z] .. snap_off[z+1] - 1, the record after its local row snap_row[e] (ascending) to
 // snap_dst[e]. Tasks: (sequence, head). Returns 0, -2 out of memory (outputs then undefined),
 // -3 sizes that do not fit (a span or snapshot row outside its sequence, v_ld < H S, C

@@ -9,12 +9,12 @@
 #include <immintrin.h>
 #endif
 
-// Value lanes of one register block (gc_mk's; gc_end takes twice as many): the count sets only
-// which lanes share a loop, never a value's operations.
+// Value lanes of one register block, gc_mk's and gc_end's (the fastest measured at S = 128):
+// the counts set only which lanes share a loop, never a value's operations.
 #if defined(__AVX512F__)
-enum { GC_LANES = 32 };
+enum { GC_LANES = 16, GC_END_LANES = 128 };
 #else
-enum { GC_LANES = 16 };
+enum { GC_LANES = 16, GC_END_LANES = 32 };
 #endif
 enum { GC_DOTS = 16, GC_MAX_C = 256 };  // pending-row lanes of gc_dot2; chunk sizes
 // Sequences of fewer rows in a call (decode steps, drafts) run on the row-major state, never
@@ -58,7 +58,7 @@ static inline __attribute__((always_inline)) void gc_end(float *restrict mt, con
                                                          int64_t nr, int64_t S, int64_t C) {
     for (int64_t b = 0; b < S; b += 2) {
         const int64_t b1 = b + 1 < S ? b + 1 : b;  // an odd last index runs twice
-        float acc[2 * GC_LANES], acd[2 * GC_LANES];
+        float acc[GC_END_LANES], acd[GC_END_LANES];
         float *m = mt + b * S + a0, *m1 = mt + b1 * S + a0;
         for (int64_t l = 0; l < nr; l++) acc[l] = m[l] * eg, acd[l] = m1[l] * eg;
         for (int64_t j = 0; j < C; j++) {
@@ -115,17 +115,19 @@ static void gc_dots(const float *kt, const float *const *kp, const float *const 
 #if defined(__AVX2__)
 // gc_mk's w and x from the row-major m (S % 16 == 0) for ng < GC_BLOCK_MIN rows: 8x8 tiles
 // transposed in registers (deltanet.c's tr8), lanes = 8 value indices a, each summing over b
-// from 0 in order.
+// from 0 in order; m copied to copy on the way (NULL: not).
 static void gc_mk_tiles(const float *m, const float *const *kp, const float *const *qp,
-                        int64_t ng, int64_t S, float *w, float *x) {
+                        int64_t ng, int64_t S, float *w, float *x, float *copy) {
     for (int64_t a0 = 0; a0 < S; a0 += 16) {
         __m256 aw[2 * GC_BLOCK_MIN], ax[2 * GC_BLOCK_MIN];
         for (int64_t i = 0; i < 2 * ng; i++) aw[i] = ax[i] = _mm256_setzero_ps();
         for (int64_t b0 = 0; b0 < S; b0 += 8) {
             __m256 r[2][8];
             for (int y = 0; y < 2; y++) {
-                const float *row = m + (a0 + 8 * y) * S + b0;
-                for (int l = 0; l < 8; l++) r[y][l] = _mm256_loadu_ps(row + l * S);
+                const int64_t at = (a0 + 8 * y) * S + b0;
+                for (int l = 0; l < 8; l++) r[y][l] = _mm256_loadu_ps(m + at + l * S);
+                if (copy != NULL)
+                    for (int l = 0; l < 8; l++) _mm256_storeu_ps(copy + at + l * S, r[y][l]);
                 tr8(r[y]);
             }
             for (int64_t i = 0; i < ng; i++)
