@@ -173,10 +173,11 @@ static void gc_task(const gc_io_t *io, gc_work_t *wk, const float *rin, float *r
 
 // n_seq sequences; sequence z owns rows lo[z] .. lo[z] + n[z] - 1 of q, k, o [T][H][S]
 // (contiguous), v (row stride v_ld, heads contiguous), lg and beta [T][H]. Its record
-// (gdn_chunk.py's record_size floats) is read from rec_in[z] (never written; no written
-// record may share its memory) and the record after its last row written to rec_out[z]; for e in
-// snap_off[z] .. snap_off[z+1] - 1, the record after its local row snap_row[e] (ascending) to
-// snap_dst[e]. Tasks: (sequence, head). Returns 0, -2 out of memory (outputs then undefined),
+// (gdn_chunk.py's record_size floats) is read from rec_in[z] and the record after its last row
+// written to rec_out[z], which may be rec_in[z] itself (in place: a head's task reads its parts
+// of the record before it writes them, cnt is read before the tasks and written after), else
+// shares no memory with a record read or written; for e in snap_off[z] .. snap_off[z+1] - 1,
+// the record after its local row snap_row[e] (ascending) to snap_dst[e]. Tasks: (sequence, head). Returns 0, -2 out of memory (outputs then undefined),
 // -3 sizes that do not fit (a span or snapshot row outside its sequence, v_ld < H S, C
 // outside 1 .. 256), -4 a record whose cnt is not an integer in 0 .. C-1 (nothing written).
 int ls_gdn_chunk(int64_t n_seq, const int64_t *lo, const int64_t *n, void **rec_in,

@@ -79,7 +79,8 @@ def _count(what: str, record: torch.Tensor, c: int) -> int:
 
 
 def _disjoint(reads: Sequence[torch.Tensor], writes: Sequence[torch.Tensor]) -> None:
-    """ValueError when a written tensor's memory overlaps any other record (reads may share)."""
+    """ValueError when a written tensor's memory overlaps any other record (reads may share;
+    a record updated in place is passed as a write only)."""
     spans = sorted((t.data_ptr(), t.data_ptr() + 4 * t.numel(), w)
                    for ts, w in ((reads, False), (writes, True)) for t in ts)  # fmt: skip
     end_any = end_write = 0
@@ -104,13 +105,14 @@ def gdn_chunk(
     snaps: Sequence[Sequence[tuple[int, torch.Tensor]]],
     chunk: int,
 ) -> None:
-    """Run sequence z's rows ``spans[z]`` = (lo, hi) from record ``rec_in[z]`` (read only)
-    into ``rec_out[z]``: q, k [T, H, S] and o (written) contiguous, v [T, H, S] with heads
-    contiguous (any row stride), lg (log gates), beta [T, H] contiguous; ``snaps[z]`` lists
-    (row r from lo, ascending; a record to receive the record after it). Every record
-    `record_size` (H, S, chunk) contiguous float32, none sharing memory with a written one.
-    Raises ValueError for arguments that do not fit (a corrupt record's count included),
-    RuntimeError when the kernel is not built, MemoryError when it runs out of memory."""
+    """Run sequence z's rows ``spans[z]`` = (lo, hi) from record ``rec_in[z]`` into
+    ``rec_out[z]`` (``rec_in[z]`` itself: in place): q, k [T, H, S] and o (written)
+    contiguous, v [T, H, S] with heads contiguous (any row stride), lg (log gates), beta
+    [T, H] contiguous; ``snaps[z]`` lists (row r from lo, ascending; a record to receive the
+    record after it). Every record `record_size` (H, S, chunk) contiguous float32, a written
+    one sharing memory with no other (reads may share theirs). Raises ValueError for
+    arguments that do not fit (a corrupt record's count included), RuntimeError when the
+    kernel is not built, MemoryError when it runs out of memory."""
     lib = _need()
     if q.dim() != 3:
         raise ValueError(f"gdn_chunk: q {tuple(q.shape)}, expected [T, H, S]")
@@ -131,7 +133,8 @@ def gdn_chunk(
         rows = [r for r, _ in z]
         if rows != sorted(rows) or any(not 0 <= r < hi - lo for r in rows):
             raise ValueError(f"gdn_chunk: snapshot rows {rows} for a span of {hi - lo}")
-    _disjoint(rec_in, [*rec_out, *dsts])
+    in_place = [a.data_ptr() == b.data_ptr() for a, b in zip(rec_in, rec_out, strict=True)]
+    _disjoint([r for r, ip in zip(rec_in, in_place, strict=True) if not ip], [*rec_out, *dsts])
     off = [0]
     for z in snaps:
         off.append(off[-1] + len(z))

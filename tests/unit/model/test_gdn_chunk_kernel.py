@@ -14,6 +14,8 @@ import random
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loraserve.kernels import deltanet
 from loraserve.kernels import gdn_chunk as gc
@@ -143,6 +145,45 @@ def test_bits_do_not_depend_on_the_calls(h: int, s: int, c: int, t: int) -> None
     assert _same(orr[r + 1 :], o[r + 1 :]) and _same(recr, rec)
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    st.sampled_from([(2, 16, 4), (3, 20, 16), (1, 128, 16), (2, 7, 1)]),
+    st.lists(st.tuples(st.integers(0, 9), st.integers(0, 9), st.booleans()), max_size=8),
+    st.sampled_from([1, 2]),
+)
+def test_any_calls_same_bits(
+    shape: tuple[int, int, int], steps: list[tuple[int, int, bool]], threads: int
+) -> None:
+    """Two sequences fed by any series of calls (each taking some rows of both, batched,
+    records in place or not, 1 or 2 threads) end with the bits of one call each."""
+    h, s, c = shape
+    total = [sum(a for a, _, _ in steps), sum(b for _, b, _ in steps)]
+    seqs = [_rows(t, h, s, seed=300 + z) for z, t in enumerate(total)]
+    rec0 = torch.zeros(gc.record_size(h, s, c))
+    want = [_run(x, [(0, t)], [rec0], c)[:2] for x, t in zip(seqs, total, strict=True)]
+    recs, outs, done = [rec0.clone(), rec0.clone()], [[], []], [0, 0]
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for ka, kb, in_place in steps:
+            x = _cat([{n: v[done[1] : done[1] + kb] for n, v in seqs[1].items()},
+                      {n: v[done[0] : done[0] + ka] for n, v in seqs[0].items()}])  # fmt: skip
+            spans = [(kb, kb + ka), (0, kb)]  # sequence 1's rows first
+            new = recs if in_place else [torch.empty_like(r) for r in recs]
+            o = torch.empty(ka + kb, h, s)
+            gc.gdn_chunk(spans, recs, new, x["q"], x["k"], x["v"], x["lg"], x["beta"],
+                         1 / math.sqrt(s), o, [[], []], c)  # fmt: skip
+            for z in (0, 1):
+                outs[z].append(o[spans[z][0] : spans[z][1]])
+                done[z] += (ka, kb)[z]
+            recs = new
+    finally:
+        torch.set_num_threads(old)
+    for z in (0, 1):
+        assert _same(torch.cat([torch.empty(0, h, s), *outs[z]]), want[z][0][: total[z]])
+        assert _same(recs[z], want[z][1][0])
+
+
 def test_pending_slots_are_zero() -> None:
     h, s, c = 2, 8, 4
     x = _rows(6, h, s, seed=3)
@@ -184,9 +225,16 @@ def test_bad_arguments_refused() -> None:
         with pytest.raises(ValueError):
             _run(x, spans, recs, chunk, snap_rows)
     o = torch.empty(5, h, s)
-    with pytest.raises(ValueError, match="overlap"):  # rec_out the same memory as rec_in
-        gc.gdn_chunk([(0, 5)], [rec], [rec], x["q"], x["k"], x["v"], x["lg"], x["beta"], 1.0,
-                     o, [[]], c)  # fmt: skip
+    two = torch.zeros(2 * n)
+    for ins, outs, snaps in (
+        ([two[:n]], [two[1 : n + 1]], [[]]),  # partly the same memory
+        ([rec], [rec], [[(1, rec)]]),  # a snapshot into the record
+        ([rec, rec], [rec, torch.zeros(n)], [[], []]),  # read by one, written by the other
+    ):
+        spans = [(0, 5)] * len(ins)
+        with pytest.raises(ValueError, match="overlap"):
+            gc.gdn_chunk(spans, ins, outs, x["q"], x["k"], x["v"], x["lg"], x["beta"], 1.0, o,
+                         snaps, c)  # fmt: skip
     v = torch.randn(5, s, h).transpose(1, 2)  # [T, H, S] with heads not contiguous
     with pytest.raises(ValueError, match="strides"):
         gc.gdn_chunk([(0, 5)], [rec], [torch.zeros(n)], x["q"], x["k"], v, x["lg"], x["beta"],
