@@ -108,6 +108,25 @@ static void ssd_close(float *s, const SsdDims *d, const float *X, const float *B
         }
 }
 
+// yo[p] = eg ys[p], then += w[j] X[j][p] for j = 0..k-1: SSD_CV vectors of p at a time in
+// registers, the edge one value at a time.
+static void ssd_y(float *yo, const float *ys, float eg, const float *w, const float *X,
+                  int64_t k, int64_t P) {
+    int64_t p = 0;
+    for (; p + SSD_CV * SSD_W <= P; p += SSD_CV * SSD_W) {
+        ssd_w acc[SSD_CV];
+        for (int v = 0; v < SSD_CV; v++) acc[v] = eg * ssd_ld(ys + p + v * SSD_W);
+        for (int64_t j = 0; j < k; j++)
+            for (int v = 0; v < SSD_CV; v++) acc[v] += w[j] * ssd_ld(X + j * P + p + v * SSD_W);
+        memcpy(yo + p, acc, sizeof(acc));
+    }
+    for (; p < P; p++) {
+        float v = eg * ys[p];
+        for (int64_t j = 0; j < k; j++) v += w[j] * X[j * P + p];
+        yo[p] = v;
+    }
+}
+
 // Per-thread work buffers of one (sequence, head) task.
 typedef struct {
     float *X, *B, *Gs, *e, *w, *wx, *ys;
@@ -124,8 +143,16 @@ static void ssd_head(const SsdDims *d, int64_t h, float *s, int64_t cnt, SsdWork
     int64_t next = 0, r = 0;
     while (r < n) {  // a segment: rows r .. r1-1 of one chunk, whose boundary state is s
         const int64_t r1 = r + (C - cnt) < n ? r + (C - cnt) : n, k = r1 - r;
-        for (int64_t i = r == 0 ? 0 : k; i < k + C && r + i < n; i++) {  // the next rows' x,
-            const float *xr = xbc + (lo + r + i) * d->ldx;  // B and C, read a segment later
+        for (int64_t i = 0; i < k; i++) {  // its rows into pending slots cnt .. cnt + k - 1
+            const int64_t row = lo + r + i, t = cnt + i;
+            const float *xr = xbc + row * d->ldx;
+            const float dd = dt[row * H + h], l = lg[row * H + h];
+            for (int64_t p = 0; p < P; p++) X[t * P + p] = xr[h * P + p] * dd;
+            memcpy(B + t * N, xr + boff, (size_t)N * sizeof(float));
+            Gs[t] = t == 0 ? l : Gs[t - 1] + l;
+        }
+        for (int64_t i = k; i < k + C && r + i < n; i++) {  // the next segment's x, B, C
+            const float *xr = xbc + (lo + r + i) * d->ldx;
             for (int64_t q = 0; q < P; q += 16) __builtin_prefetch(xr + h * P + q);
             for (int64_t q = 0; q < N; q += 16) {
                 __builtin_prefetch(xr + boff + q);
@@ -134,27 +161,22 @@ static void ssd_head(const SsdDims *d, int64_t h, float *s, int64_t cnt, SsdWork
         }
         for (int64_t p0 = 0; p0 < P; p0 += 16) {  // ys[i][p] = dot(C_i, s0[p]), 4 rows at once
             const int64_t np = P - p0 < 16 ? P - p0 : 16;
+            const size_t bytes = (size_t)np * sizeof(float);
             float o[4 * 16];
-            int64_t i = 0;
-            for (; i + 4 <= k; i += 4) {
+            for (int64_t i = 0; i < k; i += 4) {
                 const float *cs[4];
-                for (int q = 0; q < 4; q++) cs[q] = xbc + (lo + r + i + q) * d->ldx + coff;
-                ssd_dots(cs, 4, s + p0 * N, N, np, N, o);
-                for (int q = 0; q < 4; q++) memcpy(ys + (i + q) * P + p0, o + q * 16, (size_t)np * sizeof(float));
-            }
-            for (; i < k; i++) {
-                const float *cs[1] = {xbc + (lo + r + i) * d->ldx + coff};
-                ssd_dots(cs, 1, s + p0 * N, N, np, N, o);
-                memcpy(ys + i * P + p0, o, (size_t)np * sizeof(float));
+                const int rows = k - i < 4 ? (int)(k - i) : 4;
+                for (int q = 0; q < rows; q++) cs[q] = xbc + (lo + r + i + q) * d->ldx + coff;
+                const float *s0 = s + p0 * N;
+                if (rows == 4) ssd_dots(cs, 4, s0, N, np, N, o);
+                else
+                    for (int q = 0; q < rows; q++) ssd_dots(cs + q, 1, s0, N, np, N, o + q * 16);
+                for (int q = 0; q < rows; q++) memcpy(ys + (i + q) * P + p0, o + q * 16, bytes);
             }
         }
         for (int64_t i = 0; i < k; i++, r++) {
             const int64_t row = lo + r, t = cnt;
-            const float *xr = xbc + row * d->ldx, *c = xr + coff;
-            const float dd = dt[row * H + h], l = lg[row * H + h];
-            for (int64_t p = 0; p < P; p++) X[t * P + p] = xr[h * P + p] * dd;
-            memcpy(B + t * N, xr + boff, (size_t)N * sizeof(float));
-            Gs[t] = t == 0 ? l : Gs[t - 1] + l;
+            const float *c = xbc + row * d->ldx + coff;
             const float eg = expf(Gs[t]);
             for (int64_t j0 = 0; j0 <= t; j0 += 16) {  // w_j = e_j dot(C_i, B_j)
                 float o[16];
@@ -164,17 +186,14 @@ static void ssd_head(const SsdDims *d, int64_t h, float *s, int64_t cnt, SsdWork
                     w[j] = e[j] * o[j - j0];
                 }
             }
-            float *yi = ys + i * P;  // y_i in place of ys_i, then out
-            for (int64_t p = 0; p < P; p++) yi[p] = eg * yi[p];
-            for (int64_t j = 0; j <= t; j++)
-                for (int64_t p = 0; p < P; p++) yi[p] += w[j] * X[j * P + p];
-            memcpy(y + (row * H + h) * P, yi, (size_t)P * sizeof(float));
+            ssd_y(y + (row * H + h) * P, ys + i * P, eg, w, X, t + 1, P);
             cnt = t + 1;
             if (cnt == C) {
                 ssd_close(s, d, X, B, e, eg, wk->wx);
                 cnt = 0;
             }
-            if (next < nsnap && snaps[next] == r) ssd_put(snap_ptrs[next++], d, h, s, X, B, Gs, 0, cnt);
+            if (next < nsnap && snaps[next] == r)
+                ssd_put(snap_ptrs[next++], d, h, s, X, B, Gs, 0, cnt);
         }
     }
 }
