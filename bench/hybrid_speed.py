@@ -24,7 +24,8 @@ llama-server and then loraserve, one at a time, with the same flags (`-t 2 -np 1
 Prompts are token ids (llama.cpp's `test` vocabulary). Writes
 `bench/results/hybrid_speed_<ts>.json` and prints the table. `--quick` proves the pipeline
 on small files (each layer kind once, a 4096 vocabulary, short runs): its figures are not the
-bench's. `--archs` defaults to qwen35,granitehybrid; `all` names every arch.
+bench's. `--archs` defaults to qwen35,granitehybrid; `all` names every arch. `--scan-form
+chunked` runs loraserve's delta-net and Mamba-2 scans in their chunked form.
 """
 
 from __future__ import annotations
@@ -247,6 +248,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="pipeline check, not a measurement")
     ap.add_argument("--turns", type=int, default=0, help="chat turns (default 5)")
     ap.add_argument("--n-predict", type=int, default=0, help="decode tokens (default 64)")
+    ap.add_argument("--scan-form", choices=("recurrent", "chunked"), default="recurrent",
+                    help="loraserve's --scan-form (delta-net and Mamba-2 scans)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     names = ",".join(REAL) if args.archs == "all" else args.archs
@@ -261,8 +264,8 @@ def main(argv: list[str] | None = None) -> None:
     peer = find_peer()
     if peer is None:
         sys.exit("hybrid_speed: no llama-server (python -m bench.peer --build)")
-    res = run(plan, [peer_kind(peer), loraserve_kind()])
-    res["meta"]["quick"] = args.quick
+    res = run(plan, [peer_kind(peer), loraserve_kind(["--scan-form", args.scan_form])])
+    res["meta"].update(quick=args.quick, scan_form=args.scan_form)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"hybrid_speed_{time.strftime('%Y-%m-%d_%H%M%S')}.json"
     path.write_text(json.dumps(res, indent=1))

@@ -78,6 +78,7 @@ def generate(argv: list[str]) -> None:
     from loraserve.lora.preflight import PreflightError, preflight
     from loraserve.model.default import resolve_model_path
     from loraserve.model.loader import load_model
+    from loraserve.model.recurrent.chunked import CHUNK
 
     ap = argparse.ArgumentParser(prog="loraserve generate", description=generate.__doc__)
     ap.add_argument("-m", "--model", default=None, help="GGUF file or HF folder (default model)")
@@ -95,6 +96,12 @@ def generate(argv: list[str]) -> None:
         default="auto",
         help="weights: native (the file's own formats; auto and int8 mean this) or float32",
     )
+    ap.add_argument(
+        "--scan-form",
+        choices=("recurrent", "chunked"),
+        default="recurrent",
+        help="gated delta-net and Mamba-2 layers: token by token, or in chunks of 16 positions",
+    )
     ap.add_argument("--lora", action="append", default=[], metavar="PATH[:SCALE]")
     args = ap.parse_args(argv)
     if args.threads > 0:
@@ -105,7 +112,8 @@ def generate(argv: list[str]) -> None:
         preflight(path, [p for p, _ in specs])
     except PreflightError as e:
         ap.error(str(e))
-    model = load_model(path, "float32" if args.dtype == "float32" else "native")
+    chunk = CHUNK if args.scan_form == "chunked" else 0
+    model = load_model(path, "float32" if args.dtype == "float32" else "native", chunk)
     engine = Engine(model, EngineConfig(n_ctx=min(model.config.context_length, 8192)))
     for lora, scale in specs:  # each at its global scale: the request runs under the global map
         try:

@@ -96,6 +96,9 @@ class ModelConfig:
     conv_kernel: int = 0  # short convolution's kernel length (lfm2: shortconv.l_cache)
     # Mamba-2 layers: (d_conv, d_inner, d_state, heads, groups) from <arch>.ssm.*
     ssm: tuple[int, ...] = ()
+    # delta-net and Mamba-2 scans: 0 runs them token by token (the recurrent form), C > 0
+    # in chunks of C rows at absolute positions (`--scan-form chunked`, `recurrent/chunked.py`)
+    scan_chunk: int = 0
     ffn_layers: tuple[bool, ...] = field(default=())  # per layer: has an FFN (mamba2: none)
     # attn_q holds each head's query then its output gate (2 head_dim); the attention output is
     # multiplied by sigmoid(gate) before attn_output (qwen3next, qwen35)

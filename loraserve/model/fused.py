@@ -50,6 +50,8 @@ def _layer(cfg: ModelConfig, b: Block) -> LayerSpec | None:
     mix = b.mixer  # attention, a recurrent mixer in its place, or none (the FFN alone)
     gdn = mix.fused_spec() if isinstance(mix, GatedDeltaNet) else None
     ffn = _ffn(cfg, b)
+    if isinstance(mix, Mamba2) and mix.fused_spec() is None:  # the chunked form
+        return None
     if ffn is None or (b.beside and not isinstance(mix, Mamba2)) \
             or (b.ffn_alone and cfg.residual_scale != 1.0) \
             or not (mix is None or isinstance(mix, (Mamba2, ShortConv)) or gdn is not None) \

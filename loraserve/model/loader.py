@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,13 @@ class LoadedModel:
     name: str
 
 
-def load_model(path: str | Path, precision: Precision = "native") -> LoadedModel:
+def load_model(
+    path: str | Path, precision: Precision = "native", scan_chunk: int = 0
+) -> LoadedModel:
     """Read a GGUF file or HF folder and build the decoder in ``precision``
     (`loraserve.model.weights`: ``native`` keeps the file's formats, ``float32`` is the
-    exact dequantized reference)."""
+    exact dequantized reference); ``scan_chunk`` > 0 runs delta-net and Mamba-2 scans in
+    chunks of that many positions (`model.recurrent.chunked`)."""
     path = Path(path)
     t0 = time.perf_counter()
     # a cold first start compiles the C kernels (in parallel) while the file is parsed
@@ -61,6 +64,8 @@ def load_model(path: str | Path, precision: Precision = "native") -> LoadedModel
         except (ValueError, TypeError, KeyError, IndexError, RuntimeError) as e:
             raise ModelFileError(f"{path}: unusable tokenizer: {e}") from None
         name = str(meta.get("general.name") or path.stem)
+    if scan_chunk:
+        cfg = replace(cfg, scan_chunk=scan_chunk)
     t1 = time.perf_counter()
     decoder = Decoder(cfg, WeightSource(opened, cfg, precision))
     # build (first start) or load the C kernels now, not on the first request

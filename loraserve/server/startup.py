@@ -22,6 +22,7 @@ from loraserve.server.config.args import ServerConfig
 if TYPE_CHECKING:  # the engine's modules import torch, which the router process never does
     from loraserve.engine.engine import Engine
     from loraserve.model.loader import LoadedModel
+    from loraserve.model.weights import Precision
     from loraserve.server.state import ServerState
 
 log = logging.getLogger("loraserve.server")
@@ -155,7 +156,7 @@ def load_draft(cfg: ServerConfig, model: LoadedModel) -> LoadedModel | None:
     if not path.exists():
         raise StartupError(f"draft model {path}: no such file or folder")
     log.info("loading the draft model %s", path)
-    draft = load_model(path, "float32" if cfg.dtype == "float32" else "native")
+    draft = load_model(path, _precision(cfg), _scan_chunk(cfg))
     try:
         check_vocab(model, draft)
     except VocabMismatch as e:
@@ -172,7 +173,18 @@ def load_from_config(cfg: ServerConfig) -> LoadedModel:
 
     path = resolve_model_path(cfg.model)
     log.info("loading %s", path)
-    return load_model(path, "float32" if cfg.dtype == "float32" else "native")
+    return load_model(path, _precision(cfg), _scan_chunk(cfg))
+
+
+def _precision(cfg: ServerConfig) -> Precision:
+    return "float32" if cfg.dtype == "float32" else "native"
+
+
+def _scan_chunk(cfg: ServerConfig) -> int:
+    """`--scan-form`: 0 (token by token) or the chunk length of the chunked scans."""
+    from loraserve.model.recurrent.chunked import CHUNK
+
+    return CHUNK if cfg.scan_form == "chunked" else 0
 
 
 def _progress(done: threading.Event, t0: float) -> None:

@@ -46,8 +46,10 @@ from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
 from loraserve.model.layers import gated_act, rms_norm
 from loraserve.model.projection import Projection
+from loraserve.model.recurrent import chunked
 from loraserve.model.recurrent.gdn_math import gate_row, recur_torch
 from loraserve.model.recurrent.mamba2 import fresh_records, is_decode_step
+from loraserve.model.recurrent.records import cut_records
 from loraserve.model.recurrent.shortconv import causal_conv, matrix
 from loraserve.model.weights import WeightSource
 
@@ -115,14 +117,20 @@ class GatedDeltaNet(nn.Module):
                             self.norm.contiguous(), self.dt_b.contiguous(), self.a.contiguous(),
                             self.ba_cols, self.eps, self.eps / n, self.inv_f,
                             (self.hk, self.hv, self.s, self.k), self.interleave)  # fmt: skip
-        self.state_size = self.spec.state_size
-        self._c = self.spec.c_struct() if self.order is None else None  # the C decode step
+        self.chunk = cfg.scan_chunk  # > 0: the chunked form (`chunked.py`), every row
+        self.state_size = self.state_shape(cfg)[0]  # the chunked form's records are larger
+        # the C decode step (and the fused layers) run the recurrent form only
+        self._c = self.spec.c_struct() if self.order is None and not self.chunk else None
+        if self.chunk:
+            chunked.require()
 
     @staticmethod
     def state_shape(cfg: ModelConfig) -> tuple[int, ...]:
-        """[(d_conv - 1) * conv_dim + H_v * S * S]: the conv rows, then each head's M."""
+        """[(d_conv - 1) * conv_dim + H_v * S * S]: the conv rows, then each head's M (in the
+        chunked form: then its pending rows, `chunked.gdn_size`)."""
         k, _, s, hv, hk = _dims(cfg)
-        return ((k - 1) * (2 * hk * s + hv * s) + hv * s * s,)
+        scan = chunked.gdn_size(hv, s, cfg.scan_chunk) if cfg.scan_chunk else hv * s * s
+        return ((k - 1) * (2 * hk * s + hv * s) + scan,)
 
     def forward(self, hs: torch.Tensor) -> torch.Tensor:
         """hs: [T, hidden] (normed) -> [T, hidden]; reads and writes ``ctx.states``."""
@@ -171,23 +179,15 @@ class GatedDeltaNet(nn.Module):
             lo, hi = seq.lo, seq.hi
             spans.append((lo, hi))
             m_in.append(seq.state[self.i][n_conv:])  # [H_v S S]: M [H_v, S (value), S (key)]
-            seq.out[self.i] = out = torch.empty(n_conv + hv * s * s)
+            seq.out[self.i] = out = torch.empty(self.state_size)
             out[:n_conv] = xpad[hi - lo :].reshape(-1)
             m_out.append(out[n_conv:])
-            cuts, mine = dict(seq.cuts), []
-            if not seq.every and hi - lo - 1 in cuts:  # a cut at the last row: the new
-                # state itself (never changed in place), not a second copy of it
-                seq.snaps.setdefault(cuts.pop(hi - lo - 1), {})[self.i] = out
-            for r in range(hi - lo) if seq.every else sorted(c for c in cuts if c < hi - lo):
-                snap = torch.empty(n_conv + hv * s * s)
-                snap[:n_conv] = xpad[r + 1 : r + k].reshape(-1)
-                mine.append((r, snap[n_conv:]))
-                if r in cuts:
-                    seq.snaps.setdefault(cuts[r], {})[self.i] = snap
-                if seq.every:  # a draft's rows: the state after each (rollback)
-                    seq.rows.setdefault(self.i, []).append(snap)
-            snaps.append(mine)
-        if USE_C and hv > 1 and kernel.available():
+            snaps.append(cut_records(self.i, seq, xpad, k, n_conv, self.state_size, out))
+        if self.chunk:  # the chunked form: (M at the chunk's start, pending rows) records
+            g, beta = chunked.gdn_gates(ba, self.ba_cols, self.dt_b, self.a)  # log decays
+            chunked.gdn_scan(spans, m_in, m_out, q, kk, v, g, beta, scale.item(), o, snaps,
+                             self.chunk)  # fmt: skip
+        elif USE_C and hv > 1 and kernel.available():
             g, beta = kernel.gdn_gates(ba, self.ba_cols, self.dt_b, self.a)  # [T, H_v] each
             kernel.gdn_recur(spans, m_in, m_out, q, kk, v, g, beta, scale.item(), o, snaps)
         else:  # the reference: each row's gates alone, then the recurrence in torch

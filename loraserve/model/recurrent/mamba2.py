@@ -32,6 +32,7 @@ from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
 from loraserve.model.layers import gated_act, rms_norm
 from loraserve.model.projection import Projection
+from loraserve.model.recurrent import chunked
 from loraserve.model.recurrent.records import POOL
 from loraserve.model.recurrent.shortconv import causal_conv, matrix
 from loraserve.model.weights import WeightSource
@@ -59,13 +60,18 @@ class Mamba2(nn.Module):
         norm = w.float(p + "ssm_norm.weight")  # [G, d/G]; absent: no grouped norm (falcon-h1)
         self.norm = None if norm is None else norm.float().reshape(self.g, -1).contiguous()
         self.ones_row = torch.ones(1, self.conv_dim)  # SiLU as gated_act(x, 1) of one row
+        self.chunk = cfg.scan_chunk  # > 0: the chunked form (`chunked.py`), every row
         self.state_size = self.state_shape(cfg)[0]
+        if self.chunk:
+            chunked.require()
 
     @staticmethod
     def state_shape(cfg: ModelConfig) -> tuple[int, ...]:
         """[(d_conv - 1) * conv_dim + H * P * N]: the conv rows, then the scan state."""
         k, d_inner, n, h, g = _dims(cfg)
-        return ((k - 1) * (d_inner + 2 * g * n) + d_inner * n,)
+        c = cfg.scan_chunk
+        scan = chunked.ssd_size(h, d_inner // h, n, c) if c else d_inner * n
+        return ((k - 1) * (d_inner + 2 * g * n) + scan,)
 
     def forward(self, hs: torch.Tensor) -> torch.Tensor:
         """hs: [T, hidden] (normed) -> [T, hidden]; reads and writes ``ctx.states``."""
@@ -73,8 +79,8 @@ class Mamba2(nn.Module):
         if ctx.states is None:
             raise RuntimeError("a recurrent layer ran without its sequences' states")
         t = hs.shape[0]
-        di, n, h, g, k = self.d_inner, self.n, self.h, self.g, self.k
-        if is_decode_step(ctx.states, t):  # one C call between the projections
+        di, h, g, k = self.d_inner, self.h, self.g, self.k
+        if not self.chunk and is_decode_step(ctx.states, t):  # one C call, both projections
             return self._step(hs, ctx.states)
         zxbcdt = self.in_proj(hs)  # [T, 2 d_inner + 2 G N + H]
         z = zxbcdt[:, :di]
@@ -83,7 +89,7 @@ class Mamba2(nn.Module):
         sole = len(ctx.states) == 1 and (ctx.states[0].lo, ctx.states[0].hi) == (0, t)
         xbc = None if sole else torch.empty(t, self.conv_dim)  # one sequence: its own rows
         n_conv = (k - 1) * self.conv_dim
-        pads, spans, states, wanted = [], [], [], []
+        pads, spans = [], []
         for seq in ctx.states:
             lo, hi = seq.lo, seq.hi
             st = seq.state[self.i]
@@ -96,10 +102,39 @@ class Mamba2(nn.Module):
                 xbc[lo:hi] = act
             pads.append(xpad)
             spans.append((lo, hi))
-            states.append(st[n_conv:].view(h, di // h, n))
+        if self.chunk:  # the chunked form: (s at the chunk's start, pending rows) records
+            dt, _ = ssm_scan.dt_da(dt_raw, self.dt_b, self.a)  # [T, H], each value alone
+            y = chunked.ssd_scan(self, ctx.states, xbc, dt, pads, spans)
+        else:
+            y = self._scan(ctx.states, xbc, dt_raw, pads, spans)
+        del pads, xpad, pre, act
+        x = xbc[:, :di].view(t, h, -1)
+        zc = torch.empty(t, di).copy_(z)  # rows of di: the C kernel's layout even at T = 1
+        del zxbcdt, z, xbc_in, dt_raw
+        yd = (y + x * self.d).view(t, di)
+        del y, x, xbc
+        out = gated_act(zc, yd, "silu")  # [T, d_inner]
+        del zc, yd
+        if self.norm is not None:
+            out = rms_norm(out.reshape(t, g, di // g).contiguous(), self.norm, self.eps)
+        return self.out_proj(out.view(t, di))
+
+    def _scan(
+        self, seqs: list[SeqStep], xbc: torch.Tensor, dt_raw: torch.Tensor,
+        pads: list[torch.Tensor], spans: list[tuple[int, int]],
+    ) -> torch.Tensor:  # fmt: skip
+        """The recurrent form's scan of every sequence (`ssm_scan.scan2`, or `scan_torch`
+        without the C kernels): writes each one's new state record and its snapshots;
+        -> y [T, H, P]. xbc [T, conv_dim] after the conv, pads: each sequence's conv input
+        (its state's conv rows, then its rows)."""
+        di, n, h, g, k = self.d_inner, self.n, self.h, self.g, self.k
+        n_conv = (k - 1) * self.conv_dim
+        states, wanted = [], []
+        for seq in seqs:
+            states.append(seq.state[self.i][n_conv:].view(h, di // h, n))
             # a cut at the last row is the final state itself (below), not a second copy
-            last = -1 if seq.every else hi - lo - 1
-            wanted.append(list(range(hi - lo)) if seq.every else
+            last = -1 if seq.every else seq.hi - seq.lo - 1
+            wanted.append(list(range(seq.hi - seq.lo)) if seq.every else
                           sorted(r for r in dict(seq.cuts) if r != last))  # fmt: skip
         dims = (h, di // h, n, g)
         rec = None
@@ -115,7 +150,7 @@ class Mamba2(nn.Module):
                 xbc, dt_raw, self.dt_b, self.a, dims, spans, states, wanted
             )
         j = 0
-        for q, (seq, xpad) in enumerate(zip(ctx.states, pads, strict=True)):
+        for q, (seq, xpad) in enumerate(zip(seqs, pads, strict=True)):
             cuts = dict(seq.cuts)
             for r in wanted[q]:
                 snap = torch.cat((xpad[r + 1 : r + k].reshape(-1), snaps[j].reshape(-1)))
@@ -133,18 +168,7 @@ class Mamba2(nn.Module):
                 )
             if not seq.every and seq.hi - seq.lo - 1 in cuts:  # (never changed in place)
                 seq.snaps.setdefault(cuts[seq.hi - seq.lo - 1], {})[self.i] = seq.out[self.i]
-        # the prompt's temporaries go before the next ones are made (see deltanet's)
-        del pads, xpad, pre, act, snaps, finals
-        x = xbc[:, :di].view(t, h, -1)
-        zc = torch.empty(t, di).copy_(z)  # rows of di: the C kernel's layout even at T = 1
-        del zxbcdt, z, xbc_in, dt_raw
-        yd = (y + x * self.d).view(t, di)
-        del y, x, xbc
-        out = gated_act(zc, yd, "silu")  # [T, d_inner]
-        del zc, yd
-        if self.norm is not None:
-            out = rms_norm(out.reshape(t, g, di // g).contiguous(), self.norm, self.eps)
-        return self.out_proj(out.view(t, di))
+        return y
 
     def _step(self, hs: torch.Tensor, seqs: list[SeqStep]) -> torch.Tensor:
         """Row q of hs [T, hidden] the one new row of seqs[q] (decode steps): `forward`'s
@@ -168,8 +192,11 @@ class Mamba2(nn.Module):
         ends with the row, that block's snapshot (the same values, never changed)."""
         return fresh_records(self.i, self.state_size, seqs)
 
-    def fused_spec(self) -> MambaSpec:
-        """This mixer's tensors for the fused C layers (`kernels.layers`)."""
+    def fused_spec(self) -> MambaSpec | None:
+        """This mixer's tensors for the fused C layers (`kernels.layers`); None in the
+        chunked form (the per-layer path runs it)."""
+        if self.chunk:
+            return None
         return MambaSpec(self.taps_lc, self.conv_b, self.ones_row.reshape(-1), self.d_flat,
                          self.norm, self.dt_b, self.a,
                          (self.h, self.d_inner // self.h, self.n, self.g, self.k))  # fmt: skip

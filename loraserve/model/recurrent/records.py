@@ -24,6 +24,8 @@ from collections.abc import Hashable
 
 import torch
 
+from loraserve.cache.state_records import SeqStep
+
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
@@ -88,3 +90,24 @@ def _free(ring: list[torch.UntypedStorage], j: int) -> bool:
 
 
 POOL = RecordPool()
+
+
+def cut_records(
+    i: int, seq: SeqStep, xpad: torch.Tensor, k: int, n_conv: int, size: int, out: torch.Tensor
+) -> list[tuple[int, torch.Tensor]]:
+    """The snapshot records layer ``i`` writes for ``seq`` (every row of a draft, else its
+    cuts), their conv rows filled from ``xpad``: (row, scan part) pairs for the kernel. A cut
+    at the last row is the new record ``out`` itself (never changed in place)."""
+    rows = seq.hi - seq.lo
+    cuts, mine = dict(seq.cuts), []
+    if not seq.every and rows - 1 in cuts:
+        seq.snaps.setdefault(cuts.pop(rows - 1), {})[i] = out
+    for r in range(rows) if seq.every else sorted(c for c in cuts if c < rows):
+        snap = torch.empty(size)
+        snap[:n_conv] = xpad[r + 1 : r + k].reshape(-1)
+        mine.append((r, snap[n_conv:]))
+        if r in cuts:
+            seq.snaps.setdefault(cuts[r], {})[i] = snap
+        if seq.every:  # a draft's rows: the state after each (rollback)
+            seq.rows.setdefault(i, []).append(snap)
+    return mine

@@ -189,6 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
         "this) or float32 (every matrix dequantized: the exact reference) " + d,
     )
     o.add_argument(
+        "--scan-form",
+        choices=("recurrent", "chunked"),
+        help="gated delta-net and Mamba-2 layers: token by token, or in chunks of 16 "
+        "positions (the same bits alone, batched and cached either way) " + d,
+    )
+    o.add_argument(
         "--strict-model-names",
         action="store_true",
         help="a request `model` naming neither the model nor a loaded adapter is a 404 "

@@ -67,6 +67,7 @@ class ServerConfig:
     alias: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()  # `--tags`: shown in /v1/models, nothing else
     dtype: str = "auto"
+    scan_form: str = "recurrent"  # --scan-form: delta-net and Mamba-2 scans by token or chunked
     webui: bool = True
     cors_origins: str = cors.DEFAULT_ORIGINS  # CORS: see `server/cors.py`
     cors_methods: str = cors.DEFAULT_METHODS

@@ -18,11 +18,14 @@ from tests.arch_models import typed_metadata
 PROMPT = [int(t) for t in np.random.default_rng(5).integers(0, 128, 37)]  # the test vocabulary
 
 
-def ours_logits(tmp: Path, name: str, spec: dict[str, Any], values: dict[str, np.ndarray]) -> Any:
+def ours_logits(
+    tmp: Path, name: str, spec: dict[str, Any], values: dict[str, np.ndarray], chunk: int = 0
+) -> Any:
     """loraserve's float32 log-probabilities [len(PROMPT), V] of every position of PROMPT, on
-    ``spec``'s metadata with ``values`` written by its GGUF writer (blocks of 4)."""
+    ``spec``'s metadata with ``values`` written by its GGUF writer (blocks of 4); ``chunk``
+    > 0: delta-net and Mamba-2 scans in the chunked form."""
     path = write_gguf(tmp / f"{name}.gguf", typed_metadata(spec["metadata"]), values)
-    m = load_model(path)
+    m = load_model(path, scan_chunk=chunk)
     runner = ModelRunner(m.decoder, 4, torch.float32)
     runner.ensure_capacity(16)
     item = BatchItem(PROMPT, 0, len(PROMPT), list(range(16)), True, {}, n_logits=len(PROMPT))

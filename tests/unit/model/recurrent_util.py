@@ -21,7 +21,7 @@ from loraserve.model.decoder import Decoder
 from loraserve.model.loader import LoadedModel, load_model
 from tests.arch_models import tensor_digest, write_model
 from tests.engine_util import ask, run_and_drain
-from tests.unit.model.archs_util import DATA, PROBS
+from tests.unit.model.archs_util import DATA, PROBS, case_id
 
 RECORDS = {
     p.stem: r
@@ -32,13 +32,30 @@ RECORDS = {
 VARIANTS = [(a, v) for a, r in RECORDS.items() for v in r["variants"]]
 RECURRENT_STEMS = ("shortconv.in_proj", "shortconv.out_proj", "ssm_in", "ssm_out", "attn_qkv",
                    "attn_gate", "ssm_beta", "ssm_alpha", "ssm_ba")  # fmt: skip
-_MODELS: dict[tuple[str, str, str], LoadedModel] = {}
+_MODELS: dict[tuple[str, str, str, int], LoadedModel] = {}
+# the variants with delta-net or Mamba-2 layers (whose scans have a chunked form), each also
+# tested in that form with chunks of CHUNK_TEST positions: 6, so that chunks end inside the
+# tests' 4-token blocks and blocks inside chunks
+SCANNED = [(a, v) for a, v in VARIANTS if a.split("+")[0] in (
+    "falcon-h1", "granitehybrid", "nemotron_h", "nemotron_h_moe", "qwen35", "qwen35moe",
+    "qwen3next", "mamba2")]  # fmt: skip
+CHUNK_TEST = 6
+FORMS = [(a, v, 0) for a, v in VARIANTS] + [(a, v, CHUNK_TEST) for a, v in SCANNED]
 
 
-def model(tmp: Path, arch: str, variant: str, qtype: str = "Q4_K_M") -> LoadedModel:
+def form_id(case: tuple[str, str, int]) -> str:
+    """A test id of (arch, variant, scan chunk)."""
+    a, v, c = case
+    return case_id((a, v)) + (f"-chunked{c}" if c else "")
+
+
+def model(
+    tmp: Path, arch: str, variant: str, qtype: str = "Q4_K_M", scan_chunk: int = 0
+) -> LoadedModel:
     """The recorded model of ``arch``/``variant`` in ``qtype``, rebuilt once (the first
-    caller's ``tmp``); its tensors' bytes checked against the record."""
-    key = (arch, variant, qtype)
+    caller's ``tmp``); its tensors' bytes checked against the record. ``scan_chunk`` > 0:
+    its delta-net and Mamba-2 layers in the chunked form, chunks of that many positions."""
+    key = (arch, variant, qtype, scan_chunk)
     if key not in _MODELS:
         rec = RECORDS[arch]["variants"][variant]
         types = None
@@ -47,7 +64,7 @@ def model(tmp: Path, arch: str, variant: str, qtype: str = "Q4_K_M") -> LoadedMo
         path = write_model(rec, tmp / f"{arch}-{variant}-{qtype}.gguf", types)
         # the very file llama-server answered on (its tensors' bytes, as recorded)
         assert tensor_digest(path)[0] == rec["files"][qtype]["tensors_sha256"]
-        _MODELS[key] = load_model(path)
+        _MODELS[key] = load_model(path, scan_chunk=scan_chunk)
     return _MODELS[key]
 
 

@@ -85,11 +85,12 @@ NAMES = {"attn_norm": "input_layernorm", "post_attention_norm": "post_attention_
 PLUS_ONE = ("attn_norm", "post_attention_norm", "attn_q_norm", "attn_k_norm")
 
 
-def test_qwen35_equals_transformers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("chunk", (0, 16), ids=("recurrent", "chunked16"))
+def test_qwen35_equals_transformers(tmp_path: Path, chunk: int) -> None:
     spec = _spec()
     values = tensor_values(spec)
     values["blk.0.ssm_a"] = -np.abs(values["blk.0.ssm_a"]) - 0.1  # -exp(A_log): negative
-    ours = ours_logits(tmp_path, A, spec, values)
+    ours = ours_logits(tmp_path, A, spec, values, chunk)
     cfg = transformers.Qwen3_5TextConfig(
         vocab_size=V, hidden_size=H, intermediate_size=FF, num_hidden_layers=2,
         num_attention_heads=HEADS, num_key_value_heads=HEADS, head_dim=128,

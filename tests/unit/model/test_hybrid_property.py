@@ -11,7 +11,8 @@ for every state a step starts from, that those are the reading request's key and
 
 `test_cache_on_equals_cache_off` runs on every recorded recurrent architecture and variant
 (delta-net, Mamba-1/2, short convolution; dense, MoE, latent MoE), `..._any_interval` adds
-``-cms`` on the hybrids with attention.
+``-cms`` on the hybrids with attention, `test_chunked_form_...` runs the delta-net and Mamba-2
+models with their scans in the chunked form.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from loraserve.lora.adapter_write import write_gguf_lora
 from tests.engine_util import ask
 from tests.unit.model.archs_util import PROBS, case_id
 from tests.unit.model.recurrent_util import (
+    CHUNK_TEST,
     RECORDS,
     RECURRENT_STEMS,
+    SCANNED,
     VARIANTS,
     answers,
     model,
@@ -106,13 +109,14 @@ class StateGuard:
 
 
 def check_cache_on_equals_off(
-    tmp: Path, arch: str, variant: str, actions: list, n_slots: int, **flags: Any
-) -> None:
+    tmp: Path, arch: str, variant: str, actions: list, n_slots: int, chunk: int = 0,
+    **flags: Any,
+) -> None:  # fmt: skip
     """Run `actions` (requests under adapter mixes, global switches) on an engine with the
     cache and `flags`; every answer equals the same request's on a cache-off engine, every
     state read is of the reader's key and tokens (`StateGuard`), and the cache's invariants
-    hold after each round."""
-    m = model(tmp, arch, variant)
+    hold after each round. ``chunk`` > 0: the model's scans in the chunked form."""
+    m = model(tmp, arch, variant, scan_chunk=chunk)
     rec = RECORDS[arch]["variants"][variant]
     paths = []
     for seed in (1, 2):
@@ -165,6 +169,29 @@ def test_cache_on_equals_cache_off(
     n_slots: int, ckpts: int,
 ) -> None:  # fmt: skip
     check_cache_on_equals_off(tmp, arch, variant, actions, n_slots, ubatch=ubatch,
+                              cache_ram_mib=cache_mib, ctx_checkpoints=ckpts)  # fmt: skip
+
+
+@pytest.mark.skipif(not SCANNED, reason="no recorded delta-net or Mamba-2 architecture")
+@pytest.mark.parametrize("arch,variant", SCANNED, ids=map(case_id, SCANNED))
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(action, min_size=1, max_size=5),
+    st.sampled_from([2, 5, 16]),  # prefill chunk (ubatch): cuts inside scan chunks
+    st.sampled_from([0.0, 0.05, 8.0]),  # --cache-ram MiB
+    st.integers(1, 3),  # slots
+    st.sampled_from([0, 32]),  # --ctx-checkpoints
+    st.sampled_from([CHUNK_TEST, 4]),  # scan chunks ending inside blocks, or with them
+)
+def test_chunked_form_cache_on_equals_cache_off(
+    tmp: Path, arch: str, variant: str, actions: list, ubatch: int, cache_mib: float,
+    n_slots: int, ckpts: int, chunk: int,
+) -> None:  # fmt: skip
+    """The same in the chunked form of the scans: carried records (a chunk's start state
+    and its pending rows) resume exactly from any snapshot, checkpoint or live state."""
+    check_cache_on_equals_off(tmp, arch, variant, actions, n_slots, chunk, ubatch=ubatch,
                               cache_ram_mib=cache_mib, ctx_checkpoints=ckpts)  # fmt: skip
 
 

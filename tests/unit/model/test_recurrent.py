@@ -20,6 +20,9 @@ its spec):
   a block's snapshot), bit-identical;
 - n-gram speculation rolls the state back to the last accepted draft row: answers equal those
   without speculation.
+
+All but the adapter test run again on the delta-net and Mamba-2 models in the chunked form
+(`--scan-form chunked`, chunks of 6 positions: `recurrent_util.FORMS`).
 """
 
 from __future__ import annotations
@@ -37,14 +40,19 @@ from loraserve.engine.spec.config import SpecConfig
 from loraserve.lora.adapter_write import write_gguf_lora
 from loraserve.model.gguf_write import write_gguf
 from loraserve.model.loader import load_model
+from loraserve.model.recurrent.chunked import CHUNK
 from tests.arch_models import tensor_values, typed_metadata
 from tests.engine_util import ask, run_and_drain
 from tests.unit.model.archs_util import DATA, GAP, PROBS, case_id, forced_logits
 from tests.unit.model.recurrent_util import (
+    CHUNK_TEST,
+    FORMS,
     RECORDS,
     RECURRENT_STEMS,
+    SCANNED,
     VARIANTS,
     answers,
+    form_id,
     model,
     stem_adapter,
 )
@@ -74,9 +82,39 @@ def test_greedy_equals_llama_server(tmp: Path, arch: str, variant: str, qtype: s
     assert not wrong, f"{len(wrong)}/{len(decided)} decided positions differ: {wrong}"
 
 
-@pytest.mark.parametrize("arch,variant", VARIANTS, ids=map(case_id, VARIANTS))
-def test_alone_batched_chunked_resumed_identical(tmp: Path, arch: str, variant: str) -> None:
-    m = model(tmp, arch, variant)
+@pytest.mark.parametrize("arch,variant", SCANNED, ids=map(case_id, SCANNED))
+@pytest.mark.parametrize("qtype", ("F32", "Q8_0", "Q4_K_M"))
+def test_chunked_form_greedy_equals_llama_server(
+    tmp: Path, arch: str, variant: str, qtype: str
+) -> None:
+    """The chunked form of the delta-net and Mamba-2 scans (chunks of 6 and of 16, the
+    server's): llama-server's greedy token on every decided position, teacher-forced; in F32
+    logits other than the recurrent form's bits (the form really changed) within 1e-3."""
+    rec = RECORDS[arch]["variants"][variant]
+    cases = rec["answers"][qtype]
+    ref = [(t, top2[0][1] - top2[1][1]) for c in cases
+           for t, top2 in zip(c["tokens"], c["top2"], strict=True)]  # fmt: skip
+    base = forced_logits(ModelRunner(model(tmp, arch, variant, qtype).decoder, 16,
+                                     torch.float32), cases)  # fmt: skip
+    for chunk in (CHUNK_TEST, CHUNK):
+        m = model(tmp, arch, variant, qtype, scan_chunk=chunk)
+        assert m.decoder._fused() is None, "the fused C layers run the recurrent form only"
+        logits = forced_logits(ModelRunner(m.decoder, 16, torch.float32), cases)
+        ours = logits.argmax(-1)
+        decided = [(t, int(o)) for (t, gap), o in zip(ref, ours, strict=True) if gap >= GAP]
+        wrong = [(t, o) for t, o in decided if t != o]
+        assert len(decided) >= len(ref) // 3, "too few decided positions to mean anything"
+        assert not wrong, f"chunk {chunk}: {len(wrong)}/{len(decided)} decided positions differ"
+        if qtype == "F32":  # (quantized activations may round a value either way, or not)
+            assert not torch.equal(logits, base), "the chunked form gave the recurrent bits"
+            assert (logits - base).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("arch,variant,chunk", FORMS, ids=map(form_id, FORMS))
+def test_alone_batched_chunked_resumed_identical(
+    tmp: Path, arch: str, variant: str, chunk: int
+) -> None:
+    m = model(tmp, arch, variant, scan_chunk=chunk)
     cases = RECORDS[arch]["variants"][variant]["answers"]["Q4_K_M"]
     prompts = [c["prompt"] + c["tokens"][:i] for c in cases[2:] for i in (0, 13)]
     asks = [ask(p, 3, sampling=PROBS) for p in prompts]
@@ -125,11 +163,11 @@ def test_adapter_on_recurrent_projections_equals_merged(tmp: Path, arch: str, va
     assert (got - want).abs().max() < 2e-3
 
 
-@pytest.mark.parametrize("arch,variant", VARIANTS, ids=map(case_id, VARIANTS))
-def test_restored_slot_resumes_exact_state(tmp: Path, arch: str, variant: str) -> None:
+@pytest.mark.parametrize("arch,variant,chunk", FORMS, ids=map(form_id, FORMS))
+def test_restored_slot_resumes_exact_state(tmp: Path, arch: str, variant: str, chunk: int) -> None:
     """A slot saved to a file and restored into another engine resumes from the states saved
     with its blocks: the same bits as the answer computed from scratch."""
-    m = model(tmp, arch, variant)
+    m = model(tmp, arch, variant, scan_chunk=chunk)
     case = RECORDS[arch]["variants"][variant]["answers"]["Q4_K_M"][-1]
     prompt, more = case["prompt"], case["tokens"][:6]
     cfg = EngineConfig(n_slots=1, n_ctx=128, block_size=4)
@@ -170,11 +208,11 @@ def test_restored_slot_resumes_exact_state(tmp: Path, arch: str, variant: str) -
         slot_io.install(second.core.scheduler, second.core.runner, 0, bad)
 
 
-@pytest.mark.parametrize("arch,variant", VARIANTS, ids=map(case_id, VARIANTS))
-def test_speculation_rolls_state_back(tmp: Path, arch: str, variant: str) -> None:
+@pytest.mark.parametrize("arch,variant,chunk", FORMS, ids=map(form_id, FORMS))
+def test_speculation_rolls_state_back(tmp: Path, arch: str, variant: str, chunk: int) -> None:
     """n-gram speculation: rejected draft rows are rolled back to the state after the last
     accepted one, so the answers equal those without speculation, bit for bit."""
-    m = model(tmp, arch, variant)
+    m = model(tmp, arch, variant, scan_chunk=chunk)
     prompts = [[5, 6, 7, 8, 9] * 5, [3, 1, 4, 1, 5, 9, 2, 6] * 3]
     spec = SpecConfig(types=("ngram-simple",), ngram_simple_size_n=1, ngram_simple_size_m=3)
     on = Engine(m, EngineConfig(n_slots=2, n_ctx=256, block_size=4, spec=spec))

@@ -95,7 +95,8 @@ def test_lfm2_short_convolution_equals_transformers(tmp_path: Path) -> None:
     compare(ours, theirs)
 
 
-def test_granitehybrid_mamba2_equals_transformers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("chunk", (0, 16), ids=("recurrent", "chunked16"))
+def test_granitehybrid_mamba2_equals_transformers(tmp_path: Path, chunk: int) -> None:
     di, n, nh, g, k = 2 * H, 16, 4, 2, 4
     conv_dim = di + 2 * g * n
     t = _common("output_norm.weight") + [
@@ -114,7 +115,7 @@ def test_granitehybrid_mamba2_equals_transformers(tmp_path: Path) -> None:
     spec = {"metadata": _meta(a, extra), "tensors": t, "generator": {"seed": 4, "stdev": 0.3}}
     values = tensor_values(spec)
     values["blk.1.ssm_a"] = -np.abs(values["blk.1.ssm_a"]) - 0.1  # -exp(A_log): negative
-    ours = ours_logits(tmp_path, a, spec, values)
+    ours = ours_logits(tmp_path, a, spec, values, chunk)
     cfg = transformers.GraniteMoeHybridConfig(
         vocab_size=V, hidden_size=H, intermediate_size=FF, shared_intermediate_size=FF,
         num_hidden_layers=L, num_attention_heads=2, num_key_value_heads=2,
