@@ -26,9 +26,16 @@
 
 #include "ssd_dots.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#define SSD_THREAD() omp_get_thread_num()
+#else
+#define SSD_THREAD() 0
+#endif
+
 enum { SSD_MAX_C = 4096, SSD_CV = 4 };  // SSD_CV: vectors per row of a `ssd_close` block
 
-// Where head h's parts of a record lie.
+// A call's sizes (ldx: xbc's row stride); ssd_s .. ssd_pg: where head h's parts of a record lie.
 typedef struct {
     int64_t H, P, N, G, C, ldx;
 } SsdDims;
@@ -203,8 +210,8 @@ static void ssd_head(const SsdDims *d, int64_t h, float *s, int64_t cnt, SsdWork
 // owns rows lo[z] .. lo[z] + n[z] - 1, reads its record rec_in[z] and writes rec_out[z] (the
 // same memory or disjoint); after its local rows snap_rows[snap_off[z] .. snap_off[z+1]-1]
 // (ascending) the whole record is also written to snap_ptrs[...]. Tasks: (sequence, head).
-// Returns 0, -2 out of memory, -3 sizes that do not fit, -4 a record whose cnt is not an
-// integer in 0..C-1 (checked before anything is written).
+// Returns 0, or before writing anything: -2 out of memory, -3 sizes that do not fit, -4 a
+// record whose cnt is not an integer in 0..C-1.
 int ls_ssd_chunk(int64_t nseq, const int64_t *lo, const int64_t *n, void **rec_in,
                  void **rec_out, const float *xbc, int64_t xbc_stride, const float *dt,
                  const float *lg, float *y, int64_t H, int64_t P, int64_t N, int64_t G,
@@ -235,23 +242,20 @@ int ls_ssd_chunk(int64_t nseq, const int64_t *lo, const int64_t *n, void **rec_i
     if (!cnt0) return -2;
     for (int64_t z = 0; z < nseq; z++) cnt0[z] = (int64_t)((const float *)rec_in[z])[total - 1];
     if (nthreads < 1 || work * H * P * N < 65536) nthreads = 1;
-    int failed = 0;
+    const size_t fl = (size_t)(C * (3 * P + N + 3));  // per thread, all taken before any write
+    float *bufs = malloc((size_t)nthreads * fl * sizeof(float));
+    if (!bufs) {
+        free(cnt0);
+        return -2;
+    }
 #pragma omp parallel num_threads(nthreads)
     {
-        const size_t fl = (size_t)(C * (2 * P + N + 3) + C * P);
-        float *buf = malloc(fl * sizeof(float));
-        SsdWork wk = {0};
-        if (buf) {
-            wk.X = buf, wk.B = wk.X + C * P, wk.Gs = wk.B + C * N, wk.e = wk.Gs + C;
-            wk.w = wk.e + C, wk.wx = wk.w + C, wk.ys = wk.wx + C * P;
-        } else {
-#pragma omp atomic write
-            failed = 1;
-        }
+        float *buf = bufs + (size_t)SSD_THREAD() * fl;
+        SsdWork wk = {buf, buf + C * P, buf + C * (P + N), buf + C * (P + N + 1),
+                      buf + C * (P + N + 2), buf + C * (P + N + 3), buf + C * (2 * P + N + 3)};
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < nseq * H; task++) {
             const int64_t z = task / H, h = task % H, cnt = cnt0[z];
-            if (!buf) continue;
             float *in = rec_in[z], *out = rec_out[z], *s = ssd_s(out, &d, h);
             memcpy(wk.X, ssd_px(in, &d, h), (size_t)(cnt * P) * sizeof(float));
             memcpy(wk.B, ssd_pb(in, &d, h), (size_t)(cnt * N) * sizeof(float));
@@ -262,14 +266,13 @@ int ls_ssd_chunk(int64_t nseq, const int64_t *lo, const int64_t *n, void **rec_i
             const int64_t kept = in == out && cnt + n[z] < C ? cnt : 0;  // in place, no chunk end
             ssd_put(out, &d, h, s, wk.X, wk.B, wk.Gs, kept, (cnt + n[z]) % C);
         }
-        free(buf);
     }
-    if (!failed)
-        for (int64_t z = 0; z < nseq; z++) {
-            ((float *)rec_out[z])[total - 1] = (float)((cnt0[z] + n[z]) % C);
-            for (int64_t e = snap_off[z]; e < snap_off[z + 1]; e++)
-                ((float *)snap_ptrs[e])[total - 1] = (float)((cnt0[z] + snap_rows[e] + 1) % C);
-        }
+    for (int64_t z = 0; z < nseq; z++) {
+        ((float *)rec_out[z])[total - 1] = (float)((cnt0[z] + n[z]) % C);
+        for (int64_t e = snap_off[z]; e < snap_off[z + 1]; e++)
+            ((float *)snap_ptrs[e])[total - 1] = (float)((cnt0[z] + snap_rows[e] + 1) % C);
+    }
+    free(bufs);
     free(cnt0);
-    return failed ? -2 : 0;
+    return 0;
 }
