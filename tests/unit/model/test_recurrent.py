@@ -224,3 +224,19 @@ def test_speculation_rolls_state_back(tmp: Path, arch: str, variant: str, chunk:
     drafted = sum(ev[-1].timings.draft_n for ev in evs)
     accepted = sum(ev[-1].timings.draft_n_accepted for ev in evs)
     assert drafted > accepted, "no draft row rejected: the rollback was not exercised"
+
+
+def test_scan_form_flag_picks_the_form(tmp: Path) -> None:
+    """`--scan-form chunked` loads the model with chunks of `chunked.CHUNK` (larger carried
+    records in the state store's shapes); the default loads the recurrent form."""
+    from loraserve.model.recurrent import state_shapes
+    from loraserve.server.config.args import parse_server_args
+    from loraserve.server.startup import load_from_config
+
+    path = model(tmp, "qwen35", "dense").path
+    plain = load_from_config(parse_server_args(["-m", str(path)]))
+    chunked = load_from_config(parse_server_args(["-m", str(path), "--scan-form", "chunked"]))
+    assert (plain.config.scan_chunk, chunked.config.scan_chunk) == (0, CHUNK)
+    small, big = state_shapes(plain.config), state_shapes(chunked.config)
+    assert small.keys() == big.keys() and small
+    assert all(big[i][0] > small[i][0] for i in small)

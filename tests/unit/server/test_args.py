@@ -128,6 +128,7 @@ def test_lora_forms_keep_command_line_order():
         ("--min-p -0.1", "--min-p"),
         ("-s -2", "--seed"),
         ("--dtype float16", "--dtype"),
+        ("--scan-form parallel", "--scan-form"),
         ("--host", "--host"),
         ("--host a,", "--host: expected addresses"),
         ("--rope-scaling linear", "unrecognized"),
@@ -199,6 +200,8 @@ def test_resolved_values():
     assert parse("-t 0").n_threads == -1
     assert parse("--api-key k,k --alias m,m").api_keys == ("k",)
     assert parse("serve -c 64").n_ctx == 64
+    assert parse("").scan_form == "recurrent"
+    assert parse("--scan-form chunked").scan_form == "chunked"
 
 
 def test_api_key_file(tmp_path, capsys):
