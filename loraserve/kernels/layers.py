@@ -6,7 +6,7 @@ step's adapters as a scale table and each adapter's per-target pointers), so its
 equal the Python path's bit for bit (tests compare both). Layers attend (qwen35's gated
 attention too: output gates, a partial rope), or run a Mamba-2 (granitehybrid, mamba2,
 nemotron-h), gated delta-net (qwen35) or short-convolution (lfm2) mixer in decode steps, whose
-state records the caller passes (`recurrent.mamba2.decode_records`), or no mixer; their FFN is
+state records the caller passes (`recurrent.records.decode_records`), or no mixer; their FFN is
 gated, relu(up)^2 or absent. Which decoders build them: `model.fused.build_fused`.
 """
 

@@ -25,7 +25,7 @@ from loraserve.model.context import get_context
 from loraserve.model.fused import build_fused
 from loraserve.model.layers import Rope, RowEmbedding
 from loraserve.model.projection import Matrix, Projection
-from loraserve.model.recurrent.mamba2 import decode_records
+from loraserve.model.recurrent.records import decode_records
 from loraserve.model.weights import WeightSource
 
 __all__ = ["Block", "Decoder", "norm"]

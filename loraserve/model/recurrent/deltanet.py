@@ -21,7 +21,7 @@ and projected by ``ssm_out``.
 Row independence: the recurrence runs token by token per sequence, on tensors whose shapes
 never depend on the batch, the chunking or where a chunk starts, so a sequence's state and
 outputs are the same bits alone, batched, in any prefill chunks and resumed from a snapshot.
-(A chunked-parallel form would round differently at every chunk boundary: not used.) A
+(`--scan-form chunked` runs the chunked form instead, for every row: `chunked.py`.) A
 sequence's state is one flat tensor: the conv rows, then M of every value head. The
 recurrence runs in C (`kernels/deltanet.c`: one call per layer and step, every sequence and
 head in parallel) with the float operations of `recur_torch`, the torch reference, bit for
@@ -48,8 +48,7 @@ from loraserve.model.layers import gated_act, rms_norm
 from loraserve.model.projection import Projection
 from loraserve.model.recurrent import chunked
 from loraserve.model.recurrent.gdn_math import gate_row, recur_torch
-from loraserve.model.recurrent.mamba2 import fresh_records, is_decode_step
-from loraserve.model.recurrent.records import cut_records
+from loraserve.model.recurrent.records import cut_records, fresh_records, is_decode_step
 from loraserve.model.recurrent.shortconv import causal_conv, matrix
 from loraserve.model.weights import WeightSource
 
@@ -219,7 +218,7 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(out)
 
     def new_records(self, seqs: list[SeqStep]) -> list[torch.Tensor]:
-        """A decode step's new state record of each of ``seqs`` (`mamba2.fresh_records`)."""
+        """A decode step's new state record of each of ``seqs`` (`records.fresh_records`)."""
         return fresh_records(self.i, self.state_size, seqs)
 
     def fused_spec(self) -> GdnSpec | None:

@@ -10,7 +10,8 @@ grouped RMSNorm (``ssm_norm`` [G, d_inner / G], where the file has one) and ``ss
 Row independence: the scan runs token by token per sequence in a fixed order, on tensors whose
 shapes never depend on the batch or the chunking, so a sequence's bits are the same alone,
 batched, in any prefill chunks, and resumed from a snapshot (its state is exactly the one the
-uncut sequence had there). A sequence's state is one flat tensor: the conv rows, then s.
+uncut sequence had there); `--scan-form chunked` runs the chunked form for every row
+(`chunked.py`). A sequence's state is one flat tensor: the conv rows, then s.
 dt' and dA are computed value by value in C (`ssm_scan.dt_da`, llama.cpp's formula), the same
 bits for prompts, decode steps and the fused C layers (`kernels.layers`), which run a dense
 hybrid's decode steps (granitehybrid) in one call with the state records `decode_records`
@@ -18,8 +19,6 @@ makes.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +32,7 @@ from loraserve.model.context import get_context
 from loraserve.model.layers import gated_act, rms_norm
 from loraserve.model.projection import Projection
 from loraserve.model.recurrent import chunked
-from loraserve.model.recurrent.records import POOL
+from loraserve.model.recurrent.records import fresh_records, is_decode_step
 from loraserve.model.recurrent.shortconv import causal_conv, matrix
 from loraserve.model.weights import WeightSource
 
@@ -200,58 +199,6 @@ class Mamba2(nn.Module):
         return MambaSpec(self.taps_lc, self.conv_b, self.ones_row.reshape(-1), self.d_flat,
                          self.norm, self.dt_b, self.a,
                          (self.h, self.d_inner // self.h, self.n, self.g, self.k))  # fmt: skip
-
-
-def fresh_records(
-    i: int, size: int, seqs: list[SeqStep], shape: tuple[int, ...] | None = None
-) -> list[torch.Tensor]:
-    """The new state records [size] (or views of them in ``shape``) of recurrent layer i for a
-    decode step of ``seqs`` (one new row each): made each sequence's state after its row and,
-    where a block ends with the row, that block's snapshot (the same values, never changed).
-    Their memory is that of free records of the layer when there are (`records.POOL`: no
-    page faults)."""
-    recs = POOL.take((i, size), size, len(seqs))
-    if shape is not None:
-        recs = [r.view(shape) for r in recs]
-    for seq, rec in zip(seqs, recs, strict=True):
-        seq.out[i] = rec
-        for r, block in seq.cuts:
-            if r == 0:
-                seq.snaps.setdefault(block, {})[i] = rec
-    return recs
-
-
-def is_decode_step(seqs: list[SeqStep] | None, t: int) -> bool:
-    """Whether a step of t rows is one new row per sequence, row q sequence q's (decode
-    steps, no draft rows): the case `Mamba2._step` and the fused C layers run."""
-    return seqs is not None and len(seqs) == t and ssm_scan.available() and all(
-        (q.lo, q.hi) == (r, r + 1) and not q.every for r, q in enumerate(seqs)
-    )
-
-
-def decode_records(
-    mixers: list[Any], seqs: list[SeqStep] | None, t: int
-) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]] | None:
-    """A decode step's state records for the fused C layers: (before, after) lists of
-    [n_layers * t], entry i * t + q sequence q's at layer i (None where the layer has no
-    recurrent mixer: ``mixers[i]`` None, or a mixer with ``i``, ``state_size`` and, where its
-    records have a shape, ``record_shape``); the new records are made each sequence's output
-    states (`new_records`).
-    None where the step is not a decode step (the per-layer path runs it)."""
-    if not is_decode_step(seqs, t):
-        return None
-    assert seqs is not None
-    ins: list[torch.Tensor | None] = []
-    outs: list[torch.Tensor | None] = []
-    for m in mixers:
-        if m is None:
-            ins += [None] * t
-            outs += [None] * t
-        else:
-            ins += [s.state[m.i] for s in seqs]
-            shape = m.record_shape() if hasattr(m, "record_shape") else None
-            outs += fresh_records(m.i, m.state_size, seqs, shape)  # m.new_records(seqs)
-    return ins, outs
 
 
 def scan_torch(

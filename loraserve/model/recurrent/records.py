@@ -1,7 +1,10 @@
-"""Memory for decode steps' new state records, reused once nothing holds a record any more.
+"""State records of the recurrent layers' steps: their memory (`POOL`), a decode step's new
+records (`fresh_records`, `decode_records` for the fused C layers, `is_decode_step`) and a
+multi-row step's snapshot records (`cut_records`).
 
+Memory for decode steps' new state records is reused once nothing holds a record any more.
 A decode step makes one new state record per recurrent layer and sequence
-(`mamba2.fresh_records`): 1.6 MB (granitehybrid) to 2.2 MB (qwen35) each on the bench models,
+(`fresh_records`): 1.6 MB (granitehybrid) to 2.2 MB (qwen35) each on the bench models,
 a whole snapshot's worth per step. Each drops out of the sequence's live states two steps
 later. Made with `torch.empty` every step, glibc's heap grew by a step's records and, as
 they were freed, trimmed its top back past its trim threshold: on the qwen35 bench model
@@ -21,10 +24,12 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Hashable
+from typing import Any
 
 import torch
 
 from loraserve.cache.state_records import SeqStep
+from loraserve.kernels import ssm_scan
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
@@ -111,3 +116,55 @@ def cut_records(
         if seq.every:  # a draft's rows: the state after each (rollback)
             seq.rows.setdefault(i, []).append(snap)
     return mine
+
+
+def fresh_records(
+    i: int, size: int, seqs: list[SeqStep], shape: tuple[int, ...] | None = None
+) -> list[torch.Tensor]:
+    """The new state records [size] (or views of them in ``shape``) of recurrent layer i for a
+    decode step of ``seqs`` (one new row each): made each sequence's state after its row and,
+    where a block ends with the row, that block's snapshot (the same values, never changed).
+    Their memory is that of free records of the layer when there are (`records.POOL`: no
+    page faults)."""
+    recs = POOL.take((i, size), size, len(seqs))
+    if shape is not None:
+        recs = [r.view(shape) for r in recs]
+    for seq, rec in zip(seqs, recs, strict=True):
+        seq.out[i] = rec
+        for r, block in seq.cuts:
+            if r == 0:
+                seq.snaps.setdefault(block, {})[i] = rec
+    return recs
+
+
+def is_decode_step(seqs: list[SeqStep] | None, t: int) -> bool:
+    """Whether a step of t rows is one new row per sequence, row q sequence q's (decode
+    steps, no draft rows): the case `Mamba2._step` and the fused C layers run."""
+    return seqs is not None and len(seqs) == t and ssm_scan.available() and all(
+        (q.lo, q.hi) == (r, r + 1) and not q.every for r, q in enumerate(seqs)
+    )
+
+
+def decode_records(
+    mixers: list[Any], seqs: list[SeqStep] | None, t: int
+) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]] | None:
+    """A decode step's state records for the fused C layers: (before, after) lists of
+    [n_layers * t], entry i * t + q sequence q's at layer i (None where the layer has no
+    recurrent mixer: ``mixers[i]`` None, or a mixer with ``i``, ``state_size`` and, where its
+    records have a shape, ``record_shape``); the new records are made each sequence's output
+    states (`new_records`).
+    None where the step is not a decode step (the per-layer path runs it)."""
+    if not is_decode_step(seqs, t):
+        return None
+    assert seqs is not None
+    ins: list[torch.Tensor | None] = []
+    outs: list[torch.Tensor | None] = []
+    for m in mixers:
+        if m is None:
+            ins += [None] * t
+            outs += [None] * t
+        else:
+            ins += [s.state[m.i] for s in seqs]
+            shape = m.record_shape() if hasattr(m, "record_shape") else None
+            outs += fresh_records(m.i, m.state_size, seqs, shape)  # m.new_records(seqs)
+    return ins, outs

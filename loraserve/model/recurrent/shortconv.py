@@ -7,7 +7,7 @@ start). Each output element is sum_j xpad[t+j] * w[:, j] accumulated in order j 
 separate elementwise products and adds over whole rows, so a row's bits depend on its own
 window alone: the same alone, batched, chunked anywhere and resumed from a snapshot. Decode
 steps of a dense lfm2 run in the fused C layers (`kernels/layers_conv.h`: the same float
-operations in the same order), whose state records `mamba2.decode_records` makes.
+operations in the same order), whose state records `records.decode_records` makes.
 """
 
 from __future__ import annotations
