@@ -97,7 +97,8 @@ def requant_file(real_model_path: Path, qtype: str, tmp: Path) -> Path:
 def made_by_llama_quantize(real_model_path: Path, qtype: str) -> Path | None:
     """The cache's file of `qtype` made by scripts/record_requant_reference.py's own steps
     (llama-quantize --allow-requantize, with an importance matrix where the type needs one),
-    or None without the peer build (minutes for the IQ2/IQ1 types; once per machine)."""
+    or None without the peer build or its llama-imatrix (minutes for the IQ2/IQ1 types; once
+    per machine)."""
     from bench.peer import find_quantize
 
     quantize = find_quantize()
@@ -108,7 +109,10 @@ def made_by_llama_quantize(real_model_path: Path, qtype: str) -> Path | None:
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.requantize(real_model_path, qtype, quantize)
+    try:
+        return mod.requantize(real_model_path, qtype, quantize)
+    except SystemExit:  # a build with llama-quantize but not llama-imatrix: as without one
+        return None
 
 
 def forced_argmax(model: Any, cases: list[tuple[list[int], list[int]]]) -> list[int]:
