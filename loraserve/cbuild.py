@@ -26,6 +26,7 @@ import logging
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from loraserve.cbuild_compile import Build
@@ -207,6 +208,19 @@ def library() -> ctypes.CDLL | None:
 
 
 Signature = tuple[list[type], type | None]  # (argtypes, restype) of one C function
+
+
+def lazy_bind(signatures: dict[str, Signature]) -> Callable[[], ctypes.CDLL | None]:
+    """A function that `bind`s ``signatures`` on its first call (building the library then,
+    not at import) and returns the same result on every later call."""
+    bound: list[ctypes.CDLL | None] = []
+
+    def get() -> ctypes.CDLL | None:
+        if not bound:
+            bound.append(bind(signatures))
+        return bound[0]
+
+    return get
 
 
 def bind(signatures: dict[str, Signature]) -> ctypes.CDLL | None:

@@ -1,4 +1,5 @@
-"""Argument checks of the recurrent kernels' Python wrappers (issue 31's rule, Python side).
+"""Argument checks of the recurrent kernels' Python wrappers (issue 31's rule, Python side),
+and the ctypes arrays they pass (`int64s`, `pointers`).
 
 A wrapper hands the C code raw pointers and sizes, so every tensor it passes is checked here
 first to be what the C code will read or write (a CPU float32 tensor of the values it takes,
@@ -7,6 +8,7 @@ argument raises ValueError; it never reaches C as a short buffer."""
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 
 import torch
@@ -44,3 +46,13 @@ def spans(what: str, sp: Sequence[tuple[int, int]], t: int, *lists: Sequence[obj
     if any(len(x) != len(sp) for x in lists):
         got = [len(x) for x in lists]
         raise ValueError(f"{what}: {len(sp)} spans but {got} per-sequence entries")
+
+
+def int64s(xs: Sequence[int]) -> ctypes.Array[ctypes.c_int64]:
+    """``xs`` as a C int64 array (at least one element, so empty lists pass a valid pointer)."""
+    return (ctypes.c_int64 * max(1, len(xs)))(*xs)
+
+
+def pointers(ts: Sequence[torch.Tensor]) -> ctypes.Array[ctypes.c_void_p]:
+    """The data pointers of ``ts`` as a C array (at least one element)."""
+    return (ctypes.c_void_p * max(1, len(ts)))(*(t.data_ptr() for t in ts))

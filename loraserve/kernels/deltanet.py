@@ -11,8 +11,9 @@ from collections.abc import Sequence
 
 import torch
 
-from loraserve.cbuild import bind
+from loraserve.cbuild import lazy_bind
 from loraserve.kernels import argcheck
+from loraserve.kernels.argcheck import int64s, pointers
 from loraserve.kernels.layers_abi import GdnC
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -25,15 +26,7 @@ _SIGNATURES = {
     "ls_gdn_gates": ([_P, _I, _I, _I, _P, _P, _P, _P, _P], ctypes.c_int),
     "ls_gdn_step": ([_P, _I, _I, _P, _P, _P, _P, ctypes.c_int], ctypes.c_int),
 }
-_lib: ctypes.CDLL | None = None
-_loaded = False
-
-
-def _c() -> ctypes.CDLL | None:
-    global _lib, _loaded
-    if not _loaded:
-        _lib, _loaded = bind(_SIGNATURES), True
-    return _lib
+_c = lazy_bind(_SIGNATURES)
 
 
 def available() -> bool:
@@ -41,12 +34,6 @@ def available() -> bool:
     return _c() is not None
 
 
-def _ints(xs: Sequence[int]) -> ctypes.Array[ctypes.c_int64]:
-    return (ctypes.c_int64 * max(1, len(xs)))(*xs)
-
-
-def _ptrs(ts: Sequence[torch.Tensor]) -> ctypes.Array[ctypes.c_void_p]:
-    return (ctypes.c_void_p * max(1, len(ts)))(*(t.data_ptr() for t in ts))
 
 
 def gdn_recur(
@@ -86,10 +73,10 @@ def gdn_recur(
         off.append(off[-1] + len(z))
     rows = [r for z in snaps for r, _ in z]
     rc = lib.ls_gdn_recur(
-        len(spans), _ints([lo for lo, _ in spans]), _ints([hi - lo for lo, hi in spans]),
-        _ptrs(m_in), _ptrs(m_out), q.data_ptr(), k.data_ptr(), v.data_ptr(), v.stride(0),
-        g.data_ptr(), beta.data_ptr(), scale, o.data_ptr(), h, s, _ints(off), _ints(rows),
-        _ptrs([d for z in snaps for _, d in z]), torch.get_num_threads(),
+        len(spans), int64s([lo for lo, _ in spans]), int64s([hi - lo for lo, hi in spans]),
+        pointers(m_in), pointers(m_out), q.data_ptr(), k.data_ptr(), v.data_ptr(), v.stride(0),
+        g.data_ptr(), beta.data_ptr(), scale, o.data_ptr(), h, s, int64s(off), int64s(rows),
+        pointers([d for z in snaps for _, d in z]), torch.get_num_threads(),
     )  # fmt: skip
     if rc == -3:
         raise ValueError("gdn_recur: spans or snapshot rows that do not fit the C kernel")
@@ -193,7 +180,7 @@ def gdn_step(
                      state_size)  # fmt: skip
     out = torch.empty(t, hv * s)
     rc = lib.ls_gdn_step(mixed.data_ptr(), mixed.stride(0) if t > 1 else mixed.shape[1], t,
-                         _ptrs(st_in), _ptrs(st_out), ctypes.addressof(spec), out.data_ptr(),
+                         pointers(st_in), pointers(st_out), ctypes.addressof(spec), out.data_ptr(),
                          torch.get_num_threads())  # fmt: skip
     if rc == -2:
         raise MemoryError("gdn_step: out of memory for its work buffers")

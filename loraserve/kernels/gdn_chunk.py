@@ -22,8 +22,9 @@ from collections.abc import Sequence
 
 import torch
 
-from loraserve.cbuild import bind
+from loraserve.cbuild import lazy_bind
 from loraserve.kernels import argcheck
+from loraserve.kernels.argcheck import int64s, pointers
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
@@ -34,15 +35,7 @@ _SIGNATURES = {
     "ls_gdn_log_gates": ([_P, _I, _I, _I, _P, _P, _P, _P, _P], ctypes.c_int),
 }
 MAX_CHUNK = 256  # the C kernel's largest chunk
-_lib: ctypes.CDLL | None = None
-_loaded = False
-
-
-def _c() -> ctypes.CDLL | None:
-    global _lib, _loaded
-    if not _loaded:
-        _lib, _loaded = bind(_SIGNATURES), True
-    return _lib
+_c = lazy_bind(_SIGNATURES)
 
 
 def available() -> bool:
@@ -62,12 +55,6 @@ def record_size(h: int, s: int, c: int) -> int:
     return h * s * s + h * (c - 1) * (2 * s + 1) + 1
 
 
-def _ints(xs: Sequence[int]) -> ctypes.Array[ctypes.c_int64]:
-    return (ctypes.c_int64 * max(1, len(xs)))(*xs)
-
-
-def _ptrs(ts: Sequence[torch.Tensor]) -> ctypes.Array[ctypes.c_void_p]:
-    return (ctypes.c_void_p * max(1, len(ts)))(*(t.data_ptr() for t in ts))
 
 
 def _count(what: str, record: torch.Tensor, c: int) -> int:
@@ -139,10 +126,10 @@ def gdn_chunk(
     for z in snaps:
         off.append(off[-1] + len(z))
     rc = lib.ls_gdn_chunk(
-        len(spans), _ints([lo for lo, _ in spans]), _ints([hi - lo for lo, hi in spans]),
-        _ptrs(rec_in), _ptrs(rec_out), q.data_ptr(), k.data_ptr(), v.data_ptr(), v.stride(0),
-        lg.data_ptr(), beta.data_ptr(), scale, o.data_ptr(), h, s, chunk, _ints(off),
-        _ints([r for z in snaps for r, _ in z]), _ptrs(dsts), torch.get_num_threads(),
+        len(spans), int64s([lo for lo, _ in spans]), int64s([hi - lo for lo, hi in spans]),
+        pointers(rec_in), pointers(rec_out), q.data_ptr(), k.data_ptr(), v.data_ptr(), v.stride(0),
+        lg.data_ptr(), beta.data_ptr(), scale, o.data_ptr(), h, s, chunk, int64s(off),
+        int64s([r for z in snaps for r, _ in z]), pointers(dsts), torch.get_num_threads(),
     )  # fmt: skip
     if rc == -4:
         for z, rec in enumerate(rec_in):

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from loraserve.cbuild import bind
+from loraserve.cbuild import lazy_bind
 from loraserve.kernels import argcheck
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -30,15 +30,7 @@ _SIGNATURES = {
     ),
 }
 _MAX_CHUNK = 4096  # SSD_MAX_C
-_lib: ctypes.CDLL | None = None
-_loaded = False
-
-
-def _c() -> ctypes.CDLL | None:
-    global _lib, _loaded
-    if not _loaded:
-        _lib, _loaded = bind(_SIGNATURES), True
-    return _lib
+_c = lazy_bind(_SIGNATURES)
 
 
 def available() -> bool:

@@ -13,10 +13,10 @@ prompt or decode, runs the same kernel on that record, one row at a time or many
 bits depend only on its sequence's tokens: the same alone, batched, in prefill pieces cut
 anywhere (inside a chunk too), one decode row at a time, resumed from a snapshot, a
 checkpoint or a restored slot, and rolled back after a rejected draft. The records are larger
-(`gdn_size`, `ssd_size`: +24% and +37% at the bench shapes with C = 16) and snapshots with
-them; the cache, slots and drafts handle them as any record. The C decode steps and the fused
-C layers run the recurrent form only, so in this form these layers decode on the per-layer
-path. docs/chunked_scan.md measures both forms.
+(`gdn_chunk.record_size`, `ssd_chunk.record_size`: +24% and +37% at the bench shapes with
+C = 16) and snapshots with them; the cache, slots and drafts handle them as any record. The
+C decode steps and the fused C layers run the recurrent form only, so in this form these
+layers decode on the per-layer path. docs/chunked_scan.md measures both forms.
 """
 
 from __future__ import annotations
@@ -26,65 +26,20 @@ from typing import TYPE_CHECKING
 import torch
 
 from loraserve.cache.state_records import SeqStep
+from loraserve.kernels import gdn_chunk, ssd_chunk
 from loraserve.model.recurrent.records import cut_records
 
 if TYPE_CHECKING:
     from loraserve.model.recurrent.mamba2 import Mamba2
 
-CHUNK = 16  # positions per chunk: the cache's block size, so every block ends a chunk
+CHUNK = 16  # positions per chunk: the default block size, so block-end records pend no rows
 
 
 def require() -> None:
     """Raise ValueError where the chunked kernels are not built here (the form has no torch
     fallback)."""
-    from loraserve.kernels import gdn_chunk, ssd_chunk
-
     if not (gdn_chunk.available() and ssd_chunk.available()):
         raise ValueError("--scan-form chunked needs the C kernels, which are not built here")
-
-
-def gdn_size(h: int, s: int, c: int) -> int:
-    """Floats of a delta-net layer's scan record in the chunked form: M [H, S, S], pending
-    k and u [H, C-1, S] each and log decays [H, C-1], their count."""
-    return h * s * s + h * (c - 1) * (2 * s + 1) + 1
-
-
-def ssd_size(h: int, p: int, n: int, c: int) -> int:
-    """Floats of a Mamba-2 layer's scan record in the chunked form: s [H, P, N], pending
-    x dt [H, C-1, P], B [H, C-1, N] and log decays [H, C-1], their count."""
-    return h * p * n + h * (c - 1) * (p + n + 1) + 1
-
-
-def gdn_gates(
-    ba: torch.Tensor, cols: torch.Tensor, dt_b: torch.Tensor, a: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The delta-net gates as the chunked form takes them: (log decay softplus(alpha + dt_b) a,
-    beta) [T, H] each, value by value in libm (`kernels.gdn_chunk.log_gates`)."""
-    from loraserve.kernels import gdn_chunk
-
-    return gdn_chunk.log_gates(ba, cols, dt_b, a)
-
-
-def gdn_scan(
-    spans: list[tuple[int, int]],
-    rec_in: list[torch.Tensor],
-    rec_out: list[torch.Tensor],
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    lg: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float,
-    o: torch.Tensor,
-    snaps: list[list[tuple[int, torch.Tensor]]],
-    chunk: int,
-) -> None:
-    """The delta-net scan of every sequence in the chunked form (`kernels.gdn_chunk`): rows
-    ``spans[z]`` from record ``rec_in[z]`` into ``rec_out[z]`` and the snapshots ``snaps[z]``
-    ((row, record) pairs), outputs into o [T, H, S]."""
-    from loraserve.kernels import gdn_chunk
-
-    gdn_chunk.gdn_chunk(spans, rec_in, rec_out, q, k, v, lg, beta, scale, o, snaps, chunk)
 
 
 def ssd_scan(
@@ -100,8 +55,6 @@ def ssd_scan(
     snapshots (as the recurrent form does); -> y [T, H, P]. xbc [T, conv_dim] after the conv,
     dt [T, H] (`ssm_scan.dt_da`), pads: each sequence's conv input (its state's conv rows,
     then its rows)."""
-    from loraserve.kernels import ssd_chunk
-
     h, n, k = m.h, m.n, m.k
     n_conv = (k - 1) * m.conv_dim
     lg = dt * m.a  # [T, H] log decays: one rounded product each, the same bits in any batch

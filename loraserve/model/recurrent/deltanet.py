@@ -41,6 +41,7 @@ from torch import nn
 
 from loraserve.cache.state import SeqStep
 from loraserve.kernels import deltanet as kernel
+from loraserve.kernels import gdn_chunk
 from loraserve.kernels.layers_spec import GdnSpec
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
@@ -126,9 +127,9 @@ class GatedDeltaNet(nn.Module):
     @staticmethod
     def state_shape(cfg: ModelConfig) -> tuple[int, ...]:
         """[(d_conv - 1) * conv_dim + H_v * S * S]: the conv rows, then each head's M (in the
-        chunked form: then its pending rows, `chunked.gdn_size`)."""
+        chunked form: then its pending rows, `gdn_chunk.record_size`)."""
         k, _, s, hv, hk = _dims(cfg)
-        scan = chunked.gdn_size(hv, s, cfg.scan_chunk) if cfg.scan_chunk else hv * s * s
+        scan = gdn_chunk.record_size(hv, s, cfg.scan_chunk) if cfg.scan_chunk else hv * s * s
         return ((k - 1) * (2 * hk * s + hv * s) + scan,)
 
     def forward(self, hs: torch.Tensor) -> torch.Tensor:
@@ -183,9 +184,9 @@ class GatedDeltaNet(nn.Module):
             m_out.append(out[n_conv:])
             snaps.append(cut_records(self.i, seq, xpad, k, n_conv, self.state_size, out))
         if self.chunk:  # the chunked form: (M at the chunk's start, pending rows) records
-            g, beta = chunked.gdn_gates(ba, self.ba_cols, self.dt_b, self.a)  # log decays
-            chunked.gdn_scan(spans, m_in, m_out, q, kk, v, g, beta, scale.item(), o, snaps,
-                             self.chunk)  # fmt: skip
+            g, beta = gdn_chunk.log_gates(ba, self.ba_cols, self.dt_b, self.a)  # log decays
+            gdn_chunk.gdn_chunk(spans, m_in, m_out, q, kk, v, g, beta, scale.item(), o, snaps,
+                                self.chunk)  # fmt: skip
         elif USE_C and hv > 1 and kernel.available():
             g, beta = kernel.gdn_gates(ba, self.ba_cols, self.dt_b, self.a)  # [T, H_v] each
             kernel.gdn_recur(spans, m_in, m_out, q, kk, v, g, beta, scale.item(), o, snaps)

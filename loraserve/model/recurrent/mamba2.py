@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from loraserve.cache.state import SeqStep
-from loraserve.kernels import ssm_scan
+from loraserve.kernels import ssd_chunk, ssm_scan
 from loraserve.kernels.layers_spec import MambaSpec
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
@@ -69,7 +69,7 @@ class Mamba2(nn.Module):
         """[(d_conv - 1) * conv_dim + H * P * N]: the conv rows, then the scan state."""
         k, d_inner, n, h, g = _dims(cfg)
         c = cfg.scan_chunk
-        scan = chunked.ssd_size(h, d_inner // h, n, c) if c else d_inner * n
+        scan = ssd_chunk.record_size(h, d_inner // h, n, c) if c else d_inner * n
         return ((k - 1) * (d_inner + 2 * g * n) + scan,)
 
     def forward(self, hs: torch.Tensor) -> torch.Tensor:
