@@ -44,8 +44,7 @@ from loraserve.kernels.layers_spec import (
 )
 from loraserve.kernels.rowops import ACTS
 
-__all__ = ["ConvSpec", "FusedLayers", "GdnSpec", "LayerSpec", "MambaSpec", "ProjSpec",
-           "sigmoid_gate"]  # fmt: skip
+__all__ = ["ConvSpec", "FusedLayers", "GdnSpec", "LayerSpec", "MambaSpec", "ProjSpec"]
 _LONG, _I32, _F32 = torch.long, torch.int32, torch.float32
 
 
@@ -54,26 +53,6 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if t.dtype is not dtype:
         t = t.to(dtype)
     return t if t.is_contiguous() else t.contiguous()
-
-
-def sigmoid_gate(a: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """a [T, H D] (contiguous) times sigmoid(gate) [T, H, D] (unit stride in D; any row and
-    head strides): each sigmoid in double, rounded to float32, then the product, one value
-    at a time (`layers_attn.h`, which the fused layers call too: the same bits in any batch).
-    Without the C kernels: torch's double sigmoid."""
-    lib = bind(_SIGNATURES)
-    t, h, d = gate.shape
-    a = a.contiguous()
-    if lib is None or a.dtype != torch.float32 or gate.dtype != torch.float32 \
-            or a.device.type != "cpu" or gate.device.type != "cpu" \
-            or gate.stride(2) != 1 or a.shape != (t, h * d):  # fmt: skip
-        return a * torch.sigmoid(gate.double()).float().reshape(t, h * d)
-    out = torch.empty(t, h * d)
-    rc = lib.ls_sigmoid_gate(a.data_ptr(), h * d, gate.data_ptr(), gate.stride(0),
-                             gate.stride(1), t, h, d, out.data_ptr())  # fmt: skip
-    if rc != 0:
-        raise ValueError(f"sigmoid_gate: a {tuple(a.shape)}, gate {tuple(gate.shape)}")
-    return out
 
 
 class FusedLayers:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from loraserve.kernels.layers import sigmoid_gate
 from loraserve.kernels.rowops import layer_norm
+from loraserve.kernels.sigmoid_gate import sigmoid_gate
 from loraserve.model.attn import paged_attention
 from loraserve.model.attn.mla import LatentAttention
 from loraserve.model.attn.variants import partial_rope, temperature

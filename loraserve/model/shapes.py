@@ -2,7 +2,7 @@
 (``attn_q``, ``ffn_down``, ...) to a function of the config and the layer index giving the
 shape in torch order ([out, in] for a matrix), reading the config's per-layer values where it
 has them (`per_layer`); `required_stems` names the tensors a layer cannot run without. Used by
-`validate.check_tensors`."""
+`validate_tensors.check_tensors`."""
 
 from __future__ import annotations
 

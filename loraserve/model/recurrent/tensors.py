@@ -1,5 +1,5 @@
 """The tensors of each recurrent layer and their exact shapes, checked before any layer is built
-(`validate.check_tensors` calls `check`): the sizes themselves (`ModelConfig.ssm`), every
+(`validate_tensors.check_tensors` calls `check`): the sizes themselves (`ModelConfig.ssm`), every
 tensor a mixer reads (names with and without a ``.weight`` suffix, as llama.cpp writes
 ``ssm_a`` and ``ssm_d``), none missing, none of another shape. A crafted file fails here with
 one line naming the tensor, never later inside a scan. Plain Python: no kernel is loaded.

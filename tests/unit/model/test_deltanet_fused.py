@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from loraserve.kernels import backend, ssm_scan
-from loraserve.kernels.layers import sigmoid_gate
+from loraserve.kernels.sigmoid_gate import sigmoid_gate
 from loraserve.lora.adapter_write import write_gguf_lora
 from loraserve.model.loader import LoadedModel, load_model
 from loraserve.model.recurrent.deltanet import GatedDeltaNet
