@@ -58,12 +58,8 @@ static void plan_fill(plan_t *pl, int64_t e0, int64_t e1, const int64_t *off) {
         if (M == 0) continue;
         for (int i = 0; i < pl->nparts; i++) {
             const part_t *p = &pl->parts[i];
-            // packed groups a task: PK_TASK_GROUPS for many rows, else 2 where two groups
-            // share a 512-bit vector (qmatmul_multi's rule: the same bits, half the
-            // instructions of a decode row)
-            const int64_t pg = !p->packed ? 0
-                               : M >= ROWS_MIN_M ? PK_TASK_GROUPS
-                               : ls_packed_pairs(p->type) ? 2 : 1;
+            // packed groups a task: qmatmul_multi's rule (pk_task_groups)
+            const int64_t pg = p->packed ? pk_task_groups(p->type, M) : 0;
             const int64_t unit = p->packed ? PK_ROWS * pg : 4;
             for (int64_t r = 0, blk = 0; r < p->n; r += unit, blk++) {
                 const int64_t rows = p->n - r < unit ? p->n - r : unit;

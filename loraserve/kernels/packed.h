@@ -31,16 +31,16 @@
 #include "quant_blocks.h"
 #include "simd.h"
 
-// Read-ahead of the decode tiles (M <= 4) that read one group, or a pair of groups, after
-// another (a thread's tasks run over consecutive groups): the bytes of the next group, or
-// the next pair in its byte order, at the pace this one is read, rather than simd.h's
-// PREFETCH_AHEAD past each stream (a pair is two streams a group apart). Measured (Zen 4,
-// 1 thread, thread-CPU time, ~200-260 MB matrices on huge pages, against a plain read of
-// the same bytes in 5.1-7.7 ms): the pair tiles Q6_K (K = 2048) 11-13 -> 7.7-8.4 ms, Q4_K
-// 13.4-13.9 -> 7.2-7.4, Q5_0 (K = 2048 / 2880) 8.0-10.4 -> 6.3-6.4; the one-group tiles
-// Q6_K 9.4-9.9 -> 7.7, Q8_0 6.3-7.4 -> 5.5-6.7; the AVX2 build's one-group tiles (~240 MB,
-// read 7.2-7.5 ms) Q4_K (K = 2048) 9.0-10.0 -> 8.0, Q5_0 (K = 2048 / 2880) 9.3-10.2 -> 7.9-8.3.
-// A hint: the same bits.
+// Read-ahead of the decode tiles (M <= 4: one group at a time, qparts.h's pk_task_groups):
+// simd.h's PREFETCH, PREFETCH_AHEAD bytes past the bytes a step reads, in the one stream a
+// thread's consecutive groups make. The tiles first asked for the next group's bytes at the
+// pace of this one's, a group's size ahead (7-60 KB: past the 32 KB L1 for long rows, where
+// the non-temporal lines were gone before their use); measured (Zen 4, AVX-512 build, 2
+// threads, ~400 MB of matrices cycled, GB/s, next group -> 2 KB ahead): Q6_K 2560 x 9216
+// 26.5 -> 30.2-31.3, Q4_K 2560 x 9216 24.2-25.4 -> 26.7-27.1, Q6_K 8192 x 2560 25.3-34.7 ->
+// 38.5, Q4_K 9216 x 2560 unchanged (~30); the AVX2 build the same way. Hints: the same bits.
+// PK_AHEAD: the pair tiles' read-ahead (packed_z.h), the next pair in its byte order at the
+// pace this one is read; those tiles run for 5..15 rows now, where it is off.
 #define PK_AHEAD(p) __builtin_prefetch((const char *)(p), 0, 0)
 
 #define PACKED 256  // a packed type's code: PACKED | its ggml type
@@ -167,7 +167,7 @@ static inline __attribute__((always_inline)) void pk_dot_q8_0(
 #endif
 #pragma GCC unroll 8
         for (int t = 0; t < 8; t++) {
-            if (ahead && !(t & 1)) PK_AHEAD(blk + 272 * nc + 32 * t);  // the next group
+            if (ahead && !(t & 1)) PREFETCH(blk + 32 * t);
             const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * t));
             const __m256i aw = _mm256_sign_epi8(w, w);  // |w| (128 read unsigned: exact)
             LS_PR(0, i0);
@@ -218,10 +218,7 @@ static inline __attribute__((always_inline)) void pk_dot_q5_0(
     (void)ones;  // unused where LS_PR is dpbusd
     for (int64_t c = 0; c < nc; c++) {
         const uint8_t *blk = g + bb * c, *nib = blk + noff;
-        if (ahead) {  // the next group's block c (PK_AHEAD)
-            const uint8_t *pf = blk + bb * nc;
-            PK_AHEAD(pf), PK_AHEAD(pf + 64), PK_AHEAD(pf + 128);
-        }
+        if (ahead) PREFETCH(blk), PREFETCH(blk + 64), PREFETCH(blk + 128);
         const __m256i h = hb ? _mm256_loadu_si256((const __m256i *)(blk + hoff)) : _mm256_setzero_si256();
         __m256i i0 = _mm256_setzero_si256(), i1 = i0, i2 = i0, i3 = i0;
         // the unsigned values (0..31) as they are: 4 steps add in int16 (31 * 127 * 2 * 4 =

@@ -71,7 +71,7 @@ static inline __attribute__((always_inline)) void pk_dot_q4_k(
     } while (0)
 #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) {
-                if (ahead) PK_AHEAD(blk + sb * nb + (sb / 4) * gp + (sb / 32) * t);  // the next group
+                if (ahead) PREFETCH(blk + (sb / 4) * gp + (sb / 32) * t);
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(nib + 32 * t));
                 __m256i wl = _mm256_and_si256(v, lo4);
                 __m256i wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);

@@ -138,7 +138,7 @@ static inline __attribute__((always_inline)) void pq3_dot(
         __m256i i0 = _mm256_setzero_si256(), i1 = i0, i2 = i0, i3 = i0;
         for (int p = 0; p < 8; p++) {
             const uint8_t *sb = q2 == 2 ? blk + 16 + 64 * p : q2 ? blk + 160 + 64 * p : blk + 144 + 96 * p;
-            if (ahead) PK_AHEAD(sb + sbb * nb), PK_AHEAD(sb + sbb * nb + 64);
+            if (ahead) PREFETCH(sb), PREFETCH(sb + 64);
             const __m256i hv = q2 ? i0 : _mm256_loadu_si256((const __m256i *)(sb + 64));
             for (int k = 0; k < 2; k++) {
                 const int j = 2 * p + k;

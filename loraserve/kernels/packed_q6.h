@@ -96,7 +96,7 @@ static inline __attribute__((always_inline)) void pq6_dot(
         __m256i i0 = _mm256_setzero_si256(), i1 = i0, i2 = i0, i3 = i0;
         for (int j = 0; j < 16; j++) {
             const uint8_t *sb = blk + 144 + 96 * j;
-            if (ahead) PK_AHEAD(sb + PQ6_SB * nb), PK_AHEAD(sb + PQ6_SB * nb + 64);
+            if (ahead) PREFETCH(sb), PREFETCH(sb + 64);
             const __m256i n0 = _mm256_loadu_si256((const __m256i *)sb);
             const __m256i n1 = _mm256_loadu_si256((const __m256i *)(sb + 32));
             const __m256i hv = _mm256_loadu_si256((const __m256i *)(sb + 64));

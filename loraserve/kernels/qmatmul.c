@@ -63,12 +63,11 @@ static int qmatmul_multi(int nparts, const int *types, const uint8_t *const *ws,
     }
     if (total * K * M < (1 << 17)) nthreads = 1;  // tiny products: no thread wake-up
     // tasks: blocks of 4 rows of one part (the last block of a part may be shorter), or of
-    // pgs[i] packed groups: PK_TASK_GROUPS for many rows, else 2 where two groups share a
-    // 512-bit vector (ls_packed_pairs: half the instructions of a decode row, the same bits)
+    // pgs[i] packed groups (pk_task_groups)
     int64_t first[9], pgs[8];
     first[0] = 0;
     for (int i = 0; i < nparts; i++) {
-        pgs[i] = M >= ROWS_MIN_M ? PK_TASK_GROUPS : parts[i].packed && ls_packed_pairs(parts[i].type) ? 2 : 1;
+        pgs[i] = parts[i].packed || M >= ROWS_MIN_M ? pk_task_groups(parts[i].type, M) : 1;
         first[i + 1] = first[i] + (parts[i].packed || parts[i].kbytes
                                        ? (parts[i].n / PK_ROWS + pgs[i] - 1) / pgs[i]
                                        : (parts[i].n + 3) / 4);

@@ -211,13 +211,24 @@ int ls_packed_pairs(int type);
 // rows): Q4_K 10240 x 2560 and 2560 x 10240 0.96x the time. Same bits.
 #define PK_TASK_GROUPS 4
 
+// Packed groups a task takes for M activation rows: PK_TASK_GROUPS from ROWS_MIN_M rows on;
+// 2 (a pair in one pass, ls_packed_pairs) for 5..15 rows; 1 for the decode tiles (M <= 4).
+// A decode tile streams its weights from memory, and a pair reads two streams a group apart
+// where one group reads one: measured (Zen 4, 2 threads, alternated in one process) decode
+// of the hybrid bench models (bench.hybrid_synth) with pairs -> one group: granitehybrid
+// 64.7 -> 76.8 tok/s, qwen35 22.1 -> 25.3; 100352 x 1536 Q6_K alone 5.9 -> 3.9 ms (llama.cpp
+// 4.4). Every output has the same bits either way (packed_z.h).
+static inline int64_t pk_task_groups(int type, int64_t M) {
+    return M >= ROWS_MIN_M ? PK_TASK_GROUPS : M > 4 && ls_packed_pairs(type) ? 2 : 1;
+}
+
 // Output columns p->col + n0 .. + 8 ng - 1 of all M rows from the ng packed groups from row
 // n0: 4 activation rows at a time, then the rest together (the same numbers per output
 // whatever the tile: packed.h).
 static void part_packed(const part_t *p, int64_t n0, int64_t ng, int64_t K, const act_t *a,
                         int64_t M, float *y, int64_t ldy) {
     const int64_t gb = packed_group_bytes(p->type, K);
-    const int pairs = ls_packed_pairs(p->type);
+    const int pairs = M > 4 && ls_packed_pairs(p->type);  // pk_task_groups
     for (int64_t m = 0; m < M; m += 4) {
         const int R = M - m < 4 ? (int)(M - m) : 4;
         // the K-quants' activation sums: per 16 for Q6_K, Q3_K, Q2_K and TQ2_0 (packed_q6.h,
