@@ -28,9 +28,7 @@ from bench.hybrid_synth import REAL, synth_model
 from bench.stage_profile import Meter
 
 
-def prefill_profile(
-    arch: str, tokens: int, threads: int, reps: int
-) -> list[dict[str, Any]]:
+def prefill_profile(arch: str, tokens: int, threads: int, reps: int) -> list[dict[str, Any]]:
     """Per repetition: thread-CPU seconds of the whole request and of each label, calls, and
     the generated token."""
     from loraserve.engine.core import EngineConfig

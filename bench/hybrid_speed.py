@@ -248,8 +248,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="pipeline check, not a measurement")
     ap.add_argument("--turns", type=int, default=0, help="chat turns (default 5)")
     ap.add_argument("--n-predict", type=int, default=0, help="decode tokens (default 64)")
-    ap.add_argument("--scan-form", choices=("recurrent", "chunked"), default="recurrent",
-                    help="loraserve's --scan-form (delta-net and Mamba-2 scans)")
+    ap.add_argument(
+        "--scan-form",
+        choices=("recurrent", "chunked"),
+        default="recurrent",
+        help="loraserve's --scan-form (delta-net and Mamba-2 scans)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     names = ",".join(REAL) if args.archs == "all" else args.archs

@@ -34,8 +34,6 @@ def available() -> bool:
     return _c() is not None
 
 
-
-
 def gdn_recur(
     spans: Sequence[tuple[int, int]],
     m_in: Sequence[torch.Tensor],

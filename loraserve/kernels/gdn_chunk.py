@@ -55,8 +55,6 @@ def record_size(h: int, s: int, c: int) -> int:
     return h * s * s + h * (c - 1) * (2 * s + 1) + 1
 
 
-
-
 def _count(what: str, record: torch.Tensor, c: int) -> int:
     """The pending-row count of ``record``; ValueError unless an integer in 0 .. c - 1."""
     cnt = float(record[-1])

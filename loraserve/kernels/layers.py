@@ -122,6 +122,7 @@ class FusedLayers:
             for k, name in enumerate(p.names)
         }
         self._adapters: dict[Hashable, tuple[Any, list[torch.Tensor]]] = {}
+
         # each target's (input width, rows): the LoRA pairs are checked against them
         def widths(L: LayerSpec) -> tuple[int, ...]:
             w_in, _, w_mid = mixer_widths(L, hidden, n_heads, n_kv, head_dim, out_gate)

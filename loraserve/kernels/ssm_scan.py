@@ -23,11 +23,18 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {
     "ls_ssm_scan2": ([_P, _I, _P, _P] + [_I] * 5 + [_P] * 8 + [ctypes.c_int] * 2, ctypes.c_int),
     "ls_ssm_rowsum": ([_P, _I, _I, ctypes.c_int, _P], ctypes.c_int),
-    "ls_mamba2_step": ([_P, _I, _P, _P, _I] + [_P] * 7 + [ctypes.c_float] + [_I] * 5
-                       + [_P, ctypes.c_int, ctypes.c_int], ctypes.c_int),
+    "ls_mamba2_step": (
+        [_P, _I, _P, _P, _I]
+        + [_P] * 7
+        + [ctypes.c_float]
+        + [_I] * 5
+        + [_P, ctypes.c_int, ctypes.c_int],
+        ctypes.c_int,
+    ),
     "ls_ssm_dt": ([_P, _I, _I, _I, _P, _P, _P, _P], ctypes.c_int),
     "ls_ssm_scan1": (
-        [_P] * 5 + [_I] * 3 + [_P, _P, _I, _I] + [_P] * 5 + [ctypes.c_int] * 2, ctypes.c_int
+        [_P] * 5 + [_I] * 3 + [_P, _P, _I, _I] + [_P] * 5 + [ctypes.c_int] * 2,
+        ctypes.c_int,
     ),
 }
 _lib: ctypes.CDLL | None = None
@@ -246,8 +253,9 @@ def mamba2_step(
     dims: tuple[int, int, int, int, int],
     st_in: list[torch.Tensor],
     st_out: list[torch.Tensor],
-    weights: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor,
-                   torch.Tensor | None],
+    weights: tuple[
+        torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor | None
+    ],
     eps: float,
 ) -> torch.Tensor:
     """A Mamba-2 mixer's decode step between its projections (`mamba2_step.c`): row q of zx

@@ -274,28 +274,45 @@ def test_recurrent_wrappers_refuse_crafted_inputs() -> None:
     calls = {
         "2 spans but": lambda: deltanet.gdn_recur([(0, 2), (2, 3)], st * 2, st, *recur, [[], []]),
         "outside 3 rows": lambda: deltanet.gdn_recur([(0, 4)], st, st, *recur, [[]]),
-        "a CPU float32 tensor": lambda: deltanet.gdn_recur([(0, 3)], [z(2, 8, 8).half()], st,
-                                                           *recur, [[]]),  # fmt: skip
+        "a CPU float32 tensor": lambda: deltanet.gdn_recur(
+            [(0, 3)], [z(2, 8, 8).half()], st, *recur, [[]]
+        ),  # fmt: skip
         "bias": lambda: deltanet.conv_step(z(8), z(4), z(3, 4), z(2), z(4), z(8)),
         "dt_b": lambda: deltanet.gdn_gates(z(2, 4), torch.arange(4), z(2).half(), z(2)),
         "columns": lambda: deltanet.gdn_gates(z(4, 8)[:, :2], torch.arange(4), z(2), z(2)),
         "spec": lambda: deltanet.gdn_step(z(1, 64), [z(10)], [z(10)], ctypes.c_int(0), 10),
         "state_size": lambda: deltanet.gdn_step(
-            z(1, 64), [z(10)], [z(10)], GdnC(None, None, None, None, None, None, None, 0, 0,
-                                             0, 1, 2, 8, 4, 0), 10),  # fmt: skip
-        "scan2: row spans": lambda: ssm_scan.scan2(xbc, dt, dt, (2, 4, 8, 1), [(0, 9)],
-                                                   [z(2, 4, 8)], [[]]),  # fmt: skip
-        "scan2: dt": lambda: ssm_scan.scan2(xbc, dt[:2], dt, (2, 4, 8, 1), [(0, 4)],
-                                            [z(2, 4, 8)], [[]]),  # fmt: skip
-        "xbc": lambda: ssm_scan.scan2(xbc[:, :20], dt, dt, (2, 4, 8, 1), [(0, 4)],
-                                      [z(2, 4, 8)], [[]]),  # fmt: skip
-        "finals": lambda: ssm_scan.scan2(xbc, dt, dt, (2, 4, 8, 1), [(0, 4)], [z(2, 4, 8)],
-                                         [[]], z(1, 2, 4, 8).half()),  # fmt: skip
-        "scan1: b": lambda: ssm_scan.scan1(z(4, 4), z(4, 4), z(4, 8), z(2, 8), z(4, 8),
-                                           [(0, 4)], [z(4, 8)], [[]]),  # fmt: skip
+            z(1, 64),
+            [z(10)],
+            [z(10)],
+            GdnC(None, None, None, None, None, None, None, 0, 0, 0, 1, 2, 8, 4, 0),
+            10,
+        ),  # fmt: skip
+        "scan2: row spans": lambda: ssm_scan.scan2(
+            xbc, dt, dt, (2, 4, 8, 1), [(0, 9)], [z(2, 4, 8)], [[]]
+        ),  # fmt: skip
+        "scan2: dt": lambda: ssm_scan.scan2(
+            xbc, dt[:2], dt, (2, 4, 8, 1), [(0, 4)], [z(2, 4, 8)], [[]]
+        ),  # fmt: skip
+        "xbc": lambda: ssm_scan.scan2(
+            xbc[:, :20], dt, dt, (2, 4, 8, 1), [(0, 4)], [z(2, 4, 8)], [[]]
+        ),  # fmt: skip
+        "finals": lambda: ssm_scan.scan2(
+            xbc, dt, dt, (2, 4, 8, 1), [(0, 4)], [z(2, 4, 8)], [[]], z(1, 2, 4, 8).half()
+        ),  # fmt: skip
+        "scan1: b": lambda: ssm_scan.scan1(
+            z(4, 4), z(4, 4), z(4, 8), z(2, 8), z(4, 8), [(0, 4)], [z(4, 8)], [[]]
+        ),  # fmt: skip
         "mamba2_step: dt": lambda: ssm_scan.mamba2_step(
-            z(1, 32), z(1, 1), z(1, 2), (4, 2, 4, 8, 1), [z(3 * 24 + 64)], [z(3 * 24 + 64)],
-            (z(4, 24), None, z(24), z(2), None), 1e-6),  # fmt: skip
+            z(1, 32),
+            z(1, 1),
+            z(1, 2),
+            (4, 2, 4, 8, 1),
+            [z(3 * 24 + 64)],
+            [z(3 * 24 + 64)],
+            (z(4, 24), None, z(24), z(2), None),
+            1e-6,
+        ),  # fmt: skip
         "dt_da: bias": lambda: ssm_scan.dt_da(z(3, 2), z(2).double(), z(2)),
     }
     for what, call in calls.items():

@@ -180,8 +180,14 @@ class Mamba2(nn.Module):
         dt, da = ssm_scan.dt_da(zx[:, di + self.conv_dim :], self.dt_b, self.a)  # [T, H]
         recs = self.new_records(seqs)
         out = ssm_scan.mamba2_step(
-            zx, dt, da, (k, h, di // h, self.n, self.g), [s.state[i] for s in seqs], recs,
-            (self.taps_lc, self.conv_b, self.ones_row, self.d_flat, self.norm), self.eps,
+            zx,
+            dt,
+            da,
+            (k, h, di // h, self.n, self.g),
+            [s.state[i] for s in seqs],
+            recs,
+            (self.taps_lc, self.conv_b, self.ones_row, self.d_flat, self.norm),
+            self.eps,
         )  # [T, d_inner]
         return self.out_proj(out)
 

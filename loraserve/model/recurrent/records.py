@@ -140,8 +140,11 @@ def fresh_records(
 def is_decode_step(seqs: list[SeqStep] | None, t: int) -> bool:
     """Whether a step of t rows is one new row per sequence, row q sequence q's (decode
     steps, no draft rows): the case `Mamba2._step` and the fused C layers run."""
-    return seqs is not None and len(seqs) == t and ssm_scan.available() and all(
-        (q.lo, q.hi) == (r, r + 1) and not q.every for r, q in enumerate(seqs)
+    return (
+        seqs is not None
+        and len(seqs) == t
+        and ssm_scan.available()
+        and all((q.lo, q.hi) == (r, r + 1) and not q.every for r, q in enumerate(seqs))
     )
 
 

@@ -17,8 +17,21 @@ from tests.unit.model.quant_util import (
     random_rows,
 )
 
-PACKABLE = ["Q4_0", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
-            "IQ4_XS", "TQ2_0", "MXFP4"]
+PACKABLE = [
+    "Q4_0",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "IQ4_NL",
+    "IQ4_XS",
+    "TQ2_0",
+    "MXFP4",
+]
 
 pytestmark = pytest.mark.skipif(K.backend() != "c", reason="packing needs the C kernels")
 

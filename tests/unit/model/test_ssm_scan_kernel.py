@@ -121,8 +121,9 @@ def test_probe_finds_torch_sum_order() -> None:
         _same(out, v.sum(-1))
 
 
-def _mamba2_rows(zx: torch.Tensor, states: list[torch.Tensor], dims: tuple[int, ...],
-                 w: dict[str, Any]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _mamba2_rows(
+    zx: torch.Tensor, states: list[torch.Tensor], dims: tuple[int, ...], w: dict[str, Any]
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Each row of zx through `Mamba2.forward`'s torch operations alone (the conv as
     `causal_conv`, the scan as `scan_torch`): -> (out [T, d_inner], each new state record)."""
     k, h, p, n, g = dims
