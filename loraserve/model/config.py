@@ -196,7 +196,7 @@ class ModelConfig:
             n_heads=n_heads,
             n_kv_heads=int(n_kv),
             head_dim=int(keys.get("attention.key_length", hidden // n_heads)),
-            ffn_dim=_heads(arch, keys.req("feed_forward_length")),  # per layer: nemotron-h
+            ffn_dim=_ffn(arch, keys),  # per layer: nemotron-h
             rms_eps=float(keys.get("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(keys.get("rope.freq_base", 10000.0)),
             context_length=int(keys.get("context_length", 2048)),
@@ -263,6 +263,14 @@ def _flags(arch: archs.Arch, hidden: int) -> dict[str, Any]:
         embed_scale=math.sqrt(hidden) if arch.embed_scale_sqrt else 1.0,
         rope_type=arch.rope,
     )
+
+
+def _ffn(arch: archs.Arch, keys: archs.Keys) -> int:
+    """The dense FFN width (`_heads`' reading); 0 where the architecture has no dense FFN and
+    the file leaves the key out (`Arch.ffn_optional`)."""
+    if arch.ffn_optional and not keys.has("feed_forward_length"):
+        return 0
+    return _heads(arch, keys.req("feed_forward_length"))
 
 
 def _heads(arch: archs.Arch, v: Any) -> int:

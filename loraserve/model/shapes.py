@@ -41,6 +41,17 @@ def _expert_ffn(c: ModelConfig, i: int) -> int:
     return per_layer(c, "expert_ffn_dim", i, 0) or ffn_width(c, i)
 
 
+def is_moe(c: ModelConfig, i: int) -> bool:
+    """Whether layer i's FFN is routed experts (`moe_layers`, else any experts at all)."""
+    moe = per_layer(c, "moe_layers", i, None)
+    return _n_experts(c, i) > 0 if moe is None else bool(moe)
+
+
+def layer_ffn_width(c: ModelConfig, i: int) -> int:
+    """The width layer i's FFN runs at: its experts' for a MoE layer, else the dense one."""
+    return _expert_ffn(c, i) if is_moe(c, i) else ffn_width(c, i)
+
+
 def _moe_io(c: ModelConfig) -> int:
     """The routed experts' input and output width: the latent one where the config has it."""
     return getattr(c, "moe_latent", 0) or c.hidden_size
@@ -149,12 +160,9 @@ def required_stems(cfg: ModelConfig, i: int) -> list[str]:
         stems += ["attn_q_norm", "attn_k_norm"]
     if getattr(cfg, "post_norms", False):
         stems += ["post_attention_norm", "post_ffw_norm"]
-    moe = per_layer(cfg, "moe_layers", i, None)
-    if moe is None:
-        moe = _n_experts(cfg, i) > 0
     if not has_ffn(cfg, i):  # the mixer and its residual alone (mamba2)
         pass
-    elif moe:
+    elif is_moe(cfg, i):
         gate = [] if _ffn_kind(cfg) == "plain" else ["ffn_gate_exps"]  # plain: act(up) alone
         stems += ["ffn_gate_inp", *gate, "ffn_up_exps", "ffn_down_exps"]
         if getattr(cfg, "moe_latent", 0):

@@ -34,6 +34,8 @@ from loraserve.model.shapes import (
     ffn_width,
     has_ffn,
     heads,
+    is_moe,
+    layer_ffn_width,
 )
 from loraserve.model.validate_common import (  # ModelFileError re-exported: importers use it
     MAX_CONTEXT,
@@ -114,8 +116,12 @@ def check_config(cfg: ModelConfig) -> None:
     for i in range(cfg.n_layers):
         h, nq, nkv, d, dv = heads(cfg, i)
         where = f"layer {i}: "
+        moe, ffn = has_ffn(cfg, i) and is_moe(cfg, i), has_ffn(cfg, i)
+        # a dense width of 0: the key left out where no layer has a dense FFN (ffn_optional)
+        dense = ffn_width(cfg, i) if ffn and (cfg.ffn_dim or not moe) else 1
+        experts = layer_ffn_width(cfg, i) if moe else 1
         for what, v in (("heads", nq), ("KV heads", nkv), ("head dim", d), ("value dim", dv),
-                         ("FFN width", ffn_width(cfg, i) if has_ffn(cfg, i) else 1)):  # fmt: skip
+                        ("FFN width", dense), ("experts' width", experts)):  # fmt: skip
             if not (_is_int(v) and 1 <= v <= MAX_WIDTH):
                 raise ModelFileError(f"{where}{what} = {_show(v)} (1 to {MAX_WIDTH})")
         if nq % nkv:

@@ -102,5 +102,8 @@ class Arch:
     # some layers are recurrent (`model/recurrent/`): per-layer head counts, 0 at those layers,
     # whose kinds the gguf hook names (`ModelConfig.layer_kinds`)
     recurrent: bool = False
+    # feed_forward_length may be absent (llama.cpp reads it optionally; 0 then): no layer has
+    # a dense FFN, and the gguf hook derives the experts' width (qwen35moe, qwen3next)
+    ffn_optional: bool = False
     gguf: Hook | None = None
     hf: HFHook | None = None

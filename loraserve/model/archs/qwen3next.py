@@ -6,4 +6,5 @@ halves in the attention layers."""
 from loraserve.model.archs.base import Arch
 from loraserve.model.archs.qwen35moe import moe
 
-ARCH = Arch(name="qwen3next", qk_norm=True, experts="required", recurrent=True, gguf=moe)
+ARCH = Arch(name="qwen3next", qk_norm=True, experts="required", recurrent=True,
+            ffn_optional=True, gguf=moe)  # fmt: skip
