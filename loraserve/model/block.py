@@ -133,7 +133,7 @@ class Block(nn.Module):
         if self.rope and cfg.qk_l2_norm:  # llama4: q and k RMS-normed without weight
             qk = rms_norm(qk, torch.ones(d), eps)
         q, k = qk[:, :nq], qk[:, nq:]
-        if not self.rope and cfg.attn_temp:  # llama4: q times the position's temperature
+        if cfg.attn_temp and (cfg.attn_temp_all or not self.rope):  # q times its temperature
             q = q * temperature(ctx.attn.row_nkeys.long() - 1, cfg.attn_temp)
         k_cache, v_cache = ctx.kv_caches[self.i]
         a = paged_attention(q, k, v, k_cache, v_cache, ctx, cfg.attn_scale, self.sliding,

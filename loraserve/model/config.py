@@ -105,9 +105,11 @@ class ModelConfig:
     attn_out_gate: bool = False
     # llama4: sliding_layers attend in chunks of attn_chunk positions (a query sees the keys of
     # its own chunk only); no-rope layers scale q by 1 + s log(floor((pos + o) / f) + 1) with
-    # attn_temp = (f, s, o); q and k RMS-normed without weight after rope on rope layers
+    # attn_temp = (f, s, o); q and k RMS-normed without weight after rope on rope layers;
+    # attn_temp_all (mistral3): every layer's q after rope, (f, s, o) = (original ctx, s, 0)
     attn_chunk: int = 0
     attn_temp: tuple[float, ...] = ()
+    attn_temp_all: bool = False
     qk_l2_norm: bool = False
     # llama4: a routed expert's weight multiplies its input (not its output), and the top-k
     # is chosen by the router's raw logits

@@ -131,6 +131,9 @@ class Decoder(nn.Module):
         else:
             rope_global = rope_local = self._unused_tables(x.shape[0])
         fused = self._fused() if self.use_fused else None
+        temp = self.cfg.attn_temp
+        if fused is not None and temp and int(positions.max()) + temp[2] >= temp[0]:
+            fused = None  # the fused layers leave out a temperature that is 1 below f - o
         kv = ctx.kv_caches
         lora_in = None
         if fused is not None and ctx.lora is not None:  # deltas in the same call, if it can

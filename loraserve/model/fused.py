@@ -84,7 +84,7 @@ def _layer(cfg: ModelConfig, b: Block) -> LayerSpec | None:
 def build_fused(cfg: ModelConfig, blocks: Sequence[Block]) -> FusedLayers | None:
     """The fused layers of a decoder of ``cfg`` and ``blocks``; None where a layer kind needs
     the per-layer path or the C kernels are not here."""
-    if (cfg.qk_norm_mode != "head" or not cfg.pre_norms or cfg.attn_temp
+    if (cfg.qk_norm_mode != "head" or not cfg.pre_norms or (cfg.attn_temp and not cfg.attn_temp_all)
             or cfg.attn_softcap or cfg.attn_sinks or cfg.kv_lora_rank or cfg.norm != "rms"
             or cfg.parallel or cfg.attn_chunk or cfg.qk_l2_norm
             or cfg.act not in (*_GATED_ACTS, "relu_sqr")):  # fmt: skip

@@ -1,6 +1,6 @@
 """Per-row variants of the paged attention's q/k preparation: a partial rope (the first
 ``rope_dim`` dims of each head rotated, as GLM-4, MiniMax-M2 and Phi-4-mini files have it) and
-llama4's attention temperature on its no-rope layers.
+the attention temperature of llama4's no-rope layers and of every mistral3 layer (after rope).
 
 Both are elementwise: a row's bits depend on that row alone, whatever the batch.
 """
@@ -33,7 +33,7 @@ def partial_rope(
 
 
 def temperature(positions: torch.Tensor, temp: tuple[float, ...]) -> torch.Tensor:
-    """llama4's attention temperature per row [T, 1, 1] float32 for positions [T]:
+    """The attention temperature (llama4, mistral3) per row [T, 1, 1] float32 for positions [T]:
     ``log(floor((pos + offset) / floor_scale) + 1) * scale + 1``, computed in double then
     rounded to float32 as llama.cpp's ``llm_graph_input_attn_temp`` does."""
     floor_scale, scale, offset = temp
