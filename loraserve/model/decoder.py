@@ -119,8 +119,9 @@ class Decoder(nn.Module):
             x = self.embed(input_ids)
         if self.cfg.embed_scale != 1.0:
             x = x * self._embed_scale
+        temp = self.cfg.attn_temp
+        max_pos = int(positions.max()) if self._any_rope or temp else 0
         if self._any_rope:
-            max_pos = int(positions.max())
             self.rope_global.ensure(max_pos)
             rope_global = self.rope_global.tables(positions)
             if self.rope_local is self.rope_global:  # one base (most models): the same tables
@@ -131,8 +132,7 @@ class Decoder(nn.Module):
         else:
             rope_global = rope_local = self._unused_tables(x.shape[0])
         fused = self._fused() if self.use_fused else None
-        temp = self.cfg.attn_temp
-        if fused is not None and temp and int(positions.max()) + temp[2] >= temp[0]:
+        if fused is not None and temp and max_pos + temp[2] >= temp[0]:
             fused = None  # the fused layers leave out a temperature that is 1 below f - o
         kv = ctx.kv_caches
         lora_in = None

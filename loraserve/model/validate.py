@@ -116,7 +116,8 @@ def check_config(cfg: ModelConfig) -> None:
     for i in range(cfg.n_layers):
         h, nq, nkv, d, dv = heads(cfg, i)
         where = f"layer {i}: "
-        moe, ffn = has_ffn(cfg, i) and is_moe(cfg, i), has_ffn(cfg, i)
+        ffn = has_ffn(cfg, i)
+        moe = ffn and is_moe(cfg, i)
         # a dense width of 0: the key left out where no layer has a dense FFN (ffn_optional)
         dense = ffn_width(cfg, i) if ffn and (cfg.ffn_dim or not moe) else 1
         experts = layer_ffn_width(cfg, i) if moe else 1

@@ -21,9 +21,8 @@ def _gguf(keys: Keys, n_layers: int) -> dict[str, Any]:
     if scale:
         out["attn_scale"] = scale
     temp = float(keys.get("attention.temperature_scale", 0.0) or 0.0)
-    if temp:  # llama.cpp's floor scale: n_ctx_orig_yarn
-        orig = int(keys.get("rope.scaling.original_context_length", 0) or 0)
-        orig = orig or int(keys.get("context_length", 0) or 0)
+    if temp:  # llama.cpp's floor scale: n_ctx_orig_yarn, the rope scaling's original context
+        orig = read_scaling(keys, int(keys.get("context_length", 0) or 0)).ctx_orig
         if orig < 1:
             raise UnsupportedModelError("mistral3: attention temperature with no original context")
         out["attn_temp"], out["attn_temp_all"] = (float(orig), temp, 0.0), True
