@@ -100,7 +100,8 @@ def generate(argv: list[str]) -> None:
         "--scan-form",
         choices=("recurrent", "chunked"),
         default="recurrent",
-        help="gated delta-net and Mamba-2 layers: token by token, or in chunks of 16 positions",
+        help="gated delta-net and Mamba-2 layers: token by token, or prompts in chunks of 16 "
+        "positions (delta-net decode then runs its recurrence)",
     )
     ap.add_argument("--lora", action="append", default=[], metavar="PATH[:SCALE]")
     args = ap.parse_args(argv)

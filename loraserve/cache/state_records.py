@@ -32,6 +32,7 @@ class SeqStep:
     out: States = field(default_factory=dict)
     snaps: dict[int, States] = field(default_factory=dict)
     every: bool = False
+    decode: bool = False  # its rows are tokens the engine sampled (a decode row, a draft's)
     rows: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     end_only: int = -1  # the block of a cut made for the chunk's end alone (off the interval)
     latest: int = -1  # the block a decode step's cut ends off the interval (see `commit`)

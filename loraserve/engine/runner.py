@@ -33,6 +33,8 @@ class BatchItem:
     # recurrent models (`cache.state`): the slot and request id whose live state continues
     slot: int = -1
     seq: int = -1
+    decode: bool = False  # rows the engine sampled (and a draft): `--scan-form chunked`
+    # runs them in the recurrent form (`model.recurrent.chunked.gdn_scan`)
 
 
 LoraBuilder = Callable[[list[tuple[int, int, Mapping[int, float]]]], LoraDelta | None]
@@ -181,6 +183,7 @@ class ModelRunner:
                 step = self.states.prepare(it.slot, it.seq, it.start, it.n, it.blocks, r,
                                            len(it.tokens))  # fmt: skip
                 step.every = it.n_logits > 1 and it.slot >= 0  # a draft: rows kept (rollback)
+                step.decode = it.decode
                 ctx.states.append(step)
                 r += it.n
         return _tensor(ids), positions, ctx

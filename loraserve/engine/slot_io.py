@@ -106,8 +106,9 @@ def fingerprint(model: LoadedModel) -> dict[str, object]:
         "vocab_size": cfg.vocab_size,
         # a recurrent model's cache has no KV heads where a layer does not attend
         **({"kv_heads": [kv_heads(cfg, i) for i in range(cfg.n_layers)]} if cfg.recurrent else {}),
-        # the chunked scans' states are other records (`--scan-form chunked`)
-        **({"scan_chunk": cfg.scan_chunk} if cfg.scan_chunk else {}),
+        # the chunked scans' states are other records (`--scan-form chunked`); since the
+        # delta-net's decode runs the recurrence they carry its state too
+        **({"scan_chunk": cfg.scan_chunk, "scan_decode": "recurrent"} if cfg.scan_chunk else {}),
     }
 
 

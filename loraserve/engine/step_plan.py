@@ -32,7 +32,7 @@ def compose(sched: Scheduler) -> list[tuple[Run, BatchItem]]:
         elif not run.prefilling and budget > 0:
             # a speculative draft rides along as extra rows of the decode item
             del run.draft[max(budget - 1, 0) :]
-            if _add(sched, out, run, run.n_computed, 1 + len(run.draft)):
+            if _add(sched, out, run, run.n_computed, 1 + len(run.draft), decode=True):
                 budget -= 1 + len(run.draft)
     for run in running:  # a resumed run's recomputation, as a prefill without logits
         if run.req.id in catchup and budget > 0:
@@ -47,16 +47,19 @@ def compose(sched: Scheduler) -> list[tuple[Run, BatchItem]]:
     return out
 
 
-def _add(sched: Scheduler, out: list[tuple[Run, BatchItem]], run: Run, start: int, n: int) -> bool:
+def _add(
+    sched: Scheduler, out: list[tuple[Run, BatchItem]], run: Run, start: int, n: int,
+    decode: bool = False,
+) -> bool:  # fmt: skip
     try:
-        out.append((run, _item(sched, run, start, n)))
+        out.append((run, _item(sched, run, start, n, decode)))
     except Exception as e:  # this run fails alone
         sched.broken.append((run, f"internal error preparing the step: {_describe(e)}"))
         return False
     return True
 
 
-def _item(sched: Scheduler, run: Run, start: int, n: int) -> BatchItem:
+def _item(sched: Scheduler, run: Run, start: int, n: int, decode: bool) -> BatchItem:
     need = (start + n + sched.bs - 1) // sched.bs
     while len(run.blocks) < need:
         run.blocks.append(sched.cache.allocate())
@@ -72,6 +75,7 @@ def _item(sched: Scheduler, run: Run, start: int, n: int) -> BatchItem:
         mix=run.req.mix.scales,
         mixes=run.req.mixes,
         hidden=None if pooling is None else wanted_rows(pooling, start, n, run.n_prompt),
+        decode=decode,
     )
 
 

@@ -169,16 +169,22 @@ def log_gates(
 def state_of(record: torch.Tensor, h: int, s: int, c: int) -> torch.Tensor:
     """The full state [h, s, s] after a record's pending rows: its boundary state decayed by
     exp(G_last) plus each pending row's exp(G_last - G_j) u_j k_j^T (G_last = G_{cnt-1}), the
-    chunk end's formula in torch (not the kernel's bits). ValueError for a corrupt count."""
+    chunk end's formula in torch: elementwise operations in one fixed order (each product
+    rounded, the rows added ascending), so the bits depend on the record alone, never on a
+    batch or the thread count (not the kernel's bits). Where a decode row of the chunked
+    form starts its recurrence (`chunked.gdn_scan`). ValueError for a corrupt count."""
     argcheck.f32("state_of: record", record, record_size(h, s, c))
     cnt = _count("state_of", record, c)
     m0 = record[: h * s * s].view(h, s, s)
     if cnt == 0:
         return m0.clone()
     rest = record[h * s * s : -1]
-    pk = rest[: h * (c - 1) * s].view(h, c - 1, s)[:, :cnt]
-    pu = rest[h * (c - 1) * s : 2 * h * (c - 1) * s].view(h, c - 1, s)[:, :cnt]
-    pg = rest[2 * h * (c - 1) * s :].view(h, c - 1)[:, :cnt]
-    last = pg[:, -1:]  # [h, 1]
-    dec = torch.exp(last - pg)  # [h, cnt]
-    return torch.exp(last).view(h, 1, 1) * m0 + torch.einsum("hj,hja,hjb->hab", dec, pu, pk)
+    pk = rest[: h * (c - 1) * s].view(h, c - 1, s)
+    pu = rest[h * (c - 1) * s : 2 * h * (c - 1) * s].view(h, c - 1, s)
+    pg = rest[2 * h * (c - 1) * s :].view(h, c - 1).double()  # exp in float64, then rounded
+    last = pg[:, cnt - 1]  # [h]
+    m = m0 * torch.exp(last).float().view(h, 1, 1)
+    for j in range(cnt):
+        dec = torch.exp(last - pg[:, j]).float().view(h, 1)  # [h, 1]
+        m += (dec * pu[:, j]).view(h, s, 1) * pk[:, j].view(h, 1, s)
+    return m

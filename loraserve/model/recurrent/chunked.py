@@ -17,10 +17,20 @@ checkpoint or a restored slot, and rolled back after a rejected draft. The recor
 C = 16) and snapshots with them; the cache, slots and drafts handle them as any record. The
 C decode steps and the fused C layers run the recurrent form only, so in this form these
 layers decode on the per-layer path. docs/chunked_scan.md measures both forms.
+
+The delta-net decodes in the recurrent form all the same (issue 28: "its chunked form for
+prompts and the recurrent form for decode"; `gdn_scan`): its record also carries the
+recurrence's state M, live from a sequence's first decode row (the prompt's chunked state,
+`gdn_chunk.state_of`) and kept by every decode and draft row, while the chunked record beside
+it goes on as above, so what a prompt resumes from is exact in the chunked form whichever step
+made it (a decode's too: a chat's next turn) and a decode row's bits are the recurrence's.
+Mamba-2 (chunked for prompts in the issue, nothing said of decode) runs its chunked form for
+every row.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,7 +40,10 @@ from loraserve.kernels import gdn_chunk, ssd_chunk
 from loraserve.model.recurrent.records import cut_records
 
 if TYPE_CHECKING:
+    from loraserve.model.recurrent.deltanet import GatedDeltaNet
     from loraserve.model.recurrent.mamba2 import Mamba2
+
+Cuts = list[list[tuple[int, torch.Tensor]]]  # per sequence: (row, record) snapshots
 
 CHUNK = 16  # positions per chunk: the default block size, so block-end records pend no rows
 
@@ -68,3 +81,57 @@ def ssd_scan(
         snaps.append(cut_records(m.i, seq, xpad, k, n_conv, m.state_size, out))
     return ssd_chunk.ssd_chunk(xbc, dt, lg, (h, m.d_inner // h, n, m.g), spans, rec_in,
                                rec_out, snaps, m.chunk)  # fmt: skip
+
+
+def gdn_size(h: int, s: int, c: int) -> int:
+    """Floats of a delta-net layer's scan part of a record in this form: the carried chunk
+    record (`gdn_chunk.record_size`), a flag (1.0: the state M that follows is live), M."""
+    return gdn_chunk.record_size(h, s, c) + 1 + h * s * s
+
+
+def gdn_scan(
+    m: GatedDeltaNet,
+    seqs: list[SeqStep],
+    spans: list[tuple[int, int]],
+    m_in: list[torch.Tensor],
+    m_out: list[torch.Tensor],
+    snaps: Cuts,
+    rows: tuple[torch.Tensor, ...],
+    recur: Callable[[list[tuple[int, int]], list[torch.Tensor], list[torch.Tensor], Cuts], None],
+) -> None:
+    """Delta-net mixer ``m``'s scan in this form: the chunked form for every row (the carried
+    records, which snapshots, checkpoints and slots keep and every prompt resumes from), and
+    for rows the engine sampled (``seq.decode``: decode and draft rows) the recurrent form,
+    whose outputs replace the chunked ones. Scan parts (`gdn_size`) ``m_in`` (read),
+    ``m_out`` and the snapshots' (written); rows = (q, k, v, ba, alpha and beta logits, o) of
+    the step; ``recur`` runs the recurrent form (spans, M in, M out, snapshots), o's rows.
+
+    A sequence's decode starts its recurrence from the state after its prompt in the chunked
+    form (`gdn_chunk.state_of` of the record, where the flag says no live M follows it: the
+    step before was a prompt's) and carries M in its records from then on, so its outputs are
+    the recurrence's from that state, the same bits alone, batched and speculated (a draft's
+    rows keep M each). A prompt row never reads M (nor do the snapshots a prompt resumes
+    from: a prompt's step writes flag 0 and zeros), so every prompt's bits stay those of its
+    tokens' chunked form, whichever request's decode made the record it resumes from."""
+    q, kk, v, ba, _, _, o = rows
+    h, s, c = m.hv, m.s, m.chunk
+    rs = gdn_chunk.record_size(h, s, c)
+    lg, beta = gdn_chunk.log_gates(ba, m.ba_cols, m.dt_b, m.a)  # log decays
+    gdn_chunk.gdn_chunk(spans, [x[:rs] for x in m_in], [x[:rs] for x in m_out], q, kk, v, lg,
+                        beta, m.inv_f, o, [[(r, d[:rs]) for r, d in z] for z in snaps],
+                        c)  # fmt: skip
+    dec = [z for z, seq in enumerate(seqs) if seq.decode]
+    for z, seq in enumerate(seqs):
+        for x in (m_out[z], *(d for _, d in snaps[z])):
+            x[rs] = 1.0 if seq.decode else 0.0
+            if not seq.decode:
+                x[rs + 1 :].zero_()  # no live M: equal records hash equal
+    if not dec:
+        return
+    live = [
+        m_in[z][rs + 1 :] if float(m_in[z][rs]) == 1.0
+        else gdn_chunk.state_of(m_in[z][:rs], h, s, c).reshape(-1)
+        for z in dec
+    ]  # fmt: skip
+    recur([spans[z] for z in dec], live, [m_out[z][rs + 1 :] for z in dec],
+          [[(r, d[rs + 1 :]) for r, d in snaps[z]] for z in dec])  # fmt: skip

@@ -21,7 +21,8 @@ and projected by ``ssm_out``.
 Row independence: the recurrence runs token by token per sequence, on tensors whose shapes
 never depend on the batch, the chunking or where a chunk starts, so a sequence's state and
 outputs are the same bits alone, batched, in any prefill chunks and resumed from a snapshot.
-(`--scan-form chunked` runs the chunked form instead, for every row: `chunked.py`.) A
+(`--scan-form chunked` runs the chunked form for prompt rows instead, and keeps the chunked
+records beside the recurrence of decode rows: `chunked.gdn_scan`.) A
 sequence's state is one flat tensor: the conv rows, then M of every value head. The
 recurrence runs in C (`kernels/deltanet.c`: one call per layer and step, every sequence and
 head in parallel) with the float operations of `recur_torch`, the torch reference, bit for
@@ -35,13 +36,13 @@ functions of the general path), which the fused C layers (`kernels.layers`) call
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 from torch import nn
 
 from loraserve.cache.state import SeqStep
 from loraserve.kernels import deltanet as kernel
-from loraserve.kernels import gdn_chunk
 from loraserve.kernels.layers_spec import GdnSpec
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
@@ -127,9 +128,9 @@ class GatedDeltaNet(nn.Module):
     @staticmethod
     def state_shape(cfg: ModelConfig) -> tuple[int, ...]:
         """[(d_conv - 1) * conv_dim + H_v * S * S]: the conv rows, then each head's M (in the
-        chunked form: then its pending rows, `gdn_chunk.record_size`)."""
+        chunked form the carried chunk record, a flag and the decode's M: `chunked.gdn_size`)."""
         k, _, s, hv, hk = _dims(cfg)
-        scan = gdn_chunk.record_size(hv, s, cfg.scan_chunk) if cfg.scan_chunk else hv * s * s
+        scan = chunked.gdn_size(hv, s, cfg.scan_chunk) if cfg.scan_chunk else hv * s * s
         return ((k - 1) * (2 * hk * s + hv * s) + scan,)
 
     def forward(self, hs: torch.Tensor) -> torch.Tensor:
@@ -173,7 +174,6 @@ class GatedDeltaNet(nn.Module):
             q, kk = q[:, self.kmap], kk[:, self.kmap]
         v = qkv[:, 2 * hk * s :].view(t, hv, s)
         o = torch.empty(t, hv, s)
-        scale = inv  # 1 / sqrt(S), float32
         spans, m_in, m_out, snaps = [], [], [], []
         for seq, xpad in per_seq:  # each sequence's new state and snapshots, conv rows filled
             lo, hi = seq.lo, seq.hi
@@ -183,21 +183,15 @@ class GatedDeltaNet(nn.Module):
             out[:n_conv] = xpad[hi - lo :].reshape(-1)
             m_out.append(out[n_conv:])
             snaps.append(cut_records(self.i, seq, xpad, k, n_conv, self.state_size, out))
-        if self.chunk:  # the chunked form: (M at the chunk's start, pending rows) records
-            g, beta = gdn_chunk.log_gates(ba, self.ba_cols, self.dt_b, self.a)  # log decays
-            gdn_chunk.gdn_chunk(spans, m_in, m_out, q, kk, v, g, beta, scale.item(), o, snaps,
-                                self.chunk)  # fmt: skip
-        elif USE_C and hv > 1 and kernel.available():
-            g, beta = kernel.gdn_gates(ba, self.ba_cols, self.dt_b, self.a)  # [T, H_v] each
-            kernel.gdn_recur(spans, m_in, m_out, q, kk, v, g, beta, scale.item(), o, snaps)
-        else:  # the reference: each row's gates alone, then the recurrence in torch
-            rows = [gate_row(alpha_l[r], beta_l[r], self.dt_b, self.a) for r in range(t)]
-            g = torch.stack([x for x, _ in rows]) if t else torch.empty(0, hv)
-            beta = torch.stack([x for _, x in rows]) if t else torch.empty(0, hv)
-            recur_torch(spans, m_in, m_out, q, kk, v, g, beta, scale, o, snaps)
+        rows = (q, kk, v, ba, alpha_l, beta_l, o)
+        if self.chunk:  # the chunked form for prompt rows, the recurrence for decode rows
+            chunked.gdn_scan(self, ctx.states, spans, m_in, m_out, snaps, rows,
+                             partial(self._recur, rows=rows))  # fmt: skip
+        else:
+            self._recur(spans, m_in, m_out, snaps, rows)
         # the prompt's temporaries go before the next ones are made (a 512-token step of
         # the qwen35 bench model held ~120 MiB of them into its output projection)
-        del q, kk, v, qkv, per_seq, xpad, pre, act, g, beta, snaps
+        del q, kk, v, qkv, per_seq, xpad, pre, act, snaps, rows
         normed = rms_norm(o, self.norm, self.eps).view(t, hv * s)  # [T, H_v S]
         del o
         zc = torch.empty(t, hv * s).copy_(z)  # contiguous rows: the C kernel's layout
@@ -205,6 +199,26 @@ class GatedDeltaNet(nn.Module):
         gated = gated_act(zc, normed, "silu")  # SiLU(z) * norm(o)
         del zc, normed
         return self.out_proj(gated)
+
+    def _recur(
+        self, spans: list[tuple[int, int]], m_in: list[torch.Tensor], m_out: list[torch.Tensor],
+        snaps: list[list[tuple[int, torch.Tensor]]], rows: tuple[torch.Tensor, ...],
+    ) -> None:  # fmt: skip
+        """The recurrent form: sequence z's rows ``spans[z]`` from M ``m_in[z]`` into
+        ``m_out[z]`` and (row, M) ``snaps[z]``, its outputs into o's rows; rows = (q, k, v, ba,
+        alpha logits, beta logits, o) of the step (`kernels.deltanet.gdn_recur`, else the
+        torch reference `recur_torch` with each row's gates alone)."""
+        q, kk, v, ba, alpha_l, beta_l, o = rows
+        if USE_C and self.hv > 1 and kernel.available():
+            g, beta = kernel.gdn_gates(ba, self.ba_cols, self.dt_b, self.a)  # [T, H_v] each
+            kernel.gdn_recur(spans, m_in, m_out, q, kk, v, g, beta, self.inv_f, o, snaps)
+            return
+        rows = [r for lo, hi in spans for r in range(lo, hi)]
+        gates = {r: gate_row(alpha_l[r], beta_l[r], self.dt_b, self.a) for r in rows}
+        g, beta = torch.zeros(q.shape[0], self.hv), torch.zeros(q.shape[0], self.hv)
+        for r, (gr, br) in gates.items():
+            g[r], beta[r] = gr, br
+        recur_torch(spans, m_in, m_out, q, kk, v, g, beta, self.inv, o, snaps)
 
     def _step(self, hs: torch.Tensor, seqs: list[SeqStep]) -> torch.Tensor:
         """A decode step (row q the one new row of sequence q): `forward`'s float operations

@@ -191,8 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument(
         "--scan-form",
         choices=("recurrent", "chunked"),
-        help="gated delta-net and Mamba-2 layers: token by token, or in chunks of 16 "
-        "positions (the same bits alone, batched and cached either way) " + d,
+        help="gated delta-net and Mamba-2 layers: token by token, or prompts in chunks of 16 "
+        "positions (delta-net decode then runs its recurrence; the same bits alone, batched "
+        "and cached either way) " + d,
     )
     o.add_argument(
         "--strict-model-names",
