@@ -165,9 +165,10 @@ def gdn_step(
         raise RuntimeError("the delta-net C kernel is not built here")
     if not isinstance(spec, GdnC) or min(spec.Hk, spec.Hv, spec.S) < 1 or spec.L < 2:
         raise ValueError("gdn_step: spec must be a GdnSpec's c_struct()")
-    hk, hv, s, n = spec.Hk, spec.Hv, spec.S, spec.L
+    hk, hv, s, n, ch = spec.Hk, spec.Hv, spec.S, spec.L, spec.chunk
     c = 2 * hk * s + hv * s
-    if state_size != (n - 1) * c + hv * s * s:  # what the C code writes into each record
+    chunked = hv * s * s + hv * (ch - 1) * (2 * s + 1) + 2 if ch else 0  # record, flag
+    if state_size != (n - 1) * c + hv * s * s + chunked:  # what the C code writes into each
         raise ValueError(f"gdn_step: state_size {state_size} is not the spec's")
     argcheck.rows("gdn_step: mixed", mixed, c + hv * s + 2 * hv)
     t = mixed.shape[0]
@@ -182,6 +183,8 @@ def gdn_step(
                          torch.get_num_threads())  # fmt: skip
     if rc == -2:
         raise MemoryError("gdn_step: out of memory for its work buffers")
+    if rc == -4:
+        raise ValueError("gdn_step: a corrupt chunked record (its pending-row count)")
     if rc != 0:
         raise ValueError(f"gdn_step: sizes that do not fit the C kernel ({rc})")
     return out

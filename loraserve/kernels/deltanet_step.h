@@ -49,14 +49,61 @@ int ls_gdn_gates(const float *ba, int64_t ld, int64_t T, int64_t H, const int64_
 // after the row, [(L-1) C | Hv S S] (never the same memory); out [T, Hv S]. Returns 0, -2 out
 // of memory, -3 sizes that do not fit (a null pointer, Hk not dividing Hv, L < 2, ldm short of
 // the row's C + Hv S + 2 Hv values, a beta/alpha column outside the row).
+// gdn_chunk.c, later in this unit: the chunked form's rows and a record's full state
+int ls_gdn_chunk(int64_t n_seq, const int64_t *lo, const int64_t *n, void **rec_in,
+                 void **rec_out, const float *q, const float *k, const float *v, int64_t v_ld,
+                 const float *lg, const float *beta, float scale, float *o, int64_t H, int64_t S,
+                 int64_t C, const int64_t *snap_off, const int64_t *snap_row, void **snap_dst,
+                 int nthreads);
+static void gc_state_head(const float *rec, float *m, int64_t h, int64_t H, int64_t S, int64_t C);
+
+// The chunked form's part of a decode step (w->chunk > 0, recurrent/chunked.py): each row
+// through the carried chunk record (nc floats into each record) with ls_gdn_chunk, as a
+// prompt row, q and k per value head; its outputs are not the step's (the recurrence's are).
+static int gdn_step_chunk(const float *mixed, int64_t ldm, int64_t T, const float *const *st_in,
+                          float *const *st_out, const ls_gdn_t *w, const float *act,
+                          const float *qk, const float *beta, int nthreads) {
+    const int64_t Hk = w->Hk, Hv = w->Hv, S = w->S, vs = Hv * S, r = Hv / Hk;
+    const int64_t C = 2 * Hk * S + vs, nc = (w->L - 1) * C;
+    float *buf = malloc(sizeof(float) * (size_t)(3 * T * vs + T * Hv));
+    int64_t *ints = malloc(sizeof(int64_t) * (size_t)(3 * T + 1));
+    void **recs = malloc(sizeof(void *) * (size_t)(2 * T));
+    int rc = -2;
+    if (buf && ints && recs) {
+        float *qe = buf, *ke = qe + T * vs, *oc = ke + T * vs, *lg = oc + T * vs;
+        int64_t *lo = ints, *n = lo + T, *off = n + T;
+        for (int64_t q = 0; q < T; q++) {
+            lo[q] = q, n[q] = 1, off[q] = 0;
+            recs[q] = (void *)(st_in[q] + nc), recs[T + q] = st_out[q] + nc;
+            const float *ba = mixed + q * ldm + C + vs;
+            for (int64_t h = 0; h < Hv; h++) {
+                const int64_t kh = w->interleave ? h / r : h % Hk;
+                memcpy(qe + (q * Hv + h) * S, qk + (q * 2 * Hk + kh) * S,
+                       sizeof(float) * (size_t)S);
+                memcpy(ke + (q * Hv + h) * S, qk + (q * 2 * Hk + Hk + kh) * S,
+                       sizeof(float) * (size_t)S);
+                lg[q * Hv + h] = gdn_log_gate(ba[w->ba_cols[Hv + h]], w->dt_b[h], w->a[h]);
+            }
+        }
+        off[T] = 0;
+        rc = ls_gdn_chunk(T, lo, n, recs, recs + T, qe, ke, act + 2 * Hk * S, C, lg, beta,
+                          w->scale, oc, Hv, S, w->chunk, off, off, recs, nthreads);
+    }
+    free(buf), free(ints), free(recs);
+    return rc;
+}
+
 int ls_gdn_step(const float *mixed, int64_t ldm, int64_t T, const float *const *st_in,
                 float *const *st_out, const ls_gdn_t *w, float *out, int nthreads) {
     if (!w || T < 1 || w->Hk < 1 || w->Hv < 1 || w->Hv % w->Hk || w->S < 1 || w->L < 2 ||
         !mixed || !st_in || !st_out || !out || !w->taps || !w->ones || !w->ones_s || !w->norm ||
-        !w->dt_b || !w->a || !w->ba_cols)
+        !w->dt_b || !w->a || !w->ba_cols || w->chunk < 0 || w->chunk > 256)
         return -3;
     const int64_t Hk = w->Hk, Hv = w->Hv, S = w->S, ss = S * S, vs = Hv * S;
-    const int64_t C = 2 * Hk * S + vs, nc = (w->L - 1) * C, r = Hv / Hk;
+    const int64_t C = 2 * Hk * S + vs, nc = (w->L - 1) * C, r = Hv / Hk, K = w->chunk;
+    // the chunked form: [conv rows | chunk record (rs) | flag | M]; else [conv rows | M]
+    const int64_t rs = K ? Hv * ss + Hv * (K - 1) * (2 * S + 1) + 1 : 0;
+    const int64_t mo = K ? nc + rs + 1 : nc;  // M's offset
     if (ldm < C + vs + 2 * Hv) return -3;
     for (int64_t h = 0; h < 2 * Hv; h++)  // inside the row's last ldm - C - Hv S values
         if (w->ba_cols[h] < 0 || w->ba_cols[h] >= ldm - C - vs) return -3;
@@ -80,12 +127,16 @@ int ls_gdn_step(const float *mixed, int64_t ldm, int64_t T, const float *const *
         return -3;
     }
     for (int64_t i = 0; i < 2 * T * Hk * S; i++) qk[i] = qk[i] * w->scale;
+    if (K && (rc = gdn_step_chunk(mixed, ldm, T, st_in, st_out, w, act, qk, beta, nthreads))) {
+        free(buf);
+        return rc == -2 ? -2 : rc == -4 ? -4 : -3;
+    }
     const int64_t tasks = T * Hv;
     if (tasks < 2) nthreads = 1;
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
-        float *mt = malloc((size_t)(ss + 2 * S) * sizeof(float));
+        float *mt = malloc((size_t)(2 * ss + 2 * S) * sizeof(float));  // work, a derived M
         if (mt == NULL) {
 #pragma omp atomic write
             failed = 1;
@@ -94,14 +145,19 @@ int ls_gdn_step(const float *mixed, int64_t ldm, int64_t T, const float *const *
         for (int64_t task = 0; task < tasks; task++) {
             if (mt == NULL) continue;
             const int64_t q = task / Hv, h = task % Hv, kh = w->interleave ? h / r : h % Hk;
-            const float *src = st_in[q] + nc + h * ss, *vr = act + q * C + 2 * Hk * S + h * S;
+            const float *src = st_in[q] + mo + h * ss, *vr = act + q * C + 2 * Hk * S + h * S;
             const float *qr = qk + (q * 2 * Hk + kh) * S, *kr = qk + (q * 2 * Hk + Hk + kh) * S;
-            float *dst = st_out[q] + nc + h * ss, *orow = o + q * vs + h * S;
+            float *dst = st_out[q] + mo + h * ss, *orow = o + q * vs + h * S;
+            if (K && st_in[q][nc + rs] != 1.0f) {  // no live M: the prompt's state
+                gc_state_head(st_in[q] + nc, mt + ss + 2 * S, h, Hv, S, K);
+                src = mt + ss + 2 * S;
+            }
             const float gq = g[q * Hv + h], bq = beta[q * Hv + h];
             head_token(src, dst, kr, qr, vr, gq, bq, w->scale, orow, mt, S);
         }
         free(mt);
     }
+    for (int64_t q = 0; q < T && K; q++) st_out[q][nc + rs] = 1.0f;  // M follows: live
     if (!failed) rc = ls_rms_norm(o, T, Hv, S, vs, w->norm, 1, w->eps, normed, 1);
     for (int64_t q = 0; q < T && !failed && !rc; q++)
         rc = ls_gated_act(mixed + q * ldm + C, normed + q * vs, 1, vs, vs, 0, out + q * vs, 1);

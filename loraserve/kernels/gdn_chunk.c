@@ -77,6 +77,32 @@ static void gc_row(gc_work_t *wk, int64_t t, const float *vi, float bi, const fl
     for (int64_t a = 0; a < S; a++) orow[a] = scale * x[a];
 }
 
+// Head h's full state m [S][S] after record rec's pending rows (cnt already checked): M0 times
+// (float) exp(G_last), plus each pending row's ((float) exp(G_last - G_j) u_j) k_j^T, added in
+// j order; exp in double (libm), each product rounded.
+// gdn_chunk.state_of computes the same bits in torch (math.exp, the same order).
+static void gc_state_head(const float *rec, float *m, int64_t h, int64_t H, int64_t S, int64_t C) {
+    const float *m0 = rec + h * S * S;
+    const int64_t cnt = (int64_t)rec[gc_cnt(H, S, C)];
+    if (cnt <= 0) {
+        memcpy(m, m0, sizeof(float) * (size_t)(S * S));
+        return;
+    }
+    const float *pk = rec + gc_pk(H, S, C, h), *pu = rec + gc_pu(H, S, C, h);
+    const float *pg = rec + gc_pg(H, S, C, h);
+    const double last = (double)pg[cnt - 1];
+    const float eg = (float)exp(last);
+    for (int64_t i = 0; i < S * S; i++) m[i] = m0[i] * eg;
+    for (int64_t j = 0; j < cnt; j++) {
+        const float dec = (float)exp(last - (double)pg[j]);
+        for (int64_t a = 0; a < S; a++) {
+            const float du = dec * pu[j * S + a];
+            float *row = m + a * S;
+            for (int64_t b = 0; b < S; b++) row[b] = row[b] + du * pk[j * S + b];
+        }
+    }
+}
+
 // Head h's part of a record: M from the row-major mrow, the p pending rows from wk, zeros past.
 static void gc_put(float *rec, const float *mrow, const gc_work_t *wk, int64_t p, int64_t h,
                    int64_t H, int64_t S, int64_t C) {

@@ -18,6 +18,7 @@ Slots j >= cnt are 0.0 (equal states hash equal); all zeros is the state at posi
 from __future__ import annotations
 
 import ctypes
+import math
 from collections.abc import Sequence
 
 import torch
@@ -169,10 +170,12 @@ def log_gates(
 def state_of(record: torch.Tensor, h: int, s: int, c: int) -> torch.Tensor:
     """The full state [h, s, s] after a record's pending rows: its boundary state decayed by
     exp(G_last) plus each pending row's exp(G_last - G_j) u_j k_j^T (G_last = G_{cnt-1}), the
-    chunk end's formula in torch: elementwise operations in one fixed order (each product
-    rounded, the rows added ascending), so the bits depend on the record alone, never on a
-    batch or the thread count (not the kernel's bits). Where a decode row of the chunked
-    form starts its recurrence (`chunked.gdn_scan`). ValueError for a corrupt count."""
+    chunk end's formula: elementwise operations in one fixed order (each product rounded,
+    the rows added ascending, exp in double), so the bits depend on the record alone, never
+    on a batch or the thread count; those of gdn_chunk.c's gc_state_head, where the fused
+    decode starts (not the chunk kernel's own end-of-chunk bits). Where a decode row of the
+    chunked form starts its recurrence (`chunked.gdn_scan`). ValueError for a corrupt
+    count."""
     argcheck.f32("state_of: record", record, record_size(h, s, c))
     cnt = _count("state_of", record, c)
     m0 = record[: h * s * s].view(h, s, s)
@@ -181,10 +184,12 @@ def state_of(record: torch.Tensor, h: int, s: int, c: int) -> torch.Tensor:
     rest = record[h * s * s : -1]
     pk = rest[: h * (c - 1) * s].view(h, c - 1, s)
     pu = rest[h * (c - 1) * s : 2 * h * (c - 1) * s].view(h, c - 1, s)
-    pg = rest[2 * h * (c - 1) * s :].view(h, c - 1).double()  # exp in float64, then rounded
-    last = pg[:, cnt - 1]  # [h]
-    m = m0 * torch.exp(last).float().view(h, 1, 1)
+    pg = rest[2 * h * (c - 1) * s :].view(h, c - 1).tolist()  # exact, as Python floats
+    last = [g[cnt - 1] for g in pg]  # exp in double (libm's, as C's exp), then rounded
+    eg = torch.tensor([math.exp(x) for x in last], dtype=torch.float32)  # [h]
+    m = m0 * eg.view(h, 1, 1)
     for j in range(cnt):
-        dec = torch.exp(last - pg[:, j]).float().view(h, 1)  # [h, 1]
+        dec = torch.tensor([math.exp(x - g[j]) for x, g in zip(last, pg, strict=True)],
+                           dtype=torch.float32).view(h, 1)  # fmt: skip
         m += (dec * pu[:, j]).view(h, s, 1) * pk[:, j].view(h, 1, s)
     return m

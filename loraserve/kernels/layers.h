@@ -60,12 +60,15 @@ typedef struct {
 // eps the output norm's, eps_qk q's and k's L2 norm's (eps / S), scale 1 / sqrt(S) (q, k and
 // the output's factor); value head h reads key head h / (Hv / Hk) with interleave, else
 // h % Hk. Its projections are the layer's qkv (q|k|v, z, beta|alpha) and o (ssm_out).
+// chunk > 0: `--scan-form chunked` (model/recurrent/chunked.py): a record is the conv rows,
+// the carried chunk record (gdn_chunk.c), a flag (1.0f: M follows) and M; 0: conv rows, M.
 typedef struct {
     const float *taps, *ones, *ones_s, *norm, *dt_b, *a;
     const int64_t *ba_cols;
     float eps, eps_qk, scale;
     int64_t Hk, Hv, S, L;
     int32_t interleave;
+    int64_t chunk;
 } ls_gdn_t;
 
 // deltanet.c (deltanet_step.h)

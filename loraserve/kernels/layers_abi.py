@@ -21,7 +21,8 @@ class MambaC(ctypes.Structure):
 class GdnC(ctypes.Structure):
     _fields_ = [("taps", P), ("ones", P), ("ones_s", P), ("norm", P), ("dt_b", P), ("a", P),
                 ("ba_cols", P), ("eps", F), ("eps_qk", F), ("scale", F), ("Hk", I64),
-                ("Hv", I64), ("S", I64), ("L", I64), ("interleave", I32)]  # fmt: skip
+                ("Hv", I64), ("S", I64), ("L", I64), ("interleave", I32),
+                ("chunk", I64)]  # fmt: skip
 
 
 class ConvC(ctypes.Structure):

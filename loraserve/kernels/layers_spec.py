@@ -147,7 +147,9 @@ class GdnSpec:
     contiguous: taps [L, C] (C = 2 Hk S + Hv S), ones [C], ones_s [S], norm [S], dt_b and a
     [Hv]; ba_cols [2 Hv] int64 (beta's then alpha's column among the in-projection's last
     2 Hv values); eps (the output norm's), eps_qk (q's and k's: eps / S), scale (1 / sqrt(S));
-    dims (Hk, Hv, S, L); interleave: value head h reads key head h / (Hv / Hk), else h % Hk."""
+    dims (Hk, Hv, S, L); interleave: value head h reads key head h / (Hv / Hk), else h % Hk;
+    chunk > 0: `--scan-form chunked`'s records (`recurrent.chunked.gdn_size`), whose decode
+    rows also keep the chunked record."""
 
     taps: torch.Tensor
     ones: torch.Tensor
@@ -161,12 +163,15 @@ class GdnSpec:
     scale: float
     dims: tuple[int, int, int, int]
     interleave: bool
+    chunk: int = 0
 
     @property
     def state_size(self) -> int:
-        """One sequence's state record: the conv rows [(L-1) C], then M [Hv S S]."""
+        """One sequence's state record: the conv rows [(L-1) C], then M [Hv S S] (chunked:
+        the carried chunk record and a flag before M)."""
         hk, hv, s, k = self.dims
-        return (k - 1) * (2 * hk * s + hv * s) + hv * s * s
+        chunked = hv * s * s + hv * (self.chunk - 1) * (2 * s + 1) + 2 if self.chunk else 0
+        return (k - 1) * (2 * hk * s + hv * s) + hv * s * s + chunked
 
     @property
     def in_width(self) -> int:
@@ -186,8 +191,10 @@ class GdnSpec:
         if cols.dtype != torch.int64 or cols.numel() != 2 * hv or not cols.is_contiguous() \
                 or int(cols.min()) < 0 or int(cols.max()) >= 2 * hv or hv % hk:  # fmt: skip
             raise ValueError("delta-net: beta/alpha columns outside the in-projection's 2 Hv")
+        if not 0 <= self.chunk <= 256:
+            raise ValueError(f"delta-net: chunk {self.chunk} outside 0 .. 256")
         return GdnC(*(ptr(t) for t, _ in want), cols.data_ptr(), self.eps, self.eps_qk,
-                    self.scale, hk, hv, s, k, int(self.interleave))  # fmt: skip
+                    self.scale, hk, hv, s, k, int(self.interleave), self.chunk)  # fmt: skip
 
 
 def ptr(t: torch.Tensor | None) -> int | None:

@@ -14,8 +14,8 @@ bits depend only on its sequence's tokens: the same alone, batched, in prefill p
 anywhere (inside a chunk too), one decode row at a time, resumed from a snapshot, a
 checkpoint or a restored slot, and rolled back after a rejected draft. The records are larger
 (`gdn_chunk.record_size`, `ssd_chunk.record_size`: +24% and +37% at the bench shapes with
-C = 16) and snapshots with them; the cache, slots and drafts handle them as any record. The
-C decode steps and the fused C layers run the recurrent form only, so in this form these
+C = 16) and snapshots with them; the cache, slots and drafts handle them as any record.
+Mamba-2's C decode step and fused layers run the recurrent form only, so in this form its
 layers decode on the per-layer path. docs/chunked_scan.md measures both forms.
 
 The delta-net decodes in the recurrent form all the same (issue 28: "its chunked form for
@@ -24,6 +24,9 @@ recurrence's state M, live from a sequence's first decode row (the prompt's chun
 `gdn_chunk.state_of`) and kept by every decode and draft row, while the chunked record beside
 it goes on as above, so what a prompt resumes from is exact in the chunked form whichever step
 made it (a decode's too: a chat's next turn) and a decode row's bits are the recurrence's.
+The C decode step and the fused C layers do the same (`deltanet_step.h`: `ls_gdn_chunk` for
+the record, `gc_state_head` for the first decode row's state, the bits of `state_of`), so
+the delta-net decodes in the fused layers in this form too.
 Mamba-2 (chunked for prompts in the issue, nothing said of decode) runs its chunked form for
 every row.
 """

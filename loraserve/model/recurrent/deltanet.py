@@ -30,7 +30,8 @@ bit; one value head (where torch's bmm sums in another order) and builds without
 kernels run the reference. The C paths compute the gates value by value in libm
 (`kernels.deltanet.gdn_gates`, whatever the layout), and a decode step (one new row per
 sequence) runs the whole mixer between its projections in one C call (`gdn_step`: the very
-functions of the general path), which the fused C layers (`kernels.layers`) call too.
+functions of the general path), which the fused C layers (`kernels.layers`) call too; in the
+chunked form it also keeps the chunked record (`chunked.gdn_scan`'s bits).
 """
 
 from __future__ import annotations
@@ -117,11 +118,13 @@ class GatedDeltaNet(nn.Module):
         self.spec = GdnSpec(self.taps_lc, self.ones_row.reshape(-1), self.ones,
                             self.norm.contiguous(), self.dt_b.contiguous(), self.a.contiguous(),
                             self.ba_cols, self.eps, self.eps / n, self.inv_f,
-                            (self.hk, self.hv, self.s, self.k), self.interleave)  # fmt: skip
+                            (self.hk, self.hv, self.s, self.k), self.interleave,
+                            cfg.scan_chunk)  # fmt: skip
         self.chunk = cfg.scan_chunk  # > 0: the chunked form (`chunked.py`), every row
         self.state_size = self.state_shape(cfg)[0]  # the chunked form's records are larger
-        # the C decode step (and the fused layers) run the recurrent form only
-        self._c = self.spec.c_struct() if self.order is None and not self.chunk else None
+        # the C decode step and the fused layers (in the chunked form: rows the engine
+        # sampled, keeping the chunked record beside the recurrence)
+        self._c = self.spec.c_struct() if self.order is None else None
         if self.chunk:
             chunked.require()
 
@@ -139,7 +142,12 @@ class GatedDeltaNet(nn.Module):
         if ctx.states is None:
             raise RuntimeError("a recurrent layer ran without its sequences' states")
         t, k, s, hv, hk, cd = hs.shape[0], self.k, self.s, self.hv, self.hk, self.conv_dim
-        if USE_C and hv > 1 and self._c is not None and is_decode_step(ctx.states, t):
+        if (
+            USE_C
+            and hv > 1
+            and self._c is not None
+            and is_decode_step(ctx.states, t, bool(self.chunk))
+        ):
             return self._step(hs, ctx.states)  # one C call between the projections
         mixed = self.in_proj(hs)  # [T, conv_dim + H_v S + 2 H_v]
         if self.order is not None:  # ssm_in's rows -> q|k|v, z (a copy of each value)

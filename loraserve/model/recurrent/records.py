@@ -137,14 +137,17 @@ def fresh_records(
     return recs
 
 
-def is_decode_step(seqs: list[SeqStep] | None, t: int) -> bool:
+def is_decode_step(seqs: list[SeqStep] | None, t: int, sampled: bool = False) -> bool:
     """Whether a step of t rows is one new row per sequence, row q sequence q's (decode
-    steps, no draft rows): the case `Mamba2._step` and the fused C layers run."""
+    steps, no draft rows): the case `Mamba2._step` and the fused C layers run. ``sampled``:
+    each row also one the engine sampled (`SeqStep.decode`: `--scan-form chunked`'s
+    delta-net decodes those rows alone by its recurrence)."""
     return (
         seqs is not None
         and len(seqs) == t
         and ssm_scan.available()
         and all((q.lo, q.hi) == (r, r + 1) and not q.every for r, q in enumerate(seqs))
+        and (not sampled or all(q.decode for q in seqs))
     )
 
 
@@ -157,7 +160,7 @@ def decode_records(
     records have a shape, ``record_shape``); the new records are made each sequence's output
     states (`new_records`).
     None where the step is not a decode step (the per-layer path runs it)."""
-    if not is_decode_step(seqs, t):
+    if not is_decode_step(seqs, t, any(getattr(m, "chunk", 0) for m in mixers if m)):
         return None
     assert seqs is not None
     ins: list[torch.Tensor | None] = []
