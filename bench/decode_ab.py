@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n-predict", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--scan-form", choices=("recurrent", "chunked"), default="recurrent",
+                    help="loraserve's --scan-form (delta-net and Mamba-2 scans)")  # fmt: skip
     args = ap.parse_args(argv)
     archs = [a.strip() for a in args.archs.split(",") if a.strip()]
     if unknown := set(archs) - set(REAL):
@@ -96,11 +98,12 @@ def main(argv: list[str] | None = None) -> None:
     peer = find_peer()
     if peer is None:
         sys.exit("decode_ab: no llama-server (python -m bench.peer --build)")
-    kinds = [peer_kind(peer), loraserve_kind([])]
+    kinds = [peer_kind(peer), loraserve_kind(["--scan-form", args.scan_form])]
     res: dict[str, Any] = {"meta": {"timestamp": time.strftime("%Y-%m-%d %H:%M:%S"),
                                     "machine": machine(), "load_before": machine_load(),
                                     "rounds": args.rounds, "n_predict": args.n_predict,
-                                    "threads": args.threads}, "models": {}}  # fmt: skip
+                                    "threads": args.threads, "scan_form": args.scan_form},
+           "models": {}}  # fmt: skip
     for arch in archs:
         vocab = REAL[arch][3]
         path = synth_model(arch, DEFAULT_LAYERS[arch], vocab)

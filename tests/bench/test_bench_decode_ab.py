@@ -43,10 +43,35 @@ def test_rounds_alternate_and_pair_their_ratios(monkeypatch: pytest.MonkeyPatch)
 
 @pytest.mark.parametrize(
     ("argv", "message"),
-    [(["--archs", "nope"], "nope"), (["--rounds", "0"], "--rounds")],
+    [
+        (["--archs", "nope"], "nope"),
+        (["--rounds", "0"], "--rounds"),
+        (["--scan-form", "blocky"], "--scan-form"),
+    ],  # fmt: skip
 )
 def test_bad_arguments_are_named(argv: list[str], message: str,
                                  capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     with pytest.raises(SystemExit):
         decode_ab.main(argv)
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("form", ["recurrent", "chunked"])
+def test_scan_form_reaches_loraserve_only(form: str, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    seen: list[list[ServerKind]] = []
+
+    def rounds(kinds: list[ServerKind], *a: Any) -> dict:
+        seen.append(kinds)
+        return {"median_tok_s": {"llama-server": 1.0, "loraserve": 1.0}, "ratios": [1.0],
+                "median_ratio": 1.0, "other_cores_max": 0.0}  # fmt: skip
+
+    monkeypatch.setattr("bench.peer.find_peer", lambda: Path("/nowhere/llama-server"))
+    monkeypatch.setattr(decode_ab, "synth_model", lambda *a: Path("m.gguf"))
+    monkeypatch.setattr(decode_ab, "rounds", rounds)
+    decode_ab.main(["--archs", "qwen35", "--scan-form", form, "--out", str(tmp_path)])
+    ((peer, ours),) = seen
+    assert ours.name == "loraserve" and ours.extra == ("--scan-form", form)
+    assert "--scan-form" not in peer.extra
+    (out,) = tmp_path.glob("decode_ab_*.json")
+    assert form in out.read_text()
