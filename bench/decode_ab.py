@@ -1,5 +1,6 @@
 """Decode speed of loraserve against llama-server, the two servers' runs interleaved:
-`python -m bench.decode_ab [--archs qwen35,granitehybrid] [--rounds 6] [--n-predict 64]`.
+`python -m bench.decode_ab [--archs qwen35,granitehybrid] [--rounds 6] [--n-predict 64]
+[--scan-form recurrent|chunked]` (loraserve's scans; llama-server has one form).
 
 `bench.hybrid_speed` runs one server after the other, so a run's decode ratio also holds
 how much memory bandwidth the machine gave each server in its minutes: on a shared VM that

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from loraserve.cbuild import lazy_bind
-from loraserve.kernels import argcheck
+from loraserve.kernels import argcheck, gdn_chunk
 from loraserve.kernels.argcheck import int64s, pointers
 from loraserve.kernels.layers_abi import GdnC
 
@@ -167,8 +167,7 @@ def gdn_step(
         raise ValueError("gdn_step: spec must be a GdnSpec's c_struct()")
     hk, hv, s, n, ch = spec.Hk, spec.Hv, spec.S, spec.L, spec.chunk
     c = 2 * hk * s + hv * s
-    chunked = hv * s * s + hv * (ch - 1) * (2 * s + 1) + 2 if ch else 0  # record, flag
-    if state_size != (n - 1) * c + hv * s * s + chunked:  # what the C code writes into each
+    if state_size != (n - 1) * c + gdn_chunk.scan_size(hv, s, ch):  # what C writes into each
         raise ValueError(f"gdn_step: state_size {state_size} is not the spec's")
     argcheck.rows("gdn_step: mixed", mixed, c + hv * s + 2 * hv)
     t = mixed.shape[0]

@@ -56,6 +56,13 @@ def record_size(h: int, s: int, c: int) -> int:
     return h * s * s + h * (c - 1) * (2 * s + 1) + 1
 
 
+def scan_size(h: int, s: int, c: int) -> int:
+    """Floats of a delta-net layer's scan part of a state record: M [h, s, s] in the recurrent
+    form (c = 0); with chunks of c, the carried record (`record_size`), a flag (1.0: the
+    recurrence's M follows, live: `chunked.gdn_scan`) and that M."""
+    return h * s * s + (record_size(h, s, c) + 1 if c else 0)
+
+
 def _count(what: str, record: torch.Tensor, c: int) -> int:
     """The pending-row count of ``record``; ValueError unless an integer in 0 .. c - 1."""
     cnt = float(record[-1])

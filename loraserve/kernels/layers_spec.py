@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from loraserve.kernels import gdn_chunk
 from loraserve.kernels.layers_abi import (
     FFN_GATED,
     FFN_NONE,
@@ -148,7 +149,7 @@ class GdnSpec:
     [Hv]; ba_cols [2 Hv] int64 (beta's then alpha's column among the in-projection's last
     2 Hv values); eps (the output norm's), eps_qk (q's and k's: eps / S), scale (1 / sqrt(S));
     dims (Hk, Hv, S, L); interleave: value head h reads key head h / (Hv / Hk), else h % Hk;
-    chunk > 0: `--scan-form chunked`'s records (`recurrent.chunked.gdn_size`), whose decode
+    chunk > 0: `--scan-form chunked`'s records (`gdn_chunk.scan_size`), whose decode
     rows also keep the chunked record."""
 
     taps: torch.Tensor
@@ -170,8 +171,7 @@ class GdnSpec:
         """One sequence's state record: the conv rows [(L-1) C], then M [Hv S S] (chunked:
         the carried chunk record and a flag before M)."""
         hk, hv, s, k = self.dims
-        chunked = hv * s * s + hv * (self.chunk - 1) * (2 * s + 1) + 2 if self.chunk else 0
-        return (k - 1) * (2 * hk * s + hv * s) + hv * s * s + chunked
+        return (k - 1) * (2 * hk * s + hv * s) + gdn_chunk.scan_size(hv, s, self.chunk)
 
     @property
     def in_width(self) -> int:

@@ -1,6 +1,6 @@
 """bench.decode_ab: the rounds alternate the servers' order, each round's ratio is its own two
-runs', and bad arguments are refused by name (no server is started here: `launch` and
-`s2_decode` are replaced by recording fakes)."""
+runs', bad arguments are refused by name, and `--scan-form` reaches loraserve's command line
+alone (no server is started here: `launch` and `s2_decode` are replaced by recording fakes)."""
 
 from __future__ import annotations
 

@@ -86,12 +86,6 @@ def ssd_scan(
                                rec_out, snaps, m.chunk)  # fmt: skip
 
 
-def gdn_size(h: int, s: int, c: int) -> int:
-    """Floats of a delta-net layer's scan part of a record in this form: the carried chunk
-    record (`gdn_chunk.record_size`), a flag (1.0: the state M that follows is live), M."""
-    return gdn_chunk.record_size(h, s, c) + 1 + h * s * s
-
-
 def gdn_scan(
     m: GatedDeltaNet,
     seqs: list[SeqStep],
@@ -105,7 +99,7 @@ def gdn_scan(
     """Delta-net mixer ``m``'s scan in this form: the chunked form for every row (the carried
     records, which snapshots, checkpoints and slots keep and every prompt resumes from), and
     for rows the engine sampled (``seq.decode``: decode and draft rows) the recurrent form,
-    whose outputs replace the chunked ones. Scan parts (`gdn_size`) ``m_in`` (read),
+    whose outputs replace the chunked ones. Scan parts (`gdn_chunk.scan_size`) ``m_in`` (read),
     ``m_out`` and the snapshots' (written); rows = (q, k, v, ba, alpha and beta logits, o) of
     the step; ``recur`` runs the recurrent form (spans, M in, M out, snapshots), o's rows.
 

@@ -44,6 +44,7 @@ from torch import nn
 
 from loraserve.cache.state import SeqStep
 from loraserve.kernels import deltanet as kernel
+from loraserve.kernels import gdn_chunk
 from loraserve.kernels.layers_spec import GdnSpec
 from loraserve.model.config import ModelConfig
 from loraserve.model.context import get_context
@@ -131,9 +132,9 @@ class GatedDeltaNet(nn.Module):
     @staticmethod
     def state_shape(cfg: ModelConfig) -> tuple[int, ...]:
         """[(d_conv - 1) * conv_dim + H_v * S * S]: the conv rows, then each head's M (in the
-        chunked form the carried chunk record, a flag and the decode's M: `chunked.gdn_size`)."""
+        chunked form the carried chunk record, a flag and the decode's M: `gdn_chunk.scan_size`)."""
         k, _, s, hv, hk = _dims(cfg)
-        scan = chunked.gdn_size(hv, s, cfg.scan_chunk) if cfg.scan_chunk else hv * s * s
+        scan = gdn_chunk.scan_size(hv, s, cfg.scan_chunk)
         return ((k - 1) * (2 * hk * s + hv * s) + scan,)
 
     def forward(self, hs: torch.Tensor) -> torch.Tensor:
