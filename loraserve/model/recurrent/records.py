@@ -160,7 +160,7 @@ def decode_records(
     records have a shape, ``record_shape``); the new records are made each sequence's output
     states (`new_records`).
     None where the step is not a decode step (the per-layer path runs it)."""
-    if not is_decode_step(seqs, t, any(getattr(m, "chunk", 0) for m in mixers if m)):
+    if not is_decode_step(seqs, t, any(getattr(m, "chunk", 0) for m in mixers if m is not None)):
         return None
     assert seqs is not None
     ins: list[torch.Tensor | None] = []

@@ -24,6 +24,8 @@ import torch
 from loraserve.engine import step_plan
 from loraserve.engine.core import EngineConfig
 from loraserve.engine.engine import Engine
+from loraserve.kernels import deltanet as kernel
+from loraserve.kernels import gdn_chunk
 from loraserve.model.decoder import Decoder
 from loraserve.model.recurrent import deltanet
 from tests.engine_util import ask
@@ -120,3 +122,20 @@ def test_next_turn_resumes_a_decode_made_state(
     assert got[2] > len(first), "the next turn did not resume from a state a decode made"
     assert got[:2] == want[:2]
     assert _same(got_logits, logits[-3:])
+
+
+def test_corrupt_record_is_refused_by_the_c_step(tmp: Path) -> None:
+    """A chunked record whose pending-row count is not one (a damaged slot file, say) is a
+    ValueError naming it in the C decode step, not a read past the record."""
+    m = model(tmp, *DELTA[0], scan_chunk=CHUNK_TEST)
+    mixer = next(b.mixer for b in m.decoder.blocks if isinstance(b.mixer, deltanet.GatedDeltaNet))
+    hk, hv, s, k = mixer.spec.dims
+    width = mixer.spec.in_width
+    good, bad = torch.zeros(mixer.state_size), torch.zeros(mixer.state_size)
+    n_conv = (k - 1) * mixer.conv_dim
+    bad[n_conv + gdn_chunk.record_size(hv, s, CHUNK_TEST) - 1] = 99.0  # the count slot
+    mixed = torch.randn(1, width)
+    out = [torch.empty(mixer.state_size)]
+    kernel.gdn_step(mixed, [good], out, mixer._c, mixer.state_size)  # a valid record passes
+    with pytest.raises(ValueError, match="corrupt"):
+        kernel.gdn_step(mixed, [bad], out, mixer._c, mixer.state_size)
