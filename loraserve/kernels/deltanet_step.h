@@ -44,11 +44,6 @@ int ls_gdn_gates(const float *ba, int64_t ld, int64_t T, int64_t H, const int64_
     return 0;
 }
 
-// mixed [T, ldm]: each row q|k|v [C] (C = 2 Hk S + Hv S), z [Hv S], beta|alpha logits (at
-// w->ba_cols from C + Hv S); st_in[q] / st_out[q]: row q's sequence's state record before /
-// after the row, [(L-1) C | Hv S S] (never the same memory); out [T, Hv S]. Returns 0, -2 out
-// of memory, -3 sizes that do not fit (a null pointer, Hk not dividing Hv, L < 2, ldm short of
-// the row's C + Hv S + 2 Hv values, a beta/alpha column outside the row).
 // gdn_chunk.c, later in this unit: the chunked form's rows and a record's full state
 int ls_gdn_chunk(int64_t n_seq, const int64_t *lo, const int64_t *n, void **rec_in,
                  void **rec_out, const float *q, const float *k, const float *v, int64_t v_ld,
@@ -56,6 +51,7 @@ int ls_gdn_chunk(int64_t n_seq, const int64_t *lo, const int64_t *n, void **rec_
                  int64_t C, const int64_t *snap_off, const int64_t *snap_row, void **snap_dst,
                  int nthreads);
 static void gc_state_head(const float *rec, float *m, int64_t h, int64_t H, int64_t S, int64_t C);
+static inline int64_t gc_cnt(int64_t H, int64_t S, int64_t C);
 
 // The chunked form's part of a decode step (w->chunk > 0, recurrent/chunked.py): each row
 // through the carried chunk record (nc floats into each record) with ls_gdn_chunk, as a
@@ -93,6 +89,13 @@ static int gdn_step_chunk(const float *mixed, int64_t ldm, int64_t T, const floa
     return rc;
 }
 
+// mixed [T, ldm]: each row q|k|v [C] (C = 2 Hk S + Hv S), z [Hv S], beta|alpha logits (at
+// w->ba_cols from C + Hv S); st_in[q] / st_out[q]: row q's sequence's state record before /
+// after the row, [(L-1) C | Hv S S] (with w->chunk: [(L-1) C | chunk record | flag | Hv S S],
+// the row one the engine sampled; never the same memory); out [T, Hv S]. Returns 0, -2 out
+// of memory, -3 sizes that do not fit (a null pointer, Hk not dividing Hv, L < 2, ldm short of
+// the row's C + Hv S + 2 Hv values, a beta/alpha column outside the row, chunk outside
+// 0 .. 256), -4 a chunk record whose pending count is not one.
 int ls_gdn_step(const float *mixed, int64_t ldm, int64_t T, const float *const *st_in,
                 float *const *st_out, const ls_gdn_t *w, float *out, int nthreads) {
     if (!w || T < 1 || w->Hk < 1 || w->Hv < 1 || w->Hv % w->Hk || w->S < 1 || w->L < 2 ||
@@ -102,7 +105,7 @@ int ls_gdn_step(const float *mixed, int64_t ldm, int64_t T, const float *const *
     const int64_t Hk = w->Hk, Hv = w->Hv, S = w->S, ss = S * S, vs = Hv * S;
     const int64_t C = 2 * Hk * S + vs, nc = (w->L - 1) * C, r = Hv / Hk, K = w->chunk;
     // the chunked form: [conv rows | chunk record (rs) | flag | M]; else [conv rows | M]
-    const int64_t rs = K ? Hv * ss + Hv * (K - 1) * (2 * S + 1) + 1 : 0;
+    const int64_t rs = K ? gc_cnt(Hv, S, K) + 1 : 0;  // gdn_chunk.py's record_size
     const int64_t mo = K ? nc + rs + 1 : nc;  // M's offset
     if (ldm < C + vs + 2 * Hv) return -3;
     for (int64_t h = 0; h < 2 * Hv; h++)  // inside the row's last ldm - C - Hv S values

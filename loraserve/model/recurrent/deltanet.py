@@ -121,7 +121,7 @@ class GatedDeltaNet(nn.Module):
                             self.ba_cols, self.eps, self.eps / n, self.inv_f,
                             (self.hk, self.hv, self.s, self.k), self.interleave,
                             cfg.scan_chunk)  # fmt: skip
-        self.chunk = cfg.scan_chunk  # > 0: the chunked form (`chunked.py`), every row
+        self.chunk = cfg.scan_chunk  # > 0: the chunked form (`chunked.gdn_scan`)
         self.state_size = self.state_shape(cfg)[0]  # the chunked form's records are larger
         # the C decode step and the fused layers (in the chunked form: rows the engine
         # sampled, keeping the chunked record beside the recurrence)
@@ -222,8 +222,8 @@ class GatedDeltaNet(nn.Module):
             g, beta = kernel.gdn_gates(ba, self.ba_cols, self.dt_b, self.a)  # [T, H_v] each
             kernel.gdn_recur(spans, m_in, m_out, q, kk, v, g, beta, self.inv_f, o, snaps)
             return
-        rows = [r for lo, hi in spans for r in range(lo, hi)]
-        gates = {r: gate_row(alpha_l[r], beta_l[r], self.dt_b, self.a) for r in rows}
+        idx = [r for lo, hi in spans for r in range(lo, hi)]
+        gates = {r: gate_row(alpha_l[r], beta_l[r], self.dt_b, self.a) for r in idx}
         g, beta = torch.zeros(q.shape[0], self.hv), torch.zeros(q.shape[0], self.hv)
         for r, (gr, br) in gates.items():
             g[r], beta[r] = gr, br
